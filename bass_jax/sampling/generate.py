@@ -1,0 +1,275 @@
+"""`generate`: validate, compile once per shape, run the jitted decode, time every row's completion."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bass_jax.loading import Model
+from bass_jax.models import attention as attention_lib
+from bass_jax.sampling import loop
+from bass_jax.sampling.draft_len import DraftLenPolicy, DynamicDraftLen, as_policy
+
+PAD_TOKEN = -1  # fills ``GenerateOutput.tokens`` past each row's length; never a real token id
+_MIN_PROMPT_BUCKET = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateStats:
+  """What a decode did and how long it took.
+
+  Attributes:
+    steps: decode steps (BASS: draft + verify rounds; regular: tokens).
+    draft_lens: ``i32[steps]`` l_draft of each step (empty for regular decoding).
+    accepted: ``i32[steps, B]`` accepted drafts per row per step, bonus/correction not counted; -1 where
+      the row was already done (empty for regular decoding).
+    finish_seconds: ``f64[B]`` wall seconds from the start of the prefill until the decode returned with
+      the row done (the loop returns to the host whenever a row finishes).
+    wall_seconds: prefill plus decode, compilation excluded (= max of ``finish_seconds``).
+    compile_seconds: time spent compiling in this call (0 when the programs were cached).
+  """
+
+  steps: int
+  draft_lens: np.ndarray
+  accepted: np.ndarray
+  finish_seconds: np.ndarray
+  wall_seconds: float
+  compile_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateOutput:
+  """Result of :func:`generate`.
+
+  Attributes:
+    tokens: ``i32[B, max_new_tokens]`` emitted tokens, ``PAD_TOKEN`` (-1) past ``lengths[b]``.
+    lengths: ``i32[B]`` tokens emitted per row (an EOS token, when emitted, is the last one counted).
+    logprobs: ``f32[B, max_new_tokens]`` log-probability of each emitted token under the target's own
+      distribution (temperature 1, no top-p); 0 past ``lengths[b]``.
+    finished: ``bool[B]`` the row ended with an EOS token (else it hit ``max_new_tokens``).
+    stats: :class:`GenerateStats`.
+  """
+
+  tokens: np.ndarray
+  lengths: np.ndarray
+  logprobs: np.ndarray
+  finished: np.ndarray
+  stats: GenerateStats
+
+  def sequences(self) -> list[list[int]]:
+    """Each row's emitted tokens, without padding."""
+    return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
+
+
+def _prompt_bucket(length: int) -> int:
+  """Prompt padding: the next power of two (at least 16), so new prompts rarely recompile."""
+  return max(_MIN_PROMPT_BUCKET, 1 << (length - 1).bit_length())
+
+
+def default_verify_buckets(policy: DraftLenPolicy) -> tuple[int, ...]:
+  """Draft lengths with a compiled verification: the fixed length, or powers of two up to the limit."""
+  if not isinstance(policy, DynamicDraftLen):
+    return (policy.max_len,)
+  buckets = [1]
+  while buckets[-1] < policy.max_len:
+    buckets.append(min(2 * buckets[-1], policy.max_len))
+  return tuple(buckets)
+
+
+def _eos_ids(eos_token_id, target: Model) -> tuple[int, ...]:
+  if eos_token_id is None:
+    eos_token_id = target.config.eos_token_id
+  if eos_token_id is None:
+    return ()
+  ids = (eos_token_id,) if isinstance(eos_token_id, (int, np.integer)) else tuple(eos_token_id)
+  for i in ids:
+    if not 0 <= int(i) < target.config.vocab_size:
+      raise ValueError(f"eos_token_id {i} is outside the vocabulary [0, {target.config.vocab_size})")
+  return tuple(int(i) for i in ids)
+
+
+def _validate_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[np.ndarray]:
+  if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+    raise ValueError("prompts must be a list of token-id lists (tokenize text first)")
+  if len(prompts) < 1:
+    raise ValueError("prompts is empty: the batch needs at least one prompt (batch_size >= 1)")
+  arrays = []
+  for i, prompt in enumerate(prompts):
+    arr = np.asarray(prompt)
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+      raise ValueError(f"prompt {i} must be a flat list of integer token ids, got {arr.dtype}{arr.shape}")
+    if arr.size == 0:
+      raise ValueError(f"prompt {i} is empty; every prompt needs at least one token (e.g. BOS)")
+    if arr.min() < 0 or arr.max() >= vocab_size:
+      raise ValueError(f"prompt {i} has token ids outside [0, {vocab_size}): "
+                       f"min {arr.min()}, max {arr.max()}")
+    arrays.append(arr.astype(np.int32))
+  return arrays
+
+
+_COMPILED: dict[Any, Any] = {}
+
+
+def _compiled(spec: loop.DecodeSpec, args_prefill: tuple, args_decode_tail: tuple):
+  """Ahead-of-time compiled (prefill, decode) for this spec and these shapes, and the compile time."""
+  shapes = jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), (args_prefill, args_decode_tail))
+  key = (spec, str(shapes))
+  if key in _COMPILED:
+    return _COMPILED[key], 0.0
+  start = time.perf_counter()
+  prefill = jax.jit(loop.prefill, static_argnums=0).lower(spec, *args_prefill).compile()
+  state_shape = jax.eval_shape(lambda *a: loop.prefill(spec, *a), *args_prefill)
+  decode = jax.jit(loop.decode, static_argnums=0, donate_argnums=1).lower(
+      spec, state_shape, *args_decode_tail).compile()
+  _COMPILED[key] = (prefill, decode)
+  return (prefill, decode), time.perf_counter() - start
+
+
+def generate(
+    target: Model,
+    draft: Model | None,
+    prompts: Sequence[Sequence[int]],
+    *,
+    method: str = "bass",
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    draft_len: int | str | DraftLenPolicy = "dynamic",
+    seed: int = 0,
+    eos_token_id: int | Sequence[int] | None = None,
+    attention_impl: str = "reference",
+    verify_buckets: Sequence[int] | None = None,
+    max_cache_len: int | None = None,
+) -> GenerateOutput:
+  """Decodes a batch of prompts with batched speculative sampling (BASS) or regular decoding.
+
+  Implements ../shared/BASS.md §2-3 (BASS paper §3): every step the draft proposes ``l_draft`` tokens
+  for each live row, the target scores ``l_draft + 1`` positions per row in one forward, each row
+  accepts its own prefix by rejection sampling (greedy at temperature 0) plus a correction or bonus
+  token, and each row's caches advance by its own count. Output tokens follow the target's
+  distribution exactly (warped by ``temperature`` and ``top_p``); at temperature 0 they equal the
+  target's greedy decoding up to float near-ties.
+
+  Rows are independent: each stops at its first EOS or after ``max_new_tokens`` and is then frozen.
+  The decode is one jitted ``lax.while_loop`` (compiled once per shape and setting, timed apart) that
+  returns to the host only when a row finishes, to time it.
+
+  Args:
+    target: the model whose distribution is sampled.
+    draft: the proposal model (same vocabulary); ignored (may be None) for ``method="regular"``.
+    prompts: B token-id lists of any lengths, each non-empty.
+    method: ``"bass"`` or ``"regular"`` (batched autoregressive decoding with the same model code).
+    max_new_tokens: N >= 1, tokens to emit per row at most.
+    temperature: >= 0; 0 is greedy.
+    top_p: nucleus mass in (0, 1]; 1 disables it.
+    draft_len: ``"dynamic"`` (Algorithm 1 with the paper's defaults), a ``DynamicDraftLen`` with other
+      constants, or a fixed int.
+    seed: PRNG seed (unused when greedy).
+    eos_token_id: id or ids that end a row; None takes the target config's; ``()`` disables stopping.
+    attention_impl: attention implementation for both models (see ``attention_implementations()``).
+    verify_buckets: draft lengths with a compiled verification shape (default: the fixed length, or
+      1, 2, 4, … up to ``l_limit``); each must be in ``[1, max draft length]``.
+    max_cache_len: if given, the most cache slots per row this call may allocate.
+
+  Returns:
+    :class:`GenerateOutput` with tokens ``i32[B, N]``, lengths ``i32[B]``, target log-probs
+    ``f32[B, N]``, finished flags and :class:`GenerateStats`.
+
+  Raises:
+    ValueError: an unknown method or attention_impl; no draft for BASS; draft and target vocabularies
+      differ; an empty prompt list or prompt; token ids outside the vocabulary; ``max_new_tokens < 1``;
+      ``temperature < 0``; ``top_p`` outside (0, 1]; a bad draft length or bucket; prompt +
+      ``max_new_tokens`` beyond the models' context or beyond ``max_cache_len``.
+  """
+  if method not in ("bass", "regular"):
+    raise ValueError(f"method must be 'bass' or 'regular', got {method!r}")
+  attention_lib.get_attention(attention_impl)  # raises for an unknown name
+  if method == "bass":
+    if draft is None:
+      raise ValueError("method='bass' needs a draft model")
+    if draft.config.vocab_size != target.config.vocab_size:
+      raise ValueError(
+          f"draft vocabulary ({draft.config.vocab_size}) differs from the target's "
+          f"({target.config.vocab_size}); speculative decoding needs the same tokenizer")
+  if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+  if not (math.isfinite(temperature) and temperature >= 0):
+    raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {temperature}")
+  if not 0 < top_p <= 1:
+    raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+  policy = as_policy(draft_len) if method == "bass" else None
+  buckets = ()
+  if policy is not None:
+    buckets = tuple(sorted(set(verify_buckets or default_verify_buckets(policy))))
+    if buckets[0] < 1 or buckets[-1] != policy.max_len:
+      raise ValueError(f"verify_buckets {buckets} must lie in [1, {policy.max_len}] and include the "
+                       f"maximum draft length {policy.max_len}")
+
+  arrays = _validate_prompts(prompts, target.config.vocab_size)
+  lengths = np.array([len(a) for a in arrays], np.int32)
+  context = min(m.config.max_position_embeddings
+                for m in ((target, draft) if method == "bass" else (target,)))
+  if lengths.max() + max_new_tokens > context:
+    raise ValueError(
+        f"longest prompt ({lengths.max()} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+        f"models' context of {context} positions; shorten the prompt or lower max_new_tokens")
+
+  spec = loop.DecodeSpec(
+      method=method, target=target.config, draft=draft.config if method == "bass" else None,
+      target_dtype=jnp.dtype(target.dtype).name,
+      draft_dtype=jnp.dtype(draft.dtype).name if method == "bass" else "",
+      attention_impl=attention_impl, prompt_len=_prompt_bucket(int(lengths.max())),
+      max_new_tokens=int(max_new_tokens), greedy=temperature == 0,
+      use_top_p=top_p < 1, draft_len=policy, verify_buckets=buckets,
+      eos_ids=_eos_ids(eos_token_id, target))
+  if max_cache_len is not None and spec.cache_len > max_cache_len:
+    raise ValueError(
+        f"the decode needs {spec.cache_len} cache slots per row (prompt padded to {spec.prompt_len} + "
+        f"{max_new_tokens} new tokens + {spec.max_draft + 1} verification look-ahead), more than "
+        f"max_cache_len={max_cache_len}")
+
+  batch = len(arrays)
+  padded = np.zeros((batch, spec.prompt_len), np.int32)
+  for i, a in enumerate(arrays):
+    padded[i, :len(a)] = a
+  draft_params = draft.params if method == "bass" else None
+  args_prefill = (target.params, draft_params, jnp.asarray(padded), jnp.asarray(lengths),
+                  jax.random.key(seed))
+  args_tail = (target.params, draft_params, jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p))
+  (prefill, decode), compile_seconds = _compiled(spec, args_prefill, args_tail)
+
+  finish = np.full(batch, np.nan)
+  start = time.perf_counter()
+  state = prefill(*args_prefill)
+  while True:
+    state = decode(state, *args_tail)
+    done = np.asarray(state.done)
+    now = time.perf_counter() - start
+    finish[done & np.isnan(finish)] = now
+    if done.all():
+      break
+
+  steps = int(state.step)
+  out_len = np.asarray(state.seq_len - state.prompt_len)
+  all_tokens = np.asarray(state.tokens)
+  tokens = np.full((batch, max_new_tokens), PAD_TOKEN, np.int32)
+  for b in range(batch):
+    tokens[b, :out_len[b]] = all_tokens[b, lengths[b]:lengths[b] + out_len[b]]
+  logprobs = np.where(np.arange(max_new_tokens)[None] < out_len[:, None], np.asarray(state.logprobs), 0.0)
+  bass = method == "bass"
+  stats = GenerateStats(
+      steps=steps,
+      draft_lens=np.asarray(state.draft_len_history)[:steps] if bass else np.zeros((0,), np.int32),
+      accepted=np.asarray(state.accepted_history)[:steps] if bass else np.zeros((0, batch), np.int32),
+      finish_seconds=finish,
+      wall_seconds=float(np.max(finish)),
+      compile_seconds=compile_seconds,
+  )
+  return GenerateOutput(tokens=tokens, lengths=out_len, logprobs=logprobs.astype(np.float32),
+                        finished=np.asarray(state.eos), stats=stats)

@@ -1,0 +1,355 @@
+"""The jitted decode: prefill, then one ``lax.while_loop`` of regular or BASS steps over a static batch.
+
+Implements ../shared/BASS.md §2 (one step: draft, verify, accept, advance) and §3 (draft length) for B
+rows at once, every row with its own length. Shapes are static: the cache has
+``S = P + N + max_draft + 1`` slots (P the padded prompt length, N = ``max_new_tokens``), and rows that
+finish keep riding along, frozen. Nothing here talks to the host; :mod:`bass_jax.sampling.generate`
+wraps it.
+
+Invariants between steps (for every live row):
+
+* ``tokens[b, :seq_len[b]]`` is the prompt followed by everything emitted so far.
+* The target cache holds K/V of ``tokens[b, :seq_len[b] - 1]``: it lags the text by the last emitted
+  token, which is the first input of the next verification (the paper's Fig. 3).
+* The draft cache holds K/V of ``tokens[b, :draft_len_b]`` with ``draft_len_b`` = ``seq_len - 1`` or,
+  after a step that accepted every draft, ``seq_len - 2`` (the last draft was never fed to the draft).
+  Its next step starts with a two-token catch-up forward that covers both cases.
+
+Axes: B batch, P padded prompt length, N max new tokens, L max draft length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from bass_jax.cache import KVCache
+from bass_jax.models.llama import LlamaConfig
+from bass_jax.sampling import acceptance
+from bass_jax.sampling.draft_len import DraftLenPolicy
+from bass_jax.sampling.warp import warped_log_probs
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSpec:
+  """Everything static about a decode (a new value compiles a new program).
+
+  Attributes:
+    method: ``"bass"`` or ``"regular"``.
+    target: target architecture. draft: draft architecture (None for ``regular``).
+    target_dtype, draft_dtype: parameter/compute dtype names (``"float32"``, ``"bfloat16"``).
+    attention_impl: name in the attention registry, used by both models.
+    prompt_len: P, prompts are right-padded to it.
+    max_new_tokens: N.
+    greedy: temperature 0 (argmax draft and verification).
+    use_top_p: apply the top-p nucleus (``top_p < 1``).
+    draft_len: the draft-length policy (fixed or Algorithm 1).
+    verify_buckets: draft lengths for which a verification forward is compiled; a step with ``l_draft``
+      drafts verifies ``1 + min(b for b in verify_buckets if b >= l_draft)`` positions, the extra ones
+      masked. The last bucket is ``draft_len.max_len``.
+    eos_ids: tokens that end a row (may be empty).
+  """
+
+  method: str
+  target: LlamaConfig
+  draft: LlamaConfig | None
+  target_dtype: str
+  draft_dtype: str
+  attention_impl: str
+  prompt_len: int
+  max_new_tokens: int
+  greedy: bool
+  use_top_p: bool
+  draft_len: DraftLenPolicy | None
+  verify_buckets: tuple[int, ...]
+  eos_ids: tuple[int, ...]
+
+  @property
+  def max_draft(self) -> int:
+    return self.draft_len.max_len if self.method == "bass" else 0
+
+  @property
+  def cache_len(self) -> int:
+    """S: prompt, every new token, and the verification's look-ahead past the last one."""
+    return self.prompt_len + self.max_new_tokens + self.max_draft + 1
+
+
+@flax.struct.dataclass
+class DecodeState:
+  """All decoding state, fixed-size (gemma's ``SamplingState`` pattern).
+
+  Attributes:
+    tokens: ``i32[B, P + N]`` prompt then emitted tokens.
+    prompt_len: ``i32[B]`` true prompt lengths.
+    seq_len: ``i32[B]`` prompt plus emitted tokens.
+    target_cache, draft_cache: ragged caches (``draft_cache`` is None for regular decoding).
+    logprobs: ``f32[B, N]`` target log-probability (temperature 1, no top-p) of each emitted token.
+    done: ``bool[B]`` row finished (EOS or N tokens); its outputs are frozen.
+    eos: ``bool[B]`` row finished by emitting an EOS token.
+    step: ``i32[]`` steps taken.
+    draft_len: ``i32[]`` l_draft of the next step. heuristic_s: ``i32[]`` Algorithm 1's ``s``.
+    draft_len_history: ``i32[N]`` l_draft of each step (0 past ``step``).
+    accepted_history: ``i32[N, B]`` accepted drafts per row per step (bonus/correction not counted; -1
+      for a row that was already done, and past ``step``).
+    key: PRNG key.
+  """
+
+  tokens: jax.Array
+  prompt_len: jax.Array
+  seq_len: jax.Array
+  target_cache: KVCache
+  draft_cache: KVCache | None
+  logprobs: jax.Array
+  done: jax.Array
+  eos: jax.Array
+  step: jax.Array
+  draft_len: jax.Array
+  heuristic_s: jax.Array
+  draft_len_history: jax.Array
+  accepted_history: jax.Array
+  key: jax.Array
+
+
+def _forward(config: LlamaConfig, dtype: str, attention_impl: str, params: Any, tokens: jax.Array,
+             cache: KVCache, compute_logits: bool = True):
+  module = config.make_module(attention_impl=attention_impl, dtype=jnp.dtype(dtype))
+  return module.apply({"params": params}, tokens, cache, compute_logits)
+
+
+def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any, prompts: jax.Array,
+            prompt_len: jax.Array, key: jax.Array) -> DecodeState:
+  """Fills both caches with every prompt token but the last, which the first step consumes.
+
+  Args:
+    prompts: ``i32[B, P]`` right-padded prompts. prompt_len: ``i32[B]``, each ``>= 1``.
+    key: PRNG key for the whole decode.
+  """
+  batch = prompts.shape[0]
+  n = spec.max_new_tokens
+
+  def fill(config, dtype, params):
+    cache = config.init_cache(batch, spec.cache_len, jnp.dtype(dtype))
+    _, cache = _forward(config, dtype, spec.attention_impl, params, prompts, cache,
+                        compute_logits=False)
+    return cache.with_lengths(prompt_len - 1)
+
+  draft_cache = None
+  if spec.method == "bass":
+    draft_cache = fill(spec.draft, spec.draft_dtype, draft_params)
+  l0, s0 = spec.draft_len.initial() if spec.method == "bass" else (0, 0)
+  return DecodeState(
+      tokens=jnp.concatenate([prompts, jnp.zeros((batch, n), jnp.int32)], axis=1),
+      prompt_len=prompt_len,
+      seq_len=prompt_len,
+      target_cache=fill(spec.target, spec.target_dtype, target_params),
+      draft_cache=draft_cache,
+      logprobs=jnp.zeros((batch, n), jnp.float32),
+      done=jnp.zeros((batch,), bool),
+      eos=jnp.zeros((batch,), bool),
+      step=jnp.zeros((), jnp.int32),
+      draft_len=jnp.asarray(l0, jnp.int32),
+      heuristic_s=jnp.asarray(s0, jnp.int32),
+      draft_len_history=jnp.zeros((n,), jnp.int32),
+      accepted_history=jnp.full((n, batch), -1, jnp.int32),
+      key=key,
+  )
+
+
+def _emit(spec: DecodeSpec, state: DecodeState, new_tokens: jax.Array, new_logprobs: jax.Array,
+          count: jax.Array) -> DecodeState:
+  """Appends the first ``count[b]`` of ``new_tokens: i32[B, E]`` to each live row.
+
+  A row's emission stops after its first EOS and at N tokens; the row is then done and frozen.
+  """
+  batch, width = new_tokens.shape
+  n = spec.max_new_tokens
+  rows = jnp.arange(batch)[:, None]
+  slots = jnp.arange(width)[None, :]
+  live = ~state.done
+  generated = state.seq_len - state.prompt_len
+
+  in_count = slots < count[:, None]
+  is_eos = in_count & jnp.isin(new_tokens, jnp.asarray(spec.eos_ids, jnp.int32))
+  has_eos = jnp.any(is_eos, axis=1)
+  first_eos = jnp.argmax(is_eos, axis=1)
+  count = jnp.where(has_eos, first_eos + 1, count)
+  count = jnp.where(live, jnp.minimum(count, n - generated), 0)
+
+  write = slots < count[:, None]
+  out_of_range = state.tokens.shape[1]  # dropped by the scatter
+  pos = jnp.where(write, state.seq_len[:, None] + slots, out_of_range)
+  tokens = state.tokens.at[rows, pos].set(new_tokens, mode="drop")
+  lp_pos = jnp.where(write, generated[:, None] + slots, out_of_range)
+  logprobs = state.logprobs.at[rows, lp_pos].set(new_logprobs, mode="drop")
+
+  seq_len = state.seq_len + count
+  eos = state.eos | (live & has_eos & (first_eos < count))
+  done = state.done | eos | (seq_len - state.prompt_len >= n)
+  return state.replace(tokens=tokens, logprobs=logprobs, seq_len=seq_len, eos=eos, done=done)
+
+
+def _sample(logits: jax.Array, key: jax.Array, temperature, top_p, spec: DecodeSpec):
+  """Samples ``i32[B]`` from ``logits: f32[B, V]``; also returns the warped log-probs (None if greedy)."""
+  if spec.greedy:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+  log_probs = warped_log_probs(logits, temperature, top_p, use_top_p=spec.use_top_p)
+  return jax.random.categorical(key, log_probs, axis=-1).astype(jnp.int32), log_probs
+
+
+def _regular_step(spec: DecodeSpec, target_params, temperature, top_p,
+                  state: DecodeState) -> DecodeState:
+  """One token per live row from the target alone: the optimized baseline."""
+  batch = state.tokens.shape[0]
+  rows = jnp.arange(batch)
+  key, sample_key = jax.random.split(state.key)
+  last = state.tokens[rows, state.seq_len - 1][:, None]
+  logits, cache = _forward(spec.target, spec.target_dtype, spec.attention_impl, target_params, last,
+                           state.target_cache)
+  logits = logits[:, 0]
+  token, _ = _sample(logits, sample_key, temperature, top_p, spec)
+  logprob = jax.nn.log_softmax(logits, axis=-1)[rows, token]
+  state = _emit(spec, state, token[:, None], logprob[:, None], jnp.ones((batch,), jnp.int32))
+  return state.replace(target_cache=cache.with_lengths(state.seq_len - 1), step=state.step + 1,
+                       key=key)
+
+
+def _draft(spec: DecodeSpec, draft_params, temperature, top_p, state: DecodeState, key):
+  """Proposes ``state.draft_len`` tokens per row, autoregressively and batched.
+
+  Returns:
+    ``(draft_cache, drafts: i32[B, L], draft_log_probs: f32[B, L, V] | None)``; slots at and past
+    ``draft_len`` hold zeros.
+  """
+  batch = state.tokens.shape[0]
+  rows = jnp.arange(batch)
+  max_draft = spec.max_draft
+  forward = functools.partial(_forward, spec.draft, spec.draft_dtype, spec.attention_impl,
+                              draft_params)
+
+  # Catch up on the 1 or 2 emitted tokens the draft has not seen; the first proposal comes from the
+  # logits of the last one. With 1 pending token the second input is a stale slot whose K/V lands past
+  # the row's length and is overwritten by the first draft.
+  cache = state.draft_cache
+  pending = state.seq_len - cache.lengths  # 1 or 2
+  catch_up = state.tokens[rows[:, None], jnp.minimum(cache.lengths[:, None] + jnp.arange(2),
+                                                     state.tokens.shape[1] - 1)]
+  logits, cache = forward(catch_up, cache)
+  cache = cache.with_lengths(state.seq_len)
+  token, log_q = _sample(logits[rows, pending - 1], jax.random.fold_in(key, 0), temperature, top_p,
+                         spec)
+
+  drafts = jnp.zeros((batch, max_draft), jnp.int32).at[:, 0].set(token)
+  draft_log_probs = None
+  if not spec.greedy:
+    draft_log_probs = jnp.zeros((batch, max_draft, spec.draft.vocab_size), jnp.float32)
+    draft_log_probs = draft_log_probs.at[:, 0].set(log_q)
+
+  def body(i, carry):
+    cache, drafts, draft_log_probs = carry
+    logits, cache = forward(jax.lax.dynamic_slice_in_dim(drafts, i - 1, 1, axis=1), cache)
+    token, log_q = _sample(logits[:, 0], jax.random.fold_in(key, i), temperature, top_p, spec)
+    drafts = jax.lax.dynamic_update_slice_in_dim(drafts, token[:, None], i, axis=1)
+    if draft_log_probs is not None:
+      draft_log_probs = jax.lax.dynamic_update_slice_in_dim(draft_log_probs, log_q[:, None], i, axis=1)
+    return cache, drafts, draft_log_probs
+
+  return jax.lax.fori_loop(1, state.draft_len, body, (cache, drafts, draft_log_probs))
+
+
+def _verify(spec: DecodeSpec, num_slots: int, target_params, temperature, top_p, state: DecodeState,
+            drafts, draft_log_probs, key):
+  """Scores ``[last emitted, d_1 … d_num_slots]`` with the target in one forward and accepts per row.
+
+  ``num_slots`` is the static bucket (>= the step's ``l_draft``); slots past ``l_draft`` are padding
+  the target reads causally after the real ones, so they change nothing.
+
+  Returns:
+    ``(num_accepted: i32[B], emitted: i32[B, L + 1], emitted_logprobs: f32[B, L + 1], target_cache)``
+    where row b emits ``emitted[b, :num_accepted[b] + 1]``.
+  """
+  batch = drafts.shape[0]
+  rows = jnp.arange(batch)
+  drafts = drafts[:, :num_slots]
+  inputs = jnp.concatenate([state.tokens[rows, state.seq_len - 1][:, None], drafts], axis=1)
+  logits, cache = _forward(spec.target, spec.target_dtype, spec.attention_impl, target_params, inputs,
+                           state.target_cache)
+  if spec.greedy:
+    accepted, next_token = acceptance.greedy_accept(drafts, logits, state.draft_len)
+  else:
+    target_log_probs = warped_log_probs(logits, temperature, top_p, use_top_p=spec.use_top_p)
+    accepted, next_token = acceptance.speculative_accept(
+        key, drafts, draft_log_probs[:, :num_slots], target_log_probs, state.draft_len)
+  emitted = jnp.concatenate([drafts, jnp.zeros((batch, 1), jnp.int32)], axis=1)
+  emitted = emitted.at[rows, accepted].set(next_token)
+  raw_log_probs = jax.nn.log_softmax(logits, axis=-1)
+  emitted_logprobs = jnp.take_along_axis(raw_log_probs, emitted[..., None], axis=-1)[..., 0]
+  pad = spec.max_draft - num_slots
+  return (accepted, jnp.pad(emitted, ((0, 0), (0, pad))), jnp.pad(emitted_logprobs, ((0, 0), (0, pad))),
+          cache)
+
+
+def _bass_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
+               state: DecodeState) -> DecodeState:
+  """One BASS step for the whole batch (BASS.md §2): draft, verify, accept, advance, adapt l_draft."""
+  key, draft_key, accept_key = jax.random.split(state.key, 3)
+  live = ~state.done
+  draft_len = state.draft_len
+  draft_cache, drafts, draft_log_probs = _draft(spec, draft_params, temperature, top_p, state,
+                                                draft_key)
+
+  branches = [
+      functools.partial(_verify, spec, num_slots, target_params, temperature, top_p)
+      for num_slots in spec.verify_buckets
+  ]
+  bucket = jnp.searchsorted(jnp.asarray(spec.verify_buckets, jnp.int32), draft_len)
+  accepted, emitted, emitted_logprobs, target_cache = jax.lax.switch(
+      bucket, branches, state, drafts, draft_log_probs, accept_key)
+
+  old_seq_len = state.seq_len
+  state = _emit(spec, state, emitted, emitted_logprobs, accepted + 1)
+  # Rejected drafts are dropped by resetting lengths; their K/V stay in place, masked, to be
+  # overwritten. The draft never saw its own last proposal, hence min(accepted, l_draft - 1).
+  target_cache = target_cache.with_lengths(state.seq_len - 1)
+  draft_cache = draft_cache.with_lengths(old_seq_len + jnp.minimum(accepted, draft_len - 1))
+
+  max_accepted = jnp.max(jnp.where(live, accepted, 0))
+  next_len, next_s = spec.draft_len.update(draft_len, state.heuristic_s, max_accepted)
+  return state.replace(
+      target_cache=target_cache,
+      draft_cache=draft_cache,
+      step=state.step + 1,
+      draft_len=jnp.asarray(next_len, jnp.int32),
+      heuristic_s=jnp.asarray(next_s, jnp.int32),
+      draft_len_history=state.draft_len_history.at[state.step].set(draft_len),
+      accepted_history=state.accepted_history.at[state.step].set(jnp.where(live, accepted, -1)),
+      key=key,
+  )
+
+
+def decode(spec: DecodeSpec, state: DecodeState, target_params: Any, draft_params: Any,
+           temperature: jax.Array, top_p: jax.Array) -> DecodeState:
+  """Runs steps in one ``lax.while_loop`` until at least one more row finishes (or all are done).
+
+  Stopping at every finish lets the host time each row's completion (per-sequence latency, BASS.md
+  §5) with at most B returns per batch and no host round trip per step; calling it until ``all(done)``
+  decodes the whole batch.
+
+  Args:
+    temperature: ``f32[]``, > 0 unless ``spec.greedy``. top_p: ``f32[]`` in ``(0, 1]``.
+  """
+  n = spec.max_new_tokens
+  done_at_entry = jnp.sum(state.done)
+  if spec.method == "bass":
+    step = functools.partial(_bass_step, spec, target_params, draft_params, temperature, top_p)
+  else:
+    step = functools.partial(_regular_step, spec, target_params, temperature, top_p)
+
+  def cond(s: DecodeState):
+    return (s.step < n) & (jnp.sum(s.done) == done_at_entry) & ~jnp.all(s.done)
+
+  return jax.lax.while_loop(cond, step, state)
