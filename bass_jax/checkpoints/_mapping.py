@@ -105,14 +105,18 @@ def to_flax(
     if missing:
       raise CheckpointError(f"{where}: missing tensor(s) {missing[:4]} (needed for "
                             f"{'/'.join(rule.flax_path)})")
-    arrays = [_apply(rule.to_flax, np.asarray(read(n))) for n in names]
+    want = tuple(expected_flat[rule.flax_path].shape)
+    per_tensor = want[1:] if rule.per_layer else want
+    arrays = []
+    for name in names:
+      array = _apply(rule.to_flax, np.asarray(read(name)))
+      if array.shape != per_tensor:
+        raise CheckpointError(
+            f"{where}: tensor {name} converts to shape {array.shape}, but the model's "
+            f"{'/'.join(rule.flax_path)} needs {per_tensor}")
+      arrays.append(array)
     remaining.difference_update(names)
     value = np.stack(arrays) if rule.per_layer else arrays[0]
-    want = tuple(expected_flat[rule.flax_path].shape)
-    if value.shape != want:
-      raise CheckpointError(
-          f"{where}: tensor {rule.source} converts to shape {value.shape}, but the model's "
-          f"{'/'.join(rule.flax_path)} is {want}")
     out[rule.flax_path] = jax.numpy.asarray(value, dtype=dtype)
   unfilled = sorted("/".join(p) for p in expected_flat if p not in out)
   if unfilled:

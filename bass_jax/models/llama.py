@@ -147,17 +147,26 @@ class LlamaConfig:
     if model_type != "llama":
       raise ValueError(f"LlamaConfig.from_hf_config: model_type {model_type!r} is not 'llama'")
 
-    rope = fields.pop("rope_parameters", None) or fields.pop("rope_scaling", None) or {}
-    rope = dict(rope)
-    rope_type = rope.pop("rope_type", rope.pop("type", "default"))
-    if rope_type != "default":
-      raise ValueError(
-          f"rope_type {rope_type!r} (rope scaling) is not supported; only 'default' rotary embeddings")
-    rope_theta = rope.pop("rope_theta", None)
-    if rope:
-      raise ValueError(f"unsupported rope parameters {sorted(rope)} for rope_type 'default'")
-    rope_theta = fields.pop("rope_theta", rope_theta)
-    fields.pop("rope_scaling", None)
+    # Rotary settings live in `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (4.x);
+    # every one present must describe plain rotary embeddings and agree on theta.
+    thetas = []
+    if fields.get("rope_theta") is not None:
+      thetas.append(float(fields.pop("rope_theta")))
+    fields.pop("rope_theta", None)
+    for key in ("rope_parameters", "rope_scaling"):
+      rope = dict(fields.pop(key, None) or {})
+      rope_type = rope.pop("rope_type", rope.pop("type", "default"))
+      if rope_type != "default":
+        raise ValueError(
+            f"{key}: rope_type {rope_type!r} (rope scaling) is not supported; only 'default' rotary")
+      if rope.get("rope_theta") is not None:
+        thetas.append(float(rope.pop("rope_theta")))
+      rope.pop("rope_theta", None)
+      if rope:
+        raise ValueError(f"{key}: unsupported rope parameters {sorted(rope)} for rope_type 'default'")
+    if len(set(thetas)) > 1:
+      raise ValueError(f"conflicting rope_theta values {thetas} in the config")
+    rope_theta = thetas[0] if thetas else None
 
     if fields.pop("pretraining_tp", 1) not in (1, None):
       raise ValueError("pretraining_tp != 1 is not supported (it changes the forward's numerics)")

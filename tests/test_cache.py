@@ -1,0 +1,66 @@
+"""Ragged KV cache: prefill then chunks of 1, 2, 3 and 8 tokens into rows of different lengths equals one
+full causal forward. Unwritten cache slots hold NaN, so any read past a row's length would show."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import tiny_model
+
+
+def _forward(model, tokens, cache):
+  module = model.config.make_module()
+  return jax.jit(lambda p, t, c: module.apply({"params": p}, t, c))(model.params, tokens, cache)
+
+
+@pytest.mark.parametrize("num_kv_heads", [4, 2, 1])
+def test_chunked_decoding_equals_full_forward(num_kv_heads):
+  model = tiny_model(seed=3, scale=2.0, num_key_value_heads=num_kv_heads)
+  rng = np.random.default_rng(num_kv_heads)
+  total = np.array([23, 14, 31])  # tokens per row
+  prompt = np.array([5, 1, 9])  # prefill lengths, ragged
+  batch, max_len = len(total), 48
+  seqs = [rng.integers(0, model.config.vocab_size, n) for n in total]
+
+  # One full causal forward per row is the reference.
+  want = [np.asarray(model.logits(s[None]))[0] for s in seqs]
+
+  cache = model.config.init_cache(batch, max_len, fill_value=np.nan)
+  got = [np.full((n, model.config.vocab_size), np.nan, np.float32) for n in total]
+  pos = np.zeros(batch, int)
+  chunk_sizes = [int(prompt.max())] + [1, 2, 3, 8] * 4
+  for i, size in enumerate(chunk_sizes):
+    take = np.minimum(prompt if i == 0 else size, total - pos)
+    if not take.any():
+      break
+    tokens = np.full((batch, size), -7, np.int64)
+    for b in range(batch):
+      tokens[b, :take[b]] = seqs[b][pos[b]:pos[b] + take[b]]
+      tokens[b, take[b]:] = rng.integers(0, model.config.vocab_size, size - take[b])  # padding
+    logits, cache = _forward(model, jnp.asarray(tokens, jnp.int32), cache)
+    assert np.array_equal(cache.lengths, pos + size)
+    for b in range(batch):
+      got[b][pos[b]:pos[b] + take[b]] = np.asarray(logits)[b, :take[b]]
+    pos = pos + take
+    cache = cache.with_lengths(jnp.asarray(pos))  # drop the padding: a length reset, no copy
+  assert np.array_equal(pos, total)
+  for b in range(batch):
+    assert np.isfinite(got[b]).all()
+    np.testing.assert_allclose(got[b], want[b], atol=1e-4, rtol=0)
+
+
+def test_unwritten_slots_stay_nan_and_rejected_slots_are_overwritten():
+  model = tiny_model(seed=1)
+  cache = model.config.init_cache(2, 16, fill_value=np.nan)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 61, (2, 4)), jnp.int32)
+  _, cache = _forward(model, tokens, cache)
+  k = np.asarray(cache.k)
+  assert np.isfinite(k[:, :, :4]).all() and np.isnan(k[:, :, 4:]).all()
+  # Keep 1 of the 4 new tokens in row 0 and 3 in row 1; the next write lands right after them.
+  cache = cache.with_lengths(jnp.array([1, 3]))
+  _, cache = _forward(model, tokens[:, :2], cache)
+  k2 = np.asarray(cache.k)
+  assert not np.array_equal(k2[:, 0, 1:3], k[:, 0, 1:3])  # row 0's rejected slots rewritten
+  assert np.array_equal(k2[:, 1, :3], k[:, 1, :3])  # row 1's kept slots untouched
+  assert np.isnan(k2[:, 0, 4:]).all() and np.isfinite(k2[:, 1, :5]).all()

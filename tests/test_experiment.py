@@ -1,0 +1,93 @@
+"""The paper's metrics on hand-made inputs, prompt loading, and the main job end to end."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import bass_jax as bj
+from bass_jax import experiment, metrics
+from bass_jax.data import load_problems
+from conftest import tiny_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_per_token_latency_first_last_all():
+  # Row 0 finishes first (1 s, 10 tokens: 100 ms/token); rows 1 and 2 tie for last at 2 s.
+  lat = metrics.per_token_latency(np.array([1.0, 2.0, 2.0]), np.array([10, 40, 20]))
+  assert lat.first == pytest.approx(100.0)
+  assert lat.last == pytest.approx((50.0 + 100.0) / 2)
+  assert lat.all == pytest.approx((100.0 + 50.0 + 100.0) / 3)
+  for finish, lengths in (([1.0, np.nan], [3, 3]), ([1.0], [0]), ([], []), ([1.0, 2.0], [3])):
+    with pytest.raises(ValueError):
+      metrics.per_token_latency(np.array(finish), np.array(lengths))
+
+
+def test_acceptance_counts_live_rows_and_the_bonus_token():
+  # Step 0: l=3, row 0 accepts all 3, row 1 accepts 1. Step 1: l=5, row 0 is done (-1), row 1 takes 5.
+  acc = metrics.acceptance(np.array([3, 5]), np.array([[3, 1], [-1, 5]]))
+  assert (acc.drafted, acc.accepted, acc.sequence_steps) == (3 + 3 + 5, 3 + 1 + 5, 3)
+  assert acc.draft_acceptance_rate == pytest.approx(9 / 11)
+  assert acc.mean_accepted_length == pytest.approx((9 + 3) / 3)  # accepted + 1 per live step
+  pooled = metrics.Acceptance.pooled([acc, metrics.acceptance(np.array([2]), np.array([[0]]))])
+  assert pooled.draft_acceptance_rate == pytest.approx(9 / 13)
+  with pytest.raises(ValueError):
+    metrics.acceptance(np.array([3]), np.array([1, 2]))
+
+
+def test_load_problems(tmp_path):
+  problems = load_problems("humaneval")
+  assert len(problems) == 164 and problems[0].task_id == "HumanEval/0"
+  assert "def " in problems[0].prompt and "test" in problems[0].fields
+  path = tmp_path / "p.jsonl"
+  path.write_text('{"prompt": "a", "task_id": "x"}\n\n{"prompt": "b"}\n')
+  assert [(p.task_id, p.prompt) for p in load_problems(path)] == [("x", "a"), ("line-3", "b")]
+  with pytest.raises(ValueError, match="has 2 prompts"):
+    load_problems(path, 3)
+  path.write_text('{"text": "a"}\n')
+  with pytest.raises(ValueError, match="p.jsonl:1"):
+    load_problems(path)
+  with pytest.raises(FileNotFoundError):
+    load_problems(tmp_path / "missing.jsonl")
+
+
+@pytest.mark.slow
+def test_main_job_end_to_end(tmp_path, smollm2):
+  """experiments/generate.py on a tiny random model that carries SmolLM2's tokenizer."""
+  config = tiny_config(vocab_size=smollm2.config.vocab_size, num_hidden_layers=2,
+                       eos_token_id=smollm2.config.eos_token_id)
+  model = bj.Model(config, bj.init_params(config, jax.random.key(0)), smollm2.tokenizer)
+  bj.save_model(model, tmp_path / "tiny")
+  prompts = tmp_path / "prompts.jsonl"
+  prompts.write_text("".join(json.dumps({"task_id": f"t{i}", "prompt": p}) + "\n"
+                             for i, p in enumerate(["def add(a, b):", "import os\n# list files"])))
+  out, summary = tmp_path / "out.jsonl", tmp_path / "summary.json"
+  for method in ("regular", "bass"):
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.generate", f"--target={tmp_path / 'tiny'}",
+         f"--draft={tmp_path / 'tiny'}", "--draft_num_layers=1", f"--method={method}",
+         f"--prompts={prompts}", "--num_prompts=2", "--batch_size=3", "--max_new_tokens=6",
+         "--temperature=0.7", "--top_p=0.9", "--draft_len=2", f"--output={out}",
+         f"--summary_json={summary}"],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["task_id"], r["sample_index"]) for r in records] == [
+        (t, j) for t in ("t0", "t1") for j in range(3)]
+    for r in records:
+      assert set(r) == {"task_id", "sample_index", "completion", "num_tokens", "mean_logprob",
+                        "finished"}
+      assert 1 <= r["num_tokens"] <= 6 and r["mean_logprob"] <= 0 and isinstance(r["completion"], str)
+    s = json.loads(summary.read_text())
+    assert set(experiment.SUMMARY_KEYS) <= set(s) and s["method"] == method
+    assert s["batch_size"] == 3 and s["num_prompts"] == 2
+    assert min(s["ms_per_token_first"], s["ms_per_token_last"], s["ms_per_token_all"]) > 0
+    assert s["tokens_per_second"] > 0 and s["compile_seconds"] > 0 and s["steps"] >= 2
+    assert "ms_per_token_all" in result.stdout  # the printed table
+    if method == "bass":
+      assert 0 <= s["draft_acceptance_rate"] <= 1 and 1 <= s["mean_accepted_length"] <= 3

@@ -1,0 +1,113 @@
+"""The Flax Llama port against transformers' LlamaForCausalLM (PyTorch, f32): the independent reference."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import bass_jax as bj
+
+
+def _hf_model(seed, **kw):
+  torch.manual_seed(seed)
+  fields = dict(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+                num_attention_heads=6, num_key_value_heads=6, rope_theta=1000.0,
+                max_position_embeddings=256)
+  fields.update(kw)
+  model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**fields)).eval()
+  # HF's default init makes tiny logits; widen them so a layout slip shows up clearly.
+  with torch.no_grad():
+    for p in model.parameters():
+      p.mul_(3.0)
+  return model
+
+
+def _torch_logits(model, tokens):
+  with torch.no_grad():
+    return model(torch.tensor(np.asarray(tokens))).logits.numpy()
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("mha", dict(num_key_value_heads=6)),
+    ("gqa", dict(num_key_value_heads=2)),
+    ("mqa_tied", dict(num_key_value_heads=1, tie_word_embeddings=True)),
+    ("head_dim_16_bias", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                              attention_bias=True, mlp_bias=True)),
+])
+def test_tiny_logits_match_transformers(tmp_path, name, kw):
+  hf = _hf_model(seed=len(name), **kw)
+  hf.save_pretrained(tmp_path)
+  model = bj.load_model(tmp_path)
+  tokens = np.random.default_rng(1).integers(0, 97, size=(3, 17))
+  want = _torch_logits(hf, tokens)
+  got = np.asarray(model.logits(tokens))
+  assert np.std(want) > 0.5  # logits that actually discriminate
+  np.testing.assert_allclose(got, want, atol=1e-3, rtol=0)
+  assert np.abs(got - want).max() < 1e-4  # in practice f32 rounding only
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_logits_match_transformers(smollm2, smollm2_torch):
+  tok = smollm2.tokenizer
+  text = 'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n'
+  ids = tok(text).input_ids
+  rng = np.random.default_rng(0)
+  tokens = np.stack([ids, rng.integers(0, smollm2.config.vocab_size, len(ids))])
+  want = _torch_logits(smollm2_torch, tokens)
+  got = np.asarray(smollm2.logits(tokens))
+  assert np.abs(got - want).max() <= 1e-3
+  assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+def test_smollm2_config_from_gguf(smollm2):
+  c = smollm2.config
+  assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
+          c.head_dim, c.intermediate_size, c.vocab_size) == (30, 576, 9, 3, 64, 1536, 49152)
+  assert c.tie_word_embeddings and c.rope_theta == 100000.0
+  assert bj.loading.count_params(smollm2.params) == c.num_params()
+
+
+def test_config_round_trips_through_transformers():
+  config = bj.LlamaConfig(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                          num_attention_heads=8, num_key_value_heads=2, head_dim=16,
+                          rope_theta=12345.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                          eos_token_id=(2, 7), max_position_embeddings=512)
+  assert bj.LlamaConfig.from_hf_config(config.to_hf_config()) == config
+  assert bj.LlamaConfig.from_hf_config(config.to_hf_config().to_dict()) == config
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("sliding_window", 128, "sliding_window"),
+    ("model_type", "mistral", "mistral"),
+    ("rope_parameters", {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}, "linear"),
+    ("pretraining_tp", 2, "pretraining_tp"),
+    ("hidden_act", "gelu", "gelu"),
+])
+def test_config_rejects_what_the_port_would_ignore(field, value, match):
+  fields = bj.LlamaConfig(vocab_size=11, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1,
+                          head_dim=4).to_hf_config().to_dict()
+  fields[field] = value
+  with pytest.raises(ValueError, match=match):
+    bj.LlamaConfig.from_hf_config(fields)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(num_attention_heads=3, num_key_value_heads=2), "multiple"),
+    (dict(head_dim=5), "even"),
+    (dict(vocab_size=0), "vocab_size"),
+])
+def test_config_validates(kw, match):
+  fields = dict(vocab_size=11, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1, head_dim=4)
+  fields.update(kw)
+  with pytest.raises(ValueError, match=match):
+    bj.LlamaConfig(**fields)
+
+
+def test_logits_reject_out_of_vocabulary_tokens(tmp_path):
+  _hf_model(0).save_pretrained(tmp_path)
+  model = bj.load_model(tmp_path)
+  with pytest.raises(ValueError, match="token ids"):
+    model.logits(jnp.array([[0, 97]]))

@@ -1,0 +1,327 @@
+"""BASS sampling is exact: its emitted tokens follow the target's warped distribution (BASS.md §2.3).
+
+Method. Speculative sampling (Leviathan et al. 2023, Chen et al. 2023) claims that, whatever the draft
+proposes, the tokens it emits are distributed exactly as the target's tempered, top-p-truncated
+distribution ``p``. With a tiny vocabulary (V = 8) that claim can be checked end to end through the
+public :func:`bass_jax.generate`:
+
+* The exact joint law of the first K emitted tokens is computed independently, by enumeration: one
+  full causal forward of the target (``Model.logits``: no incremental cache, no sampler code) over the prompt
+  followed by every one of the V**(K-1) prefixes gives ``p(x1)``, ``p(x2 | x1)``, ... at the successive
+  positions, each warped with :func:`warped_log_probs` (the definition of the sampled distribution), and
+  their product is the V**K-cell joint.
+* One ``generate`` call with the same prompt repeated R times gives R independent draws of
+  ``(x1 .. xK)`` (rows share nothing but the batch-wide draft length, which never changes a row's law).
+* A chi-square goodness-of-fit test (cells with expected count < 5 pooled) compares the two; a correct
+  sampler passes (p-value > 1e-3), and no draw may land in a zero-probability cell (outside the nucleus).
+
+The draft is a different random model whose next-token distribution is far from the target's (total
+variation > 0.3), so most steps reject and emit a correction token from ``norm(max(0, p - q))``, while
+some accept every draft and emit a bonus token from ``p``: both paths are checked to actually occur
+within the first K tokens. Power is shown three ways: the same BASS draws are rejected as draws from
+the draft's distribution, draws from the draft itself are rejected as draws from the target's, and a
+mutant sampler with the classic bug (the correction drawn from ``p`` instead of the residual) is
+rejected. ``method="regular"`` draws pass the same test (a sanity check of the reference), and with the
+draft equal to the target every draft is accepted.
+
+Everything runs with fixed seeds, so the outcome is deterministic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+import bass_jax as bj
+from bass_jax.sampling import acceptance
+from bass_jax.sampling import generate as generate_lib
+from bass_jax.sampling.warp import warped_log_probs
+
+VOCAB = 8
+PROMPT = (1, 5, 2)
+NUM_TOKENS = 3  # K: the joint law of the first K emitted tokens is tested (V**K = 512 cells)
+NUM_ROWS = 24_000  # R: independent draws per test (one batched generate call)
+PASS_P_VALUE = 1e-3  # a correct sampler must not be rejected at this level
+REJECT_P_VALUE = 1e-6  # a wrong distribution must be rejected at this level
+MIN_EXPECTED = 5.0  # chi-square cells with a smaller expected count are pooled
+
+
+# -- models ------------------------------------------------------------------------------------------
+
+
+def _tiny_model(seed: int) -> bj.Model:
+  """A 1-layer random Llama over VOCAB tokens (its next-token laws are far from uniform already)."""
+  config = bj.LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                          max_position_embeddings=64, eos_token_id=None)
+  return bj.Model(config, bj.init_params(config, jax.random.key(seed)), name=f"tiny-{seed}")
+
+
+@functools.lru_cache(maxsize=None)
+def _models() -> tuple[bj.Model, bj.Model]:
+  """(target, draft): two unrelated random models, so the draft disagrees strongly with the target
+  (first-token total variation 0.58 at temperature 1, 0.81-0.86 with top-p; see the first test)."""
+  return _tiny_model(seed=0), _tiny_model(seed=1)
+
+
+# -- the exact distribution, by enumeration -------------------------------------------------------------
+
+
+def exact_joint(model: bj.Model, prompt, num_tokens: int, temperature: float, top_p: float) -> np.ndarray:
+  """The exact joint law ``f64[V] * num_tokens`` of the first ``num_tokens`` tokens sampled after ``prompt``.
+
+  One uncached causal forward over ``prompt + t`` for every prefix ``t`` of ``num_tokens - 1`` tokens
+  gives, at position ``len(prompt) - 1 + j``, the logits of token ``j + 1`` given ``t[:j]``; each is
+  warped with :func:`warped_log_probs` and the conditionals are multiplied.
+
+  Raises:
+    AssertionError: when some context puts a token within 1e-4 of the top-p boundary, where float
+      rounding between this forward and the decode's cached forward could flip its membership.
+  """
+  vocab = model.config.vocab_size
+  prefixes = np.array(list(itertools.product(range(vocab), repeat=num_tokens - 1)), np.int32)
+  prefixes = prefixes.reshape(vocab ** (num_tokens - 1), num_tokens - 1)
+  sequences = np.concatenate([np.tile(np.asarray(prompt, np.int32), (len(prefixes), 1)), prefixes], 1)
+  logits = model.logits(sequences)[:, len(prompt) - 1:]  # [prefixes, num_tokens, V]
+  temperature, top_p_arr = jnp.float32(temperature), jnp.float32(top_p)
+  if top_p < 1:
+    tempered = np.exp(np.asarray(warped_log_probs(logits, temperature, top_p_arr, use_top_p=False),
+                                 np.float64))
+    ordered = -np.sort(-tempered, axis=-1)
+    mass_before = np.cumsum(ordered, axis=-1) - ordered
+    assert np.abs(mass_before - top_p).min() > 1e-4, "a token sits on the top-p boundary"
+  log_probs = warped_log_probs(logits, temperature, top_p_arr, use_top_p=top_p < 1)
+  conditionals = np.exp(np.asarray(log_probs, np.float64))
+  conditionals /= conditionals.sum(-1, keepdims=True)  # f32 -> f64 renormalization
+
+  joint = np.empty((vocab,) * num_tokens)
+  for tokens in itertools.product(range(vocab), repeat=num_tokens):
+    row = np.ravel_multi_index(tokens[:-1], (vocab,) * (num_tokens - 1)) if num_tokens > 1 else 0
+    joint[tokens] = np.prod([conditionals[row, j, tokens[j]] for j in range(num_tokens)])
+  return joint
+
+
+def total_variation(p: np.ndarray, q: np.ndarray) -> float:
+  return 0.5 * float(np.abs(p - q).sum())
+
+
+def first_token_law(joint: np.ndarray) -> np.ndarray:
+  return joint.reshape(joint.shape[0], -1).sum(1)
+
+
+# -- the goodness-of-fit test ---------------------------------------------------------------------------
+
+
+def chisquare_p_value(samples: np.ndarray, joint: np.ndarray) -> float:
+  """Chi-square goodness-of-fit p-value of ``samples: i32[R, K]`` against the law ``joint: [V] * K``.
+
+  Cells with an expected count below MIN_EXPECTED are pooled into one cell (together with the next
+  smallest ones if the pool itself stays below it). A draw in a zero-probability cell is an outright
+  rejection: p-value 0.
+  """
+  assert samples.ndim == 2 and samples.shape[1] == joint.ndim
+  counts = np.bincount(np.ravel_multi_index(samples.T, joint.shape), minlength=joint.size)
+  expected = joint.ravel() / joint.sum() * len(samples)
+  impossible = joint.ravel() == 0
+  if counts[impossible].any():
+    return 0.0
+  counts, expected = counts[~impossible], expected[~impossible]
+  order = np.argsort(expected)
+  counts, expected = counts[order], expected[order]
+  pooled = int(np.sum(expected < MIN_EXPECTED))
+  if pooled:
+    while pooled < len(expected) and expected[:pooled].sum() < MIN_EXPECTED:
+      pooled += 1
+    counts = np.concatenate([[counts[:pooled].sum()], counts[pooled:]])
+    expected = np.concatenate([[expected[:pooled].sum()], expected[pooled:]])
+  assert len(expected) >= 2, "too few cells for a chi-square test"
+  return float(stats.chisquare(counts, expected).pvalue)
+
+
+# -- sampling -------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  name: str
+  temperature: float
+  top_p: float
+  draft_len: object  # int, "dynamic" or a DynamicDraftLen
+  seed: int
+
+
+# A small Algorithm-1 policy: starts at 2 drafts (so the bonus token of a fully accepted first step is
+# the 3rd token) and adapts per step; the paper's l_limit = 32 would compile 6 verification buckets.
+SMALL_DYNAMIC = bj.DynamicDraftLen(l0=2, l_incre=1, l_mod=2, l_limit=4)
+
+CASES = [
+    Case("t1_fixed1", temperature=1.0, top_p=1.0, draft_len=1, seed=11),
+    Case("t1_top_p0.8_fixed3", temperature=1.0, top_p=0.8, draft_len=3, seed=12),
+    Case("t0.6_top_p0.9_dynamic", temperature=0.6, top_p=0.9, draft_len=SMALL_DYNAMIC, seed=13),
+    Case("t1_fixed2", temperature=1.0, top_p=1.0, draft_len=2, seed=14),
+]
+SETTINGS = sorted({(c.temperature, c.top_p) for c in CASES})  # the distinct warped distributions
+
+
+@functools.lru_cache(maxsize=None)
+def _target_joint(temperature: float, top_p: float) -> np.ndarray:
+  return exact_joint(_models()[0], PROMPT, NUM_TOKENS, temperature, top_p)
+
+
+@functools.lru_cache(maxsize=None)
+def _draft_joint(temperature: float, top_p: float) -> np.ndarray:
+  return exact_joint(_models()[1], PROMPT, NUM_TOKENS, temperature, top_p)
+
+
+def _generate(target, draft, method, temperature, top_p, seed, draft_len=1, rows=NUM_ROWS):
+  out = bj.generate(target, draft, [list(PROMPT)] * rows, method=method, max_new_tokens=NUM_TOKENS,
+                    temperature=temperature, top_p=top_p, draft_len=draft_len, seed=seed,
+                    eos_token_id=())
+  assert (out.lengths == NUM_TOKENS).all() and not out.finished.any()
+  return out
+
+
+@functools.lru_cache(maxsize=None)
+def _bass(case: Case) -> bj.GenerateOutput:
+  target, draft = _models()
+  return _generate(target, draft, "bass", case.temperature, case.top_p, case.seed, case.draft_len)
+
+
+def path_counts(out: bj.GenerateOutput, num_tokens: int) -> dict[str, int]:
+  """How often each acceptance path produced one of a row's first ``num_tokens`` tokens.
+
+  A step of a live row emits its accepted drafts and then one more token: a correction (some draft
+  rejected) or a bonus (all accepted). Returns the number of (step, row) pairs whose last token is among
+  the row's first ``num_tokens``, split by path, plus the raw counts of steps accepting nothing / all.
+  """
+  accepted = out.stats.accepted  # [steps, B], -1 once a row is done
+  draft_lens = out.stats.draft_lens[:, None]
+  live = accepted >= 0
+  emitted = np.where(live, accepted + 1, 0)
+  before = np.cumsum(emitted, axis=0) - emitted
+  in_prefix = live & (before + emitted <= num_tokens)
+  return {
+      "correction": int(np.sum(in_prefix & (accepted < draft_lens))),
+      "bonus": int(np.sum(in_prefix & (accepted == draft_lens))),
+      "accepted_draft": int(np.sum(live & (accepted > 0))),
+      "none_accepted": int(np.sum(live & (accepted == 0))),
+      "all_accepted": int(np.sum(live & (accepted == draft_lens))),
+  }
+
+
+# -- the tests ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature,top_p", SETTINGS)
+def test_draft_is_far_from_target(temperature, top_p):
+  """The setting is hard: target and draft laws differ a lot; top-p < 1 really truncates."""
+  target, draft = _target_joint(temperature, top_p), _draft_joint(temperature, top_p)
+  assert np.isclose(target.sum(), 1) and np.isclose(draft.sum(), 1)
+  assert total_variation(first_token_law(target), first_token_law(draft)) > 0.3
+  assert total_variation(target, draft) > 0.3
+  if top_p < 1:
+    assert (first_token_law(target) == 0).sum() >= 2  # tokens outside the nucleus
+    assert (first_token_law(draft) == 0).sum() >= 2
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_bass_matches_exact_target_distribution(case):
+  """BASS draws of (x1, x2, x3) fit the enumerated target joint, through both acceptance paths."""
+  out = _bass(case)
+  paths = path_counts(out, NUM_TOKENS)
+  assert paths["correction"] > 100 and paths["accepted_draft"] > 100, paths
+  assert paths["none_accepted"] > 100 and paths["all_accepted"] > 20, paths
+  if np.max(out.stats.draft_lens[:1]) < NUM_TOKENS:  # a fully accepted first step ends inside the prefix
+    assert paths["bonus"] > 20, paths
+  if case.draft_len == SMALL_DYNAMIC:
+    assert len(set(out.stats.draft_lens.tolist())) >= 2  # the length really adapted
+
+  samples = out.tokens[:, :NUM_TOKENS]
+  joint = _target_joint(case.temperature, case.top_p)
+  assert not np.any(joint[tuple(samples.T)] == 0), "a draw outside the target's nucleus"
+  p_value = chisquare_p_value(samples, joint)
+  assert p_value > PASS_P_VALUE, p_value
+
+
+def test_bass_covers_several_draft_lengths():
+  """Across the cases the verification saw at least three different draft lengths."""
+  lengths = set()
+  for case in CASES:
+    lengths |= set(_bass(case).stats.draft_lens.tolist())
+  assert len(lengths) >= 3, lengths
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_bass_draws_reject_the_draft_distribution(case):
+  """Power: the same BASS draws are decisively rejected as draws from the draft's law."""
+  samples = _bass(case).tokens[:, :NUM_TOKENS]
+  p_value = chisquare_p_value(samples, _draft_joint(case.temperature, case.top_p))
+  assert p_value < REJECT_P_VALUE, p_value
+
+
+@pytest.mark.parametrize("temperature,top_p", SETTINGS)
+def test_regular_matches_exact_target_distribution(temperature, top_p):
+  """Sanity of the reference: plain autoregressive sampling from the target passes the same test."""
+  target, _ = _models()
+  out = _generate(target, None, "regular", temperature, top_p, seed=21)
+  p_value = chisquare_p_value(out.tokens[:, :NUM_TOKENS], _target_joint(temperature, top_p))
+  assert p_value > PASS_P_VALUE, p_value
+
+
+def test_draft_samples_reject_the_target_distribution():
+  """Power: draws from the draft itself (regular sampling) are rejected as draws from the target."""
+  _, draft = _models()
+  out = _generate(draft, None, "regular", 1.0, 1.0, seed=22)
+  samples = out.tokens[:, :NUM_TOKENS]
+  assert chisquare_p_value(samples, _draft_joint(1.0, 1.0)) > PASS_P_VALUE
+  assert chisquare_p_value(samples, _target_joint(1.0, 1.0)) < REJECT_P_VALUE
+
+
+def test_mutant_correction_from_p_is_detected(monkeypatch):
+  """Power against a subtle bug: drawing the correction from ``p`` instead of ``norm(max(0, p - q))``."""
+  original = acceptance.speculative_accept
+  traced = []
+
+  def correction_from_p(key, drafts, draft_log_probs, target_log_probs, num_drafts):
+    traced.append(True)
+    accepted, _ = original(key, drafts, draft_log_probs, target_log_probs, num_drafts)
+    rows = jnp.arange(drafts.shape[0])
+    _, residual_key = jax.random.split(key)
+    wrong = jax.random.categorical(residual_key, target_log_probs[rows, accepted], axis=-1)
+    return accepted, wrong.astype(jnp.int32)
+
+  monkeypatch.setattr(acceptance, "speculative_accept", correction_from_p)
+  monkeypatch.setattr(generate_lib, "_COMPILED", {})  # force a fresh trace with the mutant
+  target, draft = _models()
+  # A batch size no other test uses, so no trace of the mutant can be reused by another test.
+  out = _generate(target, draft, "bass", 1.0, 1.0, seed=23, draft_len=1, rows=NUM_ROWS + 1)
+  assert traced, "the mutant was not traced"
+  p_value = chisquare_p_value(out.tokens[:, :NUM_TOKENS], _target_joint(1.0, 1.0))
+  assert p_value < REJECT_P_VALUE, p_value
+
+
+@pytest.mark.parametrize("draft_len", [4, "dynamic"])
+def test_draft_equal_to_target_accepts_every_draft(draft_len):
+  """With q == p every acceptance ratio is 1: each live row accepts all l_draft drafts every step."""
+  target, _ = _models()
+  max_new_tokens = 40
+  out = bj.generate(target, target, [list(PROMPT), [3], [0, 7, 7, 1, 6]] * 8, method="bass",
+                    max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0, draft_len=draft_len,
+                    seed=5, eos_token_id=())
+  accepted, draft_lens = out.stats.accepted, out.stats.draft_lens
+  live = accepted >= 0
+  assert live[0].all()
+  np.testing.assert_array_equal(np.where(live, accepted, -1),
+                                np.where(live, draft_lens[:, None], -1))
+  assert (out.lengths == max_new_tokens).all()
+  if draft_len == "dynamic":  # Algorithm 1 grows by l_incre after every fully accepted step
+    np.testing.assert_array_equal(draft_lens, [7, 9, 11, 13])
+  else:
+    assert out.stats.steps == -(-max_new_tokens // (draft_len + 1))

@@ -1,0 +1,31 @@
+"""Temperature and top-p warping against transformers' own logits processors (independent reference)."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from bass_jax.sampling.warp import warped_log_probs
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 0.9), (0.7, 0.5), (1.3, 0.99), (0.2, 0.95)])
+def test_matches_transformers_warpers(temperature, top_p):
+  rng = np.random.default_rng(int(100 * top_p))
+  logits = (rng.normal(size=(6, 50)) * 3).astype(np.float32)
+  processors = transformers.LogitsProcessorList([
+      transformers.TemperatureLogitsWarper(temperature), transformers.TopPLogitsWarper(top_p)])
+  want = torch.log_softmax(processors(None, torch.tensor(logits)), dim=-1).numpy()
+  got = np.asarray(warped_log_probs(jnp.asarray(logits), temperature, top_p, use_top_p=True))
+  assert ((got == -np.inf) == (want == -np.inf)).all()  # the same nucleus
+  assert (got == -np.inf).any()  # and it truncates something
+  kept = want > -np.inf
+  np.testing.assert_allclose(got[kept], want[kept], atol=1e-5)
+
+
+def test_ties_at_the_threshold_are_all_kept():
+  logits = jnp.log(jnp.array([[0.4, 0.2, 0.2, 0.2]]))
+  probs = np.exp(np.asarray(warped_log_probs(logits, 1.0, 0.5, use_top_p=True)))[0]
+  np.testing.assert_allclose(probs, [0.4, 0.2, 0.2, 0.2], atol=1e-6)  # order-independent
+  probs = np.exp(np.asarray(warped_log_probs(logits, 1.0, 0.35, use_top_p=True)))[0]
+  np.testing.assert_allclose(probs, [1.0, 0, 0, 0], atol=1e-6)
