@@ -6,9 +6,10 @@ distribution ``p``. With a tiny vocabulary (V = 8) that claim can be checked end
 public :func:`bass_jax.generate`:
 
 * The exact joint law of the first K emitted tokens is computed independently, by enumeration: one
-  full causal forward of the target (``Model.logits``: no incremental cache, no sampler code) over the prompt
-  followed by every one of the V**(K-1) prefixes gives ``p(x1)``, ``p(x2 | x1)``, ... at the successive
-  positions, each warped with :func:`warped_log_probs` (the definition of the sampled distribution), and
+  full causal forward of the target (``Model.logits``: no incremental cache, no sampler code) over
+  the prompt followed by every one of the V**(K-1) prefixes gives ``p(x1)``, ``p(x2 | x1)``, ... at
+  the successive positions, each warped with :func:`warped_log_probs` (the definition of the sampled
+  distribution, cross-checked against an independent numpy restatement of temperature + nucleus), and
   their product is the V**K-cell joint.
 * One ``generate`` call with the same prompt repeated R times gives R independent draws of
   ``(x1 .. xK)`` (rows share nothing but the batch-wide draft length, which never changes a row's law).
@@ -74,31 +75,47 @@ def _models() -> tuple[bj.Model, bj.Model]:
 # -- the exact distribution, by enumeration -------------------------------------------------------------
 
 
-def exact_joint(model: bj.Model, prompt, num_tokens: int, temperature: float, top_p: float) -> np.ndarray:
-  """The exact joint law ``f64[V] * num_tokens`` of the first ``num_tokens`` tokens sampled after ``prompt``.
+def reference_warp(logits: np.ndarray, temperature: float, top_p: float) -> np.ndarray:
+  """An independent f64 restatement of the sampled law: ``softmax(logits / T)`` cut to its nucleus.
+
+  Token i is kept iff the mass of the tokens strictly more probable than it is below ``top_p``
+  (transformers' ``TopPLogitsWarper`` rule, ties kept), then the kept mass is renormalized.
+
+  Raises:
+    AssertionError: when some token's mass-above sits within 1e-4 of ``top_p``, where float rounding
+      (f32 in the library, f64 here, cached vs uncached forwards) could flip its membership.
+  """
+  scaled = np.asarray(logits, np.float64) / np.float64(np.float32(temperature))
+  probs = np.exp(scaled - scaled.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  if top_p >= 1:
+    return probs
+  mass_above = np.sum(np.where(probs[..., None, :] > probs[..., :, None], probs[..., None, :], 0), -1)
+  assert np.abs(mass_above - top_p).min() > 1e-4, "a token sits on the top-p boundary"
+  kept = np.where(mass_above < top_p, probs, 0.0)
+  return kept / kept.sum(-1, keepdims=True)
+
+
+def exact_joint(model: bj.Model, prompt, num_tokens: int, temperature: float,
+                top_p: float) -> np.ndarray:
+  """The exact law ``f64[V] * num_tokens`` of the first ``num_tokens`` tokens sampled after ``prompt``.
 
   One uncached causal forward over ``prompt + t`` for every prefix ``t`` of ``num_tokens - 1`` tokens
   gives, at position ``len(prompt) - 1 + j``, the logits of token ``j + 1`` given ``t[:j]``; each is
-  warped with :func:`warped_log_probs` and the conditionals are multiplied.
-
-  Raises:
-    AssertionError: when some context puts a token within 1e-4 of the top-p boundary, where float
-      rounding between this forward and the decode's cached forward could flip its membership.
+  warped with :func:`warped_log_probs` (checked against :func:`reference_warp`: same support, same
+  probabilities to 1e-5) and the conditionals are multiplied.
   """
   vocab = model.config.vocab_size
   prefixes = np.array(list(itertools.product(range(vocab), repeat=num_tokens - 1)), np.int32)
   prefixes = prefixes.reshape(vocab ** (num_tokens - 1), num_tokens - 1)
   sequences = np.concatenate([np.tile(np.asarray(prompt, np.int32), (len(prefixes), 1)), prefixes], 1)
   logits = model.logits(sequences)[:, len(prompt) - 1:]  # [prefixes, num_tokens, V]
-  temperature, top_p_arr = jnp.float32(temperature), jnp.float32(top_p)
-  if top_p < 1:
-    tempered = np.exp(np.asarray(warped_log_probs(logits, temperature, top_p_arr, use_top_p=False),
-                                 np.float64))
-    ordered = -np.sort(-tempered, axis=-1)
-    mass_before = np.cumsum(ordered, axis=-1) - ordered
-    assert np.abs(mass_before - top_p).min() > 1e-4, "a token sits on the top-p boundary"
-  log_probs = warped_log_probs(logits, temperature, top_p_arr, use_top_p=top_p < 1)
+  log_probs = warped_log_probs(logits, jnp.float32(temperature), jnp.float32(top_p),
+                               use_top_p=top_p < 1)
   conditionals = np.exp(np.asarray(log_probs, np.float64))
+  reference = reference_warp(np.asarray(logits), temperature, top_p)
+  np.testing.assert_array_equal(conditionals > 0, reference > 0)
+  np.testing.assert_allclose(conditionals, reference, rtol=0, atol=1e-5)
   conditionals /= conditionals.sum(-1, keepdims=True)  # f32 -> f64 renormalization
 
   joint = np.empty((vocab,) * num_tokens)

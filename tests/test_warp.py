@@ -29,3 +29,23 @@ def test_ties_at_the_threshold_are_all_kept():
   np.testing.assert_allclose(probs, [0.4, 0.2, 0.2, 0.2], atol=1e-6)  # order-independent
   probs = np.exp(np.asarray(warped_log_probs(logits, 1.0, 0.35, use_top_p=True)))[0]
   np.testing.assert_allclose(probs, [1.0, 0, 0, 0], atol=1e-6)
+
+
+@pytest.mark.parametrize("spread", [0.3, 1.0, 8.0])
+def test_wide_and_narrow_nuclei_match_transformers(spread):
+  """V = 3000: flat rows have nuclei of hundreds of tokens (the bisection path), peaked rows a few
+  (the top-k path); rows of both kinds share a batch."""
+  rng = np.random.default_rng(int(spread * 10))
+  logits = rng.normal(size=(8, 3000)).astype(np.float32)
+  logits[::2] *= spread
+  logits[1::2] *= 10.0
+  want = torch.log_softmax(
+      transformers.TopPLogitsWarper(0.9)(None, torch.tensor(logits)), dim=-1).numpy()
+  got = np.asarray(warped_log_probs(jnp.asarray(logits), 1.0, 0.9, use_top_p=True))
+  sizes = (want > -np.inf).sum(-1)
+  assert ((got > -np.inf).sum(-1) == sizes).all()
+  assert ((got == -np.inf) == (want == -np.inf)).all()
+  if spread < 8:
+    assert sizes.max() > 64 and sizes.min() < 64  # both paths ran
+  kept = want > -np.inf
+  np.testing.assert_allclose(got[kept], want[kept], atol=1e-5)

@@ -3,6 +3,15 @@
 Speculative sampling is exact for whatever distribution both models are warped to (../shared/BASS.md
 §2.3): the same :func:`warped_log_probs` is applied to the draft's ``q`` and to the target's ``p``, so the
 emitted tokens follow the target's tempered, truncated distribution.
+
+The nucleus (Holtzman et al. 2020; transformers' ``TopPLogitsWarper``) is defined without reference to a
+sort order: token i is kept iff the probability mass of the tokens *strictly more probable* than it is
+below ``top_p``. The most probable token is always kept, and tokens tied with the least probable kept
+one are kept too. A full sort of a 49k vocabulary costs ~10 ms per row on a CPU, so the threshold is
+found from ``lax.top_k`` (the nucleus usually holds a handful of tokens) and, for rows whose nucleus is
+wider than that, by bisection over the float bit patterns, which is exact on the discrete set of
+probabilities. The two paths sum the same masses in different orders, so they can only disagree where
+a token's mass sits within float rounding of ``top_p``.
 """
 
 from __future__ import annotations
@@ -10,14 +19,32 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+TOP_K_FAST_PATH = 64  # nucleus sizes up to this are read off lax.top_k
+
+
+def _keys(probs: jax.Array) -> jax.Array:
+  """Non-negative f32 -> i32 bit patterns, which order exactly as the floats do."""
+  return jax.lax.bitcast_convert_type(probs, jnp.int32)
+
+
+def _bisect_threshold(probs: jax.Array, top_p: jax.Array) -> jax.Array:
+  """Smallest key t with ``sum(p[key > t]) < top_p``, per row; ``[..., V] -> i32[...]``."""
+  keys = _keys(probs)
+  lo = jnp.full(probs.shape[:-1], -1, jnp.int32)  # mass above lo >= top_p (or lo = -1, a sentinel)
+  hi = jnp.full(probs.shape[:-1], _keys(jnp.float32(1.0)) + 1, jnp.int32)  # mass above hi = 0
+
+  def body(_, bounds):
+    lo, hi = bounds
+    mid = lo + (hi - lo) // 2
+    below = jnp.sum(jnp.where(keys > mid[..., None], probs, 0.0), axis=-1) < top_p
+    return jnp.where(below, lo, mid), jnp.where(below, mid, hi)
+
+  _, hi = jax.lax.fori_loop(0, 31, body, (lo, hi))  # 2**31 > the key range: converged
+  return hi
+
 
 def top_p_filter(log_probs: jax.Array, top_p: jax.Array) -> jax.Array:
-  """Restricts a distribution to its nucleus and renormalizes.
-
-  The nucleus is every token whose probability is at least that of the last token needed to reach
-  ``top_p``: sorting by probability, a token is kept if the mass strictly before it is below ``top_p``
-  (transformers' ``TopPLogitsWarper`` rule; the most probable token is always kept), and tokens tied with
-  the last kept one are kept too, so the result does not depend on sort order.
+  """Restricts a distribution to its nucleus (module docstring) and renormalizes.
 
   Args:
     log_probs: ``f32[..., V]`` normalized log-probabilities.
@@ -26,12 +53,19 @@ def top_p_filter(log_probs: jax.Array, top_p: jax.Array) -> jax.Array:
   Returns:
     ``f32[..., V]`` log-probabilities, ``-inf`` outside the nucleus.
   """
-  sorted_lp = -jnp.sort(-log_probs, axis=-1)  # descending
-  probs = jnp.exp(sorted_lp)
-  mass_before = jnp.cumsum(probs, axis=-1) - probs
+  probs = jnp.exp(log_probs)
+  k = min(TOP_K_FAST_PATH, log_probs.shape[-1])
+  top_probs = jnp.exp(jax.lax.top_k(log_probs, k)[0])  # descending
+  mass_before = jnp.cumsum(top_probs, axis=-1) - top_probs
   kept = mass_before < top_p
-  threshold = jnp.min(jnp.where(kept, sorted_lp, jnp.inf), axis=-1, keepdims=True)
-  filtered = jnp.where(log_probs >= threshold, log_probs, -jnp.inf)
+  fast = jnp.min(jnp.where(kept, _keys(top_probs), jnp.iinfo(jnp.int32).max), axis=-1)
+  # The nucleus lies inside the top k unless all k tokens are kept (and the vocabulary is larger).
+  wider = kept[..., -1] & (k < log_probs.shape[-1])
+  threshold = jax.lax.cond(
+      jnp.any(wider),
+      lambda: jnp.where(wider, _bisect_threshold(probs, top_p), fast),
+      lambda: fast)
+  filtered = jnp.where(_keys(probs) >= threshold[..., None], log_probs, -jnp.inf)
   return jax.nn.log_softmax(filtered, axis=-1)
 
 
@@ -42,7 +76,7 @@ def warped_log_probs(logits: jax.Array, temperature: jax.Array, top_p: jax.Array
   Args:
     logits: ``f32[..., V]``.
     temperature: scalar > 0 (temperature 0 is greedy decoding and never reaches this function).
-    top_p: scalar in ``(0, 1]``; read only when ``use_top_p`` (static, so ``top_p == 1`` skips the sort).
+    top_p: scalar in ``(0, 1]``; read only when ``use_top_p`` (static, so ``top_p == 1`` costs nothing).
 
   Returns:
     ``f32[..., V]`` normalized log-probabilities (``-inf`` for excluded tokens).
