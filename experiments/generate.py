@@ -41,6 +41,10 @@ _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus mass in (0, 1].")
 _DRAFT_LEN = flags.DEFINE_string("draft_len", "dynamic", "'dynamic' (BASS Algorithm 1) or an int.")
 _SEED = flags.DEFINE_integer("seed", 0, "PRNG seed (prompt i uses seed + i).")
 _ATTENTION = flags.DEFINE_string("attention_impl", "reference", "Attention implementation.")
+_BUCKETS = flags.DEFINE_list(
+    "verify_buckets", [], "Draft lengths with a compiled verification shape (default: the fixed "
+    "draft length, or 1, 2, 4, ... up to the limit for 'dynamic'). '32' alone compiles one shape "
+    "at the maximum and masks.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Parameter/compute dtype.")
 _OUTPUT = flags.DEFINE_string("output", None, "JSONL file, one record per sequence.")
 _SUMMARY = flags.DEFINE_string("summary_json", None, "JSON file for the summary.")
@@ -63,7 +67,8 @@ def main(argv):
       target, draft, problems, batch_size=_BATCH.value, method=_METHOD.value,
       max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
       draft_len=int(_DRAFT_LEN.value) if _DRAFT_LEN.value.isdigit() else _DRAFT_LEN.value,
-      seed=_SEED.value, attention_impl=_ATTENTION.value)
+      seed=_SEED.value, attention_impl=_ATTENTION.value,
+      verify_buckets=[int(b) for b in _BUCKETS.value] or None)
 
   print(experiment.format_summary(result.summary), flush=True)
   for path, write in ((_OUTPUT.value, lambda f: f.writelines(json.dumps(r) + "\n" for r in result.records)),

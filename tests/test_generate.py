@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import bass_jax as bj
-from bass_jax import experiment
+from bass_jax import experiment, metrics
 from bass_jax.data import Problem
 from conftest import tiny_model
 
@@ -36,22 +36,10 @@ def _noisy_copy(model, noise, seed):
 
 def _assert_lossless(target, prompts, regular, bass):
   """Same tokens as regular greedy decoding, except after a float near-tie; returns the match rate."""
-  matches = total = 0
-  for b, prompt in enumerate(prompts):
-    want, got = regular.sequences()[b], bass.sequences()[b]
-    n = min(len(want), len(got))
-    diff = [i for i in range(n) if want[i] != got[i]]
-    total += len(want)
-    if not diff:
-      assert len(want) == len(got)
-      matches += len(want)
-      continue
-    i = diff[0]
-    matches += i
-    logits = np.asarray(target.logits(np.array([prompt + want[:i]])))[0, -1]
-    top2 = np.sort(logits)[-2:]
-    assert top2[1] - top2[0] < NEAR_TIE, f"row {b} diverges at token {i} without a near-tie"
-  return matches / total
+  agreement = metrics.greedy_agreement(target, prompts, regular.sequences(), bass.sequences())
+  for d in agreement.divergences:
+    assert d.top2_gap < NEAR_TIE, f"row {d.row} diverges at token {d.index} without a near-tie: {d}"
+  return agreement.exact_match_rate
 
 
 @pytest.fixture(scope="module")

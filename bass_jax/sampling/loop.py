@@ -173,11 +173,11 @@ def _emit(spec: DecodeSpec, state: DecodeState, new_tokens: jax.Array, new_logpr
   live = ~state.done
   generated = state.seq_len - state.prompt_len
 
-  in_count = slots < count[:, None]
-  is_eos = in_count & jnp.isin(new_tokens, jnp.asarray(spec.eos_ids, jnp.int32))
-  has_eos = jnp.any(is_eos, axis=1)
-  first_eos = jnp.argmax(is_eos, axis=1)
-  count = jnp.where(has_eos, first_eos + 1, count)
+  if spec.eos_ids:
+    is_eos = (slots < count[:, None]) & jnp.isin(new_tokens, jnp.asarray(spec.eos_ids, jnp.int32))
+    has_eos = jnp.any(is_eos, axis=1)
+    first_eos = jnp.argmax(is_eos, axis=1)
+    count = jnp.where(has_eos, first_eos + 1, count)
   count = jnp.where(live, jnp.minimum(count, n - generated), 0)
 
   write = slots < count[:, None]
@@ -188,7 +188,9 @@ def _emit(spec: DecodeSpec, state: DecodeState, new_tokens: jax.Array, new_logpr
   logprobs = state.logprobs.at[rows, lp_pos].set(new_logprobs, mode="drop")
 
   seq_len = state.seq_len + count
-  eos = state.eos | (live & has_eos & (first_eos < count))
+  eos = state.eos
+  if spec.eos_ids:
+    eos = eos | (live & has_eos & (first_eos < count))
   done = state.done | eos | (seq_len - state.prompt_len >= n)
   return state.replace(tokens=tokens, logprobs=logprobs, seq_len=seq_len, eos=eos, done=done)
 
