@@ -10,8 +10,8 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-# The main job's defaults: a few HumanEval prompts, the real SmolLM2 target, both methods.
-RUN_FLAGS ?= --num_prompts=3 --batch_size=4 --max_new_tokens=64 --temperature=0.2 --top_p=0.95
+# The main job's setting: a few HumanEval prompts, the real SmolLM2 target, both methods.
+RUN_FLAGS ?= --flagfile=configs/humaneval_quick.flags
 
 .PHONY: venv run test clean
 
