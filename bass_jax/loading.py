@@ -196,6 +196,25 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = jnp.float32, num_layers:
   return model
 
 
+def load_draft(spec: str | os.PathLike, target: Model, *, num_layers: int | None = None,
+               dtype: Any = jnp.float32) -> Model:
+  """Loads a draft model; ``spec`` equal to the target's name reuses the target's weights.
+
+  Args:
+    spec: as in :func:`load_model`. When it names the target itself, no second copy is loaded and
+      ``num_layers`` cuts the target (the placeholder draft of ../shared/BASS.md §8).
+    target: the loaded target.
+    num_layers: keep only the first ``num_layers`` decoder layers (None keeps all).
+    dtype: as in :func:`load_model` (ignored when the target is reused).
+
+  Raises:
+    As :func:`load_model`.
+  """
+  if str(spec) == target.name:
+    return target.with_first_layers(num_layers) if num_layers else target
+  return load_model(spec, dtype=dtype, num_layers=num_layers, tokenizer=False)
+
+
 def save_model(model: Model, path: str | os.PathLike, *, format: str = "safetensors") -> None:  # pylint: disable=redefined-builtin
   """Writes a model that :func:`load_model` (and, for safetensors, transformers) reads back.
 
@@ -226,5 +245,5 @@ def count_params(params: Any) -> int:
   return sum(x.size for x in flax.traverse_util.flatten_dict(dict(params)).values())
 
 
-__all__ = ["ALIASES", "Model", "abstract_params", "count_params", "init_params", "load_model",
-           "resolve_alias", "save_model"]
+__all__ = ["ALIASES", "Model", "abstract_params", "count_params", "init_params", "load_draft",
+           "load_model", "resolve_alias", "save_model"]

@@ -58,11 +58,8 @@ def main(argv):
   target = bass_jax.load_model(_TARGET.value, dtype=dtype)
   draft = None
   if _METHOD.value == "bass":
-    layers = _DRAFT_LAYERS.value or None
-    if _DRAFT.value == _TARGET.value:
-      draft = target.with_first_layers(layers) if layers else target
-    else:
-      draft = bass_jax.load_model(_DRAFT.value, dtype=dtype, num_layers=layers, tokenizer=False)
+    draft = bass_jax.load_draft(_DRAFT.value, target, num_layers=_DRAFT_LAYERS.value or None,
+                                dtype=dtype)
   result = experiment.run_problems(
       target, draft, problems, batch_size=_BATCH.value, method=_METHOD.value,
       max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,

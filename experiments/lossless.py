@@ -31,11 +31,7 @@ _SUMMARY = flags.DEFINE_string("summary_json", None, "JSON file for the result."
 def main(argv):
   del argv
   target = bass_jax.load_model(_TARGET.value)
-  layers = _DRAFT_LAYERS.value or None
-  if _DRAFT.value == _TARGET.value:
-    draft = target.with_first_layers(layers) if layers else target
-  else:
-    draft = bass_jax.load_model(_DRAFT.value, num_layers=layers, tokenizer=False)
+  draft = bass_jax.load_draft(_DRAFT.value, target, num_layers=_DRAFT_LAYERS.value or None)
   draft_len = int(_DRAFT_LEN.value) if _DRAFT_LEN.value.isdigit() else _DRAFT_LEN.value
   prompts = [target.tokenizer(p.prompt).input_ids for p in load_problems("humaneval", _NUM_PROMPTS.value)]
   matched = total = 0

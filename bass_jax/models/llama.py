@@ -232,6 +232,12 @@ def apply_rotary(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
 
 
 class LlamaAttention(nn.Module):
+  """Grouped-query self-attention that writes its new K/V into the stacked cache at ``layer``.
+
+  ``__call__(x [B, T, D], layer i32[], k_all/v_all [L, B, S, K, H], write_pos i32[B, T], sin/cos
+  [B, T, 1, H]) -> (out [B, T, D], k_all, v_all)``.
+  """
+
   config: LlamaConfig
   attention_impl: str
   dtype: Any
@@ -262,6 +268,8 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
+  """SwiGLU: ``down(silu(gate(x)) * up(x))``, ``[B, T, D] -> [B, T, D]``."""
+
   config: LlamaConfig
   dtype: Any
 
