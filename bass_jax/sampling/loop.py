@@ -2,7 +2,7 @@
 
 Implements ../shared/BASS.md §2 (one step: draft, verify, accept, advance) and §3 (draft length) for B
 rows at once, every row with its own length. Shapes are static: the cache has
-``S = P + N + max_draft + 1`` slots (P the padded prompt length, N = ``max_new_tokens``), and rows that
+``S >= P + N + max_draft + 1`` slots (P the padded prompt length, N = ``max_new_tokens``), and rows that
 finish keep riding along, frozen. Nothing here talks to the host; :mod:`bass_jax.sampling.generate`
 wraps it.
 
@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from bass_jax.cache import KVCache
+from bass_jax.models.attention import CACHE_ALIGNMENT
 from bass_jax.models.llama import LlamaConfig
 from bass_jax.sampling import acceptance
 from bass_jax.sampling.draft_len import DraftLenPolicy
@@ -75,8 +76,10 @@ class DecodeSpec:
 
   @property
   def cache_len(self) -> int:
-    """S: prompt, every new token, and the verification's look-ahead past the last one."""
-    return self.prompt_len + self.max_new_tokens + self.max_draft + 1
+    """S: prompt, every new token and the verification's look-ahead past the last one, rounded up to
+    a multiple of ``CACHE_ALIGNMENT`` so that the Pallas kernels tile it."""
+    needed = self.prompt_len + self.max_new_tokens + self.max_draft + 1
+    return -(-needed // CACHE_ALIGNMENT) * CACHE_ALIGNMENT
 
 
 @flax.struct.dataclass

@@ -1,0 +1,156 @@
+"""The Pallas ragged-attention kernels (BASS-PAD and BASS-SPLIT) against their jnp reference.
+
+On a CPU the kernels run in Pallas interpret mode; on a GPU (``pytest -m gpu``) compiled. Inputs are fresh
+random draws; cache slots past each row's length are NaN and the kernel's output buffers start as NaN,
+so a stray read or an unwritten tile fails the comparison.
+
+The grid: every (batch, T) pair of B in {1, 3, 8} and T in {1, 2, 8, 33} is paired with one of the 12
+combinations of GQA ratio {1, 3, 8} x head dim {64, 128} x dtype {f32, bf16}, so every value of every
+factor, and every combination of the last three, is covered; each case runs both variants.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bass_jax.models.attention import reference_attention
+from pallas_kernels.ragged_attention import BlockSizes, ragged_attention, ragged_attention_reference
+
+ON_GPU = jax.default_backend() in ("gpu", "cuda", "rocm")
+TOLERANCE = {jnp.float32: dict(atol=2e-5, rtol=1e-5), jnp.bfloat16: dict(atol=3e-2, rtol=2e-2)}
+
+_SHAPES = list(itertools.product([1, 3, 8], [1, 2, 8, 33]))
+_KINDS = list(itertools.product([1, 3, 8], [64, 128], [jnp.float32, jnp.bfloat16]))
+GRID = [(b, t, ratio, head_dim, dtype) for (b, t), (ratio, head_dim, dtype) in zip(_SHAPES, _KINDS)]
+
+
+def _inputs(seed, batch, num_q, num_kv_heads, ratio, head_dim, dtype, max_len, block=64):
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(num_q, max_len + 1, batch)
+  # The edges: a row holding only its T new tokens, a full row, and a length off the block grid.
+  lengths[0] = num_q
+  if batch > 1:
+    lengths[1] = max_len
+  if batch > 2:
+    lengths[2] = max(num_q, block + block // 2 + 3) if max_len > 2 * block else lengths[2]
+  q = rng.normal(size=(batch, num_q, num_kv_heads * ratio, head_dim))
+  k = rng.normal(size=(batch, max_len, num_kv_heads, head_dim))
+  v = rng.normal(size=(batch, max_len, num_kv_heads, head_dim))
+  for b in range(batch):
+    k[b, lengths[b]:] = np.nan
+    v[b, lengths[b]:] = np.nan
+  cast = lambda x: jnp.asarray(x, dtype)
+  return cast(q), cast(k), cast(v), jnp.asarray(lengths, jnp.int32)
+
+
+def _check(out, want, dtype):
+  out, want = np.asarray(out, np.float32), np.asarray(want, np.float32)
+  assert np.isfinite(out).all()
+  np.testing.assert_allclose(out, want, **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("variant", ["pad", "split"])
+@pytest.mark.parametrize("batch,num_q,ratio,head_dim,dtype", GRID)
+def test_kernel_matches_reference(batch, num_q, ratio, head_dim, dtype, variant):
+  num_kv_heads = 3 if ratio == 3 else 2  # ratio 3 with 3 kv heads is SmolLM2's 9 / 3
+  q, k, v, lengths = _inputs(batch * 100 + num_q, batch, num_q, num_kv_heads, ratio, head_dim, dtype,
+                             max_len=192)
+  out = ragged_attention(q, k, v, lengths, variant=variant, interpret=not ON_GPU,
+                         debug_poison_output=True)
+  assert out.shape == q.shape and out.dtype == q.dtype
+  _check(out, ragged_attention_reference(q, k, v, lengths), dtype)
+
+
+@pytest.mark.parametrize("variant", ["pad", "split"])
+@pytest.mark.parametrize("batch,num_q,ratio,head_dim,dtype", GRID + [(2, 96, 3, 64, jnp.bfloat16)])
+def test_kernel_lowers_through_triton_for_cuda(batch, num_q, ratio, head_dim, dtype, variant):
+  """Without a GPU: export for CUDA runs the Pallas -> Triton lowering (block shapes, masked loads,
+  dots), which is what a GPU compile starts from; the Triton custom call is the kernel."""
+  from jax import export
+
+  num_kv_heads = 3 if ratio == 3 else 2
+  q = jax.ShapeDtypeStruct((batch, num_q, num_kv_heads * ratio, head_dim), dtype)
+  kv = jax.ShapeDtypeStruct((batch, 192, num_kv_heads, head_dim), dtype)
+  lengths = jax.ShapeDtypeStruct((batch,), jnp.int32)
+  fn = jax.jit(lambda q, k, v, l: ragged_attention(q, k, v, l, variant=variant,
+                                                   block_sizes=BlockSizes(num_splits=2)))
+  triton = "__gpu$xla.gpu.triton"
+  exported = export.export(fn, platforms=["cuda"],
+                           disabled_checks=[export.DisabledSafetyCheck.custom_call(triton)])(
+                               q, kv, kv, lengths)
+  assert exported.mlir_module().count(f"@{triton}") == 1
+
+
+@pytest.mark.parametrize("variant", ["pad", "split"])
+@pytest.mark.parametrize("num_q,block_sizes", [
+    (96, BlockSizes(block_r=64, block_k=32)),  # prefill: 288 folded rows in 5 query blocks
+    (1, BlockSizes(block_k=32, num_splits=4)),  # split-K decode: partial softmaxes merged
+    (9, BlockSizes(block_r=16, block_k=16, num_splits=2)),  # verification, small tiles, split-K
+])
+def test_prefill_split_k_and_residuals(num_q, block_sizes, variant):
+  """Large T (several query blocks), and split-K, whose exact merge uses the softmax statistics that
+  ``return_residuals`` exposes; those statistics match the reference too."""
+  q, k, v, lengths = _inputs(num_q, 3, num_q, 3, 3, 64, jnp.float32, max_len=256, block=32)
+  out, (m, l) = ragged_attention(q, k, v, lengths, variant=variant, block_sizes=block_sizes,
+                                 interpret=not ON_GPU, return_residuals=True,
+                                 debug_poison_output=True)
+  want, (m_want, l_want) = ragged_attention_reference(q, k, v, lengths, return_residuals=True)
+  _check(out, want, jnp.float32)
+  np.testing.assert_allclose(m, m_want, atol=1e-5)
+  np.testing.assert_allclose(l, l_want, rtol=1e-5)
+
+
+def test_model_attention_agrees_with_the_kernel_reference():
+  """The model's jnp attention (bass_jax.models.attention) and the kernel file's reference agree."""
+  q, k, v, lengths = _inputs(3, 3, 8, 3, 3, 64, jnp.float32, max_len=128)
+  _check(reference_attention(q, k, v, lengths), ragged_attention_reference(q, k, v, lengths),
+         jnp.float32)
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(variant="ragged"), "variant"),
+    (dict(q=jnp.zeros((2, 3, 6, 64))), "batch"),
+    (dict(q=jnp.zeros((1, 3, 5, 64))), "multiple"),
+    (dict(q=jnp.zeros((1, 3, 6, 48)), k_cache=jnp.zeros((1, 128, 3, 48)),
+          v_cache=jnp.zeros((1, 128, 3, 48))), "power of two"),
+    (dict(k_cache=jnp.zeros((1, 100, 3, 64)), v_cache=jnp.zeros((1, 100, 3, 64))), "multiples of 16"),
+    (dict(v_cache=jnp.zeros((1, 128, 3, 64), jnp.bfloat16)), "v_cache"),
+    (dict(lengths=jnp.array([2])), "T=3 <= lengths"),
+    (dict(lengths=jnp.array([129])), "lengths"),
+    (dict(lengths=jnp.array([5, 6])), "shape"),
+    (dict(block_sizes=BlockSizes(num_splits=3)), "equal parts"),
+])
+def test_bad_input_is_rejected(change, match):
+  args = dict(q=jnp.ones((1, 3, 6, 64)), k_cache=jnp.ones((1, 128, 3, 64)),
+              v_cache=jnp.ones((1, 128, 3, 64)), lengths=jnp.array([40]), variant="pad",
+              block_sizes=BlockSizes())
+  args.update(change)
+  with pytest.raises(ValueError, match=match):
+    ragged_attention(args.pop("q"), args.pop("k_cache"), args.pop("v_cache"), args.pop("lengths"),
+                     interpret=True, **args)
+
+
+def test_block_sizes_validate():
+  for bad in (dict(block_r=48), dict(block_k=8), dict(num_splits=0)):
+    with pytest.raises(ValueError):
+      BlockSizes(**bad)
+
+
+def test_greedy_bass_is_unchanged_by_the_kernels():
+  """The whole decode (prefill, draft steps, verification) with each kernel emits the reference's
+  tokens; on a CPU the kernels are interpreted."""
+  import bass_jax as bj
+  from conftest import tiny_model
+
+  target = tiny_model(seed=0, scale=2.5, head_dim=16)
+  draft = tiny_model(seed=3, scale=2.5, head_dim=16, num_hidden_layers=1)
+  rng = np.random.default_rng(0)
+  prompts = [rng.integers(0, target.config.vocab_size, n).tolist() for n in (1, 5, 12, 30)]
+  ref = bj.generate(target, draft, prompts, max_new_tokens=24, attention_impl="reference")
+  for impl in ("pallas_pad", "pallas_split"):
+    out = bj.generate(target, draft, prompts, max_new_tokens=24, attention_impl=impl)
+    assert np.array_equal(out.tokens, ref.tokens), impl
+    np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-4)
