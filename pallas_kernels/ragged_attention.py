@@ -99,6 +99,7 @@ def _ragged_attention_kernel(
     block_k: int,
     split_len: int,
     variant: str,
+    sliding_window: int | None,
     allow_tf32: bool | None,
 ):
   split = pl.program_id(3)
@@ -107,11 +108,16 @@ def _ragged_attention_kernel(
   q_pos = length - num_q + rows // group  # padded rows (t >= T) see the whole row: harmless
   start = split * split_len  # first cache slot of this split
 
+  first_block = 0
   if variant == "pad":
     end = max_length_ref[()]
   else:  # own row only, and no further than the last query of this block can see
     last_t = jnp.minimum((pl.program_id(2) * block_r + block_r - 1) // group, num_q - 1)
     end = jnp.minimum(length, length - num_q + last_t + 1)
+    if sliding_window is not None:  # nor earlier than the first query's window reaches
+      first_t = jnp.minimum(pl.program_id(2) * block_r // group, num_q - 1)
+      oldest = length - num_q + first_t - sliding_window + 1
+      first_block = jnp.clip(oldest - start, 0, split_len) // block_k
   num_blocks = pl.cdiv(jnp.clip(end - start, 0, split_len), block_k)
 
   q = q_ref[...]
@@ -125,6 +131,8 @@ def _ragged_attention_kernel(
     k = plgpu.load(k_ref.at[block, :], mask=valid[:, None], other=0.0)
     logits = plgpu.dot(q, k, trans_b=True, allow_tf32=allow_tf32) * sm_scale  # f32[block_r, block_k]
     visible = valid[None, :] & (slots[None, :] <= q_pos[:, None])
+    if sliding_window is not None:
+      visible &= slots[None, :] > q_pos[:, None] - sliding_window
     logits = jnp.where(visible, logits, _MASK_VALUE)
     m_next = jnp.maximum(m_prev, jnp.max(logits, axis=1))
     correction = jnp.exp(m_prev - m_next)
@@ -136,7 +144,7 @@ def _ragged_attention_kernel(
   head_dim = q_ref.shape[-1]
   init = (jnp.zeros((block_r, head_dim), jnp.float32), jnp.full((block_r,), _MASK_VALUE, jnp.float32),
           jnp.zeros((block_r,), jnp.float32))
-  acc, m, l = lax.fori_loop(0, num_blocks, body, init)
+  acc, m, l = lax.fori_loop(first_block, num_blocks, body, init)
   # A split that holds none of a row's visible slots has l == 0: it outputs 0 with weight 0.
   o_ref[...] = (acc / jnp.where(l > 0, l, 1.0)[:, None]).astype(o_ref.dtype)
   m_ref[...] = m
@@ -168,8 +176,8 @@ def _unfold(o: jax.Array, num_q: int, group: int) -> jax.Array:
   return o.transpose(0, 2, 1, 3, 4).reshape(batch, num_q, num_kv_heads * group, head_dim)
 
 
-def _pallas_ragged_attention(q, k_cache, v_cache, lengths, *, variant, sm_scale, block_sizes,
-                             interpret, poison_output):
+def _pallas_ragged_attention(q, k_cache, v_cache, lengths, *, variant, sm_scale, sliding_window,
+                             block_sizes, interpret, poison_output):
   """Builds the grid and BlockSpecs and runs the kernel; returns ``(out [B, T, N, H], m, l)``."""
   batch, num_q, num_heads, head_dim = q.shape
   max_len, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -184,7 +192,7 @@ def _pallas_ragged_attention(q, k_cache, v_cache, lengths, *, variant, sm_scale,
 
   kernel = functools.partial(
       _ragged_attention_kernel, sm_scale=sm_scale, num_q=num_q, group=group, block_r=block_r,
-      block_k=block_k, split_len=split_len, variant=variant,
+      block_k=block_k, split_len=split_len, variant=variant, sliding_window=sliding_window,
       allow_tf32=False if q.dtype == jnp.float32 else None)
   grid = (batch, num_kv_heads, rows_padded // block_r, splits)
   # With one split the output is final and takes q's dtype; partial results stay in f32 for the merge.
@@ -292,6 +300,7 @@ def ragged_attention(
     *,
     variant: str = "pad",
     sm_scale: float | None = None,
+    sliding_window: int | None = None,
     block_sizes: BlockSizes = BlockSizes(),
     interpret: bool = False,
     return_residuals: bool = False,
@@ -307,6 +316,8 @@ def ragged_attention(
     lengths: ``i32[B]``, valid slots per row including the T new ones, ``T <= lengths[b] <= S``.
     variant: ``"pad"`` (walk to the batch's longest row) or ``"split"`` (walk only the own row).
     sm_scale: softmax scale, default ``1 / sqrt(H)``.
+    sliding_window: if set (Mistral), a query at position p also ignores slots ``<= p - sliding_window``;
+      SPLIT then starts its loop at the first block the window reaches.
     block_sizes: :class:`BlockSizes`; S must split into ``num_splits`` multiples of 16.
     interpret: run the kernel in the Pallas interpreter (any backend, e.g. a CPU).
     return_residuals: also return the softmax statistics ``(m, l)`` per query row and head, each
@@ -325,20 +336,24 @@ def ragged_attention(
       lengths are concrete) a length outside ``[T, S]``.
   """
   _validate(q, k_cache, v_cache, lengths, variant, block_sizes)
+  if sliding_window is not None and sliding_window < 1:
+    raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
   return _ragged_attention_jit(q, k_cache, v_cache, jnp.asarray(lengths, jnp.int32), variant=variant,
-                               sm_scale=sm_scale, block_sizes=block_sizes, interpret=interpret,
+                               sm_scale=sm_scale, sliding_window=sliding_window,
+                               block_sizes=block_sizes, interpret=interpret,
                                return_residuals=return_residuals, poison_output=debug_poison_output)
 
 
-@functools.partial(jax.jit, static_argnames=("variant", "sm_scale", "block_sizes", "interpret",
-                                             "return_residuals", "poison_output"))
-def _ragged_attention_jit(q, k_cache, v_cache, lengths, *, variant, sm_scale, block_sizes, interpret,
-                          return_residuals, poison_output):
+@functools.partial(jax.jit, static_argnames=("variant", "sm_scale", "sliding_window", "block_sizes",
+                                             "interpret", "return_residuals", "poison_output"))
+def _ragged_attention_jit(q, k_cache, v_cache, lengths, *, variant, sm_scale, sliding_window,
+                          block_sizes, interpret, return_residuals, poison_output):
   num_q, num_heads, head_dim = q.shape[1:]
   if sm_scale is None:
     sm_scale = 1.0 / math.sqrt(head_dim)
   out, m, l = _pallas_ragged_attention(q, k_cache, v_cache, lengths, variant=variant,
-                                       sm_scale=sm_scale, block_sizes=block_sizes,
+                                       sm_scale=sm_scale, sliding_window=sliding_window,
+                                       block_sizes=block_sizes,
                                        interpret=interpret, poison_output=poison_output)
   if not return_residuals:
     return out
@@ -355,6 +370,7 @@ def ragged_attention_reference(
     lengths: jax.Array,
     *,
     sm_scale: float | None = None,
+    sliding_window: int | None = None,
     return_residuals: bool = False,
 ):
   """Plain-jnp reference of :func:`ragged_attention`, computed in f32 (same arguments and results).
@@ -375,6 +391,8 @@ def ragged_attention_reference(
   logits = jnp.einsum("btnh,bsnh->bnts", q.astype(jnp.float32), k) * sm_scale
   q_pos = lengths[:, None] - num_q + jnp.arange(num_q)  # [B, T]
   visible = valid[:, None, :] & (slots[None, None, :] <= q_pos[:, :, None])  # [B, T, S]
+  if sliding_window is not None:
+    visible &= slots[None, None, :] > q_pos[:, :, None] - sliding_window
   logits = jnp.where(visible[:, None], logits, -jnp.inf)
   m = jnp.max(logits, axis=-1)  # [B, N, T]
   p = jnp.exp(logits - m[..., None])

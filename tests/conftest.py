@@ -6,6 +6,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import bass_jax as bj  # noqa: E402
@@ -43,3 +45,35 @@ def smollm2_torch():
   path = bj.loading.resolve_alias("smollm2-135m-instruct")
   return transformers.AutoModelForCausalLM.from_pretrained(
       str(path.parent), gguf_file=path.name).eval()
+
+
+def chunked_logits(model: bj.Model, seqs, prefill, chunk_sizes=(1, 2, 3, 8), max_len=None):
+  """Decodes ``seqs`` (rows of different lengths) through the ragged cache: a ragged prefill of
+  ``prefill[b]`` tokens, then chunks of the given sizes, cycling, with random padding where a row has
+  fewer tokens left, which is dropped by resetting its length. Unwritten cache slots hold NaN.
+
+  Returns each row's logits ``[len, V]`` at every position.
+  """
+  module = model.config.make_module()
+  forward = jax.jit(lambda p, t, c: module.apply({"params": p}, t, c))
+  rng = np.random.default_rng(0)
+  total = np.array([len(s) for s in seqs])
+  batch, vocab = len(seqs), model.config.vocab_size
+  max_len = max_len or int(-(-(total.max() + 16) // 64) * 64)
+  cache = model.config.init_cache(batch, max_len, fill_value=np.nan)
+  got = [np.full((n, vocab), np.nan, np.float32) for n in total]
+  pos = np.zeros(batch, int)
+  sizes = [int(max(prefill))] + list(chunk_sizes) * 64
+  for i, size in enumerate(sizes):
+    take = np.minimum(np.asarray(prefill) if i == 0 else size, total - pos)
+    if not take.any():
+      break
+    tokens = rng.integers(0, vocab, (batch, size))
+    for b in range(batch):
+      tokens[b, :take[b]] = seqs[b][pos[b]:pos[b] + take[b]]
+    logits, cache = forward(model.params, jnp.asarray(tokens, jnp.int32), cache)
+    for b in range(batch):
+      got[b][pos[b]:pos[b] + take[b]] = np.asarray(logits)[b, :take[b]]
+    pos = pos + take
+    cache = cache.with_lengths(jnp.asarray(pos))
+  return got

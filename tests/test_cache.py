@@ -6,48 +6,24 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import tiny_model
-
-
-def _forward(model, tokens, cache):
-  module = model.config.make_module()
-  return jax.jit(lambda p, t, c: module.apply({"params": p}, t, c))(model.params, tokens, cache)
+from conftest import chunked_logits, tiny_model
 
 
 @pytest.mark.parametrize("num_kv_heads", [4, 2, 1])
 def test_chunked_decoding_equals_full_forward(num_kv_heads):
   model = tiny_model(seed=3, scale=2.0, num_key_value_heads=num_kv_heads)
   rng = np.random.default_rng(num_kv_heads)
-  total = np.array([23, 14, 31])  # tokens per row
-  prompt = np.array([5, 1, 9])  # prefill lengths, ragged
-  batch, max_len = len(total), 48
-  seqs = [rng.integers(0, model.config.vocab_size, n) for n in total]
+  seqs = [rng.integers(0, model.config.vocab_size, n) for n in (23, 14, 31)]
+  got = chunked_logits(model, seqs, prefill=[5, 1, 9])
+  for seq, row in zip(seqs, got):
+    want = np.asarray(model.logits(seq[None]))[0]  # one full causal forward per row
+    assert np.isfinite(row).all()
+    np.testing.assert_allclose(row, want, atol=1e-4, rtol=0)
 
-  # One full causal forward per row is the reference.
-  want = [np.asarray(model.logits(s[None]))[0] for s in seqs]
 
-  cache = model.config.init_cache(batch, max_len, fill_value=np.nan)
-  got = [np.full((n, model.config.vocab_size), np.nan, np.float32) for n in total]
-  pos = np.zeros(batch, int)
-  chunk_sizes = [int(prompt.max())] + [1, 2, 3, 8] * 4
-  for i, size in enumerate(chunk_sizes):
-    take = np.minimum(prompt if i == 0 else size, total - pos)
-    if not take.any():
-      break
-    tokens = np.full((batch, size), -7, np.int64)
-    for b in range(batch):
-      tokens[b, :take[b]] = seqs[b][pos[b]:pos[b] + take[b]]
-      tokens[b, take[b]:] = rng.integers(0, model.config.vocab_size, size - take[b])  # padding
-    logits, cache = _forward(model, jnp.asarray(tokens, jnp.int32), cache)
-    assert np.array_equal(cache.lengths, pos + size)
-    for b in range(batch):
-      got[b][pos[b]:pos[b] + take[b]] = np.asarray(logits)[b, :take[b]]
-    pos = pos + take
-    cache = cache.with_lengths(jnp.asarray(pos))  # drop the padding: a length reset, no copy
-  assert np.array_equal(pos, total)
-  for b in range(batch):
-    assert np.isfinite(got[b]).all()
-    np.testing.assert_allclose(got[b], want[b], atol=1e-4, rtol=0)
+def _forward(model, tokens, cache):
+  module = model.config.make_module()
+  return jax.jit(lambda p, t, c: module.apply({"params": p}, t, c))(model.params, tokens, cache)
 
 
 def test_unwritten_slots_stay_nan_and_rejected_slots_are_overwritten():

@@ -154,3 +154,18 @@ def test_greedy_bass_is_unchanged_by_the_kernels():
     out = bj.generate(target, draft, prompts, max_new_tokens=24, attention_impl=impl)
     assert np.array_equal(out.tokens, ref.tokens), impl
     np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-4)
+
+
+@pytest.mark.parametrize("variant", ["pad", "split"])
+@pytest.mark.parametrize("num_q,window", [(1, 40), (9, 17), (33, 64)])
+def test_sliding_window(num_q, window, variant):
+  """Mistral's sliding window: a query at position p ignores slots <= p - window (also in SPLIT's
+  shortened loop, with small key blocks so that whole blocks are skipped)."""
+  q, k, v, lengths = _inputs(window, 3, num_q, 2, 3, 64, jnp.float32, max_len=192)
+  out = ragged_attention(q, k, v, lengths, variant=variant, sliding_window=window,
+                         block_sizes=BlockSizes(block_k=16), interpret=not ON_GPU,
+                         debug_poison_output=True)
+  want = ragged_attention_reference(q, k, v, lengths, sliding_window=window)
+  _check(out, want, jnp.float32)
+  _check(reference_attention(q, k, v, lengths, sliding_window=window), want, jnp.float32)
+  assert not np.allclose(np.asarray(want), np.asarray(ragged_attention_reference(q, k, v, lengths)))

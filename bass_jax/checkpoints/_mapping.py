@@ -1,16 +1,17 @@
 """Total, checked mapping between a checkpoint's named tensors and a Flax parameter tree.
 
-A conversion is a table of :class:`Rule` s, one per Flax parameter: the source tensor's name (with
-``{layer}`` for per-layer tensors, stacked along the scanned layer axis) and the ordered transforms that
-turn the source layout into the Flax layout and back. :func:`to_flax` fills every parameter, checks every
-shape against the model's abstract parameters, and fails if a source tensor is left over; nothing is
-converted silently or partially.
+A conversion is a table of rules. A :class:`Rule` maps one source tensor (with ``{layer}`` for per-layer
+tensors, stacked along the scanned layer axis) to one Flax parameter through ordered transforms; a
+:class:`Fused` rule splits one source tensor into several parameters (CodeGen's and GPT-2's fused qkv)
+and merges them back. :func:`to_flax` fills every parameter, checks every shape against the model's
+abstract parameters, and fails if a source tensor is left over; nothing is converted silently or
+partially.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import flax.traverse_util
 import jax
@@ -32,9 +33,15 @@ class CheckpointError(ValueError):
   """A checkpoint does not match the model: a tensor is missing, extra or mis-shaped."""
 
 
+def _apply(transforms: Iterable[Transform], x: np.ndarray) -> np.ndarray:
+  for fn in transforms:
+    x = fn(x)
+  return x
+
+
 @dataclasses.dataclass(frozen=True)
 class Rule:
-  """One Flax parameter and where it comes from.
+  """One Flax parameter and the source tensor it comes from.
 
   Attributes:
     flax_path: path in the parameter tree, e.g. ``("layers", "self_attn", "q_proj", "kernel")``.
@@ -49,23 +56,45 @@ class Rule:
   from_flax: tuple[Transform, ...] = ()
 
   @property
-  def per_layer(self) -> bool:
-    return "{layer}" in self.source
+  def flax_paths(self) -> tuple[tuple[str, ...], ...]:
+    return (self.flax_path,)
 
-  def source_names(self, num_layers: int) -> list[str]:
-    if self.per_layer:
-      return [self.source.format(layer=i) for i in range(num_layers)]
-    return [self.source]
+  def split(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
+    return (_apply(self.to_flax, x),)
+
+  def merge(self, parts: Sequence[np.ndarray]) -> np.ndarray:
+    return _apply(self.from_flax, parts[0])
 
 
-def _apply(transforms: Iterable[Transform], x: np.ndarray) -> np.ndarray:
-  for fn in transforms:
-    x = fn(x)
-  return x
+@dataclasses.dataclass(frozen=True)
+class Fused:
+  """Several Flax parameters stored as one source tensor (e.g. a fused qkv projection).
+
+  Attributes:
+    flax_paths: the parameters, in the order ``split`` returns them.
+    source: the source tensor's name (``{layer}`` for per-layer tensors).
+    split: source tensor -> the parameters (Flax layout), per layer.
+    merge: the parameters -> source tensor, per layer; the inverse of ``split``.
+  """
+
+  flax_paths: tuple[tuple[str, ...], ...]
+  source: str
+  split: Callable[[np.ndarray], tuple[np.ndarray, ...]]
+  merge: Callable[[Sequence[np.ndarray]], np.ndarray]
+
+
+def _per_layer(rule) -> bool:
+  return "{layer}" in rule.source
+
+
+def _names(rule, num_layers: int) -> list[str]:
+  if _per_layer(rule):
+    return [rule.source.format(layer=i) for i in range(num_layers)]
+  return [rule.source]
 
 
 def to_flax(
-    rules: Iterable[Rule],
+    rules: Iterable[Rule | Fused],
     *,
     source_names: Iterable[str],
     read: Callable[[str], np.ndarray],
@@ -78,7 +107,7 @@ def to_flax(
   """Builds the Flax parameter tree from source tensors.
 
   Args:
-    rules: one rule per Flax parameter.
+    rules: together they fill every Flax parameter exactly once.
     source_names: every tensor name in the source.
     read: returns one source tensor as a numpy array (dequantized), by name.
     expected: the model's abstract parameters (``jax.eval_shape`` of ``init``), a nested dict of
@@ -94,34 +123,43 @@ def to_flax(
   Raises:
     CheckpointError: a tensor is missing, left over, or has the wrong shape; a parameter has no rule.
   """
-  remaining = set(source_names)
+  available = set(source_names)
+  used: set[str] = set()
   expected_flat = flax.traverse_util.flatten_dict(dict(expected))
   out = {}
   for rule in rules:
-    if rule.flax_path not in expected_flat:
-      raise CheckpointError(f"{where}: rule for unknown parameter {'/'.join(rule.flax_path)}")
-    names = rule.source_names(num_layers)
-    missing = [n for n in names if n not in remaining]
+    for path in rule.flax_paths:
+      if path not in expected_flat:
+        raise CheckpointError(f"{where}: rule for unknown parameter {'/'.join(path)}")
+    names = _names(rule, num_layers)
+    missing = [n for n in names if n not in available]
     if missing:
       raise CheckpointError(f"{where}: missing tensor(s) {missing[:4]} (needed for "
-                            f"{'/'.join(rule.flax_path)})")
-    want = tuple(expected_flat[rule.flax_path].shape)
-    per_tensor = want[1:] if rule.per_layer else want
-    arrays = []
+                            f"{', '.join('/'.join(p) for p in rule.flax_paths)})")
+    per_path: list[list[np.ndarray]] = [[] for _ in rule.flax_paths]
     for name in names:
-      array = _apply(rule.to_flax, np.asarray(read(name)))
-      if array.shape != per_tensor:
-        raise CheckpointError(
-            f"{where}: tensor {name} converts to shape {array.shape}, but the model's "
-            f"{'/'.join(rule.flax_path)} needs {per_tensor}")
-      arrays.append(array)
-    remaining.difference_update(names)
-    value = np.stack(arrays) if rule.per_layer else arrays[0]
-    out[rule.flax_path] = jax.numpy.asarray(value, dtype=dtype)
+      tensor = np.asarray(read(name))
+      try:
+        parts = rule.split(tensor)
+      except ValueError as e:  # a reshape or split that the tensor's shape does not allow
+        raise CheckpointError(f"{where}: tensor {name} of shape {tensor.shape} does not fit "
+                              f"{', '.join('/'.join(p) for p in rule.flax_paths)} ({e})") from e
+      for path, part, store in zip(rule.flax_paths, parts, per_path):
+        want = tuple(expected_flat[path].shape)
+        want = want[1:] if _per_layer(rule) else want
+        if part.shape != want:
+          raise CheckpointError(
+              f"{where}: tensor {name} converts to shape {part.shape}, but the model's "
+              f"{'/'.join(path)} needs {want}")
+        store.append(part)
+    used.update(names)
+    for path, arrays in zip(rule.flax_paths, per_path):
+      value = np.stack(arrays) if _per_layer(rule) else arrays[0]
+      out[path] = jax.numpy.asarray(value, dtype=dtype)
   unfilled = sorted("/".join(p) for p in expected_flat if p not in out)
   if unfilled:
     raise CheckpointError(f"{where}: no rule fills parameter(s) {unfilled}")
-  leftover = sorted(n for n in remaining if not ignore(n))
+  leftover = sorted(n for n in available - used if not ignore(n))
   if leftover:
     raise CheckpointError(
         f"{where}: {len(leftover)} tensor(s) the model has no place for, e.g. {leftover[:6]}; "
@@ -129,16 +167,14 @@ def to_flax(
   return flax.traverse_util.unflatten_dict(out)
 
 
-def from_flax(rules: Iterable[Rule], params: Mapping[str, Any], *,
+def from_flax(rules: Iterable[Rule | Fused], params: Mapping[str, Any], *,
               num_layers: int) -> dict[str, np.ndarray]:
   """The inverse of :func:`to_flax`: named source-layout tensors (numpy, params' dtype)."""
   flat = flax.traverse_util.flatten_dict(dict(params))
   out = {}
   for rule in rules:
-    value = np.asarray(jax.device_get(flat[rule.flax_path]))
-    if rule.per_layer:
-      for i, name in enumerate(rule.source_names(num_layers)):
-        out[name] = np.ascontiguousarray(_apply(rule.from_flax, value[i]))
-    else:
-      out[rule.source] = np.ascontiguousarray(_apply(rule.from_flax, value))
+    values = [np.asarray(jax.device_get(flat[path])) for path in rule.flax_paths]
+    for i, name in enumerate(_names(rule, num_layers)):
+      parts = [v[i] for v in values] if _per_layer(rule) else values
+      out[name] = np.ascontiguousarray(rule.merge(parts))
   return out

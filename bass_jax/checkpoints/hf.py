@@ -1,7 +1,10 @@
-"""Hugging Face checkpoint directories (config.json + safetensors) <-> Flax parameters.
+"""Hugging Face checkpoint directories (config.json + safetensors or .bin) <-> Flax parameters.
 
-Reference: transformers' ``LlamaForCausalLM`` state-dict names. PyTorch ``nn.Linear`` stores
-``weight: [out, in]``; Flax ``Dense`` stores ``kernel: [in, out]``, hence the transposes.
+One name table per family, against transformers' state-dict names (``LlamaForCausalLM``,
+``Qwen2ForCausalLM``, ``MistralForCausalLM``, ``OPTForCausalLM``, ``CodeGenForCausalLM``,
+``GPT2LMHeadModel``). PyTorch ``nn.Linear`` stores ``weight: [out, in]`` and Flax ``Dense`` stores
+``kernel: [in, out]``, hence the transposes; GPT-2's ``Conv1D`` already stores ``[in, out]`` and is not
+transposed; CodeGen's and GPT-2's fused qkv tensors are split into three projections and merged back.
 """
 
 from __future__ import annotations
@@ -9,19 +12,27 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-from typing import Any
+import re
+from typing import Any, Callable
 
 import numpy as np
 
 from bass_jax.checkpoints import _mapping
-from bass_jax.checkpoints._mapping import CheckpointError, Rule, transpose
+from bass_jax.checkpoints._mapping import CheckpointError, Fused, Rule, transpose
+from bass_jax.models.codegen import MP_NUM, CodeGenConfig
+from bass_jax.models.gpt2 import GPT2Config
 from bass_jax.models.llama import LlamaConfig
+from bass_jax.models.opt import OPTConfig
 
 _T = (transpose,)
+CONFIG_CLASSES = {"llama": LlamaConfig, "qwen2": LlamaConfig, "mistral": LlamaConfig,
+                  "opt": OPTConfig, "codegen": CodeGenConfig, "gpt2": GPT2Config}
+# Buffers that PyTorch checkpoints of some versions carry: precomputed tables, not parameters.
+_BUFFER = re.compile(r"(rotary_emb\.(original_)?inv_freq|attn\.(bias|masked_bias|causal_mask|embed_positions))$")
 
 
 def llama_rules(config: LlamaConfig) -> list[Rule]:
-  """The name table HF ``LlamaForCausalLM`` <-> :class:`bass_jax.models.llama.Llama`."""
+  """The name table HF ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``MistralForCausalLM`` <-> ``Llama``."""
   layer = "model.layers.{layer}."
   rules = [
       Rule(("embed_tokens", "embedding"), "model.embed_tokens.weight"),
@@ -31,7 +42,7 @@ def llama_rules(config: LlamaConfig) -> list[Rule]:
   ]
   for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
     rules.append(Rule(("layers", "self_attn", proj, "kernel"), f"{layer}self_attn.{proj}.weight", _T, _T))
-    if config.attention_bias:
+    if config.attention_bias or (config.qkv_bias and proj != "o_proj"):
       rules.append(Rule(("layers", "self_attn", proj, "bias"), f"{layer}self_attn.{proj}.bias"))
   for proj in ("gate_proj", "up_proj", "down_proj"):
     rules.append(Rule(("layers", "mlp", proj, "kernel"), f"{layer}mlp.{proj}.weight", _T, _T))
@@ -42,16 +53,126 @@ def llama_rules(config: LlamaConfig) -> list[Rule]:
   return rules
 
 
-def _is_ignorable(name: str) -> bool:
-  # Precomputed rotary tables that old PyTorch checkpoints carry as buffers.
-  return name.endswith("rotary_emb.inv_freq")
+def _norm(flax_name: str, source: str, affine: bool = True) -> list[Rule]:
+  if not affine:
+    return []
+  return [Rule((*flax_name.split("/"), "scale"), source + ".weight"),
+          Rule((*flax_name.split("/"), "bias"), source + ".bias")]
 
 
-def read_config(path: str | os.PathLike) -> LlamaConfig:
-  """Reads ``config.json`` of an HF checkpoint directory.
+def _linear(flax_name: str, source: str, bias: bool, transform=_T) -> list[Rule]:
+  rules = [Rule((*flax_name.split("/"), "kernel"), source + ".weight", transform, transform)]
+  if bias:
+    rules.append(Rule((*flax_name.split("/"), "bias"), source + ".bias"))
+  return rules
+
+
+def opt_rules(config: OPTConfig) -> list[Rule]:
+  """The name table HF ``OPTForCausalLM`` <-> :class:`bass_jax.models.opt.OPT`."""
+  dec, layer = "model.decoder.", "model.decoder.layers.{layer}."
+  affine = config.layer_norm_elementwise_affine
+  rules = [Rule(("embed_tokens", "embedding"), dec + "embed_tokens.weight"),
+           Rule(("embed_positions", "embedding"), dec + "embed_positions.weight")]
+  if config.projects:
+    rules += _linear("project_in", dec + "project_in", False) + _linear("project_out", dec + "project_out", False)
+  if config.final_layer_norm:
+    rules += _norm("final_layer_norm", dec + "final_layer_norm", affine)
+  rules += _norm("layers/self_attn_layer_norm", layer + "self_attn_layer_norm", affine)
+  rules += _norm("layers/final_layer_norm", layer + "final_layer_norm", affine)
+  for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+    rules += _linear(f"layers/{proj}", f"{layer}self_attn.{proj}", config.enable_bias)
+  rules += _linear("layers/fc1", layer + "fc1", config.enable_bias)
+  rules += _linear("layers/fc2", layer + "fc2", config.enable_bias)
+  if not config.tie_word_embeddings:
+    rules.append(Rule(("lm_head",), "lm_head.weight"))
+  return rules
+
+
+def _codegen_qkv(config: CodeGenConfig) -> Fused:
+  """CodeGen's ``qkv_proj.weight [3D, D]``: 4 model-parallel shards, each ``[q | v | k]`` of D/4 rows."""
+  d = config.n_embd
+
+  def split(w):
+    shards = w.reshape(MP_NUM, 3, d // MP_NUM, d)  # [shard, (q, v, k), rows, in]
+    q, v, k = (shards[:, i].reshape(d, d) for i in range(3))
+    return q.T.copy(), k.T.copy(), v.T.copy()
+
+  def merge(parts):
+    q, k, v = (p.T.reshape(MP_NUM, d // MP_NUM, d) for p in parts)
+    return np.stack([q, v, k], axis=1).reshape(3 * d, d)
+
+  paths = tuple(("h", f"{n}_proj", "kernel") for n in "qkv")
+  return Fused(paths, "transformer.h.{layer}.attn.qkv_proj.weight", split, merge)
+
+
+def codegen_rules(config: CodeGenConfig) -> list[Rule | Fused]:
+  """The name table HF ``CodeGenForCausalLM`` <-> :class:`bass_jax.models.codegen.CodeGen`."""
+  layer = "transformer.h.{layer}."
+  rules: list[Rule | Fused] = [Rule(("wte", "embedding"), "transformer.wte.weight"), _codegen_qkv(config)]
+  rules += _norm("ln_f", "transformer.ln_f") + _norm("h/ln_1", layer + "ln_1")
+  rules += _linear("h/out_proj", layer + "attn.out_proj", False)
+  rules += _linear("h/fc_in", layer + "mlp.fc_in", True) + _linear("h/fc_out", layer + "mlp.fc_out", True)
+  rules.append(Rule(("lm_head_bias",), "lm_head.bias"))
+  if not config.tie_word_embeddings:
+    rules.append(Rule(("lm_head",), "lm_head.weight"))
+  return rules
+
+
+def _gpt2_fused(kind: str) -> Fused:
+  """GPT-2's ``c_attn`` (``Conv1D``: weight ``[D, 3D]`` in Flax layout, bias ``[3D]``) as q, k, v."""
+  axis = -1
+  split = lambda w: tuple(np.split(w, 3, axis=axis))
+  merge = lambda parts: np.concatenate(parts, axis=axis)
+  paths = tuple(("h", f"{n}_proj", kind) for n in "qkv")
+  source = "transformer.h.{layer}.attn.c_attn." + ("weight" if kind == "kernel" else "bias")
+  return Fused(paths, source, split, merge)
+
+
+def gpt2_rules(config: GPT2Config) -> list[Rule | Fused]:
+  """The name table HF ``GPT2LMHeadModel`` <-> :class:`bass_jax.models.gpt2.GPT2` (Conv1D: no transposes)."""
+  layer = "transformer.h.{layer}."
+  rules: list[Rule | Fused] = [Rule(("wte", "embedding"), "transformer.wte.weight"),
+                               Rule(("wpe", "embedding"), "transformer.wpe.weight"),
+                               _gpt2_fused("kernel"), _gpt2_fused("bias")]
+  rules += _norm("ln_f", "transformer.ln_f") + _norm("h/ln_1", layer + "ln_1") + _norm("h/ln_2", layer + "ln_2")
+  rules += _linear("h/attn_proj", layer + "attn.c_proj", True, transform=())
+  rules += _linear("h/c_fc", layer + "mlp.c_fc", True, transform=())
+  rules += _linear("h/mlp_proj", layer + "mlp.c_proj", True, transform=())
+  if not config.tie_word_embeddings:
+    rules.append(Rule(("lm_head",), "lm_head.weight"))
+  return rules
+
+
+_RULES: dict[type, Callable[[Any], list]] = {LlamaConfig: llama_rules, OPTConfig: opt_rules,
+                                             CodeGenConfig: codegen_rules, GPT2Config: gpt2_rules}
+# Where a tied head's weight would be, and the embedding it must equal.
+_TIED = {LlamaConfig: "model.embed_tokens.weight", OPTConfig: "model.decoder.embed_tokens.weight",
+         CodeGenConfig: "transformer.wte.weight", GPT2Config: "transformer.wte.weight"}
+
+
+def rules_for(config) -> list[Rule | Fused]:
+  """The conversion table of ``config``'s family."""
+  return _RULES[type(config)](config)
+
+
+def config_from_hf(fields: dict[str, Any]):
+  """The family config for an HF config dict (``config.json``).
 
   Raises:
-    FileNotFoundError: no config.json. ValueError: unsupported model or field (see from_hf_config).
+    ValueError: no or an unsupported ``model_type`` (the supported ones are named), or what the
+      family's ``from_hf_config`` rejects.
+  """
+  model_type = fields.get("model_type")
+  if model_type not in CONFIG_CLASSES:
+    raise ValueError(f"unsupported model_type {model_type!r}; supported: {sorted(CONFIG_CLASSES)}")
+  return CONFIG_CLASSES[model_type].from_hf_config(fields)
+
+
+def read_config(path: str | os.PathLike):
+  """Reads ``config.json`` of an HF checkpoint directory into the family's config.
+
+  Raises:
+    FileNotFoundError: no config.json. ValueError: invalid JSON, unsupported model or field.
   """
   config_path = pathlib.Path(path) / "config.json"
   if not config_path.is_file():
@@ -60,11 +181,11 @@ def read_config(path: str | os.PathLike) -> LlamaConfig:
     fields = json.loads(config_path.read_text())
   except json.JSONDecodeError as e:
     raise ValueError(f"{config_path}: not valid JSON ({e})") from e
-  return LlamaConfig.from_hf_config(fields)
+  return config_from_hf(fields)
 
 
 def _read_tensors(path: pathlib.Path) -> dict[str, np.ndarray]:
-  """All tensors of the directory's safetensors files (or PyTorch .bin files), as numpy f32/bf16."""
+  """All tensors of the directory's safetensors files (or PyTorch .bin files), as numpy arrays."""
   files = sorted(path.glob("*.safetensors"))
   tensors: dict[str, np.ndarray] = {}
   if files:
@@ -98,9 +219,8 @@ def _merge(into: dict[str, np.ndarray], part: dict[str, np.ndarray], file: pathl
   into.update(part)
 
 
-def load_hf_checkpoint(path: str | os.PathLike, *, expected: Any,
-                       dtype: Any) -> tuple[LlamaConfig, dict[str, Any]]:
-  """Reads an HF Llama checkpoint directory into ``(config, params)``.
+def load_hf_checkpoint(path: str | os.PathLike, *, expected: Any, dtype: Any) -> tuple[Any, dict[str, Any]]:
+  """Reads an HF checkpoint directory of a supported family into ``(config, params)``.
 
   Args:
     path: directory with ``config.json`` and ``*.safetensors`` (or ``pytorch_model*.bin``).
@@ -114,33 +234,33 @@ def load_hf_checkpoint(path: str | os.PathLike, *, expected: Any,
   path = pathlib.Path(path)
   config = read_config(path)
   tensors = _read_tensors(path)
-  if config.tie_word_embeddings and "lm_head.weight" in tensors:
+  if getattr(config, "tie_word_embeddings", False) and "lm_head.weight" in tensors:
     # Some exporters write the tied head out as well; it must be the embedding, or the config lies.
     head = tensors.pop("lm_head.weight")
-    if not np.array_equal(head, tensors.get("model.embed_tokens.weight")):
+    if not np.array_equal(head, tensors.get(_TIED[type(config)])):
       raise CheckpointError(f"{path}: tie_word_embeddings is true but lm_head.weight differs from "
-                            "model.embed_tokens.weight; set tie_word_embeddings=false")
+                            f"{_TIED[type(config)]}; set tie_word_embeddings=false")
   params = _mapping.to_flax(
-      llama_rules(config), source_names=tensors, read=tensors.__getitem__, expected=expected(config),
-      num_layers=config.num_hidden_layers, dtype=dtype, ignore=_is_ignorable, where=str(path))
+      rules_for(config), source_names=tensors, read=tensors.__getitem__, expected=expected(config),
+      num_layers=config.num_layers, dtype=dtype, ignore=lambda n: bool(_BUFFER.search(n)),
+      where=str(path))
   return config, params
 
 
-def save_hf_checkpoint(path: str | os.PathLike, config: LlamaConfig, params: Any) -> None:
-  """Writes ``config.json`` + ``model.safetensors`` that transformers' ``LlamaForCausalLM`` loads.
+def save_hf_checkpoint(path: str | os.PathLike, config, params: Any) -> None:
+  """Writes ``config.json`` + ``model.safetensors`` that transformers' ``AutoModelForCausalLM`` loads.
 
-  Parameters are written in f32 unless they are f16/f32 already (safetensors' numpy writer has no
-  bfloat16).
+  Parameters are written in their dtype when it is f16 or f32, else in f32 (safetensors' numpy writer
+  has no bfloat16).
   """
   import safetensors.numpy  # pylint: disable=g-import-not-at-top
 
   path = pathlib.Path(path)
   path.mkdir(parents=True, exist_ok=True)
-  tensors = _mapping.from_flax(llama_rules(config), params, num_layers=config.num_hidden_layers)
+  tensors = _mapping.from_flax(rules_for(config), params, num_layers=config.num_layers)
   tensors = {k: v if v.dtype in (np.float32, np.float16) else v.astype(np.float32)
              for k, v in tensors.items()}
   safetensors.numpy.save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
   hf_config = config.to_hf_config()
-  hf_config.architectures = ["LlamaForCausalLM"]
+  hf_config.architectures = [config.hf_architecture]
   hf_config.save_pretrained(str(path))
-

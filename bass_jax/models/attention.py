@@ -12,7 +12,9 @@ Every implementation has the signature of :func:`reference_attention`::
 already written at slots ``lengths[b] - T … lengths[b] - 1``. Query t of row b sits at position
 ``lengths[b] - T + t`` and attends to slots ``0 … lengths[b] - T + t`` (end-aligned causal mask; the
 ``kv_len - q_len + i`` rule of JAX's TPU ragged paged attention). Slots at or past ``lengths[b]`` are never
-read into the result, whatever they hold (stale rejected drafts, NaN in tests).
+read into the result, whatever they hold (stale rejected drafts, NaN in tests). Keyword arguments:
+``sm_scale`` (default ``1 / sqrt(H)``) and ``sliding_window`` (Mistral: a query at position p also
+ignores slots ``<= p - sliding_window``; None attends to the whole prefix).
 
 One signature serves prefill (T = padded prompt length), draft steps (T = 1 or 2) and verification
 (T = l_draft + 1), in the BASS-PAD sense of ../shared/BASS.md §4: Q is dense, K/V are ragged.
@@ -28,9 +30,8 @@ import jax.numpy as jnp
 
 class AttentionFn(Protocol):
 
-  def __call__(
-      self, q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, lengths: jax.Array
-  ) -> jax.Array:
+  def __call__(self, q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, lengths: jax.Array, *,
+               sm_scale: float | None = None, sliding_window: int | None = None) -> jax.Array:
     ...
 
 
@@ -41,6 +42,7 @@ def reference_attention(
     lengths: jax.Array,
     *,
     sm_scale: float | None = None,
+    sliding_window: int | None = None,
 ) -> jax.Array:
   """End-aligned causal grouped-query attention over a ragged cache, in plain jnp (f32 softmax).
 
@@ -50,6 +52,7 @@ def reference_attention(
     v_cache: ``[B, S, K, H]`` values.
     lengths: ``i32[B]``, valid slots per row including the T new ones; ``T <= lengths[b] <= S``.
     sm_scale: softmax scale, default ``1 / sqrt(H)``.
+    sliding_window: if set, a query at position p sees only slots ``> p - sliding_window``.
 
   Returns:
     ``[B, T, N, H]`` in q's dtype.
@@ -70,6 +73,8 @@ def reference_attention(
   slots = jnp.arange(max_len)
   q_pos = lengths[:, None] - num_q + jnp.arange(num_q)  # [B, T]
   causal = slots[None, None, :] <= q_pos[:, :, None]  # [B, T, S]
+  if sliding_window is not None:
+    causal &= slots[None, None, :] > q_pos[:, :, None] - sliding_window
   causal = jnp.repeat(causal, group, axis=1)  # [B, R, S], R ordered (t, g)
   logits = jnp.where(causal[:, None], logits, -jnp.inf)
   probs = jax.nn.softmax(logits, axis=-1)

@@ -1,8 +1,9 @@
-"""Llama-architecture decoder (SmolLM2, Llama 2/3, TinyLlama …) as a Flax module over a ragged KV cache.
+"""The Llama family (Llama 2/3, SmolLM2, TinyLlama, Qwen2, Mistral) as a Flax module over a ragged cache.
 
-Reference implementation: transformers' ``modeling_llama.py`` (``LlamaForCausalLM``): RMSNorm, rotary
-embeddings in HF's rotate-half convention, grouped-query attention, SwiGLU MLP, tied or untied LM head.
-The tests compare logits with it in f32.
+Reference implementations: transformers' ``modeling_llama.py`` (``LlamaForCausalLM``), with Qwen2's bias
+on the q, k, v projections (``modeling_qwen2.py``) and Mistral's sliding-window attention
+(``modeling_mistral.py``): RMSNorm, rotary embeddings in HF's rotate-half convention, grouped-query
+attention, SwiGLU MLP, tied or untied LM head. The tests compare logits with transformers in f32.
 
 Axes: B batch, T new tokens, S cache slots, L layers, D hidden size, F MLP size, N query heads, K key/value
 heads, H head dim, V vocabulary.
@@ -16,49 +17,33 @@ compile time does not grow with depth.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from bass_jax.cache import KVCache
-from bass_jax.models import attention as attention_lib
+from bass_jax.models import common
 
-# Generic HF bookkeeping that older (4.x) transformers wrote into every config.json next to the
-# PretrainedConfig base fields (labels, output flags, generation defaults): no effect on a forward pass.
-_LEGACY_HF_GENERIC_FIELDS = frozenset({
-    "torch_dtype", "tokenizer_class", "prefix", "sep_token_id", "decoder_start_token_id",
-    "task_specific_params", "tie_encoder_decoder", "cross_attention_hidden_size",
-    "add_cross_attention", "is_decoder", "pruned_heads", "finetuning_task", "torchscript",
-    "use_bfloat16", "tf_legacy_loss", "quantization_config", "unk_token_id", "max_length",
-    "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty",
-    "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty",
-    "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
-    "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
-    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
-    "suppress_tokens", "begin_suppress_tokens",
-})
-
-
-def _hf_generic_fields() -> frozenset[str]:
-  """Fields of transformers' PretrainedConfig base class (plus legacy ones): not architecture."""
-  import transformers  # pylint: disable=g-import-not-at-top
-
-  return frozenset(transformers.PretrainedConfig().to_dict()) | _LEGACY_HF_GENERIC_FIELDS
-
-
-# Llama fields that only matter for training or for HF's own runtime.
-_HF_LLAMA_IGNORED_FIELDS = frozenset({"initializer_range", "use_cache", "attention_dropout"})
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                  "mistral": "MistralForCausalLM"}
 
 
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
-  """Architecture of a Llama-family decoder, with transformers' ``LlamaConfig`` field names.
+  """Architecture of a Llama-family decoder, with transformers' config field names.
+
+  Attributes beyond HF's ``LlamaConfig``:
+    model_type: ``"llama"``, ``"qwen2"`` or ``"mistral"``: the HF family it converts to and from.
+    qkv_bias: bias on the q, k and v projections only (Qwen2); ``attention_bias`` (Llama) puts one on
+      the output projection too.
+    sliding_window: Mistral's window: a query at position p attends to positions ``> p - window``
+      (None: the whole prefix).
 
   Raises:
     ValueError: from ``__post_init__`` if a size is not positive, the heads do not divide, the head dim
-      is odd, or the activation is not SwiGLU's ``silu``.
+      is odd, the activation is not SwiGLU's ``silu``, or the model type is not of the family.
   """
 
   vocab_size: int
@@ -78,6 +63,9 @@ class LlamaConfig:
   bos_token_id: int | None = None
   eos_token_id: int | tuple[int, ...] | None = None
   pad_token_id: int | None = None
+  model_type: str = "llama"
+  qkv_bias: bool = False
+  sliding_window: int | None = None
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -94,10 +82,15 @@ class LlamaConfig:
       raise ValueError(f"LlamaConfig.head_dim must be even for rotary embeddings, got {self.head_dim}")
     if self.hidden_act != "silu":
       raise ValueError(f"LlamaConfig.hidden_act={self.hidden_act!r} is not supported; Llama uses 'silu'")
+    if self.model_type not in _ARCHITECTURES:
+      raise ValueError(f"LlamaConfig.model_type must be one of {sorted(_ARCHITECTURES)}, "
+                       f"got {self.model_type!r}")
+    if self.sliding_window is not None and self.sliding_window < 1:
+      raise ValueError(f"LlamaConfig.sliding_window must be >= 1 or None, got {self.sliding_window}")
     if isinstance(self.eos_token_id, list):
       object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
 
-  # -- the model protocol used by the sampler ---------------------------------------------------------
+  # -- the DecoderConfig protocol ---------------------------------------------------------------------
 
   @property
   def num_layers(self) -> int:
@@ -107,6 +100,10 @@ class LlamaConfig:
   def num_kv_heads(self) -> int:
     return self.num_key_value_heads
 
+  @property
+  def max_positions(self) -> int:
+    return self.max_position_embeddings
+
   def make_module(self, *, attention_impl: str = "reference", dtype: Any = jnp.float32) -> "Llama":
     """The Flax module for this config; ``attention_impl`` names an entry of the attention registry."""
     return Llama(self, attention_impl=attention_impl, dtype=dtype)
@@ -114,17 +111,22 @@ class LlamaConfig:
   def init_cache(self, batch_size: int, max_len: int, dtype: Any = jnp.float32,
                  fill_value: float = 0.0) -> KVCache:
     """An empty ragged cache ``[L, B, max_len, K, H]`` for this architecture."""
-    return KVCache.zeros(num_layers=self.num_hidden_layers, batch_size=batch_size, max_len=max_len,
-                         num_kv_heads=self.num_key_value_heads, head_dim=self.head_dim, dtype=dtype,
-                         fill_value=fill_value)
+    return common.stacked_cache(num_layers=self.num_hidden_layers, batch_size=batch_size,
+                                max_len=max_len, num_kv_heads=self.num_key_value_heads,
+                                head_dim=self.head_dim, dtype=dtype, fill_value=fill_value)
+
+  def with_num_layers(self, num_layers: int) -> "LlamaConfig":
+    return dataclasses.replace(self, num_hidden_layers=num_layers)
 
   def num_params(self) -> int:
     """Parameter count (embedding counted once when tied)."""
     d, f, h = self.hidden_size, self.intermediate_size, self.head_dim
     q_out, kv_out = self.num_attention_heads * h, self.num_key_value_heads * h
     attn = d * (q_out + 2 * kv_out) + q_out * d
+    if self.attention_bias or self.qkv_bias:
+      attn += q_out + 2 * kv_out
     if self.attention_bias:
-      attn += q_out + 2 * kv_out + d
+      attn += d
     mlp = 3 * d * f + (2 * f + d if self.mlp_bias else 0)
     per_layer = attn + mlp + 2 * d
     head = 0 if self.tie_word_embeddings else self.vocab_size * d
@@ -132,73 +134,102 @@ class LlamaConfig:
 
   # -- Hugging Face conversion ------------------------------------------------------------------------
 
+  @property
+  def hf_architecture(self) -> str:
+    return _ARCHITECTURES[self.model_type]
+
   @classmethod
   def from_hf_config(cls, hf_config: Any) -> "LlamaConfig":
-    """Converts a transformers ``LlamaConfig`` (or its ``to_dict()`` / config.json dict).
+    """Converts a transformers ``LlamaConfig``, ``Qwen2Config`` or ``MistralConfig`` (or its dict).
 
     Every field is accounted for: mapped, known to be irrelevant to inference, or rejected.
 
     Raises:
-      ValueError: for another ``model_type``, an unknown field (named), or an unsupported value
-        (rope scaling, ``pretraining_tp != 1``).
+      ValueError: another ``model_type``, an unknown field (named), or an unsupported value (rope
+        scaling, ``pretraining_tp != 1``, Qwen2's sliding window layers, conflicting rope thetas).
     """
-    fields = dict(hf_config if isinstance(hf_config, Mapping) else hf_config.to_dict())
-    model_type = fields.pop("model_type", "llama")
-    if model_type != "llama":
-      raise ValueError(f"LlamaConfig.from_hf_config: model_type {model_type!r} is not 'llama'")
-
-    # Rotary settings live in `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (4.x);
-    # every one present must describe plain rotary embeddings and agree on theta.
-    thetas = []
-    if fields.get("rope_theta") is not None:
-      thetas.append(float(fields.pop("rope_theta")))
-    fields.pop("rope_theta", None)
-    for key in ("rope_parameters", "rope_scaling"):
-      rope = dict(fields.pop(key, None) or {})
-      rope_type = rope.pop("rope_type", rope.pop("type", "default"))
-      if rope_type != "default":
-        raise ValueError(
-            f"{key}: rope_type {rope_type!r} (rope scaling) is not supported; only 'default' rotary")
-      if rope.get("rope_theta") is not None:
-        thetas.append(float(rope.pop("rope_theta")))
-      rope.pop("rope_theta", None)
-      if rope:
-        raise ValueError(f"{key}: unsupported rope parameters {sorted(rope)} for rope_type 'default'")
-    if len(set(thetas)) > 1:
-      raise ValueError(f"conflicting rope_theta values {thetas} in the config")
-    rope_theta = thetas[0] if thetas else None
-
-    if fields.pop("pretraining_tp", 1) not in (1, None):
-      raise ValueError("pretraining_tp != 1 is not supported (it changes the forward's numerics)")
-
-    known = {f.name for f in dataclasses.fields(cls)}
-    ignored = _hf_generic_fields() | _HF_LLAMA_IGNORED_FIELDS
-    kwargs = {}
-    for name, value in fields.items():
-      if name in known:
-        kwargs[name] = value
-      elif name not in ignored:
-        raise ValueError(
-            f"LlamaConfig.from_hf_config: unknown config field {name!r}={value!r}; the port would "
-            "silently ignore it. Remove it from config.json if it has no effect, or extend LlamaConfig.")
+    fields = dict(hf_config if isinstance(hf_config, dict) else hf_config.to_dict())
+    model_type = fields.get("model_type", "llama")
+    rope_theta = _pop_rope_theta(fields)
+    mapped = {f.name for f in dataclasses.fields(cls)} - {"model_type", "qkv_bias", "rope_theta"}
+    required: dict[str, Any] = {"pretraining_tp": 1}
+    ignored: set[str] = set()
+    if model_type == "qwen2":
+      mapped -= {"attention_bias", "mlp_bias", "head_dim"}
+      required["use_sliding_window"] = False
+      ignored |= {"sliding_window", "max_window_layers"}
+      layer_types = set(fields.pop("layer_types", None) or ["full_attention"])
+      if layer_types != {"full_attention"}:
+        raise ValueError(f"qwen2: layer_types {sorted(layer_types)} (sliding-window layers) are not "
+                         "supported")
+    elif model_type == "mistral":
+      mapped -= {"attention_bias", "mlp_bias"}
+    else:
+      mapped -= {"sliding_window"}
+    model_type, kwargs = common.parse_hf_fields(
+        fields, model_types=tuple(_ARCHITECTURES), known=mapped, ignored=ignored, required=required)
     if kwargs.get("head_dim") is None:
       kwargs["head_dim"] = kwargs["hidden_size"] // kwargs["num_attention_heads"]
     if kwargs.get("num_key_value_heads") is None:
       kwargs["num_key_value_heads"] = kwargs["num_attention_heads"]
     if rope_theta is not None:
-      kwargs["rope_theta"] = float(rope_theta)
-    return cls(**kwargs)
+      kwargs["rope_theta"] = rope_theta
+    return cls(**kwargs, model_type=model_type, qkv_bias=model_type == "qwen2")
 
   def to_hf_config(self):
-    """The equivalent transformers ``LlamaConfig``."""
+    """The equivalent transformers config (``LlamaConfig``, ``Qwen2Config`` or ``MistralConfig``)."""
     import transformers  # pylint: disable=g-import-not-at-top
 
     fields = dataclasses.asdict(self)
-    rope_theta = fields.pop("rope_theta")
+    for name in ("model_type", "qkv_bias", "rope_theta"):
+      fields.pop(name)
     if isinstance(fields["eos_token_id"], tuple):
       fields["eos_token_id"] = list(fields["eos_token_id"])
-    return transformers.LlamaConfig(
-        **fields, rope_parameters={"rope_type": "default", "rope_theta": rope_theta})
+    rope = {"rope_type": "default", "rope_theta": self.rope_theta}
+    if self.model_type == "qwen2":
+      if self.attention_bias or self.mlp_bias or not self.qkv_bias:
+        raise ValueError("a qwen2 config has bias on q, k, v only")
+      for name in ("attention_bias", "mlp_bias", "sliding_window"):
+        fields.pop(name)
+      if self.head_dim != self.hidden_size // self.num_attention_heads:
+        raise ValueError("Qwen2Config derives head_dim from hidden_size / num_attention_heads")
+      fields.pop("head_dim")
+      return transformers.Qwen2Config(**fields, rope_parameters=rope, use_sliding_window=False)
+    if self.model_type == "mistral":
+      fields.pop("attention_bias")
+      fields.pop("mlp_bias")
+      return transformers.MistralConfig(**fields, rope_parameters=rope)
+    if self.qkv_bias or self.sliding_window is not None:
+      raise ValueError("HF LlamaConfig has no qkv-only bias or sliding window; set model_type")
+    fields.pop("sliding_window")
+    return transformers.LlamaConfig(**fields, rope_parameters=rope)
+
+
+def _pop_rope_theta(fields: dict[str, Any]) -> float | None:
+  """Rotary settings live in ``rope_parameters`` (transformers 5) or ``rope_theta`` + ``rope_scaling``
+  (4.x); every one present must describe plain rotary embeddings and agree on theta.
+
+  Raises:
+    ValueError: rope scaling of any kind, unknown rope parameters, or conflicting thetas.
+  """
+  thetas = []
+  if fields.get("rope_theta") is not None:
+    thetas.append(float(fields["rope_theta"]))
+  fields.pop("rope_theta", None)
+  for key in ("rope_parameters", "rope_scaling"):
+    rope = dict(fields.pop(key, None) or {})
+    rope_type = rope.pop("rope_type", rope.pop("type", "default"))
+    if rope_type != "default":
+      raise ValueError(
+          f"{key}: rope_type {rope_type!r} (rope scaling) is not supported; only 'default' rotary")
+    if rope.get("rope_theta") is not None:
+      thetas.append(float(rope["rope_theta"]))
+    rope.pop("rope_theta", None)
+    if rope:
+      raise ValueError(f"{key}: unsupported rope parameters {sorted(rope)} for rope_type 'default'")
+  if len(set(thetas)) > 1:
+    raise ValueError(f"conflicting rope_theta values {thetas} in the config")
+  return thetas[0] if thetas else None
 
 
 class RMSNorm(nn.Module):
@@ -246,25 +277,20 @@ class LlamaAttention(nn.Module):
   def __call__(self, x, layer, k_all, v_all, write_pos, sin, cos):
     cfg = self.config
     batch, num_new, _ = x.shape
-    dense = lambda features, name: nn.Dense(
-        features, use_bias=cfg.attention_bias, dtype=self.dtype, param_dtype=self.dtype, name=name)
-    q = dense(cfg.num_attention_heads * cfg.head_dim, "q_proj")(x)
-    k = dense(cfg.num_key_value_heads * cfg.head_dim, "k_proj")(x)
-    v = dense(cfg.num_key_value_heads * cfg.head_dim, "v_proj")(x)
+    dense = lambda features, bias, name: nn.Dense(
+        features, use_bias=bias, dtype=self.dtype, param_dtype=self.dtype, name=name)
+    qkv_bias = cfg.attention_bias or cfg.qkv_bias
+    q = dense(cfg.num_attention_heads * cfg.head_dim, qkv_bias, "q_proj")(x)
+    k = dense(cfg.num_key_value_heads * cfg.head_dim, qkv_bias, "k_proj")(x)
+    v = dense(cfg.num_key_value_heads * cfg.head_dim, qkv_bias, "v_proj")(x)
     q = apply_rotary(q.reshape(batch, num_new, cfg.num_attention_heads, cfg.head_dim), sin, cos)
     k = apply_rotary(k.reshape(batch, num_new, cfg.num_key_value_heads, cfg.head_dim), sin, cos)
     v = v.reshape(batch, num_new, cfg.num_key_value_heads, cfg.head_dim)
-
-    # Each row writes its T new entries at its own offset (a scatter); slots past S are dropped, which
-    # callers rule out by sizing the cache (generate validates it).
-    rows = jnp.arange(batch)[:, None]
-    k_all = k_all.at[layer, rows, write_pos].set(k.astype(k_all.dtype), mode="drop")
-    v_all = v_all.at[layer, rows, write_pos].set(v.astype(v_all.dtype), mode="drop")
-
-    attend = attention_lib.get_attention(self.attention_impl)
-    out = attend(q, k_all[layer], v_all[layer], write_pos[:, -1] + 1)
+    out, k_all, v_all = common.cached_attention(
+        q, k, v, layer=layer, k_all=k_all, v_all=v_all, write_pos=write_pos,
+        attention_impl=self.attention_impl, sliding_window=cfg.sliding_window)
     out = out.reshape(batch, num_new, cfg.num_attention_heads * cfg.head_dim)
-    return dense(cfg.hidden_size, "o_proj")(out), k_all, v_all
+    return dense(cfg.hidden_size, cfg.attention_bias, "o_proj")(out), k_all, v_all
 
 
 class LlamaMLP(nn.Module):
@@ -329,16 +355,10 @@ class Llama(nn.Module):
     x = embed(tokens)
     write_pos = cache.lengths[:, None] + jnp.arange(num_new, dtype=jnp.int32)  # [B, T]
     sin, cos = rotary_sin_cos(write_pos, cfg.head_dim, cfg.rope_theta, self.dtype)
-
-    layers = nn.scan(
-        LlamaDecoderLayer,
-        variable_axes={"params": 0},
-        split_rngs={"params": True},
-        in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
-        length=cfg.num_hidden_layers,
-    )(cfg, self.attention_impl, self.dtype, name="layers")
-    (x, k_all, v_all), _ = layers(
-        (x, cache.k, cache.v), jnp.arange(cfg.num_hidden_layers), write_pos, sin, cos)
+    x, k_all, v_all = common.scan_layers(
+        LlamaDecoderLayer, cfg.num_hidden_layers, name="layers", carry=(x, cache.k, cache.v),
+        write_pos=write_pos, extras=(sin, cos), config=cfg, attention_impl=self.attention_impl,
+        dtype=self.dtype)
 
     x = RMSNorm(cfg.rms_norm_eps, self.dtype, name="norm")(x)
     new_cache = KVCache(k=k_all, v=v_all, lengths=cache.lengths + num_new)

@@ -213,7 +213,7 @@ def generate(
 
   arrays = _validate_prompts(prompts, target.config.vocab_size)
   lengths = np.array([len(a) for a in arrays], np.int32)
-  context = min(m.config.max_position_embeddings
+  context = min(m.config.max_positions
                 for m in ((target, draft) if method == "bass" else (target,)))
   if lengths.max() + max_new_tokens > context:
     raise ValueError(

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from bass_jax.cache import KVCache
 from bass_jax.models.attention import CACHE_ALIGNMENT
-from bass_jax.models.llama import LlamaConfig
+from bass_jax.models.common import DecoderConfig
 from bass_jax.sampling import acceptance
 from bass_jax.sampling.draft_len import DraftLenPolicy
 from bass_jax.sampling.warp import warped_log_probs
@@ -57,8 +57,8 @@ class DecodeSpec:
   """
 
   method: str
-  target: LlamaConfig
-  draft: LlamaConfig | None
+  target: DecoderConfig
+  draft: DecoderConfig | None
   target_dtype: str
   draft_dtype: str
   attention_impl: str
@@ -118,7 +118,7 @@ class DecodeState:
   key: jax.Array
 
 
-def _forward(config: LlamaConfig, dtype: str, attention_impl: str, params: Any, tokens: jax.Array,
+def _forward(config: DecoderConfig, dtype: str, attention_impl: str, params: Any, tokens: jax.Array,
              cache: KVCache, compute_logits: bool = True):
   module = config.make_module(attention_impl=attention_impl, dtype=jnp.dtype(dtype))
   return module.apply({"params": params}, tokens, cache, compute_logits)

@@ -84,6 +84,22 @@ class TrainState:
   opt_state: Any
 
 
+def embedding_from_target(target_embedding: np.ndarray, width: int) -> np.ndarray:
+  """Projects the target's ``[V, D]`` embedding onto its top ``width`` principal directions.
+
+  A tied draft embedding initialized this way starts with the target's token geometry (similar
+  tokens close, the head's logit structure approximately kept) instead of noise.
+
+  Raises:
+    ValueError: ``width`` larger than D.
+  """
+  embedding = np.asarray(target_embedding, np.float32)
+  if width > embedding.shape[1]:
+    raise ValueError(f"width {width} exceeds the target's embedding size {embedding.shape[1]}")
+  _, _, vt = np.linalg.svd(embedding, full_matrices=False)
+  return embedding @ vt[:width].T
+
+
 def make_schedule(cfg: TrainConfig) -> optax.Schedule:
   """Linear warm-up from 0 to ``peak_lr``, then cosine decay to ``end_lr_fraction * peak_lr``."""
   return optax.warmup_cosine_decay_schedule(

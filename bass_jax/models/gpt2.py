@@ -1,0 +1,181 @@
+"""GPT-2 (Radford et al. 2019) as a Flax module over a ragged cache: the common shape of small drafts.
+
+Reference implementation: transformers' ``modeling_gpt2.py`` (``GPT2LMHeadModel``): learned absolute
+positions (no offset), pre-layer-norm blocks, a fused ``c_attn`` projection whose ``Conv1D`` weight is
+stored ``[in, out]`` (already Flax's kernel layout, unlike ``nn.Linear``), GELU (tanh) MLP, LM head tied to
+the token embedding. Multi-head attention (K = N); ``scale_attn_weights=False`` drops the 1/sqrt(H).
+
+Axes: B batch, T new tokens, D width (``n_embd``), N heads, H head dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bass_jax.cache import KVCache
+from bass_jax.models import common
+
+# GPT2Config fields with no effect on a causal LM forward (the sequence-summary head is another model).
+_IGNORED = {"summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+            "summary_first_dropout", "reorder_and_upcast_attn"}
+
+
+@dataclasses.dataclass(frozen=True)
+class GPT2Config:
+  """Architecture of a GPT-2 decoder, with transformers' ``GPT2Config`` field names.
+
+  Raises:
+    ValueError: from ``__post_init__`` for non-positive sizes or heads that do not divide the width.
+  """
+
+  vocab_size: int
+  n_embd: int
+  n_layer: int
+  n_head: int
+  n_positions: int = 1024
+  n_inner: int | None = None
+  activation_function: str = "gelu_new"
+  layer_norm_epsilon: float = 1e-5
+  scale_attn_weights: bool = True
+  tie_word_embeddings: bool = True
+  bos_token_id: int | None = None
+  eos_token_id: int | tuple[int, ...] | None = None
+  pad_token_id: int | None = None
+  model_type: str = "gpt2"
+
+  def __post_init__(self):
+    for name in ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"GPT2Config.{name} must be >= 1, got {getattr(self, name)}")
+    if self.n_embd % self.n_head:
+      raise ValueError(f"GPT2Config: n_head={self.n_head} does not divide n_embd={self.n_embd}")
+    if self.n_inner is None:
+      object.__setattr__(self, "n_inner", 4 * self.n_embd)
+    common.activation(self.activation_function)
+    if isinstance(self.eos_token_id, list):
+      object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+
+  @property
+  def head_dim(self) -> int:
+    return self.n_embd // self.n_head
+
+  @property
+  def num_layers(self) -> int:
+    return self.n_layer
+
+  @property
+  def num_kv_heads(self) -> int:
+    return self.n_head
+
+  @property
+  def max_positions(self) -> int:
+    return self.n_positions
+
+  @property
+  def hf_architecture(self) -> str:
+    return "GPT2LMHeadModel"
+
+  def make_module(self, *, attention_impl: str = "reference", dtype: Any = jnp.float32) -> "GPT2":
+    return GPT2(self, attention_impl=attention_impl, dtype=dtype)
+
+  def init_cache(self, batch_size: int, max_len: int, dtype: Any = jnp.float32,
+                 fill_value: float = 0.0) -> KVCache:
+    return common.stacked_cache(num_layers=self.n_layer, batch_size=batch_size, max_len=max_len,
+                                num_kv_heads=self.n_head, head_dim=self.head_dim, dtype=dtype,
+                                fill_value=fill_value)
+
+  def with_num_layers(self, num_layers: int) -> "GPT2Config":
+    return dataclasses.replace(self, n_layer=num_layers)
+
+  def num_params(self) -> int:
+    d, f = self.n_embd, self.n_inner
+    per_layer = 4 * d + 3 * d * d + 3 * d + d * d + d + 2 * d * f + f + d
+    total = (self.vocab_size + self.n_positions) * d + self.n_layer * per_layer + 2 * d
+    return total + (0 if self.tie_word_embeddings else self.vocab_size * d)
+
+  @classmethod
+  def from_hf_config(cls, hf_config: Any) -> "GPT2Config":
+    """Converts a transformers ``GPT2Config`` (or its dict); every field is accounted for.
+
+    Raises:
+      ValueError: another model type, an unknown field (named), cross-attention, or
+        ``scale_attn_by_inverse_layer_idx`` (a per-layer scale the port does not implement).
+    """
+    known = {f.name for f in dataclasses.fields(cls)} - {"model_type"}
+    _, kwargs = common.parse_hf_fields(
+        hf_config, model_types=("gpt2",), known=known, ignored=_IGNORED,
+        required={"add_cross_attention": False, "scale_attn_by_inverse_layer_idx": False})
+    return cls(**kwargs)
+
+  def to_hf_config(self):
+    import transformers  # pylint: disable=g-import-not-at-top
+
+    fields = dataclasses.asdict(self)
+    fields.pop("model_type")
+    if isinstance(fields["eos_token_id"], tuple):
+      fields["eos_token_id"] = list(fields["eos_token_id"])
+    return transformers.GPT2Config(**fields)
+
+
+class GPT2Block(nn.Module):
+  """``x + attn(ln_1(x))``, then ``x + mlp(ln_2(x))``."""
+
+  config: GPT2Config
+  attention_impl: str
+  dtype: Any
+
+  @nn.compact
+  def __call__(self, carry, layer, write_pos):
+    x, k_all, v_all = carry
+    cfg = self.config
+    batch, num_new, _ = x.shape
+    dense = lambda features, name: nn.Dense(features, dtype=self.dtype, param_dtype=self.dtype, name=name)
+    norm = lambda name: nn.LayerNorm(cfg.layer_norm_epsilon, dtype=self.dtype, param_dtype=self.dtype,
+                                     name=name)
+    h = norm("ln_1")(x)
+    heads = lambda t: t.reshape(batch, num_new, cfg.n_head, cfg.head_dim)
+    q, k, v = (heads(dense(cfg.n_embd, f"{n}_proj")(h)) for n in "qkv")
+    out, k_all, v_all = common.cached_attention(
+        q, k, v, layer=layer, k_all=k_all, v_all=v_all, write_pos=write_pos,
+        attention_impl=self.attention_impl, sm_scale=None if cfg.scale_attn_weights else 1.0)
+    x = x + dense(cfg.n_embd, "attn_proj")(out.reshape(batch, num_new, cfg.n_embd))
+    h = norm("ln_2")(x)
+    h = dense(cfg.n_embd, "mlp_proj")(common.activation(cfg.activation_function)(dense(cfg.n_inner, "c_fc")(h)))
+    return (x + h, k_all, v_all), None
+
+
+class GPT2(nn.Module):
+  """GPT-2 causal LM over a ragged KV cache; the call signature of ``models.llama.Llama``."""
+
+  config: GPT2Config
+  attention_impl: str = "reference"
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, tokens: jax.Array, cache: KVCache,
+               compute_logits: bool = True) -> tuple[jax.Array | None, KVCache]:
+    cfg = self.config
+    num_new = tokens.shape[1]
+    embed = nn.Embed(cfg.vocab_size, cfg.n_embd, dtype=self.dtype, param_dtype=self.dtype, name="wte")
+    write_pos = cache.lengths[:, None] + jnp.arange(num_new, dtype=jnp.int32)
+    positions = nn.Embed(cfg.n_positions, cfg.n_embd, dtype=self.dtype, param_dtype=self.dtype,
+                         name="wpe")
+    x = embed(tokens) + positions(write_pos)
+    x, k_all, v_all = common.scan_layers(
+        GPT2Block, cfg.n_layer, name="h", carry=(x, cache.k, cache.v), write_pos=write_pos,
+        config=cfg, attention_impl=self.attention_impl, dtype=self.dtype)
+    x = nn.LayerNorm(cfg.layer_norm_epsilon, dtype=self.dtype, param_dtype=self.dtype, name="ln_f")(x)
+    new_cache = KVCache(k=k_all, v=v_all, lengths=cache.lengths + num_new)
+    if not compute_logits and not self.is_initializing():
+      return None, new_cache
+    if cfg.tie_word_embeddings:
+      weight = embed.embedding.astype(self.dtype)
+    else:
+      weight = self.param("lm_head", nn.initializers.lecun_normal(), (cfg.vocab_size, cfg.n_embd),
+                          self.dtype)
+    return jnp.einsum("BTD,VD->BTV", x, weight, preferred_element_type=jnp.float32), new_cache

@@ -1,0 +1,233 @@
+"""Every model family against transformers' own PyTorch implementation (f32), through its checkpoint.
+
+For each family: tiny random HF models built here (several head counts, odd vocabularies, tied and
+untied heads where the family allows, the family's variants), saved with ``save_pretrained``, loaded by
+``bass_jax.load_model``, compared with transformers' logits (max |diff| <= 1e-4), decoded in ragged
+chunks through the cache, and converted back to an HF directory that transformers reloads to the same
+logits. Then greedy BASS against greedy regular decoding for an OPT pair and a CodeGen pair, and
+corrupt checkpoints that must fail with a clear error.
+"""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+import safetensors.numpy
+import torch
+import transformers
+
+import bass_jax as bj
+from conftest import chunked_logits
+
+VOCAB = 97  # odd on purpose
+
+FAMILIES = {
+    "opt-pre-ln-projected": (transformers.OPTForCausalLM, transformers.OPTConfig, dict(
+        vocab_size=VOCAB, hidden_size=48, num_hidden_layers=2, ffn_dim=80, num_attention_heads=4,
+        word_embed_proj_dim=32, max_position_embeddings=128)),
+    "opt-post-ln-untied": (transformers.OPTForCausalLM, transformers.OPTConfig, dict(
+        vocab_size=VOCAB, hidden_size=48, num_hidden_layers=2, ffn_dim=64, num_attention_heads=6,
+        do_layer_norm_before=False, tie_word_embeddings=False, max_position_embeddings=128)),
+    "opt-no-bias-no-affine": (transformers.OPTForCausalLM, transformers.OPTConfig, dict(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, ffn_dim=64, num_attention_heads=2,
+        enable_bias=False, layer_norm_elementwise_affine=False, max_position_embeddings=128)),
+    "codegen": (transformers.CodeGenForCausalLM, transformers.CodeGenConfig, dict(
+        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=128, n_ctx=128)),
+    "codegen-8-heads-tied": (transformers.CodeGenForCausalLM, transformers.CodeGenConfig, dict(
+        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=8, rotary_dim=4, n_positions=128, n_ctx=128,
+        tie_word_embeddings=True)),
+    "gpt2": (transformers.GPT2LMHeadModel, transformers.GPT2Config, dict(
+        vocab_size=VOCAB, n_embd=48, n_layer=2, n_head=3, n_positions=128)),
+    "gpt2-untied-unscaled": (transformers.GPT2LMHeadModel, transformers.GPT2Config, dict(
+        vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=128, tie_word_embeddings=False,
+        scale_attn_weights=False, activation_function="gelu")),
+    "qwen2": (transformers.Qwen2ForCausalLM, transformers.Qwen2Config, dict(
+        vocab_size=VOCAB, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128)),
+    "qwen2-tied-mha": (transformers.Qwen2ForCausalLM, transformers.Qwen2Config, dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True,
+        max_position_embeddings=128)),
+    "mistral-window-5": (transformers.MistralForCausalLM, transformers.MistralConfig, dict(
+        vocab_size=VOCAB, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=12, sliding_window=5,
+        max_position_embeddings=128)),
+    "mistral-no-window": (transformers.MistralForCausalLM, transformers.MistralConfig, dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=1, sliding_window=None,
+        max_position_embeddings=128)),
+}
+
+
+def _hf_model(name, seed=0, **overrides):
+  model_cls, config_cls, fields = FAMILIES[name]
+  config = config_cls(**{**fields, **overrides})
+  config._attn_implementation = "eager"  # the plainest reference path (masks, windows)
+  torch.manual_seed(seed)
+  model = model_cls(config).eval()
+  with torch.no_grad():  # every parameter random, norms and biases included, so a slip shows
+    for pname, p in model.named_parameters():
+      if pname.endswith("bias"):
+        p.copy_(0.1 * torch.randn_like(p))
+      elif p.ndim == 1:
+        p.copy_(1.0 + 0.2 * torch.randn_like(p))
+      else:
+        p.copy_(0.25 * torch.randn_like(p))
+  return model
+
+
+def _torch_logits(model, tokens):
+  with torch.no_grad():
+    return model(torch.tensor(np.asarray(tokens))).logits.numpy()
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def converted(request, tmp_path_factory):
+  name = request.param
+  hf = _hf_model(name)
+  path = tmp_path_factory.mktemp(name)
+  hf.save_pretrained(path)
+  return name, hf, path, bj.load_model(path)
+
+
+def test_logits_match_transformers(converted):
+  name, hf, _, model = converted
+  tokens = np.random.default_rng(1).integers(0, VOCAB, size=(2, 23))
+  want = _torch_logits(hf, tokens)
+  got = np.asarray(model.logits(tokens))
+  assert np.std(want) > 0.5, name  # logits that discriminate
+  assert np.abs(got - want).max() <= 1e-4, (name, np.abs(got - want).max())
+  assert model.config.model_type == hf.config.model_type
+  assert bj.loading.count_params(model.params) == model.config.num_params()
+
+
+def test_cached_incremental_decoding_equals_full_forward(converted):
+  name, _, _, model = converted
+  rng = np.random.default_rng(2)
+  seqs = [rng.integers(0, VOCAB, n) for n in (21, 9, 30)]
+  got = chunked_logits(model, seqs, prefill=[4, 1, 7])
+  for seq, row in zip(seqs, got):
+    want = np.asarray(model.logits(seq[None]))[0]
+    assert np.isfinite(row).all(), name
+    np.testing.assert_allclose(row, want, atol=1e-4, rtol=0, err_msg=name)
+
+
+def test_round_trip_back_to_transformers(converted, tmp_path):
+  name, hf, _, model = converted
+  bj.save_model(model, tmp_path)
+  reloaded = type(hf).from_pretrained(tmp_path).eval()
+  tokens = np.random.default_rng(3).integers(0, VOCAB, size=(2, 17))
+  np.testing.assert_allclose(_torch_logits(reloaded, tokens), _torch_logits(hf, tokens), atol=1e-5,
+                             err_msg=name)
+  again = bj.load_model(tmp_path)
+  assert again.config == model.config
+  jax.tree_util.tree_map(np.testing.assert_array_equal, again.params, model.params)
+
+
+def test_pytorch_bin_input(tmp_path):
+  hf = _hf_model("codegen")
+  hf.config.save_pretrained(tmp_path)
+  torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
+  tokens = np.random.default_rng(4).integers(0, VOCAB, size=(1, 12))
+  got = np.asarray(bj.load_model(tmp_path).logits(tokens))
+  assert np.abs(got - _torch_logits(hf, tokens)).max() <= 1e-4
+
+
+@pytest.mark.parametrize("family", ["opt-pre-ln-projected", "codegen"])
+def test_greedy_bass_equals_regular_for_a_family_pair(family, tmp_path):
+  """A 2-layer target and a 1-layer draft of the same family and vocabulary, both random."""
+  hf_target = _hf_model(family, seed=0)
+  hf_target.save_pretrained(tmp_path / "target")
+  layer_field = "n_layer" if family == "codegen" else "num_hidden_layers"
+  _hf_model(family, seed=1, **{layer_field: 1}).save_pretrained(tmp_path / "draft")
+  target, draft = bj.load_model(tmp_path / "target"), bj.load_model(tmp_path / "draft")
+  prompts = [np.random.default_rng(i).integers(0, VOCAB, n).tolist() for i, n in enumerate((3, 11, 6))]
+  regular = bj.generate(target, None, prompts, method="regular", max_new_tokens=24, eos_token_id=())
+  for draft_len in (2, "dynamic"):
+    bass = bj.generate(target, draft, prompts, method="bass", max_new_tokens=24, eos_token_id=(),
+                       draft_len=draft_len)
+    assert np.array_equal(bass.tokens, regular.tokens), (family, draft_len)
+  # the same target as its own draft: every draft accepted, still the same tokens
+  bass = bj.generate(target, target, prompts, method="bass", max_new_tokens=24, eos_token_id=(),
+                     draft_len=3)
+  assert np.array_equal(bass.tokens, regular.tokens)
+  assert (bass.stats.accepted[bass.stats.accepted >= 0] == 3).all()
+
+
+# -- corrupt inputs -------------------------------------------------------------------------------
+
+def _checkpoint(tmp_path, family):
+  _hf_model(family).save_pretrained(tmp_path)
+  return tmp_path, safetensors.numpy.load_file(str(tmp_path / "model.safetensors"))
+
+
+@pytest.mark.parametrize("family,tensor", [
+    ("opt-pre-ln-projected", "model.decoder.layers.1.fc2.weight"),
+    ("codegen", "transformer.h.0.attn.qkv_proj.weight"),
+    ("gpt2", "transformer.wpe.weight"),
+    ("qwen2", "model.layers.1.self_attn.k_proj.bias"),
+])
+def test_missing_tensor_is_named(tmp_path, family, tensor):
+  path, tensors = _checkpoint(tmp_path, family)
+  del tensors[tensor]
+  safetensors.numpy.save_file(tensors, str(path / "model.safetensors"))
+  with pytest.raises(ValueError, match="missing tensor.*" + tensor.replace(".", r"\.")):
+    bj.load_model(path)
+
+
+@pytest.mark.parametrize("family,tensor", [
+    ("opt-pre-ln-projected", "model.decoder.project_in.weight"),
+    ("codegen", "transformer.h.1.mlp.fc_in.bias"),
+    ("gpt2", "transformer.h.0.attn.c_attn.weight"),
+    ("mistral-window-5", "model.layers.0.self_attn.o_proj.weight"),
+])
+def test_wrong_shape_is_named(tmp_path, family, tensor):
+  path, tensors = _checkpoint(tmp_path, family)
+  tensors[tensor] = np.ascontiguousarray(tensors[tensor][..., :-2])
+  safetensors.numpy.save_file(tensors, str(path / "model.safetensors"))
+  with pytest.raises(ValueError, match=tensor.replace(".", r"\.")):
+    bj.load_model(path)
+
+
+@pytest.mark.parametrize("family,field,value,match", [
+    ("opt-pre-ln-projected", "model_type", "bloom", "unsupported model_type 'bloom'"),
+    ("opt-pre-ln-projected", "alibi", True, "alibi"),
+    ("codegen", "rotary_embedding_base", 5000, "rotary_embedding_base"),
+    ("codegen", "n_head", 6, "multiple of 4"),
+    ("gpt2", "scale_attn_by_inverse_layer_idx", True, "scale_attn_by_inverse_layer_idx"),
+    ("gpt2", "add_cross_attention", True, "add_cross_attention"),
+    ("qwen2", "use_sliding_window", True, "use_sliding_window"),
+    ("mistral-window-5", "rope_parameters", {"rope_type": "yarn", "factor": 4.0}, "yarn"),
+    ("mistral-window-5", "model_type", None, "unsupported model_type None"),
+])
+def test_unsupported_config_is_rejected(tmp_path, family, field, value, match):
+  path, _ = _checkpoint(tmp_path, family)
+  config = json.loads((path / "config.json").read_text())
+  if value is None:
+    config.pop(field)
+  else:
+    config[field] = value
+  (path / "config.json").write_text(json.dumps(config))
+  with pytest.raises(ValueError, match=match):
+    bj.load_model(path)
+
+
+def test_convert_script_round_trip(tmp_path):
+  """experiments/convert.py: HF -> orbax -> HF, logits preserved end to end."""
+  import os
+  import subprocess
+  import sys
+
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  hf = _hf_model("gpt2")
+  hf.save_pretrained(tmp_path / "hf")
+  for src, dst, fmt in (("hf", "orbax", "orbax"), ("orbax", "hf2", "safetensors")):
+    result = subprocess.run([sys.executable, "-m", "experiments.convert", f"--from={tmp_path / src}",
+                             f"--to={tmp_path / dst}", f"--format={fmt}"], cwd=repo,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+  assert (tmp_path / "orbax" / "params").is_dir()
+  tokens = np.random.default_rng(5).integers(0, VOCAB, size=(1, 9))
+  again = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf2").eval()
+  np.testing.assert_allclose(_torch_logits(again, tokens), _torch_logits(hf, tokens), atol=1e-5)
