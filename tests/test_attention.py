@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bass_jax.models.attention import get_attention, reference_attention
+from bass_jax.models.attention import blocked_attention, get_attention, reference_attention
 
 
 def _loop_attention(q, k, v, lengths):
@@ -45,3 +45,27 @@ def test_reference_matches_definition(batch, num_q, num_heads, num_kv_heads, hea
 def test_unknown_implementation_is_named():
   with pytest.raises(ValueError, match="no_such_kernel"):
     get_attention("no_such_kernel")
+
+
+@pytest.mark.parametrize("variant", ["pad", "split"])
+@pytest.mark.parametrize("batch,num_q,num_heads,num_kv_heads,window", [
+    (1, 1, 4, 4, None), (3, 2, 9, 3, None), (4, 8, 8, 1, 5), (2, 33, 6, 2, None)])
+def test_blocked_pad_and_split_match_the_definition(batch, num_q, num_heads, num_kv_heads, window,
+                                                    variant):
+  rng = np.random.default_rng(batch * 10 + num_q)
+  max_len, head_dim = 128, 16
+  lengths = rng.integers(num_q, max_len + 1, batch)
+  lengths[0] = num_q
+  q = rng.normal(size=(batch, num_q, num_heads, head_dim)).astype(np.float32)
+  k = rng.normal(size=(batch, max_len, num_kv_heads, head_dim)).astype(np.float32)
+  v = rng.normal(size=(batch, max_len, num_kv_heads, head_dim)).astype(np.float32)
+  for b in range(batch):
+    k[b, lengths[b]:] = np.nan
+    v[b, lengths[b]:] = np.nan
+  got = blocked_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(lengths),
+                          variant=variant, block_k=32, sliding_window=window)
+  want = reference_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(lengths),
+                             sliding_window=window)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=0)
+  if window is None:
+    np.testing.assert_allclose(np.asarray(got), _loop_attention(q, k, v, lengths), atol=2e-5)

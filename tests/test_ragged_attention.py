@@ -140,8 +140,8 @@ def test_block_sizes_validate():
 
 
 def test_greedy_bass_is_unchanged_by_the_kernels():
-  """The whole decode (prefill, draft steps, verification) with each kernel emits the reference's
-  tokens; on a CPU the kernels are interpreted."""
+  """The whole decode (prefill, draft steps, verification) with each kernel, and with their plain-JAX
+  counterparts, emits the reference's tokens; on a CPU the kernels are interpreted."""
   import bass_jax as bj
   from conftest import tiny_model
 
@@ -150,7 +150,7 @@ def test_greedy_bass_is_unchanged_by_the_kernels():
   rng = np.random.default_rng(0)
   prompts = [rng.integers(0, target.config.vocab_size, n).tolist() for n in (1, 5, 12, 30)]
   ref = bj.generate(target, draft, prompts, max_new_tokens=24, attention_impl="reference")
-  for impl in ("pallas_pad", "pallas_split"):
+  for impl in ("pallas_pad", "pallas_split", "blocked_pad", "blocked_split"):
     out = bj.generate(target, draft, prompts, max_new_tokens=24, attention_impl=impl)
     assert np.array_equal(out.tokens, ref.tokens), impl
     np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-4)

@@ -22,6 +22,7 @@ One signature serves prefill (T = padded prompt length), draft steps (T = 1 or 2
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Protocol
 
 import jax
@@ -87,10 +88,98 @@ def reference_attention(
   return out.reshape(batch, num_q, num_heads, head_dim).astype(q.dtype)
 
 
+_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+def blocked_attention(
+    q: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    lengths: jax.Array,
+    *,
+    variant: str = "pad",
+    block_k: int = 64,
+    sm_scale: float | None = None,
+    sliding_window: int | None = None,
+) -> jax.Array:
+  """BASS-PAD / BASS-SPLIT in plain JAX: the Pallas kernels' algorithm for backends without them.
+
+  The cache is walked in ``block_k``-slot blocks with an online (flash) softmax, the query heads of a
+  group and the query tokens folded into R = T * G rows. ``"pad"`` runs one batched loop to the batch's
+  longest row (BASS-PAD); ``"split"`` maps over the rows, each looping only over its own blocks
+  (BASS-SPLIT, one sequential pass per sequence, like the paper's one kernel per sequence). XLA compiles
+  both to native code, so on a CPU they show what the two strategies cost, which the interpreted
+  Pallas kernels cannot.
+
+  Args:
+    q, k_cache, v_cache, lengths, sm_scale, sliding_window: as :func:`reference_attention`.
+    variant: ``"pad"`` or ``"split"``.
+    block_k: slots per block; must divide S.
+
+  Returns:
+    ``[B, T, N, H]`` in q's dtype.
+
+  Raises:
+    ValueError: an unknown variant or ``block_k`` not dividing S.
+  """
+  batch, num_q, num_heads, head_dim = q.shape
+  max_len, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+  if variant not in ("pad", "split"):
+    raise ValueError(f"variant must be 'pad' or 'split', got {variant!r}")
+  block_k = min(block_k, max_len)
+  if max_len % block_k:
+    raise ValueError(f"block_k={block_k} must divide the cache length {max_len}")
+  group = num_heads // num_kv_heads
+  rows = num_q * group
+  scale = head_dim**-0.5 if sm_scale is None else sm_scale
+  q_f = (q.astype(jnp.float32) * scale).reshape(batch, num_q, num_kv_heads, group, head_dim)
+  q_f = q_f.transpose(0, 2, 1, 3, 4).reshape(batch, num_kv_heads, rows, head_dim)
+  q_pos = lengths[:, None] - num_q + jnp.arange(rows) // group  # [B, R]
+
+  def attend(q_f, k, v, length, q_pos, num_blocks):
+    """q_f [b, K, R, H], k/v [b, S, K, H], length [b], q_pos [b, R]; loops num_blocks blocks."""
+    b = q_f.shape[0]
+
+    def body(i, carry):
+      acc, m, l = carry
+      kb = jax.lax.dynamic_slice_in_dim(k, i * block_k, block_k, axis=1).astype(jnp.float32)
+      vb = jax.lax.dynamic_slice_in_dim(v, i * block_k, block_k, axis=1).astype(jnp.float32)
+      slots = i * block_k + jnp.arange(block_k)
+      valid = slots[None, :] < length[:, None]  # [b, block]
+      kb = jnp.where(valid[:, :, None, None], kb, 0.0)
+      vb = jnp.where(valid[:, :, None, None], vb, 0.0)
+      logits = jnp.einsum("bkrh,bskh->bkrs", q_f, kb)
+      visible = valid[:, None, :] & (slots[None, None, :] <= q_pos[:, :, None])  # [b, R, block]
+      if sliding_window is not None:
+        visible &= slots[None, None, :] > q_pos[:, :, None] - sliding_window
+      logits = jnp.where(visible[:, None], logits, _MASK_VALUE)
+      m_next = jnp.maximum(m, jnp.max(logits, axis=-1))
+      correction = jnp.exp(m - m_next)
+      p = jnp.where(visible[:, None], jnp.exp(logits - m_next[..., None]), 0.0)
+      acc = correction[..., None] * acc + jnp.einsum("bkrs,bskh->bkrh", p, vb)
+      return acc, m_next, correction * l + jnp.sum(p, axis=-1)
+
+    init = (jnp.zeros((b, num_kv_heads, rows, head_dim), jnp.float32),
+            jnp.full((b, num_kv_heads, rows), _MASK_VALUE, jnp.float32),
+            jnp.zeros((b, num_kv_heads, rows), jnp.float32))
+    acc, _, l = jax.lax.fori_loop(0, num_blocks, body, init)
+    return acc / jnp.where(l > 0, l, 1.0)[..., None]
+
+  if variant == "pad":
+    out = attend(q_f, k_cache, v_cache, lengths, q_pos, -(-jnp.max(lengths) // block_k))
+  else:
+    def one_row(args):
+      q_r, k_r, v_r, length, pos = args
+      out = attend(q_r[None], k_r[None], v_r[None], length[None], pos[None], -(-length // block_k))
+      return out[0]
+
+    out = jax.lax.map(one_row, (q_f, k_cache, v_cache, lengths, q_pos))
+  out = out.reshape(batch, num_kv_heads, num_q, group, head_dim).transpose(0, 2, 1, 3, 4)
+  return out.reshape(batch, num_q, num_heads, head_dim).astype(q.dtype)
+
+
 def _pallas(variant: str) -> AttentionFn:
   """The Pallas ragged-attention kernel; interpreted unless the default backend is a GPU."""
-  import functools  # pylint: disable=g-import-not-at-top
-
   from pallas_kernels import ragged_attention  # pylint: disable=g-import-not-at-top
 
   interpret = jax.default_backend() not in ("gpu", "cuda", "rocm")
@@ -104,6 +193,9 @@ _IMPLEMENTATIONS: dict[str, Callable[[], AttentionFn]] = {
     "reference": lambda: reference_attention,
     "pallas_pad": lambda: _pallas("pad"),  # BASS-PAD (paper §3.1)
     "pallas_split": lambda: _pallas("split"),  # BASS-SPLIT, in one launch
+    # The same two strategies in plain JAX, compiled natively where Pallas GPU kernels do not run.
+    "blocked_pad": lambda: functools.partial(blocked_attention, variant="pad"),
+    "blocked_split": lambda: functools.partial(blocked_attention, variant="split"),
 }
 
 
