@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import tqdm
 
-from bass_jax import metrics
+from bass_jax import humaneval, metrics
 from bass_jax.data import Problem
 from bass_jax.loading import Model
 from bass_jax.sampling.generate import generate
@@ -49,6 +49,7 @@ def run_problems(
     seed: int = 0,
     attention_impl: str = "reference",
     verify_buckets: Sequence[int] | None = None,
+    check: bool = False,
     progress: bool = True,
 ) -> RunResult:
   """Decodes ``batch_size`` sequences of every problem (one batch per problem) and summarizes.
@@ -68,12 +69,16 @@ def run_problems(
     method, max_new_tokens, temperature, top_p, draft_len, attention_impl, verify_buckets: as in
       ``generate``.
     seed: problem i uses seed ``seed + i``.
+    check: run HumanEval's unit tests on every completion (``bass_jax.humaneval``, outside this
+      process): records get ``passed``, the summary ``pass_at_batch`` (share of problems where some
+      sequence passes).
     progress: show a progress bar over problems.
 
   Returns:
     :class:`RunResult`: per-sequence records (``task_id, sample_index, completion, num_tokens,
-    mean_logprob, finished``) and the summary (keys :data:`SUMMARY_KEYS` plus the models, attention
-    implementation, device and JAX version).
+    mean_logprob, finished, finish_seconds``, and ``passed`` with ``check``) and the summary (keys
+    :data:`SUMMARY_KEYS` plus analytic ``useful_flops`` / ``executed_flops`` (``metrics.decode_flops``),
+    the models, attention implementation, device and JAX version).
 
   Raises:
     ValueError: ``batch_size < 1``, no problems, no tokenizer; and whatever ``generate`` rejects.
@@ -90,7 +95,7 @@ def run_problems(
   latencies: list[metrics.Latency] = []
   accept_parts: list[metrics.Acceptance] = []
   steps = tokens = draft_len_sum = 0
-  wall = compile_seconds = 0.0
+  wall = compile_seconds = useful_flops = executed_flops = 0.0
   bar = tqdm.tqdm(problems, desc=f"{method} B={batch_size}", unit="prompt", disable=not progress)
   for i, problem in enumerate(bar):
     prompt_ids = tokenizer(problem.prompt).input_ids
@@ -102,6 +107,10 @@ def run_problems(
     latencies.append(metrics.per_token_latency(stats.finish_seconds, out.lengths))
     if method == "bass":
       accept_parts.append(metrics.acceptance(stats.draft_lens, stats.accepted))
+    flops = metrics.decode_flops(target, draft, np.full(batch_size, len(prompt_ids)), out,
+                                 method=method)
+    useful_flops += flops.useful
+    executed_flops += flops.executed
     steps += stats.steps
     draft_len_sum += int(stats.draft_lens.sum())
     tokens += int(out.lengths.sum())
@@ -115,9 +124,20 @@ def run_problems(
           "num_tokens": len(seq),
           "mean_logprob": float(np.mean(out.logprobs[j, :len(seq)])),
           "finished": bool(out.finished[j]),
+          "finish_seconds": float(stats.finish_seconds[j]),
       })
     bar.set_postfix(ms_per_token=f"{latencies[-1].all:.1f}")
 
+  pass_at_batch = None
+  if check:
+    by_id = {p.task_id: p for p in problems}
+    passed = humaneval.check_completions([by_id[r["task_id"]] for r in records],
+                                         [r["completion"] for r in records])
+    for record, ok in zip(records, passed):
+      record["passed"] = ok
+    pass_at_batch = float(np.mean([
+        metrics.pass_at_batch([r["passed"] for r in records if r["task_id"] == p.task_id])
+        for p in problems]))
   accept = metrics.Acceptance.pooled(accept_parts) if accept_parts else None
   device = jax.devices()[0]
   summary = {
@@ -139,6 +159,9 @@ def run_problems(
       "wall_seconds": wall,
       "compile_seconds": compile_seconds,
       "tokens": tokens,
+      "pass_at_batch": pass_at_batch,
+      "useful_flops": useful_flops,
+      "executed_flops": executed_flops,
       "target": target.name,
       "draft": draft.name if (draft is not None and method == "bass") else None,
       "attention_impl": attention_impl,

@@ -152,3 +152,119 @@ def greedy_agreement(target, prompts, reference: list[list[int]],
     best = np.sort(logits)[-2:]
     divergences.append(Divergence(row, first, float(best[1] - best[0])))
   return GreedyAgreement(matched / total if total else float("nan"), divergences)
+
+
+# -- accuracy within a time budget (BASS §4.3, Fig. 5) ----------------------------------------------
+
+
+def finished_within(finish_seconds: np.ndarray, budget_seconds: float) -> np.ndarray:
+  """``bool[B]``: the sequence was complete (EOS or its token limit) within the wall-clock budget."""
+  return np.asarray(finish_seconds) <= budget_seconds
+
+
+def pass_at_batch(passed: np.ndarray) -> bool:
+  """Pass@Batch: some sequence of the batch passes (no budget)."""
+  return bool(np.any(passed))
+
+
+def pass_at_first(passed: np.ndarray, mean_logprob: np.ndarray, finished: np.ndarray) -> bool:
+  """Pass@First: among the finished sequences, the one with the highest mean log-probability passes.
+
+  Args:
+    passed: ``bool[B]`` unit tests pass. mean_logprob: ``f32[B]`` mean per-token log-probability under
+      the target. finished: ``bool[B]`` complete within the budget.
+
+  Returns:
+    False when nothing finished. Ties in mean log-probability go to the lowest index.
+  """
+  finished = np.asarray(finished, bool)
+  if not finished.any():
+    return False
+  scores = np.where(finished, np.asarray(mean_logprob, np.float64), -np.inf)
+  return bool(np.asarray(passed)[int(np.argmax(scores))])
+
+
+def pass_at_finished(passed: np.ndarray, finished: np.ndarray) -> bool:
+  """Pass@Finished (the abstract's Pass@All): some sequence finished within the budget passes."""
+  return bool(np.any(np.asarray(passed, bool) & np.asarray(finished, bool)))
+
+
+# -- FLOPs and utilization (BASS §4.2, Fig. 1) ------------------------------------------------------
+
+# Parameter subtrees that are looked up, not multiplied (token tables are counted when they double as
+# the tied LM head).
+_LOOKUP_TABLES = {"embed_positions", "wpe"}
+_TOKEN_TABLES = {"embed_tokens", "wte"}
+_STACKED_LAYERS = {"layers", "h"}  # subtrees with a leading layer axis
+
+
+def matmul_params(config, params) -> int:
+  """Weights that take part in a matrix product per token: every >= 2-D parameter except lookup tables
+  (positions, and the token embedding unless it is also the tied LM head)."""
+  import flax.traverse_util  # pylint: disable=g-import-not-at-top
+
+  tied = getattr(config, "tie_word_embeddings", False)
+  total = 0
+  for path, value in flax.traverse_util.flatten_dict(dict(params)).items():
+    ndim = len(getattr(value, "shape", ())) - (1 if path[0] in _STACKED_LAYERS else 0)
+    if ndim < 2 or path[0] in _LOOKUP_TABLES:
+      continue
+    if path[0] in _TOKEN_TABLES and not tied:
+      continue
+    total += int(np.prod(value.shape))
+  return total
+
+
+def forward_flops(config, params, contexts: np.ndarray) -> float:
+  """FLOPs of a forward over tokens that attend to ``contexts`` cache slots each.
+
+  ``2 * matmul_params`` per token (multiply-add) plus attention: ``2 * N * H * context`` for the scores
+  and as many for the weighted sum, per layer.
+  """
+  contexts = np.asarray(contexts, np.float64)
+  heads = getattr(config, "num_attention_heads", None) or config.n_head
+  head_dim = config.head_dim
+  per_token = 2.0 * matmul_params(config, params)
+  return contexts.size * per_token + 4.0 * config.num_layers * heads * head_dim * contexts.sum()
+
+
+@dataclasses.dataclass(frozen=True)
+class Flops:
+  """Analytic FLOPs of one decode: ``useful`` (the target's forward over every emitted token and the
+  prompt, BASS §4.2) and ``executed`` (every position computed: prompt padding, both models' draft and
+  verification positions including rejected and padded ones, rows that already finished)."""
+
+  useful: float
+  executed: float
+
+
+def decode_flops(target, draft, prompt_lengths: np.ndarray, output, *, method: str) -> Flops:
+  """Counts :class:`Flops` for a ``generate`` result.
+
+  Useful FLOPs count each position's attention at its true context; executed FLOPs count every
+  computed position's attention at the batch's mean context (prompt plus half the output), an
+  approximation of the small attention term that keeps the count analytic.
+
+  Args:
+    target, draft: the ``Model`` s (draft may be None for regular decoding).
+    prompt_lengths: ``i32[B]`` true prompt lengths.
+    output: the ``GenerateOutput`` (its stats carry the prefill and verification shapes).
+    method: ``"bass"`` or ``"regular"``.
+  """
+  prompt_lengths = np.asarray(prompt_lengths)
+  batch = len(prompt_lengths)
+  tc, tp = target.config, target.params
+  useful = sum(forward_flops(tc, tp, np.arange(1, p + n)) for p, n in zip(prompt_lengths, output.lengths))
+  mean_context = float(np.mean(prompt_lengths + output.lengths / 2))
+  per_pos = lambda config, params, n: forward_flops(config, params, np.full(int(n), mean_context))
+  stats = output.stats
+  executed = per_pos(tc, tp, batch * stats.prompt_bucket)  # prefill, padding included
+  if method == "regular":
+    executed += per_pos(tc, tp, batch * stats.steps)
+  else:
+    dc, dp = draft.config, draft.params
+    executed += per_pos(dc, dp, batch * stats.prompt_bucket)
+    for l in stats.draft_lens:
+      verified = min(b for b in stats.verify_buckets if b >= l) + 1
+      executed += per_pos(dc, dp, batch * (l + 1)) + per_pos(tc, tp, batch * verified)
+  return Flops(useful=float(useful), executed=float(executed))

@@ -1,5 +1,6 @@
 """The paper's metrics on hand-made inputs, prompt loading, and the main job end to end."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -81,7 +82,8 @@ def test_main_job_end_to_end(tmp_path, smollm2):
         (t, j) for t in ("t0", "t1") for j in range(3)]
     for r in records:
       assert set(r) == {"task_id", "sample_index", "completion", "num_tokens", "mean_logprob",
-                        "finished"}
+                        "finished", "finish_seconds"}
+      assert 0 < r["finish_seconds"] <= json.loads(summary.read_text())["wall_seconds"] + 1e-6
       assert 1 <= r["num_tokens"] <= 6 and r["mean_logprob"] <= 0 and isinstance(r["completion"], str)
     s = json.loads(summary.read_text())
     assert set(experiment.SUMMARY_KEYS) <= set(s) and s["method"] == method
@@ -91,3 +93,46 @@ def test_main_job_end_to_end(tmp_path, smollm2):
     assert "ms_per_token_all" in result.stdout  # the printed table
     if method == "bass":
       assert 0 <= s["draft_acceptance_rate"] <= 1 and 1 <= s["mean_accepted_length"] <= 3
+
+
+def test_pass_metrics_and_budget_cut_off():
+  passed = np.array([True, False, True, False])
+  mean_logprob = np.array([-0.9, -0.2, -0.5, -0.1])
+  finish = np.array([3.0, 1.0, 2.0, 9.0])
+  assert metrics.pass_at_batch(passed) and not metrics.pass_at_batch(np.zeros(3, bool))
+  within = metrics.finished_within(finish, 2.5)
+  assert within.tolist() == [False, True, True, False]
+  # Finished by 2.5 s: rows 1 (-0.2, fails) and 2 (-0.5, passes): the top-ranked one fails.
+  assert not metrics.pass_at_first(passed, mean_logprob, within)
+  assert metrics.pass_at_finished(passed, within)
+  # By 3 s row 0 (-0.9, passes) joins but row 1 still ranks first; by 1.5 s only row 1 finished.
+  assert not metrics.pass_at_first(passed, mean_logprob, metrics.finished_within(finish, 3.0))
+  assert not metrics.pass_at_finished(passed, metrics.finished_within(finish, 1.5))
+  assert metrics.pass_at_first(passed, np.array([-0.9, -2.0, -0.5, -0.1]), within)  # row 2 now ranks
+  assert not metrics.pass_at_first(passed, mean_logprob, np.zeros(4, bool))  # nothing finished
+
+
+def test_flop_counts_by_hand():
+  config = bj.LlamaConfig(vocab_size=11, hidden_size=8, intermediate_size=12, num_hidden_layers=2,
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+                          tie_word_embeddings=True)
+  params = bj.init_params(config, jax.random.key(0))
+  # Per layer q 8x8, k 8x4, v 8x4, o 8x8, gate and up 8x12, down 12x8 = 480; 2 layers; tied head 11x8.
+  assert metrics.matmul_params(config, params) == 2 * 480 + 88
+  # Two tokens attending to 3 and 5 slots: 2 * 2 * 1048 + 4 * layers 2 * heads 2 * dim 4 * (3 + 5).
+  assert metrics.forward_flops(config, params, np.array([3, 5])) == 2 * 2 * 1048 + 4 * 2 * 2 * 4 * 8
+  untied = dataclasses.replace(config, tie_word_embeddings=False)
+  untied_params = bj.init_params(untied, jax.random.key(0))
+  assert metrics.matmul_params(untied, untied_params) == 2 * 480 + 8 * 11  # lookup table not counted
+
+  # Regular decoding of one 3-token prompt for 2 tokens, prompt padded to 16.
+  stats = bj.GenerateStats(steps=2, draft_lens=np.zeros(0, int), accepted=np.zeros((0, 1), int),
+                           finish_seconds=np.array([1.0]), wall_seconds=1.0, compile_seconds=0.0,
+                           prompt_bucket=16)
+  out = bj.GenerateOutput(tokens=np.zeros((1, 2), int), lengths=np.array([2]),
+                          logprobs=np.zeros((1, 2)), finished=np.array([False]), stats=stats)
+  flops = metrics.decode_flops(bj.Model(config, params), None, np.array([3]), out, method="regular")
+  # Useful: the target over 4 positions (prompt + all but the last new token) at contexts 1..4.
+  assert flops.useful == 4 * 2 * 1048 + 64 * (1 + 2 + 3 + 4)
+  # Executed: 16 prefill + 2 decode positions, each at the mean context 3 + 2 / 2 = 4.
+  assert flops.executed == 18 * (2 * 1048 + 64 * 4)

@@ -33,6 +33,8 @@ class GenerateStats:
       the row done (the loop returns to the host whenever a row finishes).
     wall_seconds: prefill plus decode, compilation excluded (= max of ``finish_seconds``).
     compile_seconds: time spent compiling in this call (0 when the programs were cached).
+    prompt_bucket: P, the length prompts were padded to for the prefill.
+    verify_buckets: draft lengths with a compiled verification shape (empty for regular decoding).
   """
 
   steps: int
@@ -41,6 +43,8 @@ class GenerateStats:
   finish_seconds: np.ndarray
   wall_seconds: float
   compile_seconds: float
+  prompt_bucket: int = 0
+  verify_buckets: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,6 +274,8 @@ def generate(
       finish_seconds=finish,
       wall_seconds=float(np.max(finish)),
       compile_seconds=compile_seconds,
+      prompt_bucket=spec.prompt_len,
+      verify_buckets=spec.verify_buckets,
   )
   return GenerateOutput(tokens=tokens, lengths=out_len, logprobs=logprobs.astype(np.float32),
                         finished=np.asarray(state.eos), stats=stats)

@@ -1,0 +1,96 @@
+"""The baselines a user would otherwise pick, timed on the same prompts: transformers' PyTorch ``generate``
+(batched) and its assisted generation (Leviathan-style speculative decoding, batch 1 only in
+transformers) with our draft as the assistant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class HFRun:
+  """One transformers ``generate`` call.
+
+  Attributes:
+    wall_seconds: the call, prompt processing included.
+    tokens: ``i32[B]`` new tokens per row (up to and including EOS).
+    ms_per_token: wall time over the longest row's tokens: every row of a transformers batch is
+      returned when the last one finishes, so First = Last = All.
+    tokens_per_second: all new tokens over the wall time.
+    sequences: the new tokens per row.
+  """
+
+  wall_seconds: float
+  tokens: np.ndarray
+  ms_per_token: float
+  tokens_per_second: float
+  sequences: list[list[int]]
+
+
+def load_torch_model(spec: str | os.PathLike):
+  """A transformers ``AutoModelForCausalLM`` (f32, eval mode) for a bass_jax model spec.
+
+  Aliases and ``.gguf`` files are loaded by transformers from the same GGUF file; directories with
+  ``from_pretrained``.
+  """
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  from bass_jax import loading  # pylint: disable=g-import-not-at-top
+
+  spec = str(spec)
+  if spec in loading.ALIASES:
+    path = loading.resolve_alias(spec)
+  else:
+    path = pathlib.Path(spec)
+  if path.suffix == ".gguf":
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
+  else:
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+  return model.float().eval()
+
+
+def hf_generate(model, prompt_ids: Sequence[int], *, batch_size: int, max_new_tokens: int,
+                temperature: float, top_p: float, seed: int, eos_token_id: int | None,
+                assistant: Any = None) -> HFRun:
+  """Times ``model.generate`` on ``batch_size`` copies of one prompt (the experiments' batches).
+
+  Args:
+    assistant: a draft model for transformers' assisted generation (``batch_size`` must be 1).
+
+  Raises:
+    ValueError: an assistant with ``batch_size > 1`` (transformers supports batch 1 only).
+  """
+  import torch  # pylint: disable=g-import-not-at-top
+
+  if assistant is not None and batch_size != 1:
+    raise ValueError("transformers' assisted generation supports batch size 1 only")
+  torch.manual_seed(seed)
+  inputs = torch.tensor([list(prompt_ids)] * batch_size)
+  kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens, min_new_tokens=0,
+                                pad_token_id=eos_token_id, eos_token_id=eos_token_id)
+  if temperature > 0:
+    kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+  else:
+    kwargs.update(do_sample=False)
+  if assistant is not None:
+    kwargs["assistant_model"] = assistant
+  with torch.no_grad():
+    start = time.perf_counter()
+    out = model.generate(inputs, attention_mask=torch.ones_like(inputs), **kwargs)
+    wall = time.perf_counter() - start
+  sequences = []
+  for row in out[:, inputs.shape[1]:].tolist():
+    if eos_token_id is not None and eos_token_id in row:
+      row = row[:row.index(eos_token_id) + 1]
+    sequences.append(row)
+  tokens = np.array([len(s) for s in sequences])
+  return HFRun(wall_seconds=wall, tokens=tokens, ms_per_token=1000 * wall / max(tokens.max(), 1),
+               tokens_per_second=tokens.sum() / wall, sequences=sequences)
