@@ -1,0 +1,243 @@
+"""The paper's experiments at this project's scale (BASS §4), as functions the thin scripts call.
+
+Each function runs one experiment on HumanEval prompts and returns a JSON-able dict with its settings,
+the machine, and every measured number; ``experiments/report.py`` turns those files into
+``docs/results.md`` and its plots. Runs within one experiment happen in one process, one after the
+other, so ratios between them are measured side by side.
+"""
+
+from __future__ import annotations
+
+import datetime
+import pathlib
+import platform
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bass_jax import experiment, metrics
+from bass_jax.data import Problem
+from bass_jax.loading import Model
+
+# name -> (method, draft_len, attention strategy); "pad"/"split" resolve to the Pallas kernels on a GPU
+# and to their plain-JAX counterparts elsewhere (bass_jax.models.attention).
+CONFIGS: dict[str, tuple[str, Any, str]] = {
+    "regular": ("regular", None, "pad"),
+    "bass_pad": ("bass", "dynamic", "pad"),
+    "bass_split": ("bass", "dynamic", "split"),
+    "bass_pad_l4": ("bass", 4, "pad"),
+    "bass_pad_l6": ("bass", 6, "pad"),
+    "bass_pad_l8": ("bass", 8, "pad"),
+}
+SAMPLING = {"greedy": (0.0, 1.0), "t0.2": (0.2, 0.95), "t0.6": (0.6, 0.95)}
+
+
+def load_pair(target: str, draft: str, draft_num_layers: int | None = None) -> tuple[Model, Model]:
+  """The target (with its tokenizer) and the draft, via ``load_model`` / ``load_draft``."""
+  from bass_jax import loading  # pylint: disable=g-import-not-at-top
+
+  target_model = loading.load_model(target)
+  return target_model, loading.load_draft(draft, target_model, num_layers=draft_num_layers)
+
+
+def attention_impl(strategy: str, kernels: str = "auto") -> str:
+  """``"pad"``/``"split"`` -> an attention implementation: the Pallas kernels on a GPU (or when
+  ``kernels="pallas"``), the plain-JAX blocked versions otherwise (``kernels="blocked"``)."""
+  if kernels == "auto":
+    kernels = "pallas" if jax.default_backend() in ("gpu", "cuda", "rocm") else "blocked"
+  return f"{kernels}_{strategy}"
+
+
+def machine() -> dict[str, Any]:
+  """Where and when: device, host, JAX version, date, and the command line."""
+  device = jax.devices()[0]
+  return {"device": f"{device.platform}:{device.device_kind}", "host": platform.processor() or
+          platform.machine(), "jax_version": jax.__version__, "date": datetime.date.today().isoformat(),
+          "command": " ".join(["python -m", _module_name(sys.argv[0]), *sys.argv[1:]])}
+
+
+def _module_name(script: str) -> str:
+  """``.../experiments/latency.py`` -> ``experiments.latency`` (how the scripts are run)."""
+  path = pathlib.Path(script)
+  return f"{path.parent.name}.{path.stem}" if path.parent.name else path.stem
+
+
+def measure_peak_flops(dtype: str = "float32", size: int = 2048, repeats: int = 5) -> float:
+  """FLOP/s of a large square matrix product on the default device (the utilization denominator)."""
+  a = jnp.ones((size, size), dtype) / size
+  fn = jax.jit(lambda x: x @ x)
+  jax.block_until_ready(fn(a))
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(a))
+    best = min(best, time.perf_counter() - start)
+  return 2.0 * size**3 / best
+
+
+def latency(target: Model, draft: Model, problems: Sequence[Problem], *, batch_sizes: Sequence[int],
+            configs: Sequence[str], sampling: Sequence[str], max_new_tokens: int,
+            kernels: str = "auto", check: bool = True,
+            log: Callable[[str], None] = print) -> dict[str, Any]:
+  """Tables 1-3: per-token latency First/Last/All, tokens/s, acceptance, Pass@Batch, FLOPs.
+
+  Every (sampling, batch size, config) is one ``experiment.run_problems`` over ``problems``.
+
+  Raises:
+    ValueError: an unknown config or sampling name.
+  """
+  for name in configs:
+    if name not in CONFIGS:
+      raise ValueError(f"unknown config {name!r}; choose from {sorted(CONFIGS)}")
+  for name in sampling:
+    if name not in SAMPLING:
+      raise ValueError(f"unknown sampling {name!r}; choose from {sorted(SAMPLING)}")
+  runs = []
+  for sampling_name in sampling:
+    temperature, top_p = SAMPLING[sampling_name]
+    for batch in batch_sizes:
+      for name in configs:
+        method, draft_len, strategy = CONFIGS[name]
+        summary = experiment.run_problems(
+            target, draft if method == "bass" else None, problems, batch_size=batch, method=method,
+            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+            draft_len=draft_len or "dynamic", attention_impl=attention_impl(strategy, kernels),
+            check=check, progress=False).summary
+        summary.update(config=name, sampling=sampling_name)
+        runs.append(summary)
+        log(f"{sampling_name} B={batch} {name}: {summary['ms_per_token_all']:.1f} ms/token All, "
+            f"accepted length {summary['mean_accepted_length']:.2f}")
+  return {"experiment": "latency", **machine(), "num_prompts": len(problems),
+          "max_new_tokens": max_new_tokens, "target": target.name, "draft": draft.name, "runs": runs}
+
+
+def utilization(target: Model, draft: Model, problems: Sequence[Problem], *,
+                batch_sizes: Sequence[int], max_new_tokens: int, temperature: float = 0.2,
+                top_p: float = 0.95, kernels: str = "auto",
+                log: Callable[[str], None] = print) -> dict[str, Any]:
+  """Fig. 1: achieved FLOP/s over the device's measured peak, useful and executed, against latency.
+
+  Regular decoding and BASS (dynamic draft length, PAD) at every batch size; BASS at batch 1 is
+  single-sequence speculative decoding.
+  """
+  peak = measure_peak_flops()
+  log(f"peak: {peak / 1e9:.1f} GFLOP/s (f32 matrix product)")
+  runs = []
+  for batch in batch_sizes:
+    for method in ("regular", "bass"):
+      summary = experiment.run_problems(
+          target, draft if method == "bass" else None, problems, batch_size=batch, method=method,
+          max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+          attention_impl=attention_impl("pad", kernels), progress=False).summary
+      for kind in ("useful", "executed"):
+        summary[f"{kind}_utilization"] = summary[f"{kind}_flops"] / summary["wall_seconds"] / peak
+      runs.append(summary)
+      log(f"B={batch} {method}: {summary['ms_per_token_all']:.1f} ms/token, utilization "
+          f"{summary['useful_utilization']:.2%} useful, {summary['executed_utilization']:.2%} executed")
+  return {"experiment": "utilization", **machine(), "peak_flops": peak, "num_prompts": len(problems),
+          "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
+          "target": target.name, "draft": draft.name, "runs": runs}
+
+
+def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_sizes: Sequence[int],
+           temperatures: Sequence[float], max_new_tokens: int, budget_fraction: float,
+           top_p: float = 0.95, kernels: str = "auto",
+           log: Callable[[str], None] = print) -> dict[str, Any]:
+  """Fig. 5: Pass@First and Pass@Finished within a wall-clock budget per prompt.
+
+  Every sequence of every (method, temperature, batch size) is checked against HumanEval's tests; a
+  sequence counts as finished when it was complete (EOS or ``max_new_tokens``) by the budget. The
+  budget is ``budget_fraction`` times regular decoding's median time per prompt at batch 1 for the
+  full ``max_new_tokens`` (measured here first), so that regular decoding cannot produce a full-length
+  sequence within it, as in the paper. Pass rates are also computed on a grid of budgets for the plot.
+  """
+  runs = []
+  records_by_run = []
+  for temperature in temperatures:
+    for batch in batch_sizes:
+      for method in ("regular", "bass"):
+        result = experiment.run_problems(
+            target, draft if method == "bass" else None, problems, batch_size=batch, method=method,
+            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+            attention_impl=attention_impl("pad", kernels), check=True, progress=False)
+        runs.append({**result.summary, "temperature": temperature})
+        records_by_run.append(result.records)
+        log(f"T={temperature} B={batch} {method}: pass@batch {result.summary['pass_at_batch']:.3f}")
+  reference = [r for r, recs in zip(runs, records_by_run)
+               if r["method"] == "regular" and r["batch_size"] == min(batch_sizes)]
+  full_length = [rec["finish_seconds"] * max_new_tokens / rec["num_tokens"]
+                 for run_records in (records_by_run[runs.index(r)] for r in reference)
+                 for rec in run_records]
+  budget_seconds = budget_fraction * float(np.median(full_length))
+  grid = np.linspace(0.25, 2.0, 15) * budget_seconds
+  for run, recs in zip(runs, records_by_run):
+    rates = {}
+    for b in (budget_seconds, *grid):
+      first = finished = 0
+      for problem in problems:
+        rows = [r for r in recs if r["task_id"] == problem.task_id]
+        passed = np.array([r["passed"] for r in rows])
+        within = metrics.finished_within(np.array([r["finish_seconds"] for r in rows]), b)
+        first += metrics.pass_at_first(passed, np.array([r["mean_logprob"] for r in rows]), within)
+        finished += metrics.pass_at_finished(passed, within)
+      rates[f"{b:.6f}"] = {"pass_at_first": first / len(problems),
+                           "pass_at_finished": finished / len(problems)}
+    run["pass_at_budget"] = rates[f"{budget_seconds:.6f}"]
+    run["pass_curve"] = {"budget_seconds": [float(b) for b in grid],
+                         "pass_at_first": [rates[f"{b:.6f}"]["pass_at_first"] for b in grid],
+                         "pass_at_finished": [rates[f"{b:.6f}"]["pass_at_finished"] for b in grid]}
+  return {"experiment": "budget", **machine(), "budget_seconds": budget_seconds,
+          "budget_fraction": budget_fraction, "num_prompts": len(problems),
+          "max_new_tokens": max_new_tokens, "top_p": top_p, "target": target.name,
+          "draft": draft.name, "runs": runs}
+
+
+def baselines(target: Model, draft: Model, problems: Sequence[Problem], *, hf_target, hf_draft,
+              batch_sizes: Sequence[int], max_new_tokens: int, temperature: float, top_p: float,
+              kernels: str = "auto", log: Callable[[str], None] = print) -> dict[str, Any]:
+  """Our regular decoding and BASS against transformers' batched ``generate`` and its assisted
+  generation (batch 1, our draft as the assistant), same prompts, tokens and sampling settings.
+
+  ``min_new_tokens`` is not forced, so every system stops at EOS; latencies are per emitted token.
+  """
+  from bass_jax import baselines as hf  # pylint: disable=g-import-not-at-top
+
+  eos = target.config.eos_token_id
+  eos = eos[0] if isinstance(eos, tuple) else eos
+  runs = []
+  for batch in batch_sizes:
+    for method in ("regular", "bass"):
+      summary = experiment.run_problems(
+          target, draft if method == "bass" else None, problems, batch_size=batch, method=method,
+          max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+          attention_impl=attention_impl("pad", kernels), progress=False).summary
+      runs.append({"system": f"bass-jax {method}", "batch_size": batch,
+                   "ms_per_token_last": summary["ms_per_token_last"],
+                   "ms_per_token_all": summary["ms_per_token_all"],
+                   "tokens_per_second": summary["tokens_per_second"], "tokens": summary["tokens"]})
+      log(f"B={batch} bass-jax {method}: {summary['ms_per_token_all']:.1f} ms/token")
+    for system, assistant in (("transformers generate", None), ("transformers assisted", hf_draft)):
+      if assistant is not None and batch != 1:
+        continue
+      walls, tokens, ms = [], 0, []
+      for i, problem in enumerate(problems):
+        ids = target.tokenizer(problem.prompt).input_ids
+        hf.hf_generate(hf_target, ids, batch_size=batch, max_new_tokens=4, temperature=temperature,
+                       top_p=top_p, seed=i, eos_token_id=eos, assistant=assistant)  # warm-up
+        run = hf.hf_generate(hf_target, ids, batch_size=batch, max_new_tokens=max_new_tokens,
+                             temperature=temperature, top_p=top_p, seed=i, eos_token_id=eos,
+                             assistant=assistant)
+        walls.append(run.wall_seconds)
+        tokens += int(run.tokens.sum())
+        ms.append(run.ms_per_token)
+      runs.append({"system": system, "batch_size": batch, "ms_per_token_last": float(np.mean(ms)),
+                   "ms_per_token_all": float(np.mean(ms)), "tokens_per_second": tokens / sum(walls),
+                   "tokens": tokens})
+      log(f"B={batch} {system}: {np.mean(ms):.1f} ms/token")
+  return {"experiment": "baselines", **machine(), "num_prompts": len(problems),
+          "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
+          "target": target.name, "draft": draft.name, "runs": runs}

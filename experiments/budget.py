@@ -1,0 +1,30 @@
+r"""Accuracy within a time budget (BASS Fig. 5): Pass@First and Pass@Finished per wall-clock budget, at
+several batch sizes and temperatures, for BASS and regular decoding. HumanEval's tests run outside this
+process (bass_jax.humaneval).
+
+    python -m experiments.budget --flagfile=configs/budget_quick.flags
+"""
+
+from absl import app
+from absl import flags
+
+from bass_jax import reproduce
+from experiments import _common
+
+_TEMPERATURES = flags.DEFINE_list("temperatures", ["0.2", "0.6"], "Sampling temperatures.")
+_FRACTION = flags.DEFINE_float("budget_fraction", 0.7,
+                               "Budget as a fraction of regular decoding's time for a full-length "
+                               "sequence at the smallest batch (below 1: regular cannot finish one).")
+
+
+def main(argv):
+  del argv
+  target, draft, problems, batches = _common.setup()
+  _common.write(reproduce.budget(
+      target, draft, problems, batch_sizes=batches,
+      temperatures=[float(t) for t in _TEMPERATURES.value], max_new_tokens=_common.MAX_NEW.value,
+      budget_fraction=_FRACTION.value, kernels=_common.KERNELS.value))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,29 @@
+r"""Latency and throughput (BASS Tables 1-3): regular decoding, BASS-PAD, BASS-SPLIT, fixed draft
+lengths 4/6/8 against the dynamic heuristic, at several batch sizes, greedy and sampled.
+
+    python -m experiments.latency --flagfile=configs/latency_quick.flags
+
+Writes results/latency_<setting>.json (bass_jax.reproduce.latency); experiments/report.py renders it.
+"""
+
+from absl import app
+from absl import flags
+
+from bass_jax import reproduce
+from experiments import _common
+
+_CONFIGS = flags.DEFINE_list("configs", list(reproduce.CONFIGS), "Configurations to run.")
+_SAMPLING = flags.DEFINE_list("sampling", ["greedy", "t0.2"], "Sampling settings.")
+_CHECK = flags.DEFINE_bool("check", True, "Run HumanEval's tests (Pass@Batch).")
+
+
+def main(argv):
+  del argv
+  target, draft, problems, batches = _common.setup()
+  _common.write(reproduce.latency(
+      target, draft, problems, batch_sizes=batches, configs=_CONFIGS.value, sampling=_SAMPLING.value,
+      max_new_tokens=_common.MAX_NEW.value, kernels=_common.KERNELS.value, check=_CHECK.value))
+
+
+if __name__ == "__main__":
+  app.run(main)
