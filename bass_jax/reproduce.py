@@ -143,6 +143,26 @@ def utilization(target: Model, draft: Model, problems: Sequence[Problem], *,
           "target": target.name, "draft": draft.name, "runs": runs}
 
 
+def pass_rates_within(records: Sequence[dict[str, Any]], budget_seconds: float) -> dict[str, float]:
+  """Pass@First and Pass@Finished over problems, for sequences finished within ``budget_seconds``.
+
+  Args:
+    records: ``run_problems`` records with ``passed`` (one batch per ``task_id``).
+
+  Returns:
+    ``{"pass_at_first": share of problems, "pass_at_finished": share of problems}``.
+  """
+  task_ids = list(dict.fromkeys(r["task_id"] for r in records))
+  first = finished = 0
+  for task_id in task_ids:
+    rows = [r for r in records if r["task_id"] == task_id]
+    passed = np.array([r["passed"] for r in rows])
+    within = metrics.finished_within(np.array([r["finish_seconds"] for r in rows]), budget_seconds)
+    first += metrics.pass_at_first(passed, np.array([r["mean_logprob"] for r in rows]), within)
+    finished += metrics.pass_at_finished(passed, within)
+  return {"pass_at_first": first / len(task_ids), "pass_at_finished": finished / len(task_ids)}
+
+
 def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_sizes: Sequence[int],
            temperatures: Sequence[float], max_new_tokens: int, budget_fraction: float,
            top_p: float = 0.95, kernels: str = "auto",
@@ -175,21 +195,11 @@ def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_si
   budget_seconds = budget_fraction * float(np.median(full_length))
   grid = np.linspace(0.25, 2.0, 15) * budget_seconds
   for run, recs in zip(runs, records_by_run):
-    rates = {}
-    for b in (budget_seconds, *grid):
-      first = finished = 0
-      for problem in problems:
-        rows = [r for r in recs if r["task_id"] == problem.task_id]
-        passed = np.array([r["passed"] for r in rows])
-        within = metrics.finished_within(np.array([r["finish_seconds"] for r in rows]), b)
-        first += metrics.pass_at_first(passed, np.array([r["mean_logprob"] for r in rows]), within)
-        finished += metrics.pass_at_finished(passed, within)
-      rates[f"{b:.6f}"] = {"pass_at_first": first / len(problems),
-                           "pass_at_finished": finished / len(problems)}
-    run["pass_at_budget"] = rates[f"{budget_seconds:.6f}"]
+    run["pass_at_budget"] = pass_rates_within(recs, budget_seconds)
+    curve = [pass_rates_within(recs, b) for b in grid]
     run["pass_curve"] = {"budget_seconds": [float(b) for b in grid],
-                         "pass_at_first": [rates[f"{b:.6f}"]["pass_at_first"] for b in grid],
-                         "pass_at_finished": [rates[f"{b:.6f}"]["pass_at_finished"] for b in grid]}
+                         "pass_at_first": [c["pass_at_first"] for c in curve],
+                         "pass_at_finished": [c["pass_at_finished"] for c in curve]}
   return {"experiment": "budget", **machine(), "budget_seconds": budget_seconds,
           "budget_fraction": budget_fraction, "num_prompts": len(problems),
           "max_new_tokens": max_new_tokens, "top_p": top_p, "target": target.name,

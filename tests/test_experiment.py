@@ -136,3 +136,59 @@ def test_flop_counts_by_hand():
   assert flops.useful == 4 * 2 * 1048 + 64 * (1 + 2 + 3 + 4)
   # Executed: 16 prefill + 2 decode positions, each at the mean context 3 + 2 / 2 = 4.
   assert flops.executed == 18 * (2 * 1048 + 64 * 4)
+
+
+def test_pass_rates_within_a_budget_over_problems():
+  from bass_jax.reproduce import pass_rates_within
+
+  record = lambda task, passed, logprob, seconds: dict(task_id=task, passed=passed,
+                                                       mean_logprob=logprob, finish_seconds=seconds)
+  records = [record("a", True, -0.5, 1.0), record("a", False, -0.1, 2.0),   # a: pass ranked 2nd
+             record("b", False, -0.3, 0.5), record("b", True, -0.9, 3.0)]   # b: pass finishes late
+  assert pass_rates_within(records, 1.5) == {"pass_at_first": 0.5, "pass_at_finished": 0.5}
+  assert pass_rates_within(records, 2.5) == {"pass_at_first": 0.0, "pass_at_finished": 0.5}
+  assert pass_rates_within(records, 5.0) == {"pass_at_first": 0.0, "pass_at_finished": 1.0}
+  assert pass_rates_within(records, 0.1) == {"pass_at_first": 0.0, "pass_at_finished": 0.0}
+
+
+def test_report_renders_every_experiment(tmp_path):
+  """experiments/report.py on hand-made result files: every section and plot is written."""
+  common = dict(setting="t", command="python -m experiments.x", date="2026-01-01", device="cpu:cpu",
+                host="x86_64", jax_version="0", target="tgt", draft="drf", num_prompts=1,
+                max_new_tokens=4)
+  run = dict(ms_per_token_all=10.0, ms_per_token_first=9.0, ms_per_token_last=11.0,
+             tokens_per_second=100.0, mean_accepted_length=1.0, draft_acceptance_rate=None,
+             pass_at_batch=0.5, attention_impl="blocked_pad", batch_size=1, temperature=0.2)
+  files = {
+      "latency_t.json": dict(common, experiment="latency", runs=[
+          dict(run, config="regular", sampling="greedy"),
+          dict(run, config="bass_pad", sampling="greedy", ms_per_token_all=5.0,
+               draft_acceptance_rate=0.5, mean_accepted_length=2.0)]),
+      "utilization_t.json": dict(common, experiment="utilization", peak_flops=1e11, temperature=0.2,
+                                 top_p=0.95, runs=[dict(run, method=m, useful_utilization=0.01,
+                                                        executed_utilization=0.02)
+                                                   for m in ("regular", "bass")]),
+      "budget_t.json": dict(common, experiment="budget", budget_seconds=1.0, budget_fraction=0.7,
+                            top_p=0.95, runs=[dict(run, method=m, pass_at_budget=dict(
+                                pass_at_first=0.0, pass_at_finished=1.0), pass_curve=dict(
+                                    budget_seconds=[0.5, 1.0], pass_at_first=[0, 0],
+                                    pass_at_finished=[0, 1])) for m in ("regular", "bass")]),
+      "baselines_t.json": dict(common, experiment="baselines", temperature=0.0, top_p=1.0, runs=[
+          dict(system=s, batch_size=1, ms_per_token_all=ms, ms_per_token_last=ms, tokens_per_second=1.0,
+               tokens=4) for s, ms in (("bass-jax bass", 5.0), ("transformers generate", 20.0))]),
+  }
+  (tmp_path / "results").mkdir()
+  for name, content in files.items():
+    (tmp_path / "results" / name).write_text(json.dumps(content))
+  result = subprocess.run(
+      [sys.executable, "-m", "experiments.report", f"--results={tmp_path / 'results'}",
+       f"--output={tmp_path / 'docs' / 'results.md'}", f"--figures={tmp_path / 'docs' / 'figures'}",
+       f"--reading={tmp_path / 'none.md'}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  text = (tmp_path / "docs" / "results.md").read_text()
+  for heading in ("Latency and throughput", "Utilization", "time budget", "transformers"):
+    assert heading in text
+  assert "| BASS-PAD (dynamic) | 1 | 5.0 (9.0 / 11.0) | 2.00x |" in text  # speed-up over regular
+  assert "| transformers generate | 1 | 20.0 | 1.0 | 4.00x |" in text
+  assert {p.name for p in (tmp_path / "docs" / "figures").iterdir()} == {"utilization_t.png",
+                                                                         "budget_t.png"}
