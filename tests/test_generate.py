@@ -3,8 +3,8 @@
 Greedy speculative decoding must emit exactly the target's greedy tokens. The two methods run the
 target at different shapes (one token vs ``l_draft + 1`` tokens per forward), so float rounding can
 differ in the last bits; a divergence is only legitimate where the target's two best logits are that
-close. `_assert_lossless` therefore requires identical tokens, or a first divergence at a near-tie,
-and reports the exact-match rate.
+close. `assert_lossless` (conftest) therefore requires identical tokens, or a first divergence at a
+near-tie, and reports the exact-match rate.
 """
 
 import dataclasses
@@ -14,11 +14,10 @@ import numpy as np
 import pytest
 
 import bass_jax as bj
-from bass_jax import experiment, metrics
+from bass_jax import experiment
 from bass_jax.data import Problem
-from conftest import tiny_model
+from conftest import assert_lossless, tiny_model
 
-NEAR_TIE = 1e-3  # logit gap below which two methods may legitimately pick different argmaxes
 
 
 def _prompts(vocab, lengths, seed=0):
@@ -34,14 +33,6 @@ def _noisy_copy(model, noise, seed):
   return bj.Model(model.config, jax.tree_util.tree_unflatten(treedef, noisy), name="noisy")
 
 
-def _assert_lossless(target, prompts, regular, bass):
-  """Same tokens as regular greedy decoding, except after a float near-tie; returns the match rate."""
-  agreement = metrics.greedy_agreement(target, prompts, regular.sequences(), bass.sequences())
-  for d in agreement.divergences:
-    assert d.top2_gap < NEAR_TIE, f"row {d.row} diverges at token {d.index} without a near-tie: {d}"
-  return agreement.exact_match_rate
-
-
 @pytest.fixture(scope="module")
 def target():
   return tiny_model(seed=0, scale=2.5)
@@ -55,7 +46,7 @@ def test_greedy_bass_equals_regular(target, draft_kind, draft_len):
   prompts = _prompts(target.config.vocab_size, (1, 5, 12, 30, 7))
   regular = bj.generate(target, None, prompts, method="regular", max_new_tokens=40)
   bass = bj.generate(target, draft, prompts, method="bass", max_new_tokens=40, draft_len=draft_len)
-  assert _assert_lossless(target, prompts, regular, bass) == 1.0
+  assert assert_lossless(target, prompts, regular, bass) == 1.0
   np.testing.assert_allclose(bass.logprobs, regular.logprobs, atol=1e-4)
   assert (bass.lengths == 40).all() and not bass.finished.any()
   accepted = bass.stats.accepted
@@ -156,7 +147,7 @@ def test_smollm2_greedy_bass_equals_regular(smollm2, draft_layers, draft_len):
   draft = smollm2.with_first_layers(draft_layers)
   regular = bj.generate(smollm2, None, prompts, method="regular", max_new_tokens=32)
   bass = bj.generate(smollm2, draft, prompts, method="bass", max_new_tokens=32, draft_len=draft_len)
-  rate = _assert_lossless(smollm2, prompts, regular, bass)
+  rate = assert_lossless(smollm2, prompts, regular, bass)
   assert rate >= 0.9, f"exact-match rate {rate:.3f}"
   if draft_layers == 26:  # a draft close enough to accept sometimes: both paths ran
     assert (bass.stats.accepted > 0).any() and (bass.stats.accepted == 0).any()
