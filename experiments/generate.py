@@ -8,9 +8,10 @@ Each prompt is decoded as one batch of ``--batch_size`` sequences. Per-token lat
 was complete, over its token count; compilation is excluded and reported apart
 (``bass_jax.experiment.run_problems`` has the details).
 
-The default draft is a placeholder: the target's first ``--draft_num_layers`` layers with its embedding
-and head. It agrees with the target a few percent of the time, so BASS is slower than regular decoding
-with it; a trained draft is what makes BASS fast.
+The default draft is ``smollm2-135m-draft``, the small Llama draft this project distilled from the
+target and ships inside ``bass_jax/drafts`` (docs/draft.md). ``--draft=smollm2-135m-instruct
+--draft_num_layers=4`` gives the old placeholder instead (the target's first four layers), which agrees
+with the target a few percent of the time and makes BASS slower than regular decoding.
 """
 
 import json
@@ -27,9 +28,9 @@ from bass_jax.data import load_problems
 
 
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target: alias, .gguf, or HF dir.")
-_DRAFT = flags.DEFINE_string("draft", "smollm2-135m-instruct", "Draft: alias, .gguf, or HF dir.")
+_DRAFT = flags.DEFINE_string("draft", "smollm2-135m-draft", "Draft: alias, .gguf, or HF dir.")
 _DRAFT_LAYERS = flags.DEFINE_integer(
-    "draft_num_layers", 4, "Keep only the draft's first N layers (0 = all). With --draft equal to "
+    "draft_num_layers", 0, "Keep only the draft's first N layers (0 = all). With --draft equal to "
     "--target this is the placeholder draft built from the target.")
 _METHOD = flags.DEFINE_enum("method", "bass", ["bass", "regular"], "Decoding method.")
 _PROMPTS = flags.DEFINE_string("prompts", "humaneval", "'humaneval' or a JSONL file with 'prompt'.")
