@@ -331,16 +331,19 @@ def train(
     tokens_seen += cfg.batch_size * window
     done = step + 1
     if done % cfg.log_every == 0 or done == cfg.steps:
+      values = {k: float(v) for k, v in metrics.items()}  # waits for the step: time it after
       elapsed = time.perf_counter() - clock
-      record = {"step": done, **{k: float(v) for k, v in metrics.items()},
-                "tokens_per_second": tokens_seen / elapsed, "lr": float(schedule(step))}
+      record = {"step": done, **values, "tokens_per_second": tokens_seen / elapsed,
+                "lr": float(schedule(step))}
       log.write(record)
       bar.set_postfix(loss=f"{record['loss']:.3f}", agree=f"{record['agreement']:.3f}",
                       tok_s=f"{record['tokens_per_second']:.0f}")
       tokens_seen, clock = 0, time.perf_counter()
     if eval_data is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
+      eval_start = time.perf_counter()
       log.write({"step": done, **evaluate(state.params, config, eval_data,
                                           dtype=cfg.compute_dtype, draft_len=cfg.eval_draft_len)})
+      clock += time.perf_counter() - eval_start  # tokens/s counts training time only
     manager.save(done, args=ocp.args.StandardSave(state), force=done == cfg.steps)
     bar.update(1)
     if on_step is not None:
