@@ -50,11 +50,13 @@ def load_torch_model(spec: str | os.PathLike):
     path = loading.resolve_alias(spec)
   else:
     path = pathlib.Path(spec)
+  # float32 at load time: transformers marks a GGUF-loaded model as quantized and refuses .float().
   if path.suffix == ".gguf":
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32)
   else:
     model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-  return model.float().eval()
+  return model.eval()
 
 
 def hf_generate(model, prompt_ids: Sequence[int], *, batch_size: int, max_new_tokens: int,
