@@ -52,8 +52,8 @@ def test_shipped_draft_matches_transformers(draft, draft_torch):
 def test_shipped_draft_is_lossless_and_accepted_in_bass(draft, smollm2):
   """Greedy BASS with the trained draft equals regular decoding and accepts well over one token per step.
 
-  The placeholder (the target's first four layers) accepts about 1.05 tokens per step at draft length 4;
-  the trained draft must do clearly better on code it was not trained on.
+  The placeholder (the target's first four layers) accepted 1.02 tokens per step in `make run`; the
+  trained draft must do clearly better on code it was not trained on.
   """
   prompt = "def sum_of_squares(values):\n    \"\"\"Return the sum of the squares of values.\"\"\"\n"
   prompts = [smollm2.tokenizer(prompt)["input_ids"]] * 2
