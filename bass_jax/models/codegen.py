@@ -27,7 +27,7 @@ MP_NUM = 4  # CodeGen's fused qkv is laid out as 4 model-parallel shards of [q |
 
 
 @dataclasses.dataclass(frozen=True)
-class CodeGenConfig:
+class CodeGenConfig(common.CacheFromShape):
   """Architecture of a CodeGen decoder, with transformers' ``CodeGenConfig`` field names.
 
   Raises:
@@ -64,8 +64,7 @@ class CodeGenConfig:
     if self.n_inner is None:
       object.__setattr__(self, "n_inner", 4 * self.n_embd)
     common.activation(self.activation_function)
-    if isinstance(self.eos_token_id, list):
-      object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+    self._freeze_eos()
 
   @property
   def head_dim(self) -> int:
@@ -90,11 +89,6 @@ class CodeGenConfig:
   def make_module(self, *, attention_impl: str = "reference", dtype: Any = jnp.float32) -> "CodeGen":
     return CodeGen(self, attention_impl=attention_impl, dtype=dtype)
 
-  def init_cache(self, batch_size: int, max_len: int, dtype: Any = jnp.float32,
-                 fill_value: float = 0.0) -> KVCache:
-    return common.stacked_cache(num_layers=self.n_layer, batch_size=batch_size, max_len=max_len,
-                                num_kv_heads=self.n_head, head_dim=self.head_dim, dtype=dtype,
-                                fill_value=fill_value)
 
   def with_num_layers(self, num_layers: int) -> "CodeGenConfig":
     return dataclasses.replace(self, n_layer=num_layers)

@@ -180,8 +180,26 @@ def scan_layers(layer_cls: type[nn.Module], num_layers: int, *, name: str, carry
   return carry
 
 
-def stacked_cache(*, num_layers, batch_size, max_len, num_kv_heads, head_dim, dtype, fill_value):
-  """``KVCache.zeros`` with the family's sizes (one shared constructor)."""
-  return KVCache.zeros(num_layers=num_layers, batch_size=batch_size, max_len=max_len,
-                       num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
-                       fill_value=fill_value)
+class CacheFromShape:
+  """Base of the family configs: what follows from :class:`DecoderConfig`'s derived properties.
+
+  Every family names its sizes after its Hugging Face config (``n_layer``, ``num_hidden_layers`` …) and
+  exposes them as ``num_layers``, ``num_kv_heads`` and ``head_dim``; the cache and the EOS tuple are
+  built from those once, here.
+  """
+
+  def init_cache(self, batch_size: int, max_len: int, dtype: Any = jnp.float32,
+                 fill_value: float = 0.0) -> KVCache:
+    """An empty ragged cache: K/V ``dtype[L, B, max_len, K, H]``, lengths ``i32[B]`` zero.
+
+    Raises:
+      ValueError: as :meth:`KVCache.zeros` for non-positive sizes.
+    """
+    return KVCache.zeros(num_layers=self.num_layers, batch_size=batch_size, max_len=max_len,
+                         num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=dtype,
+                         fill_value=fill_value)
+
+  def _freeze_eos(self) -> None:
+    """HF configs may give ``eos_token_id`` as a list; keep it hashable (a static jit argument)."""
+    if isinstance(self.eos_token_id, list):
+      object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))

@@ -26,7 +26,7 @@ _IGNORED = {"summary_type", "summary_use_proj", "summary_activation", "summary_p
 
 
 @dataclasses.dataclass(frozen=True)
-class GPT2Config:
+class GPT2Config(common.CacheFromShape):
   """Architecture of a GPT-2 decoder, with transformers' ``GPT2Config`` field names.
 
   Raises:
@@ -57,8 +57,7 @@ class GPT2Config:
     if self.n_inner is None:
       object.__setattr__(self, "n_inner", 4 * self.n_embd)
     common.activation(self.activation_function)
-    if isinstance(self.eos_token_id, list):
-      object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+    self._freeze_eos()
 
   @property
   def head_dim(self) -> int:
@@ -83,11 +82,6 @@ class GPT2Config:
   def make_module(self, *, attention_impl: str = "reference", dtype: Any = jnp.float32) -> "GPT2":
     return GPT2(self, attention_impl=attention_impl, dtype=dtype)
 
-  def init_cache(self, batch_size: int, max_len: int, dtype: Any = jnp.float32,
-                 fill_value: float = 0.0) -> KVCache:
-    return common.stacked_cache(num_layers=self.n_layer, batch_size=batch_size, max_len=max_len,
-                                num_kv_heads=self.n_head, head_dim=self.head_dim, dtype=dtype,
-                                fill_value=fill_value)
 
   def with_num_layers(self, num_layers: int) -> "GPT2Config":
     return dataclasses.replace(self, n_layer=num_layers)

@@ -31,7 +31,7 @@ _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
 
 
 @dataclasses.dataclass(frozen=True)
-class LlamaConfig:
+class LlamaConfig(common.CacheFromShape):
   """Architecture of a Llama-family decoder, with transformers' config field names.
 
   Attributes beyond HF's ``LlamaConfig``:
@@ -87,8 +87,7 @@ class LlamaConfig:
                        f"got {self.model_type!r}")
     if self.sliding_window is not None and self.sliding_window < 1:
       raise ValueError(f"LlamaConfig.sliding_window must be >= 1 or None, got {self.sliding_window}")
-    if isinstance(self.eos_token_id, list):
-      object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+    self._freeze_eos()
 
   # -- the DecoderConfig protocol ---------------------------------------------------------------------
 
@@ -108,12 +107,6 @@ class LlamaConfig:
     """The Flax module for this config; ``attention_impl`` names an entry of the attention registry."""
     return Llama(self, attention_impl=attention_impl, dtype=dtype)
 
-  def init_cache(self, batch_size: int, max_len: int, dtype: Any = jnp.float32,
-                 fill_value: float = 0.0) -> KVCache:
-    """An empty ragged cache ``[L, B, max_len, K, H]`` for this architecture."""
-    return common.stacked_cache(num_layers=self.num_hidden_layers, batch_size=batch_size,
-                                max_len=max_len, num_kv_heads=self.num_key_value_heads,
-                                head_dim=self.head_dim, dtype=dtype, fill_value=fill_value)
 
   def with_num_layers(self, num_layers: int) -> "LlamaConfig":
     return dataclasses.replace(self, num_hidden_layers=num_layers)

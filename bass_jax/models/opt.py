@@ -25,7 +25,7 @@ POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding: row 0 of the table serves 
 
 
 @dataclasses.dataclass(frozen=True)
-class OPTConfig:
+class OPTConfig(common.CacheFromShape):
   """Architecture of an OPT decoder, with transformers' ``OPTConfig`` field names.
 
   ``remove_final_layer_norm`` is HF's ``_remove_final_layer_norm``.
@@ -63,8 +63,7 @@ class OPTConfig:
     if self.word_embed_proj_dim is None:
       object.__setattr__(self, "word_embed_proj_dim", self.hidden_size)
     common.activation(self.activation_function)  # raises for an unsupported one
-    if isinstance(self.eos_token_id, list):
-      object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+    self._freeze_eos()
 
   @property
   def head_dim(self) -> int:
@@ -98,11 +97,6 @@ class OPTConfig:
   def make_module(self, *, attention_impl: str = "reference", dtype: Any = jnp.float32) -> "OPT":
     return OPT(self, attention_impl=attention_impl, dtype=dtype)
 
-  def init_cache(self, batch_size: int, max_len: int, dtype: Any = jnp.float32,
-                 fill_value: float = 0.0) -> KVCache:
-    return common.stacked_cache(num_layers=self.num_hidden_layers, batch_size=batch_size,
-                                max_len=max_len, num_kv_heads=self.num_attention_heads,
-                                head_dim=self.head_dim, dtype=dtype, fill_value=fill_value)
 
   def with_num_layers(self, num_layers: int) -> "OPTConfig":
     return dataclasses.replace(self, num_hidden_layers=num_layers)
