@@ -79,6 +79,16 @@ def measure_peak_flops(dtype: str = "float32", size: int = 2048, repeats: int = 
   return 2.0 * size**3 / best
 
 
+def _decode(target: Model, draft: Model, problems: Sequence[Problem], *, method: str, batch: int,
+            max_new_tokens: int, temperature: float, top_p: float, kernels: str,
+            strategy: str = "pad", draft_len: Any = "dynamic", check: bool = False):
+  """One ``experiment.run_problems`` as every experiment here runs it (the draft only for BASS)."""
+  return experiment.run_problems(
+      target, draft if method == "bass" else None, problems, batch_size=batch, method=method,
+      max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, draft_len=draft_len,
+      attention_impl=attention_impl(strategy, kernels), check=check, progress=False)
+
+
 def latency(target: Model, draft: Model, problems: Sequence[Problem], *, batch_sizes: Sequence[int],
             configs: Sequence[str], sampling: Sequence[str], max_new_tokens: int,
             kernels: str = "auto", check: bool = True,
@@ -102,11 +112,10 @@ def latency(target: Model, draft: Model, problems: Sequence[Problem], *, batch_s
     for batch in batch_sizes:
       for name in configs:
         method, draft_len, strategy = CONFIGS[name]
-        summary = experiment.run_problems(
-            target, draft if method == "bass" else None, problems, batch_size=batch, method=method,
-            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-            draft_len=draft_len or "dynamic", attention_impl=attention_impl(strategy, kernels),
-            check=check, progress=False).summary
+        summary = _decode(target, draft, problems, method=method, batch=batch,
+                          max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                          kernels=kernels, strategy=strategy, draft_len=draft_len or "dynamic",
+                          check=check).summary
         summary.update(config=name, sampling=sampling_name)
         runs.append(summary)
         log(f"{sampling_name} B={batch} {name}: {summary['ms_per_token_all']:.1f} ms/token All, "
@@ -129,10 +138,9 @@ def utilization(target: Model, draft: Model, problems: Sequence[Problem], *,
   runs = []
   for batch in batch_sizes:
     for method in ("regular", "bass"):
-      summary = experiment.run_problems(
-          target, draft if method == "bass" else None, problems, batch_size=batch, method=method,
-          max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-          attention_impl=attention_impl("pad", kernels), progress=False).summary
+      summary = _decode(target, draft, problems, method=method, batch=batch,
+                        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                        kernels=kernels).summary
       for kind in ("useful", "executed"):
         summary[f"{kind}_utilization"] = summary[f"{kind}_flops"] / summary["wall_seconds"] / peak
       runs.append(summary)
@@ -180,10 +188,9 @@ def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_si
   for temperature in temperatures:
     for batch in batch_sizes:
       for method in ("regular", "bass"):
-        result = experiment.run_problems(
-            target, draft if method == "bass" else None, problems, batch_size=batch, method=method,
-            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-            attention_impl=attention_impl("pad", kernels), check=True, progress=False)
+        result = _decode(target, draft, problems, method=method, batch=batch,
+                         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                         kernels=kernels, check=True)
         runs.append({**result.summary, "temperature": temperature})
         records_by_run.append(result.records)
         log(f"T={temperature} B={batch} {method}: pass@batch {result.summary['pass_at_batch']:.3f}")
@@ -221,10 +228,9 @@ def baselines(target: Model, draft: Model, problems: Sequence[Problem], *, hf_ta
   runs = []
   for batch in batch_sizes:
     for method in ("regular", "bass"):
-      summary = experiment.run_problems(
-          target, draft if method == "bass" else None, problems, batch_size=batch, method=method,
-          max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-          attention_impl=attention_impl("pad", kernels), progress=False).summary
+      summary = _decode(target, draft, problems, method=method, batch=batch,
+                        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                        kernels=kernels).summary
       runs.append({"system": f"bass-jax {method}", "batch_size": batch,
                    "ms_per_token_last": summary["ms_per_token_last"],
                    "ms_per_token_all": summary["ms_per_token_all"],
