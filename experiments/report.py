@@ -59,6 +59,14 @@ def _latency(result) -> list[str]:
   return lines
 
 
+def _save_figure(fig, path: pathlib.Path) -> str:
+  """Writes ``fig`` as PNG and returns its path relative to docs/, for the Markdown image link."""
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return str(path.relative_to(path.parents[1]))
+
+
 def _utilization(result, figures: pathlib.Path) -> list[str]:
   runs = result["runs"]
   fig, ax = plt.subplots(figsize=(6, 4))
@@ -75,16 +83,13 @@ def _utilization(result, figures: pathlib.Path) -> list[str]:
   ax.set_ylabel("per-token latency All (ms/token)")
   ax.set_title("Latency against utilization (BASS at B=1 = single-sequence SD)")
   ax.legend(fontsize=7)
-  fig.tight_layout()
-  path = figures / f"utilization_{result['setting']}.png"
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  image = _save_figure(fig, figures / f"utilization_{result['setting']}.png")
   lines = ["## Utilization (Fig. 1)", "", _provenance(result), "",
            f"Peak: {result['peak_flops'] / 1e9:.1f} GFLOP/s, an f32 2048 x 2048 matrix product measured "
            "by the script. Useful FLOPs: the target's forward over the prompt and every emitted token; "
            "executed FLOPs: every computed position of both models (padding, rejected drafts, finished "
            f"rows). Sampling T = {result['temperature']}, top-p {result['top_p']}.", "",
-           f"![latency against utilization]({path.relative_to(path.parents[1])})", "",
+           f"![latency against utilization]({image})", "",
            "| method | B | ms/token All | tokens/s | useful utilization | executed utilization |",
            "|---|---|---|---|---|---|"]
   for r in runs:
@@ -111,16 +116,13 @@ def _budget(result, figures: pathlib.Path) -> list[str]:
     ax.set_xlabel("wall-clock budget per prompt (s)")
     ax.set_ylabel("pass rate")
   axes[0][-1].legend(fontsize=5, ncol=2)
-  fig.tight_layout()
-  path = figures / f"budget_{result['setting']}.png"
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  image = _save_figure(fig, figures / f"budget_{result['setting']}.png")
   lines = ["## Accuracy within a time budget (Fig. 5)", "", _provenance(result), "",
            f"Budget: {result['budget_seconds']:.2f} s per prompt = {result['budget_fraction']} x regular "
            "decoding's time for a full-length sequence at the smallest batch, so regular decoding cannot "
            "finish a full-length sequence within it. Pass@First: the finished sequence with the highest "
            "mean log-probability passes; Pass@Finished: any finished sequence passes.", "",
-           f"![pass rates against the budget]({path.relative_to(path.parents[1])})", "",
+           f"![pass rates against the budget]({image})", "",
            "| T | method | B | Pass@First | Pass@Finished | Pass@Batch (no budget) |",
            "|---|---|---|---|---|---|"]
   for r in runs:
