@@ -27,7 +27,7 @@ from absl import flags
 import jax
 
 import bass_jax
-from bass_jax import experiment
+from bass_jax import experiment, metrics
 from bass_jax.data import load_problems
 
 _DRAFTS = flags.DEFINE_list("drafts", [], "Draft model specs (dirs, aliases).")
@@ -39,12 +39,6 @@ _ACCEPT_BATCH = flags.DEFINE_integer("accept_batch", 4, "Batch of the acceptance
 _BATCHES = flags.DEFINE_list("batch_sizes", ["1", "4", "8"], "Batch sizes of the latency columns.")
 _OUTPUT = flags.DEFINE_string("output", "docs/draft_study.md", "Markdown file to write.")
 _JSON = flags.DEFINE_string("json", "results/draft_study.json", "Raw numbers.")
-
-
-def _matrix_flops(config) -> int:
-  """2 x parameters that take part in matrix products per token (embedding lookup excluded, head in)."""
-  return 2 * (config.num_params() - (0 if config.tie_word_embeddings else
-                                     config.vocab_size * config.hidden_size))
 
 
 def main(argv):
@@ -72,7 +66,8 @@ def main(argv):
     bass = {b: run(target, draft, batch_size=b, method="bass", temperature=0.2,
                    top_p=0.95)["ms_per_token_all"] for b in batches}
     entry = {"params": draft.config.num_params(),
-             "flops_ratio": _matrix_flops(draft.config) / _matrix_flops(target.config),
+             "flops_ratio": (metrics.matmul_params(draft.config, draft.params)
+                            / metrics.matmul_params(target.config, target.params)),
              "draft_ms_per_token": draft_ms, "time_ratio_b1": draft_ms[1] / target_ms[1],
              "acceptance_rate": accept["draft_acceptance_rate"],
              "mean_accepted_length": accept["mean_accepted_length"], "bass_all_ms": bass,
