@@ -37,8 +37,13 @@ class HFRun:
 def load_torch_model(spec: str | os.PathLike):
   """A transformers ``AutoModelForCausalLM`` (f32, eval mode) for a bass_jax model spec.
 
-  Aliases and ``.gguf`` files are loaded by transformers from the same GGUF file; directories with
-  ``from_pretrained``.
+  Aliases and ``.gguf`` files are loaded by transformers from the same GGUF file (dequantized to f32);
+  directories with ``from_pretrained``.
+
+  Raises:
+    FileNotFoundError: an alias whose package file is missing (:func:`bass_jax.loading.resolve_alias`).
+    OSError: a path transformers cannot read as a checkpoint.
+    ImportError: torch or transformers not installed (``make test`` installs both).
   """
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top

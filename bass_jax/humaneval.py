@@ -22,7 +22,8 @@ STOP_SEQUENCES = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\na
 
 
 def truncate_completion(completion: str) -> str:
-  """The completion up to the first stop sequence (a new top-level statement ends the function)."""
+  """The completion up to the first of :data:`STOP_SEQUENCES` (Chen et al. 2021 §2.3: a new top-level
+  statement ends the function); unchanged when none occurs."""
   cut = min((i for i in (completion.find(s) for s in STOP_SEQUENCES) if i >= 0), default=len(completion))
   return completion[:cut]
 
