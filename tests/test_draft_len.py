@@ -1,5 +1,7 @@
-"""Algorithm 1 of the BASS paper (§3.2) against the traces worked out in ../shared/BASS.md §3."""
+"""Algorithm 1 of the BASS paper (§3.2) against the traces worked out in docs/bass.md ("Choosing the
+draft length")."""
 
+import numpy as np
 import pytest
 
 from bass_jax.sampling.draft_len import DynamicDraftLen, FixedDraftLen, as_policy
@@ -34,9 +36,9 @@ def test_batch_of_two_trace():
 
 def test_policies_parse_and_validate():
   assert as_policy("dynamic") == DynamicDraftLen()
-  assert as_policy(4) == FixedDraftLen(4) and as_policy("5") == FixedDraftLen(5)
+  assert as_policy(4) == FixedDraftLen(4) and as_policy(np.int64(5)) == FixedDraftLen(5)
   assert _trace(FixedDraftLen(3), [lambda l: (0,)] * 3) == [3, 3, 3, 3]
-  for bad in (0, -2, "often", 2.5, True):
+  for bad in (0, -2, "often", "5", 2.5, True, None):
     with pytest.raises(ValueError):
       as_policy(bad)
   with pytest.raises(ValueError, match="l0"):

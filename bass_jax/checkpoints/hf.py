@@ -28,6 +28,7 @@ _T = (transpose,)
 CONFIG_CLASSES = {"llama": LlamaConfig, "qwen2": LlamaConfig, "mistral": LlamaConfig,
                   "opt": OPTConfig, "codegen": CodeGenConfig, "gpt2": GPT2Config}
 # Buffers that PyTorch checkpoints of some versions carry: precomputed tables, not parameters.
+_SAFETENSORS_INDEX = "model.safetensors.index.json"
 _BUFFER = re.compile(r"(rotary_emb\.(original_)?inv_freq|attn\.(bias|masked_bias|causal_mask|embed_positions))$")
 
 
@@ -185,8 +186,26 @@ def read_config(path: str | os.PathLike):
 
 
 def _read_tensors(path: pathlib.Path) -> dict[str, np.ndarray]:
-  """All tensors of the directory's safetensors files (or PyTorch .bin files), as numpy arrays."""
-  files = sorted(path.glob("*.safetensors"))
+  """All tensors of the directory's safetensors files (or PyTorch .bin files), as numpy arrays.
+
+  With a ``model.safetensors.index.json`` (a sharded save), exactly the files its weight map names are
+  read, as transformers does; other ``*.safetensors`` files are not part of the checkpoint.
+  """
+  index = path / _SAFETENSORS_INDEX
+  if index.is_file() and (path / "model.safetensors").is_file():
+    raise CheckpointError(f"{path} holds both model.safetensors and a sharded {_SAFETENSORS_INDEX}: two "
+                          "saves mixed in one directory; keep one, or re-save with overwrite=True")
+  if index.is_file():
+    try:
+      weight_map = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+      raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from e
+    files = [path / name for name in sorted(set(weight_map.values()))]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+      raise CheckpointError(f"{index} names shard(s) {missing[:4]} that are not in {path}")
+  else:
+    files = sorted(path.glob("*.safetensors"))
   tensors: dict[str, np.ndarray] = {}
   if files:
     import safetensors.numpy  # pylint: disable=g-import-not-at-top
@@ -215,7 +234,10 @@ def _read_tensors(path: pathlib.Path) -> dict[str, np.ndarray]:
 def _merge(into: dict[str, np.ndarray], part: dict[str, np.ndarray], file: pathlib.Path) -> None:
   duplicate = set(into) & set(part)
   if duplicate:
-    raise CheckpointError(f"{file}: tensor(s) {sorted(duplicate)[:4]} also appear in another shard")
+    raise CheckpointError(
+        f"{file}: tensor(s) {sorted(duplicate)[:4]} also appear in another weight file of "
+        f"{file.parent} (leftover shards of an earlier save?); keep one set of files, or re-save with "
+        "bass_jax.save_model(..., overwrite=True)")
   into.update(part)
 
 

@@ -1,10 +1,12 @@
-"""Draft length per step: fixed, or the BASS heuristic (../shared/BASS.md §3; paper §3.2, Algorithm 1)."""
+"""Draft length per step: fixed, or the BASS heuristic (paper §3.2, Algorithm 1; docs/bass.md)."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import jax.numpy as jnp
+
+from bass_jax import _checks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +31,8 @@ class DynamicDraftLen:
   l_limit: int = 32
 
   def __post_init__(self):
+    for name in ("l0", "l_incre", "l_mod", "l_limit"):
+      object.__setattr__(self, name, _checks.as_int(f"DynamicDraftLen.{name}", getattr(self, name)))
     if not 1 <= self.l0 <= self.l_limit:
       raise ValueError(f"DynamicDraftLen needs 1 <= l0 <= l_limit, got l0={self.l0}, "
                        f"l_limit={self.l_limit}")
@@ -68,8 +72,8 @@ class FixedDraftLen:
   length: int
 
   def __post_init__(self):
-    if not isinstance(self.length, int) or self.length < 1:
-      raise ValueError(f"a fixed draft length must be an int >= 1, got {self.length!r}")
+    object.__setattr__(self, "length", _checks.as_int("draft_len (a fixed draft length)", self.length,
+                                                      min_value=1))
 
   @property
   def max_len(self) -> int:
@@ -87,17 +91,16 @@ DraftLenPolicy = DynamicDraftLen | FixedDraftLen
 
 
 def as_policy(draft_len: int | str | DraftLenPolicy) -> DraftLenPolicy:
-  """``"dynamic"`` -> the paper's Algorithm 1, an int -> that fixed length; policies pass through.
+  """``"dynamic"`` -> the paper's Algorithm 1, an int (or NumPy integer) -> that fixed length;
+  policies pass through.
 
   Raises:
-    ValueError: anything else.
+    ValueError: anything else (a digit string too: convert it where it is parsed), naming draft_len.
   """
   if isinstance(draft_len, (DynamicDraftLen, FixedDraftLen)):
     return draft_len
-  if draft_len == "dynamic":
+  if isinstance(draft_len, str) and draft_len == "dynamic":
     return DynamicDraftLen()
-  if isinstance(draft_len, int) and not isinstance(draft_len, bool):
-    return FixedDraftLen(draft_len)
-  if isinstance(draft_len, str) and draft_len.isdigit():
+  if _checks.is_int(draft_len):
     return FixedDraftLen(int(draft_len))
-  raise ValueError(f"draft_len must be 'dynamic', a positive int or a DynamicDraftLen, got {draft_len!r}")
+  raise ValueError(f"draft_len must be 'dynamic', an int >= 1 or a DynamicDraftLen, got {draft_len!r}")

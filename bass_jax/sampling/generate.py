@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import Any, Sequence
 
@@ -11,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bass_jax.loading import Model
+from bass_jax import _checks
+from bass_jax.loading import Model, check_same_tokenizer
 from bass_jax.models import attention as attention_lib
 from bass_jax.sampling import loop
 from bass_jax.sampling.draft_len import DraftLenPolicy, DynamicDraftLen, as_policy
@@ -91,20 +91,33 @@ def _eos_ids(eos_token_id, target: Model) -> tuple[int, ...]:
     eos_token_id = target.config.eos_token_id
   if eos_token_id is None:
     return ()
-  ids = (eos_token_id,) if isinstance(eos_token_id, (int, np.integer)) else tuple(eos_token_id)
-  for i in ids:
-    if not 0 <= int(i) < target.config.vocab_size:
-      raise ValueError(f"eos_token_id {i} is outside the vocabulary [0, {target.config.vocab_size})")
-  return tuple(int(i) for i in ids)
+  return _checks.as_int_tuple("eos_token_id", eos_token_id, min_value=0,
+                              max_value=target.config.vocab_size - 1)
 
 
-def _validate_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[np.ndarray]:
-  if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
-    raise ValueError("prompts must be a list of token-id lists (tokenize text first)")
+def _validate_prompts(prompts: Any, vocab_size: int) -> list[np.ndarray]:
+  """B prompts as a list of ``i32[len_b]`` arrays: a list of token-id sequences, or a 2-D integer array
+  (NumPy or JAX) of B prompts of equal length."""
+  if isinstance(prompts, (str, bytes)):
+    raise ValueError("prompts must be token ids (a list of token-id lists or an i32[B, T] array), got "
+                     "a string; tokenize it first, or call bass_jax.generate_text")
+  if isinstance(prompts, (np.ndarray, jax.Array)):
+    if prompts.ndim != 2 or not np.issubdtype(prompts.dtype, np.integer):
+      raise ValueError(f"a prompts array must be a 2-D integer array [batch, time], got "
+                       f"{prompts.dtype}{tuple(prompts.shape)}")
+    prompts = list(np.asarray(prompts))
+  if not isinstance(prompts, Sequence):
+    raise ValueError(f"prompts must be a list of token-id lists or an i32[B, T] array, got "
+                     f"{type(prompts).__name__}")
   if len(prompts) < 1:
     raise ValueError("prompts is empty: the batch needs at least one prompt (batch_size >= 1)")
   arrays = []
   for i, prompt in enumerate(prompts):
+    if isinstance(prompt, (str, bytes)):
+      raise ValueError(f"prompt {i} is a string; tokenize it first, or call bass_jax.generate_text")
+    if _checks.is_int(prompt):
+      raise ValueError(f"prompt {i} is a single int: prompts must be a list of prompts, each a list "
+                       "of token ids (for one prompt pass [ids])")
     arr = np.asarray(prompt)
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
       raise ValueError(f"prompt {i} must be a flat list of integer token ids, got {arr.dtype}{arr.shape}")
@@ -115,6 +128,22 @@ def _validate_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list
                        f"min {arr.min()}, max {arr.max()}")
     arrays.append(arr.astype(np.int32))
   return arrays
+
+
+MAX_SEED = 2**63 - 1
+
+
+def prng_key(seed: int) -> jax.Array:
+  """The PRNG key of a seed in ``[0, 2**63)``: all 64 bits count (``jax.random.key`` keeps only the low
+  32 without x64, so seed 2**32 would repeat seed 0). Equal to ``jax.random.key(seed)`` (threefry)
+  below 2**32.
+
+  Raises:
+    ValueError: a seed that is not an int in range (names ``seed``).
+  """
+  seed = _checks.as_int("seed", seed, min_value=0, max_value=MAX_SEED)
+  data = np.array([seed >> 32, seed & 0xFFFFFFFF], np.uint32)
+  return jax.random.wrap_key_data(data, impl="threefry2x32")
 
 
 _COMPILED: dict[Any, Any] = {}
@@ -138,7 +167,7 @@ def _compiled(spec: loop.DecodeSpec, args_prefill: tuple, args_decode_tail: tupl
 def generate(
     target: Model,
     draft: Model | None,
-    prompts: Sequence[Sequence[int]],
+    prompts: Sequence[Sequence[int]] | np.ndarray | jax.Array,
     *,
     method: str = "bass",
     max_new_tokens: int = 128,
@@ -153,7 +182,7 @@ def generate(
 ) -> GenerateOutput:
   """Decodes a batch of prompts with batched speculative sampling (BASS) or regular decoding.
 
-  Implements ../shared/BASS.md §2-3 (BASS paper §3): every step the draft proposes ``l_draft`` tokens
+  Implements BASS (Qian et al. 2024, §3; docs/bass.md): every step the draft proposes ``l_draft`` tokens
   for each live row, the target scores ``l_draft + 1`` positions per row in one forward, each row
   accepts its own prefix by rejection sampling (greedy at temperature 0) plus a correction or bonus
   token, and each row's caches advance by its own count. Output tokens follow the target's
@@ -166,16 +195,20 @@ def generate(
 
   Args:
     target: the model whose distribution is sampled.
-    draft: the proposal model (same vocabulary); ignored (may be None) for ``method="regular"``.
-    prompts: B token-id lists of any lengths, each non-empty.
+    draft: the proposal model, sharing the target's tokenizer (same vocabulary size and special token
+      ids, and the same vocabulary when both carry tokenizers); ignored (may be None) for
+      ``method="regular"``.
+    prompts: B token-id lists of any lengths, each non-empty; or an integer array ``[B, T]`` of B
+      prompts of equal length. Ints may be Python or NumPy integers.
     method: ``"bass"`` or ``"regular"`` (batched autoregressive decoding with the same model code).
     max_new_tokens: N >= 1, tokens to emit per row at most.
     temperature: >= 0; 0 is greedy.
     top_p: nucleus mass in (0, 1]; 1 disables it.
     draft_len: ``"dynamic"`` (Algorithm 1 with the paper's defaults), a ``DynamicDraftLen`` with other
       constants, or a fixed int.
-    seed: PRNG seed (unused when greedy).
-    eos_token_id: id or ids that end a row; None takes the target config's; ``()`` disables stopping.
+    seed: PRNG seed, an int in ``[0, 2**63)`` (all 64 bits used; unused when greedy).
+    eos_token_id: an id or a sequence of ids that end a row; None takes the target config's; ``()``
+      disables stopping.
     attention_impl: attention implementation for both models (see ``attention_implementations()``).
     verify_buckets: draft lengths with a compiled verification shape (default: the fixed length, or
       1, 2, 4, … up to ``l_limit``); each must be in ``[1, max draft length]``.
@@ -186,32 +219,39 @@ def generate(
     ``f32[B, N]``, finished flags and :class:`GenerateStats`.
 
   Raises:
-    ValueError: an unknown method or attention_impl; no draft for BASS; draft and target vocabularies
-      differ; an empty prompt list or prompt; token ids outside the vocabulary; ``max_new_tokens < 1``;
-      ``temperature < 0``; ``top_p`` outside (0, 1]; a bad draft length or bucket; prompt +
-      ``max_new_tokens`` beyond the models' context or beyond ``max_cache_len``.
+    ValueError: naming the parameter, for an argument of the wrong type or out of range (a string,
+      ``None`` or bool where a number is meant, a float where an int is meant: ``seed=1.5``,
+      ``eos_token_id="70"``); an unknown method or attention_impl; no draft for BASS; a draft whose
+      tokenizer differs from the target's (says which part); an empty prompt list or prompt; token ids
+      outside the vocabulary; a bad draft length or bucket; prompt + ``max_new_tokens`` beyond the
+      models' context or beyond ``max_cache_len``.
   """
-  if method not in ("bass", "regular"):
+  if not isinstance(target, Model):
+    raise ValueError(f"target must be a bass_jax.Model (see bass_jax.load_model), got "
+                     f"{type(target).__name__}")
+  if not isinstance(method, str) or method not in ("bass", "regular"):
     raise ValueError(f"method must be 'bass' or 'regular', got {method!r}")
+  if not isinstance(attention_impl, str):
+    raise ValueError(f"attention_impl must be a name, one of {attention_lib.attention_implementations()}")
   attention_lib.get_attention(attention_impl)  # raises for an unknown name
   if method == "bass":
     if draft is None:
       raise ValueError("method='bass' needs a draft model")
-    if draft.config.vocab_size != target.config.vocab_size:
-      raise ValueError(
-          f"draft vocabulary ({draft.config.vocab_size}) differs from the target's "
-          f"({target.config.vocab_size}); speculative decoding needs the same tokenizer")
-  if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
-    raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-  if not (math.isfinite(temperature) and temperature >= 0):
-    raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {temperature}")
-  if not 0 < top_p <= 1:
-    raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if not isinstance(draft, Model):
+      raise ValueError(f"draft must be a bass_jax.Model, got {type(draft).__name__}")
+    check_same_tokenizer(target, draft)
+  max_new_tokens = _checks.as_int("max_new_tokens", max_new_tokens, min_value=1)
+  temperature = _checks.as_float("temperature", temperature, min_value=0.0)
+  top_p = _checks.as_float("top_p", top_p, min_value=0.0, min_exclusive=True, max_value=1.0)
+  key = prng_key(seed)
+  if max_cache_len is not None:
+    max_cache_len = _checks.as_int("max_cache_len", max_cache_len, min_value=1)
   policy = as_policy(draft_len) if method == "bass" else None
   buckets = ()
   if policy is not None:
-    buckets = tuple(sorted(set(verify_buckets or default_verify_buckets(policy))))
-    if buckets[0] < 1 or buckets[-1] != policy.max_len:
+    buckets = tuple(sorted(set(_checks.as_int_tuple("verify_buckets", verify_buckets)
+                               if verify_buckets is not None else default_verify_buckets(policy))))
+    if not buckets or buckets[0] < 1 or buckets[-1] != policy.max_len:
       raise ValueError(f"verify_buckets {buckets} must lie in [1, {policy.max_len}] and include the "
                        f"maximum draft length {policy.max_len}")
 
@@ -244,7 +284,7 @@ def generate(
     padded[i, :len(a)] = a
   draft_params = draft.params if method == "bass" else None
   args_prefill = (target.params, draft_params, jnp.asarray(padded), jnp.asarray(lengths),
-                  jax.random.key(seed))
+                  key)
   args_tail = (target.params, draft_params, jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p))
   (prefill, decode), compile_seconds = _compiled(spec, args_prefill, args_tail)
 

@@ -1,0 +1,97 @@
+"""Argument checks shared by the public entry points: every error names the parameter and the fix.
+
+Python's and NumPy's scalar types are accepted wherever the value is unambiguous (``np.int64(4)`` is an
+int, ``np.float32(0.5)`` a float); strings, ``None``, booleans where a number is meant, and floats where
+an int is meant are refused instead of being coerced, so that ``"70"`` can never become the ids
+``(7, 0)`` and ``seed=1.5`` can never become seed 1.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+
+
+def is_int(value: Any) -> bool:
+  """A Python or NumPy integer, not a bool."""
+  return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _describe(value: Any) -> str:
+  return f"{value!r} ({type(value).__name__})"
+
+
+def as_int(name: str, value: Any, *, min_value: int | None = None,
+           max_value: int | None = None) -> int:
+  """``value`` as a Python int, checked against ``[min_value, max_value]`` (inclusive).
+
+  Raises:
+    ValueError: not an int or NumPy integer (a bool, float or string is not), or out of range; the
+      message names ``name``.
+  """
+  if not is_int(value):
+    raise ValueError(f"{name} must be an int, got {_describe(value)}")
+  value = int(value)
+  if min_value is not None and value < min_value:
+    raise ValueError(f"{name} must be >= {min_value}, got {value}")
+  if max_value is not None and value > max_value:
+    raise ValueError(f"{name} must be <= {max_value}, got {value}")
+  return value
+
+
+def as_float(name: str, value: Any, *, min_value: float | None = None,
+             max_value: float | None = None, min_exclusive: bool = False) -> float:
+  """``value`` as a finite Python float, checked against its bounds.
+
+  Ints are accepted (``temperature=1``); booleans, strings and ``None`` are not.
+
+  Raises:
+    ValueError: not a real number, not finite, or out of range; the message names ``name``.
+  """
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.floating,
+                                                                   np.integer)):
+    raise ValueError(f"{name} must be a number, got {_describe(value)}")
+  value = float(value)
+  if not math.isfinite(value):
+    raise ValueError(f"{name} must be finite, got {value}")
+  if min_value is not None and (value <= min_value if min_exclusive else value < min_value):
+    raise ValueError(f"{name} must be {'>' if min_exclusive else '>='} {min_value}, got {value}")
+  if max_value is not None and value > max_value:
+    raise ValueError(f"{name} must be <= {max_value}, got {value}")
+  return value
+
+
+def as_bool(name: str, value: Any) -> bool:
+  """``value`` as a bool (Python or NumPy bool only).
+
+  Raises:
+    ValueError: any other type; the message names ``name``.
+  """
+  if not isinstance(value, (bool, np.bool_)):
+    raise ValueError(f"{name} must be True or False, got {_describe(value)}")
+  return bool(value)
+
+
+def as_int_tuple(name: str, value: Any, *, min_value: int | None = None,
+                 max_value: int | None = None) -> tuple[int, ...]:
+  """An int or a sequence of ints (list, tuple, 1-D integer array) as a tuple of Python ints.
+
+  Raises:
+    ValueError: a string, a float, a nested or non-integer sequence, or an element out of range;
+      the message names ``name``.
+  """
+  if is_int(value):
+    return (as_int(name, value, min_value=min_value, max_value=max_value),)
+  if isinstance(value, (str, bytes)):
+    raise ValueError(f"{name} must be an int or a sequence of ints, got the string {value!r}")
+  if isinstance(value, np.ndarray):
+    if value.ndim != 1 or not np.issubdtype(value.dtype, np.integer):
+      raise ValueError(f"{name} must be an int or a 1-D integer array, got {value.dtype}{value.shape}")
+    value = value.tolist()
+  if not isinstance(value, (list, tuple)):
+    raise ValueError(f"{name} must be an int or a sequence of ints, got {_describe(value)}")
+  return tuple(as_int(f"{name}[{i}]", v, min_value=min_value, max_value=max_value)
+               for i, v in enumerate(value))
