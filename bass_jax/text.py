@@ -1,0 +1,92 @@
+"""Text in, text out: :func:`generate_text` wraps the token-level :func:`bass_jax.generate` with the target's
+tokenizer, its chat template and stop strings."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from bass_jax.loading import Model
+from bass_jax.sampling.generate import generate
+
+
+def _stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:
+  if stop is None:
+    return ()
+  stops = (stop,) if isinstance(stop, str) else stop
+  if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops):
+    raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
+  if any(not s for s in stops):
+    raise ValueError("stop strings must be non-empty (an empty one would cut every output to '')")
+  return tuple(stops)
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> str:
+  """``text`` up to (not including) the earliest occurrence of any of ``stop``; all of it if none occurs."""
+  cut = len(text)
+  for s in stop:
+    at = text.find(s)
+    if at != -1:
+      cut = min(cut, at)
+  return text[:cut]
+
+
+def encode_prompts(tokenizer: Any, prompts: Sequence[str], *, chat: bool = False) -> list[list[int]]:
+  """Token ids of each prompt: plain (``tokenizer(text)``, special tokens as the tokenizer adds them), or
+  as one user turn of the tokenizer's chat template followed by the assistant's generation prompt.
+
+  Raises:
+    ValueError: ``prompts`` is not a non-empty list of strings; ``chat=True`` with a tokenizer that has
+      no chat template.
+  """
+  if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
+    raise ValueError("prompts must be a non-empty list of strings (for one prompt pass [text])")
+  for i, p in enumerate(prompts):
+    if not isinstance(p, str):
+      raise ValueError(f"prompt {i} must be a string, got {type(p).__name__}; for token ids use "
+                       "bass_jax.generate")
+  if not chat:
+    return [list(tokenizer(p).input_ids) for p in prompts]
+  if not getattr(tokenizer, "chat_template", None):
+    raise ValueError("chat=True but the target's tokenizer has no chat template; pass chat=False")
+  ids = []
+  for p in prompts:
+    encoded = tokenizer.apply_chat_template([{"role": "user", "content": p}],
+                                            add_generation_prompt=True, tokenize=True)
+    if not isinstance(encoded, list):  # transformers 5 returns a BatchEncoding
+      encoded = encoded["input_ids"]
+    ids.append(list(encoded))
+  return ids
+
+
+def generate_text(target: Model, draft: Model | None, prompts: Sequence[str], *, chat: bool = False,
+                  stop: str | Sequence[str] | None = None, **generate_kwargs: Any) -> list[str]:
+  """Decodes strings to strings with BASS (or regular decoding), using the target's tokenizer.
+
+  Args:
+    target: the target model; it must carry a tokenizer (``load_model`` loads it with the checkpoint).
+    draft: the draft model (None with ``method="regular"``).
+    prompts: B strings.
+    chat: wrap each prompt as one user turn of the tokenizer's chat template with the assistant's
+      generation prompt (for Instruct models such as SmolLM2-135M-Instruct).
+    stop: a string or strings; each output is cut on the host, after decoding, before the earliest
+      occurrence of any of them (the stop string itself is not returned). Decoding still runs to EOS
+      or ``max_new_tokens``.
+    **generate_kwargs: passed to :func:`bass_jax.generate` (``method``, ``max_new_tokens``,
+      ``temperature``, ``top_p``, ``draft_len``, ``seed``, …).
+
+  Returns:
+    B strings: each row's emitted tokens decoded with special tokens skipped (no ``<|im_end|>``),
+    cut at the first stop string.
+
+  Raises:
+    ValueError: no tokenizer on the target; prompts not a list of strings; a bad stop; ``chat=True``
+      without a chat template; and whatever :func:`bass_jax.generate` rejects.
+  """
+  if target.tokenizer is None:
+    raise ValueError(f"target {target.name!r} has no tokenizer; load one that ships it, or use "
+                     "bass_jax.generate with token ids")
+  stops = _stop_strings(stop)
+  ids = encode_prompts(target.tokenizer, prompts, chat=chat)
+  out = generate(target, draft, ids, **generate_kwargs)
+  texts = [target.tokenizer.decode(seq, skip_special_tokens=True) for seq in out.sequences()]
+  return [cut_at_stop(t, stops) for t in texts]
