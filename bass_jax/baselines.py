@@ -64,23 +64,34 @@ def load_torch_model(spec: str | os.PathLike):
   return model.eval()
 
 
-def hf_generate(model, prompt_ids: Sequence[int], *, batch_size: int, max_new_tokens: int,
-                temperature: float, top_p: float, seed: int, eos_token_id: int | None,
-                assistant: Any = None) -> HFRun:
-  """Times ``model.generate`` on ``batch_size`` copies of one prompt (the experiments' batches).
+def hf_generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float,
+                top_p: float, seed: int, eos_token_id: int | None, assistant: Any = None) -> HFRun:
+  """Times ``model.generate`` on a batch of prompts (the experiments' batches: distinct prompts, or
+  copies of one prompt when sampling).
+
+  Prompts of different lengths are left-padded (with ``eos_token_id``) under an attention mask, as
+  transformers' batched generation of decoder-only models needs.
 
   Args:
-    assistant: a draft model for transformers' assisted generation (``batch_size`` must be 1).
+    prompts: B token-id lists.
+    assistant: a draft model for transformers' assisted generation (B must be 1).
 
   Raises:
-    ValueError: an assistant with ``batch_size > 1`` (transformers supports batch 1 only).
+    ValueError: an assistant with more than one prompt (transformers supports batch 1 only), or no
+      pad id (``eos_token_id`` None) for prompts of different lengths.
   """
   import torch  # pylint: disable=g-import-not-at-top
 
-  if assistant is not None and batch_size != 1:
+  batch = len(prompts)
+  if assistant is not None and batch != 1:
     raise ValueError("transformers' assisted generation supports batch size 1 only")
+  width = max(len(p) for p in prompts)
+  if eos_token_id is None and any(len(p) != width for p in prompts):
+    raise ValueError("prompts of different lengths need a pad id; pass eos_token_id")
+  pad = eos_token_id if eos_token_id is not None else 0
+  inputs = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])
+  mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
   torch.manual_seed(seed)
-  inputs = torch.tensor([list(prompt_ids)] * batch_size)
   kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens, min_new_tokens=0,
                                 pad_token_id=eos_token_id, eos_token_id=eos_token_id)
   if temperature > 0:
@@ -91,10 +102,10 @@ def hf_generate(model, prompt_ids: Sequence[int], *, batch_size: int, max_new_to
     kwargs["assistant_model"] = assistant
   with torch.no_grad():
     start = time.perf_counter()
-    out = model.generate(inputs, attention_mask=torch.ones_like(inputs), **kwargs)
+    out = model.generate(inputs, attention_mask=mask, **kwargs)
     wall = time.perf_counter() - start
   sequences = []
-  for row in out[:, inputs.shape[1]:].tolist():
+  for row in out[:, width:].tolist():
     if eos_token_id is not None and eos_token_id in row:
       row = row[:row.index(eos_token_id) + 1]
     sequences.append(row)

@@ -1,4 +1,4 @@
-"""Decode a prompt set batch by batch and summarize it with the paper's metrics (BASS.md §5).
+"""Decode a prompt set batch by batch and summarize it with the paper's metrics (BASS §4.1).
 
 The experiment scripts in ``experiments/`` parse flags and call :func:`run_problems`; everything they
 report is computed here, so the scripts stay thin and the numbers have one definition.
@@ -8,22 +8,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
-import tqdm
 
-from bass_jax import humaneval, metrics
+from bass_jax import _checks, humaneval, metrics
 from bass_jax.data import Problem
 from bass_jax.loading import Model
 from bass_jax.sampling.generate import generate
 
 # Order of the summary table (and of the JSON keys the issue fixes).
 SUMMARY_KEYS = (
-    "method", "batch_size", "num_prompts", "max_new_tokens", "temperature", "top_p", "draft_len",
-    "ms_per_token_first", "ms_per_token_last", "ms_per_token_all", "tokens_per_second",
-    "mean_accepted_length", "draft_acceptance_rate", "steps", "wall_seconds", "compile_seconds",
+    "method", "batch_size", "num_prompts", "distinct_prompts", "max_new_tokens", "temperature",
+    "top_p", "draft_len", "ms_per_token_first", "ms_per_token_last", "ms_per_token_all",
+    "tokens_per_second", "mean_accepted_length", "draft_acceptance_rate", "length_spread",
+    "accepted_spread", "steps", "wall_seconds", "compile_seconds",
 )
 
 
@@ -33,6 +33,31 @@ class RunResult:
 
   records: list[dict[str, Any]]
   summary: dict[str, Any]
+
+
+def make_batches(problems: Sequence[Problem], batch_size: int,
+                 distinct_prompts: bool) -> list[list[Problem]]:
+  """The batches a run decodes, one list of problems (one per row) each.
+
+  ``distinct_prompts``: consecutive groups of ``batch_size`` different problems, one sequence each (the
+  last group is smaller when ``batch_size`` does not divide the number of problems); otherwise one batch
+  of ``batch_size`` copies per problem (the paper's B samples per prompt, which only diverge when
+  sampling).
+
+  Raises:
+    ValueError: no problems, ``batch_size < 1``, or distinct prompts with fewer problems than
+      ``batch_size`` (a batch of distinct prompts needs that many).
+  """
+  batch_size = _checks.as_int("batch_size", batch_size, min_value=1)
+  if not problems:
+    raise ValueError("no problems to decode")
+  if not distinct_prompts:
+    return [[p] * batch_size for p in problems]
+  if len(problems) < batch_size:
+    raise ValueError(
+        f"distinct_prompts needs at least batch_size={batch_size} prompts, got {len(problems)}; "
+        "pass more prompts, or distinct_prompts=False to decode batch_size samples of each prompt")
+  return [list(problems[i:i + batch_size]) for i in range(0, len(problems), batch_size)]
 
 
 def run_problems(
@@ -49,66 +74,82 @@ def run_problems(
     seed: int = 0,
     attention_impl: str = "reference",
     verify_buckets: Sequence[int] | None = None,
+    distinct_prompts: bool | None = None,
     check: bool = False,
     progress: bool = True,
+    on_batch: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> RunResult:
-  """Decodes ``batch_size`` sequences of every problem (one batch per problem) and summarizes.
+  """Decodes the problems batch by batch (:func:`make_batches`) and summarizes with the paper's metrics.
 
-  Latency per sequence is measured as in the paper (BASS §4.1, ../shared/BASS.md §5): a sequence's
+  Latency per sequence is measured as in the paper (BASS §4.1; docs/bass.md, "Metrics"): a sequence's
   per-token latency is the wall time from the start of its batch's prefill until the decode loop
   returned with that sequence complete, divided by its number of tokens. ``generate`` returns to the
   host whenever a sequence finishes, so each completion is timed without a per-step round trip. First
   / Last / All are that latency for the first sequence to finish, the last one, and the mean over the
-  batch; the summary averages each over the problems. Compilation is timed apart and excluded.
+  batch; the summary averages each over the batches. Compilation is timed apart and excluded.
   ``tokens_per_second`` is all emitted tokens over the summed batch wall time.
 
   Args:
     target, draft: models sharing a tokenizer; ``target.tokenizer`` must be set.
-    problems: prompts; each becomes one batch of ``batch_size`` identical prompts.
-    batch_size: sequences per prompt, >= 1.
+    problems: prompts.
+    batch_size: rows per batch, >= 1.
     method, max_new_tokens, temperature, top_p, draft_len, attention_impl, verify_buckets: as in
       ``generate``.
-    seed: problem i uses seed ``seed + i``.
+    seed: batch i uses seed ``seed + i``.
+    distinct_prompts: each batch holds ``batch_size`` different prompts, one sequence each; else
+      ``batch_size`` sequences of one prompt. None (default) means distinct at temperature 0, where
+      copies of one prompt would be identical rows (nothing ragged, First = Last), and samples per
+      prompt otherwise (the paper's setting).
     check: run HumanEval's unit tests on every completion (``bass_jax.humaneval``, outside this
       process): records get ``passed``, the summary ``pass_at_batch`` (share of problems where some
       sequence passes).
-    progress: show a progress bar over problems.
+    progress: show a progress bar over batches.
+    on_batch: called with each batch's records as soon as the batch is decoded (scripts append them to
+      their JSONL file, so an interrupted run keeps every finished batch).
 
   Returns:
-    :class:`RunResult`: per-sequence records (``task_id, sample_index, completion, num_tokens,
-    mean_logprob, finished, finish_seconds``, and ``passed`` with ``check``) and the summary (keys
-    :data:`SUMMARY_KEYS` plus analytic ``useful_flops`` / ``executed_flops`` (``metrics.decode_flops``),
-    the models, attention implementation, device and JAX version).
+    :class:`RunResult`: per-sequence records (``task_id, sample_index, batch_index, row, batch_size,
+    prompt_tokens, completion, num_tokens, accepted_drafts, mean_logprob, finished, finish_seconds``,
+    and ``passed`` with ``check``) and the summary (keys :data:`SUMMARY_KEYS`; the raggedness means
+    ``length_spread``, ``emitted_spread``, ``accepted_spread`` (``metrics.raggedness``); analytic
+    ``useful_flops`` / ``executed_flops`` (``metrics.decode_flops``); the models, attention
+    implementation, device and JAX version).
 
   Raises:
-    ValueError: ``batch_size < 1``, no problems, no tokenizer; and whatever ``generate`` rejects.
+    ValueError: ``batch_size < 1``, no problems, too few problems for distinct batches, no tokenizer;
+      and whatever ``generate`` rejects.
   """
-  if not isinstance(batch_size, int) or batch_size < 1:
-    raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-  if not problems:
-    raise ValueError("no problems to decode")
+  if distinct_prompts is None:
+    distinct_prompts = temperature == 0
+  batches = make_batches(problems, batch_size, _checks.as_bool("distinct_prompts", distinct_prompts))
   tokenizer = target.tokenizer
   if tokenizer is None:
     raise ValueError(f"target {target.name!r} has no tokenizer; load one that ships it")
 
   records: list[dict[str, Any]] = []
   latencies: list[metrics.Latency] = []
+  ragged: list[metrics.Raggedness] = []
   accept_parts: list[metrics.Acceptance] = []
   steps = tokens = draft_len_sum = 0
   wall = compile_seconds = useful_flops = executed_flops = 0.0
-  bar = tqdm.tqdm(problems, desc=f"{method} B={batch_size}", unit="prompt", disable=not progress)
-  for i, problem in enumerate(bar):
-    prompt_ids = tokenizer(problem.prompt).input_ids
-    out = generate(target, draft, [prompt_ids] * batch_size, method=method,
+  sample_counts: dict[str, int] = {}
+  import tqdm  # pylint: disable=g-import-not-at-top  (the [experiments] extra)
+
+  bar = tqdm.tqdm(batches, desc=f"{method} B={batch_size}", unit="batch", disable=not progress)
+  for i, batch in enumerate(bar):
+    prompt_ids = [tokenizer(p.prompt).input_ids for p in batch]
+    out = generate(target, draft, prompt_ids, method=method,
                    max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                    draft_len=draft_len, seed=seed + i, attention_impl=attention_impl,
                    verify_buckets=verify_buckets)
     stats = out.stats
+    prompt_lengths = np.array([len(p) for p in prompt_ids])
     latencies.append(metrics.per_token_latency(stats.finish_seconds, out.lengths))
+    ragged.append(metrics.raggedness(prompt_lengths, out.lengths,
+                                     stats.accepted if method == "bass" else None))
     if method == "bass":
       accept_parts.append(metrics.acceptance(stats.draft_lens, stats.accepted))
-    flops = metrics.decode_flops(target, draft, np.full(batch_size, len(prompt_ids)), out,
-                                 method=method)
+    flops = metrics.decode_flops(target, draft, prompt_lengths, out, method=method)
     useful_flops += flops.useful
     executed_flops += flops.executed
     steps += stats.steps
@@ -116,34 +157,47 @@ def run_problems(
     tokens += int(out.lengths.sum())
     wall += stats.wall_seconds
     compile_seconds += stats.compile_seconds
-    for j, seq in enumerate(out.sequences()):
-      records.append({
+    accepted_per_row = np.where(stats.accepted >= 0, stats.accepted, 0).sum(axis=0)
+    batch_records = []
+    for j, (problem, seq) in enumerate(zip(batch, out.sequences())):
+      sample_index = sample_counts.get(problem.task_id, 0)
+      sample_counts[problem.task_id] = sample_index + 1
+      batch_records.append({
           "task_id": problem.task_id,
-          "sample_index": j,
+          "sample_index": sample_index,
+          "batch_index": i,
+          "row": j,
+          "batch_size": len(batch),
+          "prompt_tokens": int(prompt_lengths[j]),
           "completion": tokenizer.decode(seq, skip_special_tokens=True),
           "num_tokens": len(seq),
+          "accepted_drafts": int(accepted_per_row[j]) if method == "bass" else None,
           "mean_logprob": float(np.mean(out.logprobs[j, :len(seq)])),
           "finished": bool(out.finished[j]),
           "finish_seconds": float(stats.finish_seconds[j]),
       })
+    if check:
+      passed = humaneval.check_completions(batch, [r["completion"] for r in batch_records])
+      for record, ok in zip(batch_records, passed):
+        record["passed"] = ok
+    records.extend(batch_records)
+    if on_batch is not None:
+      on_batch(batch_records)
     bar.set_postfix(ms_per_token=f"{latencies[-1].all:.1f}")
 
   pass_at_batch = None
   if check:
-    by_id = {p.task_id: p for p in problems}
-    passed = humaneval.check_completions([by_id[r["task_id"]] for r in records],
-                                         [r["completion"] for r in records])
-    for record, ok in zip(records, passed):
-      record["passed"] = ok
+    task_ids = list(dict.fromkeys(r["task_id"] for r in records))
     pass_at_batch = float(np.mean([
-        metrics.pass_at_batch([r["passed"] for r in records if r["task_id"] == p.task_id])
-        for p in problems]))
+        metrics.pass_at_batch([r["passed"] for r in records if r["task_id"] == t]) for t in task_ids]))
   accept = metrics.Acceptance.pooled(accept_parts) if accept_parts else None
   device = jax.devices()[0]
   summary = {
       "method": method,
       "batch_size": batch_size,
       "num_prompts": len(problems),
+      "distinct_prompts": distinct_prompts,
+      "num_batches": len(batches),
       "max_new_tokens": max_new_tokens,
       "temperature": temperature,
       "top_p": top_p,
@@ -154,6 +208,9 @@ def run_problems(
       "tokens_per_second": tokens / wall,
       "mean_accepted_length": accept.mean_accepted_length if accept else 1.0,
       "draft_acceptance_rate": accept.draft_acceptance_rate if accept else None,
+      "length_spread": float(np.mean([r.length_spread for r in ragged])),
+      "emitted_spread": float(np.mean([r.emitted_spread for r in ragged])),
+      "accepted_spread": float(np.mean([r.accepted_spread for r in ragged])),
       "steps": steps,
       "mean_draft_len": draft_len_sum / steps if method == "bass" else None,
       "wall_seconds": wall,

@@ -1,4 +1,4 @@
-"""The paper's metrics (../shared/BASS.md §5) computed from what `generate` returns."""
+"""The paper's metrics (BASS §4; docs/bass.md, "Metrics") computed from what `generate` returns."""
 
 from __future__ import annotations
 
@@ -93,6 +93,59 @@ def acceptance(draft_lens: np.ndarray, accepted: np.ndarray) -> Acceptance:
   live = accepted >= 0
   drafted = int((draft_lens[:, None] * live).sum())
   return Acceptance.from_counts(drafted, int(accepted[live].sum()), int(live.sum()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Raggedness:
+  """How ragged one batch really was: what BASS's per-row acceptance and lengths are about.
+
+  Attributes:
+    length_spread: max - min over rows of the final sequence length (prompt + emitted), in tokens: the
+      spread of the ragged KV caches at the end.
+    emitted_spread: max - min over rows of the emitted token count.
+    accepted_spread: mean over steps with two or more live rows of (max - min) accepted drafts across
+      those rows (BASS only; 0 for regular decoding, where every row emits one token per step).
+    accepted_total_spread: max - min over rows of the total accepted drafts (BASS only).
+  """
+
+  length_spread: int
+  emitted_spread: int
+  accepted_spread: float
+  accepted_total_spread: int
+
+
+def raggedness(prompt_lengths: np.ndarray, emitted: np.ndarray,
+               accepted: np.ndarray | None = None) -> Raggedness:
+  """:class:`Raggedness` of one batch.
+
+  Args:
+    prompt_lengths: ``i32[B]`` true prompt lengths. emitted: ``i32[B]`` tokens emitted per row.
+    accepted: ``i32[steps, B]`` accepted drafts per row per step, -1 where the row was not live
+      (``GenerateStats.accepted``); None or empty for regular decoding.
+
+  Raises:
+    ValueError: shapes that do not match.
+  """
+  prompt_lengths, emitted = np.asarray(prompt_lengths), np.asarray(emitted)
+  if prompt_lengths.shape != emitted.shape or prompt_lengths.ndim != 1 or not prompt_lengths.size:
+    raise ValueError(f"need matching non-empty [B] arrays, got {prompt_lengths.shape} and {emitted.shape}")
+  total = prompt_lengths + emitted
+  spread, total_spread = 0.0, 0
+  if accepted is not None and np.asarray(accepted).size:
+    accepted = np.asarray(accepted)
+    if accepted.ndim != 2 or accepted.shape[1] != emitted.shape[0]:
+      raise ValueError(f"accepted must be [steps, {emitted.shape[0]}], got {accepted.shape}")
+    live = accepted >= 0
+    multi = live.sum(axis=1) >= 2
+    if multi.any():
+      hi = np.where(live, accepted, np.iinfo(np.int32).min).max(axis=1)
+      lo = np.where(live, accepted, np.iinfo(np.int32).max).min(axis=1)
+      spread = float(np.mean((hi - lo)[multi]))
+    per_row = np.where(live, accepted, 0).sum(axis=0)
+    total_spread = int(per_row.max() - per_row.min())
+  return Raggedness(length_spread=int(total.max() - total.min()),
+                    emitted_spread=int(emitted.max() - emitted.min()), accepted_spread=spread,
+                    accepted_total_spread=total_spread)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -81,21 +81,35 @@ def measure_peak_flops(dtype: str = "float32", size: int = 2048, repeats: int = 
 
 def _decode(target: Model, draft: Model, problems: Sequence[Problem], *, method: str, batch: int,
             max_new_tokens: int, temperature: float, top_p: float, kernels: str,
-            strategy: str = "pad", draft_len: Any = "dynamic", check: bool = False):
-  """One ``experiment.run_problems`` as every experiment here runs it (the draft only for BASS)."""
+            strategy: str = "pad", draft_len: Any = "dynamic", check: bool = False,
+            distinct_prompts: bool | None = None):
+  """One ``experiment.run_problems`` as every experiment here runs it (the draft only for BASS; distinct
+  prompts per batch at temperature 0 unless ``distinct_prompts`` says otherwise)."""
   return experiment.run_problems(
       target, draft if method == "bass" else None, problems, batch_size=batch, method=method,
       max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, draft_len=draft_len,
-      attention_impl=attention_impl(strategy, kernels), check=check, progress=False)
+      attention_impl=attention_impl(strategy, kernels), check=check, progress=False,
+      distinct_prompts=distinct_prompts)
+
+
+Saver = Callable[[dict[str, Any]], None]
+
+
+def _checkpoint(save: Saver | None, header: dict[str, Any], runs: list[dict[str, Any]]) -> None:
+  """Hands the result so far to ``save`` (the scripts write it to disk after every run)."""
+  if save is not None:
+    save({**header, "runs": runs, "complete": False})
 
 
 def latency(target: Model, draft: Model, problems: Sequence[Problem], *, batch_sizes: Sequence[int],
             configs: Sequence[str], sampling: Sequence[str], max_new_tokens: int,
-            kernels: str = "auto", check: bool = True,
+            kernels: str = "auto", check: bool = True, save: Saver | None = None,
             log: Callable[[str], None] = print) -> dict[str, Any]:
-  """Tables 1-3: per-token latency First/Last/All, tokens/s, acceptance, Pass@Batch, FLOPs.
+  """Tables 1-3: per-token latency First/Last/All, tokens/s, acceptance, raggedness, Pass@Batch, FLOPs.
 
-  Every (sampling, batch size, config) is one ``experiment.run_problems`` over ``problems``.
+  Every (sampling, batch size, config) is one ``experiment.run_problems`` over ``problems``: greedy
+  batches hold distinct prompts (identical rows would measure nothing ragged), sampled batches hold
+  B samples of each prompt (the paper's setting). ``save`` receives the result so far after every run.
 
   Raises:
     ValueError: an unknown config or sampling name.
@@ -106,6 +120,8 @@ def latency(target: Model, draft: Model, problems: Sequence[Problem], *, batch_s
   for name in sampling:
     if name not in SAMPLING:
       raise ValueError(f"unknown sampling {name!r}; choose from {sorted(SAMPLING)}")
+  header = {"experiment": "latency", **machine(), "num_prompts": len(problems),
+            "max_new_tokens": max_new_tokens, "target": target.name, "draft": draft.name}
   runs = []
   for sampling_name in sampling:
     temperature, top_p = SAMPLING[sampling_name]
@@ -118,23 +134,26 @@ def latency(target: Model, draft: Model, problems: Sequence[Problem], *, batch_s
                           check=check).summary
         summary.update(config=name, sampling=sampling_name)
         runs.append(summary)
+        _checkpoint(save, header, runs)
         log(f"{sampling_name} B={batch} {name}: {summary['ms_per_token_all']:.1f} ms/token All, "
             f"accepted length {summary['mean_accepted_length']:.2f}")
-  return {"experiment": "latency", **machine(), "num_prompts": len(problems),
-          "max_new_tokens": max_new_tokens, "target": target.name, "draft": draft.name, "runs": runs}
+  return {**header, "runs": runs, "complete": True}
 
 
 def utilization(target: Model, draft: Model, problems: Sequence[Problem], *,
                 batch_sizes: Sequence[int], max_new_tokens: int, temperature: float = 0.2,
-                top_p: float = 0.95, kernels: str = "auto",
+                top_p: float = 0.95, kernels: str = "auto", save: Saver | None = None,
                 log: Callable[[str], None] = print) -> dict[str, Any]:
   """Fig. 1: achieved FLOP/s over the device's measured peak, useful and executed, against latency.
 
   Regular decoding and BASS (dynamic draft length, PAD) at every batch size; BASS at batch 1 is
-  single-sequence speculative decoding.
+  single-sequence speculative decoding. ``save`` receives the result so far after every run.
   """
   peak = measure_peak_flops()
   log(f"peak: {peak / 1e9:.1f} GFLOP/s (f32 matrix product)")
+  header = {"experiment": "utilization", **machine(), "peak_flops": peak,
+            "num_prompts": len(problems), "max_new_tokens": max_new_tokens,
+            "temperature": temperature, "top_p": top_p, "target": target.name, "draft": draft.name}
   runs = []
   for batch in batch_sizes:
     for method in ("regular", "bass"):
@@ -144,11 +163,10 @@ def utilization(target: Model, draft: Model, problems: Sequence[Problem], *,
       for kind in ("useful", "executed"):
         summary[f"{kind}_utilization"] = summary[f"{kind}_flops"] / summary["wall_seconds"] / peak
       runs.append(summary)
+      _checkpoint(save, header, runs)
       log(f"B={batch} {method}: {summary['ms_per_token_all']:.1f} ms/token, utilization "
           f"{summary['useful_utilization']:.2%} useful, {summary['executed_utilization']:.2%} executed")
-  return {"experiment": "utilization", **machine(), "peak_flops": peak, "num_prompts": len(problems),
-          "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
-          "target": target.name, "draft": draft.name, "runs": runs}
+  return {**header, "runs": runs, "complete": True}
 
 
 def pass_rates_within(records: Sequence[dict[str, Any]], budget_seconds: float) -> dict[str, float]:
@@ -173,9 +191,12 @@ def pass_rates_within(records: Sequence[dict[str, Any]], budget_seconds: float) 
 
 def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_sizes: Sequence[int],
            temperatures: Sequence[float], max_new_tokens: int, budget_fraction: float,
-           top_p: float = 0.95, kernels: str = "auto",
+           top_p: float = 0.95, kernels: str = "auto", save: Saver | None = None,
            log: Callable[[str], None] = print) -> dict[str, Any]:
   """Fig. 5: Pass@First and Pass@Finished within a wall-clock budget per prompt.
+
+  Every batch holds ``B`` samples of one prompt (Pass@First ranks them), at every temperature.
+  ``save`` receives the runs so far after every run (without the budget, which needs them all).
 
   Every sequence of every (method, temperature, batch size) is checked against HumanEval's tests; a
   sequence counts as finished when it was complete (EOS or ``max_new_tokens``) by the budget. The
@@ -183,6 +204,9 @@ def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_si
   full ``max_new_tokens`` (measured here first), so that regular decoding cannot produce a full-length
   sequence within it, as in the paper. Pass rates are also computed on a grid of budgets for the plot.
   """
+  header = {"experiment": "budget", **machine(), "budget_fraction": budget_fraction,
+            "num_prompts": len(problems), "max_new_tokens": max_new_tokens, "top_p": top_p,
+            "target": target.name, "draft": draft.name}
   runs = []
   records_by_run = []
   for temperature in temperatures:
@@ -190,9 +214,10 @@ def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_si
       for method in ("regular", "bass"):
         result = _decode(target, draft, problems, method=method, batch=batch,
                          max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                         kernels=kernels, check=True)
+                         kernels=kernels, check=True, distinct_prompts=False)
         runs.append({**result.summary, "temperature": temperature})
         records_by_run.append(result.records)
+        _checkpoint(save, header, runs)
         log(f"T={temperature} B={batch} {method}: pass@batch {result.summary['pass_at_batch']:.3f}")
   reference = [r for r, recs in zip(runs, records_by_run)
                if r["method"] == "regular" and r["batch_size"] == min(batch_sizes)]
@@ -207,24 +232,29 @@ def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_si
     run["pass_curve"] = {"budget_seconds": [float(b) for b in grid],
                          "pass_at_first": [c["pass_at_first"] for c in curve],
                          "pass_at_finished": [c["pass_at_finished"] for c in curve]}
-  return {"experiment": "budget", **machine(), "budget_seconds": budget_seconds,
-          "budget_fraction": budget_fraction, "num_prompts": len(problems),
-          "max_new_tokens": max_new_tokens, "top_p": top_p, "target": target.name,
-          "draft": draft.name, "runs": runs}
+  return {**header, "budget_seconds": budget_seconds, "runs": runs, "complete": True}
 
 
 def baselines(target: Model, draft: Model, problems: Sequence[Problem], *, hf_target, hf_draft,
               batch_sizes: Sequence[int], max_new_tokens: int, temperature: float, top_p: float,
-              kernels: str = "auto", log: Callable[[str], None] = print) -> dict[str, Any]:
+              kernels: str = "auto", save: Saver | None = None,
+              log: Callable[[str], None] = print) -> dict[str, Any]:
   """Our regular decoding and BASS against transformers' batched ``generate`` and its assisted
-  generation (batch 1, our draft as the assistant), same prompts, tokens and sampling settings.
+  generation (batch 1, our draft as the assistant), same batches, tokens and sampling settings.
 
-  ``min_new_tokens`` is not forced, so every system stops at EOS; latencies are per emitted token.
+  Batches are ``experiment.make_batches`` of the problems: distinct prompts at temperature 0, copies
+  of one prompt when sampling, for every system alike. ``min_new_tokens`` is not forced, so every
+  system stops at EOS; latencies are per emitted token. ``save`` receives the result so far after
+  every run.
   """
   from bass_jax import baselines as hf  # pylint: disable=g-import-not-at-top
 
   eos = target.config.eos_token_id
   eos = eos[0] if isinstance(eos, tuple) else eos
+  distinct = temperature == 0
+  header = {"experiment": "baselines", **machine(), "num_prompts": len(problems),
+            "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
+            "distinct_prompts": distinct, "target": target.name, "draft": draft.name}
   runs = []
   for batch in batch_sizes:
     for method in ("regular", "bass"):
@@ -235,25 +265,24 @@ def baselines(target: Model, draft: Model, problems: Sequence[Problem], *, hf_ta
                    "ms_per_token_last": summary["ms_per_token_last"],
                    "ms_per_token_all": summary["ms_per_token_all"],
                    "tokens_per_second": summary["tokens_per_second"], "tokens": summary["tokens"]})
+      _checkpoint(save, header, runs)
       log(f"B={batch} bass-jax {method}: {summary['ms_per_token_all']:.1f} ms/token")
     for system, assistant in (("transformers generate", None), ("transformers assisted", hf_draft)):
       if assistant is not None and batch != 1:
         continue
       walls, tokens, ms = [], 0, []
-      for i, problem in enumerate(problems):
-        ids = target.tokenizer(problem.prompt).input_ids
-        hf.hf_generate(hf_target, ids, batch_size=batch, max_new_tokens=4, temperature=temperature,
-                       top_p=top_p, seed=i, eos_token_id=eos, assistant=assistant)  # warm-up
-        run = hf.hf_generate(hf_target, ids, batch_size=batch, max_new_tokens=max_new_tokens,
-                             temperature=temperature, top_p=top_p, seed=i, eos_token_id=eos,
-                             assistant=assistant)
+      for i, group in enumerate(experiment.make_batches(problems, batch, distinct)):
+        ids = [target.tokenizer(p.prompt).input_ids for p in group]
+        hf.hf_generate(hf_target, ids, max_new_tokens=4, temperature=temperature, top_p=top_p,
+                       seed=i, eos_token_id=eos, assistant=assistant)  # warm-up
+        run = hf.hf_generate(hf_target, ids, max_new_tokens=max_new_tokens, temperature=temperature,
+                             top_p=top_p, seed=i, eos_token_id=eos, assistant=assistant)
         walls.append(run.wall_seconds)
         tokens += int(run.tokens.sum())
         ms.append(run.ms_per_token)
       runs.append({"system": system, "batch_size": batch, "ms_per_token_last": float(np.mean(ms)),
                    "ms_per_token_all": float(np.mean(ms)), "tokens_per_second": tokens / sum(walls),
                    "tokens": tokens})
+      _checkpoint(save, header, runs)
       log(f"B={batch} {system}: {np.mean(ms):.1f} ms/token")
-  return {"experiment": "baselines", **machine(), "num_prompts": len(problems),
-          "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
-          "target": target.name, "draft": draft.name, "runs": runs}
+  return {**header, "runs": runs, "complete": True}

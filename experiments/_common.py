@@ -1,35 +1,83 @@
-"""Flags and I/O shared by the experiment scripts (absl flags live only in experiments/)."""
+"""Flags and I/O shared by the paper's experiment scripts (absl flags live only in experiments/).
 
-import json
+Each script calls :func:`prepare` first (flags checked, output directory decided, nothing loaded), then
+:func:`setup` (models and prompts), and passes :func:`saver` to its ``bass_jax.reproduce`` function, which
+calls it after every run: the JSON file always holds every finished run (``"complete": false`` until
+the last one), so an interrupted experiment loses at most the run in progress.
+"""
+
 import pathlib
+from typing import Any, Callable
 
+from absl import app
 from absl import flags
 
-from bass_jax import reproduce
-from bass_jax.data import load_problems
+from experiments import _io
 
 SETTING = flags.DEFINE_string("setting", "quick", "Name of the setting (recorded, and the file suffix).")
 TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target model spec.")
 DRAFT = flags.DEFINE_string("draft", "smollm2-135m-draft", "Draft model spec.")
-DRAFT_LAYERS = flags.DEFINE_integer("draft_num_layers", 0, "Keep the draft's first N layers (0 = all).")
-NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 2, "First N HumanEval prompts.")
-MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens per sequence.")
+DRAFT_LAYERS = flags.DEFINE_integer("draft_num_layers", 0, "Keep the draft's first N layers (0 = all).",
+                                    lower_bound=0)
+NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 2, "First N HumanEval prompts.", lower_bound=1)
+MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens per sequence.", lower_bound=1)
 BATCHES = flags.DEFINE_list("batch_sizes", ["1", "2", "4", "8", "16"], "Batch sizes.")
 KERNELS = flags.DEFINE_enum("kernels", "auto", ["auto", "pallas", "blocked"],
                             "PAD/SPLIT attention: Pallas kernels (GPU) or their plain-JAX versions.")
-OUT_DIR = flags.DEFINE_string("out_dir", "results", "Directory for <experiment>_<setting>.json.")
+RESULTS_DIR = flags.DEFINE_string(
+    "results_dir", None, "Directory for <experiment>_<setting>.json. Default: a fresh "
+    "outputs/<experiment>-<time>/; pass --results_dir=results to replace the committed results that "
+    "experiments.report renders.")
+
+flags.register_validator("batch_sizes", lambda v: bool(v) and all(b.isdigit() and int(b) >= 1 for b in v),
+                         message="--batch_sizes must be a comma-separated list of ints >= 1")
+
+_RUN_DIR: pathlib.Path | None = None
+
+
+def prepare(experiment: str) -> pathlib.Path:
+  """Checks the output directory before anything is loaded and silences third-party log noise.
+
+  Returns:
+    The JSON file this run will write.
+
+  Raises:
+    app.UsageError: the results directory cannot be written.
+  """
+  global _RUN_DIR
+  _io.quiet_third_party_logs()
+  try:
+    _RUN_DIR = _io.run_directory(RESULTS_DIR.value, experiment)
+    path = _io.check_output_file(_RUN_DIR / f"{experiment}_{SETTING.value}.json", flag="results_dir")
+  except _io.OutputError as e:
+    raise app.UsageError(str(e)) from e
+  return path
+
+
+def batch_sizes() -> list[int]:
+  return [int(b) for b in BATCHES.value]
 
 
 def setup():
   """(target, draft, problems, batch sizes) from the shared flags."""
+  from bass_jax import reproduce  # pylint: disable=g-import-not-at-top
+  from bass_jax.data import load_problems  # pylint: disable=g-import-not-at-top
+
+  problems = load_problems("humaneval", NUM_PROMPTS.value)
   target, draft = reproduce.load_pair(TARGET.value, DRAFT.value, DRAFT_LAYERS.value or None)
-  return target, draft, load_problems("humaneval", NUM_PROMPTS.value), [int(b) for b in BATCHES.value]
+  return target, draft, problems, batch_sizes()
 
 
-def write(result: dict) -> pathlib.Path:
-  result["setting"] = SETTING.value
-  path = pathlib.Path(OUT_DIR.value) / f"{result['experiment']}_{SETTING.value}.json"
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(result, indent=2, default=float))
-  print(f"wrote {path}")
-  return path
+def saver(path: pathlib.Path) -> Callable[[dict[str, Any]], None]:
+  """A callback that writes the experiment's result so far, atomically, to ``path``."""
+
+  def save(result: dict[str, Any]) -> None:
+    _io.write_json_atomic(path, {**result, "setting": SETTING.value})
+
+  return save
+
+
+def finish(path: pathlib.Path, result: dict[str, Any]) -> None:
+  """Writes the complete result and says where."""
+  _io.write_json_atomic(path, {**result, "setting": SETTING.value})
+  print(f"wrote {path}", flush=True)

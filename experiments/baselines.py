@@ -19,13 +19,14 @@ _HF_DRAFT = flags.DEFINE_string("hf_draft", None, "transformers directory of the
 
 def main(argv):
   del argv
+  path = _common.prepare("baselines")
   target, draft, problems, batches = _common.setup()
   hf_target = baselines.load_torch_model(_common.TARGET.value)
   hf_draft = baselines.load_torch_model(_HF_DRAFT.value or _common.DRAFT.value)
-  _common.write(reproduce.baselines(
+  _common.finish(path, reproduce.baselines(
       target, draft, problems, hf_target=hf_target, hf_draft=hf_draft, batch_sizes=batches,
       max_new_tokens=_common.MAX_NEW.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
-      kernels=_common.KERNELS.value))
+      kernels=_common.KERNELS.value, save=_common.saver(path)))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 r"""How the changing l_draft meets static shapes: verification compiled at a few bucket sizes vs. once
 at the maximum (masked), measured side by side in one process.
 
-    python -m experiments.bench_verify_shapes --num_prompts=3 --batch_size=4 --max_new_tokens=64
+    python -m experiments.bench_verify_shapes --num_prompts=8 --batch_size=4 --max_new_tokens=64
 
-Every configuration decodes the same prompts with the same drafts (greedy, so the tokens are identical
-and only the cost differs) and prints one markdown table row: per-token latency All, mean l_draft,
+Every configuration decodes the same prompts with the same drafts (greedy, distinct prompts per batch,
+so the tokens are identical and only the cost differs) and prints one markdown table row: per-token latency All, mean l_draft,
 compile time.
 """
 
@@ -15,8 +15,8 @@ import bass_jax
 from bass_jax import experiment
 from bass_jax.data import load_problems
 
-_NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 3, "First N HumanEval prompts.")
-_BATCH = flags.DEFINE_integer("batch_size", 4, "Sequences per prompt.")
+_NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 8, "First N HumanEval prompts (>= batch_size).")
+_BATCH = flags.DEFINE_integer("batch_size", 4, "Distinct prompts per batch.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens per sequence.")
 _DRAFT_LAYERS = flags.DEFINE_list("draft_num_layers", ["4", "26"],
                                   "Placeholder drafts: the target's first N layers.")

@@ -19,11 +19,12 @@ _FRACTION = flags.DEFINE_float("budget_fraction", 0.7,
 
 def main(argv):
   del argv
+  path = _common.prepare("budget")
   target, draft, problems, batches = _common.setup()
-  _common.write(reproduce.budget(
+  _common.finish(path, reproduce.budget(
       target, draft, problems, batch_sizes=batches,
       temperatures=[float(t) for t in _TEMPERATURES.value], max_new_tokens=_common.MAX_NEW.value,
-      budget_fraction=_FRACTION.value, kernels=_common.KERNELS.value))
+      budget_fraction=_FRACTION.value, kernels=_common.KERNELS.value, save=_common.saver(path)))
 
 
 if __name__ == "__main__":

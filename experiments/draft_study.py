@@ -18,7 +18,6 @@ Every number comes from this one process on one machine; the table and the comma
 
 import datetime
 import json
-import pathlib
 import platform
 import sys
 
@@ -29,6 +28,7 @@ import jax
 import bass_jax
 from bass_jax import experiment, metrics
 from bass_jax.data import load_problems
+from experiments import _io
 
 _DRAFTS = flags.DEFINE_list("drafts", [], "Draft model specs (dirs, aliases).")
 _NAMES = flags.DEFINE_list("names", [], "Display names (default: the specs).")
@@ -37,12 +37,22 @@ _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per sequence.")
 _DRAFT_LEN = flags.DEFINE_integer("draft_len", 4, "Fixed draft length of the acceptance measurement.")
 _ACCEPT_BATCH = flags.DEFINE_integer("accept_batch", 4, "Batch of the acceptance measurement.")
 _BATCHES = flags.DEFINE_list("batch_sizes", ["1", "4", "8"], "Batch sizes of the latency columns.")
-_OUTPUT = flags.DEFINE_string("output", "docs/draft_study.md", "Markdown file to write.")
-_JSON = flags.DEFINE_string("json", "results/draft_study.json", "Raw numbers.")
+_RESULTS_DIR = flags.DEFINE_string(
+    "results_dir", None, "Directory for draft_study.json (default: a fresh outputs/draft_study-<time>/; "
+    "--results_dir=results replaces the committed numbers).")
+_OUTPUT = flags.DEFINE_string("output", None, "Markdown file to write (default: <results_dir>/"
+                              "draft_study.md; docs/draft_study.md is the committed one).")
 
 
 def main(argv):
   del argv
+  _io.quiet_third_party_logs()
+  try:
+    run_dir = _io.run_directory(_RESULTS_DIR.value, "draft_study")
+    json_path = _io.check_output_file(run_dir / "draft_study.json", flag="results_dir")
+    output = _io.check_output_file(_OUTPUT.value or run_dir / "draft_study.md", flag="output")
+  except _io.OutputError as e:
+    raise app.UsageError(str(e)) from e
   target = bass_jax.load_model("smollm2-135m-instruct")
   problems = load_problems("humaneval", _NUM_PROMPTS.value)
   names = _NAMES.value or _DRAFTS.value
@@ -101,20 +111,20 @@ def main(argv):
       f"{device.platform} ({platform.processor() or platform.machine()}, "
       f"{jax.local_device_count()} device, JAX {jax.__version__}).",
       "",
-      f"First {_NUM_PROMPTS.value} HumanEval prompts, {_MAX_NEW.value} new tokens, each prompt one batch "
-      f"of identical prompts. Acceptance: greedy BASS, draft length fixed at {_DRAFT_LEN.value}, batch "
-      f"{_ACCEPT_BATCH.value}. Latency: per-token latency per sequence, All (ms/token, mean over the "
+      f"First {_NUM_PROMPTS.value} HumanEval prompts, {_MAX_NEW.value} new tokens. Greedy batches hold "
+      "distinct prompts; sampled batches hold B samples of one prompt. Acceptance: greedy BASS, draft "
+      f"length fixed at {_DRAFT_LEN.value}, batch {_ACCEPT_BATCH.value}. Latency: per-token latency per sequence, All (ms/token, mean over the "
       "batch), BASS with the dynamic draft length (Algorithm 1) at T = 0.2, top-p 0.95, and in "
       "parentheses the speed-up over regular decoding measured in the same run (last row).",
       "",
       *lines,
       "",
   ])
-  pathlib.Path(_OUTPUT.value).parent.mkdir(parents=True, exist_ok=True)
-  pathlib.Path(_OUTPUT.value).write_text(text)
-  pathlib.Path(_JSON.value).parent.mkdir(parents=True, exist_ok=True)
-  pathlib.Path(_JSON.value).write_text(json.dumps(raw, indent=2, default=str))
+  output.parent.mkdir(parents=True, exist_ok=True)
+  output.write_text(text)
+  _io.write_json_atomic(json_path, raw)
   print(text)
+  print(f"wrote {output} and {json_path}")
 
 
 if __name__ == "__main__":

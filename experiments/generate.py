@@ -1,81 +1,116 @@
 r"""Main job: decode HumanEval (or a JSONL prompt file) with BASS or regular decoding and summarize.
 
     python -m experiments.generate --method=bass --num_prompts=3 --batch_size=4 \
-        --max_new_tokens=64 --temperature=0.2 --top_p=0.95 --summary_json=outputs/bass.json
+        --max_new_tokens=64 --temperature=0.2 --top_p=0.95
 
-Each prompt is decoded as one batch of ``--batch_size`` sequences. Per-token latency per sequence
-(First / Last / All, BASS paper §4.1) is the wall time from the start of the batch until that sequence
-was complete, over its token count; compilation is excluded and reported apart
-(``bass_jax.experiment.run_problems`` has the details).
+At temperature 0 each batch holds ``--batch_size`` *different* prompts (copies of one prompt would be
+identical rows); when sampling, ``--batch_size`` samples of each prompt (the paper's setting);
+``--distinct_prompts`` overrides either. Per-token latency per sequence (First / Last / All, BASS paper
+§4.1) is the wall time from the start of the batch until that sequence was complete, over its token
+count; compilation is excluded and reported apart (``bass_jax.experiment.run_problems``).
+
+Flags and output paths are checked before any model is loaded. Records (one JSON line per sequence) are
+appended to ``--output`` as each batch finishes, so an interrupted run keeps every finished batch; the
+summary is written atomically to ``--summary_json`` at the end. Both default to a fresh directory
+``outputs/generate-<method>-<time>/``.
 
 The default draft is ``smollm2-135m-draft``, the small Llama draft this project distilled from the
 target and ships inside ``bass_jax/drafts`` (docs/draft.md). ``--draft=smollm2-135m-instruct
---draft_num_layers=4`` gives the old placeholder instead (the target's first four layers), which agrees
-with the target a few percent of the time and makes BASS slower than regular decoding.
+--draft_num_layers=4`` gives a placeholder instead (the target's first four layers), which agrees with
+the target a few percent of the time and makes BASS slower than regular decoding.
 """
-
-import json
-import pathlib
 
 from absl import app
 from absl import flags
 from absl import logging
-import jax.numpy as jnp
 
-import bass_jax
-from bass_jax import experiment
-from bass_jax.data import load_problems
-
+from experiments import _io
 
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target: alias, .gguf, or HF dir.")
 _DRAFT = flags.DEFINE_string("draft", "smollm2-135m-draft", "Draft: alias, .gguf, or HF dir.")
 _DRAFT_LAYERS = flags.DEFINE_integer(
     "draft_num_layers", 0, "Keep only the draft's first N layers (0 = all). With --draft equal to "
-    "--target this is the placeholder draft built from the target.")
+    "--target this is the placeholder draft built from the target.", lower_bound=0)
 _METHOD = flags.DEFINE_enum("method", "bass", ["bass", "regular"], "Decoding method.")
 _PROMPTS = flags.DEFINE_string("prompts", "humaneval", "'humaneval' or a JSONL file with 'prompt'.")
-_NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 3, "First N prompts (0 = all).")
-_BATCH = flags.DEFINE_integer("batch_size", 4, "Sequences per prompt (the batch).")
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per sequence at most.")
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 = greedy.")
-_TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus mass in (0, 1].")
-_DRAFT_LEN = flags.DEFINE_string("draft_len", "dynamic", "'dynamic' (BASS Algorithm 1) or an int.")
-_SEED = flags.DEFINE_integer("seed", 0, "PRNG seed (prompt i uses seed + i).")
+_NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 3, "First N prompts (0 = all).", lower_bound=0)
+_BATCH = flags.DEFINE_integer("batch_size", 4, "Rows per batch.", lower_bound=1)
+_DISTINCT = flags.DEFINE_bool(
+    "distinct_prompts", None, "Each batch holds batch_size different prompts, one sequence each "
+    "(default at temperature 0); --nodistinct_prompts decodes batch_size samples of each prompt "
+    "(default when sampling).")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per sequence at most.", lower_bound=1)
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 = greedy.",
+                                  lower_bound=0.0)
+_TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus mass in (0, 1].", upper_bound=1.0)
+_DRAFT_LEN = flags.DEFINE_string("draft_len", "dynamic", "'dynamic' (BASS Algorithm 1) or an int >= 1.")
+_SEED = flags.DEFINE_integer("seed", 0, "PRNG seed (batch i uses seed + i).", lower_bound=0)
 _ATTENTION = flags.DEFINE_string("attention_impl", "reference", "Attention implementation.")
 _BUCKETS = flags.DEFINE_list(
     "verify_buckets", [], "Draft lengths with a compiled verification shape (default: the fixed "
     "draft length, or 1, 2, 4, ... up to the limit for 'dynamic'). '32' alone compiles one shape "
     "at the maximum and masks.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Parameter/compute dtype.")
-_OUTPUT = flags.DEFINE_string("output", None, "JSONL file, one record per sequence.")
-_SUMMARY = flags.DEFINE_string("summary_json", None, "JSON file for the summary.")
+_OUTPUT = flags.DEFINE_string("output", None, "JSONL file, one record per sequence, appended per batch "
+                              "(default: <fresh run directory>/records.jsonl).")
+_SUMMARY = flags.DEFINE_string("summary_json", None, "JSON file for the summary (default: <fresh run "
+                               "directory>/summary.json).")
+
+flags.register_validator("top_p", lambda v: v > 0, message="--top_p must be in (0, 1]")
+flags.register_validator(
+    "draft_len", lambda v: v == "dynamic" or (v.isdigit() and int(v) >= 1),
+    message="--draft_len must be 'dynamic' or an int >= 1")
+flags.register_validator(
+    "verify_buckets", lambda v: all(b.isdigit() and int(b) >= 1 for b in v),
+    message="--verify_buckets must be a comma-separated list of ints >= 1")
 
 
 def main(argv):
-  del argv
-  dtype = jnp.dtype(_DTYPE.value)
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  _io.quiet_third_party_logs()
+  output, summary_path = _OUTPUT.value, _SUMMARY.value
+  if output is None or summary_path is None:
+    run_dir = _io.run_directory(None, f"generate-{_METHOD.value}")
+    output = output or run_dir / "records.jsonl"
+    summary_path = summary_path or run_dir / "summary.json"
+  try:
+    output = _io.check_output_file(output, flag="output")
+    summary_path = _io.check_output_file(summary_path, flag="summary_json")
+  except _io.OutputError as e:
+    raise app.UsageError(str(e)) from e
+
+  # Heavy imports after the checks: a bad flag fails in about a second.
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  import bass_jax  # pylint: disable=g-import-not-at-top
+  from bass_jax import experiment  # pylint: disable=g-import-not-at-top
+  from bass_jax.data import load_problems  # pylint: disable=g-import-not-at-top
+
   problems = load_problems(_PROMPTS.value, _NUM_PROMPTS.value or None)
+  distinct = _DISTINCT.value if _DISTINCT.value is not None else _TEMPERATURE.value == 0
+  try:
+    experiment.make_batches(problems, _BATCH.value, distinct)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+
+  dtype = jnp.dtype(_DTYPE.value)
   logging.info("loading target %s", _TARGET.value)
   target = bass_jax.load_model(_TARGET.value, dtype=dtype)
   draft = None
   if _METHOD.value == "bass":
     draft = bass_jax.load_draft(_DRAFT.value, target, num_layers=_DRAFT_LAYERS.value or None,
                                 dtype=dtype)
-  result = experiment.run_problems(
-      target, draft, problems, batch_size=_BATCH.value, method=_METHOD.value,
-      max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
-      draft_len=int(_DRAFT_LEN.value) if _DRAFT_LEN.value.isdigit() else _DRAFT_LEN.value,
-      seed=_SEED.value, attention_impl=_ATTENTION.value,
-      verify_buckets=[int(b) for b in _BUCKETS.value] or None)
-
+  with _io.JsonlWriter(output) as records:
+    result = experiment.run_problems(
+        target, draft, problems, batch_size=_BATCH.value, method=_METHOD.value,
+        max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
+        draft_len=int(_DRAFT_LEN.value) if _DRAFT_LEN.value.isdigit() else _DRAFT_LEN.value,
+        seed=_SEED.value, attention_impl=_ATTENTION.value, distinct_prompts=distinct,
+        verify_buckets=[int(b) for b in _BUCKETS.value] or None, on_batch=records.write)
   print(experiment.format_summary(result.summary), flush=True)
-  for path, write in ((_OUTPUT.value, lambda f: f.writelines(json.dumps(r) + "\n" for r in result.records)),
-                      (_SUMMARY.value, lambda f: json.dump(result.summary, f, indent=2))):
-    if path:
-      pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
-      with open(path, "w") as f:
-        write(f)
-      logging.info("wrote %s", path)
+  _io.write_json_atomic(summary_path, result.summary)
+  print(f"records: {output}\nsummary: {summary_path}", flush=True)
 
 
 if __name__ == "__main__":

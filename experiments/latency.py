@@ -3,7 +3,8 @@ lengths 4/6/8 against the dynamic heuristic, at several batch sizes, greedy and 
 
     python -m experiments.latency --flagfile=configs/latency_quick.flags
 
-Writes results/latency_<setting>.json (bass_jax.reproduce.latency); experiments/report.py renders it.
+Writes latency_<setting>.json into a fresh outputs/latency-<time>/ (or --results_dir=results, which
+experiments/report.py renders), rewritten after every run (bass_jax.reproduce.latency).
 """
 
 from absl import app
@@ -19,10 +20,12 @@ _CHECK = flags.DEFINE_bool("check", True, "Run HumanEval's tests (Pass@Batch).")
 
 def main(argv):
   del argv
+  path = _common.prepare("latency")
   target, draft, problems, batches = _common.setup()
-  _common.write(reproduce.latency(
+  _common.finish(path, reproduce.latency(
       target, draft, problems, batch_sizes=batches, configs=_CONFIGS.value, sampling=_SAMPLING.value,
-      max_new_tokens=_common.MAX_NEW.value, kernels=_common.KERNELS.value, check=_CHECK.value))
+      max_new_tokens=_common.MAX_NEW.value, kernels=_common.KERNELS.value, check=_CHECK.value,
+      save=_common.saver(path)))
 
 
 if __name__ == "__main__":

@@ -8,8 +8,6 @@ runs the target on ``l_draft + 1`` tokens and regular decoding on 1, so float ro
 last bits and can flip a near-tie, never a clear decision.
 """
 
-import json
-import pathlib
 
 from absl import app
 from absl import flags
@@ -17,6 +15,7 @@ from absl import flags
 import bass_jax
 from bass_jax import metrics
 from bass_jax.data import load_problems
+from experiments import _io
 
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target: alias, .gguf, or HF dir.")
 _DRAFT = flags.DEFINE_string("draft", "smollm2-135m-instruct", "Draft: alias, .gguf, or HF dir.")
@@ -30,6 +29,11 @@ _SUMMARY = flags.DEFINE_string("summary_json", None, "JSON file for the result."
 
 def main(argv):
   del argv
+  _io.quiet_third_party_logs()
+  try:
+    summary_path = _io.check_output_file(_SUMMARY.value, flag="summary_json")
+  except _io.OutputError as e:
+    raise app.UsageError(str(e)) from e
   target = bass_jax.load_model(_TARGET.value)
   draft = bass_jax.load_draft(_DRAFT.value, target, num_layers=_DRAFT_LAYERS.value or None)
   draft_len = int(_DRAFT_LEN.value) if _DRAFT_LEN.value.isdigit() else _DRAFT_LEN.value
@@ -57,9 +61,8 @@ def main(argv):
   for d in divergences:
     print(f"  prompt {d['prompt']}: first differs at token {d['index']}, "
           f"target top-2 logit gap {d['top2_gap']:.2e}")
-  if _SUMMARY.value:
-    pathlib.Path(_SUMMARY.value).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(_SUMMARY.value).write_text(json.dumps(result, indent=2))
+  if summary_path:
+    _io.write_json_atomic(summary_path, result)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,11 @@ _TOP_P = flags.DEFINE_float("top_p", 0.95, "Nucleus mass.")
 
 def main(argv):
   del argv
+  path = _common.prepare("utilization")
   target, draft, problems, batches = _common.setup()
-  _common.write(reproduce.utilization(
+  _common.finish(path, reproduce.utilization(
       target, draft, problems, batch_sizes=batches, max_new_tokens=_common.MAX_NEW.value,
-      temperature=_TEMPERATURE.value, top_p=_TOP_P.value, kernels=_common.KERNELS.value))
+      temperature=_TEMPERATURE.value, top_p=_TOP_P.value, kernels=_common.KERNELS.value, save=_common.saver(path)))
 
 
 if __name__ == "__main__":

@@ -31,9 +31,10 @@ def _prompt(smollm2) -> list[int]:
 def test_hf_generate_decodes_what_bass_jax_decodes(hf_target, smollm2):
   ids = _prompt(smollm2)
   eos = smollm2.config.eos_token_id
-  run = baselines.hf_generate(hf_target, ids, batch_size=2, max_new_tokens=12, temperature=0.0,
-                              top_p=1.0, seed=0, eos_token_id=eos)
-  ours = bj.generate(smollm2, None, [ids] * 2, method="regular", max_new_tokens=12).sequences()
+  prompts = [ids, ids[3:]]  # different lengths: transformers left-pads under an attention mask
+  run = baselines.hf_generate(hf_target, prompts, max_new_tokens=12, temperature=0.0, top_p=1.0,
+                              seed=0, eos_token_id=eos)
+  ours = bj.generate(smollm2, None, prompts, method="regular", max_new_tokens=12).sequences()
   assert run.sequences == ours
   np.testing.assert_array_equal(run.tokens, [len(s) for s in ours])
   assert run.wall_seconds > 0 and run.ms_per_token > 0
@@ -43,8 +44,8 @@ def test_hf_assisted_generation_with_the_shipped_draft(hf_target, hf_draft, smol
   ids = _prompt(smollm2)
   kwargs = dict(max_new_tokens=12, temperature=0.0, top_p=1.0, seed=0,
                 eos_token_id=smollm2.config.eos_token_id)
-  alone = baselines.hf_generate(hf_target, ids, batch_size=1, **kwargs)
-  assisted = baselines.hf_generate(hf_target, ids, batch_size=1, assistant=hf_draft, **kwargs)
+  alone = baselines.hf_generate(hf_target, [ids], **kwargs)
+  assisted = baselines.hf_generate(hf_target, [ids], assistant=hf_draft, **kwargs)
   assert assisted.sequences == alone.sequences
   with pytest.raises(ValueError, match="batch size 1"):
-    baselines.hf_generate(hf_target, ids, batch_size=2, assistant=hf_draft, **kwargs)
+    baselines.hf_generate(hf_target, [ids, ids], assistant=hf_draft, **kwargs)

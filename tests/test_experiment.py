@@ -81,8 +81,9 @@ def test_main_job_end_to_end(tmp_path, smollm2):
     assert [(r["task_id"], r["sample_index"]) for r in records] == [
         (t, j) for t in ("t0", "t1") for j in range(3)]
     for r in records:
-      assert set(r) == {"task_id", "sample_index", "completion", "num_tokens", "mean_logprob",
-                        "finished", "finish_seconds"}
+      assert set(r) == {"task_id", "sample_index", "batch_index", "row", "batch_size",
+                        "prompt_tokens", "completion", "num_tokens", "accepted_drafts",
+                        "mean_logprob", "finished", "finish_seconds"}
       assert 0 < r["finish_seconds"] <= json.loads(summary.read_text())["wall_seconds"] + 1e-6
       assert 1 <= r["num_tokens"] <= 6 and r["mean_logprob"] <= 0 and isinstance(r["completion"], str)
     s = json.loads(summary.read_text())
@@ -182,8 +183,8 @@ def test_report_renders_every_experiment(tmp_path):
     (tmp_path / "results" / name).write_text(json.dumps(content))
   result = subprocess.run(
       [sys.executable, "-m", "experiments.report", f"--results={tmp_path / 'results'}",
-       f"--output={tmp_path / 'docs' / 'results.md'}", f"--figures={tmp_path / 'docs' / 'figures'}",
-       f"--reading={tmp_path / 'none.md'}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+       f"--output={tmp_path / 'docs' / 'results.md'}", f"--figures={tmp_path / 'docs' / 'figures'}"],
+      cwd=REPO, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
   text = (tmp_path / "docs" / "results.md").read_text()
   for heading in ("Latency and throughput", "Utilization", "time budget", "transformers"):
@@ -192,3 +193,91 @@ def test_report_renders_every_experiment(tmp_path):
   assert "| transformers generate | 1 | 20.0 | 1.0 | 4.00x |" in text
   assert {p.name for p in (tmp_path / "docs" / "figures").iterdir()} == {"utilization_t.png",
                                                                          "budget_t.png"}
+  # The reading is computed from the same numbers.
+  assert "B = 1: BASS-PAD (dynamic) 2.00x" in text
+  assert "BASS-PAD (dynamic) is faster than regular decoding at every batch size (B = 1)" in text
+  assert "Best bass Pass@Finished within the budget: 1.00" in text
+
+
+def test_batches_hold_distinct_prompts_or_samples_of_one():
+  problems = [bj_problem(i) for i in range(5)]
+  distinct = experiment.make_batches(problems, 2, True)
+  assert [[p.task_id for p in b] for b in distinct] == [["p0", "p1"], ["p2", "p3"], ["p4"]]
+  copies = experiment.make_batches(problems[:2], 3, False)
+  assert [[p.task_id for p in b] for b in copies] == [["p0"] * 3, ["p1"] * 3]
+  with pytest.raises(ValueError, match="at least batch_size=8 prompts"):
+    experiment.make_batches(problems, 8, True)
+  with pytest.raises(ValueError, match="batch_size must be >= 1"):
+    experiment.make_batches(problems, 0, False)
+
+
+def bj_problem(i):
+  from bass_jax.data import Problem
+
+  return Problem(f"p{i}", f"prompt {i}")
+
+
+def test_raggedness_by_hand():
+  # Prompts 3 and 9 tokens, 5 and 2 emitted: final lengths 8 and 11.
+  # Steps: both live (2 vs 0 accepted), both live (1 vs 1), row 1 done (-1).
+  r = metrics.raggedness(np.array([3, 9]), np.array([5, 2]), np.array([[2, 0], [1, 1], [1, -1]]))
+  assert (r.length_spread, r.emitted_spread) == (3, 3)
+  assert r.accepted_spread == pytest.approx((2 + 0) / 2)  # the step with one live row is left out
+  assert r.accepted_total_spread == 3  # 4 accepted against 1
+  regular = metrics.raggedness(np.array([4, 4]), np.array([6, 6]))
+  assert regular == metrics.Raggedness(0, 0, 0.0, 0)
+  with pytest.raises(ValueError):
+    metrics.raggedness(np.array([1]), np.array([1, 2]))
+
+
+def test_greedy_runs_decode_distinct_prompts_and_report_how_ragged(tmp_path):
+  """run_problems at temperature 0: different prompts per batch, records streamed per batch."""
+  import transformers
+
+  tok = transformers.AutoTokenizer.from_pretrained(os.path.join(REPO, "bass_jax", "drafts",
+                                                                "smollm2-135m-draft"))
+  config = tiny_config(vocab_size=tok.vocab_size)
+  target = bj.Model(config, bj.init_params(config, jax.random.key(0)), tok, "tiny")
+  draft = bj.Model(config, jax.tree_util.tree_map(lambda x: 1.3 * x, target.params), tok, "noisy")
+  problems = [bj_problem(i) for i in range(3)] + [
+      type(bj_problem(0))("long", "def function_with_a_much_longer_prompt(a, b, c):\n    return")]
+  streamed = []
+  result = experiment.run_problems(target, draft, problems, batch_size=2, max_new_tokens=12,
+                                   draft_len=3, progress=False, on_batch=streamed.append)
+  assert [[r["task_id"] for r in batch] for batch in streamed] == [["p0", "p1"], ["p2", "long"]]
+  assert result.records == [r for batch in streamed for r in batch]
+  s = result.summary
+  assert s["distinct_prompts"] and s["num_batches"] == 2
+  assert s["length_spread"] > 0  # the long prompt makes the second batch ragged
+  sampled = experiment.run_problems(target, draft, problems[:1], batch_size=2, max_new_tokens=12,
+                                    draft_len=3, temperature=1.0, progress=False)
+  assert not sampled.summary["distinct_prompts"]
+  assert [r["sample_index"] for r in sampled.records] == [0, 1]
+
+
+def test_report_omits_a_plot_without_information_and_flags_incomplete_runs(tmp_path):
+  from experiments import report
+
+  common = dict(setting="t", command="c", date="d", device="cpu", host="h", jax_version="0",
+                target="tgt", draft="drf", num_prompts=6, max_new_tokens=96)
+  zero = dict(pass_at_first=0.0, pass_at_finished=0.0)
+  runs = [dict(method=m, batch_size=1, temperature=0.2, ms_per_token_all=10.0, pass_at_batch=0.0,
+               pass_at_budget=zero, pass_curve=dict(budget_seconds=[1.0], pass_at_first=[0.0],
+                                                    pass_at_finished=[0.0]))
+          for m in ("regular", "bass")]
+  figures = tmp_path / "docs" / "figures"
+  figures.mkdir(parents=True)
+  (figures / "budget_t.png").write_bytes(b"stale")
+  text = "\n".join(report._budget(dict(common, experiment="budget", budget_seconds=2.0,
+                                       budget_fraction=0.7, runs=runs), figures))
+  assert "plot is not drawn: every curve would be flat at 0" in text and "![" not in text
+  assert not (figures / "budget_t.png").exists()
+  row = dict(config="regular", sampling="greedy", batch_size=2, ms_per_token_all=10.0,
+             ms_per_token_first=10.0, ms_per_token_last=10.0, tokens_per_second=1.0,
+             mean_accepted_length=1.0, draft_acceptance_rate=None, attention_impl="blocked_pad",
+             length_spread=0.0, accepted_spread=0.0)
+  bass = dict(row, config="bass_pad", mean_accepted_length=1.5, draft_acceptance_rate=0.25)
+  text = "\n".join(report._latency(dict(common, experiment="latency", complete=False,
+                                        runs=[row, bass])))
+  assert "**Incomplete**" in text and "these are the 2 runs it finished" in text
+  assert "measure nothing ragged" in text

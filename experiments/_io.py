@@ -1,0 +1,149 @@
+"""Output handling shared by the experiment scripts: check paths before any model is loaded, write
+records as they come, replace summaries atomically, and keep fresh runs away from committed results.
+
+Every script calls :func:`quiet_third_party_logs` first, checks its output paths with
+:func:`check_output_file` / :func:`run_directory` before loading a model (a bad path fails in seconds,
+not after a decode), appends JSONL records with :class:`JsonlWriter` (flushed and fsynced per batch, so
+Ctrl-C or a kill keeps every finished batch), and writes JSON with :func:`write_json_atomic` (a
+temporary file renamed over the old one: never a half-written file).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import pathlib
+import tempfile
+from typing import Any, Iterable
+
+OUTPUTS = pathlib.Path("outputs")  # git-ignored; fresh runs go here unless told otherwise
+COMMITTED_RESULTS = pathlib.Path("results")
+
+
+class OutputError(ValueError):
+  """An output path that cannot be written; the message names the flag and the fix."""
+
+
+def _check_parent(path: pathlib.Path, flag: str) -> None:
+  for parent in path.absolute().parents:
+    if parent.exists():
+      if not parent.is_dir():
+        raise OutputError(f"--{flag}={path}: {parent} is a file, not a directory")
+      if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"--{flag}={path}: cannot create files under {parent} (permission denied)")
+      return
+
+
+def check_output_file(path: str | os.PathLike | None, *, flag: str) -> pathlib.Path | None:
+  """Checks that ``path`` can be written as a file, creating nothing; None passes through.
+
+  Raises:
+    OutputError: ``path`` is a directory (or ends with a separator), a parent is a file, or the nearest
+      existing parent or the file itself is not writable.
+  """
+  if path is None or str(path) == "":
+    return None
+  text = str(path)
+  path = pathlib.Path(path)
+  if text.endswith(os.sep) or path.is_dir():
+    raise OutputError(f"--{flag}={text} is a directory; give a file path such as {path / 'out.json'}")
+  _check_parent(path, flag)
+  if path.exists() and not os.access(path, os.W_OK):
+    raise OutputError(f"--{flag}={path} exists and is not writable")
+  return path
+
+
+def check_output_dir(path: str | os.PathLike, *, flag: str) -> pathlib.Path:
+  """Checks that ``path`` is, or can be created as, a writable directory; creates nothing.
+
+  Raises:
+    OutputError: ``path`` is a file, a parent is a file, or it cannot be written.
+  """
+  path = pathlib.Path(path)
+  if path.exists() and not path.is_dir():
+    raise OutputError(f"--{flag}={path} is a file; give a directory")
+  if path.is_dir():
+    if not os.access(path, os.W_OK | os.X_OK):
+      raise OutputError(f"--{flag}={path} is not writable")
+  else:
+    _check_parent(path, flag)
+  return path
+
+
+def run_directory(results_dir: str | None, name: str) -> pathlib.Path:
+  """Where a run writes: ``results_dir`` when given (checked), else a fresh ``outputs/<name>-<time>``.
+
+  Fresh directories never collide with an earlier run's and never touch the committed ``results/``;
+  pass ``--results_dir=results`` to update those deliberately. Nothing is created here.
+
+  Raises:
+    OutputError: as :func:`check_output_dir`.
+  """
+  if results_dir:
+    return check_output_dir(results_dir, flag="results_dir")
+  stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+  path = OUTPUTS / f"{name}-{stamp}"
+  n = 1
+  while path.exists():
+    n += 1
+    path = OUTPUTS / f"{name}-{stamp}-{n}"
+  return check_output_dir(path, flag="results_dir")
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> pathlib.Path:
+  """Writes ``obj`` as indented JSON to a temporary file beside ``path`` and renames it over ``path``,
+  so readers see the old file or the new one, never a partial one."""
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+  try:
+    with os.fdopen(fd, "w") as f:
+      json.dump(obj, f, indent=2, default=float)
+      f.write("\n")
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    pathlib.Path(tmp).unlink(missing_ok=True)
+    raise
+  return path
+
+
+class JsonlWriter:
+  """Appends JSON records to a file, one per line, flushed and fsynced after every :meth:`write`.
+
+  The file is truncated when the writer is created (a run's records, not a mix of runs).
+  """
+
+  def __init__(self, path: str | os.PathLike):
+    self.path = pathlib.Path(path)
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    self._file = open(self.path, "w")  # pylint: disable=consider-using-with
+
+  def write(self, records: Iterable[dict[str, Any]]) -> None:
+    for record in records:
+      self._file.write(json.dumps(record) + "\n")
+    self._file.flush()
+    os.fsync(self._file.fileno())
+
+  def close(self) -> None:
+    self._file.close()
+
+  def __enter__(self) -> "JsonlWriter":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+def quiet_third_party_logs() -> None:
+  """Silences log lines that say nothing about the run: JAX probing for TPU/GPU plugins on a CPU,
+  orbax's per-checkpoint INFO lines, and transformers' and absl's INFO chatter."""
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+  os.environ.setdefault("HF_HUB_OFFLINE", "1")
+  os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+  for name in ("jax._src.xla_bridge", "absl", "orbax", "orbax.checkpoint", "etils", "transformers"):
+    logging.getLogger(name).setLevel(logging.WARNING)
