@@ -145,5 +145,6 @@ def quiet_third_party_logs() -> None:
   os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
   os.environ.setdefault("HF_HUB_OFFLINE", "1")
   os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-  for name in ("jax._src.xla_bridge", "absl", "orbax", "orbax.checkpoint", "etils", "transformers"):
+  logging.getLogger("jax._src.xla_bridge").setLevel(logging.ERROR)  # "Unable to initialize backend"
+  for name in ("orbax", "orbax.checkpoint", "etils", "transformers"):
     logging.getLogger(name).setLevel(logging.WARNING)

@@ -22,6 +22,7 @@ import numpy as np
 
 from bass_jax.models.attention import reference_attention
 from pallas_kernels.ragged_attention import BlockSizes, ragged_attention
+from experiments import _io
 
 _QUICK = flags.DEFINE_bool("quick", False, "Small sizes and few repeats (CPU smoke run).")
 _BATCHES = flags.DEFINE_list("batch_sizes", ["1", "2", "4", "8", "16"], "Batch sizes.")
@@ -63,6 +64,7 @@ def _dpa(q, k, v, lengths):
 
 def main(argv):
   del argv
+  _io.quiet_third_party_logs()
   quick = _QUICK.value
   batches = [1, 2] if quick else [int(b) for b in _BATCHES.value]
   num_qs = [1, 8] if quick else [int(t) for t in _NUM_Q.value]

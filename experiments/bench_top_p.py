@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bass_jax.sampling import warp
+from experiments import _io
 
 _ROWS = flags.DEFINE_integer("rows", 36, "Distributions per call (e.g. B * verified positions).")
 _VOCAB = flags.DEFINE_integer("vocab", 49152, "Vocabulary size (SmolLM2: 49152).")
@@ -32,6 +33,7 @@ def _median_ms(fn, x):
 
 def main(argv):
   del argv
+  _io.quiet_third_party_logs()
   logits = jnp.asarray(np.random.default_rng(0).normal(size=(_ROWS.value, _VOCAB.value)) * 3,
                        jnp.float32)
   log_probs = jax.nn.log_softmax(logits, axis=-1)

@@ -14,6 +14,7 @@ from absl import flags
 import bass_jax
 from bass_jax import experiment
 from bass_jax.data import load_problems
+from experiments import _io
 
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 8, "First N HumanEval prompts (>= batch_size).")
 _BATCH = flags.DEFINE_integer("batch_size", 4, "Distinct prompts per batch.")
@@ -26,6 +27,7 @@ _BUCKETS = flags.DEFINE_list("buckets", ["default", "32", "1,2,3,4,5,6,8,11,16,2
 
 def main(argv):
   del argv
+  _io.quiet_third_party_logs()
   target = bass_jax.load_model("smollm2-135m-instruct")
   problems = load_problems("humaneval", _NUM_PROMPTS.value)
   print("| draft | verify buckets | ms/token All | mean l_draft | accepted/step | compile s |")

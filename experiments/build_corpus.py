@@ -21,6 +21,7 @@ import tqdm
 
 import bass_jax
 from bass_jax.training import corpus
+from experiments import _io
 
 _OUT = flags.DEFINE_string("out_dir", "data/distill", "Output directory.")
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Teacher (the BASS target).")
@@ -60,6 +61,7 @@ def _continue(target, prompts):
 
 def main(argv):
   del argv
+  _io.quiet_third_party_logs()
   out_dir = pathlib.Path(_OUT.value)
   out_dir.mkdir(parents=True, exist_ok=True)
   target = bass_jax.load_model(_TARGET.value)

@@ -26,6 +26,7 @@ import numpy as np
 import bass_jax
 from bass_jax.checkpoints import atomic
 from bass_jax.training import corpus, distill
+from experiments import _io
 
 _PRESET = flags.DEFINE_string("preset", "d192_l4", "Architecture: configs/drafts/<preset>.json.")
 _CORPUS = flags.DEFINE_string("corpus", "data/distill", "Corpus directory (experiments.build_corpus).")
@@ -52,6 +53,7 @@ def _load(pattern):
 
 def main(argv):
   del argv
+  _io.quiet_third_party_logs()
   preset = pathlib.Path("configs/drafts") / f"{_PRESET.value}.json"
   config = bass_jax.LlamaConfig(**json.loads(preset.read_text()))
   workdir = pathlib.Path(_WORKDIR.value or f"runs/{_PRESET.value}")

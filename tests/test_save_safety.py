@@ -181,6 +181,10 @@ def test_replace_directory_is_all_or_nothing(tmp_path):
       raise KeyboardInterrupt
   assert (path / "config.json").read_text() == "1"
   _no_temporaries(tmp_path)
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  bj.save_model(_model(0, 8), empty)  # an empty directory holds nothing to lose
+  assert bj.load_model(empty).config.vocab_size == 8
 
 
 def _run(*args, timeout=300):

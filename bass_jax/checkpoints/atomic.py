@@ -29,9 +29,12 @@ def check_destination(path: str | os.PathLike, *, overwrite: bool) -> pathlib.Pa
 
   Called by :func:`replace_directory` and by scripts that want to fail before any expensive work.
 
+  An empty directory may always be written; a non-empty one only with ``overwrite``.
+
   Raises:
-    FileExistsError: ``path`` is a file; or it is a directory and ``overwrite`` is False; or it is a
-      non-empty directory that is not a model checkpoint (no ``config.json``), which is never deleted.
+    FileExistsError: ``path`` is a file; or it is a non-empty directory and ``overwrite`` is False; or
+      it is a non-empty directory that is not a model checkpoint (no ``config.json``), which is never
+      deleted.
     NotADirectoryError: a parent of ``path`` is a file.
   """
   path = pathlib.Path(path)
@@ -42,6 +45,8 @@ def check_destination(path: str | os.PathLike, *, overwrite: bool) -> pathlib.Pa
     if not path.is_dir():
       raise FileExistsError(f"{path} exists and is a file, not a checkpoint directory; choose "
                             "another path")
+    if not any(path.iterdir()):
+      return path  # an empty directory holds nothing to lose
     if not overwrite:
       raise FileExistsError(f"{path} already exists; pass overwrite=True (--overwrite on the command "
                             "line) to replace it whole, or choose another path")
