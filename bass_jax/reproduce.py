@@ -95,6 +95,10 @@ def _decode(target: Model, draft: Model, problems: Sequence[Problem], *, method:
 Saver = Callable[[dict[str, Any]], None]
 
 
+def _log(line: str) -> None:
+  print(line, flush=True)
+
+
 def _checkpoint(save: Saver | None, header: dict[str, Any], runs: list[dict[str, Any]]) -> None:
   """Hands the result so far to ``save`` (the scripts write it to disk after every run)."""
   if save is not None:
@@ -104,7 +108,7 @@ def _checkpoint(save: Saver | None, header: dict[str, Any], runs: list[dict[str,
 def latency(target: Model, draft: Model, problems: Sequence[Problem], *, batch_sizes: Sequence[int],
             configs: Sequence[str], sampling: Sequence[str], max_new_tokens: int,
             kernels: str = "auto", check: bool = True, save: Saver | None = None,
-            log: Callable[[str], None] = print) -> dict[str, Any]:
+            log: Callable[[str], None] = _log) -> dict[str, Any]:
   """Tables 1-3: per-token latency First/Last/All, tokens/s, acceptance, raggedness, Pass@Batch, FLOPs.
 
   Every (sampling, batch size, config) is one ``experiment.run_problems`` over ``problems``: greedy
@@ -143,7 +147,7 @@ def latency(target: Model, draft: Model, problems: Sequence[Problem], *, batch_s
 def utilization(target: Model, draft: Model, problems: Sequence[Problem], *,
                 batch_sizes: Sequence[int], max_new_tokens: int, temperature: float = 0.2,
                 top_p: float = 0.95, kernels: str = "auto", save: Saver | None = None,
-                log: Callable[[str], None] = print) -> dict[str, Any]:
+                log: Callable[[str], None] = _log) -> dict[str, Any]:
   """Fig. 1: achieved FLOP/s over the device's measured peak, useful and executed, against latency.
 
   Regular decoding and BASS (dynamic draft length, PAD) at every batch size; BASS at batch 1 is
@@ -192,7 +196,7 @@ def pass_rates_within(records: Sequence[dict[str, Any]], budget_seconds: float) 
 def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_sizes: Sequence[int],
            temperatures: Sequence[float], max_new_tokens: int, budget_fraction: float,
            top_p: float = 0.95, kernels: str = "auto", save: Saver | None = None,
-           log: Callable[[str], None] = print) -> dict[str, Any]:
+           log: Callable[[str], None] = _log) -> dict[str, Any]:
   """Fig. 5: Pass@First and Pass@Finished within a wall-clock budget per prompt.
 
   Every batch holds ``B`` samples of one prompt (Pass@First ranks them), at every temperature.
@@ -238,7 +242,7 @@ def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_si
 def baselines(target: Model, draft: Model, problems: Sequence[Problem], *, hf_target, hf_draft,
               batch_sizes: Sequence[int], max_new_tokens: int, temperature: float, top_p: float,
               kernels: str = "auto", save: Saver | None = None,
-              log: Callable[[str], None] = print) -> dict[str, Any]:
+              log: Callable[[str], None] = _log) -> dict[str, Any]:
   """Our regular decoding and BASS against transformers' batched ``generate`` and its assisted
   generation (batch 1, our draft as the assistant), same batches, tokens and sampling settings.
 

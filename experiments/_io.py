@@ -99,6 +99,7 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> pathlib.Path:
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
   try:
+    os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
     with os.fdopen(fd, "w") as f:
       json.dump(obj, f, indent=2, default=float)
       f.write("\n")
@@ -109,6 +110,12 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> pathlib.Path:
     pathlib.Path(tmp).unlink(missing_ok=True)
     raise
   return path
+
+
+def _umask() -> int:
+  mask = os.umask(0)
+  os.umask(mask)
+  return mask
 
 
 class JsonlWriter:
