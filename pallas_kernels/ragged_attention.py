@@ -1,6 +1,6 @@
 """Ragged attention for batched speculative decoding, as a Pallas GPU kernel (Triton lowering).
 
-BASS (Qian et al. 2024, §3.1, Fig. 4; ../shared/BASS.md §4): after every step each sequence of the batch
+BASS (Qian et al. 2024, §3.1, Fig. 4; docs/bass.md): after every step each sequence of the batch
 has its own length, so attention runs over K/V caches of per-row length while Q is dense (every row
 scores the same number T of new tokens: 1 in a draft step, ``l_draft + 1`` in verification, the padded
 prompt in prefill). Query t of row b sits at position ``lengths[b] - T + t`` and attends to cache slots

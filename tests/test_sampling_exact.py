@@ -1,4 +1,4 @@
-"""BASS sampling is exact: its emitted tokens follow the target's warped distribution (BASS.md §2.3).
+"""BASS sampling is exact: its emitted tokens follow the target's warped distribution (docs/bass.md, step 3).
 
 Method. Speculative sampling (Leviathan et al. 2023, Chen et al. 2023) claims that, whatever the draft
 proposes, the tokens it emits are distributed exactly as the target's tempered, top-p-truncated

@@ -17,7 +17,7 @@ read into the result, whatever they hold (stale rejected drafts, NaN in tests). 
 ignores slots ``<= p - sliding_window``; None attends to the whole prefix).
 
 One signature serves prefill (T = padded prompt length), draft steps (T = 1 or 2) and verification
-(T = l_draft + 1), in the BASS-PAD sense of ../shared/BASS.md §4: Q is dense, K/V are ragged.
+(T = l_draft + 1), in the BASS-PAD sense of the paper's §3.1 (docs/bass.md): Q is dense, K/V are ragged.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Per-row acceptance of draft tokens: speculative rejection sampling and its greedy limit.
 
-Implements ../shared/BASS.md §2.3, i.e. Leviathan et al. 2023 (Algorithm 1) and Chen et al. 2023
+Implements step 3 of BASS (docs/bass.md, "One step for the whole batch"), i.e. Leviathan et al. 2023 (Algorithm 1) and Chen et al. 2023
 (Algorithm 2), independently for every row of a batch: draft token ``d_i`` is accepted with probability
 ``min(1, p_i(d_i) / q_i(d_i))`` in order until the first rejection; at the first rejection position ``n``
 one token is drawn from ``norm(max(0, p_n - q_n))``; if all ``l`` drafts are accepted a bonus token is drawn

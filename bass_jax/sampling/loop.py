@@ -1,6 +1,6 @@
 """The jitted decode: prefill, then one ``lax.while_loop`` of regular or BASS steps over a static batch.
 
-Implements ../shared/BASS.md §2 (one step: draft, verify, accept, advance) and §3 (draft length) for B
+Implements BASS (paper §3; docs/bass.md): one step (draft, verify, accept, advance) and the draft length for B
 rows at once, every row with its own length. Shapes are static: the cache has
 ``S >= P + N + max_draft + 1`` slots (P the padded prompt length, N = ``max_new_tokens``), and rows that
 finish keep riding along, frozen. Nothing here talks to the host; :mod:`bass_jax.sampling.generate`
@@ -300,7 +300,7 @@ def _verify(spec: DecodeSpec, num_slots: int, target_params, temperature, top_p,
 
 def _bass_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
                state: DecodeState) -> DecodeState:
-  """One BASS step for the whole batch (BASS.md §2): draft, verify, accept, advance, adapt l_draft."""
+  """One BASS step for the whole batch (paper §3; docs/bass.md): draft, verify, accept, advance, adapt l_draft."""
   key, draft_key, accept_key = jax.random.split(state.key, 3)
   live = ~state.done
   draft_len = state.draft_len
@@ -340,8 +340,8 @@ def decode(spec: DecodeSpec, state: DecodeState, target_params: Any, draft_param
            temperature: jax.Array, top_p: jax.Array) -> DecodeState:
   """Runs steps in one ``lax.while_loop`` until at least one more row finishes (or all are done).
 
-  Stopping at every finish lets the host time each row's completion (per-sequence latency, BASS.md
-  §5) with at most B returns per batch and no host round trip per step; calling it until ``all(done)``
+  Stopping at every finish lets the host time each row's completion (per-sequence latency, paper
+  §4.1) with at most B returns per batch and no host round trip per step; calling it until ``all(done)``
   decodes the whole batch.
 
   Args:

@@ -1,7 +1,7 @@
 """Temperature and nucleus (top-p) warping of logits into the distribution that is actually sampled.
 
-Speculative sampling is exact for whatever distribution both models are warped to (../shared/BASS.md
-§2.3): the same :func:`warped_log_probs` is applied to the draft's ``q`` and to the target's ``p``, so the
+Speculative sampling is exact for whatever distribution both models are warped to (docs/bass.md,
+step 3): the same :func:`warped_log_probs` is applied to the draft's ``q`` and to the target's ``p``, so the
 emitted tokens follow the target's tempered, truncated distribution.
 
 The nucleus (Holtzman et al. 2020; transformers' ``TopPLogitsWarper``) is defined without reference to a

@@ -1,4 +1,4 @@
-"""Distillation of a small draft model from the target (BASS §4.4, App. A.2; ../shared/BASS.md §6).
+"""Distillation of a small draft model from the target (BASS §4.4, App. A.2; docs/bass.md).
 
 The draft is trained to match the target's next-token distribution on the corpus of
 :mod:`bass_jax.training.corpus`: the loss at every labelled position is the cross-entropy from the
@@ -182,7 +182,7 @@ def simulate_greedy_steps(agree: np.ndarray, start: int, end: int, draft_len: in
 
   A step whose prefix ends at position c accepts draft i while the draft's argmax at ``c + i`` equals
   the target's (``agree[c + i]``), up to ``draft_len``, then emits the target's token and the next step
-  starts at ``c + accepted + 1`` (BASS.md §2.3, greedy limit). Only steps whose drafts all lie before
+  starts at ``c + accepted + 1`` (docs/bass.md, step 3, greedy limit). Only steps whose drafts all lie before
   ``end`` are simulated.
 
   Args:
