@@ -155,3 +155,16 @@ def quiet_third_party_logs() -> None:
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.ERROR)  # "Unable to initialize backend"
   for name in ("orbax", "orbax.checkpoint", "etils", "transformers"):
     logging.getLogger(name).setLevel(logging.WARNING)
+  absl_logger = logging.getLogger("absl")  # orbax logs its INFO lines through absl's logger
+  if not any(isinstance(f, _QuietLibraries) for f in absl_logger.filters):
+    absl_logger.addFilter(_QuietLibraries())
+
+
+class _QuietLibraries(logging.Filter):
+  """Drops records below WARNING that libraries (orbax, etils) log through absl's logger, keeping the
+  scripts' own INFO lines."""
+
+  _LIBRARIES = (f"{os.sep}orbax{os.sep}", f"{os.sep}etils{os.sep}")
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or not any(m in record.pathname for m in self._LIBRARIES)
