@@ -17,12 +17,15 @@ from bass_jax.models.gpt2 import GPT2Config
 from bass_jax.models.llama import Llama, LlamaConfig
 from bass_jax.models.opt import OPTConfig
 from bass_jax.sampling.draft_len import DynamicDraftLen, FixedDraftLen
-from bass_jax.sampling.generate import PAD_TOKEN, GenerateOutput, GenerateStats, generate
+from bass_jax.sampling.generate import (PAD_TOKEN, GenerateOutput, GenerateStats, clear_compile_cache,
+                                        enable_persistent_compilation_cache, generate,
+                                        set_compile_cache_size)
 from bass_jax.text import generate_text
 
 __all__ = [
     "ALIASES", "CodeGenConfig", "DynamicDraftLen", "FixedDraftLen", "GPT2Config", "GenerateOutput",
     "GenerateStats", "KVCache", "Llama", "LlamaConfig", "Model", "OPTConfig", "PAD_TOKEN",
-    "abstract_params", "attention_implementations", "check_same_tokenizer", "generate",
-    "generate_text", "init_params", "load_draft", "load_model", "reference_attention", "save_model",
+    "abstract_params", "attention_implementations", "check_same_tokenizer", "clear_compile_cache",
+    "enable_persistent_compilation_cache", "generate", "generate_text", "init_params", "load_draft",
+    "load_model", "reference_attention", "save_model", "set_compile_cache_size",
 ]

@@ -1,11 +1,21 @@
-"""Ragged key/value cache: one static buffer per model, one length per sequence.
+"""Ragged key/value cache: one static buffer per layer, one length per sequence.
 
-Axes: L layers, B batch rows, S cache slots (`max_len`), K key/value heads, H head dim.
+Axes: L layers, B batch rows, K key/value heads, S cache slots (``max_len``), H head dim.
+
+Each layer owns its own ``[B, K, S, H]`` key and value arrays (a tuple of L arrays, not one stacked
+``[L, …]`` array): a decode step then writes each layer's few new entries in place and attention reads
+each layer's buffer directly, with no per-layer slice copied out of a stacked array (on a CPU those
+copies cost as much as the attention itself; ``docs/design.md``). Within a layer, the S slots of one
+(row, kv head) are contiguous, the layout both attention products read without a transpose.
 
 A row's cache holds valid entries at slots ``0 … lengths[b] - 1``; everything past that is stale (a
 rejected draft, prompt padding) or never written, and attention masks it. Rejecting draft tokens is
 therefore only a change of ``lengths`` (BASS §3.1, Fig. 3): nothing is copied or compacted, and the next
 forward overwrites the stale slots.
+
+A forward pass only *reads* the cache and returns the new tokens' K/V as a :class:`KVUpdate`; the caller
+appends it (:meth:`KVCache.append`). Keeping the write out of the model lets the decode loop place it
+outside ``lax.switch`` branches, where XLA would otherwise copy every layer's cache each step.
 """
 
 from __future__ import annotations
@@ -20,13 +30,13 @@ class KVCache:
   """Key/value cache of a decoder-only model, ragged over the batch.
 
   Attributes:
-    k: ``[L, B, S, K, H]`` keys, in the model's dtype, rotary already applied.
-    v: ``[L, B, S, K, H]`` values.
+    k: L arrays ``[B, K, S, H]``, keys in the model's dtype, rotary already applied.
+    v: L arrays ``[B, K, S, H]``, values.
     lengths: ``i32[B]``, number of valid slots per row.
   """
 
-  k: jax.Array
-  v: jax.Array
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
   lengths: jax.Array
 
   @classmethod
@@ -59,22 +69,68 @@ class KVCache:
     ):
       if size < 1:
         raise ValueError(f"KVCache.zeros: {name} must be >= 1, got {size}")
-    shape = (num_layers, batch_size, max_len, num_kv_heads, head_dim)
+    shape = (batch_size, num_kv_heads, max_len, head_dim)
     return cls(
-        k=jnp.full(shape, fill_value, dtype),
-        v=jnp.full(shape, fill_value, dtype),
+        k=tuple(jnp.full(shape, fill_value, dtype) for _ in range(num_layers)),
+        v=tuple(jnp.full(shape, fill_value, dtype) for _ in range(num_layers)),
         lengths=jnp.zeros((batch_size,), jnp.int32),
     )
 
   @property
+  def num_layers(self) -> int:
+    return len(self.k)
+
+  @property
   def max_len(self) -> int:
     """S, the number of slots per row."""
-    return self.k.shape[2]
+    return self.k[0].shape[2]
 
   @property
   def batch_size(self) -> int:
-    return self.k.shape[1]
+    return self.k[0].shape[0]
 
   def with_lengths(self, lengths: jax.Array) -> "KVCache":
     """The same buffers with new valid lengths ``i32[B]``: how drafts are rejected (no copy)."""
     return self.replace(lengths=jnp.asarray(lengths, jnp.int32))
+
+  def append(self, update: "KVUpdate") -> "KVCache":
+    """Writes the T new entries of ``update`` at slots ``lengths[b] … lengths[b] + T - 1`` of each row
+    and returns the cache with ``lengths + T``.
+
+    Entries that would land past the last slot are dropped; ``generate`` sizes caches so that this never
+    happens to a token it keeps.
+    """
+    num_new = update.k[0].shape[1]
+    rows = jnp.arange(self.batch_size)[:, None]
+    pos = self.lengths[:, None] + jnp.arange(num_new, dtype=jnp.int32)  # [B, T]
+    # Advanced indices (rows, pos) around a full slice: the written block is laid out [B, T, K, H].
+    write = lambda cache, new: cache.at[rows, :, pos].set(new.astype(cache.dtype), mode="drop")
+    return KVCache(k=tuple(map(write, self.k, update.k)), v=tuple(map(write, self.v, update.v)),
+                   lengths=self.lengths + num_new)
+
+  def stacked(self) -> tuple[jax.Array, jax.Array]:
+    """``(k, v)`` as ``[L, B, K, S, H]`` arrays (a copy; for tests and inspection)."""
+    return jnp.stack(self.k), jnp.stack(self.v)
+
+
+@flax.struct.dataclass
+class KVUpdate:
+  """The keys and values a forward pass computed for its T new tokens, to be appended to a cache.
+
+  Attributes:
+    k: L arrays ``[B, T, K, H]`` (rotary applied). v: L arrays ``[B, T, K, H]``.
+  """
+
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
+
+  @property
+  def num_new(self) -> int:
+    return self.k[0].shape[1]
+
+  def pad_to(self, num_new: int) -> "KVUpdate":
+    """The same entries padded with zeros to ``num_new`` tokens (so that ``lax.switch`` branches of
+    different T return one shape); appending then writes the padding past the kept tokens, where it is
+    masked like any stale entry."""
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, num_new - x.shape[1]), (0, 0), (0, 0)))
+    return KVUpdate(k=tuple(map(pad, self.k)), v=tuple(map(pad, self.v)))

@@ -73,7 +73,7 @@ def run_problems(
     draft_len: int | str = "dynamic",
     seed: int = 0,
     attention_impl: str = "reference",
-    verify_buckets: Sequence[int] | None = None,
+    verify_chunks: Sequence[int] | None = None,
     distinct_prompts: bool | None = None,
     check: bool = False,
     progress: bool = True,
@@ -93,7 +93,7 @@ def run_problems(
     target, draft: models sharing a tokenizer; ``target.tokenizer`` must be set.
     problems: prompts.
     batch_size: rows per batch, >= 1.
-    method, max_new_tokens, temperature, top_p, draft_len, attention_impl, verify_buckets: as in
+    method, max_new_tokens, temperature, top_p, draft_len, attention_impl, verify_chunks: as in
       ``generate``.
     seed: batch i uses seed ``seed + i``.
     distinct_prompts: each batch holds ``batch_size`` different prompts, one sequence each; else
@@ -130,7 +130,7 @@ def run_problems(
   latencies: list[metrics.Latency] = []
   ragged: list[metrics.Raggedness] = []
   accept_parts: list[metrics.Acceptance] = []
-  steps = tokens = draft_len_sum = 0
+  steps = tokens = draft_len_sum = verified_sum = 0
   wall = compile_seconds = useful_flops = executed_flops = 0.0
   sample_counts: dict[str, int] = {}
   import tqdm  # pylint: disable=g-import-not-at-top  (the [experiments] extra)
@@ -141,7 +141,7 @@ def run_problems(
     out = generate(target, draft, prompt_ids, method=method,
                    max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                    draft_len=draft_len, seed=seed + i, attention_impl=attention_impl,
-                   verify_buckets=verify_buckets)
+                   verify_chunks=verify_chunks)
     stats = out.stats
     prompt_lengths = np.array([len(p) for p in prompt_ids])
     latencies.append(metrics.per_token_latency(stats.finish_seconds, out.lengths))
@@ -154,6 +154,7 @@ def run_problems(
     executed_flops += flops.executed
     steps += stats.steps
     draft_len_sum += int(stats.draft_lens.sum())
+    verified_sum += int(stats.verified.sum())
     tokens += int(out.lengths.sum())
     wall += stats.wall_seconds
     compile_seconds += stats.compile_seconds
@@ -213,6 +214,7 @@ def run_problems(
       "accepted_spread": float(np.mean([r.accepted_spread for r in ragged])),
       "steps": steps,
       "mean_draft_len": draft_len_sum / steps if method == "bass" else None,
+      "mean_verified": verified_sum / steps if method == "bass" else None,
       "wall_seconds": wall,
       "compile_seconds": compile_seconds,
       "tokens": tokens,
@@ -222,7 +224,7 @@ def run_problems(
       "target": target.name,
       "draft": draft.name if (draft is not None and method == "bass") else None,
       "attention_impl": attention_impl,
-      "verify_buckets": list(verify_buckets) if verify_buckets else "default",
+      "verify_chunks": list(verify_chunks) if verify_chunks else "default",
       "device": f"{device.platform}:{device.device_kind}",
       "jax_version": jax.__version__,
   }

@@ -19,7 +19,7 @@ from bass_jax.checkpoints import atomic
 from bass_jax.checkpoints import gguf as gguf_ckpt
 from bass_jax.checkpoints import hf as hf_ckpt
 from bass_jax.checkpoints import orbax_ckpt
-from bass_jax.models.attention import CACHE_ALIGNMENT
+from bass_jax.models.common import layer_index
 
 # alias -> (installed package, resource). The files ship inside packages; nothing is fetched.
 ALIASES: dict[str, tuple[str, str]] = {
@@ -29,7 +29,7 @@ ALIASES: dict[str, tuple[str, str]] = {
     "smollm2-135m-draft": ("bass_jax", "drafts/smollm2-135m-draft"),
 }
 _ORBAX_PARAMS_DIR = "params"
-# The subtree holding the stacked layers, per family (named as in the HF module tree).
+# The name of the per-layer subtrees (``layers_0``, ``layers_1`` …), per family, as in HF's module tree.
 _LAYERS_KEY = {"llama": "layers", "qwen2": "layers", "mistral": "layers", "opt": "layers",
                "codegen": "h", "gpt2": "h"}
 
@@ -41,7 +41,7 @@ class Model:
   Attributes:
     config: the architecture, a family config (``LlamaConfig``, ``OPTConfig``, ``CodeGenConfig``,
       ``GPT2Config``; static and hashable, so jit treats it as a compile-time constant).
-    params: nested dict of arrays, layers stacked along a leading axis (see ``models.llama.Llama``).
+    params: nested dict of arrays, one subtree per layer (``layers_0``, … ; see ``models.common``).
     tokenizer: a transformers tokenizer, or None when the checkpoint has none.
     name: where it came from (alias or path), for logs.
   """
@@ -88,19 +88,17 @@ class Model:
     total = self.config.num_layers
     if not 1 <= num_layers <= total:
       raise ValueError(f"num_layers must be in [1, {total}], got {num_layers}")
-    params = dict(self.params)
-    key = _LAYERS_KEY[self.config.model_type]
-    params[key] = jax.tree_util.tree_map(lambda x: x[:num_layers], params[key])
+    name = _LAYERS_KEY[self.config.model_type]
+    params = {k: v for k, v in self.params.items()
+              if (i := layer_index(k, name)) is None or i < num_layers}
     config = self.config.with_num_layers(num_layers)
     return Model(config, params, self.tokenizer, f"{self.name}[:{num_layers} layers]")
 
 
 @functools.partial(jax.jit, static_argnames=("config", "attention_impl", "dtype"))
 def _full_forward(params, tokens, *, config, attention_impl: str, dtype):
-  slots = -(-tokens.shape[1] // CACHE_ALIGNMENT) * CACHE_ALIGNMENT
-  cache = config.init_cache(tokens.shape[0], slots, dtype)
   logits, _ = config.make_module(attention_impl=attention_impl, dtype=dtype).apply(
-      {"params": params}, tokens, cache)
+      {"params": params}, tokens)
   return logits
 
 
@@ -109,8 +107,7 @@ def abstract_params(config, dtype: Any = jnp.float32) -> dict[str, Any]:
   module = config.make_module(dtype=dtype)
 
   def init():
-    cache = config.init_cache(1, 1, dtype)
-    return module.init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32), cache)["params"]
+    return module.init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
 
   return jax.eval_shape(init)
 
@@ -118,8 +115,7 @@ def abstract_params(config, dtype: Any = jnp.float32) -> dict[str, Any]:
 def init_params(config, key: jax.Array, dtype: Any = jnp.float32) -> dict[str, Any]:
   """Randomly initialized parameters (for tests and for training a draft from scratch)."""
   module = config.make_module(dtype=dtype)
-  cache = config.init_cache(1, 1, dtype)
-  return module.init(key, jnp.zeros((1, 1), jnp.int32), cache)["params"]
+  return module.init(key, jnp.zeros((1, 1), jnp.int32))["params"]
 
 
 def resolve_alias(alias: str) -> pathlib.Path:

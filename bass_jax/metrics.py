@@ -248,7 +248,6 @@ def pass_at_finished(passed: np.ndarray, finished: np.ndarray) -> bool:
 # the tied LM head).
 _LOOKUP_TABLES = {"embed_positions", "wpe"}
 _TOKEN_TABLES = {"embed_tokens", "wte"}
-_STACKED_LAYERS = {"layers", "h"}  # subtrees with a leading layer axis
 
 
 def matmul_params(config, params) -> int:
@@ -259,8 +258,7 @@ def matmul_params(config, params) -> int:
   tied = getattr(config, "tie_word_embeddings", False)
   total = 0
   for path, value in flax.traverse_util.flatten_dict(dict(params)).items():
-    ndim = len(getattr(value, "shape", ())) - (1 if path[0] in _STACKED_LAYERS else 0)
-    if ndim < 2 or path[0] in _LOOKUP_TABLES:
+    if len(getattr(value, "shape", ())) < 2 or path[0] in _LOOKUP_TABLES:
       continue
     if path[0] in _TOKEN_TABLES and not tied:
       continue
@@ -295,8 +293,9 @@ def decode_flops(target, draft, prompt_lengths: np.ndarray, output, *, method: s
   """Counts :class:`Flops` for a ``generate`` result.
 
   Useful FLOPs count each position's attention at its true context; executed FLOPs count every
-  computed position's attention at the batch's mean context (prompt plus half the output), an
-  approximation of the small attention term that keeps the count analytic.
+  computed position (prompt padding, the padding rows of the batch bucket, draft steps, every verified
+  position of every verification chunk) with its attention at the batch's mean context (prompt plus
+  half the output), an approximation of the small attention term that keeps the count analytic.
 
   Args:
     target, draft: the ``Model`` s (draft may be None for regular decoding).
@@ -305,19 +304,18 @@ def decode_flops(target, draft, prompt_lengths: np.ndarray, output, *, method: s
     method: ``"bass"`` or ``"regular"``.
   """
   prompt_lengths = np.asarray(prompt_lengths)
-  batch = len(prompt_lengths)
+  stats = output.stats
+  batch = stats.batch_bucket or len(prompt_lengths)  # inert padding rows are computed too
   tc, tp = target.config, target.params
   useful = sum(forward_flops(tc, tp, np.arange(1, p + n)) for p, n in zip(prompt_lengths, output.lengths))
   mean_context = float(np.mean(prompt_lengths + output.lengths / 2))
   per_pos = lambda config, params, n: forward_flops(config, params, np.full(int(n), mean_context))
-  stats = output.stats
   executed = per_pos(tc, tp, batch * stats.prompt_bucket)  # prefill, padding included
   if method == "regular":
     executed += per_pos(tc, tp, batch * stats.steps)
   else:
     dc, dp = draft.config, draft.params
     executed += per_pos(dc, dp, batch * stats.prompt_bucket)
-    for l in stats.draft_lens:
-      verified = min(b for b in stats.verify_buckets if b >= l) + 1
+    for l, verified in zip(stats.draft_lens, stats.verified):
       executed += per_pos(dc, dp, batch * (l + 1)) + per_pos(tc, tp, batch * verified)
   return Flops(useful=float(useful), executed=float(executed))

@@ -46,10 +46,9 @@ _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus mass in (0, 1].", upper_bound
 _DRAFT_LEN = flags.DEFINE_string("draft_len", "dynamic", "'dynamic' (BASS Algorithm 1) or an int >= 1.")
 _SEED = flags.DEFINE_integer("seed", 0, "PRNG seed (batch i uses seed + i).", lower_bound=0)
 _ATTENTION = flags.DEFINE_string("attention_impl", "reference", "Attention implementation.")
-_BUCKETS = flags.DEFINE_list(
-    "verify_buckets", [], "Draft lengths with a compiled verification shape (default: the fixed "
-    "draft length, or 1, 2, 4, ... up to the limit for 'dynamic'). '32' alone compiles one shape "
-    "at the maximum and masks.")
+_CHUNKS = flags.DEFINE_list(
+    "verify_chunks", [], "Positions one verification forward may score, each size compiled once "
+    "(default: bass_jax's DEFAULT_VERIFY_CHUNKS); a step scores its l_draft + 1 positions in passes.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Parameter/compute dtype.")
 _OUTPUT = flags.DEFINE_string("output", None, "JSONL file, one record per sequence, appended per batch "
                               "(default: <fresh run directory>/records.jsonl).")
@@ -61,8 +60,8 @@ flags.register_validator(
     "draft_len", lambda v: v == "dynamic" or (v.isdigit() and int(v) >= 1),
     message="--draft_len must be 'dynamic' or an int >= 1")
 flags.register_validator(
-    "verify_buckets", lambda v: all(b.isdigit() and int(b) >= 1 for b in v),
-    message="--verify_buckets must be a comma-separated list of ints >= 1")
+    "verify_chunks", lambda v: all(b.isdigit() and int(b) >= 1 for b in v),
+    message="--verify_chunks must be a comma-separated list of ints >= 1")
 
 
 def main(argv):
@@ -107,7 +106,7 @@ def main(argv):
         max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
         draft_len=int(_DRAFT_LEN.value) if _DRAFT_LEN.value.isdigit() else _DRAFT_LEN.value,
         seed=_SEED.value, attention_impl=_ATTENTION.value, distinct_prompts=distinct,
-        verify_buckets=[int(b) for b in _BUCKETS.value] or None, on_batch=records.write)
+        verify_chunks=[int(b) for b in _CHUNKS.value] or None, on_batch=records.write)
   print(experiment.format_summary(result.summary), flush=True)
   _io.write_json_atomic(summary_path, result.summary)
   print(f"records: {output}\nsummary: {summary_path}", flush=True)

@@ -83,8 +83,9 @@ class BlockSizes:
 
 
 def _ragged_attention_kernel(
-    lengths_ref,  # i32[]: valid slots of this row, the T new ones included
-    max_length_ref,  # i32[]: longest row of the batch (the PAD loop bound)
+    lengths_ref,  # i32[]: end position of this row's queries (query t sits at lengths - T + t)
+    kv_lengths_ref,  # i32[]: valid key slots of this row (slots at or past it are never read)
+    max_length_ref,  # i32[]: the largest kv length of the batch (the PAD loop bound)
     q_ref,  # [block_r, H] folded queries of one (row, kv head, query block)
     k_ref,  # [split_len, H] this split's keys of one (row, kv head)
     v_ref,  # [split_len, H]
@@ -104,6 +105,7 @@ def _ragged_attention_kernel(
 ):
   split = pl.program_id(3)
   length = lengths_ref[()]
+  kv_length = kv_lengths_ref[()]
   rows = pl.program_id(2) * block_r + jnp.arange(block_r)
   q_pos = length - num_q + rows // group  # padded rows (t >= T) see the whole row: harmless
   start = split * split_len  # first cache slot of this split
@@ -113,7 +115,7 @@ def _ragged_attention_kernel(
     end = max_length_ref[()]
   else:  # own row only, and no further than the last query of this block can see
     last_t = jnp.minimum((pl.program_id(2) * block_r + block_r - 1) // group, num_q - 1)
-    end = jnp.minimum(length, length - num_q + last_t + 1)
+    end = jnp.minimum(kv_length, length - num_q + last_t + 1)
     if sliding_window is not None:  # nor earlier than the first query's window reaches
       first_t = jnp.minimum(pl.program_id(2) * block_r // group, num_q - 1)
       oldest = length - num_q + first_t - sliding_window + 1
@@ -125,7 +127,7 @@ def _ragged_attention_kernel(
   def body(i, carry):
     acc, m_prev, l_prev = carry
     slots = start + i * block_k + jnp.arange(block_k)
-    valid = slots < length
+    valid = slots < kv_length
     block = pl.ds(i * block_k, block_k)
     # Masked loads: slots past the row's length are never read (they may hold NaN or stale drafts).
     k = plgpu.load(k_ref.at[block, :], mask=valid[:, None], other=0.0)
@@ -176,11 +178,11 @@ def _unfold(o: jax.Array, num_q: int, group: int) -> jax.Array:
   return o.transpose(0, 2, 1, 3, 4).reshape(batch, num_q, num_kv_heads * group, head_dim)
 
 
-def _pallas_ragged_attention(q, k_cache, v_cache, lengths, *, variant, sm_scale, sliding_window,
-                             block_sizes, interpret, poison_output):
+def _pallas_ragged_attention(q, k_cache, v_cache, lengths, kv_lengths, *, variant, sm_scale,
+                             sliding_window, block_sizes, interpret, poison_output):
   """Builds the grid and BlockSpecs and runs the kernel; returns ``(out [B, T, N, H], m, l)``."""
   batch, num_q, num_heads, head_dim = q.shape
-  max_len, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+  num_kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
   group = num_heads // num_kv_heads
   rows = num_q * group
   block_r = min(block_sizes.block_r, max(_MIN_BLOCK, pl.next_power_of_2(rows)))
@@ -204,17 +206,18 @@ def _pallas_ragged_attention(q, k_cache, v_cache, lengths, *, variant, sm_scale,
   ]
   in_specs = [
       pl.BlockSpec((None,), lambda b, h, r, s: (b,)),  # lengths
-      pl.BlockSpec((), lambda b, h, r, s: ()),  # max length
+      pl.BlockSpec((None,), lambda b, h, r, s: (b,)),  # kv lengths
+      pl.BlockSpec((), lambda b, h, r, s: ()),  # max kv length
       pl.BlockSpec((None, None, block_r, head_dim), lambda b, h, r, s: (b, h, r, 0)),  # q
-      pl.BlockSpec((None, split_len, None, head_dim), lambda b, h, r, s: (b, s, h, 0)),  # k
-      pl.BlockSpec((None, split_len, None, head_dim), lambda b, h, r, s: (b, s, h, 0)),  # v
+      pl.BlockSpec((None, None, split_len, head_dim), lambda b, h, r, s: (b, h, s, 0)),  # k
+      pl.BlockSpec((None, None, split_len, head_dim), lambda b, h, r, s: (b, h, s, 0)),  # v
   ]
   out_specs = [
       pl.BlockSpec((None, None, None, block_r, head_dim), lambda b, h, r, s: (s, b, h, r, 0)),
       pl.BlockSpec((None, None, None, block_r), lambda b, h, r, s: (s, b, h, r)),
       pl.BlockSpec((None, None, None, block_r), lambda b, h, r, s: (s, b, h, r)),
   ]
-  operands = [lengths, jnp.max(lengths), q_folded, k_cache, v_cache]
+  operands = [lengths, kv_lengths, jnp.max(kv_lengths), q_folded, k_cache, v_cache]
   aliases = {}
   if poison_output:
     # The outputs start as NaN (aliased inputs the kernel never reads), so a tile it fails to write
@@ -259,18 +262,18 @@ def _ignore_aliased_inputs(kernel, num_inputs, num_aliased):
   return wrapped
 
 
-def _validate(q, k_cache, v_cache, lengths, variant, block_sizes):
+def _validate(q, k_cache, v_cache, lengths, kv_lengths, variant, block_sizes):
   if variant not in VARIANTS:
     raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
   if q.ndim != 4 or k_cache.ndim != 4 or v_cache.shape != k_cache.shape:
-    raise ValueError(f"need q [B, T, N, H] and k_cache = v_cache [B, S, K, H]; got q {q.shape}, "
+    raise ValueError(f"need q [B, T, N, H] and k_cache = v_cache [B, K, S, H]; got q {q.shape}, "
                      f"k_cache {k_cache.shape}, v_cache {v_cache.shape}")
   batch, num_q, num_heads, head_dim = q.shape
   if k_cache.shape[0] != batch or k_cache.shape[3] != head_dim:
     raise ValueError(f"q {q.shape} and k_cache {k_cache.shape} disagree on batch or head dim")
-  if num_heads % k_cache.shape[2]:
+  if num_heads % k_cache.shape[1]:
     raise ValueError(f"query heads ({num_heads}) must be a multiple of key/value heads "
-                     f"({k_cache.shape[2]})")
+                     f"({k_cache.shape[1]})")
   if head_dim < _MIN_BLOCK or head_dim & (head_dim - 1):
     raise ValueError(f"head dim must be a power of two >= {_MIN_BLOCK}, got {head_dim}")
   if q.dtype not in (jnp.float32, jnp.bfloat16) or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
@@ -279,17 +282,23 @@ def _validate(q, k_cache, v_cache, lengths, variant, block_sizes):
   if lengths.shape != (batch,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
     raise ValueError(f"lengths must be an integer array of shape ({batch},), got {lengths.dtype}"
                      f"{lengths.shape}")
-  max_len = k_cache.shape[1]
+  max_len = k_cache.shape[2]
   split_len, rem = divmod(max_len, block_sizes.num_splits)
   if rem or _block_k(split_len, block_sizes.block_k) is None:
     raise ValueError(
         f"cache length S={max_len} must split into {block_sizes.num_splits} equal parts that are "
         f"multiples of {_MIN_BLOCK}; size the cache to a multiple of block_k={block_sizes.block_k}")
-  if not isinstance(lengths, jax.core.Tracer):
-    lengths_np = np.asarray(lengths)
-    if (lengths_np < num_q).any() or (lengths_np > max_len).any():
-      raise ValueError(f"every length must satisfy T={num_q} <= lengths[b] <= S={max_len} (it counts "
-                       f"the T new tokens); got {lengths_np.tolist()}")
+  if kv_lengths.shape != (batch,) or not jnp.issubdtype(kv_lengths.dtype, jnp.integer):
+    raise ValueError(f"kv_lengths must be an integer array of shape ({batch},), got "
+                     f"{kv_lengths.dtype}{kv_lengths.shape}")
+  if not isinstance(lengths, jax.core.Tracer) and not isinstance(kv_lengths, jax.core.Tracer):
+    lengths_np, kv_np = np.asarray(lengths), np.asarray(kv_lengths)
+    if (lengths_np < num_q).any():
+      raise ValueError(f"every length must satisfy lengths[b] >= T={num_q} (it is the end position "
+                       f"of the T queries); got {lengths_np.tolist()}")
+    if (kv_np < 0).any() or (kv_np > max_len).any() or (kv_np > lengths_np).any():
+      raise ValueError(f"kv_lengths must satisfy 0 <= kv_lengths[b] <= min(lengths[b], S={max_len}); "
+                       f"got kv_lengths {kv_np.tolist()} and lengths {lengths_np.tolist()}")
 
 
 def ragged_attention(
@@ -298,6 +307,7 @@ def ragged_attention(
     v_cache: jax.Array,
     lengths: jax.Array,
     *,
+    kv_lengths: jax.Array | None = None,
     variant: str = "pad",
     sm_scale: float | None = None,
     sliding_window: int | None = None,
@@ -311,9 +321,14 @@ def ragged_attention(
   Args:
     q: ``[B, T, N, H]`` float32 or bfloat16: the T newest tokens of each row, already written into the
       cache at slots ``lengths[b] - T … lengths[b] - 1``.
-    k_cache, v_cache: ``[B, S, K, H]`` in q's dtype, ``N % K == 0``; slots at and past ``lengths[b]`` are
+    k_cache, v_cache: ``[B, K, S, H]`` in q's dtype, ``N % K == 0``; slots at and past ``lengths[b]`` are
       never read.
-    lengths: ``i32[B]``, valid slots per row including the T new ones, ``T <= lengths[b] <= S``.
+    lengths: ``i32[B]``, the end position of each row's queries: query t sits at ``lengths[b] - T + t``.
+      With ``kv_lengths`` None it also counts the valid slots, the T new ones included
+      (``T <= lengths[b] <= S``).
+    kv_lengths: ``i32[B]`` valid slots per row, if they end before ``lengths`` (the cache before a
+      forward whose new tokens are attended apart, ``bass_jax.models.attention``):
+      ``0 <= kv_lengths[b] <= min(lengths[b], S)``; a row with none outputs 0 with ``l = 0``.
     variant: ``"pad"`` (walk to the batch's longest row) or ``"split"`` (walk only the own row).
     sm_scale: softmax scale, default ``1 / sqrt(H)``.
     sliding_window: if set (Mistral), a query at position p also ignores slots ``<= p - sliding_window``;
@@ -335,10 +350,14 @@ def ragged_attention(
       length that does not split into ``num_splits`` multiples of 16, an unknown variant, or (when
       lengths are concrete) a length outside ``[T, S]``.
   """
-  _validate(q, k_cache, v_cache, lengths, variant, block_sizes)
+  lengths = jnp.asarray(lengths) if not isinstance(lengths, jax.core.Tracer) else lengths
+  kv_lengths = lengths if kv_lengths is None else kv_lengths
+  kv_lengths = jnp.asarray(kv_lengths) if not isinstance(kv_lengths, jax.core.Tracer) else kv_lengths
+  _validate(q, k_cache, v_cache, lengths, kv_lengths, variant, block_sizes)
   if sliding_window is not None and sliding_window < 1:
     raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
-  return _ragged_attention_jit(q, k_cache, v_cache, jnp.asarray(lengths, jnp.int32), variant=variant,
+  return _ragged_attention_jit(q, k_cache, v_cache, lengths.astype(jnp.int32),
+                               kv_lengths.astype(jnp.int32), variant=variant,
                                sm_scale=sm_scale, sliding_window=sliding_window,
                                block_sizes=block_sizes, interpret=interpret,
                                return_residuals=return_residuals, poison_output=debug_poison_output)
@@ -346,18 +365,18 @@ def ragged_attention(
 
 @functools.partial(jax.jit, static_argnames=("variant", "sm_scale", "sliding_window", "block_sizes",
                                              "interpret", "return_residuals", "poison_output"))
-def _ragged_attention_jit(q, k_cache, v_cache, lengths, *, variant, sm_scale, sliding_window,
-                          block_sizes, interpret, return_residuals, poison_output):
+def _ragged_attention_jit(q, k_cache, v_cache, lengths, kv_lengths, *, variant, sm_scale,
+                          sliding_window, block_sizes, interpret, return_residuals, poison_output):
   num_q, num_heads, head_dim = q.shape[1:]
   if sm_scale is None:
     sm_scale = 1.0 / math.sqrt(head_dim)
-  out, m, l = _pallas_ragged_attention(q, k_cache, v_cache, lengths, variant=variant,
+  out, m, l = _pallas_ragged_attention(q, k_cache, v_cache, lengths, kv_lengths, variant=variant,
                                        sm_scale=sm_scale, sliding_window=sliding_window,
                                        block_sizes=block_sizes,
                                        interpret=interpret, poison_output=poison_output)
   if not return_residuals:
     return out
-  group = num_heads // k_cache.shape[2]
+  group = num_heads // k_cache.shape[1]
   m = _unfold(m[..., None], num_q, group)[..., 0]
   l = _unfold(l[..., None], num_q, group)[..., 0]
   return out, (m, l)
@@ -369,35 +388,37 @@ def ragged_attention_reference(
     v_cache: jax.Array,
     lengths: jax.Array,
     *,
+    kv_lengths: jax.Array | None = None,
     sm_scale: float | None = None,
     sliding_window: int | None = None,
     return_residuals: bool = False,
 ):
   """Plain-jnp reference of :func:`ragged_attention`, computed in f32 (same arguments and results).
 
-  Slots at and past ``lengths[b]`` are masked in both products, so NaN there does not propagate.
+  Slots at and past ``kv_lengths[b]`` are masked in both products, so NaN there does not propagate.
   """
+  kv_lengths = lengths if kv_lengths is None else kv_lengths
   batch, num_q, num_heads, head_dim = q.shape
-  max_len, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+  num_kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
   group = num_heads // num_kv_heads
   if sm_scale is None:
     sm_scale = 1.0 / math.sqrt(head_dim)
   slots = jnp.arange(max_len)
-  valid = slots[None, :] < lengths[:, None]  # [B, S]
-  k = jnp.where(valid[:, :, None, None], k_cache.astype(jnp.float32), 0.0)
-  v = jnp.where(valid[:, :, None, None], v_cache.astype(jnp.float32), 0.0)
-  k = jnp.repeat(k, group, axis=2)  # [B, S, N, H]
-  v = jnp.repeat(v, group, axis=2)
-  logits = jnp.einsum("btnh,bsnh->bnts", q.astype(jnp.float32), k) * sm_scale
+  valid = slots[None, :] < kv_lengths[:, None]  # [B, S]
+  k = jnp.where(valid[:, None, :, None], k_cache.astype(jnp.float32), 0.0)
+  v = jnp.where(valid[:, None, :, None], v_cache.astype(jnp.float32), 0.0)
+  k = jnp.repeat(k, group, axis=1)  # [B, N, S, H]
+  v = jnp.repeat(v, group, axis=1)
+  logits = jnp.einsum("btnh,bnsh->bnts", q.astype(jnp.float32), k) * sm_scale
   q_pos = lengths[:, None] - num_q + jnp.arange(num_q)  # [B, T]
   visible = valid[:, None, :] & (slots[None, None, :] <= q_pos[:, :, None])  # [B, T, S]
   if sliding_window is not None:
     visible &= slots[None, None, :] > q_pos[:, :, None] - sliding_window
-  logits = jnp.where(visible[:, None], logits, -jnp.inf)
+  logits = jnp.where(visible[:, None], logits, _MASK_VALUE)
   m = jnp.max(logits, axis=-1)  # [B, N, T]
-  p = jnp.exp(logits - m[..., None])
+  p = jnp.where(visible[:, None], jnp.exp(logits - m[..., None]), 0.0)
   l = jnp.sum(p, axis=-1)
-  out = jnp.einsum("bnts,bsnh->btnh", p / l[..., None], v).astype(q.dtype)
+  out = jnp.einsum("bnts,bnsh->btnh", p / jnp.where(l > 0, l, 1.0)[..., None], v).astype(q.dtype)
   if return_residuals:
     return out, (m.transpose(0, 2, 1), l.transpose(0, 2, 1))
   return out

@@ -55,7 +55,12 @@ def chunked_logits(model: bj.Model, seqs, prefill, chunk_sizes=(1, 2, 3, 8), max
   Returns each row's logits ``[len, V]`` at every position.
   """
   module = model.config.make_module()
-  forward = jax.jit(lambda p, t, c: module.apply({"params": p}, t, c))
+
+  @jax.jit
+  def forward(params, tokens, cache):
+    logits, update = module.apply({"params": params}, tokens, cache)
+    return logits, cache.append(update)
+
   rng = np.random.default_rng(0)
   total = np.array([len(s) for s in seqs])
   batch, vocab = len(seqs), model.config.vocab_size

@@ -129,7 +129,7 @@ def test_flop_counts_by_hand():
   # Regular decoding of one 3-token prompt for 2 tokens, prompt padded to 16.
   stats = bj.GenerateStats(steps=2, draft_lens=np.zeros(0, int), accepted=np.zeros((0, 1), int),
                            finish_seconds=np.array([1.0]), wall_seconds=1.0, compile_seconds=0.0,
-                           prompt_bucket=16)
+                           prompt_bucket=16, batch_bucket=1)
   out = bj.GenerateOutput(tokens=np.zeros((1, 2), int), lengths=np.array([2]),
                           logprobs=np.zeros((1, 2)), finished=np.array([False]), stats=stats)
   flops = metrics.decode_flops(bj.Model(config, params), None, np.array([3]), out, method="regular")

@@ -117,7 +117,7 @@ def test_bad_input_is_rejected_with_a_clear_error(target):
       (dict(draft=tiny_model(seed=4, vocab_size=60)), "vocabulary"),
       (dict(draft_len=0), "draft length"),
       (dict(draft_len="sometimes"), "draft_len"),
-      (dict(verify_buckets=(2, 4)), "verify_buckets"),
+      (dict(verify_chunks=()), "verify_chunks"),
       (dict(attention_impl="flash"), "attention_impl"),
       (dict(max_new_tokens=2046), "context"),
       (dict(max_cache_len=20), "max_cache_len"),

@@ -37,11 +37,11 @@ def _inputs(seed, batch, num_q, num_kv_heads, ratio, head_dim, dtype, max_len, b
   if batch > 2:
     lengths[2] = max(num_q, block + block // 2 + 3) if max_len > 2 * block else lengths[2]
   q = rng.normal(size=(batch, num_q, num_kv_heads * ratio, head_dim))
-  k = rng.normal(size=(batch, max_len, num_kv_heads, head_dim))
-  v = rng.normal(size=(batch, max_len, num_kv_heads, head_dim))
+  k = rng.normal(size=(batch, num_kv_heads, max_len, head_dim))
+  v = rng.normal(size=(batch, num_kv_heads, max_len, head_dim))
   for b in range(batch):
-    k[b, lengths[b]:] = np.nan
-    v[b, lengths[b]:] = np.nan
+    k[b, :, lengths[b]:] = np.nan
+    v[b, :, lengths[b]:] = np.nan
   cast = lambda x: jnp.asarray(x, dtype)
   return cast(q), cast(k), cast(v), jnp.asarray(lengths, jnp.int32)
 
@@ -73,7 +73,7 @@ def test_kernel_lowers_through_triton_for_cuda(batch, num_q, ratio, head_dim, dt
 
   num_kv_heads = 3 if ratio == 3 else 2
   q = jax.ShapeDtypeStruct((batch, num_q, num_kv_heads * ratio, head_dim), dtype)
-  kv = jax.ShapeDtypeStruct((batch, 192, num_kv_heads, head_dim), dtype)
+  kv = jax.ShapeDtypeStruct((batch, num_kv_heads, 192, head_dim), dtype)
   lengths = jax.ShapeDtypeStruct((batch,), jnp.int32)
   fn = jax.jit(lambda q, k, v, l: ragged_attention(q, k, v, l, variant=variant,
                                                    block_sizes=BlockSizes(num_splits=2)))
@@ -103,29 +103,66 @@ def test_prefill_split_k_and_residuals(num_q, block_sizes, variant):
   np.testing.assert_allclose(l, l_want, rtol=1e-5)
 
 
-def test_model_attention_agrees_with_the_kernel_reference():
-  """The model's jnp attention (bass_jax.models.attention) and the kernel file's reference agree."""
-  q, k, v, lengths = _inputs(3, 3, 8, 3, 3, 64, jnp.float32, max_len=128)
-  _check(reference_attention(q, k, v, lengths), ragged_attention_reference(q, k, v, lengths),
-         jnp.float32)
+@pytest.mark.parametrize("variant", ["pad", "split"])
+@pytest.mark.parametrize("num_q,window", [(1, None), (9, None), (5, 20)])
+def test_keys_may_end_before_the_queries(num_q, window, variant):
+  """``kv_lengths < lengths``: the cache before a forward whose new tokens are attended apart. Queries sit
+  at ``lengths - T + t``; only slots below ``kv_lengths`` are keys; a row with none has l = 0."""
+  q, k, v, lengths = _inputs(num_q + 50, 4, num_q, 3, 3, 64, jnp.float32, max_len=192)
+  rng = np.random.default_rng(num_q)
+  kv_lengths = np.asarray(lengths) - num_q - rng.integers(0, 4, 4)
+  kv_lengths = np.clip(kv_lengths, 0, None)
+  kv_lengths[0] = 0  # an empty cache (the queries' row holds only new tokens)
+  kv_lengths = jnp.asarray(kv_lengths, jnp.int32)
+  k = jnp.where(jnp.arange(192)[None, None, :, None] < kv_lengths[:, None, None, None], k, jnp.nan)
+  v = jnp.where(jnp.arange(192)[None, None, :, None] < kv_lengths[:, None, None, None], v, jnp.nan)
+  out, (m, l) = ragged_attention(q, k, v, lengths, kv_lengths=kv_lengths, variant=variant,
+                                 sliding_window=window, block_sizes=BlockSizes(block_k=32),
+                                 interpret=not ON_GPU, return_residuals=True,
+                                 debug_poison_output=True)
+  want, (m_want, l_want) = ragged_attention_reference(q, k, v, lengths, kv_lengths=kv_lengths,
+                                                      sliding_window=window, return_residuals=True)
+  _check(out, want, jnp.float32)
+  np.testing.assert_allclose(l, l_want, rtol=1e-5, atol=1e-6)
+  assert (np.asarray(l)[0] == 0).all() and (np.asarray(out)[0] == 0).all()
+  with pytest.raises(ValueError, match="kv_lengths must satisfy"):
+    ragged_attention(q, k, v, lengths, kv_lengths=lengths + 1, interpret=True)
+
+
+@pytest.mark.parametrize("impl", ["pallas_pad", "pallas_split"])
+def test_model_attention_with_the_kernels_matches_the_reference(impl):
+  """The models' attention through the kernels (cache segment in Pallas, merged with the new tokens)
+  equals the models' jnp reference over the same cache and new tokens."""
+  from bass_jax.models.attention import get_attention
+
+  rng = np.random.default_rng(11)
+  batch, num_q, max_len = 3, 5, 128
+  q = jnp.asarray(rng.normal(size=(batch, num_q, 9, 64)), jnp.float32)
+  k_new, v_new = (jnp.asarray(rng.normal(size=(batch, num_q, 3, 64)), jnp.float32) for _ in range(2))
+  cache_lengths = jnp.asarray([0, 70, max_len - num_q], jnp.int32)
+  valid = jnp.arange(max_len)[None, None, :, None] < cache_lengths[:, None, None, None]
+  k, v = (jnp.where(valid, jnp.asarray(rng.normal(size=(batch, 3, max_len, 64)), jnp.float32), jnp.nan)
+          for _ in range(2))
+  got = get_attention(impl)(q, k_new, v_new, k, v, cache_lengths)
+  _check(got, reference_attention(q, k_new, v_new, k, v, cache_lengths), jnp.float32)
 
 
 @pytest.mark.parametrize("change,match", [
     (dict(variant="ragged"), "variant"),
     (dict(q=jnp.zeros((2, 3, 6, 64))), "batch"),
     (dict(q=jnp.zeros((1, 3, 5, 64))), "multiple"),
-    (dict(q=jnp.zeros((1, 3, 6, 48)), k_cache=jnp.zeros((1, 128, 3, 48)),
-          v_cache=jnp.zeros((1, 128, 3, 48))), "power of two"),
-    (dict(k_cache=jnp.zeros((1, 100, 3, 64)), v_cache=jnp.zeros((1, 100, 3, 64))), "multiples of 16"),
-    (dict(v_cache=jnp.zeros((1, 128, 3, 64), jnp.bfloat16)), "v_cache"),
-    (dict(lengths=jnp.array([2])), "T=3 <= lengths"),
-    (dict(lengths=jnp.array([129])), "lengths"),
+    (dict(q=jnp.zeros((1, 3, 6, 48)), k_cache=jnp.zeros((1, 3, 128, 48)),
+          v_cache=jnp.zeros((1, 3, 128, 48))), "power of two"),
+    (dict(k_cache=jnp.zeros((1, 3, 100, 64)), v_cache=jnp.zeros((1, 3, 100, 64))), "multiples of 16"),
+    (dict(v_cache=jnp.zeros((1, 3, 128, 64), jnp.bfloat16)), "v_cache"),
+    (dict(lengths=jnp.array([2])), r"lengths\[b\] >= T=3"),
+    (dict(lengths=jnp.array([129])), "kv_lengths must satisfy"),
     (dict(lengths=jnp.array([5, 6])), "shape"),
     (dict(block_sizes=BlockSizes(num_splits=3)), "equal parts"),
 ])
 def test_bad_input_is_rejected(change, match):
-  args = dict(q=jnp.ones((1, 3, 6, 64)), k_cache=jnp.ones((1, 128, 3, 64)),
-              v_cache=jnp.ones((1, 128, 3, 64)), lengths=jnp.array([40]), variant="pad",
+  args = dict(q=jnp.ones((1, 3, 6, 64)), k_cache=jnp.ones((1, 3, 128, 64)),
+              v_cache=jnp.ones((1, 3, 128, 64)), lengths=jnp.array([40]), variant="pad",
               block_sizes=BlockSizes())
   args.update(change)
   with pytest.raises(ValueError, match=match):
@@ -167,5 +204,4 @@ def test_sliding_window(num_q, window, variant):
                          debug_poison_output=True)
   want = ragged_attention_reference(q, k, v, lengths, sliding_window=window)
   _check(out, want, jnp.float32)
-  _check(reference_attention(q, k, v, lengths, sliding_window=window), want, jnp.float32)
   assert not np.allclose(np.asarray(want), np.asarray(ragged_attention_reference(q, k, v, lengths)))

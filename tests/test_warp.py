@@ -16,7 +16,7 @@ def test_matches_transformers_warpers(temperature, top_p):
   processors = transformers.LogitsProcessorList([
       transformers.TemperatureLogitsWarper(temperature), transformers.TopPLogitsWarper(top_p)])
   want = torch.log_softmax(processors(None, torch.tensor(logits)), dim=-1).numpy()
-  got = np.asarray(warped_log_probs(jnp.asarray(logits), temperature, top_p, use_top_p=True))
+  got = np.asarray(warped_log_probs(jnp.asarray(logits), temperature, top_p))
   assert ((got == -np.inf) == (want == -np.inf)).all()  # the same nucleus
   assert (got == -np.inf).any()  # and it truncates something
   kept = want > -np.inf
@@ -25,9 +25,9 @@ def test_matches_transformers_warpers(temperature, top_p):
 
 def test_ties_at_the_threshold_are_all_kept():
   logits = jnp.log(jnp.array([[0.4, 0.2, 0.2, 0.2]]))
-  probs = np.exp(np.asarray(warped_log_probs(logits, 1.0, 0.5, use_top_p=True)))[0]
+  probs = np.exp(np.asarray(warped_log_probs(logits, 1.0, 0.5)))[0]
   np.testing.assert_allclose(probs, [0.4, 0.2, 0.2, 0.2], atol=1e-6)  # order-independent
-  probs = np.exp(np.asarray(warped_log_probs(logits, 1.0, 0.35, use_top_p=True)))[0]
+  probs = np.exp(np.asarray(warped_log_probs(logits, 1.0, 0.35)))[0]
   np.testing.assert_allclose(probs, [1.0, 0, 0, 0], atol=1e-6)
 
 
@@ -41,7 +41,7 @@ def test_wide_and_narrow_nuclei_match_transformers(spread):
   logits[1::2] *= 10.0
   want = torch.log_softmax(
       transformers.TopPLogitsWarper(0.9)(None, torch.tensor(logits)), dim=-1).numpy()
-  got = np.asarray(warped_log_probs(jnp.asarray(logits), 1.0, 0.9, use_top_p=True))
+  got = np.asarray(warped_log_probs(jnp.asarray(logits), 1.0, 0.9))
   sizes = (want > -np.inf).sum(-1)
   assert ((got > -np.inf).sum(-1) == sizes).all()
   assert ((got == -np.inf) == (want == -np.inf)).all()

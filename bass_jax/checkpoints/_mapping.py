@@ -1,7 +1,8 @@
 """Total, checked mapping between a checkpoint's named tensors and a Flax parameter tree.
 
 A conversion is a table of rules. A :class:`Rule` maps one source tensor (with ``{layer}`` for per-layer
-tensors, stacked along the scanned layer axis) to one Flax parameter through ordered transforms; a
+tensors, which fill one parameter per layer: ``("layers", "mlp", …)`` names ``layers_0/mlp/…``,
+``layers_1/mlp/…`` and so on) to one Flax parameter through ordered transforms; a
 :class:`Fused` rule splits one source tensor into several parameters (CodeGen's and GPT-2's fused qkv)
 and merges them back. :func:`to_flax` fills every parameter, checks every shape against the model's
 abstract parameters, and fails if a source tensor is left over; nothing is converted silently or
@@ -44,7 +45,9 @@ class Rule:
   """One Flax parameter and the source tensor it comes from.
 
   Attributes:
-    flax_path: path in the parameter tree, e.g. ``("layers", "self_attn", "q_proj", "kernel")``.
+    flax_path: path in the parameter tree, e.g. ``("layers", "self_attn", "q_proj", "kernel")``; for a
+      per-layer rule the first element names the layers, and layer i's parameter is at
+      ``("layers_{i}", "self_attn", "q_proj", "kernel")``.
     source: the source tensor's name; per-layer rules contain ``{layer}``.
     to_flax: transforms applied in order to the source tensor (per layer).
     from_flax: transforms applied in order to go back (per layer); the inverse of ``to_flax``.
@@ -93,6 +96,13 @@ def _names(rule, num_layers: int) -> list[str]:
   return [rule.source]
 
 
+def _paths(rule, path: tuple[str, ...], num_layers: int) -> list[tuple[str, ...]]:
+  """The Flax paths ``path`` of ``rule`` stands for: one per layer for a per-layer rule."""
+  if _per_layer(rule):
+    return [(f"{path[0]}_{i}",) + tuple(path[1:]) for i in range(num_layers)]
+  return [tuple(path)]
+
+
 def to_flax(
     rules: Iterable[Rule | Fused],
     *,
@@ -112,7 +122,7 @@ def to_flax(
     read: returns one source tensor as a numpy array (dequantized), by name.
     expected: the model's abstract parameters (``jax.eval_shape`` of ``init``), a nested dict of
       ``ShapeDtypeStruct``.
-    num_layers: L, the length of the stacked layer axis.
+    num_layers: L, the number of layers (``{layer}`` takes the values 0 … L - 1).
     dtype: dtype of the returned arrays.
     ignore: names of source tensors that carry no parameter (e.g. precomputed rotary tables).
     where: the source's name, for error messages.
@@ -128,34 +138,30 @@ def to_flax(
   expected_flat = flax.traverse_util.flatten_dict(dict(expected))
   out = {}
   for rule in rules:
+    describe = ", ".join("/".join(p) for p in rule.flax_paths)
     for path in rule.flax_paths:
-      if path not in expected_flat:
+      if _paths(rule, path, num_layers)[0] not in expected_flat:
         raise CheckpointError(f"{where}: rule for unknown parameter {'/'.join(path)}")
     names = _names(rule, num_layers)
     missing = [n for n in names if n not in available]
     if missing:
-      raise CheckpointError(f"{where}: missing tensor(s) {missing[:4]} (needed for "
-                            f"{', '.join('/'.join(p) for p in rule.flax_paths)})")
-    per_path: list[list[np.ndarray]] = [[] for _ in rule.flax_paths]
-    for name in names:
+      raise CheckpointError(f"{where}: missing tensor(s) {missing[:4]} (needed for {describe})")
+    for i, name in enumerate(names):
       tensor = np.asarray(read(name))
       try:
         parts = rule.split(tensor)
       except ValueError as e:  # a reshape or split that the tensor's shape does not allow
         raise CheckpointError(f"{where}: tensor {name} of shape {tensor.shape} does not fit "
-                              f"{', '.join('/'.join(p) for p in rule.flax_paths)} ({e})") from e
-      for path, part, store in zip(rule.flax_paths, parts, per_path):
-        want = tuple(expected_flat[path].shape)
-        want = want[1:] if _per_layer(rule) else want
+                              f"{describe} ({e})") from e
+      for path, part in zip(rule.flax_paths, parts):
+        target = _paths(rule, path, num_layers)[i]
+        want = tuple(expected_flat[target].shape)
         if part.shape != want:
           raise CheckpointError(
               f"{where}: tensor {name} converts to shape {part.shape}, but the model's "
-              f"{'/'.join(path)} needs {want}")
-        store.append(part)
+              f"{'/'.join(target)} needs {want}")
+        out[target] = jax.numpy.asarray(part, dtype=dtype)
     used.update(names)
-    for path, arrays in zip(rule.flax_paths, per_path):
-      value = np.stack(arrays) if _per_layer(rule) else arrays[0]
-      out[path] = jax.numpy.asarray(value, dtype=dtype)
   unfilled = sorted("/".join(p) for p in expected_flat if p not in out)
   if unfilled:
     raise CheckpointError(f"{where}: no rule fills parameter(s) {unfilled}")
@@ -173,8 +179,8 @@ def from_flax(rules: Iterable[Rule | Fused], params: Mapping[str, Any], *,
   flat = flax.traverse_util.flatten_dict(dict(params))
   out = {}
   for rule in rules:
-    values = [np.asarray(jax.device_get(flat[path])) for path in rule.flax_paths]
     for i, name in enumerate(_names(rule, num_layers)):
-      parts = [v[i] for v in values] if _per_layer(rule) else values
+      parts = [np.asarray(jax.device_get(flat[_paths(rule, path, num_layers)[i]]))
+               for path in rule.flax_paths]
       out[name] = np.ascontiguousarray(rule.merge(parts))
   return out

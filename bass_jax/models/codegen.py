@@ -20,7 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bass_jax.cache import KVCache
+from bass_jax.cache import KVCache, KVUpdate
 from bass_jax.models import common
 
 MP_NUM = 4  # CodeGen's fused qkv is laid out as 4 model-parallel shards of [q | v | k]
@@ -144,8 +144,7 @@ class CodeGenBlock(nn.Module):
   dtype: Any
 
   @nn.compact
-  def __call__(self, carry, layer, write_pos):
-    x, k_all, v_all = carry
+  def __call__(self, x, k_cache, v_cache, cache_lengths, positions):
     cfg = self.config
     batch, num_new, _ = x.shape
     dense = lambda features, bias, name: nn.Dense(features, use_bias=bias, dtype=self.dtype,
@@ -153,15 +152,15 @@ class CodeGenBlock(nn.Module):
     h = nn.LayerNorm(cfg.layer_norm_epsilon, dtype=self.dtype, param_dtype=self.dtype, name="ln_1")(x)
     heads = lambda t: t.reshape(batch, num_new, cfg.n_head, cfg.head_dim)
     q, k, v = (heads(dense(cfg.n_embd, False, f"{n}_proj")(h)) for n in "qkv")
-    q = interleaved_rotary(q, write_pos, cfg.rotary_dim)
-    k = interleaved_rotary(k, write_pos, cfg.rotary_dim)
-    out, k_all, v_all = common.cached_attention(
-        q, k, v, layer=layer, k_all=k_all, v_all=v_all, write_pos=write_pos,
+    q = interleaved_rotary(q, positions, cfg.rotary_dim)
+    k = interleaved_rotary(k, positions, cfg.rotary_dim)
+    out = common.cached_attention(
+        q, k, v, k_cache=k_cache, v_cache=v_cache, cache_lengths=cache_lengths,
         attention_impl=self.attention_impl)
     attn = dense(cfg.n_embd, False, "out_proj")(out.reshape(batch, num_new, cfg.n_embd))
     mlp = dense(cfg.n_embd, True, "fc_out")(
         common.activation(cfg.activation_function)(dense(cfg.n_inner, True, "fc_in")(h)))
-    return (x + attn + mlp, k_all, v_all), None
+    return x + attn + mlp, k, v
 
 
 class CodeGen(nn.Module):
@@ -172,20 +171,18 @@ class CodeGen(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, tokens: jax.Array, cache: KVCache,
-               compute_logits: bool = True) -> tuple[jax.Array | None, KVCache]:
+  def __call__(self, tokens: jax.Array, cache: KVCache | None = None,
+               compute_logits: bool = True) -> tuple[jax.Array | None, KVUpdate]:
     cfg = self.config
-    num_new = tokens.shape[1]
     embed = nn.Embed(cfg.vocab_size, cfg.n_embd, dtype=self.dtype, param_dtype=self.dtype, name="wte")
     x = embed(tokens)
-    write_pos = cache.lengths[:, None] + jnp.arange(num_new, dtype=jnp.int32)
-    x, k_all, v_all = common.scan_layers(
-        CodeGenBlock, cfg.n_layer, name="h", carry=(x, cache.k, cache.v), write_pos=write_pos,
-        config=cfg, attention_impl=self.attention_impl, dtype=self.dtype)
+    x, update = common.run_layers(
+        CodeGenBlock, cfg.n_layer, name="h", x=x, cache=cache,
+        positions=common.positions_of(tokens, cache), config=cfg,
+        attention_impl=self.attention_impl, dtype=self.dtype)
     x = nn.LayerNorm(cfg.layer_norm_epsilon, dtype=self.dtype, param_dtype=self.dtype, name="ln_f")(x)
-    new_cache = KVCache(k=k_all, v=v_all, lengths=cache.lengths + num_new)
     if not compute_logits and not self.is_initializing():
-      return None, new_cache
+      return None, update
     if cfg.tie_word_embeddings:
       weight = embed.embedding.astype(self.dtype)
     else:
@@ -193,4 +190,4 @@ class CodeGen(nn.Module):
                           self.dtype)
     bias = self.param("lm_head_bias", nn.initializers.zeros, (cfg.vocab_size,), self.dtype)
     logits = jnp.einsum("BTD,VD->BTV", x, weight, preferred_element_type=jnp.float32)
-    return logits + bias.astype(jnp.float32), new_cache
+    return logits + bias.astype(jnp.float32), update

@@ -1,11 +1,19 @@
-"""Pieces every model family shares: the cached attention step, the layer scan, activations, and the
+"""Pieces every model family shares: the cached attention step, the layer loop, activations, and the
 checked parsing of Hugging Face config fields.
 
 Every family (``llama.py``, ``opt.py``, ``codegen.py``, ``gpt2.py``) has a frozen config dataclass that
 implements :class:`DecoderConfig` and a Flax module with the call signature
-``(tokens i32[B, T], cache: KVCache, compute_logits=True) -> (logits f32[B, T, V] | None, KVCache)``:
-token t of row b sits at position ``cache.lengths[b] + t``, its K/V are written at that slot of the
-stacked ``[L, B, S, K, H]`` cache, and the returned cache has ``lengths + T``.
+``(tokens i32[B, T], cache: KVCache | None, compute_logits=True) -> (logits f32[B, T, V] | None,
+KVUpdate)``: token t of row b sits at position ``cache.lengths[b] + t`` (``t`` without a cache) and
+attends to the row's valid cache slots and to the new tokens up to itself; the forward only reads the
+cache and returns the new tokens' K/V, which the caller appends (``cache.append(update)``).
+
+Layers are unrolled, each with its own parameters (``layers_0``, ``layers_1``, … as in Hugging Face's
+``model.layers.{i}``) and its own cache arrays: no layer reads its weights or its cache through a slice of
+a stacked array, which XLA materializes as a copy inside a scanned loop (measured in ``docs/design.md``:
+on this CPU those copies cost a third of a forward pass at batch 8). Each layer's call is wrapped in
+``nn.jit``, so the layer is traced once and lowered as one function that every layer calls, which keeps
+the compile time of 30 unrolled layers near that of a scanned loop.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bass_jax.cache import KVCache
+from bass_jax.cache import KVCache, KVUpdate
 from bass_jax.models import attention as attention_lib
 
 
@@ -136,48 +144,64 @@ def activation(name: str) -> Callable[[jax.Array], jax.Array]:
   return table[name]
 
 
-def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, layer: jax.Array, k_all: jax.Array,
-                     v_all: jax.Array, write_pos: jax.Array, attention_impl: str,
-                     sm_scale: float | None = None, sliding_window: int | None = None):
-  """Writes this layer's new K/V at each row's own slots, then attends over the ragged cache.
+def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, k_cache: jax.Array | None,
+                     v_cache: jax.Array | None, cache_lengths: jax.Array | None, attention_impl: str,
+                     sm_scale: float | None = None, sliding_window: int | None = None) -> jax.Array:
+  """Attends the new tokens over this layer's cache (read only) and over themselves.
 
   Args:
     q: ``[B, T, N, H]``; k, v: ``[B, T, K, H]`` (rotary, if any, already applied).
-    layer: ``i32[]`` index into the stacked cache ``k_all, v_all: [L, B, S, K, H]``.
-    write_pos: ``i32[B, T]`` slots of the new tokens (``lengths[b] + t``); slots past S are dropped by
-      the scatter, which callers rule out by sizing the cache (generate validates it).
+    k_cache, v_cache: this layer's ``[B, K, S, H]`` cache before the forward, or None (no cache).
+    cache_lengths: ``i32[B]`` valid cache slots per row (None without a cache).
 
   Returns:
-    ``(out [B, T, N, H], k_all, v_all)``.
+    ``[B, T, N, H]`` (the implementation named by ``attention_impl``, ``models.attention``).
   """
-  rows = jnp.arange(q.shape[0])[:, None]
-  k_all = k_all.at[layer, rows, write_pos].set(k.astype(k_all.dtype), mode="drop")
-  v_all = v_all.at[layer, rows, write_pos].set(v.astype(v_all.dtype), mode="drop")
   attend = attention_lib.get_attention(attention_impl)
   kwargs = {"sm_scale": sm_scale}
   if sliding_window is not None:
     kwargs["sliding_window"] = sliding_window
-  out = attend(q, k_all[layer], v_all[layer], write_pos[:, -1] + 1, **kwargs)
-  return out, k_all, v_all
+  return attend(q, k, v, k_cache, v_cache, cache_lengths, **kwargs)
 
 
-def scan_layers(layer_cls: type[nn.Module], num_layers: int, *, name: str, carry, write_pos,
-                extras: tuple = (), **layer_fields):
-  """Runs ``layer_cls`` ``num_layers`` times under ``nn.scan`` (parameters stacked on a leading axis).
+def run_layers(layer_cls: type[nn.Module], num_layers: int, *, name: str, x: jax.Array,
+               cache: KVCache | None, positions: jax.Array, extras: tuple = (),
+               **layer_fields) -> tuple[jax.Array, KVUpdate]:
+  """Runs ``num_layers`` instances of ``layer_cls`` (named ``{name}_{i}``) in order, each over its own
+  cache arrays.
 
-  The layer's ``__call__(carry, layer_index, write_pos, *extras) -> (carry, None)`` gets the index so
-  that it can address its slice of the stacked cache carried in ``carry``; must be called from inside
-  a compact module method.
+  The layer's ``__call__(x, k_cache, v_cache, cache_lengths, positions, *extras) -> (x, k, v)`` reads its
+  layer's ``[B, K, S, H]`` cache arrays (None without a cache) and returns its new tokens'
+  ``[B, T, K, H]`` keys and values; it must be called from inside a compact module method.
+
+  Returns:
+    ``(x, update)``: the hidden states after the last layer and every layer's new K/V.
   """
-  scanned = nn.scan(
-      layer_cls,
-      variable_axes={"params": 0},
-      split_rngs={"params": True},
-      in_axes=(0, nn.broadcast) + (nn.broadcast,) * len(extras),
-      length=num_layers,
-  )(**layer_fields, name=name)
-  carry, _ = scanned(carry, jnp.arange(num_layers), write_pos, *extras)
-  return carry
+  layer = nn.jit(layer_cls)
+  lengths = None if cache is None else cache.lengths
+  ks, vs = [], []
+  for i in range(num_layers):
+    k_cache = None if cache is None else cache.k[i]
+    v_cache = None if cache is None else cache.v[i]
+    x, k, v = layer(**layer_fields, name=f"{name}_{i}")(x, k_cache, v_cache, lengths, positions,
+                                                        *extras)
+    ks.append(k)
+    vs.append(v)
+  return x, KVUpdate(k=tuple(ks), v=tuple(vs))
+
+
+def positions_of(tokens: jax.Array, cache: KVCache | None) -> jax.Array:
+  """``i32[B, T]``: token t of row b sits at ``cache.lengths[b] + t`` (``t`` without a cache)."""
+  offsets = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None, :]
+  return offsets if cache is None else cache.lengths[:, None] + offsets
+
+
+def layer_index(key: str, name: str) -> int | None:
+  """``"layers_12"`` -> 12 for ``name="layers"``; None for keys that are not one of its layers."""
+  prefix = f"{name}_"
+  if key.startswith(prefix) and key[len(prefix):].isdigit():
+    return int(key[len(prefix):])
+  return None
 
 
 class CacheFromShape:
@@ -190,7 +214,7 @@ class CacheFromShape:
 
   def init_cache(self, batch_size: int, max_len: int, dtype: Any = jnp.float32,
                  fill_value: float = 0.0) -> KVCache:
-    """An empty ragged cache: K/V ``dtype[L, B, max_len, K, H]``, lengths ``i32[B]`` zero.
+    """An empty ragged cache: L K/V arrays ``dtype[B, K, max_len, H]`` each, lengths ``i32[B]`` zero.
 
     Raises:
       ValueError: as :meth:`KVCache.zeros` for non-positive sizes.

@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bass_jax.cache import KVCache
+from bass_jax.cache import KVCache, KVUpdate
 from bass_jax.models import common
 
 # GPT2Config fields with no effect on a causal LM forward (the sequence-summary head is another model).
@@ -124,8 +124,8 @@ class GPT2Block(nn.Module):
   dtype: Any
 
   @nn.compact
-  def __call__(self, carry, layer, write_pos):
-    x, k_all, v_all = carry
+  def __call__(self, x, k_cache, v_cache, cache_lengths, positions):
+    del positions  # GPT-2's are learned and added before the first layer
     cfg = self.config
     batch, num_new, _ = x.shape
     dense = lambda features, name: nn.Dense(features, dtype=self.dtype, param_dtype=self.dtype, name=name)
@@ -134,13 +134,13 @@ class GPT2Block(nn.Module):
     h = norm("ln_1")(x)
     heads = lambda t: t.reshape(batch, num_new, cfg.n_head, cfg.head_dim)
     q, k, v = (heads(dense(cfg.n_embd, f"{n}_proj")(h)) for n in "qkv")
-    out, k_all, v_all = common.cached_attention(
-        q, k, v, layer=layer, k_all=k_all, v_all=v_all, write_pos=write_pos,
+    out = common.cached_attention(
+        q, k, v, k_cache=k_cache, v_cache=v_cache, cache_lengths=cache_lengths,
         attention_impl=self.attention_impl, sm_scale=None if cfg.scale_attn_weights else 1.0)
     x = x + dense(cfg.n_embd, "attn_proj")(out.reshape(batch, num_new, cfg.n_embd))
     h = norm("ln_2")(x)
     h = dense(cfg.n_embd, "mlp_proj")(common.activation(cfg.activation_function)(dense(cfg.n_inner, "c_fc")(h)))
-    return (x + h, k_all, v_all), None
+    return x + h, k, v
 
 
 class GPT2(nn.Module):
@@ -151,25 +151,23 @@ class GPT2(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, tokens: jax.Array, cache: KVCache,
-               compute_logits: bool = True) -> tuple[jax.Array | None, KVCache]:
+  def __call__(self, tokens: jax.Array, cache: KVCache | None = None,
+               compute_logits: bool = True) -> tuple[jax.Array | None, KVUpdate]:
     cfg = self.config
-    num_new = tokens.shape[1]
     embed = nn.Embed(cfg.vocab_size, cfg.n_embd, dtype=self.dtype, param_dtype=self.dtype, name="wte")
-    write_pos = cache.lengths[:, None] + jnp.arange(num_new, dtype=jnp.int32)
-    positions = nn.Embed(cfg.n_positions, cfg.n_embd, dtype=self.dtype, param_dtype=self.dtype,
-                         name="wpe")
-    x = embed(tokens) + positions(write_pos)
-    x, k_all, v_all = common.scan_layers(
-        GPT2Block, cfg.n_layer, name="h", carry=(x, cache.k, cache.v), write_pos=write_pos,
+    positions = common.positions_of(tokens, cache)
+    position_table = nn.Embed(cfg.n_positions, cfg.n_embd, dtype=self.dtype, param_dtype=self.dtype,
+                              name="wpe")
+    x = embed(tokens) + position_table(positions)
+    x, update = common.run_layers(
+        GPT2Block, cfg.n_layer, name="h", x=x, cache=cache, positions=positions,
         config=cfg, attention_impl=self.attention_impl, dtype=self.dtype)
     x = nn.LayerNorm(cfg.layer_norm_epsilon, dtype=self.dtype, param_dtype=self.dtype, name="ln_f")(x)
-    new_cache = KVCache(k=k_all, v=v_all, lengths=cache.lengths + num_new)
     if not compute_logits and not self.is_initializing():
-      return None, new_cache
+      return None, update
     if cfg.tie_word_embeddings:
       weight = embed.embedding.astype(self.dtype)
     else:
       weight = self.param("lm_head", nn.initializers.lecun_normal(), (cfg.vocab_size, cfg.n_embd),
                           self.dtype)
-    return jnp.einsum("BTD,VD->BTV", x, weight, preferred_element_type=jnp.float32), new_cache
+    return jnp.einsum("BTD,VD->BTV", x, weight, preferred_element_type=jnp.float32), update

@@ -8,10 +8,10 @@ attention, SwiGLU MLP, tied or untied LM head. The tests compare logits with tra
 Axes: B batch, T new tokens, S cache slots, L layers, D hidden size, F MLP size, N query heads, K key/value
 heads, H head dim, V vocabulary.
 
-The module knows nothing of speculation: it maps ``tokens: i32[B, T]`` and a :class:`KVCache` to
-``logits: f32[B, T, V]`` and the cache with the T new entries written at each row's own offset
-``cache.lengths[b]``. The layers run under ``nn.scan`` (parameters stacked along a leading L axis), so
-compile time does not grow with depth.
+The module knows nothing of speculation: it maps ``tokens: i32[B, T]`` at each row's own offset
+``cache.lengths[b]`` and a :class:`KVCache` (read only) to ``logits: f32[B, T, V]`` and the new tokens'
+K/V (a :class:`KVUpdate` the caller appends). The layers are unrolled, each with its own parameters
+(``layers_{i}``) and cache arrays (``models.common.run_layers``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bass_jax.cache import KVCache
+from bass_jax.cache import KVCache, KVUpdate
 from bass_jax.models import common
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -256,10 +256,10 @@ def apply_rotary(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
 
 
 class LlamaAttention(nn.Module):
-  """Grouped-query self-attention that writes its new K/V into the stacked cache at ``layer``.
+  """Grouped-query self-attention that writes its new K/V into its layer's cache.
 
-  ``__call__(x [B, T, D], layer i32[], k_all/v_all [L, B, S, K, H], write_pos i32[B, T], sin/cos
-  [B, T, 1, H]) -> (out [B, T, D], k_all, v_all)``.
+  ``__call__(x [B, T, D], k_cache/v_cache [B, K, S, H] | None, cache_lengths i32[B] | None, sin/cos
+  [B, T, 1, H]) -> (out [B, T, D], k [B, T, K, H], v [B, T, K, H])``.
   """
 
   config: LlamaConfig
@@ -267,7 +267,7 @@ class LlamaAttention(nn.Module):
   dtype: Any
 
   @nn.compact
-  def __call__(self, x, layer, k_all, v_all, write_pos, sin, cos):
+  def __call__(self, x, k_cache, v_cache, cache_lengths, sin, cos):
     cfg = self.config
     batch, num_new, _ = x.shape
     dense = lambda features, bias, name: nn.Dense(
@@ -279,11 +279,11 @@ class LlamaAttention(nn.Module):
     q = apply_rotary(q.reshape(batch, num_new, cfg.num_attention_heads, cfg.head_dim), sin, cos)
     k = apply_rotary(k.reshape(batch, num_new, cfg.num_key_value_heads, cfg.head_dim), sin, cos)
     v = v.reshape(batch, num_new, cfg.num_key_value_heads, cfg.head_dim)
-    out, k_all, v_all = common.cached_attention(
-        q, k, v, layer=layer, k_all=k_all, v_all=v_all, write_pos=write_pos,
+    out = common.cached_attention(
+        q, k, v, k_cache=k_cache, v_cache=v_cache, cache_lengths=cache_lengths,
         attention_impl=self.attention_impl, sliding_window=cfg.sliding_window)
     out = out.reshape(batch, num_new, cfg.num_attention_heads * cfg.head_dim)
-    return dense(cfg.hidden_size, cfg.attention_bias, "o_proj")(out), k_all, v_all
+    return dense(cfg.hidden_size, cfg.attention_bias, "o_proj")(out), k, v
 
 
 class LlamaMLP(nn.Module):
@@ -303,35 +303,36 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-  """One pre-norm block; scanned over layers with the whole cache carried and updated in place."""
+  """One pre-norm block over its own cache: ``(x, k_cache, v_cache, cache_lengths, positions, sin, cos)
+  -> (x, k, v)`` (the new tokens' K/V)."""
 
   config: LlamaConfig
   attention_impl: str
   dtype: Any
 
   @nn.compact
-  def __call__(self, carry, layer, write_pos, sin, cos):
-    x, k_all, v_all = carry
+  def __call__(self, x, k_cache, v_cache, cache_lengths, positions, sin, cos):
+    del positions  # carried by sin and cos
     cfg = self.config
     h = RMSNorm(cfg.rms_norm_eps, self.dtype, name="input_layernorm")(x)
-    attn, k_all, v_all = LlamaAttention(cfg, self.attention_impl, self.dtype, name="self_attn")(
-        h, layer, k_all, v_all, write_pos, sin, cos)
+    attn, k, v = LlamaAttention(cfg, self.attention_impl, self.dtype, name="self_attn")(
+        h, k_cache, v_cache, cache_lengths, sin, cos)
     x = x + attn
     h = RMSNorm(cfg.rms_norm_eps, self.dtype, name="post_attention_layernorm")(x)
     x = x + LlamaMLP(cfg, self.dtype, name="mlp")(h)
-    return (x, k_all, v_all), None
+    return x, k, v
 
 
 class Llama(nn.Module):
   """Llama causal LM over a ragged KV cache.
 
-  ``__call__(tokens: i32[B, T], cache, compute_logits=True) -> (logits: f32[B, T, V], KVCache)``: token t
-  of row b sits at position ``cache.lengths[b] + t``, its K/V are written at that slot, and it attends to
-  every slot up to and including its own. ``compute_logits=False`` (prefill) skips the LM head and
-  returns ``None`` logits. The returned cache has ``lengths + T``; a caller that keeps fewer of the new
-  tokens (rejected drafts, prompt padding) sets the lengths back with ``cache.with_lengths``.
-  Parameter names follow HF's module tree (``embed_tokens``, ``layers/self_attn/q_proj`` …), with the
-  layer axis first.
+  ``__call__(tokens: i32[B, T], cache: KVCache | None, compute_logits=True) -> (logits: f32[B, T, V],
+  KVUpdate)``: token t of row b sits at position ``cache.lengths[b] + t`` (``t`` without a cache) and
+  attends to the row's valid cache slots and to the new tokens up to itself. The cache is only read;
+  the returned :class:`KVUpdate` holds the new tokens' K/V for ``cache.append`` (a caller that keeps
+  fewer of them, after rejected drafts or prompt padding, sets the lengths back with
+  ``cache.with_lengths``). ``compute_logits=False`` (prefill) skips the LM head and returns ``None``
+  logits. Parameter names follow HF's module tree (``embed_tokens``, ``layers_0/self_attn/q_proj`` …).
   """
 
   config: LlamaConfig
@@ -339,24 +340,22 @@ class Llama(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, tokens: jax.Array, cache: KVCache,
-               compute_logits: bool = True) -> tuple[jax.Array | None, KVCache]:
+  def __call__(self, tokens: jax.Array, cache: KVCache | None = None,
+               compute_logits: bool = True) -> tuple[jax.Array | None, KVUpdate]:
     cfg = self.config
-    num_new = tokens.shape[1]
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, param_dtype=self.dtype,
                      name="embed_tokens")
     x = embed(tokens)
-    write_pos = cache.lengths[:, None] + jnp.arange(num_new, dtype=jnp.int32)  # [B, T]
-    sin, cos = rotary_sin_cos(write_pos, cfg.head_dim, cfg.rope_theta, self.dtype)
-    x, k_all, v_all = common.scan_layers(
-        LlamaDecoderLayer, cfg.num_hidden_layers, name="layers", carry=(x, cache.k, cache.v),
-        write_pos=write_pos, extras=(sin, cos), config=cfg, attention_impl=self.attention_impl,
+    positions = common.positions_of(tokens, cache)  # [B, T] or [1, T]
+    sin, cos = rotary_sin_cos(positions, cfg.head_dim, cfg.rope_theta, self.dtype)
+    x, update = common.run_layers(
+        LlamaDecoderLayer, cfg.num_hidden_layers, name="layers", x=x, cache=cache,
+        positions=positions, extras=(sin, cos), config=cfg, attention_impl=self.attention_impl,
         dtype=self.dtype)
 
     x = RMSNorm(cfg.rms_norm_eps, self.dtype, name="norm")(x)
-    new_cache = KVCache(k=k_all, v=v_all, lengths=cache.lengths + num_new)
     if not compute_logits and not self.is_initializing():
-      return None, new_cache
+      return None, update
     if cfg.tie_word_embeddings:
       logits = jnp.einsum("BTD,VD->BTV", x, embed.embedding.astype(self.dtype),
                           preferred_element_type=jnp.float32)
@@ -364,4 +363,4 @@ class Llama(nn.Module):
       kernel = self.param("lm_head", nn.initializers.lecun_normal(),
                           (cfg.hidden_size, cfg.vocab_size), self.dtype)
       logits = jnp.einsum("BTD,DV->BTV", x, kernel, preferred_element_type=jnp.float32)
-    return logits, new_cache
+    return logits, update

@@ -18,7 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bass_jax.cache import KVCache
+from bass_jax.cache import KVCache, KVUpdate
 from bass_jax.models import common
 
 POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding: row 0 of the table serves position -2
@@ -143,8 +143,8 @@ class OPTDecoderLayer(nn.Module):
   dtype: Any
 
   @nn.compact
-  def __call__(self, carry, layer, write_pos):
-    x, k_all, v_all = carry
+  def __call__(self, x, k_cache, v_cache, cache_lengths, positions):
+    del positions  # OPT's are learned and added before the first layer
     cfg = self.config
     batch, num_new, _ = x.shape
     dense = lambda features, name: nn.Dense(features, use_bias=cfg.enable_bias, dtype=self.dtype,
@@ -157,8 +157,8 @@ class OPTDecoderLayer(nn.Module):
     h = attn_norm(x) if cfg.do_layer_norm_before else x
     heads = lambda t: t.reshape(batch, num_new, cfg.num_attention_heads, cfg.head_dim)
     q, k, v = (heads(dense(cfg.hidden_size, f"{n}_proj")(h)) for n in "qkv")
-    out, k_all, v_all = common.cached_attention(
-        q, k, v, layer=layer, k_all=k_all, v_all=v_all, write_pos=write_pos,
+    out = common.cached_attention(
+        q, k, v, k_cache=k_cache, v_cache=v_cache, cache_lengths=cache_lengths,
         attention_impl=self.attention_impl)
     x = x + dense(cfg.hidden_size, "out_proj")(out.reshape(batch, num_new, cfg.hidden_size))
     if not cfg.do_layer_norm_before:
@@ -170,7 +170,7 @@ class OPTDecoderLayer(nn.Module):
     x = x + h
     if not cfg.do_layer_norm_before:
       x = mlp_norm(x)
-    return (x, k_all, v_all), None
+    return x, k, v
 
 
 class OPT(nn.Module):
@@ -181,30 +181,28 @@ class OPT(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, tokens: jax.Array, cache: KVCache,
-               compute_logits: bool = True) -> tuple[jax.Array | None, KVCache]:
+  def __call__(self, tokens: jax.Array, cache: KVCache | None = None,
+               compute_logits: bool = True) -> tuple[jax.Array | None, KVUpdate]:
     cfg = self.config
-    num_new = tokens.shape[1]
     embed = nn.Embed(cfg.vocab_size, cfg.word_embed_proj_dim, dtype=self.dtype,
                      param_dtype=self.dtype, name="embed_tokens")
     x = embed(tokens)
     if cfg.projects:
       x = nn.Dense(cfg.hidden_size, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
                    name="project_in")(x)
-    write_pos = cache.lengths[:, None] + jnp.arange(num_new, dtype=jnp.int32)
-    positions = nn.Embed(cfg.max_position_embeddings + POSITION_OFFSET, cfg.hidden_size,
-                         dtype=self.dtype, param_dtype=self.dtype, name="embed_positions")
-    x = x + positions(write_pos + POSITION_OFFSET)
-    x, k_all, v_all = common.scan_layers(
-        OPTDecoderLayer, cfg.num_hidden_layers, name="layers", carry=(x, cache.k, cache.v),
-        write_pos=write_pos, config=cfg, attention_impl=self.attention_impl, dtype=self.dtype)
+    positions = common.positions_of(tokens, cache)
+    position_table = nn.Embed(cfg.max_position_embeddings + POSITION_OFFSET, cfg.hidden_size,
+                              dtype=self.dtype, param_dtype=self.dtype, name="embed_positions")
+    x = x + position_table(positions + POSITION_OFFSET)
+    x, update = common.run_layers(
+        OPTDecoderLayer, cfg.num_hidden_layers, name="layers", x=x, cache=cache,
+        positions=positions, config=cfg, attention_impl=self.attention_impl, dtype=self.dtype)
     if cfg.final_layer_norm:
       x = nn.LayerNorm(1e-5, dtype=self.dtype, param_dtype=self.dtype, name="final_layer_norm",
                        use_scale=cfg.layer_norm_elementwise_affine,
                        use_bias=cfg.layer_norm_elementwise_affine)(x)
-    new_cache = KVCache(k=k_all, v=v_all, lengths=cache.lengths + num_new)
     if not compute_logits and not self.is_initializing():
-      return None, new_cache
+      return None, update
     if cfg.projects:
       x = nn.Dense(cfg.word_embed_proj_dim, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
                    name="project_out")(x)
@@ -214,4 +212,4 @@ class OPT(nn.Module):
       head = self.param("lm_head", nn.initializers.lecun_normal(),
                         (cfg.vocab_size, cfg.word_embed_proj_dim), self.dtype)
     logits = jnp.einsum("BTE,VE->BTV", x, head, preferred_element_type=jnp.float32)
-    return logits, new_cache
+    return logits, update

@@ -7,8 +7,12 @@ one token is drawn from ``norm(max(0, p_n - q_n))``; if all ``l`` drafts are acc
 from ``p_l``. With ``q_l := 0`` the correction and the bonus are the same draw, which is how it is coded.
 
 Axes: B batch, L draft slots (``num_drafts <= L`` are real; the rest are padding of a static shape), V
-vocabulary. Position ``i`` of ``p`` is the target's distribution for the token after ``[.., d_1 … d_i]``,
-so ``p`` has L + 1 positions and ``q`` has L.
+vocabulary, C positions of one verification chunk. Position ``i`` of ``p`` is the target's distribution
+for the token after ``[.., d_1 … d_i]``, so ``p`` has L + 1 positions and ``q`` has L.
+
+The decode loop verifies in chunks of C positions (``bass_jax.sampling.loop``) and accepts chunk by chunk
+with :func:`greedy_accept_chunk` / :func:`speculative_accept_chunk`, which give the same decisions as the
+whole-block functions below (each position's uniform draw is keyed by the position, not the chunk).
 """
 
 from __future__ import annotations
@@ -78,3 +82,73 @@ def speculative_accept(key: jax.Array, drafts: jax.Array, draft_log_probs: jax.A
   residual = jnp.where(jnp.sum(residual, axis=-1, keepdims=True) > 0, residual, p_n)
   next_token = jax.random.categorical(residual_key, jnp.log(residual), axis=-1).astype(jnp.int32)
   return accepted, next_token
+
+
+def greedy_accept_chunk(target_logits: jax.Array, next_drafts: jax.Array, positions: jax.Array,
+                        num_drafts: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Greedy acceptance over one chunk of positions.
+
+  Args:
+    target_logits: ``f32[B, C, V]``, the target at positions ``positions``.
+    next_drafts: ``i32[B, C]``, the draft each position is checked against (``d_{i+1}``; anything where
+      ``i >= num_drafts``).
+    positions: ``i32[C]`` global positions ``i`` of the chunk.
+    num_drafts: ``i32[]`` l, the number of real drafts.
+
+  Returns:
+    ``(matched: i32[B], next_token: i32[B])``: the number of leading positions whose draft equals the
+    target's argmax (``matched < C`` means the row's acceptance ends in this chunk, at position
+    ``positions[matched]``), and the target's argmax there (the correction, or the bonus at ``i = l``).
+  """
+  best = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [B, C]
+  matched = _leading_true((best == next_drafts) & (positions < num_drafts)[None, :])
+  at = jnp.minimum(matched, best.shape[1] - 1)
+  return matched, jnp.take_along_axis(best, at[:, None], axis=1)[:, 0]
+
+
+def correction_distribution(p: jax.Array, q: jax.Array) -> jax.Array:
+  """``norm(max(0, p - q))`` as unnormalized probabilities ``f32[B, V]``: the distribution of the token
+  emitted at the first rejection (``q = 0`` at the bonus position, which makes it ``p``).
+
+  The residual is all zero only where ``p == q`` up to rounding, and then a rejection had probability
+  ~0; ``p`` is returned there, which keeps that (rounding-level) case a valid draw.
+  """
+  residual = jnp.maximum(p - q, 0.0)
+  return jnp.where(jnp.sum(residual, axis=-1, keepdims=True) > 0, residual, p)
+
+
+def speculative_accept_chunk(key: jax.Array, target_log_probs: jax.Array, draft_log_probs: jax.Array,
+                             next_drafts: jax.Array, positions: jax.Array,
+                             num_drafts: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Speculative rejection sampling over one chunk of positions.
+
+  Position ``i`` accepts ``d_{i+1}`` with probability ``min(1, p_i(d) / q_i(d))``; the uniform draw of
+  position i is keyed by ``i`` itself, so chunking the positions differently changes no decision.
+
+  Args:
+    key: PRNG key of the whole step's acceptance.
+    target_log_probs: ``f32[B, C, V]`` warped ``log p_i`` at the chunk's positions.
+    draft_log_probs: ``f32[B, C, V]`` warped ``log q_i`` at the same positions (anything where
+      ``i >= num_drafts``).
+    next_drafts: ``i32[B, C]`` the drafts ``d_{i+1}``.
+    positions: ``i32[C]`` global positions. num_drafts: ``i32[]`` l.
+
+  Returns:
+    ``(matched: i32[B], next_token: i32[B])`` as :func:`greedy_accept_chunk`; ``next_token`` is drawn
+    from :func:`correction_distribution` at the first rejected position.
+  """
+  batch, chunk = next_drafts.shape
+  accept_key, residual_key = jax.random.split(key)
+  u = jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(accept_key, i), (batch,)))(positions).T
+  log_p = jnp.take_along_axis(target_log_probs, next_drafts[..., None], axis=-1)[..., 0]
+  log_q = jnp.take_along_axis(draft_log_probs, next_drafts[..., None], axis=-1)[..., 0]
+  matched = _leading_true((jnp.log(u) < log_p - log_q) & (positions < num_drafts)[None, :])
+
+  rows = jnp.arange(batch)
+  at = jnp.minimum(matched, chunk - 1)
+  p_n = jnp.exp(target_log_probs[rows, at])  # [B, V]
+  q_n = jnp.where((positions[at] < num_drafts)[:, None], jnp.exp(draft_log_probs[rows, at]), 0.0)
+  residual = correction_distribution(p_n, q_n)
+  next_token = jax.random.categorical(jax.random.fold_in(residual_key, positions[0]),
+                                      jnp.log(residual), axis=-1).astype(jnp.int32)
+  return matched, next_token

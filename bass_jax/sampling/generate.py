@@ -1,8 +1,22 @@
-"""`generate`: validate, compile once per shape, run the jitted decode, time every row's completion."""
+"""`generate`: validate, bucket the shapes, compile once per bucket, run the jitted decode, time every row.
+
+Compilation. A program is specialized to its shapes and to the static settings of
+:class:`loop.DecodeSpec`; to let nearby calls share one, the batch is padded with inert rows to a batch
+bucket (1, 2, 4, 8, 16, then multiples of 16), prompts to a power of two (at least 16) and the output
+buffer to a multiple of 32 tokens, while ``max_new_tokens``, the EOS ids, ``temperature``, ``top_p`` and
+the seed are traced values. The prefill and decode programs of a setting are compiled in parallel and
+kept in a bounded LRU cache (:func:`clear_compile_cache`, :func:`set_compile_cache_size`); JAX's
+persistent compilation cache (:func:`enable_persistent_compilation_cache`, or the environment variable
+``JAX_COMPILATION_CACHE_DIR``) makes them survive the process.
+"""
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
+import os
+import threading
 import time
 from typing import Any, Sequence
 
@@ -14,10 +28,13 @@ from bass_jax import _checks
 from bass_jax.loading import Model, check_same_tokenizer
 from bass_jax.models import attention as attention_lib
 from bass_jax.sampling import loop
-from bass_jax.sampling.draft_len import DraftLenPolicy, DynamicDraftLen, as_policy
+from bass_jax.sampling.draft_len import DraftLenPolicy, as_policy
 
 PAD_TOKEN = -1  # fills ``GenerateOutput.tokens`` past each row's length; never a real token id
 _MIN_PROMPT_BUCKET = 16
+_OUTPUT_BUCKET = 32  # the output buffer holds a multiple of this many tokens
+_MAX_EOS_IDS = 8  # EOS ids are a traced array of this many slots (padded with -1)
+DEFAULT_VERIFY_CHUNKS = (8,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,14 +44,18 @@ class GenerateStats:
   Attributes:
     steps: decode steps (BASS: draft + verify rounds; regular: tokens).
     draft_lens: ``i32[steps]`` l_draft of each step (empty for regular decoding).
+    verified: ``i32[steps]`` positions the target scored per row in each step, the padding of its last
+      verification chunk included (empty for regular decoding).
     accepted: ``i32[steps, B]`` accepted drafts per row per step, bonus/correction not counted; -1 where
       the row was already done (empty for regular decoding).
     finish_seconds: ``f64[B]`` wall seconds from the start of the prefill until the decode returned with
       the row done (the loop returns to the host whenever a row finishes).
     wall_seconds: prefill plus decode, compilation excluded (= max of ``finish_seconds``).
     compile_seconds: time spent compiling in this call (0 when the programs were cached).
+    compiled: whether this call compiled (False: it reused programs of an earlier call).
     prompt_bucket: P, the length prompts were padded to for the prefill.
-    verify_buckets: draft lengths with a compiled verification shape (empty for regular decoding).
+    batch_bucket: the number of rows the programs ran (B plus inert padding rows).
+    verify_chunks: chunk sizes of the verification forward (empty for regular decoding).
   """
 
   steps: int
@@ -43,8 +64,11 @@ class GenerateStats:
   finish_seconds: np.ndarray
   wall_seconds: float
   compile_seconds: float
+  compiled: bool = False
   prompt_bucket: int = 0
-  verify_buckets: tuple[int, ...] = ()
+  batch_bucket: int = 0
+  verify_chunks: tuple[int, ...] = ()
+  verified: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,19 +95,22 @@ class GenerateOutput:
     return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
 
 
-def _prompt_bucket(length: int) -> int:
+def prompt_bucket(length: int) -> int:
   """Prompt padding: the next power of two (at least 16), so new prompts rarely recompile."""
   return max(_MIN_PROMPT_BUCKET, 1 << (length - 1).bit_length())
 
 
-def default_verify_buckets(policy: DraftLenPolicy) -> tuple[int, ...]:
-  """Draft lengths with a compiled verification: the fixed length, or powers of two up to the limit."""
-  if not isinstance(policy, DynamicDraftLen):
-    return (policy.max_len,)
-  buckets = [1]
-  while buckets[-1] < policy.max_len:
-    buckets.append(min(2 * buckets[-1], policy.max_len))
-  return tuple(buckets)
+def batch_bucket(batch: int) -> int:
+  """Rows a batch of ``batch`` prompts runs as: 1, 2, 4, 8, 16, then the next multiple of 16. The extra
+  rows are inert (done from the start) but are computed, so a batch just past a bucket costs more."""
+  if batch <= 16:
+    return 1 << (batch - 1).bit_length()
+  return -(-batch // 16) * 16
+
+
+def output_bucket(max_new_tokens: int) -> int:
+  """The output buffer's size for ``max_new_tokens``: the next multiple of 32."""
+  return -(-max_new_tokens // _OUTPUT_BUCKET) * _OUTPUT_BUCKET
 
 
 def _eos_ids(eos_token_id, target: Model) -> tuple[int, ...]:
@@ -146,22 +173,99 @@ def prng_key(seed: int) -> jax.Array:
   return jax.random.wrap_key_data(data, impl="threefry2x32")
 
 
-_COMPILED: dict[Any, Any] = {}
+class _ProgramCache:
+  """A bounded LRU of compiled ``(prefill, decode)`` programs, keyed by spec and argument shapes."""
+
+  def __init__(self, max_size: int = 8):
+    self.max_size = max_size
+    self._programs: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+    self._lock = threading.Lock()
+
+  def get(self, key):
+    with self._lock:
+      if key in self._programs:
+        self._programs.move_to_end(key)
+        return self._programs[key]
+      return None
+
+  def put(self, key, programs) -> None:
+    with self._lock:
+      self._programs[key] = programs
+      self._programs.move_to_end(key)
+      while len(self._programs) > self.max_size:
+        self._programs.popitem(last=False)
+
+  def clear(self) -> None:
+    with self._lock:
+      self._programs.clear()
+
+  def resize(self, max_size: int) -> None:
+    with self._lock:
+      self.max_size = max_size
+      while len(self._programs) > self.max_size:
+        self._programs.popitem(last=False)
+
+  def __len__(self) -> int:
+    return len(self._programs)
+
+
+_PROGRAMS = _ProgramCache()
+
+
+def clear_compile_cache() -> None:
+  """Forgets every compiled decode program (the next :func:`generate` call compiles afresh)."""
+  _PROGRAMS.clear()
+
+
+def set_compile_cache_size(max_programs: int) -> None:
+  """Keeps at most ``max_programs`` compiled settings (each a prefill and a decode program), evicting
+  the least recently used.
+
+  Raises:
+    ValueError: ``max_programs`` not an int >= 1.
+  """
+  _PROGRAMS.resize(_checks.as_int("max_programs", max_programs, min_value=1))
+
+
+def enable_persistent_compilation_cache(path: str | os.PathLike | None = None) -> str:
+  """Stores compiled programs on disk so that a new process reuses them (JAX's persistent cache).
+
+  Args:
+    path: the cache directory; default ``$BASS_JAX_COMPILATION_CACHE_DIR`` or
+      ``~/.cache/bass_jax/xla``. Call before the first compilation.
+
+  Returns:
+    The directory in use.
+  """
+  path = str(path or os.environ.get("BASS_JAX_COMPILATION_CACHE_DIR")
+             or os.path.join(os.path.expanduser("~"), ".cache", "bass_jax", "xla"))
+  os.makedirs(path, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  return path
 
 
 def _compiled(spec: loop.DecodeSpec, args_prefill: tuple, args_decode_tail: tuple):
-  """Ahead-of-time compiled (prefill, decode) for this spec and these shapes, and the compile time."""
-  shapes = jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), (args_prefill, args_decode_tail))
+  """Compiled ``(prefill, decode)`` for this spec and these shapes, and the seconds spent compiling.
+
+  The two programs are lowered here and compiled in two threads (XLA compiles without holding the
+  GIL), so a first call waits for the slower of the two, not for both.
+  """
+  shapes = jax.tree_util.tree_map(lambda x: (x.shape, str(x.dtype)), (args_prefill, args_decode_tail))
   key = (spec, str(shapes))
-  if key in _COMPILED:
-    return _COMPILED[key], 0.0
+  cached = _PROGRAMS.get(key)
+  if cached is not None:
+    return cached, 0.0
   start = time.perf_counter()
-  prefill = jax.jit(loop.prefill, static_argnums=0).lower(spec, *args_prefill).compile()
+  prefill = jax.jit(loop.prefill, static_argnums=0).lower(spec, *args_prefill)
   state_shape = jax.eval_shape(lambda *a: loop.prefill(spec, *a), *args_prefill)
   decode = jax.jit(loop.decode, static_argnums=0, donate_argnums=1).lower(
-      spec, state_shape, *args_decode_tail).compile()
-  _COMPILED[key] = (prefill, decode)
-  return (prefill, decode), time.perf_counter() - start
+      spec, state_shape, *args_decode_tail)
+  with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+    programs = tuple(pool.map(lambda lowered: lowered.compile(), (prefill, decode)))
+  _PROGRAMS.put(key, programs)
+  return programs, time.perf_counter() - start
 
 
 def generate(
@@ -177,21 +281,21 @@ def generate(
     seed: int = 0,
     eos_token_id: int | Sequence[int] | None = None,
     attention_impl: str = "reference",
-    verify_buckets: Sequence[int] | None = None,
+    verify_chunks: Sequence[int] | None = None,
     max_cache_len: int | None = None,
 ) -> GenerateOutput:
   """Decodes a batch of prompts with batched speculative sampling (BASS) or regular decoding.
 
   Implements BASS (Qian et al. 2024, §3; docs/bass.md): every step the draft proposes ``l_draft`` tokens
-  for each live row, the target scores ``l_draft + 1`` positions per row in one forward, each row
-  accepts its own prefix by rejection sampling (greedy at temperature 0) plus a correction or bonus
-  token, and each row's caches advance by its own count. Output tokens follow the target's
-  distribution exactly (warped by ``temperature`` and ``top_p``); at temperature 0 they equal the
-  target's greedy decoding up to float near-ties.
+  for each live row, the target scores ``l_draft + 1`` positions per row, each row accepts its own
+  prefix by rejection sampling (greedy at temperature 0) plus a correction or bonus token, and each
+  row's caches advance by its own count. Output tokens follow the target's distribution exactly
+  (warped by ``temperature`` and ``top_p``); at temperature 0 they equal the target's greedy decoding up
+  to float near-ties.
 
   Rows are independent: each stops at its first EOS or after ``max_new_tokens`` and is then frozen.
-  The decode is one jitted ``lax.while_loop`` (compiled once per shape and setting, timed apart) that
-  returns to the host only when a row finishes, to time it.
+  The decode is one jitted ``lax.while_loop`` (compiled once per bucket of shapes, module docstring;
+  timed apart) that returns to the host only when a row finishes, to time it.
 
   Args:
     target: the model whose distribution is sampled.
@@ -207,11 +311,13 @@ def generate(
     draft_len: ``"dynamic"`` (Algorithm 1 with the paper's defaults), a ``DynamicDraftLen`` with other
       constants, or a fixed int.
     seed: PRNG seed, an int in ``[0, 2**63)`` (all 64 bits used; unused when greedy).
-    eos_token_id: an id or a sequence of ids that end a row; None takes the target config's; ``()``
-      disables stopping.
+    eos_token_id: an id or a sequence of at most 8 ids that end a row; None takes the target config's;
+      ``()`` disables stopping.
     attention_impl: attention implementation for both models (see ``attention_implementations()``).
-    verify_buckets: draft lengths with a compiled verification shape (default: the fixed length, or
-      1, 2, 4, … up to ``l_limit``); each must be in ``[1, max draft length]``.
+    verify_chunks: the numbers of positions one verification forward may score (each compiled once;
+      default ``DEFAULT_VERIFY_CHUNKS``): a step with ``l_draft`` drafts scores its ``l_draft + 1``
+      positions in passes, each the smallest chunk that covers what is left, else the largest, and
+      stops once every row has rejected. More sizes waste less padding and compile longer.
     max_cache_len: if given, the most cache slots per row this call may allocate.
 
   Returns:
@@ -223,7 +329,7 @@ def generate(
       ``None`` or bool where a number is meant, a float where an int is meant: ``seed=1.5``,
       ``eos_token_id="70"``); an unknown method or attention_impl; no draft for BASS; a draft whose
       tokenizer differs from the target's (says which part); an empty prompt list or prompt; token ids
-      outside the vocabulary; a bad draft length or bucket; prompt + ``max_new_tokens`` beyond the
+      outside the vocabulary; a bad draft length or chunk; prompt + ``max_new_tokens`` beyond the
       models' context or beyond ``max_cache_len``.
   """
   if not isinstance(target, Model):
@@ -234,7 +340,8 @@ def generate(
   if not isinstance(attention_impl, str):
     raise ValueError(f"attention_impl must be a name, one of {attention_lib.attention_implementations()}")
   attention_lib.get_attention(attention_impl)  # raises for an unknown name
-  if method == "bass":
+  bass = method == "bass"
+  if bass:
     if draft is None:
       raise ValueError("method='bass' needs a draft model")
     if not isinstance(draft, Model):
@@ -246,49 +353,54 @@ def generate(
   key = prng_key(seed)
   if max_cache_len is not None:
     max_cache_len = _checks.as_int("max_cache_len", max_cache_len, min_value=1)
-  policy = as_policy(draft_len) if method == "bass" else None
-  buckets = ()
-  if policy is not None:
-    buckets = tuple(sorted(set(_checks.as_int_tuple("verify_buckets", verify_buckets)
-                               if verify_buckets is not None else default_verify_buckets(policy))))
-    if not buckets or buckets[0] < 1 or buckets[-1] != policy.max_len:
-      raise ValueError(f"verify_buckets {buckets} must lie in [1, {policy.max_len}] and include the "
-                       f"maximum draft length {policy.max_len}")
+  policy = as_policy(draft_len) if bass else None
+  chunks = ()
+  if bass:
+    chunks = tuple(sorted(set(_checks.as_int_tuple("verify_chunks", verify_chunks, min_value=1)
+                              if verify_chunks is not None else DEFAULT_VERIFY_CHUNKS)))
+    if not chunks:
+      raise ValueError("verify_chunks is empty; give at least one chunk size (e.g. (8,))")
+  eos_ids = _eos_ids(eos_token_id, target)
+  if len(eos_ids) > _MAX_EOS_IDS:
+    raise ValueError(f"eos_token_id has {len(eos_ids)} ids; at most {_MAX_EOS_IDS} are supported")
 
   arrays = _validate_prompts(prompts, target.config.vocab_size)
   lengths = np.array([len(a) for a in arrays], np.int32)
-  context = min(m.config.max_positions
-                for m in ((target, draft) if method == "bass" else (target,)))
+  context = min(m.config.max_positions for m in ((target, draft) if bass else (target,)))
   if lengths.max() + max_new_tokens > context:
     raise ValueError(
         f"longest prompt ({lengths.max()} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
         f"models' context of {context} positions; shorten the prompt or lower max_new_tokens")
 
   spec = loop.DecodeSpec(
-      method=method, target=target.config, draft=draft.config if method == "bass" else None,
+      method=method, target=target.config, draft=draft.config if bass else None,
       target_dtype=jnp.dtype(target.dtype).name,
-      draft_dtype=jnp.dtype(draft.dtype).name if method == "bass" else "",
-      attention_impl=attention_impl, prompt_len=_prompt_bucket(int(lengths.max())),
-      max_new_tokens=int(max_new_tokens), greedy=temperature == 0,
-      use_top_p=top_p < 1, draft_len=policy, verify_buckets=buckets,
-      eos_ids=_eos_ids(eos_token_id, target))
+      draft_dtype=jnp.dtype(draft.dtype).name if bass else "",
+      attention_impl=attention_impl, prompt_len=prompt_bucket(int(lengths.max())),
+      max_new_bucket=output_bucket(max_new_tokens), greedy=temperature == 0,
+      draft_len=policy, verify_chunks=chunks)
   if max_cache_len is not None and spec.cache_len > max_cache_len:
     raise ValueError(
         f"the decode needs {spec.cache_len} cache slots per row (prompt padded to {spec.prompt_len} + "
-        f"{max_new_tokens} new tokens + {spec.max_draft + 1} verification look-ahead), more than "
-        f"max_cache_len={max_cache_len}")
+        f"{spec.max_new_bucket} output slots + {spec.max_draft + 1} verification look-ahead), more "
+        f"than max_cache_len={max_cache_len}")
 
-  batch = len(arrays)
-  padded = np.zeros((batch, spec.prompt_len), np.int32)
+  batch, rows = len(arrays), batch_bucket(len(arrays))
+  padded = np.zeros((rows, spec.prompt_len), np.int32)
   for i, a in enumerate(arrays):
     padded[i, :len(a)] = a
-  draft_params = draft.params if method == "bass" else None
-  args_prefill = (target.params, draft_params, jnp.asarray(padded), jnp.asarray(lengths),
-                  key)
+  prompt_len = np.ones(rows, np.int32)  # inert rows: a one-token prompt, done from the start
+  prompt_len[:batch] = lengths
+  eos_array = np.full(_MAX_EOS_IDS, -1, np.int32)
+  eos_array[:len(eos_ids)] = eos_ids
+  draft_params = draft.params if bass else None
+  args_prefill = (target.params, draft_params, jnp.asarray(padded), jnp.asarray(prompt_len),
+                  jnp.asarray(np.arange(rows) >= batch), jnp.int32(max_new_tokens),
+                  jnp.asarray(eos_array), key)
   args_tail = (target.params, draft_params, jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p))
   (prefill, decode), compile_seconds = _compiled(spec, args_prefill, args_tail)
 
-  finish = np.full(batch, np.nan)
+  finish = np.full(rows, np.nan)
   start = time.perf_counter()
   state = prefill(*args_prefill)
   while True:
@@ -298,24 +410,29 @@ def generate(
     finish[done & np.isnan(finish)] = now
     if done.all():
       break
+  finish = finish[:batch]
 
   steps = int(state.step)
-  out_len = np.asarray(state.seq_len - state.prompt_len)
+  out_len = np.asarray(state.seq_len - state.prompt_len)[:batch]
   all_tokens = np.asarray(state.tokens)
   tokens = np.full((batch, max_new_tokens), PAD_TOKEN, np.int32)
   for b in range(batch):
     tokens[b, :out_len[b]] = all_tokens[b, lengths[b]:lengths[b] + out_len[b]]
-  logprobs = np.where(np.arange(max_new_tokens)[None] < out_len[:, None], np.asarray(state.logprobs), 0.0)
-  bass = method == "bass"
+  logprobs = np.asarray(state.logprobs)[:batch, :max_new_tokens]
+  logprobs = np.where(np.arange(max_new_tokens)[None] < out_len[:, None], logprobs, 0.0)
   stats = GenerateStats(
       steps=steps,
       draft_lens=np.asarray(state.draft_len_history)[:steps] if bass else np.zeros((0,), np.int32),
-      accepted=np.asarray(state.accepted_history)[:steps] if bass else np.zeros((0, batch), np.int32),
+      accepted=(np.asarray(state.accepted_history)[:steps, :batch] if bass
+                else np.zeros((0, batch), np.int32)),
       finish_seconds=finish,
       wall_seconds=float(np.max(finish)),
       compile_seconds=compile_seconds,
+      compiled=compile_seconds > 0,
       prompt_bucket=spec.prompt_len,
-      verify_buckets=spec.verify_buckets,
+      batch_bucket=rows,
+      verify_chunks=spec.verify_chunks,
+      verified=np.asarray(state.verified_history)[:steps] if bass else np.zeros((0,), np.int32),
   )
   return GenerateOutput(tokens=tokens, lengths=out_len, logprobs=logprobs.astype(np.float32),
-                        finished=np.asarray(state.eos), stats=stats)
+                        finished=np.asarray(state.eos)[:batch], stats=stats)

@@ -69,19 +69,19 @@ def top_p_filter(log_probs: jax.Array, top_p: jax.Array) -> jax.Array:
   return jax.nn.log_softmax(filtered, axis=-1)
 
 
-def warped_log_probs(logits: jax.Array, temperature: jax.Array, top_p: jax.Array, *,
-                     use_top_p: bool) -> jax.Array:
-  """``log softmax(logits / temperature)``, then the top-p nucleus when ``use_top_p``.
+def warped_log_probs(logits: jax.Array, temperature: jax.Array, top_p: jax.Array) -> jax.Array:
+  """``log softmax(logits / temperature)``, then the top-p nucleus when ``top_p < 1``.
+
+  The nucleus is skipped at run time (``lax.cond``) when ``top_p == 1``, so one compiled program serves
+  every ``top_p``.
 
   Args:
     logits: ``f32[..., V]``.
     temperature: scalar > 0 (temperature 0 is greedy decoding and never reaches this function).
-    top_p: scalar in ``(0, 1]``; read only when ``use_top_p`` (static, so ``top_p == 1`` costs nothing).
+    top_p: scalar in ``(0, 1]``.
 
   Returns:
     ``f32[..., V]`` normalized log-probabilities (``-inf`` for excluded tokens).
   """
   log_probs = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
-  if use_top_p:
-    log_probs = top_p_filter(log_probs, top_p)
-  return log_probs
+  return jax.lax.cond(top_p < 1, lambda lp: top_p_filter(lp, top_p), lambda lp: lp, log_probs)

@@ -120,8 +120,7 @@ def pack(sequences: Sequence[Sequence[int]], *, window: int, pad_id: int) -> tup
 
 
 def _topk_impl(params, tokens, config, k):
-  cache = config.init_cache(tokens.shape[0], tokens.shape[1])
-  logits, _ = config.make_module().apply({"params": params}, tokens, cache)
+  logits, _ = config.make_module().apply({"params": params}, tokens)
   values, ids = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), k)
   return ids.astype(jnp.int32), values
 

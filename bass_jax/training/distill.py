@@ -109,10 +109,8 @@ def make_schedule(cfg: TrainConfig) -> optax.Schedule:
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
   """Clip, then AdamW on :func:`make_schedule`; norm scales (a size-D vector per layer) are not decayed."""
-  # Stacked layers add a leading axis, so a norm scale is [L, D] and a matrix [L, D, F]: decay what
-  # has two trailing axes, plus the [V, D] embedding.
-  decay_mask = lambda params: jax.tree_util.tree_map_with_path(
-      lambda path, x: x.ndim >= 3 or (x.ndim == 2 and path[0].key != "layers"), params)
+  # Matrices (and the [V, D] embedding) are decayed; norm scales and biases (vectors) are not.
+  decay_mask = lambda params: jax.tree_util.tree_map(lambda x: x.ndim >= 2, params)
   return optax.chain(
       optax.clip_by_global_norm(cfg.grad_clip),
       optax.adamw(make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay,
@@ -122,8 +120,7 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
 def draft_logits(params: Any, tokens: jax.Array, config: LlamaConfig, dtype: str) -> jax.Array:
   """Full causal forward of the draft: ``i32[B, T] -> f32[B, T, V]`` (parameters cast to ``dtype``)."""
   cast = jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
-  cache = config.init_cache(tokens.shape[0], tokens.shape[1], jnp.dtype(dtype))
-  logits, _ = config.make_module(dtype=jnp.dtype(dtype)).apply({"params": cast}, tokens, cache)
+  logits, _ = config.make_module(dtype=jnp.dtype(dtype)).apply({"params": cast}, tokens)
   return logits
 
 
