@@ -151,3 +151,50 @@ def test_smollm2_greedy_bass_equals_regular(smollm2, draft_layers, draft_len):
   assert rate >= 0.9, f"exact-match rate {rate:.3f}"
   if draft_layers == 26:  # a draft close enough to accept sometimes: both paths ran
     assert (bass.stats.accepted > 0).any() and (bass.stats.accepted == 0).any()
+
+
+def test_calls_within_the_same_buckets_share_programs(target):
+  """Batch, prompt length and max_new_tokens inside their buckets, EOS ids, temperature, top_p and
+  seed are traced or padded: a second call reuses the first one's programs; the LRU is bounded."""
+  from bass_jax.sampling import generate as generate_lib
+
+  bj.clear_compile_cache()
+  draft = _noisy_copy(target, 0.4, 5)
+  kw = dict(method="bass", draft_len=3, temperature=0.7, verify_chunks=(4,))
+  first = bj.generate(target, draft, _prompts(target.config.vocab_size, (3, 9, 5)), max_new_tokens=20,
+                      top_p=0.9, seed=1, **kw)
+  assert first.stats.compiled and first.stats.batch_bucket == 4
+  again = bj.generate(target, draft, _prompts(target.config.vocab_size, (14, 2, 7, 11), seed=3),
+                      max_new_tokens=29, top_p=1.0, seed=2, eos_token_id=[5, 6], **kw)
+  assert not again.stats.compiled and again.stats.compile_seconds == 0
+  assert again.tokens.shape == (4, 29) and (again.lengths <= 29).all()
+  assert bj.generate(target, draft, _prompts(target.config.vocab_size, (3,)), max_new_tokens=20,
+                     **kw).stats.compiled  # batch bucket 1: a new program
+  bj.set_compile_cache_size(1)
+  assert len(generate_lib._PROGRAMS) == 1  # pylint: disable=protected-access
+  bj.set_compile_cache_size(8)
+  bj.clear_compile_cache()
+  assert len(generate_lib._PROGRAMS) == 0  # pylint: disable=protected-access
+
+
+def test_inert_padding_rows_change_nothing(target):
+  """A batch of 3 runs as 4 rows; the padding row emits nothing and the real rows equal decoding
+  each prompt alone."""
+  prompts = _prompts(target.config.vocab_size, (4, 11, 6), seed=8)
+  together = bj.generate(target, _noisy_copy(target, 0.4, 6), prompts, max_new_tokens=16, draft_len=2)
+  assert together.tokens.shape == (3, 16) and together.stats.accepted.shape[1] == 3
+  for i, prompt in enumerate(prompts):
+    alone = bj.generate(target, None, [prompt], method="regular", max_new_tokens=16)
+    assert together.sequences()[i] == alone.sequences()[0]
+
+
+def test_verification_in_chunks_equals_one_pass(target):
+  """Scoring l + 1 positions in several chunk passes accepts exactly what one pass accepts."""
+  prompts = _prompts(target.config.vocab_size, (2, 9, 17, 5))
+  draft = _noisy_copy(target, 0.05, 7)  # accepts often, so long drafts need several passes
+  one = bj.generate(target, draft, prompts, max_new_tokens=40, draft_len=12, verify_chunks=(13,))
+  many = bj.generate(target, draft, prompts, max_new_tokens=40, draft_len=12, verify_chunks=(2, 4))
+  assert assert_lossless(target, prompts, one, many) == 1.0
+  assert (one.stats.verified == 13).all()
+  assert (many.stats.verified <= 13).any() and many.stats.verified.max() >= 4
+  assert (one.stats.accepted.max() >= 4)  # several chunks were needed for some rows
