@@ -13,9 +13,9 @@ rejected draft, prompt padding) or never written, and attention masks it. Reject
 therefore only a change of ``lengths`` (BASS §3.1, Fig. 3): nothing is copied or compacted, and the next
 forward overwrites the stale slots.
 
-A forward pass only *reads* the cache and returns the new tokens' K/V as a :class:`KVUpdate`; the caller
-appends it (:meth:`KVCache.append`). Keeping the write out of the model lets the decode loop place it
-outside ``lax.switch`` branches, where XLA would otherwise copy every layer's cache each step.
+A forward pass writes its new tokens' K/V at each row's own slots and then attends over the cache
+(``models.common.cached_attention``); a forward without a cache returns the new K/V as a
+:class:`KVUpdate`, which :meth:`KVCache.append` writes into a cache (the prefill into a fresh one).
 """
 
 from __future__ import annotations
@@ -127,10 +127,3 @@ class KVUpdate:
   @property
   def num_new(self) -> int:
     return self.k[0].shape[1]
-
-  def pad_to(self, num_new: int) -> "KVUpdate":
-    """The same entries padded with zeros to ``num_new`` tokens (so that ``lax.switch`` branches of
-    different T return one shape); appending then writes the padding past the kept tokens, where it is
-    masked like any stale entry."""
-    pad = lambda x: jnp.pad(x, ((0, 0), (0, num_new - x.shape[1]), (0, 0), (0, 0)))
-    return KVUpdate(k=tuple(map(pad, self.k)), v=tuple(map(pad, self.v)))

@@ -73,7 +73,7 @@ def run_problems(
     draft_len: int | str = "dynamic",
     seed: int = 0,
     attention_impl: str = "reference",
-    verify_chunks: Sequence[int] | None = None,
+    verify_chunk: int | None = None,
     distinct_prompts: bool | None = None,
     check: bool = False,
     progress: bool = True,
@@ -93,7 +93,7 @@ def run_problems(
     target, draft: models sharing a tokenizer; ``target.tokenizer`` must be set.
     problems: prompts.
     batch_size: rows per batch, >= 1.
-    method, max_new_tokens, temperature, top_p, draft_len, attention_impl, verify_chunks: as in
+    method, max_new_tokens, temperature, top_p, draft_len, attention_impl, verify_chunk: as in
       ``generate``.
     seed: batch i uses seed ``seed + i``.
     distinct_prompts: each batch holds ``batch_size`` different prompts, one sequence each; else
@@ -141,7 +141,7 @@ def run_problems(
     out = generate(target, draft, prompt_ids, method=method,
                    max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                    draft_len=draft_len, seed=seed + i, attention_impl=attention_impl,
-                   verify_chunks=verify_chunks)
+                   verify_chunk=verify_chunk)
     stats = out.stats
     prompt_lengths = np.array([len(p) for p in prompt_ids])
     latencies.append(metrics.per_token_latency(stats.finish_seconds, out.lengths))
@@ -224,7 +224,7 @@ def run_problems(
       "target": target.name,
       "draft": draft.name if (draft is not None and method == "bass") else None,
       "attention_impl": attention_impl,
-      "verify_chunks": list(verify_chunks) if verify_chunks else "default",
+      "verify_chunk": verify_chunk or "default",
       "device": f"{device.platform}:{device.device_kind}",
       "jax_version": jax.__version__,
   }

@@ -45,7 +45,7 @@ def prepare(experiment: str) -> pathlib.Path:
     app.UsageError: the results directory cannot be written.
   """
   global _RUN_DIR
-  _io.quiet_third_party_logs()
+  _io.init_script()
   try:
     _RUN_DIR = _io.run_directory(RESULTS_DIR.value, experiment)
     path = _io.check_output_file(_RUN_DIR / f"{experiment}_{SETTING.value}.json", flag="results_dir")

@@ -1,8 +1,8 @@
 """Output handling shared by the experiment scripts: check paths before any model is loaded, write
 records as they come, replace summaries atomically, and keep fresh runs away from committed results.
 
-Every script calls :func:`quiet_third_party_logs` first, checks its output paths with
-:func:`check_output_file` / :func:`run_directory` before loading a model (a bad path fails in seconds,
+Every script calls :func:`init_script` first (quiet logs, optional persistent compilation cache),
+checks its output paths with :func:`check_output_file` / :func:`run_directory` before loading a model (a bad path fails in seconds,
 not after a decode), appends JSONL records with :class:`JsonlWriter` (flushed and fsynced per batch, so
 Ctrl-C or a kill keeps every finished batch), and writes JSON with :func:`write_json_atomic` (a
 temporary file renamed over the old one: never a half-written file).
@@ -17,6 +17,12 @@ import os
 import pathlib
 import tempfile
 from typing import Any, Iterable
+
+from absl import flags
+
+COMPILATION_CACHE_DIR = flags.DEFINE_string(
+    "compilation_cache_dir", None, "Keep compiled programs in this directory (JAX's persistent "
+    "compilation cache), so that the next run of a script with the same settings does not compile.")
 
 OUTPUTS = pathlib.Path("outputs")  # git-ignored; fresh runs go here unless told otherwise
 COMMITTED_RESULTS = pathlib.Path("results")
@@ -143,6 +149,16 @@ class JsonlWriter:
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+def init_script() -> None:
+  """What every script does first: silence third-party log noise and, with --compilation_cache_dir,
+  turn on the persistent compilation cache."""
+  quiet_third_party_logs()
+  if COMPILATION_CACHE_DIR.value:
+    from bass_jax.sampling.generate import enable_persistent_compilation_cache  # pylint: disable=g-import-not-at-top
+
+    enable_persistent_compilation_cache(COMPILATION_CACHE_DIR.value)
 
 
 def quiet_third_party_logs() -> None:

@@ -64,7 +64,7 @@ def _dpa(q, k, v, lengths):
 
 def main(argv):
   del argv
-  _io.quiet_third_party_logs()
+  _io.init_script()
   quick = _QUICK.value
   batches = [1, 2] if quick else [int(b) for b in _BATCHES.value]
   num_qs = [1, 8] if quick else [int(t) for t in _NUM_Q.value]

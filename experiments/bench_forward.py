@@ -158,8 +158,9 @@ def _bench_model(spec: str, shapes, repeats: int, use_torch: bool, log) -> list[
   # as inside the decode loop (a non-donated cache would be copied whole every call).
   @functools.partial(jax.jit, donate_argnums=2)
   def project(params, tokens, cache):
-    logits, update = module.apply({"params": params}, tokens, cache)
-    return logits, cache.append(update)
+    logits, new_cache = module.apply({"params": params}, tokens, cache)
+    # Restore the lengths inside the program (no extra dispatch per call).
+    return logits, new_cache.with_lengths(cache.lengths)
 
   minimal = jax.jit(lambda w, t, ks, vs, lengths: minimal_forward(cfg, w, t, ks, vs, lengths),
                     donate_argnums=(2, 3))
@@ -185,8 +186,7 @@ def _bench_model(spec: str, shapes, repeats: int, use_torch: bool, log) -> list[
     state = {"cache": cache, "ks": ks, "vs": vs}
 
     def project_call():
-      logits, new = project(model.params, tokens, state["cache"])
-      state["cache"] = new.with_lengths(new.lengths - num_new)  # a fresh array: lengths is not donated
+      logits, state["cache"] = project(model.params, tokens, state["cache"])
       return logits
 
     def minimal_call():
@@ -201,7 +201,7 @@ def _bench_model(spec: str, shapes, repeats: int, use_torch: bool, log) -> list[
       def torch_call():
         with torch.no_grad():
           hf(ids, past_key_values=past, use_cache=True)
-        past.crop(filled)
+        past.crop(-num_new)  # drop the T entries the call appended
 
       calls["torch"] = torch_call
     times = {name: [] for name in calls}
@@ -244,7 +244,7 @@ def _format_row(row) -> str:
 
 def main(argv):
   del argv
-  _io.quiet_third_party_logs()
+  _io.init_script()
   try:
     run_dir = _io.run_directory(_RESULTS_DIR.value, "bench_forward")
     path = _io.check_output_file(run_dir / "bench_forward.json", flag="results_dir")

@@ -33,7 +33,7 @@ def _median_ms(fn, x):
 
 def main(argv):
   del argv
-  _io.quiet_third_party_logs()
+  _io.init_script()
   logits = jnp.asarray(np.random.default_rng(0).normal(size=(_ROWS.value, _VOCAB.value)) * 3,
                        jnp.float32)
   log_probs = jax.nn.log_softmax(logits, axis=-1)

@@ -61,7 +61,7 @@ def _continue(target, prompts):
 
 def main(argv):
   del argv
-  _io.quiet_third_party_logs()
+  _io.init_script()
   out_dir = pathlib.Path(_OUT.value)
   out_dir.mkdir(parents=True, exist_ok=True)
   target = bass_jax.load_model(_TARGET.value)

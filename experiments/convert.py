@@ -30,7 +30,7 @@ _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an existing --to dir
 
 def main(argv):
   del argv
-  _io.quiet_third_party_logs()
+  _io.init_script()
   from bass_jax.checkpoints import atomic  # pylint: disable=g-import-not-at-top
 
   try:  # before loading anything: a bad --to fails at once

@@ -46,7 +46,7 @@ _OUTPUT = flags.DEFINE_string("output", None, "Markdown file to write (default: 
 
 def main(argv):
   del argv
-  _io.quiet_third_party_logs()
+  _io.init_script()
   try:
     run_dir = _io.run_directory(_RESULTS_DIR.value, "draft_study")
     json_path = _io.check_output_file(run_dir / "draft_study.json", flag="results_dir")

@@ -46,9 +46,10 @@ _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus mass in (0, 1].", upper_bound
 _DRAFT_LEN = flags.DEFINE_string("draft_len", "dynamic", "'dynamic' (BASS Algorithm 1) or an int >= 1.")
 _SEED = flags.DEFINE_integer("seed", 0, "PRNG seed (batch i uses seed + i).", lower_bound=0)
 _ATTENTION = flags.DEFINE_string("attention_impl", "reference", "Attention implementation.")
-_CHUNKS = flags.DEFINE_list(
-    "verify_chunks", [], "Positions one verification forward may score, each size compiled once "
-    "(default: bass_jax's DEFAULT_VERIFY_CHUNKS); a step scores its l_draft + 1 positions in passes.")
+_CHUNK = flags.DEFINE_integer(
+    "verify_chunk", None, "Positions one verification forward scores (compiled once; default: "
+    "bass_jax's DEFAULT_VERIFY_CHUNK); a step scores its l_draft + 1 positions in passes.",
+    lower_bound=1)
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Parameter/compute dtype.")
 _OUTPUT = flags.DEFINE_string("output", None, "JSONL file, one record per sequence, appended per batch "
                               "(default: <fresh run directory>/records.jsonl).")
@@ -59,15 +60,12 @@ flags.register_validator("top_p", lambda v: v > 0, message="--top_p must be in (
 flags.register_validator(
     "draft_len", lambda v: v == "dynamic" or (v.isdigit() and int(v) >= 1),
     message="--draft_len must be 'dynamic' or an int >= 1")
-flags.register_validator(
-    "verify_chunks", lambda v: all(b.isdigit() and int(b) >= 1 for b in v),
-    message="--verify_chunks must be a comma-separated list of ints >= 1")
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
-  _io.quiet_third_party_logs()
+  _io.init_script()
   output, summary_path = _OUTPUT.value, _SUMMARY.value
   if output is None or summary_path is None:
     run_dir = _io.run_directory(None, f"generate-{_METHOD.value}")
@@ -106,7 +104,7 @@ def main(argv):
         max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
         draft_len=int(_DRAFT_LEN.value) if _DRAFT_LEN.value.isdigit() else _DRAFT_LEN.value,
         seed=_SEED.value, attention_impl=_ATTENTION.value, distinct_prompts=distinct,
-        verify_chunks=[int(b) for b in _CHUNKS.value] or None, on_batch=records.write)
+        verify_chunk=_CHUNK.value, on_batch=records.write)
   print(experiment.format_summary(result.summary), flush=True)
   _io.write_json_atomic(summary_path, result.summary)
   print(f"records: {output}\nsummary: {summary_path}", flush=True)

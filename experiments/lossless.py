@@ -29,7 +29,7 @@ _SUMMARY = flags.DEFINE_string("summary_json", None, "JSON file for the result."
 
 def main(argv):
   del argv
-  _io.quiet_third_party_logs()
+  _io.init_script()
   try:
     summary_path = _io.check_output_file(_SUMMARY.value, flag="summary_json")
   except _io.OutputError as e:

@@ -53,7 +53,7 @@ def _load(pattern):
 
 def main(argv):
   del argv
-  _io.quiet_third_party_logs()
+  _io.init_script()
   preset = pathlib.Path("configs/drafts") / f"{_PRESET.value}.json"
   config = bass_jax.LlamaConfig(**json.loads(preset.read_text()))
   workdir = pathlib.Path(_WORKDIR.value or f"runs/{_PRESET.value}")

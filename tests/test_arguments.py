@@ -46,8 +46,8 @@ def prompts(target):
     (dict(max_new_tokens=True), r"max_new_tokens must be an int"),
     (dict(draft_len="4"), r"draft_len must be 'dynamic', an int >= 1"),
     (dict(draft_len=2.5), r"draft_len must be 'dynamic', an int >= 1"),
-    (dict(verify_chunks="4"), r"verify_chunks must be an int or a sequence of ints"),
-    (dict(verify_chunks=[0]), r"verify_chunks\[0\] must be >= 1"),
+    (dict(verify_chunk="4"), r"verify_chunk must be an int"),
+    (dict(verify_chunk=0), r"verify_chunk must be >= 1"),
     (dict(max_cache_len=np.float32(64)), r"max_cache_len must be an int"),
     (dict(method=None), r"method must be 'bass' or 'regular'"),
     (dict(attention_impl=3), r"attention_impl must be a name"),
@@ -61,10 +61,10 @@ def test_each_bad_argument_names_its_parameter(target, prompts, override, match)
 
 def test_numpy_integers_are_accepted_wherever_ints_are(target, prompts):
   plain = bj.generate(target, target, prompts, max_new_tokens=8, draft_len=3, seed=5,
-                      eos_token_id=[7], verify_chunks=[1, 3], temperature=0.5)
+                      eos_token_id=[7], verify_chunk=3, temperature=0.5)
   numpy = bj.generate(target, target, [np.array(p, np.int64) for p in prompts],
                       max_new_tokens=np.int64(8), draft_len=np.int32(3), seed=np.uint64(5),
-                      eos_token_id=np.array([7]), verify_chunks=np.array([1, 3]),
+                      eos_token_id=np.array([7]), verify_chunk=np.int16(3),
                       temperature=np.float32(0.5))
   np.testing.assert_array_equal(plain.tokens, numpy.tokens)
 

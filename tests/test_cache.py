@@ -18,18 +18,13 @@ def test_chunked_decoding_equals_full_forward(num_kv_heads):
   for seq, row in zip(seqs, got):
     want = np.asarray(model.logits(seq[None]))[0]  # one full causal forward per row
     assert np.isfinite(row).all()
-    np.testing.assert_allclose(row, want, atol=2e-4, rtol=0)  # cache and new segments summed apart
+    np.testing.assert_allclose(row, want, atol=1e-4, rtol=0)
 
 
 def _forward(model, tokens, cache):
   module = model.config.make_module()
 
-  @jax.jit
-  def forward(params, tokens, cache):
-    logits, update = module.apply({"params": params}, tokens, cache)
-    return logits, cache.append(update)
-
-  return forward(model.params, tokens, cache)
+  return jax.jit(lambda p, t, c: module.apply({"params": p}, t, c))(model.params, tokens, cache)
 
 
 def test_unwritten_slots_stay_nan_and_rejected_slots_are_overwritten():

@@ -154,7 +154,7 @@ class CodeGenBlock(nn.Module):
     q, k, v = (heads(dense(cfg.n_embd, False, f"{n}_proj")(h)) for n in "qkv")
     q = interleaved_rotary(q, positions, cfg.rotary_dim)
     k = interleaved_rotary(k, positions, cfg.rotary_dim)
-    out = common.cached_attention(
+    out, k, v = common.cached_attention(
         q, k, v, k_cache=k_cache, v_cache=v_cache, cache_lengths=cache_lengths,
         attention_impl=self.attention_impl)
     attn = dense(cfg.n_embd, False, "out_proj")(out.reshape(batch, num_new, cfg.n_embd))
@@ -172,7 +172,7 @@ class CodeGen(nn.Module):
 
   @nn.compact
   def __call__(self, tokens: jax.Array, cache: KVCache | None = None,
-               compute_logits: bool = True) -> tuple[jax.Array | None, KVUpdate]:
+               compute_logits: bool = True) -> tuple[jax.Array | None, KVCache | KVUpdate]:
     cfg = self.config
     embed = nn.Embed(cfg.vocab_size, cfg.n_embd, dtype=self.dtype, param_dtype=self.dtype, name="wte")
     x = embed(tokens)

@@ -4,9 +4,11 @@ checked parsing of Hugging Face config fields.
 Every family (``llama.py``, ``opt.py``, ``codegen.py``, ``gpt2.py``) has a frozen config dataclass that
 implements :class:`DecoderConfig` and a Flax module with the call signature
 ``(tokens i32[B, T], cache: KVCache | None, compute_logits=True) -> (logits f32[B, T, V] | None,
-KVUpdate)``: token t of row b sits at position ``cache.lengths[b] + t`` (``t`` without a cache) and
-attends to the row's valid cache slots and to the new tokens up to itself; the forward only reads the
-cache and returns the new tokens' K/V, which the caller appends (``cache.append(update)``).
+KVCache | KVUpdate)``: token t of row b sits at position ``cache.lengths[b] + t``, its K/V are written
+at that slot of each layer's ``[B, K, S, H]`` cache, and it attends to every slot up to its own; the
+returned cache has ``lengths + T``. Without a cache (a full forward, training, a prefill into a fresh
+cache) token t sits at position t, attends to tokens ``0 … t``, and the new K/V come back as a
+:class:`KVUpdate` for ``cache.append``.
 
 Layers are unrolled, each with its own parameters (``layers_0``, ``layers_1``, … as in Hugging Face's
 ``model.layers.{i}``) and its own cache arrays: no layer reads its weights or its cache through a slice of
@@ -146,36 +148,48 @@ def activation(name: str) -> Callable[[jax.Array], jax.Array]:
 
 def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, k_cache: jax.Array | None,
                      v_cache: jax.Array | None, cache_lengths: jax.Array | None, attention_impl: str,
-                     sm_scale: float | None = None, sliding_window: int | None = None) -> jax.Array:
-  """Attends the new tokens over this layer's cache (read only) and over themselves.
+                     sm_scale: float | None = None, sliding_window: int | None = None):
+  """Attends the T new tokens over this layer's cache (after writing them into it) or, without a cache,
+  among themselves.
 
   Args:
     q: ``[B, T, N, H]``; k, v: ``[B, T, K, H]`` (rotary, if any, already applied).
-    k_cache, v_cache: this layer's ``[B, K, S, H]`` cache before the forward, or None (no cache).
-    cache_lengths: ``i32[B]`` valid cache slots per row (None without a cache).
+    k_cache, v_cache: this layer's ``[B, K, S, H]`` cache, or None.
+    cache_lengths: ``i32[B]`` valid cache slots per row before the new tokens (None without a cache).
 
   Returns:
-    ``[B, T, N, H]`` (the implementation named by ``attention_impl``, ``models.attention``).
+    ``(out [B, T, N, H], k_out, v_out)``: with a cache, the cache arrays with the new entries written
+    at slots ``cache_lengths[b] + t`` (written *before* the cache is read: XLA then updates it in
+    place); without one, the new tokens' ``k``, ``v`` themselves.
   """
-  attend = attention_lib.get_attention(attention_impl)
   kwargs = {"sm_scale": sm_scale}
   if sliding_window is not None:
     kwargs["sliding_window"] = sliding_window
-  return attend(q, k, v, k_cache, v_cache, cache_lengths, **kwargs)
+  if k_cache is None:
+    return attention_lib.causal_attention(q, k, v, **kwargs), k, v
+  rows = jnp.arange(q.shape[0])[:, None]
+  pos = cache_lengths[:, None] + jnp.arange(q.shape[1], dtype=jnp.int32)  # [B, T]
+  # Advanced indices (rows, pos) around a full slice: the written block is laid out [B, T, K, H].
+  k_cache = k_cache.at[rows, :, pos].set(k.astype(k_cache.dtype), mode="drop")
+  v_cache = v_cache.at[rows, :, pos].set(v.astype(v_cache.dtype), mode="drop")
+  attend = attention_lib.get_attention(attention_impl)
+  out = attend(q, k_cache, v_cache, cache_lengths + q.shape[1], **kwargs)
+  return out, k_cache, v_cache
 
 
 def run_layers(layer_cls: type[nn.Module], num_layers: int, *, name: str, x: jax.Array,
                cache: KVCache | None, positions: jax.Array, extras: tuple = (),
-               **layer_fields) -> tuple[jax.Array, KVUpdate]:
+               **layer_fields) -> tuple[jax.Array, KVCache | KVUpdate]:
   """Runs ``num_layers`` instances of ``layer_cls`` (named ``{name}_{i}``) in order, each over its own
   cache arrays.
 
-  The layer's ``__call__(x, k_cache, v_cache, cache_lengths, positions, *extras) -> (x, k, v)`` reads its
-  layer's ``[B, K, S, H]`` cache arrays (None without a cache) and returns its new tokens'
-  ``[B, T, K, H]`` keys and values; it must be called from inside a compact module method.
+  The layer's ``__call__(x, k_cache, v_cache, cache_lengths, positions, *extras) -> (x, k, v)`` gets its
+  layer's ``[B, K, S, H]`` cache arrays (None without a cache) and returns what
+  :func:`cached_attention` returns for them; it must be called from inside a compact module method.
 
   Returns:
-    ``(x, update)``: the hidden states after the last layer and every layer's new K/V.
+    ``(x, cache_or_update)``: the hidden states after the last layer, and the cache with the new
+    tokens written and ``lengths + T`` or, without a cache, the new tokens' K/V (a :class:`KVUpdate`).
   """
   layer = nn.jit(layer_cls)
   lengths = None if cache is None else cache.lengths
@@ -187,7 +201,9 @@ def run_layers(layer_cls: type[nn.Module], num_layers: int, *, name: str, x: jax
                                                         *extras)
     ks.append(k)
     vs.append(v)
-  return x, KVUpdate(k=tuple(ks), v=tuple(vs))
+  if cache is None:
+    return x, KVUpdate(k=tuple(ks), v=tuple(vs))
+  return x, KVCache(k=tuple(ks), v=tuple(vs), lengths=cache.lengths + x.shape[1])
 
 
 def positions_of(tokens: jax.Array, cache: KVCache | None) -> jax.Array:

@@ -134,7 +134,7 @@ class GPT2Block(nn.Module):
     h = norm("ln_1")(x)
     heads = lambda t: t.reshape(batch, num_new, cfg.n_head, cfg.head_dim)
     q, k, v = (heads(dense(cfg.n_embd, f"{n}_proj")(h)) for n in "qkv")
-    out = common.cached_attention(
+    out, k, v = common.cached_attention(
         q, k, v, k_cache=k_cache, v_cache=v_cache, cache_lengths=cache_lengths,
         attention_impl=self.attention_impl, sm_scale=None if cfg.scale_attn_weights else 1.0)
     x = x + dense(cfg.n_embd, "attn_proj")(out.reshape(batch, num_new, cfg.n_embd))
@@ -152,7 +152,7 @@ class GPT2(nn.Module):
 
   @nn.compact
   def __call__(self, tokens: jax.Array, cache: KVCache | None = None,
-               compute_logits: bool = True) -> tuple[jax.Array | None, KVUpdate]:
+               compute_logits: bool = True) -> tuple[jax.Array | None, KVCache | KVUpdate]:
     cfg = self.config
     embed = nn.Embed(cfg.vocab_size, cfg.n_embd, dtype=self.dtype, param_dtype=self.dtype, name="wte")
     positions = common.positions_of(tokens, cache)

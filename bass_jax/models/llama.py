@@ -8,9 +8,9 @@ attention, SwiGLU MLP, tied or untied LM head. The tests compare logits with tra
 Axes: B batch, T new tokens, S cache slots, L layers, D hidden size, F MLP size, N query heads, K key/value
 heads, H head dim, V vocabulary.
 
-The module knows nothing of speculation: it maps ``tokens: i32[B, T]`` at each row's own offset
-``cache.lengths[b]`` and a :class:`KVCache` (read only) to ``logits: f32[B, T, V]`` and the new tokens'
-K/V (a :class:`KVUpdate` the caller appends). The layers are unrolled, each with its own parameters
+The module knows nothing of speculation: it maps ``tokens: i32[B, T]`` and a :class:`KVCache` to
+``logits: f32[B, T, V]`` and the cache with the T new entries written at each row's own offset
+``cache.lengths[b]``. The layers are unrolled, each with its own parameters
 (``layers_{i}``) and cache arrays (``models.common.run_layers``).
 """
 
@@ -259,7 +259,7 @@ class LlamaAttention(nn.Module):
   """Grouped-query self-attention that writes its new K/V into its layer's cache.
 
   ``__call__(x [B, T, D], k_cache/v_cache [B, K, S, H] | None, cache_lengths i32[B] | None, sin/cos
-  [B, T, 1, H]) -> (out [B, T, D], k [B, T, K, H], v [B, T, K, H])``.
+  [B, T, 1, H]) -> (out [B, T, D], k, v)`` with ``k, v`` as ``common.cached_attention`` returns them.
   """
 
   config: LlamaConfig
@@ -279,7 +279,7 @@ class LlamaAttention(nn.Module):
     q = apply_rotary(q.reshape(batch, num_new, cfg.num_attention_heads, cfg.head_dim), sin, cos)
     k = apply_rotary(k.reshape(batch, num_new, cfg.num_key_value_heads, cfg.head_dim), sin, cos)
     v = v.reshape(batch, num_new, cfg.num_key_value_heads, cfg.head_dim)
-    out = common.cached_attention(
+    out, k, v = common.cached_attention(
         q, k, v, k_cache=k_cache, v_cache=v_cache, cache_lengths=cache_lengths,
         attention_impl=self.attention_impl, sliding_window=cfg.sliding_window)
     out = out.reshape(batch, num_new, cfg.num_attention_heads * cfg.head_dim)
@@ -304,7 +304,7 @@ class LlamaMLP(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
   """One pre-norm block over its own cache: ``(x, k_cache, v_cache, cache_lengths, positions, sin, cos)
-  -> (x, k, v)`` (the new tokens' K/V)."""
+  -> (x, k, v)`` (the updated cache arrays, or the new K/V without a cache)."""
 
   config: LlamaConfig
   attention_impl: str
@@ -327,12 +327,13 @@ class Llama(nn.Module):
   """Llama causal LM over a ragged KV cache.
 
   ``__call__(tokens: i32[B, T], cache: KVCache | None, compute_logits=True) -> (logits: f32[B, T, V],
-  KVUpdate)``: token t of row b sits at position ``cache.lengths[b] + t`` (``t`` without a cache) and
-  attends to the row's valid cache slots and to the new tokens up to itself. The cache is only read;
-  the returned :class:`KVUpdate` holds the new tokens' K/V for ``cache.append`` (a caller that keeps
-  fewer of them, after rejected drafts or prompt padding, sets the lengths back with
-  ``cache.with_lengths``). ``compute_logits=False`` (prefill) skips the LM head and returns ``None``
-  logits. Parameter names follow HF's module tree (``embed_tokens``, ``layers_0/self_attn/q_proj`` …).
+  KVCache | KVUpdate)``: token t of row b sits at position ``cache.lengths[b] + t``, its K/V are written
+  at that slot and it attends to every slot up to its own; the returned cache has ``lengths + T`` (a
+  caller that keeps fewer of the new tokens, after rejected drafts or prompt padding, sets the lengths
+  back with ``cache.with_lengths``). Without a cache, token t sits at position t and attends to tokens
+  ``0 … t``, and their K/V come back as a :class:`KVUpdate`. ``compute_logits=False`` (prefill) skips the
+  LM head and returns ``None`` logits. Parameter names follow HF's module tree (``embed_tokens``,
+  ``layers_0/self_attn/q_proj`` …).
   """
 
   config: LlamaConfig
@@ -341,7 +342,7 @@ class Llama(nn.Module):
 
   @nn.compact
   def __call__(self, tokens: jax.Array, cache: KVCache | None = None,
-               compute_logits: bool = True) -> tuple[jax.Array | None, KVUpdate]:
+               compute_logits: bool = True) -> tuple[jax.Array | None, KVCache | KVUpdate]:
     cfg = self.config
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, param_dtype=self.dtype,
                      name="embed_tokens")

@@ -157,7 +157,7 @@ class OPTDecoderLayer(nn.Module):
     h = attn_norm(x) if cfg.do_layer_norm_before else x
     heads = lambda t: t.reshape(batch, num_new, cfg.num_attention_heads, cfg.head_dim)
     q, k, v = (heads(dense(cfg.hidden_size, f"{n}_proj")(h)) for n in "qkv")
-    out = common.cached_attention(
+    out, k, v = common.cached_attention(
         q, k, v, k_cache=k_cache, v_cache=v_cache, cache_lengths=cache_lengths,
         attention_impl=self.attention_impl)
     x = x + dense(cfg.hidden_size, "out_proj")(out.reshape(batch, num_new, cfg.hidden_size))
@@ -182,7 +182,7 @@ class OPT(nn.Module):
 
   @nn.compact
   def __call__(self, tokens: jax.Array, cache: KVCache | None = None,
-               compute_logits: bool = True) -> tuple[jax.Array | None, KVUpdate]:
+               compute_logits: bool = True) -> tuple[jax.Array | None, KVCache | KVUpdate]:
     cfg = self.config
     embed = nn.Embed(cfg.vocab_size, cfg.word_embed_proj_dim, dtype=self.dtype,
                      param_dtype=self.dtype, name="embed_tokens")

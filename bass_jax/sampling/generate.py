@@ -34,7 +34,7 @@ PAD_TOKEN = -1  # fills ``GenerateOutput.tokens`` past each row's length; never 
 _MIN_PROMPT_BUCKET = 16
 _OUTPUT_BUCKET = 32  # the output buffer holds a multiple of this many tokens
 _MAX_EOS_IDS = 8  # EOS ids are a traced array of this many slots (padded with -1)
-DEFAULT_VERIFY_CHUNKS = (8,)
+DEFAULT_VERIFY_CHUNK = 4  # measured best with the shipped draft (docs/design.md)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +55,7 @@ class GenerateStats:
     compiled: whether this call compiled (False: it reused programs of an earlier call).
     prompt_bucket: P, the length prompts were padded to for the prefill.
     batch_bucket: the number of rows the programs ran (B plus inert padding rows).
-    verify_chunks: chunk sizes of the verification forward (empty for regular decoding).
+    verify_chunk: positions per verification forward (0 for regular decoding).
   """
 
   steps: int
@@ -67,7 +67,7 @@ class GenerateStats:
   compiled: bool = False
   prompt_bucket: int = 0
   batch_bucket: int = 0
-  verify_chunks: tuple[int, ...] = ()
+  verify_chunk: int = 0
   verified: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
 
 
@@ -227,21 +227,30 @@ def set_compile_cache_size(max_programs: int) -> None:
   _PROGRAMS.resize(_checks.as_int("max_programs", max_programs, min_value=1))
 
 
-def enable_persistent_compilation_cache(path: str | os.PathLike | None = None) -> str:
+def enable_persistent_compilation_cache(path: str | os.PathLike | None = None, *,
+                                        min_compile_seconds: float = 0.5) -> str:
   """Stores compiled programs on disk so that a new process reuses them (JAX's persistent cache).
+
+  The same as setting JAX's ``jax_compilation_cache_dir`` (or the environment variable
+  ``JAX_COMPILATION_CACHE_DIR`` before starting Python); scripts take ``--compilation_cache_dir``.
 
   Args:
     path: the cache directory; default ``$BASS_JAX_COMPILATION_CACHE_DIR`` or
       ``~/.cache/bass_jax/xla``. Call before the first compilation.
+    min_compile_seconds: programs that compiled faster than this are not stored.
 
   Returns:
     The directory in use.
+
+  Raises:
+    ValueError: ``min_compile_seconds`` not a number >= 0.
   """
+  min_compile_seconds = _checks.as_float("min_compile_seconds", min_compile_seconds, min_value=0.0)
   path = str(path or os.environ.get("BASS_JAX_COMPILATION_CACHE_DIR")
              or os.path.join(os.path.expanduser("~"), ".cache", "bass_jax", "xla"))
   os.makedirs(path, exist_ok=True)
   jax.config.update("jax_compilation_cache_dir", path)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_seconds)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   return path
 
@@ -281,7 +290,7 @@ def generate(
     seed: int = 0,
     eos_token_id: int | Sequence[int] | None = None,
     attention_impl: str = "reference",
-    verify_chunks: Sequence[int] | None = None,
+    verify_chunk: int | None = None,
     max_cache_len: int | None = None,
 ) -> GenerateOutput:
   """Decodes a batch of prompts with batched speculative sampling (BASS) or regular decoding.
@@ -314,10 +323,10 @@ def generate(
     eos_token_id: an id or a sequence of at most 8 ids that end a row; None takes the target config's;
       ``()`` disables stopping.
     attention_impl: attention implementation for both models (see ``attention_implementations()``).
-    verify_chunks: the numbers of positions one verification forward may score (each compiled once;
-      default ``DEFAULT_VERIFY_CHUNKS``): a step with ``l_draft`` drafts scores its ``l_draft + 1``
-      positions in passes, each the smallest chunk that covers what is left, else the largest, and
-      stops once every row has rejected. More sizes waste less padding and compile longer.
+    verify_chunk: C, the positions one verification forward scores (compiled once; default
+      ``DEFAULT_VERIFY_CHUNK``): a step with ``l_draft`` drafts scores its ``l_draft + 1`` positions
+      in passes of C, and stops once every row has rejected. A larger C suits drafts that are
+      accepted often; a smaller one wastes less on padding.
     max_cache_len: if given, the most cache slots per row this call may allocate.
 
   Returns:
@@ -329,7 +338,7 @@ def generate(
       ``None`` or bool where a number is meant, a float where an int is meant: ``seed=1.5``,
       ``eos_token_id="70"``); an unknown method or attention_impl; no draft for BASS; a draft whose
       tokenizer differs from the target's (says which part); an empty prompt list or prompt; token ids
-      outside the vocabulary; a bad draft length or chunk; prompt + ``max_new_tokens`` beyond the
+      outside the vocabulary; a bad draft length or chunk size; prompt + ``max_new_tokens`` beyond the
       models' context or beyond ``max_cache_len``.
   """
   if not isinstance(target, Model):
@@ -354,12 +363,10 @@ def generate(
   if max_cache_len is not None:
     max_cache_len = _checks.as_int("max_cache_len", max_cache_len, min_value=1)
   policy = as_policy(draft_len) if bass else None
-  chunks = ()
+  chunk = 0
   if bass:
-    chunks = tuple(sorted(set(_checks.as_int_tuple("verify_chunks", verify_chunks, min_value=1)
-                              if verify_chunks is not None else DEFAULT_VERIFY_CHUNKS)))
-    if not chunks:
-      raise ValueError("verify_chunks is empty; give at least one chunk size (e.g. (8,))")
+    chunk = (DEFAULT_VERIFY_CHUNK if verify_chunk is None
+             else _checks.as_int("verify_chunk", verify_chunk, min_value=1))
   eos_ids = _eos_ids(eos_token_id, target)
   if len(eos_ids) > _MAX_EOS_IDS:
     raise ValueError(f"eos_token_id has {len(eos_ids)} ids; at most {_MAX_EOS_IDS} are supported")
@@ -378,7 +385,7 @@ def generate(
       draft_dtype=jnp.dtype(draft.dtype).name if bass else "",
       attention_impl=attention_impl, prompt_len=prompt_bucket(int(lengths.max())),
       max_new_bucket=output_bucket(max_new_tokens), greedy=temperature == 0,
-      draft_len=policy, verify_chunks=chunks)
+      draft_len=policy, verify_chunk=chunk)
   if max_cache_len is not None and spec.cache_len > max_cache_len:
     raise ValueError(
         f"the decode needs {spec.cache_len} cache slots per row (prompt padded to {spec.prompt_len} + "
@@ -431,7 +438,7 @@ def generate(
       compiled=compile_seconds > 0,
       prompt_bucket=spec.prompt_len,
       batch_bucket=rows,
-      verify_chunks=spec.verify_chunks,
+      verify_chunk=spec.verify_chunk,
       verified=np.asarray(state.verified_history)[:steps] if bass else np.zeros((0,), np.int32),
   )
   return GenerateOutput(tokens=tokens, lengths=out_len, logprobs=logprobs.astype(np.float32),

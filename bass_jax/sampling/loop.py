@@ -7,11 +7,10 @@ the output buffer are padded to buckets (``bass_jax.sampling.generate``), the ca
 length), and rows that finish keep riding along, frozen. The true ``max_new_tokens`` and the EOS ids are
 traced values, so calls that differ only in them share a program. Nothing here talks to the host.
 
-Verification scores the ``l + 1`` positions ``[last emitted, d_1 … d_l]`` in chunks: one target forward
-per chunk of at most C positions (C from ``DecodeSpec.verify_chunks``, each compiled once), accepting
-chunk by chunk and stopping as soon as every row has rejected. The number of compiled target forwards
-is therefore the number of chunk sizes, not the number of draft lengths, and a step whose rows all reject
-early skips the rest of its verification.
+Verification scores the ``l + 1`` positions ``[last emitted, d_1 … d_l]`` in chunks of C positions
+(``DecodeSpec.verify_chunk``): one compiled target forward, run once per chunk, accepting chunk by chunk
+and stopping as soon as every row has rejected. One target forward is compiled whatever the draft
+length, and a step whose rows all reject early skips the rest of its verification.
 
 Invariants between steps (for every live row):
 
@@ -22,8 +21,9 @@ Invariants between steps (for every live row):
   after a step that accepted every draft, ``seq_len - 2`` (the last draft was never fed to the draft).
   Its next step starts with a two-token catch-up forward that covers both cases.
 
-Forwards only read the caches; their new K/V are appended after the forward, outside any ``lax.switch``
-branch (a write inside a branch makes XLA copy every layer's cache each step).
+Each forward writes its new tokens' K/V into the cache before attending over it: XLA then updates
+the cache in place, where reading it first and writing after would make it copy every layer's cache
+(and so does a write inside a ``lax.switch`` branch, which is why verification has one chunk size).
 
 Axes: B batch, P padded prompt length, N output bucket, L max draft length, C chunk, V vocabulary.
 """
@@ -59,8 +59,8 @@ class DecodeSpec:
     max_new_bucket: N, the size of the output buffer (the true limit is ``DecodeState.max_new``).
     greedy: temperature 0 (argmax draft and verification).
     draft_len: the draft-length policy (fixed or Algorithm 1).
-    verify_chunks: numbers of positions one verification forward may score, each compiled once; a pass
-      takes the smallest chunk that covers the positions left, else the largest.
+    verify_chunk: C, the positions one verification forward scores; ``l + 1`` positions take
+      ``ceil((l + 1) / C)`` passes at most.
   """
 
   method: str
@@ -73,7 +73,7 @@ class DecodeSpec:
   max_new_bucket: int
   greedy: bool
   draft_len: DraftLenPolicy | None
-  verify_chunks: tuple[int, ...]
+  verify_chunk: int
 
   @property
   def max_draft(self) -> int:
@@ -132,7 +132,8 @@ class DecodeState:
 
 def _forward(config: DecoderConfig, dtype: str, attention_impl: str, params: Any, tokens: jax.Array,
              cache: KVCache | None, compute_logits: bool = True):
-  """``(logits | None, KVUpdate)`` of ``tokens`` over ``cache`` (read only; the caller appends)."""
+  """``(logits | None, cache)`` of ``tokens`` written into and attended over ``cache``; without a cache,
+  ``(logits | None, KVUpdate)``."""
   module = config.make_module(attention_impl=attention_impl, dtype=jnp.dtype(dtype))
   return module.apply({"params": params}, tokens, cache, compute_logits)
 
@@ -229,9 +230,8 @@ def _regular_step(spec: DecodeSpec, target_params, temperature, top_p,
   rows = jnp.arange(batch)
   key, sample_key = jax.random.split(state.key)
   last = state.tokens[rows, state.seq_len - 1][:, None]
-  logits, update = _forward(spec.target, spec.target_dtype, spec.attention_impl, target_params, last,
-                            state.target_cache)
-  cache = state.target_cache.append(update)
+  logits, cache = _forward(spec.target, spec.target_dtype, spec.attention_impl, target_params, last,
+                           state.target_cache)
   logits = logits[:, 0]
   token, _ = _sample(logits, sample_key, temperature, top_p, spec)
   logprob = jax.nn.log_softmax(logits, axis=-1)[rows, token]
@@ -261,22 +261,21 @@ def _draft(spec: DecodeSpec, draft_params, temperature, top_p, state: DecodeStat
   pending = state.seq_len - cache.lengths  # 1 or 2
   catch_up = state.tokens[rows[:, None], jnp.minimum(cache.lengths[:, None] + jnp.arange(2),
                                                      state.tokens.shape[1] - 1)]
-  logits, update = forward(catch_up, cache)
-  cache = cache.append(update).with_lengths(state.seq_len)
+  logits, cache = forward(catch_up, cache)
+  cache = cache.with_lengths(state.seq_len)
   token, log_q = _sample(logits[rows, pending - 1], jax.random.fold_in(key, 0), temperature, top_p,
                          spec)
 
   drafts = jnp.zeros((batch, max_draft), jnp.int32).at[:, 0].set(token)
   draft_log_probs = None
   if not spec.greedy:
-    draft_log_probs = jnp.zeros((batch, max_draft + max(spec.verify_chunks), spec.draft.vocab_size),
+    draft_log_probs = jnp.zeros((batch, max_draft + spec.verify_chunk, spec.draft.vocab_size),
                                 jnp.float32)
     draft_log_probs = draft_log_probs.at[:, 0].set(log_q)
 
   def body(i, carry):
     cache, drafts, draft_log_probs = carry
-    logits, update = forward(jax.lax.dynamic_slice_in_dim(drafts, i - 1, 1, axis=1), cache)
-    cache = cache.append(update)
+    logits, cache = forward(jax.lax.dynamic_slice_in_dim(drafts, i - 1, 1, axis=1), cache)
     token, log_q = _sample(logits[:, 0], jax.random.fold_in(key, i), temperature, top_p, spec)
     drafts = jax.lax.dynamic_update_slice_in_dim(drafts, token[:, None], i, axis=1)
     if draft_log_probs is not None:
@@ -286,22 +285,22 @@ def _draft(spec: DecodeSpec, draft_params, temperature, top_p, state: DecodeStat
   return jax.lax.fori_loop(1, state.draft_len, body, (cache, drafts, draft_log_probs))
 
 
-def _verify_chunk(spec: DecodeSpec, chunk: int, target_params, temperature, top_p, inputs,
-                  draft_log_probs, cache: KVCache, start, num_drafts, key):
-  """Scores ``inputs[:, start:start + chunk]`` with the target and accepts over those positions.
+def _verify_chunk(spec: DecodeSpec, target_params, temperature, top_p, inputs, draft_log_probs,
+                  cache: KVCache, start, num_drafts, key):
+  """Scores ``inputs[:, start:start + C]`` with the target and accepts over those positions.
 
   Returns:
-    ``(matched i32[B], next_token i32[B], logprobs f32[B, C_max, 2], update)``: see
+    ``(matched i32[B], next_token i32[B], logprobs f32[B, C, 2], cache)``: see
     :func:`acceptance.greedy_accept_chunk`; ``logprobs[..., 0]`` is the target's raw log-probability of
-    each position's draft and ``[..., 1]`` of its argmax/drawn token (for the emitted log-probs); both,
-    and the K/V ``update``, are padded to the largest chunk.
+    each position's draft and ``[..., 1]`` of its argmax/drawn token (for the emitted log-probs); the
+    cache holds the chunk's K/V, its lengths advanced by C.
   """
-  c_max = max(spec.verify_chunks)
+  chunk = spec.verify_chunk
   tokens = jax.lax.dynamic_slice_in_dim(inputs, start, chunk, axis=1)
   next_drafts = jax.lax.dynamic_slice_in_dim(inputs, start + 1, chunk, axis=1)
   positions = start + jnp.arange(chunk, dtype=jnp.int32)
-  logits, update = _forward(spec.target, spec.target_dtype, spec.attention_impl, target_params,
-                            tokens, cache)
+  logits, cache = _forward(spec.target, spec.target_dtype, spec.attention_impl, target_params,
+                           tokens, cache)
   if spec.greedy:
     matched, next_token = acceptance.greedy_accept_chunk(logits, next_drafts, positions, num_drafts)
   else:
@@ -312,18 +311,15 @@ def _verify_chunk(spec: DecodeSpec, chunk: int, target_params, temperature, top_
   of_draft = jnp.take_along_axis(raw, next_drafts[..., None], axis=-1)[..., 0]
   of_next = jnp.take_along_axis(raw, jnp.broadcast_to(next_token[:, None, None], raw.shape[:2] + (1,)),
                                 axis=-1)[..., 0]
-  logprobs = jnp.stack([of_draft, of_next], axis=-1)
-  logprobs = jnp.pad(logprobs, ((0, 0), (0, c_max - chunk), (0, 0)))
-  return matched, next_token, logprobs, update.pad_to(c_max)
+  return matched, next_token, jnp.stack([of_draft, of_next], axis=-1), cache
 
 
 def _verify(spec: DecodeSpec, target_params, temperature, top_p, state: DecodeState, drafts,
             draft_log_probs, key):
-  """Scores ``[last emitted, d_1 … d_l]`` in chunks and accepts per row, chunk by chunk.
+  """Scores ``[last emitted, d_1 … d_l]`` in chunks of C positions and accepts per row, chunk by chunk.
 
-  Each pass takes the smallest chunk size covering the positions left (else the largest), appends its
-  K/V to the target cache (outside the ``lax.switch`` over chunk sizes) and stops the loop once every
-  live row's acceptance has ended.
+  Each pass writes its chunk's K/V into the target cache and attends; the loop stops once every live
+  row's acceptance has ended (or all ``l + 1`` positions are scored).
 
   Returns:
     ``(num_accepted: i32[B], emitted: i32[B, L + 1], emitted_logprobs: f32[B, L + 1], target_cache,
@@ -334,14 +330,11 @@ def _verify(spec: DecodeSpec, target_params, temperature, top_p, state: DecodeSt
   batch, max_draft = drafts.shape
   rows = jnp.arange(batch)
   num_drafts = state.draft_len
-  chunks = spec.verify_chunks
-  c_max = max(chunks)
+  chunk = spec.verify_chunk
   last = state.tokens[rows, state.seq_len - 1]
   # [last, d_1 … d_L, padding]: position i's input is inputs[i], its draft to check inputs[i + 1].
-  inputs = jnp.concatenate([last[:, None], drafts, jnp.zeros((batch, c_max), jnp.int32)], axis=1)
-  branches = [functools.partial(_verify_chunk, spec, c, target_params, temperature, top_p)
-              for c in chunks]
-  sizes = jnp.asarray(chunks, jnp.int32)
+  inputs = jnp.concatenate([last[:, None], drafts, jnp.zeros((batch, chunk), jnp.int32)], axis=1)
+  score = functools.partial(_verify_chunk, spec, target_params, temperature, top_p)
 
   def cond(carry):
     start, _, _, open_rows, _, _ = carry
@@ -349,26 +342,22 @@ def _verify(spec: DecodeSpec, target_params, temperature, top_p, state: DecodeSt
 
   def body(carry):
     start, cache, accepted, open_rows, next_token, logprobs = carry
-    left = num_drafts + 1 - start
-    which = jnp.minimum(jnp.searchsorted(sizes, left), len(chunks) - 1)
-    chunk = sizes[which]
     # The same key for every chunk: acceptance draws are keyed by position, not by chunk.
-    matched, chunk_next, chunk_lp, update = jax.lax.switch(
-        which, branches, inputs, draft_log_probs, cache, start, num_drafts, key)
-    cache = cache.append(update).with_lengths(cache.lengths + chunk)
+    matched, chunk_next, chunk_lp, cache = score(inputs, draft_log_probs, cache, start, num_drafts,
+                                                 key)
     closes = open_rows & (matched < chunk)
     # Emitted log-probs: the draft's below the row's first mismatch in this chunk, the next token's at it.
-    slots = jnp.arange(c_max)[None, :]
+    slots = jnp.arange(chunk)[None, :]
     values = jnp.where(slots < matched[:, None], chunk_lp[..., 0], chunk_lp[..., 1])
-    window = jax.lax.dynamic_slice_in_dim(logprobs, start, c_max, axis=1)
+    window = jax.lax.dynamic_slice_in_dim(logprobs, start, chunk, axis=1)
     logprobs = jax.lax.dynamic_update_slice_in_dim(
         logprobs, jnp.where(open_rows[:, None], values, window), start, axis=1)
-    accepted = jnp.where(open_rows, accepted + jnp.minimum(matched, chunk), accepted)
+    accepted = jnp.where(open_rows, accepted + matched, accepted)
     next_token = jnp.where(closes, chunk_next, next_token)
     return start + chunk, cache, accepted, open_rows & ~closes, next_token, logprobs
 
   init = (jnp.zeros((), jnp.int32), state.target_cache, jnp.zeros((batch,), jnp.int32), ~state.done,
-          jnp.zeros((batch,), jnp.int32), jnp.zeros((batch, max_draft + 1 + c_max), jnp.float32))
+          jnp.zeros((batch,), jnp.int32), jnp.zeros((batch, max_draft + 1 + chunk), jnp.float32))
   verified, cache, accepted, _, next_token, logprobs = jax.lax.while_loop(cond, body, init)
   emitted = jnp.concatenate([drafts, jnp.zeros((batch, 1), jnp.int32)], axis=1)
   emitted = emitted.at[rows, accepted].set(next_token)
