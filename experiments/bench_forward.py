@@ -15,7 +15,7 @@ taken over --repeats rounds:
 * **matmuls**: the weight matrix products alone (every projection, MLP and the LM head over B x T
   rows): the floor this machine sets for these weights;
 * **torch**: transformers' PyTorch forward of the same model over a cache of the same length
-  (`--torch`; f32 on the CPU).
+  (`--torch`; f32 on a CPU, the run's dtype on a CUDA GPU).
 
 Every row of the cache holds S - T valid entries before the call (the longest a verification of T
 tokens can meet), so attention reads S slots per query. Ratios are the point: `project / minimal` is
@@ -48,6 +48,8 @@ _CACHE = flags.DEFINE_list("cache_lens", ["256", "2048"], "Cache slots S.")
 _REPEATS = flags.DEFINE_integer("repeats", 30, "Timed rounds per shape (median).", lower_bound=1)
 _TORCH = flags.DEFINE_bool("torch", True, "Also time transformers' PyTorch forward.")
 _QUICK = flags.DEFINE_bool("quick", False, "B = 1, 4; T = 1, 5; S = 256; 5 rounds (smoke run).")
+_DTYPES = flags.DEFINE_list("dtypes", ["float32"], "Parameter/compute dtypes, each a full table "
+                            "(float32, bfloat16).")
 _RESULTS_DIR = flags.DEFINE_string("results_dir", None, "Directory for bench_forward.json (default: "
                                    "a fresh outputs/bench_forward-<time>/).")
 
@@ -143,13 +145,26 @@ def _torch_model(model, tmp):
   import bass_jax  # pylint: disable=g-import-not-at-top
 
   bass_jax.save_model(bass_jax.Model(model.config, model.params), tmp)
-  return transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+  hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=_torch_dtype(model.dtype))
+  return hf.to(_torch_device()).eval()
 
 
-def _bench_model(spec: str, shapes, repeats: int, use_torch: bool, log) -> list[dict]:
+def _torch_device() -> str:
+  import torch  # pylint: disable=g-import-not-at-top
+
+  return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _torch_dtype(dtype):
+  import torch  # pylint: disable=g-import-not-at-top
+
+  return {"float32": torch.float32, "bfloat16": torch.bfloat16}[jnp.dtype(dtype).name]
+
+
+def _bench_model(spec: str, dtype: str, shapes, repeats: int, use_torch: bool, log) -> list[dict]:
   import bass_jax  # pylint: disable=g-import-not-at-top
 
-  model = bass_jax.load_model(spec, tokenizer=False)
+  model = bass_jax.load_model(spec, tokenizer=False, dtype=dtype)
   cfg = model.config
   weights = _split_layers(model.params)
   module = cfg.make_module()
@@ -176,13 +191,13 @@ def _bench_model(spec: str, shapes, repeats: int, use_torch: bool, log) -> list[
     filled = slots - num_new
     tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (batch, num_new)), jnp.int32)
     lengths = jnp.full((batch,), filled, jnp.int32)
-    cache = cfg.init_cache(batch, slots)
-    kv = jnp.asarray(rng.normal(size=cache.k[0].shape).astype(np.float32))
+    cache = cfg.init_cache(batch, slots, model.dtype)
+    kv = jnp.asarray(rng.normal(size=cache.k[0].shape), model.dtype)
     cache = cache.replace(k=tuple(k + kv for k in cache.k), v=tuple(v - kv for v in cache.v),
                           lengths=lengths + 0)
     ks = [jnp.array(k) for k in cache.k]
     vs = [jnp.array(v) for v in cache.v]
-    x = jnp.asarray(rng.normal(size=(batch * num_new, cfg.hidden_size)), jnp.float32)
+    x = jnp.asarray(rng.normal(size=(batch * num_new, cfg.hidden_size)), model.dtype)
     state = {"cache": cache, "ks": ks, "vs": vs}
 
     def project_call():
@@ -196,12 +211,14 @@ def _bench_model(spec: str, shapes, repeats: int, use_torch: bool, log) -> list[
     calls = {"project": project_call, "minimal": minimal_call, "matmuls": lambda: matmuls(weights, x)}
     if hf is not None:
       past = _torch_cache(hf, cfg, batch, filled, rng)
-      ids = torch.from_numpy(np.asarray(tokens, np.int64))
+      ids = torch.from_numpy(np.asarray(tokens, np.int64)).to(_torch_device())
 
       def torch_call():
         with torch.no_grad():
           hf(ids, past_key_values=past, use_cache=True)
         past.crop(-num_new)  # drop the T entries the call appended
+        if _torch_device() == "cuda":
+          torch.cuda.synchronize()
 
       calls["torch"] = torch_call
     times = {name: [] for name in calls}
@@ -212,7 +229,7 @@ def _bench_model(spec: str, shapes, repeats: int, use_torch: bool, log) -> list[
         start = time.perf_counter()
         jax.block_until_ready(call())
         times[name].append(time.perf_counter() - start)
-    row = {"model": spec, "batch_size": batch, "num_new": num_new, "cache_len": slots,
+    row = {"model": spec, "dtype": dtype, "batch_size": batch, "num_new": num_new, "cache_len": slots,
            **{f"{name}_ms": 1000 * statistics.median(t) for name, t in times.items()}}
     rows.append(row)
     log(_format_row(row))
@@ -228,6 +245,7 @@ def _torch_cache(hf, cfg, batch, length, rng):
   shape = (batch, cfg.num_key_value_heads, length, cfg.head_dim)
   for layer in range(cfg.num_layers):
     k = torch.from_numpy(rng.normal(size=shape).astype(np.float32))
+    k = k.to(device=_torch_device(), dtype=next(hf.parameters()).dtype)
     cache.update(k, -k, layer)
   return cache
 
@@ -238,8 +256,17 @@ _COLUMNS = ("project", "minimal", "matmuls", "torch")
 def _format_row(row) -> str:
   cells = [f"{row.get(f'{c}_ms', float('nan')):.2f}" for c in _COLUMNS]
   ratio = row["project_ms"] / row["minimal_ms"]
-  return (f"| {row['model']} | {row['batch_size']} x {row['num_new']} | {row['cache_len']} | "
+  return (f"| {row['model']} | {row['dtype']} | {row['batch_size']} x {row['num_new']} | "
+          f"{row['cache_len']} | "
           + " | ".join(cells) + f" | {ratio:.2f} |")
+
+
+def _torch_usable(dtype: str) -> bool:
+  """transformers' forward is timed in f32 on a CPU (its bf16 matmuls there are no reference) and in
+  either dtype on a CUDA GPU."""
+  import torch  # pylint: disable=g-import-not-at-top
+
+  return dtype == "float32" or torch.cuda.is_available()
 
 
 def main(argv):
@@ -255,12 +282,14 @@ def main(argv):
   caches = [256] if _QUICK.value else [int(s) for s in _CACHE.value]
   repeats = 5 if _QUICK.value else _REPEATS.value
   shapes = [(b, t, s) for s in caches for t in num_new for b in batches]
-  print("| model | B x T | cache slots | project ms | minimal ms | matmuls ms | torch ms | "
+  print("| model | dtype | B x T | cache slots | project ms | minimal ms | matmuls ms | torch ms | "
         "project / minimal |")
-  print("|---|---|---|---|---|---|---|---|")
+  print("|---|---|---|---|---|---|---|---|---|")
   rows = []
-  for spec in _MODELS.value:
-    rows += _bench_model(spec, shapes, repeats, _TORCH.value, lambda line: print(line, flush=True))
+  for dtype in _DTYPES.value:
+    for spec in _MODELS.value:
+      rows += _bench_model(spec, dtype, shapes, repeats, _TORCH.value and _torch_usable(dtype),
+                           lambda line: print(line, flush=True))
   device = jax.devices()[0]
   _io.write_json_atomic(path, {
       "experiment": "bench_forward", "date": datetime.date.today().isoformat(),

@@ -2,11 +2,14 @@ r"""How the changing l_draft meets static shapes: verification chunk sizes measu
 
     python -m experiments.bench_verify_shapes --num_prompts=8 --batch_size=4 --max_new_tokens=64
 
+The prompts are the tuning set (``--prompts=stdlib-heldout``, ``bass_jax.data``): the default chunk size
+is chosen here, so never on HumanEval, the evaluation set.
+
 A step with ``l_draft`` drafts scores ``l_draft + 1`` positions in passes of a compiled chunk of C
 positions (``generate(verify_chunk=C)``) and stops once every row has rejected: a small C wastes less
-on padding, a large one needs fewer passes when drafts are accepted often. Every configuration decodes the same prompts with the same drafts (greedy, distinct
-prompts per batch, so the tokens are identical and only the cost differs) and prints one markdown table
-row: per-token latency All, mean l_draft, positions scored per step, compile time.
+on padding, a large one needs fewer passes when drafts are accepted often. Every configuration decodes
+the same prompts with the same drafts (greedy, distinct prompts per batch, so the tokens are identical
+and only the cost differs) and prints one markdown table row: per-token latency All, mean l_draft, positions scored per step, compile time.
 """
 
 from absl import app
@@ -17,7 +20,8 @@ from bass_jax import experiment
 from bass_jax.data import load_problems
 from experiments import _io
 
-_NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 8, "First N HumanEval prompts (>= batch_size).")
+_PROMPTS = flags.DEFINE_string("prompts", "stdlib-heldout", "Prompt set (bass_jax.data.load_problems).")
+_NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 8, "First N prompts (>= batch_size).")
 _BATCH = flags.DEFINE_integer("batch_size", 4, "Distinct prompts per batch.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens per sequence.")
 _DRAFT = flags.DEFINE_string("draft", "smollm2-135m-draft", "Draft model spec.")
@@ -29,7 +33,7 @@ def main(argv):
   _io.init_script()
   target = bass_jax.load_model("smollm2-135m-instruct")
   draft = bass_jax.load_draft(_DRAFT.value, target)
-  problems = load_problems("humaneval", _NUM_PROMPTS.value)
+  problems = load_problems(_PROMPTS.value, _NUM_PROMPTS.value)
   print("| verify chunk | ms/token All | mean l_draft | positions scored per step | compile s |")
   print("|---|---|---|---|---|")
   for chunks in _CHUNKS.value:

@@ -50,7 +50,8 @@ _CHUNK = flags.DEFINE_integer(
     "verify_chunk", None, "Positions one verification forward scores (compiled once; default: "
     "bass_jax's DEFAULT_VERIFY_CHUNK); a step scores its l_draft + 1 positions in passes.",
     lower_bound=1)
-_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Parameter/compute dtype.")
+_DTYPE = flags.DEFINE_enum("dtype", "auto", ["auto", "float32", "bfloat16"],
+                           "Parameter/compute dtype; auto: float32 on a CPU, bfloat16 on a GPU.")
 _OUTPUT = flags.DEFINE_string("output", None, "JSONL file, one record per sequence, appended per batch "
                               "(default: <fresh run directory>/records.jsonl).")
 _SUMMARY = flags.DEFINE_string("summary_json", None, "JSON file for the summary (default: <fresh run "
@@ -91,7 +92,7 @@ def main(argv):
   except ValueError as e:
     raise app.UsageError(str(e)) from e
 
-  dtype = jnp.dtype(_DTYPE.value)
+  dtype = None if _DTYPE.value == "auto" else jnp.dtype(_DTYPE.value)
   logging.info("loading target %s", _TARGET.value)
   target = bass_jax.load_model(_TARGET.value, dtype=dtype)
   draft = None

@@ -57,6 +57,18 @@ def test_load_problems(tmp_path):
     load_problems(tmp_path / "missing.jsonl")
 
 
+def test_the_tuning_prompts_are_neither_humaneval_nor_training_data():
+  from bass_jax.training import corpus
+
+  tuning = load_problems("stdlib-heldout")
+  assert len(tuning) >= 100 and len({p.task_id for p in tuning}) == len(tuning)
+  assert all(p.prompt.lstrip().startswith(("def ", "async def ", "@")) for p in tuning)
+  assert not {p.prompt for p in tuning} & {p.prompt for p in load_problems("humaneval")}
+  files = {p.fields["path"] for p in tuning}
+  assert len(files) >= 10 and all(corpus.is_held_out(f, 0.05) for f in files)
+  assert [p.task_id for p in load_problems("stdlib-heldout", 5)] == [p.task_id for p in tuning[:5]]
+
+
 @pytest.mark.slow
 def test_main_job_end_to_end(tmp_path, smollm2):
   """experiments/generate.py on a tiny random model that carries SmolLM2's tokenizer."""
