@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import pathlib
+import sysconfig
 from typing import Any
 
 
@@ -35,9 +36,19 @@ def _stdlib_heldout() -> list[Problem]:
 
   files = [f for f in corpus.stdlib_files() if corpus.is_held_out(f, HELD_OUT_FRACTION)]
   prompts = corpus.docstring_prompts(files)
-  order = sorted(prompts, key=lambda p: hashlib.sha256(f"{p.path}:{p.name}".encode()).hexdigest())
-  return [Problem(f"stdlib/{pathlib.Path(p.path).name}:{p.name}", p.text, {"path": p.path})
-          for p in order]
+  root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+  # A fixed pseudo-random order (by a hash of file path and function), so the first N span many files.
+  prompts = sorted(prompts, key=lambda p: hashlib.sha256(f"{p.path}:{p.name}".encode()).hexdigest())
+  problems, seen = [], {}
+  for p in prompts:  # ids: stdlib/<relative path>:<function>, #k for a name repeated in one file
+    path = pathlib.Path(p.path)
+    rel = path.relative_to(root) if path.is_relative_to(root) else path.name
+    task_id = f"stdlib/{rel}:{p.name}"
+    seen[task_id] = seen.get(task_id, 0) + 1
+    if seen[task_id] > 1:
+      task_id += f"#{seen[task_id]}"
+    problems.append(Problem(task_id, p.text, {"path": p.path}))
+  return problems
 
 
 def load_problems(source: str | os.PathLike = "humaneval", num_prompts: int | None = None) -> list[Problem]:

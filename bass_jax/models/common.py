@@ -14,8 +14,8 @@ Layers are unrolled, each with its own parameters (``layers_0``, ``layers_1``, â
 ``model.layers.{i}``) and its own cache arrays: no layer reads its weights or its cache through a slice of
 a stacked array, which XLA materializes as a copy inside a scanned loop (measured in ``docs/design.md``:
 on this CPU those copies cost a third of a forward pass at batch 8). Each layer's call is wrapped in
-``nn.jit``, so the layer is traced once and lowered as one function that every layer calls, which keeps
-the compile time of 30 unrolled layers near that of a scanned loop.
+``nn.jit``, so the layer is traced and lowered once; XLA still compiles every unrolled layer, so compile
+time grows with depth (measured in ``docs/design.md``, "Compilation").
 """
 
 from __future__ import annotations
