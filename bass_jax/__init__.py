@@ -16,17 +16,19 @@ from bass_jax.models.codegen import CodeGenConfig
 from bass_jax.models.gpt2 import GPT2Config
 from bass_jax.models.llama import Llama, LlamaConfig
 from bass_jax.models.opt import OPTConfig
-from bass_jax.sampling.draft_len import DynamicDraftLen, FixedDraftLen
-from bass_jax.sampling.generate import (PAD_TOKEN, GenerateOutput, GenerateStats, clear_compile_cache,
-                                        enable_persistent_compilation_cache, generate,
-                                        set_compile_cache_size)
+from bass_jax.sampling.draft_len import DynamicDraftLen, FixedDraftLen, GoodputDraftLen, StepCosts
+from bass_jax.sampling.generate import (PAD_TOKEN, GenerateOutput, GenerateStats, Hybrid,
+                                        clear_compile_cache, enable_persistent_compilation_cache,
+                                        generate, load_draft_spec, set_compile_cache_size)
+from bass_jax.sampling.proposers import NGramProposer
 from bass_jax.text import generate_text
 
 __all__ = [
     "ALIASES", "CodeGenConfig", "DynamicDraftLen", "FixedDraftLen", "GPT2Config", "GenerateOutput",
-    "GenerateStats", "KVCache", "Llama", "LlamaConfig", "Model", "OPTConfig", "PAD_TOKEN",
+    "GenerateStats", "GoodputDraftLen", "Hybrid", "KVCache", "Llama", "LlamaConfig", "Model",
+    "NGramProposer", "OPTConfig", "PAD_TOKEN", "StepCosts",
     "abstract_params", "attention_implementations", "check_same_tokenizer", "clear_compile_cache",
     "default_dtype",
     "enable_persistent_compilation_cache", "generate", "generate_text", "init_params", "load_draft",
-    "load_model", "reference_attention", "save_model", "set_compile_cache_size",
+    "load_draft_spec", "load_model", "reference_attention", "save_model", "set_compile_cache_size",
 ]

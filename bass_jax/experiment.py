@@ -60,9 +60,18 @@ def make_batches(problems: Sequence[Problem], batch_size: int,
   return [list(problems[i:i + batch_size]) for i in range(0, len(problems), batch_size)]
 
 
+def draft_name(draft: Any) -> str | None:
+  """A name for the draft side: the model's name, ``ngram(4-2)``, ``hybrid(ngram(4-2), <model>)``."""
+  if draft is None:
+    return None
+  if hasattr(draft, "ngram") and hasattr(draft, "model"):  # a Hybrid
+    return f"hybrid({draft.ngram.name}, {draft.model.name})"
+  return getattr(draft, "name", type(draft).__name__)
+
+
 def run_problems(
     target: Model,
-    draft: Model | None,
+    draft: Any,
     problems: Sequence[Problem],
     *,
     batch_size: int,
@@ -90,7 +99,8 @@ def run_problems(
   ``tokens_per_second`` is all emitted tokens over the summed batch wall time.
 
   Args:
-    target, draft: models sharing a tokenizer; ``target.tokenizer`` must be set.
+    target: the target, with its tokenizer. draft: the draft side as ``generate`` takes it (a
+      ``Model`` sharing the tokenizer, an ``NGramProposer``, a ``Hybrid``).
     problems: prompts.
     batch_size: rows per batch, >= 1.
     method, max_new_tokens, temperature, top_p, draft_len, attention_impl, verify_chunk: as in
@@ -148,7 +158,7 @@ def run_problems(
     ragged.append(metrics.raggedness(prompt_lengths, out.lengths,
                                      stats.accepted if method == "bass" else None))
     if method == "bass":
-      accept_parts.append(metrics.acceptance(stats.draft_lens, stats.accepted))
+      accept_parts.append(metrics.acceptance(stats.draft_lens, stats.accepted, stats.drafted))
     flops = metrics.decode_flops(target, draft, prompt_lengths, out, method=method)
     useful_flops += flops.useful
     executed_flops += flops.executed
@@ -222,7 +232,7 @@ def run_problems(
       "useful_flops": useful_flops,
       "executed_flops": executed_flops,
       "target": target.name,
-      "draft": draft.name if (draft is not None and method == "bass") else None,
+      "draft": draft_name(draft) if method == "bass" else None,
       "attention_impl": attention_impl,
       "verify_chunk": verify_chunk or "default",
       "device": f"{device.platform}:{device.device_kind}",

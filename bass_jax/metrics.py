@@ -79,8 +79,11 @@ class Acceptance:
                            sum(p.sequence_steps for p in parts))
 
 
-def acceptance(draft_lens: np.ndarray, accepted: np.ndarray) -> Acceptance:
-  """Aggregates ``GenerateStats.draft_lens: i32[steps]`` and ``accepted: i32[steps, B]`` (-1 = not live).
+def acceptance(draft_lens: np.ndarray, accepted: np.ndarray,
+               drafted: np.ndarray | None = None) -> Acceptance:
+  """Aggregates ``GenerateStats.draft_lens: i32[steps]`` and ``accepted: i32[steps, B]`` (-1 = not live),
+  with ``drafted: i32[steps, B]`` (``GenerateStats.drafted``) where rows proposed different numbers of
+  drafts (a model-free proposer); without it every live row is taken to have drafted ``l_draft``.
 
   Raises:
     ValueError: shapes that do not match.
@@ -91,8 +94,12 @@ def acceptance(draft_lens: np.ndarray, accepted: np.ndarray) -> Acceptance:
     raise ValueError(f"need draft_lens [steps] and accepted [steps, B], got {draft_lens.shape} and "
                      f"{accepted.shape}")
   live = accepted >= 0
-  drafted = int((draft_lens[:, None] * live).sum())
-  return Acceptance.from_counts(drafted, int(accepted[live].sum()), int(live.sum()))
+  if drafted is None:  # every live row drafted the step's l_draft
+    drafted = draft_lens[:, None] * live
+  elif np.shape(drafted) != accepted.shape:
+    raise ValueError(f"need drafted [steps, B] like accepted, got {np.shape(drafted)}")
+  num_drafted = int((np.asarray(drafted) * live).sum())
+  return Acceptance.from_counts(num_drafted, int(accepted[live].sum()), int(live.sum()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,7 +305,8 @@ def decode_flops(target, draft, prompt_lengths: np.ndarray, output, *, method: s
   half the output), an approximation of the small attention term that keeps the count analytic.
 
   Args:
-    target, draft: the ``Model`` s (draft may be None for regular decoding).
+    target: the target ``Model``. draft: the draft side as given to ``generate`` (a ``Model``, a
+      ``Hybrid``, whose model is counted, or a model-free proposer, counted as 0; None for regular).
     prompt_lengths: ``i32[B]`` true prompt lengths.
     output: the ``GenerateOutput`` (its stats carry the prefill and verification shapes).
     method: ``"bass"`` or ``"regular"``.
@@ -314,8 +322,12 @@ def decode_flops(target, draft, prompt_lengths: np.ndarray, output, *, method: s
   if method == "regular":
     executed += per_pos(tc, tp, batch * stats.steps)
   else:
-    dc, dp = draft.config, draft.params
-    executed += per_pos(dc, dp, batch * stats.prompt_bucket)
+    model = getattr(draft, "model", draft)  # a Hybrid's draft model; None-like for n-gram
+    drafting = hasattr(model, "config") and hasattr(model, "params")
+    if drafting:
+      executed += per_pos(model.config, model.params, batch * stats.prompt_bucket)
     for l, verified in zip(stats.draft_lens, stats.verified):
-      executed += per_pos(dc, dp, batch * (l + 1)) + per_pos(tc, tp, batch * verified)
+      if drafting and l > 0:
+        executed += per_pos(model.config, model.params, batch * (l + 1))
+      executed += per_pos(tc, tp, batch * verified)
   return Flops(useful=float(useful), executed=float(executed))

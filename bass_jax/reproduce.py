@@ -36,12 +36,14 @@ CONFIGS: dict[str, tuple[str, Any, str]] = {
 SAMPLING = {"greedy": (0.0, 1.0), "t0.2": (0.2, 0.95), "t0.6": (0.6, 0.95)}
 
 
-def load_pair(target: str, draft: str, draft_num_layers: int | None = None) -> tuple[Model, Model]:
-  """The target (with its tokenizer) and the draft, via ``load_model`` / ``load_draft``."""
+def load_pair(target: str, draft: str, draft_num_layers: int | None = None) -> tuple[Model, Any]:
+  """The target (with its tokenizer) and the draft side, via ``load_model`` / ``load_draft_spec``
+  (a draft model, ``ngram[:…]`` or ``hybrid:<model>[:…]``)."""
   from bass_jax import loading  # pylint: disable=g-import-not-at-top
+  from bass_jax.sampling.generate import load_draft_spec  # pylint: disable=g-import-not-at-top
 
   target_model = loading.load_model(target)
-  return target_model, loading.load_draft(draft, target_model, num_layers=draft_num_layers)
+  return target_model, load_draft_spec(draft, target_model, num_layers=draft_num_layers)
 
 
 def attention_impl(strategy: str, kernels: str = "auto") -> str:

@@ -19,8 +19,9 @@ taken over --repeats rounds:
 
 Every row of the cache holds S - T valid entries before the call (the longest a verification of T
 tokens can meet), so attention reads S slots per query. Ratios are the point: `project / minimal` is
-the framework's overhead. The table goes to stdout and, with every time, to a JSON file in a fresh
-`outputs/bench_forward-<time>/` (or `--results_dir`).
+the framework's overhead. The table goes to stdout and, with every time, to
+`bench_forward_<setting>.json` in a fresh `outputs/bench_forward-<time>/` (or `--results_dir`),
+rewritten after every shape.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ _TORCH = flags.DEFINE_bool("torch", True, "Also time transformers' PyTorch forwa
 _QUICK = flags.DEFINE_bool("quick", False, "B = 1, 4; T = 1, 5; S = 256; 5 rounds (smoke run).")
 _DTYPES = flags.DEFINE_list("dtypes", ["float32"], "Parameter/compute dtypes, each a full table "
                             "(float32, bfloat16).")
-_RESULTS_DIR = flags.DEFINE_string("results_dir", None, "Directory for bench_forward.json (default: "
-                                   "a fresh outputs/bench_forward-<time>/).")
+_RESULTS_DIR = flags.DEFINE_string("results_dir", None, "Directory for bench_forward_<setting>.json "
+                                   "(default: a fresh outputs/bench_forward-<time>/).")
+_SETTING = flags.DEFINE_string("setting", "full", "Name of the shape set (the file suffix).")
 
 
 # -- the minimal forward: plain jnp, unrolled, one array per layer --------------------------------------
@@ -232,7 +234,7 @@ def _bench_model(spec: str, dtype: str, shapes, repeats: int, use_torch: bool, l
     row = {"model": spec, "dtype": dtype, "batch_size": batch, "num_new": num_new, "cache_len": slots,
            **{f"{name}_ms": 1000 * statistics.median(t) for name, t in times.items()}}
     rows.append(row)
-    log(_format_row(row))
+    log(row)
   return rows
 
 
@@ -274,7 +276,7 @@ def main(argv):
   _io.init_script()
   try:
     run_dir = _io.run_directory(_RESULTS_DIR.value, "bench_forward")
-    path = _io.check_output_file(run_dir / "bench_forward.json", flag="results_dir")
+    path = _io.check_output_file(run_dir / f"bench_forward_{_SETTING.value}.json", flag="results_dir")
   except _io.OutputError as e:
     raise app.UsageError(str(e)) from e
   batches = [1, 4] if _QUICK.value else [int(b) for b in _BATCHES.value]
@@ -286,15 +288,25 @@ def main(argv):
         "project / minimal |")
   print("|---|---|---|---|---|---|---|---|---|")
   rows = []
+  device = jax.devices()[0]
+
+  def save(complete: bool):
+    _io.write_json_atomic(path, {
+        "experiment": "bench_forward", "setting": _SETTING.value,
+        "date": datetime.date.today().isoformat(),
+        "device": f"{device.platform}:{device.device_kind}", "host": platform.processor() or
+        platform.machine(), "jax_version": jax.__version__, "repeats": repeats, "complete": complete,
+        "rows": rows})
+
+  def log(row):  # every finished shape is saved, so an interrupted run keeps what it measured
+    rows.append(row)
+    print(_format_row(row), flush=True)
+    save(complete=False)
+
   for dtype in _DTYPES.value:
     for spec in _MODELS.value:
-      rows += _bench_model(spec, dtype, shapes, repeats, _TORCH.value and _torch_usable(dtype),
-                           lambda line: print(line, flush=True))
-  device = jax.devices()[0]
-  _io.write_json_atomic(path, {
-      "experiment": "bench_forward", "date": datetime.date.today().isoformat(),
-      "device": f"{device.platform}:{device.device_kind}", "host": platform.processor() or
-      platform.machine(), "jax_version": jax.__version__, "repeats": repeats, "rows": rows})
+      _bench_model(spec, dtype, shapes, repeats, _TORCH.value and _torch_usable(dtype), log)
+  save(complete=True)
   print(f"wrote {path}")
 
 

@@ -27,7 +27,10 @@ from absl import logging
 from experiments import _io
 
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target: alias, .gguf, or HF dir.")
-_DRAFT = flags.DEFINE_string("draft", "smollm2-135m-draft", "Draft: alias, .gguf, or HF dir.")
+_DRAFT = flags.DEFINE_string(
+    "draft", "smollm2-135m-draft", "The draft side: a draft model (alias, .gguf, or HF dir); 'ngram' or "
+    "'ngram:max_n=4,min_n=2' (model-free prompt lookup); 'hybrid:<model>[:max_n=4,min_n=2]' (n-gram where "
+    "a row matches, the model elsewhere).")
 _DRAFT_LAYERS = flags.DEFINE_integer(
     "draft_num_layers", 0, "Keep only the draft's first N layers (0 = all). With --draft equal to "
     "--target this is the placeholder draft built from the target.", lower_bound=0)
@@ -43,7 +46,9 @@ _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per sequence at m
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 = greedy.",
                                   lower_bound=0.0)
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus mass in (0, 1].", upper_bound=1.0)
-_DRAFT_LEN = flags.DEFINE_string("draft_len", "dynamic", "'dynamic' (BASS Algorithm 1) or an int >= 1.")
+_DRAFT_LEN = flags.DEFINE_string(
+    "draft_len", "dynamic", "'dynamic' (BASS Algorithm 1), 'goodput' (per step the length, 0 = plain "
+    "decoding, that maximizes expected tokens per second from measured step costs) or an int >= 1.")
 _SEED = flags.DEFINE_integer("seed", 0, "PRNG seed (batch i uses seed + i).", lower_bound=0)
 _ATTENTION = flags.DEFINE_string("attention_impl", "reference", "Attention implementation.")
 _CHUNK = flags.DEFINE_integer(
@@ -59,8 +64,8 @@ _SUMMARY = flags.DEFINE_string("summary_json", None, "JSON file for the summary 
 
 flags.register_validator("top_p", lambda v: v > 0, message="--top_p must be in (0, 1]")
 flags.register_validator(
-    "draft_len", lambda v: v == "dynamic" or (v.isdigit() and int(v) >= 1),
-    message="--draft_len must be 'dynamic' or an int >= 1")
+    "draft_len", lambda v: v in ("dynamic", "goodput") or (v.isdigit() and int(v) >= 1),
+    message="--draft_len must be 'dynamic', 'goodput' or an int >= 1")
 
 
 def main(argv):
@@ -97,8 +102,11 @@ def main(argv):
   target = bass_jax.load_model(_TARGET.value, dtype=dtype)
   draft = None
   if _METHOD.value == "bass":
-    draft = bass_jax.load_draft(_DRAFT.value, target, num_layers=_DRAFT_LAYERS.value or None,
-                                dtype=dtype)
+    try:
+      draft = bass_jax.load_draft_spec(_DRAFT.value, target, num_layers=_DRAFT_LAYERS.value or None,
+                                       dtype=dtype)
+    except ValueError as e:
+      raise app.UsageError(str(e)) from e
   with _io.JsonlWriter(output) as records:
     result = experiment.run_problems(
         target, draft, problems, batch_size=_BATCH.value, method=_METHOD.value,

@@ -345,3 +345,40 @@ def test_draft_equal_to_target_accepts_every_draft(draft_len):
     np.testing.assert_array_equal(draft_lens, [7, 9, 11, 13])
   else:
     assert out.stats.steps == -(-max_new_tokens // (draft_len + 1))
+
+
+# -- model-free and hybrid proposers (one-hot q) ---------------------------------------------------------
+
+
+def _proposer(kind: str):
+  ngram = bj.NGramProposer(max_n=2, min_n=1)  # min_n = 1: with V = 8 most rows find a match
+  return ngram if kind == "ngram" else bj.Hybrid(_models()[1], ngram)
+
+
+@pytest.mark.parametrize("kind,temperature,top_p,seed", [("ngram", 1.0, 0.8, 31),
+                                                         ("hybrid", 0.6, 0.9, 32)])
+def test_ngram_and_hybrid_proposers_match_exact_target_distribution(kind, temperature, top_p, seed):
+  """Deterministic drafts (one-hot q, no draft distribution at all for n-gram rows) keep the law exact;
+  n-gram drafts were both accepted and rejected, and some rows had none to propose."""
+  target, _ = _models()
+  out = _generate(target, _proposer(kind), "bass", temperature, top_p, seed, draft_len=3)
+  drafted, accepted = out.stats.drafted, out.stats.accepted
+  live = accepted >= 0
+  assert (live & (drafted > 0) & (accepted > 0)).sum() > 100
+  assert (live & (drafted > 0) & (accepted < drafted)).sum() > 100
+  if kind == "ngram":
+    assert (live & (drafted == 0)).sum() > 100
+  samples = out.tokens[:, :NUM_TOKENS]
+  joint = _target_joint(temperature, top_p)
+  assert not np.any(joint[tuple(samples.T)] == 0), "a draw outside the target's nucleus"
+  p_value = chisquare_p_value(samples, joint)
+  assert p_value > PASS_P_VALUE, p_value
+
+
+def test_mutant_correction_with_one_hot_q_is_detected(monkeypatch, fresh_programs):
+  """Power of the n-gram path: a correction drawn from ``p`` (not ``p`` without the rejected draft)."""
+  monkeypatch.setattr(acceptance, "correction_distribution", lambda p, q: p)
+  target, _ = _models()
+  out = _generate(target, _proposer("ngram"), "bass", 1.0, 1.0, seed=33, draft_len=3)
+  p_value = chisquare_p_value(out.tokens[:, :NUM_TOKENS], _target_joint(1.0, 1.0))
+  assert p_value < REJECT_P_VALUE, p_value

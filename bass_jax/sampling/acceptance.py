@@ -93,7 +93,7 @@ def greedy_accept_chunk(target_logits: jax.Array, next_drafts: jax.Array, positi
     next_drafts: ``i32[B, C]``, the draft each position is checked against (``d_{i+1}``; anything where
       ``i >= num_drafts``).
     positions: ``i32[C]`` global positions ``i`` of the chunk.
-    num_drafts: ``i32[]`` l, the number of real drafts.
+    num_drafts: ``i32[]`` or ``i32[B]`` (per row) l, the number of real drafts.
 
   Returns:
     ``(matched: i32[B], next_token: i32[B])``: the number of leading positions whose draft equals the
@@ -101,9 +101,14 @@ def greedy_accept_chunk(target_logits: jax.Array, next_drafts: jax.Array, positi
     ``positions[matched]``), and the target's argmax there (the correction, or the bonus at ``i = l``).
   """
   best = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [B, C]
-  matched = _leading_true((best == next_drafts) & (positions < num_drafts)[None, :])
+  matched = _leading_true((best == next_drafts) & _real(positions, num_drafts))
   at = jnp.minimum(matched, best.shape[1] - 1)
   return matched, jnp.take_along_axis(best, at[:, None], axis=1)[:, 0]
+
+
+def _real(positions: jax.Array, num_drafts: jax.Array) -> jax.Array:
+  """``bool[B or 1, C]``: position i checks a real draft (``i < num_drafts``, per row or for all)."""
+  return positions[None, :] < jnp.reshape(num_drafts, (-1, 1))
 
 
 def correction_distribution(p: jax.Array, q: jax.Array) -> jax.Array:
@@ -129,9 +134,10 @@ def speculative_accept_chunk(key: jax.Array, target_log_probs: jax.Array, draft_
     key: PRNG key of the whole step's acceptance.
     target_log_probs: ``f32[B, C, V]`` warped ``log p_i`` at the chunk's positions.
     draft_log_probs: ``f32[B, C, V]`` warped ``log q_i`` at the same positions (anything where
-      ``i >= num_drafts``).
+      ``i >= num_drafts``), or None for a deterministic proposer: ``q_i`` one-hot at ``d_{i+1}``, so a
+      draft is accepted with probability ``p_i(d)`` and the correction is drawn from ``p_i`` without d.
     next_drafts: ``i32[B, C]`` the drafts ``d_{i+1}``.
-    positions: ``i32[C]`` global positions. num_drafts: ``i32[]`` l.
+    positions: ``i32[C]`` global positions. num_drafts: ``i32[]`` or ``i32[B]`` l.
 
   Returns:
     ``(matched: i32[B], next_token: i32[B])`` as :func:`greedy_accept_chunk`; ``next_token`` is drawn
@@ -141,13 +147,21 @@ def speculative_accept_chunk(key: jax.Array, target_log_probs: jax.Array, draft_
   accept_key, residual_key = jax.random.split(key)
   u = jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(accept_key, i), (batch,)))(positions).T
   log_p = jnp.take_along_axis(target_log_probs, next_drafts[..., None], axis=-1)[..., 0]
-  log_q = jnp.take_along_axis(draft_log_probs, next_drafts[..., None], axis=-1)[..., 0]
-  matched = _leading_true((jnp.log(u) < log_p - log_q) & (positions < num_drafts)[None, :])
+  if draft_log_probs is None:
+    log_q = jnp.zeros_like(log_p)
+  else:
+    log_q = jnp.take_along_axis(draft_log_probs, next_drafts[..., None], axis=-1)[..., 0]
+  matched = _leading_true((jnp.log(u) < log_p - log_q) & _real(positions, num_drafts))
 
   rows = jnp.arange(batch)
   at = jnp.minimum(matched, chunk - 1)
   p_n = jnp.exp(target_log_probs[rows, at])  # [B, V]
-  q_n = jnp.where((positions[at] < num_drafts)[:, None], jnp.exp(draft_log_probs[rows, at]), 0.0)
+  if draft_log_probs is None:
+    q_at = jax.nn.one_hot(next_drafts[rows, at], p_n.shape[-1], dtype=p_n.dtype)
+  else:
+    q_at = jnp.exp(draft_log_probs[rows, at])
+  real_at = jnp.broadcast_to(_real(positions, num_drafts), (batch, chunk))[rows, at]
+  q_n = jnp.where(real_at[:, None], q_at, 0.0)
   residual = correction_distribution(p_n, q_n)
   next_token = jax.random.categorical(jax.random.fold_in(residual_key, positions[0]),
                                       jnp.log(residual), axis=-1).astype(jnp.int32)

@@ -1,16 +1,68 @@
-"""Draft length per step: fixed, or the BASS heuristic (paper §3.2, Algorithm 1; docs/bass.md)."""
+"""Draft length per step: fixed, the BASS heuristic (paper §3.2, Algorithm 1), or cost-aware (goodput).
+
+Every policy offers the decode loop the same three calls, all traceable (no host sync):
+``start(costs) -> (l, state)`` before the first step, ``after_step(state, l, num_drafts, accepted, live)
+-> (l, state)`` after a speculative step and ``after_plain_step(state, l) -> (l, state)`` after a plain
+decoding step (no row had a proposal, or the policy chose ``l = 0``). Only :class:`GoodputDraftLen`
+chooses ``l = 0``.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 
+import flax.struct
+import jax
 import jax.numpy as jnp
 
 from bass_jax import _checks
 
 
 @dataclasses.dataclass(frozen=True)
-class DynamicDraftLen:
+class StepCosts:
+  """Seconds per piece of a decode step at one batch size (measured by ``bass_jax.sampling.costs``).
+
+  Attributes:
+    plain: a plain decoding step (the target scores one position per row).
+    verify_pass: one verification pass (the target scores C positions per row).
+    propose_first: the proposer's catch-up and first draft (0 for a model-free proposer).
+    propose_next: each further draft (0 for a model-free proposer).
+    chunk: C, positions per verification pass.
+  """
+
+  plain: float
+  verify_pass: float
+  propose_first: float
+  propose_next: float
+  chunk: int
+
+  def as_array(self) -> jax.Array:
+    return jnp.asarray([self.plain, self.verify_pass, self.propose_first, self.propose_next,
+                        self.chunk], jnp.float32)
+
+
+class _StatelessMixin:
+  """``start/after_step/after_plain_step`` for policies whose state is Algorithm 1's ``s``."""
+
+  may_choose_zero = False  # never picks l = 0 (plain steps come only from a proposer without drafts)
+
+  def start(self, costs: jax.Array):
+    del costs
+    l0, s0 = self.initial()
+    return jnp.asarray(l0, jnp.int32), jnp.asarray(s0, jnp.int32)
+
+  def after_step(self, state, draft_len, num_drafts, accepted, live):
+    del num_drafts
+    max_accepted = jnp.max(jnp.where(live, accepted, 0))
+    next_len, next_s = self.update(draft_len, state, max_accepted)
+    return jnp.asarray(next_len, jnp.int32), jnp.asarray(next_s, jnp.int32)
+
+  def after_plain_step(self, state, draft_len):
+    return draft_len, state
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicDraftLen(_StatelessMixin):
   """Algorithm 1 of BASS: one draft length for the whole batch, adapted after every step.
 
   After a step in which the rows accepted ``x_1 … x_B`` drafts (bonus/correction not counted)::
@@ -66,7 +118,7 @@ class DynamicDraftLen:
 
 
 @dataclasses.dataclass(frozen=True)
-class FixedDraftLen:
+class FixedDraftLen(_StatelessMixin):
   """The same ``l_draft`` every step (the paper's fixed-length ablation, Table 5)."""
 
   length: int
@@ -87,20 +139,121 @@ class FixedDraftLen:
     return draft_len, s
 
 
-DraftLenPolicy = DynamicDraftLen | FixedDraftLen
+@flax.struct.dataclass
+class GoodputState:
+  """Running acceptance statistics of :class:`GoodputDraftLen`.
+
+  Attributes:
+    tried: ``f32[L]`` decayed count of steps in which draft position i + 1 was checked.
+    accepted: ``f32[L]`` decayed count of those in which it was accepted.
+    costs: ``f32[5]`` :meth:`StepCosts.as_array`.
+  """
+
+  tried: jax.Array
+  accepted: jax.Array
+  costs: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class GoodputDraftLen:
+  """Cost-aware draft length: each step, the ``l`` in ``0 … max_len`` that maximizes expected emitted
+  tokens per second (the goodput of SmartSpec, Liu et al. 2024, and TurboSpec).
+
+  With ``a_i`` the running rate at which draft position i is accepted given that positions ``1 … i-1``
+  were, a row emits ``E(l) = 1 + sum_{i<=l} prod_{j<=i} a_j`` tokens per step, and the step costs
+  ``cost(0) = plain`` or ``cost(l) = propose_first + (l - 1) propose_next + ceil((l + 1) / C)
+  verify_pass`` seconds (every pass counted, early exits not: a slight overestimate for long drafts).
+  All rows share the step, so the policy picks ``argmax_l E(l) / cost(l)``; ``l = 0`` is a plain
+  decoding step, which emits exactly what regular decoding emits. The rates are counts of tried and
+  accepted positions over live rows, decayed by ``decay`` every step (plain steps too) and smoothed
+  towards ``prior`` with weight ``prior_weight``: after a stretch of plain steps the estimate drifts back
+  to the prior, and speculation is tried again if the prior says it would pay.
+
+  Attributes:
+    max_len: the longest draft (L). decay: per-step decay of the counts, in (0, 1].
+    prior: the acceptance rate assumed before any evidence, in (0, 1).
+    prior_weight: pseudo-count of the prior, > 0.
+    costs: :class:`StepCosts`; None measures them for the call's setting (``bass_jax.sampling.costs``).
+
+  Raises:
+    ValueError: from the constructor, for a parameter out of range (named).
+  """
+
+  may_choose_zero = True  # class attribute, not a field
+  max_len: int = 8
+  decay: float = 0.9
+  prior: float = 0.5
+  prior_weight: float = 1.0
+  costs: StepCosts | None = dataclasses.field(default=None, compare=False)
+
+  def __post_init__(self):
+    object.__setattr__(self, "max_len", _checks.as_int("GoodputDraftLen.max_len", self.max_len,
+                                                       min_value=1))
+    decay = _checks.as_float("GoodputDraftLen.decay", self.decay, min_value=0.0, min_exclusive=True,
+                             max_value=1.0)
+    prior = _checks.as_float("GoodputDraftLen.prior", self.prior, min_value=0.0, min_exclusive=True)
+    if prior >= 1.0:
+      raise ValueError(f"GoodputDraftLen.prior must be in (0, 1), got {prior}")
+    weight = _checks.as_float("GoodputDraftLen.prior_weight", self.prior_weight, min_value=0.0,
+                              min_exclusive=True)
+    object.__setattr__(self, "decay", decay)
+    object.__setattr__(self, "prior", prior)
+    object.__setattr__(self, "prior_weight", weight)
+
+  def rates(self, state: GoodputState) -> jax.Array:
+    """``f32[L]`` smoothed conditional acceptance rate of each draft position."""
+    return ((state.accepted + self.prior * self.prior_weight)
+            / (state.tried + self.prior_weight))
+
+  def goodput(self, state: GoodputState) -> jax.Array:
+    """``f32[L + 1]`` expected emitted tokens per second per row for ``l = 0 … L``."""
+    plain, verify_pass, first, nxt, chunk = (state.costs[i] for i in range(5))
+    lengths = jnp.arange(self.max_len + 1, dtype=jnp.float32)
+    expected = 1.0 + jnp.concatenate([jnp.zeros(1), jnp.cumsum(jnp.cumprod(self.rates(state)))])
+    passes = jnp.ceil((lengths + 1) / chunk)
+    cost = jnp.where(lengths == 0, plain, first + (lengths - 1) * nxt + passes * verify_pass)
+    return expected / cost
+
+  def choose(self, state: GoodputState) -> jax.Array:
+    return jnp.argmax(self.goodput(state)).astype(jnp.int32)
+
+  def start(self, costs: jax.Array):
+    state = GoodputState(tried=jnp.zeros(self.max_len, jnp.float32),
+                         accepted=jnp.zeros(self.max_len, jnp.float32), costs=costs)
+    return self.choose(state), state
+
+  def after_step(self, state, draft_len, num_drafts, accepted, live):
+    del draft_len
+    positions = jnp.arange(1, self.max_len + 1)[None, :]
+    checked = live[:, None] & (positions <= jnp.minimum(accepted + 1, num_drafts)[:, None])
+    passed = live[:, None] & (positions <= accepted[:, None])
+    state = state.replace(tried=self.decay * state.tried + jnp.sum(checked, axis=0),
+                          accepted=self.decay * state.accepted + jnp.sum(passed, axis=0))
+    return self.choose(state), state
+
+  def after_plain_step(self, state, draft_len):
+    del draft_len
+    state = state.replace(tried=self.decay * state.tried, accepted=self.decay * state.accepted)
+    return self.choose(state), state
+
+
+DraftLenPolicy = DynamicDraftLen | FixedDraftLen | GoodputDraftLen
 
 
 def as_policy(draft_len: int | str | DraftLenPolicy) -> DraftLenPolicy:
-  """``"dynamic"`` -> the paper's Algorithm 1, an int (or NumPy integer) -> that fixed length;
-  policies pass through.
+  """``"dynamic"`` -> the paper's Algorithm 1, ``"goodput"`` -> :class:`GoodputDraftLen` (costs measured),
+  an int (or NumPy integer) -> that fixed length; policies pass through.
 
   Raises:
     ValueError: anything else (a digit string too: convert it where it is parsed), naming draft_len.
   """
-  if isinstance(draft_len, (DynamicDraftLen, FixedDraftLen)):
+  if isinstance(draft_len, (DynamicDraftLen, FixedDraftLen, GoodputDraftLen)):
     return draft_len
   if isinstance(draft_len, str) and draft_len == "dynamic":
     return DynamicDraftLen()
+  if isinstance(draft_len, str) and draft_len == "goodput":
+    return GoodputDraftLen()
   if _checks.is_int(draft_len):
     return FixedDraftLen(int(draft_len))
-  raise ValueError(f"draft_len must be 'dynamic', an int >= 1 or a DynamicDraftLen, got {draft_len!r}")
+  raise ValueError(f"draft_len must be 'dynamic', 'goodput', an int >= 1 or a policy object "
+                   f"(DynamicDraftLen, FixedDraftLen, GoodputDraftLen), got {draft_len!r}")

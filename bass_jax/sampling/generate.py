@@ -27,8 +27,10 @@ import numpy as np
 from bass_jax import _checks
 from bass_jax.loading import Model, check_same_tokenizer
 from bass_jax.models import attention as attention_lib
+from bass_jax.sampling import costs as costs_lib
 from bass_jax.sampling import loop
-from bass_jax.sampling.draft_len import DraftLenPolicy, as_policy
+from bass_jax.sampling.draft_len import DraftLenPolicy, GoodputDraftLen, as_policy
+from bass_jax.sampling.proposers import HybridProposer, ModelProposer, NGramProposer, Proposer
 
 PAD_TOKEN = -1  # fills ``GenerateOutput.tokens`` past each row's length; never a real token id
 _MIN_PROMPT_BUCKET = 16
@@ -42,8 +44,10 @@ class GenerateStats:
   """What a decode did and how long it took.
 
   Attributes:
-    steps: decode steps (BASS: draft + verify rounds; regular: tokens).
-    draft_lens: ``i32[steps]`` l_draft of each step (empty for regular decoding).
+    steps: decode steps (BASS: draft + verify rounds and plain steps; regular: tokens).
+    draft_lens: ``i32[steps]`` l_draft of each step, 0 for a plain step (empty for regular decoding).
+    drafted: ``i32[steps, B]`` drafts proposed per row per step (a model-free proposer may propose
+      fewer than l_draft, or none; empty for regular decoding).
     verified: ``i32[steps]`` positions the target scored per row in each step, the padding of its last
       verification chunk included (empty for regular decoding).
     accepted: ``i32[steps, B]`` accepted drafts per row per step, bonus/correction not counted; -1 where
@@ -56,6 +60,8 @@ class GenerateStats:
     prompt_bucket: P, the length prompts were padded to for the prefill.
     batch_bucket: the number of rows the programs ran (B plus inert padding rows).
     verify_chunk: positions per verification forward (0 for regular decoding).
+    proposer: the draft side's name (empty for regular decoding).
+    step_costs: the ``StepCosts`` a cost-aware draft length used (None otherwise).
   """
 
   steps: int
@@ -69,6 +75,9 @@ class GenerateStats:
   batch_bucket: int = 0
   verify_chunk: int = 0
   verified: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
+  drafted: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), np.int32))
+  proposer: str = ""
+  step_costs: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +120,86 @@ def batch_bucket(batch: int) -> int:
 def output_bucket(max_new_tokens: int) -> int:
   """The output buffer's size for ``max_new_tokens``: the next multiple of 32."""
   return -(-max_new_tokens // _OUTPUT_BUCKET) * _OUTPUT_BUCKET
+
+
+@dataclasses.dataclass(frozen=True)
+class Hybrid:
+  """The hybrid draft side for :func:`generate`: n-gram lookup where a row matches, ``model`` elsewhere
+  (``proposers.HybridProposer``).
+
+  Attributes:
+    model: the draft model. ngram: the lookup's settings.
+  """
+
+  model: Model
+  ngram: NGramProposer = NGramProposer()
+
+
+def resolve_draft(draft: Any, target: Model, attention_impl: str) -> tuple[Proposer, Any, list[Model]]:
+  """``(proposer, its weights, its models)`` from what :func:`generate` accepts as ``draft``.
+
+  Raises:
+    ValueError: anything else, or a draft model whose tokenizer differs from the target's.
+  """
+  def model_proposer(model):
+    if not isinstance(model, Model):
+      raise ValueError(f"a draft model must be a bass_jax.Model, got {type(model).__name__}")
+    check_same_tokenizer(target, model)
+    return ModelProposer(model.config, jnp.dtype(model.dtype).name, attention_impl)
+
+  if isinstance(draft, Model):
+    return model_proposer(draft), draft.params, [draft]
+  if isinstance(draft, NGramProposer):
+    return draft, None, []
+  if isinstance(draft, Hybrid):
+    if not isinstance(draft.ngram, NGramProposer):
+      raise ValueError(f"Hybrid.ngram must be an NGramProposer, got {type(draft.ngram).__name__}")
+    return HybridProposer(draft.ngram, model_proposer(draft.model)), draft.model.params, [draft.model]
+  raise ValueError(
+      "draft must be a bass_jax.Model (a draft model), a bass_jax.NGramProposer (model-free prompt "
+      f"lookup) or a bass_jax.Hybrid(model, ngram); got {type(draft).__name__} (scripts take a spec "
+      "string: see bass_jax.load_draft_spec)")
+
+
+def load_draft_spec(spec: str, target: Model, *, num_layers: int | None = None, dtype: Any = None
+                    ) -> Model | NGramProposer | Hybrid:
+  """The draft side named by a spec string (the scripts' ``--draft``), loading models as needed.
+
+  Specs:
+    * ``ngram`` or ``ngram:max_n=4,min_n=2``: model-free prompt lookup (:class:`NGramProposer`);
+    * ``hybrid:<model spec>`` or ``hybrid:<model spec>:max_n=4,min_n=2``: n-gram where a row matches,
+      the draft model elsewhere (:class:`Hybrid`);
+    * anything else: a draft model spec for ``bass_jax.load_draft`` (an alias, a ``.gguf`` file, a
+      checkpoint directory; the target's own name with ``num_layers`` for a placeholder).
+
+  ``num_layers`` and ``dtype`` apply to the draft model, as in ``load_draft``.
+
+  Raises:
+    ValueError: a malformed n-gram setting (names the key and the accepted form); whatever
+      ``load_draft`` raises for the model.
+  """
+  from bass_jax.loading import load_draft  # pylint: disable=g-import-not-at-top
+
+  def ngram(settings: str) -> NGramProposer:
+    kwargs = {}
+    for item in filter(None, settings.split(",")):
+      name, _, value = item.partition("=")
+      if name not in ("max_n", "min_n") or not value.strip().isdigit():
+        raise ValueError(f"draft spec {spec!r}: n-gram settings are max_n=<int>,min_n=<int>, got "
+                         f"{item!r}")
+      kwargs[name] = int(value)
+    return NGramProposer(**kwargs)
+
+  spec = str(spec)
+  kind, _, rest = spec.partition(":")
+  if kind == "ngram":
+    return ngram(rest)
+  if kind == "hybrid":
+    if not rest:
+      raise ValueError(f"draft spec {spec!r}: write hybrid:<model spec>[:max_n=4,min_n=2]")
+    model_spec, _, settings = rest.rpartition(":") if "=" in rest else (rest, "", "")
+    return Hybrid(load_draft(model_spec, target, num_layers=num_layers, dtype=dtype), ngram(settings))
+  return load_draft(spec, target, num_layers=num_layers, dtype=dtype)
 
 
 def _eos_ids(eos_token_id, target: Model) -> tuple[int, ...]:
@@ -279,7 +368,7 @@ def _compiled(spec: loop.DecodeSpec, args_prefill: tuple, args_decode_tail: tupl
 
 def generate(
     target: Model,
-    draft: Model | None,
+    draft: Model | NGramProposer | Hybrid | None,
     prompts: Sequence[Sequence[int]] | np.ndarray | jax.Array,
     *,
     method: str = "bass",
@@ -308,9 +397,10 @@ def generate(
 
   Args:
     target: the model whose distribution is sampled.
-    draft: the proposal model, sharing the target's tokenizer (same vocabulary size and special token
-      ids, and the same vocabulary when both carry tokenizers); ignored (may be None) for
-      ``method="regular"``.
+    draft: the draft side (``bass_jax.sampling.proposers``): a draft model sharing the target's
+      tokenizer (same vocabulary size and special token ids, and the same vocabulary when both carry
+      tokenizers); an ``NGramProposer`` (model-free prompt lookup); or ``Hybrid(model, ngram)``.
+      Ignored (may be None) for ``method="regular"``.
     prompts: B token-id lists of any lengths, each non-empty; or an integer array ``[B, T]`` of B
       prompts of equal length. Ints may be Python or NumPy integers.
     method: ``"bass"`` or ``"regular"`` (batched autoregressive decoding with the same model code).
@@ -318,7 +408,9 @@ def generate(
     temperature: >= 0; 0 is greedy.
     top_p: nucleus mass in (0, 1]; 1 disables it.
     draft_len: ``"dynamic"`` (Algorithm 1 with the paper's defaults), a ``DynamicDraftLen`` with other
-      constants, or a fixed int.
+      constants, a fixed int, or ``"goodput"`` / a ``GoodputDraftLen``: per step the length (0 = a plain
+      decoding step) that maximizes expected tokens per second, from running acceptance rates and the
+      step costs of this setting (measured on first use, once per process, unless given).
     seed: PRNG seed, an int in ``[0, 2**63)`` (all 64 bits used; unused when greedy).
     eos_token_id: an id or a sequence of at most 8 ids that end a row; None takes the target config's;
       ``()`` disables stopping.
@@ -350,12 +442,11 @@ def generate(
     raise ValueError(f"attention_impl must be a name, one of {attention_lib.attention_implementations()}")
   attention_lib.get_attention(attention_impl)  # raises for an unknown name
   bass = method == "bass"
+  proposer, draft_params, draft_models = None, None, []
   if bass:
     if draft is None:
-      raise ValueError("method='bass' needs a draft model")
-    if not isinstance(draft, Model):
-      raise ValueError(f"draft must be a bass_jax.Model, got {type(draft).__name__}")
-    check_same_tokenizer(target, draft)
+      raise ValueError("method='bass' needs a draft: a draft model, an NGramProposer or a Hybrid")
+    proposer, draft_params, draft_models = resolve_draft(draft, target, attention_impl)
   max_new_tokens = _checks.as_int("max_new_tokens", max_new_tokens, min_value=1)
   temperature = _checks.as_float("temperature", temperature, min_value=0.0)
   top_p = _checks.as_float("top_p", top_p, min_value=0.0, min_exclusive=True, max_value=1.0)
@@ -373,16 +464,15 @@ def generate(
 
   arrays = _validate_prompts(prompts, target.config.vocab_size)
   lengths = np.array([len(a) for a in arrays], np.int32)
-  context = min(m.config.max_positions for m in ((target, draft) if bass else (target,)))
+  context = min(m.config.max_positions for m in [target] + draft_models)
   if lengths.max() + max_new_tokens > context:
     raise ValueError(
         f"longest prompt ({lengths.max()} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
         f"models' context of {context} positions; shorten the prompt or lower max_new_tokens")
 
   spec = loop.DecodeSpec(
-      method=method, target=target.config, draft=draft.config if bass else None,
+      method=method, target=target.config, proposer=proposer,
       target_dtype=jnp.dtype(target.dtype).name,
-      draft_dtype=jnp.dtype(draft.dtype).name if bass else "",
       attention_impl=attention_impl, prompt_len=prompt_bucket(int(lengths.max())),
       max_new_bucket=output_bucket(max_new_tokens), greedy=temperature == 0,
       draft_len=policy, verify_chunk=chunk)
@@ -400,10 +490,13 @@ def generate(
   prompt_len[:batch] = lengths
   eos_array = np.full(_MAX_EOS_IDS, -1, np.int32)
   eos_array[:len(eos_ids)] = eos_ids
-  draft_params = draft.params if bass else None
+  step_costs = None
+  if isinstance(policy, GoodputDraftLen):
+    step_costs = policy.costs or costs_lib.measure_step_costs(spec, target.params, draft_params, rows)
   args_prefill = (target.params, draft_params, jnp.asarray(padded), jnp.asarray(prompt_len),
                   jnp.asarray(np.arange(rows) >= batch), jnp.int32(max_new_tokens),
-                  jnp.asarray(eos_array), key)
+                  jnp.asarray(eos_array), key,
+                  step_costs.as_array() if step_costs else jnp.zeros(5, jnp.float32))
   args_tail = (target.params, draft_params, jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p))
   (prefill, decode), compile_seconds = _compiled(spec, args_prefill, args_tail)
 
@@ -440,6 +533,10 @@ def generate(
       batch_bucket=rows,
       verify_chunk=spec.verify_chunk,
       verified=np.asarray(state.verified_history)[:steps] if bass else np.zeros((0,), np.int32),
+      drafted=(np.asarray(state.drafted_history)[:steps, :batch] if bass
+               else np.zeros((0, batch), np.int32)),
+      proposer=proposer.name if bass else "",
+      step_costs=step_costs,
   )
   return GenerateOutput(tokens=tokens, lengths=out_len, logprobs=logprobs.astype(np.float32),
                         finished=np.asarray(state.eos)[:batch], stats=stats)

@@ -17,9 +17,13 @@ Invariants between steps (for every live row):
 * ``tokens[b, :seq_len[b]]`` is the prompt followed by everything emitted so far.
 * The target cache holds K/V of ``tokens[b, :seq_len[b] - 1]``: it lags the text by the last emitted
   token, which is the first input of the next verification (the paper's Fig. 3).
-* The draft cache holds K/V of ``tokens[b, :draft_len_b]`` with ``draft_len_b`` = ``seq_len - 1`` or,
-  after a step that accepted every draft, ``seq_len - 2`` (the last draft was never fed to the draft).
-  Its next step starts with a two-token catch-up forward that covers both cases.
+* The proposer's state (a draft model's cache, or nothing) is its own business
+  (``bass_jax.sampling.proposers``): it is told the text after every step and brings itself up to date.
+
+A step is speculative (propose, verify, accept) when the policy's ``l_draft`` is at least 1 and some live
+row has a proposal; otherwise it is a plain decoding step (one target position per row, exactly regular
+decoding's step). The loop runs the two kinds as two inner ``while_loop`` s, never as branches of a
+``cond``, so that each updates the caches in place.
 
 Each forward writes its new tokens' K/V into the cache before attending over it: XLA then updates
 the cache in place, where reading it first and writing after would make it copy every layer's cache
@@ -43,6 +47,7 @@ from bass_jax.models.attention import CACHE_ALIGNMENT
 from bass_jax.models.common import DecoderConfig
 from bass_jax.sampling import acceptance
 from bass_jax.sampling.draft_len import DraftLenPolicy
+from bass_jax.sampling.proposers import Proposer, StepContext
 from bass_jax.sampling.warp import warped_log_probs
 
 
@@ -52,9 +57,9 @@ class DecodeSpec:
 
   Attributes:
     method: ``"bass"`` or ``"regular"``.
-    target: target architecture. draft: draft architecture (None for ``regular``).
-    target_dtype, draft_dtype: parameter/compute dtype names (``"float32"``, ``"bfloat16"``).
-    attention_impl: name in the attention registry, used by both models.
+    target: target architecture. proposer: the draft side (None for ``regular``).
+    target_dtype: parameter/compute dtype name of the target (``"float32"``, ``"bfloat16"``).
+    attention_impl: name in the attention registry, used by the target (and by a draft model).
     prompt_len: P, prompts are right-padded to it.
     max_new_bucket: N, the size of the output buffer (the true limit is ``DecodeState.max_new``).
     greedy: temperature 0 (argmax draft and verification).
@@ -65,9 +70,8 @@ class DecodeSpec:
 
   method: str
   target: DecoderConfig
-  draft: DecoderConfig | None
+  proposer: Proposer | None
   target_dtype: str
-  draft_dtype: str
   attention_impl: str
   prompt_len: int
   max_new_bucket: int
@@ -95,15 +99,17 @@ class DecodeState:
     tokens: ``i32[B, P + N]`` prompt then emitted tokens.
     prompt_len: ``i32[B]`` true prompt lengths.
     seq_len: ``i32[B]`` prompt plus emitted tokens.
-    target_cache, draft_cache: ragged caches (``draft_cache`` is None for regular decoding).
+    target_cache: the target's ragged cache. proposer_state: the proposer's (None for regular decoding).
     logprobs: ``f32[B, N]`` target log-probability (temperature 1, no top-p) of each emitted token.
     done: ``bool[B]`` row finished (EOS or ``max_new`` tokens, or a padding row); its outputs are frozen.
     eos: ``bool[B]`` row finished by emitting an EOS token.
     max_new: ``i32[]`` tokens a row may emit (``<= N``).
     eos_ids: ``i32[E]`` tokens that end a row, padded with -1 (never a token).
     step: ``i32[]`` steps taken.
-    draft_len: ``i32[]`` l_draft of the next step. heuristic_s: ``i32[]`` Algorithm 1's ``s``.
-    draft_len_history: ``i32[N]`` l_draft of each step (0 past ``step``).
+    draft_len: ``i32[]`` l_draft of the next step (0: a plain step). policy_state: the draft-length
+      policy's state (``bass_jax.sampling.draft_len``).
+    draft_len_history: ``i32[N]`` l_draft of each step (0 for plain steps and past ``step``).
+    drafted_history: ``i32[N, B]`` drafts proposed per row per step (0 past ``step``).
     verified_history: ``i32[N]`` positions the target scored per row in each step, padding of the last
       chunk included (0 past ``step``).
     accepted_history: ``i32[N, B]`` accepted drafts per row per step (bonus/correction not counted; -1
@@ -115,7 +121,7 @@ class DecodeState:
   prompt_len: jax.Array
   seq_len: jax.Array
   target_cache: KVCache
-  draft_cache: KVCache | None
+  proposer_state: Any
   logprobs: jax.Array
   done: jax.Array
   eos: jax.Array
@@ -123,8 +129,9 @@ class DecodeState:
   eos_ids: jax.Array
   step: jax.Array
   draft_len: jax.Array
-  heuristic_s: jax.Array
+  policy_state: Any
   draft_len_history: jax.Array
+  drafted_history: jax.Array
   verified_history: jax.Array
   accepted_history: jax.Array
   key: jax.Array
@@ -140,35 +147,38 @@ def _forward(config: DecoderConfig, dtype: str, attention_impl: str, params: Any
 
 def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any, prompts: jax.Array,
             prompt_len: jax.Array, inert: jax.Array, max_new: jax.Array, eos_ids: jax.Array,
-            key: jax.Array) -> DecodeState:
-  """Fills both caches with every prompt token but the last, which the first step consumes.
+            key: jax.Array, step_costs: jax.Array) -> DecodeState:
+  """Fills the target's cache (and the proposer's state) with every prompt token but the last, which
+  the first step consumes.
 
   Args:
+    draft_params: the proposer's weights (None for a model-free proposer or regular decoding).
     prompts: ``i32[B, P]`` right-padded prompts. prompt_len: ``i32[B]``, each ``>= 1``.
     inert: ``bool[B]`` padding rows of the batch bucket: done from the start, they never emit.
     max_new: ``i32[]`` tokens per row at most (``<= spec.max_new_bucket``).
     eos_ids: ``i32[E]`` EOS ids padded with -1.
     key: PRNG key for the whole decode.
+    step_costs: ``f32[5]`` :meth:`StepCosts.as_array` for a cost-aware policy (ignored by others).
   """
   batch = prompts.shape[0]
   n = spec.max_new_bucket
 
-  def fill(config, dtype, params):
-    cache = config.init_cache(batch, spec.cache_len, jnp.dtype(dtype))
-    _, update = _forward(config, dtype, spec.attention_impl, params, prompts, None,
-                         compute_logits=False)
-    return cache.append(update).with_lengths(prompt_len - 1)
-
-  draft_cache = None
+  cache = spec.target.init_cache(batch, spec.cache_len, jnp.dtype(spec.target_dtype))
+  _, update = _forward(spec.target, spec.target_dtype, spec.attention_impl, target_params, prompts,
+                       None, compute_logits=False)
+  target_cache = cache.append(update).with_lengths(prompt_len - 1)
+  proposer_state, policy_state = None, None
+  l0 = 0
   if spec.method == "bass":
-    draft_cache = fill(spec.draft, spec.draft_dtype, draft_params)
-  l0, s0 = spec.draft_len.initial() if spec.method == "bass" else (0, 0)
+    proposer_state = spec.proposer.init_state(draft_params, prompts, prompt_len,
+                                              cache_len=spec.cache_len, max_len=spec.max_draft)
+    l0, policy_state = spec.draft_len.start(step_costs)
   return DecodeState(
       tokens=jnp.concatenate([prompts, jnp.zeros((batch, n), jnp.int32)], axis=1),
       prompt_len=prompt_len,
       seq_len=prompt_len,
-      target_cache=fill(spec.target, spec.target_dtype, target_params),
-      draft_cache=draft_cache,
+      target_cache=target_cache,
+      proposer_state=proposer_state,
       logprobs=jnp.zeros((batch, n), jnp.float32),
       done=inert,
       eos=jnp.zeros((batch,), bool),
@@ -176,8 +186,9 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any, prompts: ja
       eos_ids=eos_ids,
       step=jnp.zeros((), jnp.int32),
       draft_len=jnp.asarray(l0, jnp.int32),
-      heuristic_s=jnp.asarray(s0, jnp.int32),
+      policy_state=policy_state,
       draft_len_history=jnp.zeros((n,), jnp.int32),
+      drafted_history=jnp.zeros((n, batch), jnp.int32),
       verified_history=jnp.zeros((n,), jnp.int32),
       accepted_history=jnp.full((n, batch), -1, jnp.int32),
       key=key,
@@ -225,7 +236,7 @@ def _sample(logits: jax.Array, key: jax.Array, temperature, top_p, spec: DecodeS
 
 def _regular_step(spec: DecodeSpec, target_params, temperature, top_p,
                   state: DecodeState) -> DecodeState:
-  """One token per live row from the target alone: the optimized baseline."""
+  """One token per live row from the target alone: the optimized baseline, and BASS's plain step."""
   batch = state.tokens.shape[0]
   rows = jnp.arange(batch)
   key, sample_key = jax.random.split(state.key)
@@ -240,49 +251,20 @@ def _regular_step(spec: DecodeSpec, target_params, temperature, top_p,
                        key=key)
 
 
-def _draft(spec: DecodeSpec, draft_params, temperature, top_p, state: DecodeState, key):
-  """Proposes ``state.draft_len`` tokens per row, autoregressively and batched.
-
-  Returns:
-    ``(draft_cache, drafts: i32[B, L], draft_log_probs: f32[B, L + C_max, V] | None)``; slots at and
-    past ``draft_len`` hold zeros (the log-probs are padded by the largest verification chunk, so that
-    a chunk's slice never runs off the end).
-  """
-  batch = state.tokens.shape[0]
-  rows = jnp.arange(batch)
-  max_draft = spec.max_draft
-  forward = functools.partial(_forward, spec.draft, spec.draft_dtype, spec.attention_impl,
-                              draft_params)
-
-  # Catch up on the 1 or 2 emitted tokens the draft has not seen; the first proposal comes from the
-  # logits of the last one. With 1 pending token the second input is a stale slot whose K/V lands past
-  # the row's length and is overwritten by the first draft.
-  cache = state.draft_cache
-  pending = state.seq_len - cache.lengths  # 1 or 2
-  catch_up = state.tokens[rows[:, None], jnp.minimum(cache.lengths[:, None] + jnp.arange(2),
-                                                     state.tokens.shape[1] - 1)]
-  logits, cache = forward(catch_up, cache)
-  cache = cache.with_lengths(state.seq_len)
-  token, log_q = _sample(logits[rows, pending - 1], jax.random.fold_in(key, 0), temperature, top_p,
-                         spec)
-
-  drafts = jnp.zeros((batch, max_draft), jnp.int32).at[:, 0].set(token)
-  draft_log_probs = None
-  if not spec.greedy:
-    draft_log_probs = jnp.zeros((batch, max_draft + spec.verify_chunk, spec.draft.vocab_size),
-                                jnp.float32)
-    draft_log_probs = draft_log_probs.at[:, 0].set(log_q)
-
-  def body(i, carry):
-    cache, drafts, draft_log_probs = carry
-    logits, cache = forward(jax.lax.dynamic_slice_in_dim(drafts, i - 1, 1, axis=1), cache)
-    token, log_q = _sample(logits[:, 0], jax.random.fold_in(key, i), temperature, top_p, spec)
-    drafts = jax.lax.dynamic_update_slice_in_dim(drafts, token[:, None], i, axis=1)
-    if draft_log_probs is not None:
-      draft_log_probs = jax.lax.dynamic_update_slice_in_dim(draft_log_probs, log_q[:, None], i, axis=1)
-    return cache, drafts, draft_log_probs
-
-  return jax.lax.fori_loop(1, state.draft_len, body, (cache, drafts, draft_log_probs))
+def _plain_step(spec: DecodeSpec, target_params, temperature, top_p,
+                state: DecodeState) -> DecodeState:
+  """A BASS step without drafts: regular decoding's step, recorded in the histories, and the policy
+  told (its state decays)."""
+  live = ~state.done
+  old_step = state.step
+  state = _regular_step(spec, target_params, temperature, top_p, state)
+  next_len, policy_state = spec.draft_len.after_plain_step(state.policy_state, state.draft_len)
+  return state.replace(
+      draft_len=jnp.asarray(next_len, jnp.int32),
+      policy_state=policy_state,
+      verified_history=state.verified_history.at[old_step].set(1),
+      accepted_history=state.accepted_history.at[old_step].set(jnp.where(live, 0, -1)),
+  )
 
 
 def _verify_chunk(spec: DecodeSpec, target_params, temperature, top_p, inputs, draft_log_probs,
@@ -304,7 +286,8 @@ def _verify_chunk(spec: DecodeSpec, target_params, temperature, top_p, inputs, d
   if spec.greedy:
     matched, next_token = acceptance.greedy_accept_chunk(logits, next_drafts, positions, num_drafts)
   else:
-    log_q = jax.lax.dynamic_slice_in_dim(draft_log_probs, start, chunk, axis=1)
+    log_q = (None if draft_log_probs is None
+             else jax.lax.dynamic_slice_in_dim(draft_log_probs, start, chunk, axis=1))
     matched, next_token = acceptance.speculative_accept_chunk(
         key, warped_log_probs(logits, temperature, top_p), log_q, next_drafts, positions, num_drafts)
   raw = jax.nn.log_softmax(logits, axis=-1)
@@ -315,8 +298,12 @@ def _verify_chunk(spec: DecodeSpec, target_params, temperature, top_p, inputs, d
 
 
 def _verify(spec: DecodeSpec, target_params, temperature, top_p, state: DecodeState, drafts,
-            draft_log_probs, key):
+            num_drafts, draft_log_probs, key):
   """Scores ``[last emitted, d_1 … d_l]`` in chunks of C positions and accepts per row, chunk by chunk.
+
+  ``num_drafts: i32[B]`` real drafts per row (a row with 0 takes the target's token at its first
+  position: a plain decoding step inside the verification); ``draft_log_probs`` None means one-hot
+  ``q`` (a deterministic proposer) or greedy decoding.
 
   Each pass writes its chunk's K/V into the target cache and attends; the loop stops once every live
   row's acceptance has ended (or all ``l + 1`` positions are scored).
@@ -329,7 +316,6 @@ def _verify(spec: DecodeSpec, target_params, temperature, top_p, state: DecodeSt
   """
   batch, max_draft = drafts.shape
   rows = jnp.arange(batch)
-  num_drafts = state.draft_len
   chunk = spec.verify_chunk
   last = state.tokens[rows, state.seq_len - 1]
   # [last, d_1 … d_L, padding]: position i's input is inputs[i], its draft to check inputs[i + 1].
@@ -338,7 +324,7 @@ def _verify(spec: DecodeSpec, target_params, temperature, top_p, state: DecodeSt
 
   def cond(carry):
     start, _, _, open_rows, _, _ = carry
-    return (start <= num_drafts) & jnp.any(open_rows)
+    return jnp.any(open_rows & (start <= num_drafts))
 
   def body(carry):
     start, cache, accepted, open_rows, next_token, logprobs = carry
@@ -366,36 +352,45 @@ def _verify(spec: DecodeSpec, target_params, temperature, top_p, state: DecodeSt
 
 def _bass_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
                state: DecodeState) -> DecodeState:
-  """One BASS step for the whole batch (paper §3; docs/bass.md): draft, verify, accept, advance,
-  adapt l_draft."""
+  """One BASS step for the whole batch (paper §3; docs/bass.md): propose, verify, accept, advance,
+  roll the proposer back, adapt l_draft."""
   key, draft_key, accept_key = jax.random.split(state.key, 3)
   live = ~state.done
   draft_len = state.draft_len
-  draft_cache, drafts, draft_log_probs = _draft(spec, draft_params, temperature, top_p, state,
-                                                draft_key)
+  ctx = _context(state, draft_key, temperature, top_p)
+  proposer_state, proposal = spec.proposer.propose(
+      draft_params, state.proposer_state, ctx, max_len=spec.max_draft, chunk=spec.verify_chunk,
+      greedy=spec.greedy)
+  num_drafts = jnp.where(live, proposal.num_drafts, 0)
   accepted, emitted, emitted_logprobs, target_cache, verified = _verify(
-      spec, target_params, temperature, top_p, state, drafts, draft_log_probs, accept_key)
+      spec, target_params, temperature, top_p, state, proposal.drafts, num_drafts, proposal.log_q,
+      accept_key)
 
   old_seq_len = state.seq_len
   state = _emit(state, emitted, emitted_logprobs, accepted + 1)
   # Rejected drafts are dropped by resetting lengths; their K/V stay in place, masked, to be
-  # overwritten. The draft never saw its own last proposal, hence min(accepted, l_draft - 1).
+  # overwritten.
   target_cache = target_cache.with_lengths(state.seq_len - 1)
-  draft_cache = draft_cache.with_lengths(old_seq_len + jnp.minimum(accepted, draft_len - 1))
-
-  max_accepted = jnp.max(jnp.where(live, accepted, 0))
-  next_len, next_s = spec.draft_len.update(draft_len, state.heuristic_s, max_accepted)
+  proposer_state = spec.proposer.rollback(proposer_state, state.tokens, old_seq_len, state.seq_len)
+  next_len, policy_state = spec.draft_len.after_step(state.policy_state, draft_len, num_drafts,
+                                                     accepted, live)
   return state.replace(
       target_cache=target_cache,
-      draft_cache=draft_cache,
+      proposer_state=proposer_state,
       step=state.step + 1,
       draft_len=jnp.asarray(next_len, jnp.int32),
-      heuristic_s=jnp.asarray(next_s, jnp.int32),
+      policy_state=policy_state,
       draft_len_history=state.draft_len_history.at[state.step].set(draft_len),
+      drafted_history=state.drafted_history.at[state.step].set(num_drafts),
       verified_history=state.verified_history.at[state.step].set(verified),
       accepted_history=state.accepted_history.at[state.step].set(jnp.where(live, accepted, -1)),
       key=key,
   )
+
+
+def _context(state: DecodeState, key, temperature, top_p) -> StepContext:
+  return StepContext(tokens=state.tokens, seq_len=state.seq_len, live=~state.done,
+                     draft_len=state.draft_len, key=key, temperature=temperature, top_p=top_p)
 
 
 def decode(spec: DecodeSpec, state: DecodeState, target_params: Any, draft_params: Any,
@@ -410,12 +405,28 @@ def decode(spec: DecodeSpec, state: DecodeState, target_params: Any, draft_param
     temperature: ``f32[]``, > 0 unless ``spec.greedy``. top_p: ``f32[]`` in ``(0, 1]``.
   """
   done_at_entry = jnp.sum(state.done)
-  if spec.method == "bass":
-    step = functools.partial(_bass_step, spec, target_params, draft_params, temperature, top_p)
-  else:
-    step = functools.partial(_regular_step, spec, target_params, temperature, top_p)
 
-  def cond(s: DecodeState):
+  def running(s: DecodeState):
     return (s.step < s.max_new) & (jnp.sum(s.done) == done_at_entry) & ~jnp.all(s.done)
 
-  return jax.lax.while_loop(cond, step, state)
+  if spec.method == "regular":
+    return jax.lax.while_loop(
+        running, functools.partial(_regular_step, spec, target_params, temperature, top_p), state)
+
+  bass = functools.partial(_bass_step, spec, target_params, draft_params, temperature, top_p)
+  if spec.proposer.always_proposes and not spec.draft_len.may_choose_zero:
+    return jax.lax.while_loop(running, bass, state)  # no plain step can occur: none is compiled
+
+  def speculate(s: DecodeState):
+    ctx = _context(s, s.key, temperature, top_p)
+    return (s.draft_len > 0) & spec.proposer.can_propose(ctx)
+
+  plain = functools.partial(_plain_step, spec, target_params, temperature, top_p)
+
+  def body(s: DecodeState):
+    # Plain steps while speculation is off, then speculative steps while it is on: two loops rather than
+    # a cond, so that both update the caches in place (module docstring).
+    s = jax.lax.while_loop(lambda s: running(s) & ~speculate(s), plain, s)
+    return jax.lax.while_loop(lambda s: running(s) & speculate(s), bass, s)
+
+  return jax.lax.while_loop(running, body, state)

@@ -1,0 +1,97 @@
+"""Measured step costs for the cost-aware draft length (``GoodputDraftLen``).
+
+For one setting (models, dtypes, attention, batch bucket, cache length, chunk) the pieces of a decode
+step are timed once per process, each a jitted forward on a donated cache of the decode's shape, and
+remembered: the target scoring 1 position per row (a plain step) and C positions per row (one
+verification pass), and a draft model's catch-up (2 positions) and single-token forwards. A model-free
+proposer costs 0 (an n-gram lookup is a few integer comparisons per token of the buffer, far below a
+forward). Sampling and acceptance arithmetic are not timed: they add a similar amount to every kind of
+step.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import threading
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from bass_jax.sampling.draft_len import StepCosts
+from bass_jax.sampling.proposers import HybridProposer, ModelProposer, Proposer
+
+_CACHE: dict[Any, StepCosts] = {}
+_LOCK = threading.Lock()
+_REPEATS = 5
+
+
+def _time_forward(config, dtype: str, attention_impl: str, params, batch: int, positions: int,
+                  cache_len: int) -> float:
+  """Median seconds of a ``[batch, positions]`` forward over a cache of ``cache_len`` slots half full."""
+  module = config.make_module(attention_impl=attention_impl, dtype=jnp.dtype(dtype))
+
+  @functools.partial(jax.jit, donate_argnums=2)
+  def forward(params, tokens, cache):
+    logits, cache = module.apply({"params": params}, tokens, cache)
+    return logits, cache.with_lengths(cache.lengths - positions)
+
+  cache = config.init_cache(batch, cache_len, jnp.dtype(dtype))
+  cache = cache.with_lengths(jnp.full((batch,), cache_len // 2, jnp.int32))
+  tokens = jnp.ones((batch, positions), jnp.int32)
+  logits, cache = forward(params, tokens, cache)
+  jax.block_until_ready(logits)
+  times = []
+  for _ in range(_REPEATS):
+    start = time.perf_counter()
+    logits, cache = forward(params, tokens, cache)
+    jax.block_until_ready(logits)
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def _draft_model(proposer: Proposer) -> ModelProposer | None:
+  if isinstance(proposer, ModelProposer):
+    return proposer
+  if isinstance(proposer, HybridProposer):
+    return proposer.model
+  return None
+
+
+def measure_step_costs(spec, target_params: Any, draft_params: Any, batch: int) -> StepCosts:
+  """The :class:`StepCosts` of a decode setting, measured on first use and remembered.
+
+  Args:
+    spec: the decode's ``loop.DecodeSpec`` (method ``"bass"``).
+    target_params, draft_params: the weights (``draft_params`` None for a model-free proposer).
+    batch: rows the programs run (the batch bucket).
+
+  Returns:
+    Seconds per piece of a step (:class:`StepCosts`), on this machine.
+  """
+  draft = _draft_model(spec.proposer)
+  key = (spec.target, spec.target_dtype, spec.attention_impl, draft, batch, spec.cache_len,
+         spec.verify_chunk)
+  with _LOCK:
+    if key in _CACHE:
+      return _CACHE[key]
+  target = functools.partial(_time_forward, spec.target, spec.target_dtype, spec.attention_impl,
+                             target_params, batch, cache_len=spec.cache_len)
+  first = nxt = 0.0
+  if draft is not None:
+    forward = functools.partial(_time_forward, draft.config, draft.dtype, draft.attention_impl,
+                                draft_params, batch, cache_len=spec.cache_len)
+    first, nxt = forward(positions=2), forward(positions=1)
+  costs = StepCosts(plain=target(positions=1), verify_pass=target(positions=spec.verify_chunk),
+                    propose_first=first, propose_next=nxt, chunk=spec.verify_chunk)
+  with _LOCK:
+    _CACHE[key] = costs
+  return costs
+
+
+def clear() -> None:
+  """Forgets every measured setting."""
+  with _LOCK:
+    _CACHE.clear()

@@ -1,0 +1,390 @@
+"""The draft side of BASS as proposers: a draft model, model-free n-gram lookup, and their hybrid.
+
+The decode loop (``bass_jax.sampling.loop``) talks to the draft side only through this interface, the
+one vLLM and SGLang give their speculators (docs/bass.md, "Proposers"). A proposer is a static, hashable
+description (part of the compiled program's key) whose weights, if any, travel as a separate pytree;
+each step it
+
+1. **proposes** up to ``l`` tokens per row (:class:`Proposal`: the drafts, how many of them are real
+   for each row, and their per-position distributions ``q``, or None for a deterministic proposer,
+   whose ``q`` is one-hot at its draft, which keeps rejection sampling exact: Leviathan et al. 2023,
+   §3.5 holds for any ``q``);
+2. **rolls back** after acceptance: its state is brought in line with the text each row now has.
+
+Its state (a ragged draft cache, or nothing) lives in ``DecodeState.proposer_state``. A proposer also
+says whether it could propose anything at all this step (:meth:`Proposer.can_propose`): when no row
+can, the loop runs a plain decoding step instead of a verification (``loop.decode``).
+
+Implementations:
+
+* :class:`ModelProposer`: an independent draft model, the paper's method, autoregressive over a ragged
+  cache that it brings up to date (catch-up) before drafting.
+* :class:`NGramProposer`: prompt lookup decoding (Saxena 2023; vLLM's ``ngram`` speculator): match the
+  row's last n tokens, longest n first, against its own prompt and output so far and propose what
+  followed the most recent match. No weights, no state, one-hot ``q``.
+* :class:`HybridProposer`: n-gram where a row matches, the draft model elsewhere.
+
+Axes: B batch, T token buffer (prompt bucket + output bucket), L max draft length, C verification
+chunk, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import functools
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from bass_jax import _checks
+from bass_jax.cache import KVCache
+from bass_jax.models.common import DecoderConfig
+from bass_jax.sampling.warp import warped_log_probs
+
+
+@flax.struct.dataclass
+class StepContext:
+  """What a proposer may read of the decode at the start of a step.
+
+  Attributes:
+    tokens: ``i32[B, T]`` each row's prompt then its output; ``tokens[b, :seq_len[b]]`` is the text.
+    seq_len: ``i32[B]`` text length per row.
+    live: ``bool[B]`` rows still decoding.
+    draft_len: ``i32[]`` l, the step's draft length chosen by the policy (``1 <= l <= L``).
+    key: PRNG key of the proposal.
+    temperature: ``f32[]``. top_p: ``f32[]``.
+  """
+
+  tokens: jax.Array
+  seq_len: jax.Array
+  live: jax.Array
+  draft_len: jax.Array
+  key: jax.Array
+  temperature: jax.Array
+  top_p: jax.Array
+
+
+@flax.struct.dataclass
+class Proposal:
+  """One step's drafts.
+
+  Attributes:
+    drafts: ``i32[B, L]`` proposed tokens ``d_1 … d_L``; slots ``>= num_drafts[b]`` are padding.
+    num_drafts: ``i32[B]`` real drafts per row, ``0 <= num_drafts[b] <= l`` (0: the row proposes
+      nothing and its step is a plain decoding step inside the verification).
+    log_q: ``f32[B, L + C, V]`` warped log-probabilities of the distribution each draft was drawn from
+      (padded by C positions so that a verification chunk's slice never runs off the end), or None when
+      every draft is deterministic (one-hot ``q``) or decoding is greedy.
+  """
+
+  drafts: jax.Array
+  num_drafts: jax.Array
+  log_q: jax.Array | None
+
+
+class Proposer(abc.ABC):
+  """A static, hashable draft-side strategy (subclasses are frozen dataclasses)."""
+
+  @property
+  def name(self) -> str:
+    """A short description for logs and result files."""
+    return type(self).__name__
+
+  def init_state(self, params: Any, prompts: jax.Array, prompt_len: jax.Array, *, cache_len: int,
+                 max_len: int) -> Any:
+    """The proposer's state after the prefill (default: none).
+
+    Args:
+      params: the proposer's weights (None for a model-free proposer).
+      prompts: ``i32[B, P]`` right-padded prompts. prompt_len: ``i32[B]``.
+      cache_len: S, the slots a ragged cache must hold. max_len: L, the most drafts per step.
+    """
+    del params, prompts, prompt_len, cache_len, max_len
+    return None
+
+  # Static: False when some step may have nothing to propose (then the loop compiles plain steps).
+  always_proposes = True
+
+  def can_propose(self, ctx: StepContext) -> jax.Array:
+    """``bool[]``: whether any live row would get at least one draft this step (default: True)."""
+    del ctx
+    return jnp.bool_(True)
+
+  @abc.abstractmethod
+  def propose(self, params: Any, state: Any, ctx: StepContext, *, max_len: int, chunk: int,
+              greedy: bool) -> tuple[Any, Proposal]:
+    """Drafts up to ``ctx.draft_len`` tokens per row.
+
+    Args:
+      max_len: L, the static width of ``Proposal.drafts``. chunk: C, the padding of ``log_q``.
+      greedy: temperature 0 (then ``log_q`` is None).
+
+    Returns:
+      ``(state, proposal)``.
+    """
+
+  def rollback(self, state: Any, tokens: jax.Array, old_seq_len: jax.Array,
+               new_seq_len: jax.Array) -> Any:
+    """The state after acceptance: rows now hold ``tokens[b, :new_seq_len[b]]``, of which the step
+    emitted ``tokens[b, old_seq_len[b]:new_seq_len[b]]`` (default: stateless)."""
+    del tokens, old_seq_len, new_seq_len
+    return state
+
+
+def _leading_true(mask: jax.Array) -> jax.Array:
+  return jnp.sum(jnp.cumprod(mask.astype(jnp.int32), axis=-1), axis=-1)
+
+
+# -- draft model ---------------------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class DraftCacheState:
+  """A draft model's state: its ragged cache and the drafts it fed itself in the last step.
+
+  Attributes:
+    cache: the draft's KV cache; ``cache.lengths[b]`` tokens of row b's text are in it.
+    fed: ``i32[B, L]`` the drafts whose K/V the last proposal wrote (``d_1 … d_{l-1}``; the last draft
+      is never fed), for the rollback.
+    fed_start: ``i32[B]`` the position of ``fed[:, 0]`` in the text.
+    num_fed: ``i32[]`` how many of ``fed`` were written.
+  """
+
+  cache: KVCache
+  fed: jax.Array
+  fed_start: jax.Array
+  num_fed: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelProposer(Proposer):
+  """An independent draft model sharing the target's tokenizer (BASS, §3; the paper's method).
+
+  Each step first brings the draft's cache up to the row's text (the 1 or 2 tokens emitted since it
+  last saw the text; more after plain decoding steps, two at a time), then drafts ``l`` tokens
+  autoregressively, sampling from its own warped distribution (argmax when greedy). After acceptance
+  its cache keeps the longest prefix of what it consumed that the text confirms.
+
+  Attributes:
+    config: the draft's architecture. dtype: its parameter/compute dtype name.
+    attention_impl: attention implementation name (``bass_jax.models.attention``).
+  """
+
+  config: DecoderConfig
+  dtype: str
+  attention_impl: str = "reference"
+
+  @property
+  def name(self) -> str:
+    return f"model({self.config.num_layers} layers)"
+
+  def _forward(self, params, tokens, cache):
+    module = self.config.make_module(attention_impl=self.attention_impl, dtype=jnp.dtype(self.dtype))
+    return module.apply({"params": params}, tokens, cache)
+
+  def init_state(self, params, prompts, prompt_len, *, cache_len, max_len):
+    batch = prompts.shape[0]
+    cache = self.config.init_cache(batch, cache_len, jnp.dtype(self.dtype))
+    module = self.config.make_module(attention_impl=self.attention_impl, dtype=jnp.dtype(self.dtype))
+    _, update = module.apply({"params": params}, prompts, None, False)
+    cache = cache.append(update).with_lengths(prompt_len - 1)
+    return DraftCacheState(cache=cache, fed=jnp.zeros((batch, max_len), jnp.int32),
+                           fed_start=prompt_len, num_fed=jnp.zeros((), jnp.int32))
+
+  def propose(self, params, state, ctx, *, max_len, chunk, greedy):
+    batch = ctx.tokens.shape[0]
+    rows = jnp.arange(batch)
+    last_slot = ctx.tokens.shape[1] - 1
+    forward = functools.partial(self._forward, params)
+
+    def window(lengths):  # the two text tokens at lengths, lengths + 1 (clipped to the buffer)
+      return ctx.tokens[rows[:, None], jnp.minimum(lengths[:, None] + jnp.arange(2), last_slot)]
+
+    # Catch up two tokens at a time while some row lags by more than two (only after plain decoding
+    # steps or a hybrid step); a row that lags less rewrites K/V it already has, identically.
+    def catch_up(cache):
+      _, cache = forward(window(cache.lengths), cache)
+      pending = ctx.seq_len - (cache.lengths - 2)
+      return cache.with_lengths(jnp.where(pending > 2, cache.lengths, cache.lengths - 2))
+
+    cache = jax.lax.while_loop(lambda c: jnp.any(ctx.live & (ctx.seq_len - c.lengths > 2)),
+                               catch_up, state.cache)
+    # The last 1 or 2 pending tokens; the first proposal comes from the logits of the last one. With 1
+    # pending token the second input is a stale slot whose K/V lands past the row's length and is
+    # overwritten by the first draft.
+    pending = jnp.clip(ctx.seq_len - cache.lengths, 1, 2)
+    logits, cache = forward(window(cache.lengths), cache)
+    cache = cache.with_lengths(ctx.seq_len)
+    sample = functools.partial(_sample, greedy=greedy, temperature=ctx.temperature, top_p=ctx.top_p)
+    token, log_q = sample(logits[rows, pending - 1], jax.random.fold_in(ctx.key, 0))
+
+    drafts = jnp.zeros((batch, max_len), jnp.int32).at[:, 0].set(token)
+    draft_log_probs = None
+    if not greedy:
+      draft_log_probs = jnp.zeros((batch, max_len + chunk, self.config.vocab_size), jnp.float32)
+      draft_log_probs = draft_log_probs.at[:, 0].set(log_q)
+
+    def body(i, carry):
+      cache, drafts, draft_log_probs = carry
+      logits, cache = forward(jax.lax.dynamic_slice_in_dim(drafts, i - 1, 1, axis=1), cache)
+      token, log_q = sample(logits[:, 0], jax.random.fold_in(ctx.key, i))
+      drafts = jax.lax.dynamic_update_slice_in_dim(drafts, token[:, None], i, axis=1)
+      if draft_log_probs is not None:
+        draft_log_probs = jax.lax.dynamic_update_slice_in_dim(draft_log_probs, log_q[:, None], i,
+                                                              axis=1)
+      return cache, drafts, draft_log_probs
+
+    cache, drafts, draft_log_probs = jax.lax.fori_loop(1, ctx.draft_len, body,
+                                                       (cache, drafts, draft_log_probs))
+    state = DraftCacheState(cache=cache, fed=drafts, fed_start=ctx.seq_len,
+                            num_fed=ctx.draft_len - 1)
+    num_drafts = jnp.broadcast_to(ctx.draft_len, (batch,)).astype(jnp.int32)
+    return state, Proposal(drafts=drafts, num_drafts=num_drafts, log_q=draft_log_probs)
+
+  def rollback(self, state, tokens, old_seq_len, new_seq_len):
+    # The draft wrote K/V of fed[:, :num_fed] at fed_start…; keep those the text confirms.
+    del old_seq_len
+    rows = jnp.arange(tokens.shape[0])
+    width = state.fed.shape[1]
+    slots = jnp.arange(width)
+    pos = jnp.minimum(state.fed_start[:, None] + slots, tokens.shape[1] - 1)
+    confirmed = ((tokens[rows[:, None], pos] == state.fed) & (slots < state.num_fed)
+                 & (state.fed_start[:, None] + slots < new_seq_len[:, None]))
+    kept = state.fed_start + _leading_true(confirmed)
+    return state.replace(cache=state.cache.with_lengths(jnp.minimum(state.cache.lengths, kept)),
+                         num_fed=jnp.zeros((), jnp.int32))
+
+
+def _sample(logits, key, *, greedy, temperature, top_p):
+  """``(token i32[B], warped log-probs f32[B, V] | None)`` from ``logits f32[B, V]``."""
+  if greedy:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+  log_probs = warped_log_probs(logits, temperature, top_p)
+  return jax.random.categorical(key, log_probs, axis=-1).astype(jnp.int32), log_probs
+
+
+# -- n-gram (prompt lookup) -----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class NGramProposer(Proposer):
+  """Prompt lookup decoding: propose what followed the most recent earlier occurrence of the row's last
+  n tokens in its own prompt and output, trying ``n = max_n`` down to ``min_n``.
+
+  Deterministic (one-hot ``q``), so rejection sampling stays exact at any temperature. A row whose last
+  ``min_n`` tokens occur nowhere earlier proposes nothing (``num_drafts = 0``): inside a verification
+  it is a plain decoding step for that row, and when no live row matches the loop runs a plain
+  decoding step (one target position per row) instead of a verification. A match proposes at most
+  ``l`` tokens and never more than the text holds after it.
+
+  Attributes:
+    max_n: the longest suffix tried (>= min_n). min_n: the shortest (>= 1).
+
+  Raises:
+    ValueError: from the constructor, unless ``1 <= min_n <= max_n``.
+  """
+
+  max_n: int = 4
+  min_n: int = 2
+  always_proposes = False
+
+  def __post_init__(self):
+    object.__setattr__(self, "max_n", _checks.as_int("NGramProposer.max_n", self.max_n, min_value=1))
+    object.__setattr__(self, "min_n", _checks.as_int("NGramProposer.min_n", self.min_n, min_value=1))
+    if self.min_n > self.max_n:
+      raise ValueError(f"NGramProposer needs min_n <= max_n, got min_n={self.min_n}, "
+                       f"max_n={self.max_n}")
+
+  @property
+  def name(self) -> str:
+    return f"ngram({self.max_n}-{self.min_n})"
+
+  def lookup(self, tokens: jax.Array, seq_len: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Finds each row's continuation.
+
+    Args:
+      tokens: ``i32[B, T]``. seq_len: ``i32[B]``.
+
+    Returns:
+      ``(start i32[B], available i32[B])``: the proposal is ``tokens[b, start : start + available]``
+      (``available = 0`` where no suffix of length ``min_n … max_n`` occurs earlier).
+    """
+    batch, width = tokens.shape
+    rows = jnp.arange(batch)[:, None]
+    starts = jnp.arange(width)[None, :]
+    found = jnp.zeros((batch,), bool)
+    start = jnp.zeros((batch,), jnp.int32)
+    for n in range(self.max_n, self.min_n - 1, -1):
+      suffix = tokens[rows, jnp.clip(seq_len[:, None] - n + jnp.arange(n), 0, width - 1)]  # [B, n]
+      match = jnp.ones((batch, width), bool)
+      for i in range(n):
+        shifted = jnp.pad(tokens[:, i:], ((0, 0), (0, i)), constant_values=-1)  # tokens[b, j + i]
+        match &= shifted == suffix[:, i:i + 1]
+      # An occurrence at j must end before the suffix starts' continuation: j + n < seq_len, j + n is
+      # then a known token; j = seq_len - n is the suffix itself and is excluded.
+      match &= (starts + n < seq_len[:, None]) & (seq_len[:, None] >= n + 1)
+      last = jnp.max(jnp.where(match, starts, -1), axis=1)
+      hit = ~found & (last >= 0)
+      start = jnp.where(hit, last + n, start)
+      found |= hit
+    available = jnp.where(found, seq_len - start, 0)
+    return start, available
+
+  def can_propose(self, ctx):
+    _, available = self.lookup(ctx.tokens, ctx.seq_len)
+    return jnp.any(ctx.live & (available > 0))
+
+  def propose(self, params, state, ctx, *, max_len, chunk, greedy):
+    del params, chunk, greedy
+    start, available = self.lookup(ctx.tokens, ctx.seq_len)
+    rows = jnp.arange(ctx.tokens.shape[0])[:, None]
+    pos = jnp.minimum(start[:, None] + jnp.arange(max_len), ctx.tokens.shape[1] - 1)
+    num_drafts = jnp.minimum(available, ctx.draft_len).astype(jnp.int32)
+    drafts = jnp.where(jnp.arange(max_len) < num_drafts[:, None], ctx.tokens[rows, pos], 0)
+    return state, Proposal(drafts=drafts.astype(jnp.int32), num_drafts=num_drafts, log_q=None)
+
+
+# -- hybrid ------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class HybridProposer(Proposer):
+  """N-gram lookup where a row matches, the draft model elsewhere (per row, every step).
+
+  The draft model runs every step (its cost is paid whatever matches), so the hybrid gains over the
+  model alone where n-gram continuations are accepted longer, e.g. in code that repeats its own
+  identifiers. Rows that took n-gram drafts keep only the draft-model K/V the text confirms.
+
+  Attributes:
+    ngram: the lookup. model: the draft model.
+  """
+
+  ngram: NGramProposer
+  model: ModelProposer
+
+  @property
+  def name(self) -> str:
+    return f"hybrid({self.ngram.name}, {self.model.name})"
+
+  def init_state(self, params, prompts, prompt_len, *, cache_len, max_len):
+    return self.model.init_state(params, prompts, prompt_len, cache_len=cache_len, max_len=max_len)
+
+  def propose(self, params, state, ctx, *, max_len, chunk, greedy):
+    state, by_model = self.model.propose(params, state, ctx, max_len=max_len, chunk=chunk,
+                                         greedy=greedy)
+    _, by_ngram = self.ngram.propose(None, None, ctx, max_len=max_len, chunk=chunk, greedy=greedy)
+    use_ngram = by_ngram.num_drafts > 0
+    drafts = jnp.where(use_ngram[:, None], by_ngram.drafts, by_model.drafts)
+    num_drafts = jnp.where(use_ngram, by_ngram.num_drafts, by_model.num_drafts)
+    log_q = by_model.log_q
+    if log_q is not None:  # one-hot q for the n-gram rows
+      padded = jnp.pad(drafts, ((0, 0), (0, log_q.shape[1] - max_len)))
+      one_hot = jnp.where(jnp.arange(log_q.shape[2]) == padded[..., None], 0.0, -jnp.inf)
+      log_q = jnp.where(use_ngram[:, None, None], one_hot, log_q)
+    return state, Proposal(drafts=drafts, num_drafts=num_drafts, log_q=log_q)
+
+  def rollback(self, state, tokens, old_seq_len, new_seq_len):
+    return self.model.rollback(state, tokens, old_seq_len, new_seq_len)
