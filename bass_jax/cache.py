@@ -78,6 +78,7 @@ class KVCache:
 
   @property
   def num_layers(self) -> int:
+    """L, the layers (one k and one v array each)."""
     return len(self.k)
 
   @property
@@ -100,17 +101,26 @@ class KVCache:
     Entries that would land past the last slot are dropped; ``generate`` sizes caches so that this never
     happens to a token it keeps.
     """
-    num_new = update.k[0].shape[1]
-    rows = jnp.arange(self.batch_size)[:, None]
-    pos = self.lengths[:, None] + jnp.arange(num_new, dtype=jnp.int32)  # [B, T]
-    # Advanced indices (rows, pos) around a full slice: the written block is laid out [B, T, K, H].
-    write = lambda cache, new: cache.at[rows, :, pos].set(new.astype(cache.dtype), mode="drop")
+    write = lambda cache, new: write_entries(cache, new, self.lengths)
     return KVCache(k=tuple(map(write, self.k, update.k)), v=tuple(map(write, self.v, update.v)),
-                   lengths=self.lengths + num_new)
+                   lengths=self.lengths + update.num_new)
 
   def stacked(self) -> tuple[jax.Array, jax.Array]:
     """``(k, v)`` as ``[L, B, K, S, H]`` arrays (a copy; for tests and inspection)."""
     return jnp.stack(self.k), jnp.stack(self.v)
+
+
+def write_entries(cache: jax.Array, new: jax.Array, lengths: jax.Array) -> jax.Array:
+  """Writes ``new: [B, T, K, H]`` into one layer's ``cache: [B, K, S, H]`` at slots
+  ``lengths[b] … lengths[b] + T - 1`` of each row (``lengths: i32[B]``), cast to the cache's dtype.
+
+  Entries past the last slot are dropped (``generate`` sizes caches so that this never happens to a
+  token it keeps). Under ``jit`` with the cache donated or carried, XLA updates it in place.
+  """
+  rows = jnp.arange(cache.shape[0])[:, None]
+  pos = lengths[:, None] + jnp.arange(new.shape[1], dtype=jnp.int32)  # [B, T]
+  # Advanced indices (rows, pos) around a full slice: the written block is laid out [B, T, K, H].
+  return cache.at[rows, :, pos].set(new.astype(cache.dtype), mode="drop")
 
 
 @flax.struct.dataclass
@@ -126,4 +136,5 @@ class KVUpdate:
 
   @property
   def num_new(self) -> int:
+    """T, the new tokens per row."""
     return self.k[0].shape[1]

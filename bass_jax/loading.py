@@ -19,6 +19,7 @@ from bass_jax.checkpoints import atomic
 from bass_jax.checkpoints import gguf as gguf_ckpt
 from bass_jax.checkpoints import hf as hf_ckpt
 from bass_jax.checkpoints import orbax_ckpt
+from bass_jax.models.common import forward as model_forward
 from bass_jax.models.common import layer_index
 
 # alias -> (installed package, resource). The files ship inside packages; nothing is fetched.
@@ -55,8 +56,9 @@ class Model:
   def dtype(self) -> jnp.dtype:
     return jax.tree_util.tree_leaves(self.params)[0].dtype
 
-  def logits(self, tokens: jax.Array, *, attention_impl: str = "reference") -> jax.Array:
-    """Full causal forward without a persistent cache, for scoring and tests.
+  def logits(self, tokens: jax.Array) -> jax.Array:
+    """Full causal forward without a persistent cache (the tokens attend among themselves), for
+    scoring and tests.
 
     Args:
       tokens: ``i32[B, T]`` token ids in ``[0, vocab_size)``.
@@ -73,8 +75,7 @@ class Model:
     if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size):
       raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}); got "
                        f"[{int(tokens.min())}, {int(tokens.max())}]")
-    return _full_forward(self.params, tokens.astype(jnp.int32), config=self.config,
-                         attention_impl=attention_impl, dtype=self.dtype)
+    return _full_forward(self.params, tokens.astype(jnp.int32), config=self.config, dtype=self.dtype)
 
   def with_first_layers(self, num_layers: int) -> "Model":
     """The model cut to its first ``num_layers`` decoder layers, sharing embedding, final norm and head.
@@ -95,10 +96,9 @@ class Model:
     return Model(config, params, self.tokenizer, f"{self.name}[:{num_layers} layers]")
 
 
-@functools.partial(jax.jit, static_argnames=("config", "attention_impl", "dtype"))
-def _full_forward(params, tokens, *, config, attention_impl: str, dtype):
-  logits, _ = config.make_module(attention_impl=attention_impl, dtype=dtype).apply(
-      {"params": params}, tokens)
+@functools.partial(jax.jit, static_argnames=("config", "dtype"))
+def _full_forward(params, tokens, *, config, dtype):
+  logits, _ = model_forward(config, params, tokens, dtype=dtype)
   return logits
 
 

@@ -310,6 +310,9 @@ def decode_flops(target, draft, prompt_lengths: np.ndarray, output, *, method: s
     prompt_lengths: ``i32[B]`` true prompt lengths.
     output: the ``GenerateOutput`` (its stats carry the prefill and verification shapes).
     method: ``"bass"`` or ``"regular"``.
+
+  Returns:
+    :class:`Flops` of the whole batch's decode, in floating-point operations (multiply-add = 2).
   """
   prompt_lengths = np.asarray(prompt_lengths)
   stats = output.stats

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bass_jax import experiment, metrics
+from bass_jax import experiment, metrics, text
 from bass_jax.data import Problem
 from bass_jax.loading import Model
 
@@ -278,7 +278,7 @@ def baselines(target: Model, draft: Model, problems: Sequence[Problem], *, hf_ta
         continue
       walls, tokens, ms = [], 0, []
       for i, group in enumerate(experiment.make_batches(problems, batch, distinct)):
-        ids = [target.tokenizer(p.prompt).input_ids for p in group]
+        ids = text.encode_prompts(target.tokenizer, [p.prompt for p in group])
         hf.hf_generate(hf_target, ids, max_new_tokens=4, temperature=temperature, top_p=top_p,
                        seed=i, eos_token_id=eos, assistant=assistant)  # warm-up
         run = hf.hf_generate(hf_target, ids, max_new_tokens=max_new_tokens, temperature=temperature,

@@ -58,13 +58,14 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[str], *, chat: bool = False
   return ids
 
 
-def generate_text(target: Model, draft: Model | None, prompts: Sequence[str], *, chat: bool = False,
+def generate_text(target: Model, draft: Any, prompts: Sequence[str], *, chat: bool = False,
                   stop: str | Sequence[str] | None = None, **generate_kwargs: Any) -> list[str]:
   """Decodes strings to strings with BASS (or regular decoding), using the target's tokenizer.
 
   Args:
     target: the target model; it must carry a tokenizer (``load_model`` loads it with the checkpoint).
-    draft: the draft model (None with ``method="regular"``).
+    draft: the draft side as ``generate`` takes it (a draft model, an ``NGramProposer`` or a
+      ``Hybrid``; None with ``method="regular"``).
     prompts: B strings.
     chat: wrap each prompt as one user turn of the tokenizer's chat template with the assistant's
       generation prompt (for Instruct models such as SmolLM2-135M-Instruct).

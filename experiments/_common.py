@@ -35,17 +35,26 @@ flags.register_validator("batch_sizes", lambda v: bool(v) and all(b.isdigit() an
 _RUN_DIR: pathlib.Path | None = None
 
 
-def prepare(experiment: str) -> pathlib.Path:
-  """Checks the output directory before anything is loaded and silences third-party log noise.
+def prepare(experiment: str, *, greedy: bool = False) -> pathlib.Path:
+  """Checks the flags and the output directory before anything is loaded, and silences third-party
+  log noise.
+
+  Args:
+    greedy: the experiment decodes at temperature 0, where a batch holds distinct prompts
+      (``experiment.make_batches``), so ``--num_prompts`` must cover the largest batch.
 
   Returns:
     The JSON file this run will write.
 
   Raises:
-    app.UsageError: the results directory cannot be written.
+    app.UsageError: the results directory cannot be written, or too few prompts for a greedy batch.
   """
   global _RUN_DIR
   _io.init_script()
+  if greedy and NUM_PROMPTS.value < max(batch_sizes()):
+    raise app.UsageError(
+        f"greedy batches hold distinct prompts: --num_prompts={NUM_PROMPTS.value} is fewer than the "
+        f"largest of --batch_sizes={','.join(BATCHES.value)}; raise --num_prompts or drop that batch size")
   try:
     _RUN_DIR = _io.run_directory(RESULTS_DIR.value, experiment)
     path = _io.check_output_file(_RUN_DIR / f"{experiment}_{SETTING.value}.json", flag="results_dir")
@@ -55,6 +64,7 @@ def prepare(experiment: str) -> pathlib.Path:
 
 
 def batch_sizes() -> list[int]:
+  """``--batch_sizes`` as ints."""
   return [int(b) for b in BATCHES.value]
 
 
@@ -79,5 +89,5 @@ def saver(path: pathlib.Path) -> Callable[[dict[str, Any]], None]:
 
 def finish(path: pathlib.Path, result: dict[str, Any]) -> None:
   """Writes the complete result and says where."""
-  _io.write_json_atomic(path, {**result, "setting": SETTING.value})
+  saver(path)(result)
   print(f"wrote {path}", flush=True)

@@ -25,7 +25,6 @@ COMPILATION_CACHE_DIR = flags.DEFINE_string(
     "compilation cache), so that the next run of a script with the same settings does not compile.")
 
 OUTPUTS = pathlib.Path("outputs")  # git-ignored; fresh runs go here unless told otherwise
-COMMITTED_RESULTS = pathlib.Path("results")
 
 
 class OutputError(ValueError):
@@ -100,7 +99,13 @@ def run_directory(results_dir: str | None, name: str) -> pathlib.Path:
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> pathlib.Path:
   """Writes ``obj`` as indented JSON to a temporary file beside ``path`` and renames it over ``path``,
-  so readers see the old file or the new one, never a partial one."""
+  so readers see the old file or the new one, never a partial one. Values JSON lacks (NumPy scalars)
+  are written as floats.
+
+  Raises:
+    OSError: the directory cannot be created or written (the temporary file is removed).
+    TypeError, ValueError: a value that is neither JSON nor convertible by ``float``.
+  """
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

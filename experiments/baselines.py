@@ -19,7 +19,7 @@ _HF_DRAFT = flags.DEFINE_string("hf_draft", None, "transformers directory of the
 
 def main(argv):
   del argv
-  path = _common.prepare("baselines")
+  path = _common.prepare("baselines", greedy=_TEMPERATURE.value == 0)
   target, draft, problems, batches = _common.setup()
   hf_target = baselines.load_torch_model(_common.TARGET.value)
   hf_draft = baselines.load_torch_model(_HF_DRAFT.value or _common.DRAFT.value)

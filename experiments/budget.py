@@ -19,7 +19,7 @@ _FRACTION = flags.DEFINE_float("budget_fraction", 0.7,
 
 def main(argv):
   del argv
-  path = _common.prepare("budget")
+  path = _common.prepare("budget", greedy=any(float(t) == 0 for t in _TEMPERATURES.value))
   target, draft, problems, batches = _common.setup()
   _common.finish(path, reproduce.budget(
       target, draft, problems, batch_sizes=batches,

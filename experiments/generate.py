@@ -73,11 +73,11 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
   _io.init_script()
   output, summary_path = _OUTPUT.value, _SUMMARY.value
-  if output is None or summary_path is None:
-    run_dir = _io.run_directory(None, f"generate-{_METHOD.value}")
-    output = output or run_dir / "records.jsonl"
-    summary_path = summary_path or run_dir / "summary.json"
   try:
+    if output is None or summary_path is None:
+      run_dir = _io.run_directory(None, f"generate-{_METHOD.value}")
+      output = output or run_dir / "records.jsonl"
+      summary_path = summary_path or run_dir / "summary.json"
     output = _io.check_output_file(output, flag="output")
     summary_path = _io.check_output_file(summary_path, flag="summary_json")
   except _io.OutputError as e:

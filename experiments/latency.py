@@ -20,7 +20,7 @@ _CHECK = flags.DEFINE_bool("check", True, "Run HumanEval's tests (Pass@Batch).")
 
 def main(argv):
   del argv
-  path = _common.prepare("latency")
+  path = _common.prepare("latency", greedy="greedy" in _SAMPLING.value)
   target, draft, problems, batches = _common.setup()
   _common.finish(path, reproduce.latency(
       target, draft, problems, batch_sizes=batches, configs=_CONFIGS.value, sampling=_SAMPLING.value,

@@ -13,7 +13,7 @@ from absl import app
 from absl import flags
 
 import bass_jax
-from bass_jax import metrics
+from bass_jax import metrics, text
 from bass_jax.data import load_problems
 from experiments import _io
 
@@ -37,7 +37,8 @@ def main(argv):
   target = bass_jax.load_model(_TARGET.value)
   draft = bass_jax.load_draft(_DRAFT.value, target, num_layers=_DRAFT_LAYERS.value or None)
   draft_len = int(_DRAFT_LEN.value) if _DRAFT_LEN.value.isdigit() else _DRAFT_LEN.value
-  prompts = [target.tokenizer(p.prompt).input_ids for p in load_problems("humaneval", _NUM_PROMPTS.value)]
+  prompts = text.encode_prompts(
+      target.tokenizer, [p.prompt for p in load_problems("humaneval", _NUM_PROMPTS.value)])
   matched = total = 0
   divergences = []
   for start in range(0, len(prompts), _BATCH.value):

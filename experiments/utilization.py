@@ -17,7 +17,7 @@ _TOP_P = flags.DEFINE_float("top_p", 0.95, "Nucleus mass.")
 
 def main(argv):
   del argv
-  path = _common.prepare("utilization")
+  path = _common.prepare("utilization", greedy=_TEMPERATURE.value == 0)
   target, draft, problems, batches = _common.setup()
   _common.finish(path, reproduce.utilization(
       target, draft, problems, batch_sizes=batches, max_new_tokens=_common.MAX_NEW.value,

@@ -326,9 +326,10 @@ def ragged_attention(
     lengths: ``i32[B]``, the end position of each row's queries: query t sits at ``lengths[b] - T + t``.
       With ``kv_lengths`` None it also counts the valid slots, the T new ones included
       (``T <= lengths[b] <= S``).
-    kv_lengths: ``i32[B]`` valid slots per row, if they end before ``lengths`` (the cache before a
-      forward whose new tokens are attended apart, ``bass_jax.models.attention``):
-      ``0 <= kv_lengths[b] <= min(lengths[b], S)``; a row with none outputs 0 with ``l = 0``.
+    kv_lengths: ``i32[B]`` valid slots per row, if they end before ``lengths``: for a caller that
+      attends the new tokens apart (two segments) and merges with ``return_residuals``;
+      ``0 <= kv_lengths[b] <= min(lengths[b], S)``, and a row with none outputs 0 with ``l = 0``.
+      bass_jax's models write the new K/V into the cache first and do not use it.
     variant: ``"pad"`` (walk to the batch's longest row) or ``"split"`` (walk only the own row).
     sm_scale: softmax scale, default ``1 / sqrt(H)``.
     sliding_window: if set (Mistral), a query at position p also ignores slots ``<= p - sliding_window``;

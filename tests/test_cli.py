@@ -95,3 +95,16 @@ def test_an_interrupted_run_keeps_every_finished_batch(setup, tmp_path, sig):
   assert [r["task_id"] for r in records] == [f"t{i}" for i in range(len(records))]
   assert all(r["num_tokens"] == 256 for r in records)
   assert not summary.exists()  # the summary is written whole at the end, or not at all
+
+
+def test_a_greedy_experiment_with_too_few_prompts_fails_before_loading(tmp_path):
+  """Greedy batches hold distinct prompts: the paper's experiments check --num_prompts up front."""
+  start = time.perf_counter()
+  result = subprocess.run(
+      [sys.executable, "-m", "experiments.latency", "--num_prompts=2", "--batch_sizes=1,4",
+       "--sampling=greedy", f"--results_dir={tmp_path}"],
+      cwd=REPO, capture_output=True, text=True, timeout=120, env=ENV)
+  assert result.returncode != 0
+  assert "--num_prompts=2 is fewer than the largest of --batch_sizes=1,4" in result.stderr, \
+      result.stderr[-2000:]
+  assert "Traceback" not in result.stderr and time.perf_counter() - start < 5.0

@@ -140,8 +140,10 @@ def to_flax(
   for rule in rules:
     describe = ", ".join("/".join(p) for p in rule.flax_paths)
     for path in rule.flax_paths:
-      if _paths(rule, path, num_layers)[0] not in expected_flat:
-        raise CheckpointError(f"{where}: rule for unknown parameter {'/'.join(path)}")
+      unknown = [p for p in _paths(rule, path, num_layers) if p not in expected_flat]
+      if unknown:
+        raise CheckpointError(f"{where}: rule for unknown parameter(s) "
+                              f"{['/'.join(p) for p in unknown[:4]]} (the model has no such layer?)")
     names = _names(rule, num_layers)
     missing = [n for n in names if n not in available]
     if missing:

@@ -50,7 +50,7 @@ def check_destination(path: str | os.PathLike, *, overwrite: bool) -> pathlib.Pa
     if not overwrite:
       raise FileExistsError(f"{path} already exists; pass overwrite=True (--overwrite on the command "
                             "line) to replace it whole, or choose another path")
-    if any(path.iterdir()) and not (path / _MODEL_MARKER).is_file():
+    if not (path / _MODEL_MARKER).is_file():
       raise FileExistsError(f"{path} is a non-empty directory without {_MODEL_MARKER}, not a model "
                             "checkpoint; refusing to replace it (choose another path)")
   return path

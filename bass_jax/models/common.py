@@ -26,7 +26,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bass_jax.cache import KVCache, KVUpdate
+from bass_jax.cache import KVCache, KVUpdate, write_entries
 from bass_jax.models import attention as attention_lib
 
 
@@ -167,11 +167,8 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, k_cache: jax.A
     kwargs["sliding_window"] = sliding_window
   if k_cache is None:
     return attention_lib.causal_attention(q, k, v, **kwargs), k, v
-  rows = jnp.arange(q.shape[0])[:, None]
-  pos = cache_lengths[:, None] + jnp.arange(q.shape[1], dtype=jnp.int32)  # [B, T]
-  # Advanced indices (rows, pos) around a full slice: the written block is laid out [B, T, K, H].
-  k_cache = k_cache.at[rows, :, pos].set(k.astype(k_cache.dtype), mode="drop")
-  v_cache = v_cache.at[rows, :, pos].set(v.astype(v_cache.dtype), mode="drop")
+  k_cache = write_entries(k_cache, k, cache_lengths)
+  v_cache = write_entries(v_cache, v, cache_lengths)
   attend = attention_lib.get_attention(attention_impl)
   out = attend(q, k_cache, v_cache, cache_lengths + q.shape[1], **kwargs)
   return out, k_cache, v_cache
@@ -181,14 +178,14 @@ def run_layers(layer_cls: type[nn.Module], num_layers: int, *, name: str, x: jax
                cache: KVCache | None, positions: jax.Array, extras: tuple = (),
                **layer_fields) -> tuple[jax.Array, KVCache | KVUpdate]:
   """Runs ``num_layers`` instances of ``layer_cls`` (named ``{name}_{i}``) in order, each over its own
-  cache arrays.
+  cache arrays. ``x: [B, T, D]`` are the embedded tokens, ``positions: i32[B, T]`` their positions.
 
   The layer's ``__call__(x, k_cache, v_cache, cache_lengths, positions, *extras) -> (x, k, v)`` gets its
   layer's ``[B, K, S, H]`` cache arrays (None without a cache) and returns what
   :func:`cached_attention` returns for them; it must be called from inside a compact module method.
 
   Returns:
-    ``(x, cache_or_update)``: the hidden states after the last layer, and the cache with the new
+    ``(x [B, T, D], cache_or_update)``: the hidden states after the last layer, and the cache with the new
     tokens written and ``lengths + T`` or, without a cache, the new tokens' K/V (a :class:`KVUpdate`).
   """
   layer = nn.jit(layer_cls)
@@ -204,6 +201,36 @@ def run_layers(layer_cls: type[nn.Module], num_layers: int, *, name: str, x: jax
   if cache is None:
     return x, KVUpdate(k=tuple(ks), v=tuple(vs))
   return x, KVCache(k=tuple(ks), v=tuple(vs), lengths=cache.lengths + x.shape[1])
+
+
+def forward(config: DecoderConfig, params: Any, tokens: jax.Array, cache: KVCache | None = None, *,
+            dtype: Any = jnp.float32, attention_impl: str = "reference", compute_logits: bool = True):
+  """One forward pass of any family: ``tokens: i32[B, T]`` written into and attended over ``cache``.
+
+  Returns:
+    ``(logits f32[B, T, V] | None, cache)`` with the cache's lengths advanced by T; without a cache,
+    ``(logits | None, KVUpdate)`` of the tokens attended among themselves (causally).
+  """
+  module = config.make_module(attention_impl=attention_impl, dtype=jnp.dtype(dtype))
+  return module.apply({"params": params}, tokens, cache, compute_logits)
+
+
+def prefill_cache(config: DecoderConfig, params: Any, prompts: jax.Array, prompt_len: jax.Array, *,
+                  cache_len: int, dtype: Any = jnp.float32,
+                  attention_impl: str = "reference") -> KVCache:
+  """A fresh ragged cache of ``cache_len`` slots holding every prompt token but the last, which the
+  first decode step consumes (the paper's Fig. 3: the cache lags the text by one token).
+
+  Args:
+    prompts: ``i32[B, P]`` right-padded prompts. prompt_len: ``i32[B]``, each ``>= 1``.
+
+  Returns:
+    The cache with ``lengths = prompt_len - 1`` (the padding's K/V lie past each row's length).
+  """
+  cache = config.init_cache(prompts.shape[0], cache_len, jnp.dtype(dtype))
+  _, update = forward(config, params, prompts, None, dtype=dtype, attention_impl=attention_impl,
+                      compute_logits=False)
+  return cache.append(update).with_lengths(prompt_len - 1)
 
 
 def positions_of(tokens: jax.Array, cache: KVCache | None) -> jax.Array:

@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from bass_jax.models.common import forward
 from bass_jax.sampling.draft_len import StepCosts
 from bass_jax.sampling.proposers import HybridProposer, ModelProposer, Proposer
 
@@ -31,22 +32,20 @@ _REPEATS = 5
 def _time_forward(config, dtype: str, attention_impl: str, params, batch: int, positions: int,
                   cache_len: int) -> float:
   """Median seconds of a ``[batch, positions]`` forward over a cache of ``cache_len`` slots half full."""
-  module = config.make_module(attention_impl=attention_impl, dtype=jnp.dtype(dtype))
-
   @functools.partial(jax.jit, donate_argnums=2)
-  def forward(params, tokens, cache):
-    logits, cache = module.apply({"params": params}, tokens, cache)
+  def step(params, tokens, cache):
+    logits, cache = forward(config, params, tokens, cache, dtype=dtype, attention_impl=attention_impl)
     return logits, cache.with_lengths(cache.lengths - positions)
 
   cache = config.init_cache(batch, cache_len, jnp.dtype(dtype))
   cache = cache.with_lengths(jnp.full((batch,), cache_len // 2, jnp.int32))
   tokens = jnp.ones((batch, positions), jnp.int32)
-  logits, cache = forward(params, tokens, cache)
+  logits, cache = step(params, tokens, cache)
   jax.block_until_ready(logits)
   times = []
   for _ in range(_REPEATS):
     start = time.perf_counter()
-    logits, cache = forward(params, tokens, cache)
+    logits, cache = step(params, tokens, cache)
     jax.block_until_ready(logits)
     times.append(time.perf_counter() - start)
   return statistics.median(times)

@@ -37,12 +37,15 @@ class StepCosts:
   chunk: int
 
   def as_array(self) -> jax.Array:
+    """``f32[5]``: plain, verify_pass, propose_first, propose_next (seconds), chunk; the traced form
+    the decode program takes, so new measurements never recompile it."""
     return jnp.asarray([self.plain, self.verify_pass, self.propose_first, self.propose_next,
                         self.chunk], jnp.float32)
 
 
-class _StatelessMixin:
-  """``start/after_step/after_plain_step`` for policies whose state is Algorithm 1's ``s``."""
+class _MaxAcceptedPolicy:
+  """``start/after_step/after_plain_step`` for policies that adapt from the largest number of drafts a
+  live row accepted (their state is Algorithm 1's ``s``)."""
 
   may_choose_zero = False  # never picks l = 0 (plain steps come only from a proposer without drafts)
 
@@ -62,7 +65,7 @@ class _StatelessMixin:
 
 
 @dataclasses.dataclass(frozen=True)
-class DynamicDraftLen(_StatelessMixin):
+class DynamicDraftLen(_MaxAcceptedPolicy):
   """Algorithm 1 of BASS: one draft length for the whole batch, adapted after every step.
 
   After a step in which the rows accepted ``x_1 … x_B`` drafts (bonus/correction not counted)::
@@ -118,7 +121,7 @@ class DynamicDraftLen(_StatelessMixin):
 
 
 @dataclasses.dataclass(frozen=True)
-class FixedDraftLen(_StatelessMixin):
+class FixedDraftLen(_MaxAcceptedPolicy):
   """The same ``l_draft`` every step (the paper's fixed-length ablation, Table 5)."""
 
   length: int

@@ -36,7 +36,7 @@ PAD_TOKEN = -1  # fills ``GenerateOutput.tokens`` past each row's length; never 
 _MIN_PROMPT_BUCKET = 16
 _OUTPUT_BUCKET = 32  # the output buffer holds a multiple of this many tokens
 _MAX_EOS_IDS = 8  # EOS ids are a traced array of this many slots (padded with -1)
-DEFAULT_VERIFY_CHUNK = 4  # measured best with the shipped draft (docs/design.md)
+DEFAULT_VERIFY_CHUNK = 4  # best with the shipped draft on the tuning prompts (docs/design.md)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +133,11 @@ class Hybrid:
 
   model: Model
   ngram: NGramProposer = NGramProposer()
+
+  @property
+  def name(self) -> str:
+    """``hybrid(ngram(4-2), <model name>)``, as in results files."""
+    return f"hybrid({self.ngram.name}, {self.model.name})"
 
 
 def resolve_draft(draft: Any, target: Model, attention_impl: str) -> tuple[Proposer, Any, list[Model]]:

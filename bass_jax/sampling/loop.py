@@ -44,11 +44,11 @@ import jax.numpy as jnp
 
 from bass_jax.cache import KVCache
 from bass_jax.models.attention import CACHE_ALIGNMENT
-from bass_jax.models.common import DecoderConfig
+from bass_jax.models.common import DecoderConfig, forward, prefill_cache
 from bass_jax.sampling import acceptance
 from bass_jax.sampling.draft_len import DraftLenPolicy
 from bass_jax.sampling.proposers import Proposer, StepContext
-from bass_jax.sampling.warp import warped_log_probs
+from bass_jax.sampling.warp import sample, warped_log_probs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +63,7 @@ class DecodeSpec:
     prompt_len: P, prompts are right-padded to it.
     max_new_bucket: N, the size of the output buffer (the true limit is ``DecodeState.max_new``).
     greedy: temperature 0 (argmax draft and verification).
-    draft_len: the draft-length policy (fixed or Algorithm 1).
+    draft_len: the draft-length policy (fixed, Algorithm 1 or goodput; ``draft_len.py``).
     verify_chunk: C, the positions one verification forward scores; ``l + 1`` positions take
       ``ceil((l + 1) / C)`` passes at most.
   """
@@ -137,12 +137,9 @@ class DecodeState:
   key: jax.Array
 
 
-def _forward(config: DecoderConfig, dtype: str, attention_impl: str, params: Any, tokens: jax.Array,
-             cache: KVCache | None, compute_logits: bool = True):
-  """``(logits | None, cache)`` of ``tokens`` written into and attended over ``cache``; without a cache,
-  ``(logits | None, KVUpdate)``."""
-  module = config.make_module(attention_impl=attention_impl, dtype=jnp.dtype(dtype))
-  return module.apply({"params": params}, tokens, cache, compute_logits)
+def _target_forward(spec: DecodeSpec, params: Any, tokens: jax.Array, cache: KVCache):
+  return forward(spec.target, params, tokens, cache, dtype=spec.target_dtype,
+                 attention_impl=spec.attention_impl)
 
 
 def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any, prompts: jax.Array,
@@ -163,10 +160,9 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any, prompts: ja
   batch = prompts.shape[0]
   n = spec.max_new_bucket
 
-  cache = spec.target.init_cache(batch, spec.cache_len, jnp.dtype(spec.target_dtype))
-  _, update = _forward(spec.target, spec.target_dtype, spec.attention_impl, target_params, prompts,
-                       None, compute_logits=False)
-  target_cache = cache.append(update).with_lengths(prompt_len - 1)
+  target_cache = prefill_cache(spec.target, target_params, prompts, prompt_len,
+                               cache_len=spec.cache_len, dtype=spec.target_dtype,
+                               attention_impl=spec.attention_impl)
   proposer_state, policy_state = None, None
   l0 = 0
   if spec.method == "bass":
@@ -226,14 +222,6 @@ def _emit(state: DecodeState, new_tokens: jax.Array, new_logprobs: jax.Array,
   return state.replace(tokens=tokens, logprobs=logprobs, seq_len=seq_len, eos=eos, done=done)
 
 
-def _sample(logits: jax.Array, key: jax.Array, temperature, top_p, spec: DecodeSpec):
-  """Samples ``i32[B]`` from ``logits: f32[B, V]``; also returns the warped log-probs (None if greedy)."""
-  if spec.greedy:
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
-  log_probs = warped_log_probs(logits, temperature, top_p)
-  return jax.random.categorical(key, log_probs, axis=-1).astype(jnp.int32), log_probs
-
-
 def _regular_step(spec: DecodeSpec, target_params, temperature, top_p,
                   state: DecodeState) -> DecodeState:
   """One token per live row from the target alone: the optimized baseline, and BASS's plain step."""
@@ -241,10 +229,9 @@ def _regular_step(spec: DecodeSpec, target_params, temperature, top_p,
   rows = jnp.arange(batch)
   key, sample_key = jax.random.split(state.key)
   last = state.tokens[rows, state.seq_len - 1][:, None]
-  logits, cache = _forward(spec.target, spec.target_dtype, spec.attention_impl, target_params, last,
-                           state.target_cache)
+  logits, cache = _target_forward(spec, target_params, last, state.target_cache)
   logits = logits[:, 0]
-  token, _ = _sample(logits, sample_key, temperature, top_p, spec)
+  token, _ = sample(logits, sample_key, greedy=spec.greedy, temperature=temperature, top_p=top_p)
   logprob = jax.nn.log_softmax(logits, axis=-1)[rows, token]
   state = _emit(state, token[:, None], logprob[:, None], jnp.ones((batch,), jnp.int32))
   return state.replace(target_cache=cache.with_lengths(state.seq_len - 1), step=state.step + 1,
@@ -281,8 +268,7 @@ def _verify_chunk(spec: DecodeSpec, target_params, temperature, top_p, inputs, d
   tokens = jax.lax.dynamic_slice_in_dim(inputs, start, chunk, axis=1)
   next_drafts = jax.lax.dynamic_slice_in_dim(inputs, start + 1, chunk, axis=1)
   positions = start + jnp.arange(chunk, dtype=jnp.int32)
-  logits, cache = _forward(spec.target, spec.target_dtype, spec.attention_impl, target_params,
-                           tokens, cache)
+  logits, cache = _target_forward(spec, target_params, tokens, cache)
   if spec.greedy:
     matched, next_token = acceptance.greedy_accept_chunk(logits, next_drafts, positions, num_drafts)
   else:

@@ -41,8 +41,9 @@ import jax.numpy as jnp
 
 from bass_jax import _checks
 from bass_jax.cache import KVCache
-from bass_jax.models.common import DecoderConfig
-from bass_jax.sampling.warp import warped_log_probs
+from bass_jax.models.common import DecoderConfig, prefill_cache
+from bass_jax.models.common import forward as model_forward
+from bass_jax.sampling.warp import sample
 
 
 @flax.struct.dataclass
@@ -181,16 +182,10 @@ class ModelProposer(Proposer):
   def name(self) -> str:
     return f"model({self.config.num_layers} layers)"
 
-  def _forward(self, params, tokens, cache):
-    module = self.config.make_module(attention_impl=self.attention_impl, dtype=jnp.dtype(self.dtype))
-    return module.apply({"params": params}, tokens, cache)
-
   def init_state(self, params, prompts, prompt_len, *, cache_len, max_len):
     batch = prompts.shape[0]
-    cache = self.config.init_cache(batch, cache_len, jnp.dtype(self.dtype))
-    module = self.config.make_module(attention_impl=self.attention_impl, dtype=jnp.dtype(self.dtype))
-    _, update = module.apply({"params": params}, prompts, None, False)
-    cache = cache.append(update).with_lengths(prompt_len - 1)
+    cache = prefill_cache(self.config, params, prompts, prompt_len, cache_len=cache_len,
+                          dtype=self.dtype, attention_impl=self.attention_impl)
     return DraftCacheState(cache=cache, fed=jnp.zeros((batch, max_len), jnp.int32),
                            fed_start=prompt_len, num_fed=jnp.zeros((), jnp.int32))
 
@@ -198,7 +193,8 @@ class ModelProposer(Proposer):
     batch = ctx.tokens.shape[0]
     rows = jnp.arange(batch)
     last_slot = ctx.tokens.shape[1] - 1
-    forward = functools.partial(self._forward, params)
+    forward = functools.partial(model_forward, self.config, params, dtype=self.dtype,
+                                attention_impl=self.attention_impl)
 
     def window(lengths):  # the two text tokens at lengths, lengths + 1 (clipped to the buffer)
       return ctx.tokens[rows[:, None], jnp.minimum(lengths[:, None] + jnp.arange(2), last_slot)]
@@ -218,8 +214,8 @@ class ModelProposer(Proposer):
     pending = jnp.clip(ctx.seq_len - cache.lengths, 1, 2)
     logits, cache = forward(window(cache.lengths), cache)
     cache = cache.with_lengths(ctx.seq_len)
-    sample = functools.partial(_sample, greedy=greedy, temperature=ctx.temperature, top_p=ctx.top_p)
-    token, log_q = sample(logits[rows, pending - 1], jax.random.fold_in(ctx.key, 0))
+    draw = functools.partial(sample, greedy=greedy, temperature=ctx.temperature, top_p=ctx.top_p)
+    token, log_q = draw(logits[rows, pending - 1], jax.random.fold_in(ctx.key, 0))
 
     drafts = jnp.zeros((batch, max_len), jnp.int32).at[:, 0].set(token)
     draft_log_probs = None
@@ -230,7 +226,7 @@ class ModelProposer(Proposer):
     def body(i, carry):
       cache, drafts, draft_log_probs = carry
       logits, cache = forward(jax.lax.dynamic_slice_in_dim(drafts, i - 1, 1, axis=1), cache)
-      token, log_q = sample(logits[:, 0], jax.random.fold_in(ctx.key, i))
+      token, log_q = draw(logits[:, 0], jax.random.fold_in(ctx.key, i))
       drafts = jax.lax.dynamic_update_slice_in_dim(drafts, token[:, None], i, axis=1)
       if draft_log_probs is not None:
         draft_log_probs = jax.lax.dynamic_update_slice_in_dim(draft_log_probs, log_q[:, None], i,
@@ -256,14 +252,6 @@ class ModelProposer(Proposer):
     kept = state.fed_start + _leading_true(confirmed)
     return state.replace(cache=state.cache.with_lengths(jnp.minimum(state.cache.lengths, kept)),
                          num_fed=jnp.zeros((), jnp.int32))
-
-
-def _sample(logits, key, *, greedy, temperature, top_p):
-  """``(token i32[B], warped log-probs f32[B, V] | None)`` from ``logits f32[B, V]``."""
-  if greedy:
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
-  log_probs = warped_log_probs(logits, temperature, top_p)
-  return jax.random.categorical(key, log_probs, axis=-1).astype(jnp.int32), log_probs
 
 
 # -- n-gram (prompt lookup) -----------------------------------------------------------------------------

@@ -85,3 +85,18 @@ def warped_log_probs(logits: jax.Array, temperature: jax.Array, top_p: jax.Array
   """
   log_probs = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
   return jax.lax.cond(top_p < 1, lambda lp: top_p_filter(lp, top_p), lambda lp: lp, log_probs)
+
+
+def sample(logits: jax.Array, key: jax.Array, *, greedy: bool, temperature: jax.Array,
+           top_p: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+  """Draws one token per row from ``logits: f32[B, V]``: argmax when ``greedy`` (static), else from
+  :func:`warped_log_probs`.
+
+  Returns:
+    ``(token i32[B], warped log-probs f32[B, V] | None)``; the log-probs (None when greedy) are the
+    distribution the token was drawn from, the ``q`` or ``p`` of rejection sampling.
+  """
+  if greedy:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+  log_probs = warped_log_probs(logits, temperature, top_p)
+  return jax.random.categorical(key, log_probs, axis=-1).astype(jnp.int32), log_probs

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 _EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
+HELD_OUT_FRACTION = 0.05  # the share of stdlib files held out of training (build_corpus's default)
 
 
 @dataclasses.dataclass(frozen=True)
