@@ -4,7 +4,7 @@ r"""Times ragged attention: the jnp reference, jax.nn.dot_product_attention, BAS
     python -m experiments.bench_attention --quick         # CPU: interpret mode, proves the script runs
 
 Shapes are SmolLM2's attention (9 query / 3 key-value heads, head dim 64) by default: decode (T = 1) and
-verification (T = 8, 33) at batch 1-16, with equal lengths (every row at --max_len) and widely spread
+verification chunks (T = 4, 16) at batch 1-16, with equal lengths (every row at --max_len) and widely spread
 ones (evenly from T to --max_len), which is where PAD and SPLIT should differ. Each row of the printed
 markdown table gives the median time over --repeats calls and the achieved bandwidth: the bytes of K and
 V a row actually needs (its own length, both tensors) plus Q and the output, over the time, next to the
@@ -26,7 +26,8 @@ from experiments import _io
 
 _QUICK = flags.DEFINE_bool("quick", False, "Small sizes and few repeats (CPU smoke run).")
 _BATCHES = flags.DEFINE_list("batch_sizes", ["1", "2", "4", "8", "16"], "Batch sizes.")
-_NUM_Q = flags.DEFINE_list("num_q", ["1", "8", "33"], "New tokens per row (1 = decode).")
+_NUM_Q = flags.DEFINE_list("num_q", ["1", "4", "16"], "New tokens per row (1 = decode, else a "
+                           "verification chunk).")
 _MAX_LEN = flags.DEFINE_integer("max_len", 4096, "Cache slots S (longest row).")
 _HEADS = flags.DEFINE_integer("num_heads", 9, "Query heads.")
 _KV_HEADS = flags.DEFINE_integer("num_kv_heads", 3, "Key/value heads.")

@@ -18,7 +18,8 @@ from bass_jax.data import load_problems
 from experiments import _io
 
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target: alias, .gguf, or HF dir.")
-_DRAFT = flags.DEFINE_string("draft", "smollm2-135m-instruct", "Draft: alias, .gguf, or HF dir.")
+_DRAFT = flags.DEFINE_string("draft", "smollm2-135m-instruct", "Draft side: a model (alias, .gguf, HF dir), "
+                             "ngram[:max_n=..,min_n=..] or hybrid:<model>.")
 _DRAFT_LAYERS = flags.DEFINE_integer("draft_num_layers", 4, "Keep the draft's first N layers (0 = all).")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 16, "First N HumanEval prompts.")
 _BATCH = flags.DEFINE_integer("batch_size", 4, "Distinct prompts per batch.")
@@ -35,7 +36,7 @@ def main(argv):
   except _io.OutputError as e:
     raise app.UsageError(str(e)) from e
   target = bass_jax.load_model(_TARGET.value)
-  draft = bass_jax.load_draft(_DRAFT.value, target, num_layers=_DRAFT_LAYERS.value or None)
+  draft = bass_jax.load_draft_spec(_DRAFT.value, target, num_layers=_DRAFT_LAYERS.value or None)
   draft_len = int(_DRAFT_LEN.value) if _DRAFT_LEN.value.isdigit() else _DRAFT_LEN.value
   prompts = text.encode_prompts(
       target.tokenizer, [p.prompt for p in load_problems("humaneval", _NUM_PROMPTS.value)])

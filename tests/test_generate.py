@@ -224,3 +224,26 @@ def test_the_persistent_compilation_cache_serves_a_new_process(tmp_path):
   second = run()
   assert second.returncode == 0 and second.stdout == first.stdout
   assert sorted(p.name for p in (tmp_path / "xla").iterdir()) == entries
+
+
+@pytest.mark.parametrize("method,temperature", [("bass", 0.0), ("bass", 0.7), ("regular", 0.0)])
+def test_the_compiled_decode_copies_no_cache(target, method, temperature):
+  """Every forward writes its K/V before it reads the cache and nothing writes inside a branch, so XLA
+  updates the caches in place: the compiled decode program holds no copy of a cache-shaped array."""
+  import re
+
+  from bass_jax.sampling import generate as generate_lib
+
+  bj.clear_compile_cache()
+  draft = _noisy_copy(target, 0.4, 5)
+  out = bj.generate(target, draft, _prompts(target.config.vocab_size, (3, 9)), method=method,
+                    max_new_tokens=8, temperature=temperature, draft_len=3)
+  assert out.stats.compiled
+  (_, decode), = generate_lib._PROGRAMS._programs.values()  # pylint: disable=protected-access
+  hlo = decode.as_text()
+  cfg = target.config
+  shape = rf"f32\[{out.stats.batch_bucket},{cfg.num_key_value_heads},\d+,{cfg.head_dim}\]"
+  assert re.search(shape, hlo), "the cache shape pattern matches nothing: fix the test"
+  copies = [line.strip() for line in hlo.splitlines()
+            if re.search(rf"= {shape}\S* copy(-start)?\(", line)]
+  assert not copies, copies[:3]
