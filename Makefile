@@ -31,7 +31,7 @@ run: $(STAMP)
 	$(PY) -m experiments.generate --method=bass $(RUN_FLAGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

@@ -77,6 +77,7 @@ def run_problems(
     distinct_prompts: bool | None = None,
     check: bool = False,
     progress: bool = True,
+    warmup: bool = False,
     on_batch: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> RunResult:
   """Decodes the problems batch by batch (:func:`make_batches`) and summarizes with the paper's metrics.
@@ -105,6 +106,10 @@ def run_problems(
       process): records get ``passed``, the summary ``pass_at_batch`` (share of problems where some
       sequence passes).
     progress: show a progress bar over batches.
+    warmup: decode the first batch once, untimed and discarded, before the measured batches. A program's
+      first execution costs more than the next ones beyond its compilation (on this CPU about 0.5 s per
+      fresh program, at B = 1 and 4 alike): without a warm-up that one-time cost lands on the first
+      batch, which at B = 8 with 8 prompts is the whole run.
     on_batch: called with each batch's records as soon as the batch is decoded (scripts append them to
       their JSONL file, so an interrupted run keeps every finished batch).
 
@@ -112,7 +117,11 @@ def run_problems(
     :class:`RunResult`: per-sequence records (``task_id, sample_index, batch_index, row, batch_size,
     prompt_tokens, completion, num_tokens, accepted_drafts, mean_logprob, finished, finish_seconds``,
     and ``passed`` with ``check``) and the summary (keys :data:`SUMMARY_KEYS`; the raggedness means
-    ``length_spread``, ``emitted_spread``, ``accepted_spread`` (``metrics.raggedness``); analytic
+    ``length_spread``, ``emitted_spread``, ``accepted_spread`` (``metrics.raggedness``); BASS's
+    ``position_acceptance`` and ``acceptance`` (``metrics.Acceptance``'s counts, which pool across
+    runs), the cost-aware policy's ``step_costs`` (``draft_len.StepCosts``, seconds),
+    ``mean_draft_len`` and ``plain_step_share`` (steps whose draft length was 0, e.g. chosen by the
+    cost-aware policy); analytic
     ``useful_flops`` / ``executed_flops`` (``metrics.decode_flops``); the models, attention
     implementation, device and JAX version).
 
@@ -131,19 +140,26 @@ def run_problems(
   latencies: list[metrics.Latency] = []
   ragged: list[metrics.Raggedness] = []
   accept_parts: list[metrics.Acceptance] = []
-  steps = tokens = draft_len_sum = verified_sum = 0
+  steps = tokens = draft_len_sum = verified_sum = plain_steps = 0
   wall = compile_seconds = useful_flops = executed_flops = 0.0
   sample_counts: dict[str, int] = {}
+  step_costs = None
   import tqdm  # pylint: disable=g-import-not-at-top  (the [experiments] extra)
 
+  def decode(batch: list[Problem], batch_seed: int):
+    return generate(target, draft, text.encode_prompts(tokenizer, [p.prompt for p in batch]),
+                    method=method, max_new_tokens=max_new_tokens, temperature=temperature,
+                    top_p=top_p, draft_len=draft_len, seed=batch_seed, attention_impl=attention_impl,
+                    verify_chunk=verify_chunk)
+
+  if warmup:  # untimed; its compilation is still reported
+    compile_seconds = decode(batches[0], seed).stats.compile_seconds
   bar = tqdm.tqdm(batches, desc=f"{method} B={batch_size}", unit="batch", disable=not progress)
   for i, batch in enumerate(bar):
+    out = decode(batch, seed + i)
     prompt_ids = text.encode_prompts(tokenizer, [p.prompt for p in batch])
-    out = generate(target, draft, prompt_ids, method=method,
-                   max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                   draft_len=draft_len, seed=seed + i, attention_impl=attention_impl,
-                   verify_chunk=verify_chunk)
     stats = out.stats
+    step_costs = stats.step_costs  # the same for every batch of a run (measured once per setting)
     prompt_lengths = np.array([len(p) for p in prompt_ids])
     latencies.append(metrics.per_token_latency(stats.finish_seconds, out.lengths))
     ragged.append(metrics.raggedness(prompt_lengths, out.lengths,
@@ -155,6 +171,7 @@ def run_problems(
     executed_flops += flops.executed
     steps += stats.steps
     draft_len_sum += int(stats.draft_lens.sum())
+    plain_steps += int((stats.draft_lens == 0).sum())
     verified_sum += int(stats.verified.sum())
     tokens += int(out.lengths.sum())
     wall += stats.wall_seconds
@@ -210,11 +227,15 @@ def run_problems(
       "tokens_per_second": tokens / wall,
       "mean_accepted_length": accept.mean_accepted_length if accept else 1.0,
       "draft_acceptance_rate": accept.draft_acceptance_rate if accept else None,
+      "position_acceptance": list(accept.position_acceptance) if accept else None,
+      "acceptance": dataclasses.asdict(accept) if accept else None,
       "length_spread": float(np.mean([r.length_spread for r in ragged])),
       "emitted_spread": float(np.mean([r.emitted_spread for r in ragged])),
       "accepted_spread": float(np.mean([r.accepted_spread for r in ragged])),
       "steps": steps,
       "mean_draft_len": draft_len_sum / steps if method == "bass" else None,
+      "plain_step_share": plain_steps / steps if method == "bass" else None,
+      "step_costs": dataclasses.asdict(step_costs) if step_costs is not None else None,
       "mean_verified": verified_sum / steps if method == "bass" else None,
       "wall_seconds": wall,
       "compile_seconds": compile_seconds,

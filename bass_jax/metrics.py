@@ -56,6 +56,10 @@ class Acceptance:
       (accepted + 1; the vLLM/SGLang/EAGLE convention), before EOS or length truncation.
     drafted: drafted tokens. accepted: accepted draft tokens. sequence_steps: live (sequence, step)
       pairs.
+    position_offered: ``position_offered[k]`` is how many live (sequence, step) pairs had a draft at
+      position ``k + 1`` *tested*: drafted at least ``k + 1`` tokens and accepted the first ``k``.
+    position_accepted: ``position_accepted[k]``: of those, how many accepted the draft at position
+      ``k + 1``.
   """
 
   draft_acceptance_rate: float
@@ -63,20 +67,39 @@ class Acceptance:
   drafted: int
   accepted: int
   sequence_steps: int
+  position_offered: tuple[int, ...] = ()
+  position_accepted: tuple[int, ...] = ()
 
   @classmethod
-  def from_counts(cls, drafted: int, accepted: int, sequence_steps: int) -> "Acceptance":
+  def from_counts(cls, drafted: int, accepted: int, sequence_steps: int,
+                  position_offered: tuple[int, ...] = (),
+                  position_accepted: tuple[int, ...] = ()) -> "Acceptance":
     return cls(
         draft_acceptance_rate=accepted / drafted if drafted else float("nan"),
         mean_accepted_length=(accepted + sequence_steps) / sequence_steps if sequence_steps
         else float("nan"),
-        drafted=drafted, accepted=accepted, sequence_steps=sequence_steps)
+        drafted=drafted, accepted=accepted, sequence_steps=sequence_steps,
+        position_offered=tuple(position_offered), position_accepted=tuple(position_accepted))
+
+  @property
+  def position_acceptance(self) -> tuple[float, ...]:
+    """Per-position (conditional) acceptance rate: ``alpha_k`` = P(draft k accepted | drafts 1..k-1
+    accepted and draft k proposed), k = 1, 2, ... (NaN where no draft reached position k). Their
+    running product is what a draft length must weigh (SpecInfer, SmartSpec's goodput)."""
+    return tuple(a / o if o else float("nan")
+                 for a, o in zip(self.position_accepted, self.position_offered))
 
   @classmethod
   def pooled(cls, parts: "list[Acceptance]") -> "Acceptance":
     """Pools several batches by summing their counts (not by averaging their rates)."""
+    width = max((len(p.position_offered) for p in parts), default=0)
+    pad = lambda counts: np.pad(np.asarray(counts, np.int64), (0, width - len(counts)))
     return cls.from_counts(sum(p.drafted for p in parts), sum(p.accepted for p in parts),
-                           sum(p.sequence_steps for p in parts))
+                           sum(p.sequence_steps for p in parts),
+                           tuple(int(c) for c in sum((pad(p.position_offered) for p in parts),
+                                                     np.zeros(width, np.int64))),
+                           tuple(int(c) for c in sum((pad(p.position_accepted) for p in parts),
+                                                     np.zeros(width, np.int64))))
 
 
 def acceptance(draft_lens: np.ndarray, accepted: np.ndarray,
@@ -98,8 +121,13 @@ def acceptance(draft_lens: np.ndarray, accepted: np.ndarray,
     drafted = draft_lens[:, None] * live
   elif np.shape(drafted) != accepted.shape:
     raise ValueError(f"need drafted [steps, B] like accepted, got {np.shape(drafted)}")
-  num_drafted = int((np.asarray(drafted) * live).sum())
-  return Acceptance.from_counts(num_drafted, int(accepted[live].sum()), int(live.sum()))
+  drafted = np.where(live, np.asarray(drafted), 0)
+  accepted_live = np.where(live, accepted, -1)
+  positions = np.arange(1, int(drafted.max(initial=0)) + 1)[:, None, None]  # [L, 1, 1]
+  offered = ((drafted[None] >= positions) & (accepted_live[None] >= positions - 1)).sum(axis=(1, 2))
+  taken = (accepted_live[None] >= positions).sum(axis=(1, 2))
+  return Acceptance.from_counts(int(drafted.sum()), int(accepted[live].sum()), int(live.sum()),
+                                tuple(int(c) for c in offered), tuple(int(c) for c in taken))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,132 +1,312 @@
-r"""The draft-design study (BASS Table 4 at this scale): drafts side by side in one run, to docs.
+r"""The draft-side study: every proposer and draft-length policy against regular decoding, in one run.
 
-    python -m experiments.draft_study --drafts=runs/d192_l4/export,runs/d192_l2/export,runs/d256_l2/export
+    python -m experiments.draft_study --results_dir=results --output=docs/draft_study.md
 
-For every draft (load_model specs) and the target alone, on the first --num_prompts HumanEval prompts:
+For each proposer (``--proposers``: draft specs as ``bass_jax.load_draft_spec`` reads them, e.g. a draft
+model, ``ngram``, ``hybrid:<model>``) it writes to ``--output``:
 
-* parameters, and analytic FLOPs per token relative to the target (2 x the matrix parameters, the
-  tied head included);
-* draft ms/token decoding alone at batch 1 and 8 (regular decoding, greedy), and its ratio to the
-  target's at batch 1;
-* token acceptance rate and mean accepted length (bonus/correction counted) of greedy BASS with a fixed
-  draft length of --draft_len at batch --accept_batch (the goal's setting);
-* per-token latency All (ms/token, BASS §4.1) of BASS with the dynamic draft length, against regular
-  decoding, at each of --batch_sizes, sampling at the paper's T = 0.2, top-p 0.95.
+* parameters, and the draft cost per proposed token against one target forward at the same batch size
+  (both jitted single-position forwards over a half-full cache, median of 5; an n-gram proposer's cost is
+  its on-device lookup over the whole token buffer, a hybrid's is both);
+* for each draft-length policy (``--draft_lens``: ``dynamic`` is BASS Algorithm 1, an int a fixed length,
+  ``goodput`` the cost-aware policy) and each temperature: token acceptance rate, mean accepted length
+  (bonus/correction token counted), per-position acceptance alpha_k, the mean draft length and the share
+  of plain (0-draft) steps;
+* per-token latency All (ms/token, BASS §4.1) at each batch size against regular decoding.
 
-Every number comes from this one process on one machine; the table and the command go to --output.
+Each run decodes its first batch once, untimed, before the measured ones (``run_problems(warmup=True)``):
+a fresh program's first execution costs about 0.5 s more than later ones on this CPU. Every batch holds
+distinct prompts, at every temperature, so each column decodes the same sequences and rows differ (a
+batch of copies of one prompt is not ragged at T = 0). Regular decoding is timed before and after each
+cell's BASS runs, and the speed-ups are taken against the faster of the two (conservative: the first run
+of a process stays slower for a while, even after its warm-up batch). Each (temperature, batch size)
+cell runs in a fresh child process: one process that compiles dozens of decode programs runs out of
+memory maps in XLA:CPU's JIT (``vm.max_map_count``). ``--resume`` keeps finished cells.
+
+The prompts default to the tuning set (``stdlib-heldout``), never HumanEval, because this study picks
+``make run``'s configuration; ``--prompts=humaneval`` evaluates. Text after a ``## Reading`` heading in an
+existing ``--output`` is kept, so a hand-written reading survives a rerun.
 """
 
 import datetime
 import json
 import platform
+import statistics
+import subprocess
 import sys
+import time
 
 from absl import app
 from absl import flags
 import jax
+import jax.numpy as jnp
 
 import bass_jax
-from bass_jax import experiment, metrics
+from bass_jax import experiment, metrics, text
 from bass_jax.data import load_problems
+from bass_jax.sampling import costs
+from bass_jax.sampling.draft_len import as_policy
 from experiments import _io
 
-_DRAFTS = flags.DEFINE_list("drafts", [], "Draft model specs (dirs, aliases).")
-_NAMES = flags.DEFINE_list("names", [], "Display names (default: the specs).")
-_NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 6, "First N HumanEval prompts.")
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per sequence.")
-_DRAFT_LEN = flags.DEFINE_integer("draft_len", 4, "Fixed draft length of the acceptance measurement.")
-_ACCEPT_BATCH = flags.DEFINE_integer("accept_batch", 4, "Batch of the acceptance measurement.")
-_BATCHES = flags.DEFINE_list("batch_sizes", ["1", "4", "8"], "Batch sizes of the latency columns.")
+_PROPOSERS = flags.DEFINE_list(
+    "proposers", ["smollm2-135m-draft", "ngram", "hybrid:smollm2-135m-draft"],
+    "Draft specs (bass_jax.load_draft_spec): model specs, ngram[:max_n=..,min_n=..], hybrid:<model>.")
+_NAMES = flags.DEFINE_list("names", [], "Display names of the proposers (default: the specs).")
+_DRAFT_LENS = flags.DEFINE_list("draft_lens", ["dynamic", "4", "goodput"],
+                                "Draft-length policies: dynamic, goodput, or a fixed int >= 1.")
+_TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target model spec.")
+_PROMPTS = flags.DEFINE_string("prompts", "stdlib-heldout",
+                               "Prompt set (bass_jax.data.load_problems): the tuning set by default.")
+_NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 8, "First N prompts (>= the largest batch).",
+                                    lower_bound=1)
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens per sequence.", lower_bound=1)
+_BATCHES = flags.DEFINE_list("batch_sizes", ["1", "2", "4", "8"], "Batch sizes.")
+_TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "0.2"], "Sampling temperatures (0 = greedy).")
+_TOP_P = flags.DEFINE_float("top_p", 0.95, "Nucleus mass when sampling (BASS §4: 0.95).")
 _RESULTS_DIR = flags.DEFINE_string(
     "results_dir", None, "Directory for draft_study.json (default: a fresh outputs/draft_study-<time>/; "
     "--results_dir=results replaces the committed numbers).")
 _OUTPUT = flags.DEFINE_string("output", None, "Markdown file to write (default: <results_dir>/"
                               "draft_study.md; docs/draft_study.md is the committed one).")
 
+_RESUME = flags.DEFINE_bool(
+    "resume", False, "Keep the (temperature, batch size) cells already in <results_dir>/draft_study.json "
+    "(written with the same settings) and run only the missing ones.")
+_CELL = flags.DEFINE_string("cell", None, "Internal: run one cell 'T,B' in this process.")
+_CELL_OUTPUT = flags.DEFINE_string("cell_output", None, "Internal: where --cell writes its JSON.")
+
+_READING = "## Reading"
+
+
+def _policy(value: str) -> int | str:
+  return int(value) if value.isdigit() else value
+
+
+def _lookup_seconds(ngram, batch: int, width: int) -> float:
+  """Median seconds of the jitted n-gram lookup over ``i32[batch, width]`` random tokens, half full."""
+  lookup = jax.jit(ngram.lookup)
+  tokens = jax.random.randint(jax.random.key(0), (batch, width), 0, 64, jnp.int32)
+  seq_len = jnp.full((batch,), width // 2, jnp.int32)
+  jax.block_until_ready(lookup(tokens, seq_len))
+  times = []
+  for _ in range(5):
+    start = time.perf_counter()
+    jax.block_until_ready(lookup(tokens, seq_len))
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def _proposal_cost(draft, target, batch: int, cache_len: int) -> dict[str, float]:
+  """Seconds of one target forward and of proposing one token, at ``batch`` rows."""
+  forward = lambda model: costs.time_forward(
+      model.config, jnp.dtype(model.dtype).name, "reference", model.params, batch, positions=1,
+      cache_len=cache_len)
+  model = draft if isinstance(draft, bass_jax.Model) else getattr(draft, "model", None)
+  ngram = draft if isinstance(draft, bass_jax.NGramProposer) else getattr(draft, "ngram", None)
+  seconds = (forward(model) if model is not None else 0.0) + (
+      _lookup_seconds(ngram, batch, cache_len) if ngram is not None else 0.0)
+  return {"target_forward_s": forward(target), "propose_token_s": seconds}
+
+
+def _problems_and_target():
+  target = bass_jax.load_model(_TARGET.value)
+  problems = load_problems(_PROMPTS.value, _NUM_PROMPTS.value)
+  return target, problems
+
+
+def _proposer_table(names, batches) -> dict:
+  """Parameters and measured cost per proposed token of every proposer, at each batch size."""
+  target, problems = _problems_and_target()
+  longest = max(len(p) for p in text.encode_prompts(target.tokenizer, [q.prompt for q in problems]))
+  cache_len = -(-(longest + _MAX_NEW.value) // 128) * 128
+  table = {}
+  for name, spec in zip(names, _PROPOSERS.value):
+    draft = bass_jax.load_draft_spec(spec, target)
+    model = draft if isinstance(draft, bass_jax.Model) else getattr(draft, "model", None)
+    table[name] = {"spec": spec, "params": model.config.num_params() if model is not None else 0,
+                   "cache_len": cache_len,
+                   "cost": {str(b): _proposal_cost(draft, target, b, cache_len) for b in batches}}
+    print(name, table[name], flush=True)
+  return table
+
+
+def _run_cell(names, policies, temperature: float, batch: int) -> dict:
+  """Regular decoding, every proposer under every policy, regular decoding again: one cell."""
+  target, problems = _problems_and_target()
+  drafts = [bass_jax.load_draft_spec(spec, target) for spec in _PROPOSERS.value]
+
+  def run(draft, **kw):
+    return experiment.run_problems(
+        target, draft, problems, batch_size=batch, max_new_tokens=_MAX_NEW.value,
+        temperature=temperature, top_p=_TOP_P.value if temperature > 0 else 1.0,
+        distinct_prompts=True, progress=False, warmup=True, **kw).summary
+
+  cell = {"regular": [run(None, method="regular")["ms_per_token_all"]], "bass": {}}
+  for name, draft in zip(names, drafts):
+    for pol in policies:
+      s = run(draft, method="bass", draft_len=pol)
+      cell["bass"][f"{name}|{pol}"] = {k: s[k] for k in (
+          "ms_per_token_all", "ms_per_token_first", "ms_per_token_last", "tokens_per_second",
+          "draft_acceptance_rate", "mean_accepted_length", "position_acceptance", "acceptance",
+          "mean_draft_len", "plain_step_share", "step_costs", "steps", "compile_seconds")}
+      print(f"T={temperature:g} B={batch} {name} {pol}: {s['ms_per_token_all']:.1f} ms/token, "
+            f"accepted length {s['mean_accepted_length']:.2f}, plain steps "
+            f"{s['plain_step_share']:.0%}", flush=True)
+  cell["regular"].append(run(None, method="regular")["ms_per_token_all"])
+  print(f"T={temperature:g} B={batch} regular before / after: {cell['regular']}", flush=True)
+  return cell
+
+
+def _cell(ms: float, regular: float, best: bool) -> str:
+  value = f"{ms:.1f} ({regular / ms:.2f}x)"
+  return f"**{value}**" if best else value
+
+
+def _render(raw, names, policies, batches, temperatures) -> str:
+  device = jax.devices()[0]
+  settings = raw["settings"]
+  commands = raw["commands"]
+  lines = [
+      "# Draft-side study: proposers and draft-length policies",
+      "",
+      f"Written by `{commands[-1]}` on {datetime.date.today().isoformat()}, {device.platform} "
+      f"({platform.processor() or platform.machine()}, {jax.local_device_count()} device, JAX "
+      f"{jax.__version__})" + (
+          "; the cells came from these invocations, in order (each cell is measured whole in one "
+          "process): " + "; ".join(f"`{c}`" for c in commands) if len(commands) > 1 else "") +
+      ". The numbers are in `draft_study.json` beside the run." + "".join(
+          f" {note}" for note in raw.get("notes", [])),
+      "",
+      f"Target {settings['target']}; first {settings['num_prompts']} prompts of "
+      f"`{settings['prompts']}`, {settings['max_new_tokens']} new tokens each; every batch holds "
+      f"distinct prompts. Sampling: top-p {settings['top_p']} at T > 0. Latency is per-token latency "
+      "All (ms/token, mean over the sequences, compilation and a warm-up batch excluded, BASS §4.1); in "
+      "parentheses the speed-up over regular decoding, timed just before and just after each cell's "
+      "BASS runs, against the faster of the two (both are in the last row; the first is usually the "
+      "slower, so this is the conservative reference). Bold: the fastest BASS configuration per "
+      "column.",
+      "",
+      "## Proposers",
+      "",
+      "Draft cost per proposed token, as a fraction of one target forward at the same batch size (both one "
+      "jitted position per row over a half-full cache, median of 5).",
+      "",
+      "| proposer | parameters | " + " | ".join(f"cost/token B={b}" for b in batches) + " |",
+      "|---|---|" + "---|" * len(batches),
+  ]
+  for name in names:
+    p = raw["proposers"][name]
+    lines.append(f"| {name} | {p['params'] / 1e6:.1f} M | " + " | ".join(
+        f"{p['cost'][str(b)]['propose_token_s'] / p['cost'][str(b)]['target_forward_s']:.3f}"
+        for b in batches) + " |")
+  for t in temperatures:
+    runs = raw["runs"][t]
+    lines += ["", f"## T = {t}" + (" (greedy)" if float(t) == 0 else ""), "",
+              "Per-token latency All, ms/token (speed-up over regular decoding):", "",
+              "| proposer | draft length | " + " | ".join(f"B={b}" for b in batches) + " |",
+              "|---|---|" + "---|" * len(batches)]
+    # The faster of the two regular timings: a conservative reference, because the first run of a
+    # process stays slower for a while even after its warm-up batch (the "before" column).
+    regular = {b: min(runs[str(b)]["regular"]) for b in batches}
+    best = {b: min(runs[str(b)]["bass"].values(), key=lambda s: s["ms_per_token_all"])
+            ["ms_per_token_all"] for b in batches}
+    for name in names:
+      for pol in policies:
+        cells = []
+        for b in batches:
+          ms = runs[str(b)]["bass"][f"{name}|{pol}"]["ms_per_token_all"]
+          cells.append(_cell(ms, regular[b], ms == best[b]))
+        lines.append(f"| {name} | {pol} | " + " | ".join(cells) + " |")
+    lines.append("| regular decoding (before / after) | - | " + " | ".join(
+        " / ".join(f"{v:.1f}" for v in runs[str(b)]["regular"]) for b in batches) + " |")
+    lines += ["", "Acceptance, pooled over the batch sizes; mean draft length and plain (0-draft) steps "
+              "per batch size:", "",
+              "| proposer | draft length | acceptance rate | mean accepted length | alpha_1..alpha_k | "
+              "mean l_draft " + "/".join(f"B={b}" for b in batches) + " | plain steps " +
+              "/".join(f"B={b}" for b in batches) + " |",
+              "|---|---|---|---|---|---|---|"]
+    for name in names:
+      for pol in policies:
+        summaries = [runs[str(b)]["bass"][f"{name}|{pol}"] for b in batches]
+        pooled = metrics.Acceptance.pooled([metrics.Acceptance(**s["acceptance"]) for s in summaries])
+        alphas = " ".join(f"{a:.2f}" for a, o in zip(pooled.position_acceptance,
+                                                       pooled.position_offered) if o >= 20)
+        lines.append(
+            f"| {name} | {pol} | {pooled.draft_acceptance_rate:.3f} | "
+            f"{pooled.mean_accepted_length:.2f} | {alphas or '-'} | "
+            + "/".join(f"{s['mean_draft_len']:.1f}" for s in summaries) + " | "
+            + "/".join(f"{s['plain_step_share']:.0%}" for s in summaries) + " |")
+  lines += ["", "alpha_k: of the steps where a row's draft k was tested (drafts 1..k-1 accepted), the "
+            "share that accepted it; positions tested fewer than 20 times are left out."]
+  return "\n".join(lines) + "\n"
+
 
 def main(argv):
   del argv
   _io.init_script()
+  batches = [int(b) for b in _BATCHES.value]
+  temperatures = list(_TEMPERATURES.value)
+  policies = [_policy(v) for v in _DRAFT_LENS.value]
+  names = _NAMES.value or _PROPOSERS.value
+  if len(names) != len(_PROPOSERS.value):
+    raise app.UsageError(f"--names has {len(names)} entries for {len(_PROPOSERS.value)} --proposers")
+  try:
+    for pol in policies:
+      as_policy(pol)
+  except ValueError as e:
+    raise app.UsageError(f"--draft_lens: {e}") from e
+  if _NUM_PROMPTS.value < max(batches):
+    raise app.UsageError(f"every batch holds distinct prompts: --num_prompts={_NUM_PROMPTS.value} is "
+                         f"fewer than the largest batch size {max(batches)}")
   try:
     run_dir = _io.run_directory(_RESULTS_DIR.value, "draft_study")
     json_path = _io.check_output_file(run_dir / "draft_study.json", flag="results_dir")
     output = _io.check_output_file(_OUTPUT.value or run_dir / "draft_study.md", flag="output")
   except _io.OutputError as e:
     raise app.UsageError(str(e)) from e
-  target = bass_jax.load_model("smollm2-135m-instruct")
-  problems = load_problems("humaneval", _NUM_PROMPTS.value)
-  names = _NAMES.value or _DRAFTS.value
-  batches = [int(b) for b in _BATCHES.value]
-  # Every batch decodes copies of one prompt: the greedy runs measure cost and acceptance (identical
-  # rows cost what distinct ones do), the T = 0.2 runs B samples per prompt, the paper's setting.
-  run = lambda model, draft, **kw: experiment.run_problems(
-      model, draft, problems, max_new_tokens=_MAX_NEW.value, progress=False, distinct_prompts=False,
-      **kw).summary
 
-  rows, raw = [], {"target": {}, "drafts": {}}
-  target_ms = {b: run(target, None, batch_size=b, method="regular")["ms_per_token_all"] for b in (1, 8)}
-  regular = {b: run(target, None, batch_size=b, method="regular", temperature=0.2,
-                    top_p=0.95)["ms_per_token_all"] for b in batches}
-  raw["target"] = {"ms_per_token_greedy": target_ms, "regular_all_ms": regular,
-                   "params": target.config.num_params()}
-  for spec, name in zip(_DRAFTS.value, names):
-    draft = bass_jax.load_draft(spec, target)
-    draft_for_timing = bass_jax.Model(draft.config, draft.params, target.tokenizer, name)
-    draft_ms = {b: run(draft_for_timing, None, batch_size=b, method="regular")["ms_per_token_all"]
-                for b in (1, 8)}
-    accept = run(target, draft, batch_size=_ACCEPT_BATCH.value, method="bass",
-                 draft_len=_DRAFT_LEN.value)
-    bass = {b: run(target, draft, batch_size=b, method="bass", temperature=0.2,
-                   top_p=0.95)["ms_per_token_all"] for b in batches}
-    entry = {"params": draft.config.num_params(),
-             "flops_ratio": (metrics.matmul_params(draft.config, draft.params)
-                            / metrics.matmul_params(target.config, target.params)),
-             "draft_ms_per_token": draft_ms, "time_ratio_b1": draft_ms[1] / target_ms[1],
-             "acceptance_rate": accept["draft_acceptance_rate"],
-             "mean_accepted_length": accept["mean_accepted_length"], "bass_all_ms": bass,
-             "layers": draft.config.num_hidden_layers, "hidden_size": draft.config.hidden_size}
-    raw["drafts"][name] = entry
-    rows.append((name, entry))
-    print(name, json.dumps(entry), flush=True)
-
-  device = jax.devices()[0]
-  header = ("| draft | layers x width | params | FLOPs/token vs target | draft ms/token B=1 | B=8 | "
-            "time vs target (B=1) | acceptance rate | mean accepted length | " +
-            " | ".join(f"BASS All B={b}" for b in batches) + " |")
-  lines = [header, "|" + "---|" * (9 + len(batches))]
-  for name, e in rows:
-    lines.append(
-        f"| {name} | {e['layers']} x {e['hidden_size']} | {e['params'] / 1e6:.1f} M | "
-        f"{e['flops_ratio']:.3f} | {e['draft_ms_per_token'][1]:.1f} | {e['draft_ms_per_token'][8]:.1f} | "
-        f"{e['time_ratio_b1']:.3f} | {e['acceptance_rate']:.3f} | {e['mean_accepted_length']:.2f} | "
-        + " | ".join(f"{e['bass_all_ms'][b]:.1f} ({regular[b] / e['bass_all_ms'][b]:.2f}x)"
-                     for b in batches) + " |")
-  lines.append(
-      f"| target alone (regular decoding) | {target.config.num_hidden_layers} x "
-      f"{target.config.hidden_size} | {target.config.num_params() / 1e6:.1f} M | 1 | "
-      f"{target_ms[1]:.1f} | {target_ms[8]:.1f} | 1 | - | 1 | "
-      + " | ".join(f"{regular[b]:.1f}" for b in batches) + " |")
+  settings = {"target": _TARGET.value, "prompts": _PROMPTS.value, "num_prompts": _NUM_PROMPTS.value,
+              "max_new_tokens": _MAX_NEW.value, "top_p": _TOP_P.value,
+              "proposers": dict(zip(names, _PROPOSERS.value)), "draft_lens": _DRAFT_LENS.value}
+  if _CELL.value:  # a child: one (temperature, batch size) cell, written to --cell_output
+    t, b = _CELL.value.split(",")
+    _io.write_json_atomic(_CELL_OUTPUT.value, _run_cell(names, policies, float(t), int(b)))
+    return
+  raw = {"settings": settings, "proposers": {}, "runs": {}, "commands": [], "complete": False}
+  if _RESUME.value and json_path.exists():
+    raw = json.loads(json_path.read_text())
+    if raw.get("settings") != settings:
+      raise app.UsageError(f"--resume: {json_path} was written with other settings "
+                           f"({raw.get('settings')}); drop --resume or pass the same flags")
   command = "python -m experiments.draft_study " + " ".join(sys.argv[1:])
-  text = "\n".join([
-      "# Draft-design study",
-      "",
-      f"Written by `{command}` on {datetime.date.today().isoformat()}, "
-      f"{device.platform} ({platform.processor() or platform.machine()}, "
-      f"{jax.local_device_count()} device, JAX {jax.__version__}).",
-      "",
-      f"First {_NUM_PROMPTS.value} HumanEval prompts, {_MAX_NEW.value} new tokens, each prompt one "
-      "batch of identical prompts (greedy: draft speed and acceptance; T = 0.2: B samples). Acceptance: greedy BASS, draft "
-      f"length fixed at {_DRAFT_LEN.value}, batch {_ACCEPT_BATCH.value}. Latency: per-token latency per sequence, All (ms/token, mean over the "
-      "batch), BASS with the dynamic draft length (Algorithm 1) at T = 0.2, top-p 0.95, and in "
-      "parentheses the speed-up over regular decoding measured in the same run (last row).",
-      "",
-      *lines,
-      "",
-  ])
+  if command not in raw["commands"]:
+    raw["commands"].append(command)
+  if set(raw["proposers"]) != set(names):
+    raw["proposers"] = _proposer_table(names, batches)
+    _io.write_json_atomic(json_path, raw)
+  for t in temperatures:
+    for b in batches:
+      if str(b) in raw["runs"].get(t, {}):
+        print(f"T={t} B={b}: already in {json_path}, kept", flush=True)
+        continue
+      # Each cell runs in a fresh process: a long process that compiles dozens of decode programs
+      # exhausts the kernel's memory-map limit in XLA:CPU's JIT (vm.max_map_count).
+      cell_path = run_dir / f"draft_study_cell_{t}_{b}.json"
+      subprocess.run([sys.executable, "-m", "experiments.draft_study", *sys.argv[1:],
+                      f"--cell={t},{b}", f"--cell_output={cell_path}"], check=True)
+      raw["runs"].setdefault(t, {})[str(b)] = json.loads(cell_path.read_text())
+      cell_path.unlink()
+      _io.write_json_atomic(json_path, raw)
+
+  raw["complete"] = True
+  body = _render(raw, names, policies, batches, temperatures)
+  reading = ""
+  if output.exists() and _READING in output.read_text():
+    reading = output.read_text()[output.read_text().index(_READING):]
   output.parent.mkdir(parents=True, exist_ok=True)
-  output.write_text(text)
+  output.write_text(body + ("\n" + reading if reading else ""))
   _io.write_json_atomic(json_path, raw)
-  print(text)
+  print(body)
   print(f"wrote {output} and {json_path}")
 
 

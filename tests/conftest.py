@@ -38,6 +38,18 @@ def smollm2() -> bj.Model:
 
 
 @pytest.fixture(scope="session")
+def smollm2_greedy(smollm2):
+  """``(prompts, regular)``: three tuning prompts of different lengths and the real target's regular
+  greedy decoding of them (32 new tokens), the one reference every real-target lossless test compares
+  its BASS configuration with (decoded and compiled once per session)."""
+  from bass_jax.data import load_problems  # pylint: disable=g-import-not-at-top
+
+  prompts = [smollm2.tokenizer(p.prompt).input_ids for p in load_problems("stdlib-heldout", 3)]
+  assert len({len(p) for p in prompts}) == 3
+  return prompts, bj.generate(smollm2, None, prompts, method="regular", max_new_tokens=32)
+
+
+@pytest.fixture(scope="session")
 def smollm2_torch():
   """transformers' own PyTorch model built from the same GGUF file: the independent reference."""
   import transformers

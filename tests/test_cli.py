@@ -74,9 +74,15 @@ def test_bad_flags_fail_in_seconds_before_loading_a_model(setup, tmp_path, flag,
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_an_interrupted_run_keeps_every_finished_batch(setup, tmp_path, sig):
   out, summary = tmp_path / "records.jsonl", tmp_path / "summary.json"
+  args = _args(setup, "--method=regular", f"--num_prompts={NUM_PROMPTS}", "--batch_size=1",
+               "--max_new_tokens=256", f"--output={out}", f"--summary_json={summary}")
+  # A suite launched in the background inherits SIGINT ignored, and so would the script: run it with
+  # Python's own Ctrl-C handler installed, as in a terminal.
+  assert args[1:3] == ["-m", "experiments.generate"]
+  restore_ctrl_c = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                    "runpy.run_module('experiments.generate', run_name='__main__', alter_sys=True)")
   proc = subprocess.Popen(
-      _args(setup, "--method=regular", f"--num_prompts={NUM_PROMPTS}", "--batch_size=1",
-            "--max_new_tokens=256", f"--output={out}", f"--summary_json={summary}"),
+      [args[0], "-c", restore_ctrl_c, *args[3:]],
       cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
   try:
     deadline = time.time() + 240
@@ -108,3 +114,35 @@ def test_a_greedy_experiment_with_too_few_prompts_fails_before_loading(tmp_path)
   assert "--num_prompts=2 is fewer than the largest of --batch_sizes=1,4" in result.stderr, \
       result.stderr[-2000:]
   assert "Traceback" not in result.stderr and time.perf_counter() - start < 5.0
+
+
+@pytest.mark.slow
+def test_the_draft_study_writes_every_cell_and_resumes(setup, tmp_path):
+  """experiments.draft_study on the tiny model: every (temperature, batch) cell, proposer and policy in
+  the table, each cell from its own child process; --resume reruns nothing and keeps the reading."""
+  args = [sys.executable, "-m", "experiments.draft_study", f"--target={setup / 'tiny'}",
+          f"--proposers={setup / 'tiny'},ngram", "--names=tiny,ngram",
+          f"--prompts={setup / 'prompts.jsonl'}", "--num_prompts=2", "--batch_sizes=2",
+          "--temperatures=0,0.5", "--draft_lens=dynamic,goodput", "--max_new_tokens=4",
+          f"--results_dir={tmp_path}", f"--output={tmp_path / 'study.md'}"]
+  bad = subprocess.run(args + ["--draft_lens=often"], cwd=REPO, capture_output=True, text=True,
+                       timeout=120, env=ENV)
+  assert bad.returncode != 0 and "--draft_lens" in bad.stderr
+  result = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=900, env=ENV)
+  assert result.returncode == 0, result.stderr[-3000:]
+  raw = json.loads((tmp_path / "draft_study.json").read_text())
+  assert raw["complete"] and sorted(raw["runs"]) == ["0", "0.5"]
+  for cells in raw["runs"].values():
+    assert sorted(cells) == ["2"]
+    for cell in cells.values():
+      assert len(cell["regular"]) == 2 and min(cell["regular"]) > 0
+      assert sorted(cell["bass"]) == ["ngram|dynamic", "ngram|goodput", "tiny|dynamic", "tiny|goodput"]
+      assert cell["bass"]["tiny|goodput"]["step_costs"]["plain"] > 0
+  text = (tmp_path / "study.md").read_text()
+  assert text.count("| tiny | goodput |") == 4 and text.count("| ngram | dynamic |") == 4  # 2 x 2 tables
+  assert not list(tmp_path.glob("draft_study_cell_*"))  # the children's files are merged and removed
+  (tmp_path / "study.md").write_text(text + "\n## Reading\n\nHand-written.\n")
+  again = subprocess.run(args + ["--resume"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env=ENV)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert again.stdout.count("already in") == 2 and "Hand-written." in (tmp_path / "study.md").read_text()

@@ -41,6 +41,32 @@ def test_acceptance_counts_live_rows_and_the_bonus_token():
     metrics.acceptance(np.array([3]), np.array([1, 2]))
 
 
+def test_per_position_acceptance_matches_a_loop_over_steps():
+  """alpha_k = accepted at k / tested at k, against a plain loop, on random ragged steps; pooling sums."""
+  rng = np.random.default_rng()
+  parts, offered, taken = [], np.zeros(9, int), np.zeros(9, int)
+  for _ in range(3):
+    steps, batch = rng.integers(1, 12), rng.integers(1, 5)
+    drafted = rng.integers(0, rng.integers(1, 9), size=(steps, batch))  # a model-free proposer's rows
+    accepted = np.where(rng.random((steps, batch)) < 0.2, -1, rng.integers(0, 9, (steps, batch)))
+    accepted = np.where(accepted >= 0, np.minimum(accepted, drafted), -1)
+    parts.append(metrics.acceptance(drafted.max(axis=1), accepted, drafted))
+    for s_, b in np.ndindex(steps, batch):
+      if accepted[s_, b] < 0:
+        continue
+      for k in range(1, drafted[s_, b] + 1):  # position k is tested only after k - 1 acceptances
+        if accepted[s_, b] >= k - 1:
+          offered[k - 1] += 1
+          taken[k - 1] += accepted[s_, b] >= k
+  pooled = metrics.Acceptance.pooled(parts)
+  width = len(pooled.position_offered)
+  assert pooled.position_offered == tuple(offered[:width]) and not offered[width:].any()
+  assert pooled.position_accepted == tuple(taken[:width])
+  assert sum(pooled.position_accepted) == pooled.accepted
+  np.testing.assert_allclose(pooled.position_acceptance,
+                             taken[:width] / np.where(offered[:width], offered[:width], np.nan))
+
+
 def test_load_problems(tmp_path):
   problems = load_problems("humaneval")
   assert len(problems) == 164 and problems[0].task_id == "HumanEval/0"
@@ -265,6 +291,14 @@ def test_greedy_runs_decode_distinct_prompts_and_report_how_ragged(tmp_path):
                                     draft_len=3, temperature=1.0, progress=False)
   assert not sampled.summary["distinct_prompts"]
   assert [r["sample_index"] for r in sampled.records] == [0, 1]
+  # A warm-up decode changes nothing that is measured beyond the time (greedy: the same tokens; the
+  # acceptance counts are per position and pool to the totals).
+  warm = experiment.run_problems(target, draft, problems, batch_size=2, max_new_tokens=12,
+                                 draft_len=3, progress=False, warmup=True)
+  assert [r["completion"] for r in warm.records] == [r["completion"] for r in result.records]
+  accept = warm.summary["acceptance"]
+  assert accept == s["acceptance"] and sum(accept["position_accepted"]) == accept["accepted"]
+  assert len(warm.summary["position_acceptance"]) == 3
 
 
 def test_report_omits_a_plot_without_information_and_flags_incomplete_runs(tmp_path):

@@ -136,17 +136,13 @@ def test_run_problems_rejects_an_empty_batch(target):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("draft_layers,draft_len", [(4, "dynamic"), (26, "dynamic")])
-def test_smollm2_greedy_bass_equals_regular(smollm2, draft_layers, draft_len):
-  """Real target, real HumanEval prompts of different lengths, placeholder drafts."""
-  from bass_jax.data import load_problems
-
-  tok = smollm2.tokenizer
-  prompts = [tok(p.prompt).input_ids for p in load_problems("humaneval", 4)[1:4]]
-  assert len({len(p) for p in prompts}) == 3
-  draft = smollm2.with_first_layers(draft_layers)
-  regular = bj.generate(smollm2, None, prompts, method="regular", max_new_tokens=32)
-  bass = bj.generate(smollm2, draft, prompts, method="bass", max_new_tokens=32, draft_len=draft_len)
+@pytest.mark.parametrize("draft_layers", [4, 26])
+def test_smollm2_greedy_bass_equals_regular(smollm2, smollm2_greedy, draft_layers):
+  """Real target, prompts of different lengths, placeholder drafts (the target's first layers) under
+  Algorithm 1 (the other proposers and policies: test_proposers; the shipped draft: test_shipped_draft)."""
+  prompts, regular = smollm2_greedy
+  bass = bj.generate(smollm2, smollm2.with_first_layers(draft_layers), prompts, method="bass",
+                     max_new_tokens=32, draft_len="dynamic")
   rate = assert_lossless(smollm2, prompts, regular, bass)
   assert rate >= 0.9, f"exact-match rate {rate:.3f}"
   if draft_layers == 26:  # a draft close enough to accept sometimes: both paths ran

@@ -198,20 +198,38 @@ def test_goodput_chooses_the_argmax_of_expected_tokens_per_second():
   assert int(chosen) == best_l
 
 
+def test_the_break_even_acceptance_is_where_the_policy_starts_to_speculate():
+  """experiments/step_costs.py's break-even alpha agrees with GoodputDraftLen's own choice on both sides
+  of it, for random measured costs."""
+  from experiments.step_costs import _break_even
+
+  rng = np.random.default_rng()
+  policy = draft_len_lib.GoodputDraftLen()
+  for _ in range(5):
+    plain = rng.uniform(0.01, 0.1)
+    # Ranges where a perfect draft pays and a useless one does not, so a break-even point exists.
+    c = bj.StepCosts(plain=plain, verify_pass=plain * rng.uniform(1.0, 1.6),
+                     propose_first=plain * rng.uniform(0, 0.2), propose_next=plain * rng.uniform(0, 0.1),
+                     chunk=int(rng.choice([2, 4, 8])))
+    alpha, length = _break_even(c, policy.max_len)
+    assert 0 < alpha < 1 and 1 <= length <= policy.max_len
+
+    def choice(rate):  # the policy's pick once the evidence swamps its prior
+      tried = jnp.full(policy.max_len, 1e7, jnp.float32)
+      return int(policy.choose(draft_len_lib.GoodputState(tried, rate * tried, c.as_array())))
+
+    assert choice(alpha + 0.003) >= 1 and choice(alpha - 0.003) == 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("draft_kind,draft_len", [("ngram", "dynamic"), ("hybrid", "goodput")])
-def test_smollm2_greedy_bass_equals_regular_for_every_proposer(smollm2, draft_kind, draft_len):
-  """Real target, tuning prompts of different lengths; the hybrid uses a 4-layer prefix of the target
-  as its draft model, under the cost-aware policy (the model proposer with Algorithm 1 is
-  test_generate's)."""
-  from bass_jax.data import load_problems
-
-  tok = smollm2.tokenizer
-  prompts = [tok(p.prompt).input_ids for p in load_problems("stdlib-heldout", 3)]
-  assert len({len(p) for p in prompts}) == 3
+def test_smollm2_greedy_bass_equals_regular_for_every_proposer(smollm2, smollm2_greedy, draft_kind,
+                                                               draft_len):
+  """Real target, prompts of different lengths; the hybrid uses a 4-layer prefix of the target as its
+  draft model, under the cost-aware policy (the model proposer with Algorithm 1 is test_generate's)."""
+  prompts, regular = smollm2_greedy
   ngram = bj.NGramProposer()
   side = ngram if draft_kind == "ngram" else bj.Hybrid(smollm2.with_first_layers(4), ngram)
-  regular = bj.generate(smollm2, None, prompts, method="regular", max_new_tokens=24)
-  bass = bj.generate(smollm2, side, prompts, max_new_tokens=24, draft_len=draft_len)
+  bass = bj.generate(smollm2, side, prompts, max_new_tokens=32, draft_len=draft_len)
   rate = assert_lossless(smollm2, prompts, regular, bass)
   assert rate >= 0.9, f"exact-match rate {rate:.3f}"

@@ -29,9 +29,19 @@ _LOCK = threading.Lock()
 _REPEATS = 5
 
 
-def _time_forward(config, dtype: str, attention_impl: str, params, batch: int, positions: int,
-                  cache_len: int) -> float:
-  """Median seconds of a ``[batch, positions]`` forward over a cache of ``cache_len`` slots half full."""
+def time_forward(config, dtype: str, attention_impl: str, params, batch: int, positions: int,
+                 cache_len: int) -> float:
+  """Median wall seconds of one jitted ``[batch, positions]`` forward over a cache half full.
+
+  Args:
+    config: the model's config. dtype: compute dtype name (``"float32"``). attention_impl: as in
+      ``models.common.forward``. params: its weights.
+    batch: rows. positions: tokens scored per row. cache_len: cache slots per row (``cache_len // 2``
+      already filled, so attention reads a realistic length).
+
+  Returns:
+    Seconds, the median of 5 timed calls after one compiling call (compilation excluded).
+  """
   @functools.partial(jax.jit, donate_argnums=2)
   def step(params, tokens, cache):
     logits, cache = forward(config, params, tokens, cache, dtype=dtype, attention_impl=attention_impl)
@@ -76,11 +86,11 @@ def measure_step_costs(spec, target_params: Any, draft_params: Any, batch: int) 
   with _LOCK:
     if key in _CACHE:
       return _CACHE[key]
-  target = functools.partial(_time_forward, spec.target, spec.target_dtype, spec.attention_impl,
+  target = functools.partial(time_forward, spec.target, spec.target_dtype, spec.attention_impl,
                              target_params, batch, cache_len=spec.cache_len)
   first = nxt = 0.0
   if draft is not None:
-    forward = functools.partial(_time_forward, draft.config, draft.dtype, draft.attention_impl,
+    forward = functools.partial(time_forward, draft.config, draft.dtype, draft.attention_impl,
                                 draft_params, batch, cache_len=spec.cache_len)
     first, nxt = forward(positions=2), forward(positions=1)
   costs = StepCosts(plain=target(positions=1), verify_pass=target(positions=spec.verify_chunk),
