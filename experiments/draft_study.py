@@ -69,6 +69,19 @@ _RESULTS_DIR = flags.DEFINE_string(
 _OUTPUT = flags.DEFINE_string("output", None, "Markdown file to write (default: <results_dir>/"
                               "draft_study.md; docs/draft_study.md is the committed one).")
 
+
+def _is_temperature(value: str) -> bool:
+  try:
+    return float(value) >= 0
+  except ValueError:
+    return False
+
+
+flags.register_validator("batch_sizes", lambda v: bool(v) and all(b.isdigit() and int(b) >= 1 for b in v),
+                         message="--batch_sizes must be a comma-separated list of ints >= 1")
+flags.register_validator("temperatures", lambda v: bool(v) and all(map(_is_temperature, v)),
+                         message="--temperatures must be a comma-separated list of numbers >= 0")
+
 _RESUME = flags.DEFINE_bool(
     "resume", False, "Keep the (temperature, batch size) cells already in <results_dir>/draft_study.json "
     "(written with the same settings) and run only the missing ones.")

@@ -28,6 +28,8 @@ _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 8, "First N prompts (>= the l
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 48, "Output bucket of the measured setting.",
                                 lower_bound=1)
 _BATCHES = flags.DEFINE_list("batch_sizes", ["1", "2", "4", "8"], "Batch sizes.")
+flags.register_validator("batch_sizes", lambda v: bool(v) and all(b.isdigit() and int(b) >= 1 for b in v),
+                         message="--batch_sizes must be a comma-separated list of ints >= 1")
 
 
 def main(argv):
