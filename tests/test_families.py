@@ -102,6 +102,33 @@ def test_logits_match_transformers(converted):
   assert bj.loading.count_params(model.params) == model.config.num_params()
 
 
+def test_features_are_transformers_last_hidden_state_and_what_the_head_reads(converted):
+  """forward(return_features=True): the LM head's input, equal to the base model's last_hidden_state
+  (the feature an EAGLE draft reads), through a ragged cache as in a decode, without changing logits."""
+  from bass_jax.models.common import forward
+
+  name, hf, _, model = converted
+  rng = np.random.default_rng()
+  tokens = rng.integers(0, VOCAB, size=(2, 19))
+  with torch.no_grad():
+    want = hf.base_model(torch.tensor(tokens)).last_hidden_state.numpy()
+  logits, _, features = forward(model.config, model.params, tokens, return_features=True)
+  assert features.shape == want.shape and np.std(want) > 0.1, name
+  np.testing.assert_allclose(np.asarray(features), want, atol=1e-4, rtol=1e-4, err_msg=name)
+  np.testing.assert_allclose(np.asarray(logits), np.asarray(model.logits(tokens)), atol=1e-5,
+                             err_msg=name)
+  # In a decode: a prefill of different lengths per row, then 3 more tokens through the cache; the
+  # unwritten slots hold NaN, so a stray read shows.
+  cache = model.config.init_cache(2, 64, fill_value=np.nan)
+  prefill = np.array([7, 12])
+  _, update = forward(model.config, model.params, tokens[:, :12], compute_logits=False)
+  cache = cache.append(update).with_lengths(prefill)
+  chunk = np.stack([tokens[0, 7:10], tokens[1, 12:15]])
+  _, _, step_features = forward(model.config, model.params, chunk, cache, return_features=True)
+  np.testing.assert_allclose(np.asarray(step_features), np.stack([want[0, 7:10], want[1, 12:15]]),
+                             atol=1e-4, rtol=1e-4, err_msg=name)
+
+
 def test_cached_incremental_decoding_equals_full_forward(converted):
   name, _, _, model = converted
   rng = np.random.default_rng(2)

@@ -181,6 +181,7 @@ class CodeGen(nn.Module):
         positions=common.positions_of(tokens, cache), config=cfg,
         attention_impl=self.attention_impl, dtype=self.dtype)
     x = nn.LayerNorm(cfg.layer_norm_epsilon, dtype=self.dtype, param_dtype=self.dtype, name="ln_f")(x)
+    self.sow("intermediates", common.FEATURES, x)
     if not compute_logits and not self.is_initializing():
       return None, update
     if cfg.tie_word_embeddings:

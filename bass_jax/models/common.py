@@ -203,16 +203,34 @@ def run_layers(layer_cls: type[nn.Module], num_layers: int, *, name: str, x: jax
   return x, KVCache(k=tuple(ks), v=tuple(vs), lengths=cache.lengths + x.shape[1])
 
 
+# The name under which every family sows its *features*: the vector its LM head multiplies (after the
+# final norm, and OPT's ``project_out``), ``dtype[B, T, E]``; an EAGLE-style draft reads it.
+FEATURES = "features"
+
+
 def forward(config: DecoderConfig, params: Any, tokens: jax.Array, cache: KVCache | None = None, *,
-            dtype: Any = jnp.float32, attention_impl: str = "reference", compute_logits: bool = True):
+            dtype: Any = jnp.float32, attention_impl: str = "reference", compute_logits: bool = True,
+            return_features: bool = False):
   """One forward pass of any family: ``tokens: i32[B, T]`` written into and attended over ``cache``.
+
+  Args:
+    return_features: also return the features (:data:`FEATURES`): the LM head's input at every
+      position, ``dtype[B, T, E]`` (E the hidden size, OPT's ``word_embed_proj_dim``). It equals
+      transformers' ``last_hidden_state`` of the family's base model, the feature an EAGLE draft reads
+      (Li et al. 2024, §3). Without it the features are never materialized.
 
   Returns:
     ``(logits f32[B, T, V] | None, cache)`` with the cache's lengths advanced by T; without a cache,
-    ``(logits | None, KVUpdate)`` of the tokens attended among themselves (causally).
+    ``(logits | None, KVUpdate)`` of the tokens attended among themselves (causally). With
+    ``return_features``, ``(logits | None, cache or KVUpdate, features)``.
   """
   module = config.make_module(attention_impl=attention_impl, dtype=jnp.dtype(dtype))
-  return module.apply({"params": params}, tokens, cache, compute_logits)
+  if not return_features:
+    return module.apply({"params": params}, tokens, cache, compute_logits)
+  (logits, cache), sown = module.apply({"params": params}, tokens, cache, compute_logits,
+                                       mutable=["intermediates"])
+  features, = sown["intermediates"][FEATURES]
+  return logits, cache, features
 
 
 def prefill_cache(config: DecoderConfig, params: Any, prompts: jax.Array, prompt_len: jax.Array, *,

@@ -163,6 +163,7 @@ class GPT2(nn.Module):
         GPT2Block, cfg.n_layer, name="h", x=x, cache=cache, positions=positions,
         config=cfg, attention_impl=self.attention_impl, dtype=self.dtype)
     x = nn.LayerNorm(cfg.layer_norm_epsilon, dtype=self.dtype, param_dtype=self.dtype, name="ln_f")(x)
+    self.sow("intermediates", common.FEATURES, x)
     if not compute_logits and not self.is_initializing():
       return None, update
     if cfg.tie_word_embeddings:

@@ -355,6 +355,7 @@ class Llama(nn.Module):
         dtype=self.dtype)
 
     x = RMSNorm(cfg.rms_norm_eps, self.dtype, name="norm")(x)
+    self.sow("intermediates", common.FEATURES, x)
     if not compute_logits and not self.is_initializing():
       return None, update
     if cfg.tie_word_embeddings:

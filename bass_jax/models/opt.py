@@ -201,11 +201,12 @@ class OPT(nn.Module):
       x = nn.LayerNorm(1e-5, dtype=self.dtype, param_dtype=self.dtype, name="final_layer_norm",
                        use_scale=cfg.layer_norm_elementwise_affine,
                        use_bias=cfg.layer_norm_elementwise_affine)(x)
-    if not compute_logits and not self.is_initializing():
-      return None, update
     if cfg.projects:
       x = nn.Dense(cfg.word_embed_proj_dim, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
                    name="project_out")(x)
+    self.sow("intermediates", common.FEATURES, x)
+    if not compute_logits and not self.is_initializing():
+      return None, update
     if cfg.tie_word_embeddings:
       head = embed.embedding.astype(self.dtype)
     else:
