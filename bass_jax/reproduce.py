@@ -86,12 +86,13 @@ def _decode(target: Model, draft: Model, problems: Sequence[Problem], *, method:
             strategy: str = "pad", draft_len: Any = "dynamic", check: bool = False,
             distinct_prompts: bool | None = None):
   """One ``experiment.run_problems`` as every experiment here runs it (the draft only for BASS; distinct
-  prompts per batch at temperature 0 unless ``distinct_prompts`` says otherwise)."""
+  prompts per batch at temperature 0 unless ``distinct_prompts`` says otherwise; an untimed warm-up
+  batch first, so a fresh program's costlier first execution is not charged to the first batch)."""
   return experiment.run_problems(
       target, draft if method == "bass" else None, problems, batch_size=batch, method=method,
       max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, draft_len=draft_len,
       attention_impl=attention_impl(strategy, kernels), check=check, progress=False,
-      distinct_prompts=distinct_prompts)
+      distinct_prompts=distinct_prompts, warmup=True)
 
 
 Saver = Callable[[dict[str, Any]], None]
