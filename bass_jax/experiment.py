@@ -107,9 +107,9 @@ def run_problems(
       sequence passes).
     progress: show a progress bar over batches.
     warmup: decode the first batch once, untimed and discarded, before the measured batches. A program's
-      first execution costs more than the next ones beyond its compilation (on this CPU about 0.5 s per
-      fresh program, at B = 1 and 4 alike): without a warm-up that one-time cost lands on the first
-      batch, which at B = 8 with 8 prompts is the whole run.
+      first execution costs more than the next ones, beyond its compilation (seen on this CPU at every
+      batch size): without a warm-up that one-time cost lands on the first batch, which at B = 8 with 8
+      prompts is the whole run.
     on_batch: called with each batch's records as soon as the batch is decoded (scripts append them to
       their JSONL file, so an interrupted run keeps every finished batch).
 
@@ -146,18 +146,18 @@ def run_problems(
   step_costs = None
   import tqdm  # pylint: disable=g-import-not-at-top  (the [experiments] extra)
 
-  def decode(batch: list[Problem], batch_seed: int):
-    return generate(target, draft, text.encode_prompts(tokenizer, [p.prompt for p in batch]),
-                    method=method, max_new_tokens=max_new_tokens, temperature=temperature,
-                    top_p=top_p, draft_len=draft_len, seed=batch_seed, attention_impl=attention_impl,
-                    verify_chunk=verify_chunk)
+  def decode(prompt_ids: list[list[int]], batch_seed: int):
+    return generate(target, draft, prompt_ids, method=method, max_new_tokens=max_new_tokens,
+                    temperature=temperature, top_p=top_p, draft_len=draft_len, seed=batch_seed,
+                    attention_impl=attention_impl, verify_chunk=verify_chunk)
 
+  encode = lambda batch: text.encode_prompts(tokenizer, [p.prompt for p in batch])
   if warmup:  # untimed; its compilation is still reported
-    compile_seconds = decode(batches[0], seed).stats.compile_seconds
+    compile_seconds = decode(encode(batches[0]), seed).stats.compile_seconds
   bar = tqdm.tqdm(batches, desc=f"{method} B={batch_size}", unit="batch", disable=not progress)
   for i, batch in enumerate(bar):
-    out = decode(batch, seed + i)
-    prompt_ids = text.encode_prompts(tokenizer, [p.prompt for p in batch])
+    prompt_ids = encode(batch)
+    out = decode(prompt_ids, seed + i)
     stats = out.stats
     step_costs = stats.step_costs  # the same for every batch of a run (measured once per setting)
     prompt_lengths = np.array([len(p) for p in prompt_ids])

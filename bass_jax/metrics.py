@@ -93,13 +93,15 @@ class Acceptance:
   def pooled(cls, parts: "list[Acceptance]") -> "Acceptance":
     """Pools several batches by summing their counts (not by averaging their rates)."""
     width = max((len(p.position_offered) for p in parts), default=0)
-    pad = lambda counts: np.pad(np.asarray(counts, np.int64), (0, width - len(counts)))
+
+    def total(counts):  # per-position counts of every part, zero-padded to the longest, summed
+      padded = [np.pad(np.asarray(c, np.int64), (0, width - len(c))) for c in counts]
+      return tuple(int(c) for c in np.sum(padded, axis=0, dtype=np.int64)) if padded else ()
+
     return cls.from_counts(sum(p.drafted for p in parts), sum(p.accepted for p in parts),
                            sum(p.sequence_steps for p in parts),
-                           tuple(int(c) for c in sum((pad(p.position_offered) for p in parts),
-                                                     np.zeros(width, np.int64))),
-                           tuple(int(c) for c in sum((pad(p.position_accepted) for p in parts),
-                                                     np.zeros(width, np.int64))))
+                           total(p.position_offered for p in parts),
+                           total(p.position_accepted for p in parts))
 
 
 def acceptance(draft_lens: np.ndarray, accepted: np.ndarray,
@@ -122,10 +124,10 @@ def acceptance(draft_lens: np.ndarray, accepted: np.ndarray,
   elif np.shape(drafted) != accepted.shape:
     raise ValueError(f"need drafted [steps, B] like accepted, got {np.shape(drafted)}")
   drafted = np.where(live, np.asarray(drafted), 0)
-  accepted_live = np.where(live, accepted, -1)
   positions = np.arange(1, int(drafted.max(initial=0)) + 1)[:, None, None]  # [L, 1, 1]
-  offered = ((drafted[None] >= positions) & (accepted_live[None] >= positions - 1)).sum(axis=(1, 2))
-  taken = (accepted_live[None] >= positions).sum(axis=(1, 2))
+  # Position k is tested where k drafts were proposed and the first k - 1 accepted (-1: not live).
+  offered = ((drafted[None] >= positions) & (accepted[None] >= positions - 1)).sum(axis=(1, 2))
+  taken = (accepted[None] >= positions).sum(axis=(1, 2))
   return Acceptance.from_counts(int(drafted.sum()), int(accepted[live].sum()), int(live.sum()),
                                 tuple(int(c) for c in offered), tuple(int(c) for c in taken))
 

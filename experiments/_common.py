@@ -29,8 +29,7 @@ RESULTS_DIR = flags.DEFINE_string(
     "outputs/<experiment>-<time>/; pass --results_dir=results to replace the committed results that "
     "experiments.report renders.")
 
-flags.register_validator("batch_sizes", lambda v: bool(v) and all(b.isdigit() and int(b) >= 1 for b in v),
-                         message="--batch_sizes must be a comma-separated list of ints >= 1")
+_io.require_positive_ints("batch_sizes")
 
 _RUN_DIR: pathlib.Path | None = None
 

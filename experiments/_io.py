@@ -27,6 +27,19 @@ COMPILATION_CACHE_DIR = flags.DEFINE_string(
 OUTPUTS = pathlib.Path("outputs")  # git-ignored; fresh runs go here unless told otherwise
 
 
+def require_positive_ints(flag_name: str) -> None:
+  """Registers a validator: the list flag ``flag_name`` holds one or more ints >= 1 (batch sizes)."""
+  flags.register_validator(
+      flag_name, lambda v: bool(v) and all(b.isdigit() and int(b) >= 1 for b in v),
+      message=f"--{flag_name} must be a comma-separated list of ints >= 1")
+
+
+def draft_len_value(text: str) -> int | str:
+  """A ``--draft_len`` flag's text as ``generate`` takes it: digits become the fixed length, anything
+  else (``dynamic``, ``goodput``) stays a name; ``generate`` rejects what it does not know."""
+  return int(text) if text.isdigit() else text
+
+
 class OutputError(ValueError):
   """An output path that cannot be written; the message names the flag and the fix."""
 

@@ -111,7 +111,7 @@ def main(argv):
     result = experiment.run_problems(
         target, draft, problems, batch_size=_BATCH.value, method=_METHOD.value,
         max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
-        draft_len=int(_DRAFT_LEN.value) if _DRAFT_LEN.value.isdigit() else _DRAFT_LEN.value,
+        draft_len=_io.draft_len_value(_DRAFT_LEN.value),
         seed=_SEED.value, attention_impl=_ATTENTION.value, distinct_prompts=distinct,
         verify_chunk=_CHUNK.value, on_batch=records.write)
   print(experiment.format_summary(result.summary), flush=True)

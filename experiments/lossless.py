@@ -37,7 +37,7 @@ def main(argv):
     raise app.UsageError(str(e)) from e
   target = bass_jax.load_model(_TARGET.value)
   draft = bass_jax.load_draft_spec(_DRAFT.value, target, num_layers=_DRAFT_LAYERS.value or None)
-  draft_len = int(_DRAFT_LEN.value) if _DRAFT_LEN.value.isdigit() else _DRAFT_LEN.value
+  draft_len = _io.draft_len_value(_DRAFT_LEN.value)
   prompts = text.encode_prompts(
       target.tokenizer, [p.prompt for p in load_problems("humaneval", _NUM_PROMPTS.value)])
   matched = total = 0

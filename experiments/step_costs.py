@@ -7,17 +7,17 @@ For each batch size, one ``draft_len="goodput"`` call of ``generate`` measures t
 the ``b`` longest of the first ``--num_prompts`` tuning prompts at ``--max_new_tokens``), and this
 prints them with the break-even acceptance rate: the smallest per-position acceptance ``alpha`` (the
 same at every position) at which some draft length ``l >= 1`` has a higher goodput than a plain step,
-``(1 + alpha + ... + alpha^l) / cost(l) > 1 / plain`` (``GoodputDraftLen``'s model). Above it the
-cost-aware policy speculates; below it it decodes plainly.
+``(1 + alpha + ... + alpha^l) / cost(l) > 1 / plain`` (``draft_len.break_even_acceptance``). Above
+it the cost-aware policy speculates; below it it decodes plainly.
 """
 
 from absl import app
 from absl import flags
-import numpy as np
 
 import bass_jax
 from bass_jax import text
 from bass_jax.data import load_problems
+from bass_jax.sampling.draft_len import break_even_acceptance
 from experiments import _io
 
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target model spec.")
@@ -28,8 +28,7 @@ _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 8, "First N prompts (>= the l
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 48, "Output bucket of the measured setting.",
                                 lower_bound=1)
 _BATCHES = flags.DEFINE_list("batch_sizes", ["1", "2", "4", "8"], "Batch sizes.")
-flags.register_validator("batch_sizes", lambda v: bool(v) and all(b.isdigit() and int(b) >= 1 for b in v),
-                         message="--batch_sizes must be a comma-separated list of ints >= 1")
+_io.require_positive_ints("batch_sizes")
 
 
 def main(argv):
@@ -51,23 +50,10 @@ def main(argv):
     batch = sorted(prompts, key=len)[-b:]
     c = bass_jax.generate(target, draft, batch, max_new_tokens=_MAX_NEW.value,
                           draft_len="goodput").stats.step_costs
-    alpha, length = _break_even(c, max_len=bass_jax.GoodputDraftLen().max_len)
+    alpha, length = break_even_acceptance(c, max_len=bass_jax.GoodputDraftLen().max_len)
     print(f"| {b} | {1e3 * c.plain:.1f} | {1e3 * c.verify_pass:.1f} | {c.chunk} | "
           f"{1e3 * c.propose_first:.1f} | {1e3 * c.propose_next:.1f} | {alpha:.2f} | {length} |",
           flush=True)
-
-
-def _break_even(c, max_len: int) -> tuple[float, int]:
-  """Smallest alpha on a 0.001 grid where some l in 1..max_len beats a plain step, and that l."""
-  lengths = np.arange(1, max_len + 1)
-  cost = (c.propose_first + (lengths - 1) * c.propose_next
-          + np.ceil((lengths + 1) / c.chunk) * c.verify_pass)
-  for alpha in np.arange(0.0, 1.0, 0.001):
-    expected = 1 + np.cumsum(alpha ** lengths)  # E(l) with alpha at every position
-    best = int(np.argmax(expected / cost))
-    if expected[best] / cost[best] > 1 / c.plain:
-      return float(alpha), int(lengths[best])
-  return 1.0, 0
 
 
 if __name__ == "__main__":

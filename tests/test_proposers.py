@@ -111,8 +111,7 @@ def test_draft_model_rollback_keeps_what_the_text_confirms():
   proposer = proposers.ModelProposer(model.config, "float32")
   cache = model.config.init_cache(2, 32, jnp.float32).with_lengths(jnp.asarray([13, 13]))
   fed = jnp.asarray([[5, 6, 7, 8], [5, 6, 7, 8]], jnp.int32)
-  state = proposers.DraftCacheState(cache=cache, fed=fed, fed_start=jnp.asarray([10, 10]),
-                                    num_fed=jnp.int32(3))
+  state = proposers.DraftCacheState(cache=cache, fed=fed, num_fed=jnp.int32(3))  # fed from 10 on
   tokens = np.zeros((2, 20), np.int32)
   tokens[0, 10:14] = [5, 6, 9, 1]  # confirms d_1, d_2
   tokens[1, 10:12] = [5, 6]  # confirms d_1 only: the text ends at 11
@@ -199,10 +198,8 @@ def test_goodput_chooses_the_argmax_of_expected_tokens_per_second():
 
 
 def test_the_break_even_acceptance_is_where_the_policy_starts_to_speculate():
-  """experiments/step_costs.py's break-even alpha agrees with GoodputDraftLen's own choice on both sides
-  of it, for random measured costs."""
-  from experiments.step_costs import _break_even
-
+  """draft_len.break_even_acceptance agrees with GoodputDraftLen's own choice on both sides of it, for
+  random measured costs."""
   rng = np.random.default_rng()
   policy = draft_len_lib.GoodputDraftLen()
   for _ in range(5):
@@ -211,7 +208,7 @@ def test_the_break_even_acceptance_is_where_the_policy_starts_to_speculate():
     c = bj.StepCosts(plain=plain, verify_pass=plain * rng.uniform(1.0, 1.6),
                      propose_first=plain * rng.uniform(0, 0.2), propose_next=plain * rng.uniform(0, 0.1),
                      chunk=int(rng.choice([2, 4, 8])))
-    alpha, length = _break_even(c, policy.max_len)
+    alpha, length = draft_len_lib.break_even_acceptance(c, policy.max_len)
     assert 0 < alpha < 1 and 1 <= length <= policy.max_len
 
     def choice(rate):  # the policy's pick once the evidence swamps its prior

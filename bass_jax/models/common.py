@@ -214,6 +214,11 @@ def forward(config: DecoderConfig, params: Any, tokens: jax.Array, cache: KVCach
   """One forward pass of any family: ``tokens: i32[B, T]`` written into and attended over ``cache``.
 
   Args:
+    config: the family's config (:class:`DecoderConfig`). params: its weights (a Flax params tree).
+    tokens: ``i32[B, T]``; token t of row b sits at position ``cache.lengths[b] + t``.
+    cache: the ragged :class:`KVCache` (``dtype[B, K, S, H]`` per layer), or None for a full forward.
+    dtype: compute dtype. attention_impl: a name in ``bass_jax.models.attention``'s registry.
+    compute_logits: False skips the LM head (a prefill) and returns None logits.
     return_features: also return the features (:data:`FEATURES`): the LM head's input at every
       position, ``dtype[B, T, E]`` (E the hidden size, OPT's ``word_embed_proj_dim``). It equals
       transformers' ``last_hidden_state`` of the family's base model, the feature an EAGLE draft reads
@@ -223,6 +228,9 @@ def forward(config: DecoderConfig, params: Any, tokens: jax.Array, cache: KVCach
     ``(logits f32[B, T, V] | None, cache)`` with the cache's lengths advanced by T; without a cache,
     ``(logits | None, KVUpdate)`` of the tokens attended among themselves (causally). With
     ``return_features``, ``(logits | None, cache or KVUpdate, features)``.
+
+  Raises:
+    ValueError: an unknown ``attention_impl`` (from the attention registry).
   """
   module = config.make_module(attention_impl=attention_impl, dtype=jnp.dtype(dtype))
   if not return_features:

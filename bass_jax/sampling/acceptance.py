@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 
-def _leading_true(mask: jax.Array) -> jax.Array:
+def leading_true(mask: jax.Array) -> jax.Array:
   """Length of the all-True prefix of each row of ``bool[B, L]`` -> ``i32[B]``."""
   return jnp.sum(jnp.cumprod(mask.astype(jnp.int32), axis=-1), axis=-1)
 
@@ -41,7 +41,7 @@ def greedy_accept(drafts: jax.Array, target_logits: jax.Array,
   """
   best = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [B, L + 1]
   slots = jnp.arange(drafts.shape[1])
-  accepted = _leading_true((drafts == best[:, :-1]) & (slots < num_drafts))
+  accepted = leading_true((drafts == best[:, :-1]) & (slots < num_drafts))
   next_token = jnp.take_along_axis(best, accepted[:, None], axis=1)[:, 0]
   return accepted, next_token
 
@@ -70,7 +70,7 @@ def speculative_accept(key: jax.Array, drafts: jax.Array, draft_log_probs: jax.A
   log_q = jnp.take_along_axis(draft_log_probs, drafts[..., None], axis=-1)[..., 0]
   u = jax.random.uniform(accept_key, (batch, num_slots))
   slots = jnp.arange(num_slots)
-  accepted = _leading_true((jnp.log(u) < log_p - log_q) & (slots < num_drafts))
+  accepted = leading_true((jnp.log(u) < log_p - log_q) & (slots < num_drafts))
 
   rows = jnp.arange(batch)
   p_n = jnp.exp(target_log_probs[rows, accepted])  # [B, V]
@@ -101,7 +101,7 @@ def greedy_accept_chunk(target_logits: jax.Array, next_drafts: jax.Array, positi
     ``positions[matched]``), and the target's argmax there (the correction, or the bonus at ``i = l``).
   """
   best = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [B, C]
-  matched = _leading_true((best == next_drafts) & _real(positions, num_drafts))
+  matched = leading_true((best == next_drafts) & _real(positions, num_drafts))
   at = jnp.minimum(matched, best.shape[1] - 1)
   return matched, jnp.take_along_axis(best, at[:, None], axis=1)[:, 0]
 
@@ -151,7 +151,7 @@ def speculative_accept_chunk(key: jax.Array, target_log_probs: jax.Array, draft_
     log_q = jnp.zeros_like(log_p)
   else:
     log_q = jnp.take_along_axis(draft_log_probs, next_drafts[..., None], axis=-1)[..., 0]
-  matched = _leading_true((jnp.log(u) < log_p - log_q) & _real(positions, num_drafts))
+  matched = leading_true((jnp.log(u) < log_p - log_q) & _real(positions, num_drafts))
 
   rows = jnp.arange(batch)
   at = jnp.minimum(matched, chunk - 1)

@@ -15,18 +15,29 @@ import functools
 import statistics
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
 from bass_jax.models.common import forward
 from bass_jax.sampling.draft_len import StepCosts
-from bass_jax.sampling.proposers import HybridProposer, ModelProposer, Proposer
 
 _CACHE: dict[Any, StepCosts] = {}
 _LOCK = threading.Lock()
 _REPEATS = 5
+
+
+def median_seconds(call: Callable[[], Any], repeats: int = _REPEATS) -> float:
+  """Median wall seconds of ``call()`` over ``repeats`` timed calls, after one untimed (compiling) call;
+  each call's result is waited for (``jax.block_until_ready``)."""
+  jax.block_until_ready(call())
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(call())
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
 
 
 def time_forward(config, dtype: str, attention_impl: str, params, batch: int, positions: int,
@@ -48,25 +59,14 @@ def time_forward(config, dtype: str, attention_impl: str, params, batch: int, po
     return logits, cache.with_lengths(cache.lengths - positions)
 
   cache = config.init_cache(batch, cache_len, jnp.dtype(dtype))
-  cache = cache.with_lengths(jnp.full((batch,), cache_len // 2, jnp.int32))
+  state = [cache.with_lengths(jnp.full((batch,), cache_len // 2, jnp.int32))]  # donated, threaded
   tokens = jnp.ones((batch, positions), jnp.int32)
-  logits, cache = step(params, tokens, cache)
-  jax.block_until_ready(logits)
-  times = []
-  for _ in range(_REPEATS):
-    start = time.perf_counter()
-    logits, cache = step(params, tokens, cache)
-    jax.block_until_ready(logits)
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
 
+  def call():
+    logits, state[0] = step(params, tokens, state[0])
+    return logits
 
-def _draft_model(proposer: Proposer) -> ModelProposer | None:
-  if isinstance(proposer, ModelProposer):
-    return proposer
-  if isinstance(proposer, HybridProposer):
-    return proposer.model
-  return None
+  return median_seconds(call)
 
 
 def measure_step_costs(spec, target_params: Any, draft_params: Any, batch: int) -> StepCosts:
@@ -80,7 +80,7 @@ def measure_step_costs(spec, target_params: Any, draft_params: Any, batch: int) 
   Returns:
     Seconds per piece of a step (:class:`StepCosts`), on this machine.
   """
-  draft = _draft_model(spec.proposer)
+  draft = spec.proposer.draft_model
   key = (spec.target, spec.target_dtype, spec.attention_impl, draft, batch, spec.cache_len,
          spec.verify_chunk)
   with _LOCK:

@@ -14,6 +14,7 @@ import dataclasses
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bass_jax import _checks
 
@@ -238,6 +239,28 @@ class GoodputDraftLen:
     del draft_len
     state = state.replace(tried=self.decay * state.tried, accepted=self.decay * state.accepted)
     return self.choose(state), state
+
+
+def break_even_acceptance(costs: StepCosts, max_len: int) -> tuple[float, int]:
+  """The smallest per-position acceptance rate at which speculating beats a plain step, and the
+  draft length that does it, under :class:`GoodputDraftLen`'s model: with ``alpha`` at every
+  position, some ``l`` in ``1 … max_len`` has ``(1 + alpha + … + alpha^l) / cost(l) > 1 / plain``.
+
+  Args:
+    costs: measured :class:`StepCosts` (seconds). max_len: L, the longest draft.
+
+  Returns:
+    ``(alpha, l)``, alpha on a 0.001 grid; ``(1.0, 0)`` when no acceptance below 1 pays.
+  """
+  lengths = np.arange(1, max_len + 1)
+  cost = (costs.propose_first + (lengths - 1) * costs.propose_next
+          + np.ceil((lengths + 1) / costs.chunk) * costs.verify_pass)
+  for alpha in np.arange(0.0, 1.0, 0.001):
+    expected = 1 + np.cumsum(alpha ** lengths)  # E(l) with alpha at every position
+    best = int(np.argmax(expected / cost))
+    if expected[best] / cost[best] > 1 / costs.plain:
+      return float(alpha), int(lengths[best])
+  return 1.0, 0
 
 
 DraftLenPolicy = DynamicDraftLen | FixedDraftLen | GoodputDraftLen

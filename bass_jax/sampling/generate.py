@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bass_jax import _checks
-from bass_jax.loading import Model, check_same_tokenizer
+from bass_jax.loading import Model, check_same_tokenizer, load_draft
 from bass_jax.models import attention as attention_lib
 from bass_jax.sampling import costs as costs_lib
 from bass_jax.sampling import loop
@@ -183,8 +183,6 @@ def load_draft_spec(spec: str, target: Model, *, num_layers: int | None = None, 
     ValueError: a malformed n-gram setting (names the key and the accepted form); whatever
       ``load_draft`` raises for the model.
   """
-  from bass_jax.loading import load_draft  # pylint: disable=g-import-not-at-top
-
   def ngram(settings: str) -> NGramProposer:
     kwargs = {}
     for item in filter(None, settings.split(",")):

@@ -43,6 +43,7 @@ from bass_jax import _checks
 from bass_jax.cache import KVCache
 from bass_jax.models.common import DecoderConfig, prefill_cache
 from bass_jax.models.common import forward as model_forward
+from bass_jax.sampling.acceptance import leading_true
 from bass_jax.sampling.warp import sample
 
 
@@ -106,6 +107,11 @@ class Proposer(abc.ABC):
     del params, prompts, prompt_len, cache_len, max_len
     return None
 
+  @property
+  def draft_model(self) -> "ModelProposer | None":
+    """The draft model this proposer runs, if any (the one whose forwards ``costs`` times)."""
+    return None
+
   # Static: False when some step may have nothing to propose (then the loop compiles plain steps).
   always_proposes = True
 
@@ -135,10 +141,6 @@ class Proposer(abc.ABC):
     return state
 
 
-def _leading_true(mask: jax.Array) -> jax.Array:
-  return jnp.sum(jnp.cumprod(mask.astype(jnp.int32), axis=-1), axis=-1)
-
-
 # -- draft model ---------------------------------------------------------------------------------------
 
 
@@ -149,14 +151,12 @@ class DraftCacheState:
   Attributes:
     cache: the draft's KV cache; ``cache.lengths[b]`` tokens of row b's text are in it.
     fed: ``i32[B, L]`` the drafts whose K/V the last proposal wrote (``d_1 … d_{l-1}``; the last draft
-      is never fed), for the rollback.
-    fed_start: ``i32[B]`` the position of ``fed[:, 0]`` in the text.
+      is never fed), for the rollback, at text positions from the step's ``old_seq_len`` on.
     num_fed: ``i32[]`` how many of ``fed`` were written.
   """
 
   cache: KVCache
   fed: jax.Array
-  fed_start: jax.Array
   num_fed: jax.Array
 
 
@@ -182,12 +182,16 @@ class ModelProposer(Proposer):
   def name(self) -> str:
     return f"model({self.config.num_layers} layers)"
 
+  @property
+  def draft_model(self) -> "ModelProposer":
+    return self
+
   def init_state(self, params, prompts, prompt_len, *, cache_len, max_len):
     batch = prompts.shape[0]
     cache = prefill_cache(self.config, params, prompts, prompt_len, cache_len=cache_len,
                           dtype=self.dtype, attention_impl=self.attention_impl)
     return DraftCacheState(cache=cache, fed=jnp.zeros((batch, max_len), jnp.int32),
-                           fed_start=prompt_len, num_fed=jnp.zeros((), jnp.int32))
+                           num_fed=jnp.zeros((), jnp.int32))
 
   def propose(self, params, state, ctx, *, max_len, chunk, greedy):
     batch = ctx.tokens.shape[0]
@@ -235,21 +239,19 @@ class ModelProposer(Proposer):
 
     cache, drafts, draft_log_probs = jax.lax.fori_loop(1, ctx.draft_len, body,
                                                        (cache, drafts, draft_log_probs))
-    state = DraftCacheState(cache=cache, fed=drafts, fed_start=ctx.seq_len,
-                            num_fed=ctx.draft_len - 1)
+    state = DraftCacheState(cache=cache, fed=drafts, num_fed=ctx.draft_len - 1)
     num_drafts = jnp.broadcast_to(ctx.draft_len, (batch,)).astype(jnp.int32)
     return state, Proposal(drafts=drafts, num_drafts=num_drafts, log_q=draft_log_probs)
 
   def rollback(self, state, tokens, old_seq_len, new_seq_len):
-    # The draft wrote K/V of fed[:, :num_fed] at fed_start…; keep those the text confirms.
-    del old_seq_len
+    # The step's proposal wrote K/V of fed[:, :num_fed] at old_seq_len…; keep those the text confirms.
     rows = jnp.arange(tokens.shape[0])
     width = state.fed.shape[1]
     slots = jnp.arange(width)
-    pos = jnp.minimum(state.fed_start[:, None] + slots, tokens.shape[1] - 1)
+    pos = jnp.minimum(old_seq_len[:, None] + slots, tokens.shape[1] - 1)
     confirmed = ((tokens[rows[:, None], pos] == state.fed) & (slots < state.num_fed)
-                 & (state.fed_start[:, None] + slots < new_seq_len[:, None]))
-    kept = state.fed_start + _leading_true(confirmed)
+                 & (old_seq_len[:, None] + slots < new_seq_len[:, None]))
+    kept = old_seq_len + leading_true(confirmed)
     return state.replace(cache=state.cache.with_lengths(jnp.minimum(state.cache.lengths, kept)),
                          num_fed=jnp.zeros((), jnp.int32))
 
@@ -356,6 +358,10 @@ class HybridProposer(Proposer):
   @property
   def name(self) -> str:
     return f"hybrid({self.ngram.name}, {self.model.name})"
+
+  @property
+  def draft_model(self) -> ModelProposer:
+    return self.model
 
   def init_state(self, params, prompts, prompt_len, *, cache_len, max_len):
     return self.model.init_state(params, prompts, prompt_len, cache_len=cache_len, max_len=max_len)
