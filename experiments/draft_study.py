@@ -15,7 +15,7 @@ model, ``ngram``, ``hybrid:<model>``) it writes to ``--output``:
 * per-token latency All (ms/token, BASS §4.1) at each batch size against regular decoding.
 
 Each run decodes its first batch once, untimed, before the measured ones (``run_problems(warmup=True)``):
-a fresh program's first execution costs about 0.5 s more than later ones on this CPU. Every batch holds
+a fresh program's first execution costs more than later ones on this CPU. Every batch holds
 distinct prompts, at every temperature, so each column decodes the same sequences and rows differ (a
 batch of copies of one prompt is not ragged at T = 0). Regular decoding is timed before and after each
 cell's BASS runs, and the speed-ups are taken against the faster of the two (conservative: the first run
@@ -31,10 +31,8 @@ existing ``--output`` is kept, so a hand-written reading survives a rerun.
 import datetime
 import json
 import platform
-import statistics
 import subprocess
 import sys
-import time
 
 from absl import app
 from absl import flags
@@ -45,7 +43,7 @@ import bass_jax
 from bass_jax import experiment, metrics, text
 from bass_jax.data import load_problems
 from bass_jax.sampling import costs
-from bass_jax.sampling.draft_len import as_policy
+from bass_jax.sampling.draft_len import GoodputDraftLen, StepCosts, as_policy, break_even_acceptance
 from experiments import _io
 
 _PROPOSERS = flags.DEFINE_list(
@@ -77,8 +75,7 @@ def _is_temperature(value: str) -> bool:
     return False
 
 
-flags.register_validator("batch_sizes", lambda v: bool(v) and all(b.isdigit() and int(b) >= 1 for b in v),
-                         message="--batch_sizes must be a comma-separated list of ints >= 1")
+_io.require_positive_ints("batch_sizes")
 flags.register_validator("temperatures", lambda v: bool(v) and all(map(_is_temperature, v)),
                          message="--temperatures must be a comma-separated list of numbers >= 0")
 
@@ -91,22 +88,12 @@ _CELL_OUTPUT = flags.DEFINE_string("cell_output", None, "Internal: where --cell 
 _READING = "## Reading"
 
 
-def _policy(value: str) -> int | str:
-  return int(value) if value.isdigit() else value
-
-
 def _lookup_seconds(ngram, batch: int, width: int) -> float:
   """Median seconds of the jitted n-gram lookup over ``i32[batch, width]`` random tokens, half full."""
   lookup = jax.jit(ngram.lookup)
   tokens = jax.random.randint(jax.random.key(0), (batch, width), 0, 64, jnp.int32)
   seq_len = jnp.full((batch,), width // 2, jnp.int32)
-  jax.block_until_ready(lookup(tokens, seq_len))
-  times = []
-  for _ in range(5):
-    start = time.perf_counter()
-    jax.block_until_ready(lookup(tokens, seq_len))
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  return costs.median_seconds(lambda: lookup(tokens, seq_len))
 
 
 def _proposal_cost(draft, target, batch: int, cache_len: int) -> dict[str, float]:
@@ -173,6 +160,32 @@ def _run_cell(names, policies, temperature: float, batch: int) -> dict:
 def _cell(ms: float, regular: float, best: bool) -> str:
   value = f"{ms:.1f} ({regular / ms:.2f}x)"
   return f"**{value}**" if best else value
+
+
+def _cost_table(raw, names, batches, temperatures) -> list[str]:
+  """What each goodput run measured (``run_problems``' ``step_costs``): a verification pass over a
+  plain step, and the break-even acceptance (``draft_len.break_even_acceptance``)."""
+  lines = ["", "## What the cost-aware policy measured", "",
+           "Per goodput run: one verification pass (C positions) over one plain step, and the break-even "
+           "acceptance rate above which some draft length beats a plain step (`-`: a cell measured "
+           "before runs recorded their step costs).", "",
+           "| T | proposer | " + " | ".join(f"B={b}" for b in batches) + " |",
+           "|---|---|" + "---|" * len(batches)]
+  max_len = GoodputDraftLen().max_len
+  for t in temperatures:
+    for name in names:
+      cells = []
+      for b in batches:
+        run = raw["runs"][t][str(b)]["bass"].get(f"{name}|goodput") or {}
+        if not run.get("step_costs"):
+          cells.append("-")
+          continue
+        c = StepCosts(**run["step_costs"])
+        alpha, _ = break_even_acceptance(c, max_len)
+        cells.append(f"{c.verify_pass / c.plain:.2f}x, alpha* {alpha:.2f}")
+      if any(cell != "-" for cell in cells):
+        lines.append(f"| {t} | {name} | " + " | ".join(cells) + " |")
+  return lines
 
 
 def _render(raw, names, policies, batches, temperatures) -> str:
@@ -251,6 +264,7 @@ def _render(raw, names, policies, batches, temperatures) -> str:
             + "/".join(f"{s['plain_step_share']:.0%}" for s in summaries) + " |")
   lines += ["", "alpha_k: of the steps where a row's draft k was tested (drafts 1..k-1 accepted), the "
             "share that accepted it; positions tested fewer than 20 times are left out."]
+  lines += _cost_table(raw, names, batches, temperatures)
   return "\n".join(lines) + "\n"
 
 
@@ -259,7 +273,7 @@ def main(argv):
   _io.init_script()
   batches = [int(b) for b in _BATCHES.value]
   temperatures = list(_TEMPERATURES.value)
-  policies = [_policy(v) for v in _DRAFT_LENS.value]
+  policies = [_io.draft_len_value(v) for v in _DRAFT_LENS.value]
   names = _NAMES.value or _PROPOSERS.value
   if len(names) != len(_PROPOSERS.value):
     raise app.UsageError(f"--names has {len(names)} entries for {len(_PROPOSERS.value)} --proposers")
