@@ -19,6 +19,7 @@ from bass_jax.checkpoints import atomic
 from bass_jax.checkpoints import gguf as gguf_ckpt
 from bass_jax.checkpoints import hf as hf_ckpt
 from bass_jax.checkpoints import orbax_ckpt
+from bass_jax.models import eagle
 from bass_jax.models.common import forward as model_forward
 from bass_jax.models.common import layer_index
 
@@ -166,7 +167,9 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
       * a ``.gguf`` file (Llama architecture; quantized tensors are dequantized);
       * a Hugging Face checkpoint directory (``config.json`` + ``*.safetensors`` or ``*.bin``) of a
         supported family: Llama, Qwen2, Mistral, OPT, CodeGen, GPT-2;
-      * a directory written by :func:`save_model` in orbax format (``config.json`` + ``params/``).
+      * a directory written by :func:`save_model` in orbax format (``config.json`` + ``params/``);
+      * an EAGLE feature draft written by ``bass_jax.models.eagle.save_eagle`` (its config is an
+        ``EagleConfig``; it drafts only through ``generate``, with the target it was trained for).
     dtype: parameter and compute dtype: ``float32``, ``bfloat16`` or ``float16`` (a name or a jnp
       dtype); None takes :func:`default_dtype` (f32 on a CPU, bf16 on an accelerator).
     num_layers: keep only the first ``num_layers`` decoder layers (the placeholder draft), an int >= 1.
@@ -197,6 +200,10 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
     config, params = gguf_ckpt.load_gguf(path, expected=expected, dtype=dtype)
     if tokenizer:
       tok = _load_tokenizer(path.parent, path.name)
+  elif path.is_dir() and eagle.is_eagle_checkpoint(path):
+    if num_layers is not None:
+      raise ValueError(f"{name} is an EAGLE draft; num_layers does not apply to it")
+    config, params = eagle.load_eagle(path, dtype=dtype)
   elif path.is_dir():
     formats = weight_formats(path)
     if len(formats) > 1:

@@ -26,7 +26,11 @@ from experiments import _io
 _OUT = flags.DEFINE_string("out_dir", "data/distill", "Output directory.")
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Teacher (the BASS target).")
 _WINDOW = flags.DEFINE_integer("window", 256, "Tokens per training example.")
-_K = flags.DEFINE_integer("k", 16, "Top-k log-probabilities kept per position.")
+_LABELS = flags.DEFINE_enum("labels", "topk", ["topk", "features"],
+                            "What labels each position: the target's top-k log-probabilities (for an "
+                            "independent draft) or its features, the LM head's input (for an EAGLE "
+                            "draft).")
+_K = flags.DEFINE_integer("k", 16, "Top-k log-probabilities kept per position (--labels=topk).")
 _HELD_OUT = flags.DEFINE_float("held_out_fraction", corpus.HELD_OUT_FRACTION,
                                 "Share of stdlib files held out for eval.")
 _PROMPTS = flags.DEFINE_integer("max_prompts", 4096, "Train prompts the target continues (0 = all).")
@@ -42,6 +46,9 @@ _SEED = flags.DEFINE_integer("seed", 0, "Shuffle seed.")
 
 
 def _label(target, tokens, mask):
+  if _LABELS.value == "features":
+    features = corpus.label_features(target, tokens, batch_size=_LABEL_BATCH.value)
+    return dict(tokens=tokens, mask=mask, features=np.concatenate(list(features)))
   ids, logprobs = zip(*corpus.label_topk(target, tokens, k=_K.value, batch_size=_LABEL_BATCH.value))
   return dict(tokens=tokens, mask=mask, topk_ids=np.concatenate(ids),
               topk_logprobs=np.concatenate(logprobs))
@@ -72,7 +79,7 @@ def main(argv):
   files = corpus.stdlib_files()
   split = {name: [f for f in files if corpus.is_held_out(f, _HELD_OUT.value) == (name == "eval")]
            for name in ("train", "eval")}
-  manifest = {"target": _TARGET.value, "window": _WINDOW.value, "k": _K.value,
+  manifest = {"target": _TARGET.value, "window": _WINDOW.value, "labels": _LABELS.value, "k": _K.value,
               "held_out_fraction": _HELD_OUT.value, "max_new_tokens": _NEW.value,
               "files": {k: len(v) for k, v in split.items()}, "stages": {}}
   rng = random.Random(_SEED.value)

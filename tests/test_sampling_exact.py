@@ -382,3 +382,43 @@ def test_mutant_correction_with_one_hot_q_is_detected(monkeypatch, fresh_program
   out = _generate(target, _proposer("ngram"), "bass", 1.0, 1.0, seed=33, draft_len=3)
   p_value = chisquare_p_value(out.tokens[:, :NUM_TOKENS], _target_joint(1.0, 1.0))
   assert p_value < REJECT_P_VALUE, p_value
+
+
+# -- an EAGLE feature draft (a draft vocabulary: q = 0 outside it) --------------------------------------
+
+
+def _eagle_draft(draft_vocab: int) -> bj.Model:
+  """A random 1-layer EAGLE draft for the tiny target, scoring ``draft_vocab`` of its VOCAB tokens."""
+  from bass_jax.models import eagle  # pylint: disable=g-import-not-at-top
+
+  target, _ = _models()
+  config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=draft_vocab)
+  params = eagle.init_draft_params(config, jax.random.key(5))
+  vocab_ids = jnp.asarray([3, 0, 6, 1, 7, 2, 5, 4][:draft_vocab], jnp.int32)
+  return bj.Model(config, {"draft": params, "vocab_ids": vocab_ids}, name="eagle")
+
+
+@pytest.mark.parametrize("temperature,top_p,draft_len,draft_vocab,seed", [
+    (1.0, 1.0, 3, 6, 41), (0.6, 0.9, SMALL_DYNAMIC, 8, 42)])
+def test_eagle_draft_matches_exact_target_distribution(temperature, top_p, draft_len, draft_vocab, seed):
+  """A feature draft, with a draft vocabulary smaller than the target's (FR-Spec) or the whole of it,
+  keeps the law exact; its drafts were both accepted and rejected."""
+  target, _ = _models()
+  out = _generate(target, _eagle_draft(draft_vocab), "bass", temperature, top_p, seed,
+                  draft_len=draft_len)
+  paths = path_counts(out, NUM_TOKENS)
+  assert paths["correction"] > 100 and paths["accepted_draft"] > 100, paths
+  samples = out.tokens[:, :NUM_TOKENS]
+  joint = _target_joint(temperature, top_p)
+  assert not np.any(joint[tuple(samples.T)] == 0), "a draw outside the target's nucleus"
+  p_value = chisquare_p_value(samples, joint)
+  assert p_value > PASS_P_VALUE, p_value
+
+
+def test_mutant_correction_with_an_eagle_draft_is_detected(monkeypatch, fresh_programs):
+  """Power of the EAGLE path: a correction drawn from ``p`` instead of the residual is rejected."""
+  monkeypatch.setattr(acceptance, "correction_distribution", lambda p, q: p)
+  target, _ = _models()
+  out = _generate(target, _eagle_draft(6), "bass", 1.0, 1.0, seed=43, draft_len=3)
+  p_value = chisquare_p_value(out.tokens[:, :NUM_TOKENS], _target_joint(1.0, 1.0))
+  assert p_value < REJECT_P_VALUE, p_value

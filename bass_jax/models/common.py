@@ -242,21 +242,24 @@ def forward(config: DecoderConfig, params: Any, tokens: jax.Array, cache: KVCach
 
 
 def prefill_cache(config: DecoderConfig, params: Any, prompts: jax.Array, prompt_len: jax.Array, *,
-                  cache_len: int, dtype: Any = jnp.float32,
-                  attention_impl: str = "reference") -> KVCache:
+                  cache_len: int, dtype: Any = jnp.float32, attention_impl: str = "reference",
+                  return_features: bool = False):
   """A fresh ragged cache of ``cache_len`` slots holding every prompt token but the last, which the
   first decode step consumes (the paper's Fig. 3: the cache lags the text by one token).
 
   Args:
     prompts: ``i32[B, P]`` right-padded prompts. prompt_len: ``i32[B]``, each ``>= 1``.
+    return_features: also return the prompts' features (:func:`forward`), ``dtype[B, P, E]``.
 
   Returns:
-    The cache with ``lengths = prompt_len - 1`` (the padding's K/V lie past each row's length).
+    The cache with ``lengths = prompt_len - 1`` (the padding's K/V lie past each row's length); with
+    ``return_features``, ``(cache, features)``.
   """
   cache = config.init_cache(prompts.shape[0], cache_len, jnp.dtype(dtype))
-  _, update = forward(config, params, prompts, None, dtype=dtype, attention_impl=attention_impl,
-                      compute_logits=False)
-  return cache.append(update).with_lengths(prompt_len - 1)
+  out = forward(config, params, prompts, None, dtype=dtype, attention_impl=attention_impl,
+                compute_logits=False, return_features=return_features)
+  cache = cache.append(out[1]).with_lengths(prompt_len - 1)
+  return (cache, out[2]) if return_features else cache
 
 
 def positions_of(tokens: jax.Array, cache: KVCache | None) -> jax.Array:

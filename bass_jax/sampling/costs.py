@@ -3,7 +3,8 @@
 For one setting (models, dtypes, attention, batch bucket, cache length, chunk) the pieces of a decode
 step are timed once per process, each a jitted forward on a donated cache of the decode's shape, and
 remembered: the target scoring 1 position per row (a plain step) and C positions per row (one
-verification pass), and a draft model's catch-up (2 positions) and single-token forwards. A model-free
+verification pass), and the proposer's first and further forwards of a step
+(``Proposer.forward_costs``: a draft model's catch-up and single-token forwards). A model-free
 proposer costs 0 (an n-gram lookup is a few integer comparisons per token of the buffer, far below a
 forward). Sampling and acceptance arithmetic are not timed: they add a similar amount to every kind of
 step.
@@ -80,19 +81,14 @@ def measure_step_costs(spec, target_params: Any, draft_params: Any, batch: int) 
   Returns:
     Seconds per piece of a step (:class:`StepCosts`), on this machine.
   """
-  draft = spec.proposer.draft_model
-  key = (spec.target, spec.target_dtype, spec.attention_impl, draft, batch, spec.cache_len,
-         spec.verify_chunk)
+  key = (spec.target, spec.target_dtype, spec.attention_impl, spec.proposer, batch, spec.cache_len,
+         spec.verify_chunk, spec.max_draft)
   with _LOCK:
     if key in _CACHE:
       return _CACHE[key]
   target = functools.partial(time_forward, spec.target, spec.target_dtype, spec.attention_impl,
                              target_params, batch, cache_len=spec.cache_len)
-  first = nxt = 0.0
-  if draft is not None:
-    forward = functools.partial(time_forward, draft.config, draft.dtype, draft.attention_impl,
-                                draft_params, batch, cache_len=spec.cache_len)
-    first, nxt = forward(positions=2), forward(positions=1)
+  first, nxt = spec.proposer.forward_costs(draft_params, batch, spec.cache_len, spec.max_draft)
   costs = StepCosts(plain=target(positions=1), verify_pass=target(positions=spec.verify_chunk),
                     propose_first=first, propose_next=nxt, chunk=spec.verify_chunk)
   with _LOCK:

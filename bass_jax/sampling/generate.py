@@ -30,7 +30,9 @@ from bass_jax.models import attention as attention_lib
 from bass_jax.sampling import costs as costs_lib
 from bass_jax.sampling import loop
 from bass_jax.sampling.draft_len import DraftLenPolicy, GoodputDraftLen, as_policy
-from bass_jax.sampling.proposers import HybridProposer, ModelProposer, NGramProposer, Proposer
+from bass_jax.models import eagle
+from bass_jax.sampling.proposers import (EagleProposer, HybridProposer, ModelProposer, NGramProposer,
+                                         Proposer)
 
 PAD_TOKEN = -1  # fills ``GenerateOutput.tokens`` past each row's length; never a real token id
 _MIN_PROMPT_BUCKET = 16
@@ -147,19 +149,27 @@ def resolve_draft(draft: Any, target: Model, attention_impl: str) -> tuple[Propo
     ValueError: anything else, or a draft model whose tokenizer differs from the target's.
   """
   def model_proposer(model):
+    """An independent draft model's proposer and weights, or an EAGLE draft's with the target's head."""
     if not isinstance(model, Model):
       raise ValueError(f"a draft model must be a bass_jax.Model, got {type(model).__name__}")
     check_same_tokenizer(target, model)
-    return ModelProposer(model.config, jnp.dtype(model.dtype).name, attention_impl)
+    dtype = jnp.dtype(model.dtype).name
+    if isinstance(model.config, eagle.EagleConfig):
+      params = eagle.bind(model.params["draft"], model.params["vocab_ids"], target.config,
+                          target.params, model.config.draft_vocab_size)
+      return EagleProposer(model.config, dtype, attention_impl), params
+    return ModelProposer(model.config, dtype, attention_impl), model.params
 
   if isinstance(draft, Model):
-    return model_proposer(draft), draft.params, [draft]
+    proposer, params = model_proposer(draft)
+    return proposer, params, [draft]
   if isinstance(draft, NGramProposer):
     return draft, None, []
   if isinstance(draft, Hybrid):
     if not isinstance(draft.ngram, NGramProposer):
       raise ValueError(f"Hybrid.ngram must be an NGramProposer, got {type(draft.ngram).__name__}")
-    return HybridProposer(draft.ngram, model_proposer(draft.model)), draft.model.params, [draft.model]
+    proposer, params = model_proposer(draft.model)
+    return HybridProposer(draft.ngram, proposer), params, [draft.model]
   raise ValueError(
       "draft must be a bass_jax.Model (a draft model), a bass_jax.NGramProposer (model-free prompt "
       f"lookup) or a bass_jax.Hybrid(model, ngram); got {type(draft).__name__} (scripts take a spec "

@@ -19,6 +19,9 @@ Invariants between steps (for every live row):
   token, which is the first input of the next verification (the paper's Fig. 3).
 * The proposer's state (a draft model's cache, or nothing) is its own business
   (``bass_jax.sampling.proposers``): it is told the text after every step and brings itself up to date.
+* For a proposer that reads the target's features (EAGLE), ``features[b, i]`` holds the target's
+  feature at every text position ``i < seq_len[b] - 1``: every target forward (prefill, plain step,
+  verification chunk) writes the features of the positions it scores, as it writes their K/V.
 
 A step is speculative (propose, verify, accept) when the policy's ``l_draft`` is at least 1 and some live
 row has a proposal; otherwise it is a plain decoding step (one target position per row, exactly regular
@@ -84,6 +87,11 @@ class DecodeSpec:
     return self.draft_len.max_len if self.method == "bass" else 0
 
   @property
+  def keeps_features(self) -> bool:
+    """Whether the decode keeps the target's features for the proposer (an EAGLE draft)."""
+    return self.method == "bass" and self.proposer.needs_features
+
+  @property
   def cache_len(self) -> int:
     """S: prompt, every new token and the verification's look-ahead past the last one, rounded up to
     a multiple of ``CACHE_ALIGNMENT`` so that the Pallas kernels tile it."""
@@ -100,6 +108,8 @@ class DecodeState:
     prompt_len: ``i32[B]`` true prompt lengths.
     seq_len: ``i32[B]`` prompt plus emitted tokens.
     target_cache: the target's ragged cache. proposer_state: the proposer's (None for regular decoding).
+    features: ``[B, P + N, E]`` the target's feature at each text position it has scored (in its
+      compute dtype), or None unless ``spec.keeps_features``.
     logprobs: ``f32[B, N]`` target log-probability (temperature 1, no top-p) of each emitted token.
     done: ``bool[B]`` row finished (EOS or ``max_new`` tokens, or a padding row); its outputs are frozen.
     eos: ``bool[B]`` row finished by emitting an EOS token.
@@ -122,6 +132,7 @@ class DecodeState:
   seq_len: jax.Array
   target_cache: KVCache
   proposer_state: Any
+  features: jax.Array | None
   logprobs: jax.Array
   done: jax.Array
   eos: jax.Array
@@ -137,9 +148,19 @@ class DecodeState:
   key: jax.Array
 
 
-def _target_forward(spec: DecodeSpec, params: Any, tokens: jax.Array, cache: KVCache):
-  return forward(spec.target, params, tokens, cache, dtype=spec.target_dtype,
-                 attention_impl=spec.attention_impl)
+def _target_forward(spec: DecodeSpec, params: Any, tokens: jax.Array, cache: KVCache,
+                    features: jax.Array | None):
+  """The target's forward over ``tokens: i32[B, T]``; with a feature buffer, also writes the tokens'
+  features at their positions (``cache.lengths[b] + t``). Returns ``(logits, cache, features)``."""
+  if features is None:
+    logits, cache_out = forward(spec.target, params, tokens, cache, dtype=spec.target_dtype,
+                                attention_impl=spec.attention_impl)
+    return logits, cache_out, None
+  logits, cache_out, new = forward(spec.target, params, tokens, cache, dtype=spec.target_dtype,
+                                   attention_impl=spec.attention_impl, return_features=True)
+  rows = jnp.arange(tokens.shape[0])[:, None]
+  pos = cache.lengths[:, None] + jnp.arange(tokens.shape[1])
+  return logits, cache_out, features.at[rows, pos].set(new.astype(features.dtype), mode="drop")
 
 
 def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any, prompts: jax.Array,
@@ -160,14 +181,21 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any, prompts: ja
   batch = prompts.shape[0]
   n = spec.max_new_bucket
 
-  target_cache = prefill_cache(spec.target, target_params, prompts, prompt_len,
-                               cache_len=spec.cache_len, dtype=spec.target_dtype,
-                               attention_impl=spec.attention_impl)
+  prefilled = prefill_cache(spec.target, target_params, prompts, prompt_len,
+                            cache_len=spec.cache_len, dtype=spec.target_dtype,
+                            attention_impl=spec.attention_impl,
+                            return_features=spec.keeps_features)
+  target_cache, prompt_features, features = prefilled, None, None
+  if spec.keeps_features:
+    target_cache, prompt_features = prefilled
+    features = jnp.zeros((batch, prompts.shape[1] + n, prompt_features.shape[-1]),
+                         prompt_features.dtype).at[:, :prompts.shape[1]].set(prompt_features)
   proposer_state, policy_state = None, None
   l0 = 0
   if spec.method == "bass":
     proposer_state = spec.proposer.init_state(draft_params, prompts, prompt_len,
-                                              cache_len=spec.cache_len, max_len=spec.max_draft)
+                                              cache_len=spec.cache_len, max_len=spec.max_draft,
+                                              features=prompt_features)
     l0, policy_state = spec.draft_len.start(step_costs)
   return DecodeState(
       tokens=jnp.concatenate([prompts, jnp.zeros((batch, n), jnp.int32)], axis=1),
@@ -175,6 +203,7 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any, prompts: ja
       seq_len=prompt_len,
       target_cache=target_cache,
       proposer_state=proposer_state,
+      features=features,
       logprobs=jnp.zeros((batch, n), jnp.float32),
       done=inert,
       eos=jnp.zeros((batch,), bool),
@@ -229,13 +258,14 @@ def _regular_step(spec: DecodeSpec, target_params, temperature, top_p,
   rows = jnp.arange(batch)
   key, sample_key = jax.random.split(state.key)
   last = state.tokens[rows, state.seq_len - 1][:, None]
-  logits, cache = _target_forward(spec, target_params, last, state.target_cache)
+  logits, cache, features = _target_forward(spec, target_params, last, state.target_cache,
+                                            state.features)
   logits = logits[:, 0]
   token, _ = sample(logits, sample_key, greedy=spec.greedy, temperature=temperature, top_p=top_p)
   logprob = jax.nn.log_softmax(logits, axis=-1)[rows, token]
   state = _emit(state, token[:, None], logprob[:, None], jnp.ones((batch,), jnp.int32))
-  return state.replace(target_cache=cache.with_lengths(state.seq_len - 1), step=state.step + 1,
-                       key=key)
+  return state.replace(target_cache=cache.with_lengths(state.seq_len - 1), features=features,
+                       step=state.step + 1, key=key)
 
 
 def _plain_step(spec: DecodeSpec, target_params, temperature, top_p,
@@ -255,20 +285,21 @@ def _plain_step(spec: DecodeSpec, target_params, temperature, top_p,
 
 
 def _verify_chunk(spec: DecodeSpec, target_params, temperature, top_p, inputs, draft_log_probs,
-                  cache: KVCache, start, num_drafts, key):
+                  cache: KVCache, features, start, num_drafts, key):
   """Scores ``inputs[:, start:start + C]`` with the target and accepts over those positions.
 
   Returns:
     ``(matched i32[B], next_token i32[B], logprobs f32[B, C, 2], cache)``: see
     :func:`acceptance.greedy_accept_chunk`; ``logprobs[..., 0]`` is the target's raw log-probability of
     each position's draft and ``[..., 1]`` of its argmax/drawn token (for the emitted log-probs); the
-    cache holds the chunk's K/V, its lengths advanced by C.
+    cache holds the chunk's K/V, its lengths advanced by C; the feature buffer (or None) the chunk's
+    features.
   """
   chunk = spec.verify_chunk
   tokens = jax.lax.dynamic_slice_in_dim(inputs, start, chunk, axis=1)
   next_drafts = jax.lax.dynamic_slice_in_dim(inputs, start + 1, chunk, axis=1)
   positions = start + jnp.arange(chunk, dtype=jnp.int32)
-  logits, cache = _target_forward(spec, target_params, tokens, cache)
+  logits, cache, features = _target_forward(spec, target_params, tokens, cache, features)
   if spec.greedy:
     matched, next_token = acceptance.greedy_accept_chunk(logits, next_drafts, positions, num_drafts)
   else:
@@ -280,7 +311,7 @@ def _verify_chunk(spec: DecodeSpec, target_params, temperature, top_p, inputs, d
   of_draft = jnp.take_along_axis(raw, next_drafts[..., None], axis=-1)[..., 0]
   of_next = jnp.take_along_axis(raw, jnp.broadcast_to(next_token[:, None, None], raw.shape[:2] + (1,)),
                                 axis=-1)[..., 0]
-  return matched, next_token, jnp.stack([of_draft, of_next], axis=-1), cache
+  return matched, next_token, jnp.stack([of_draft, of_next], axis=-1), cache, features
 
 
 def _verify(spec: DecodeSpec, target_params, temperature, top_p, state: DecodeState, drafts,
@@ -296,9 +327,9 @@ def _verify(spec: DecodeSpec, target_params, temperature, top_p, state: DecodeSt
 
   Returns:
     ``(num_accepted: i32[B], emitted: i32[B, L + 1], emitted_logprobs: f32[B, L + 1], target_cache,
-    verified: i32[])`` where row b emits ``emitted[b, :num_accepted[b] + 1]``, the cache holds the
-    scored positions' K/V (the caller resets its lengths), and ``verified`` counts the positions scored
-    per row, padding included.
+    features, verified: i32[])`` where row b emits ``emitted[b, :num_accepted[b] + 1]``, the cache holds
+    the scored positions' K/V (the caller resets its lengths), the feature buffer (or None) their
+    features, and ``verified`` counts the positions scored per row, padding included.
   """
   batch, max_draft = drafts.shape
   rows = jnp.arange(batch)
@@ -309,14 +340,14 @@ def _verify(spec: DecodeSpec, target_params, temperature, top_p, state: DecodeSt
   score = functools.partial(_verify_chunk, spec, target_params, temperature, top_p)
 
   def cond(carry):
-    start, _, _, open_rows, _, _ = carry
+    start, _, _, _, open_rows, _, _ = carry
     return jnp.any(open_rows & (start <= num_drafts))
 
   def body(carry):
-    start, cache, accepted, open_rows, next_token, logprobs = carry
+    start, cache, features, accepted, open_rows, next_token, logprobs = carry
     # The same key for every chunk: acceptance draws are keyed by position, not by chunk.
-    matched, chunk_next, chunk_lp, cache = score(inputs, draft_log_probs, cache, start, num_drafts,
-                                                 key)
+    matched, chunk_next, chunk_lp, cache, features = score(inputs, draft_log_probs, cache, features,
+                                                           start, num_drafts, key)
     closes = open_rows & (matched < chunk)
     # Emitted log-probs: the draft's below the row's first mismatch in this chunk, the next token's at it.
     slots = jnp.arange(chunk)[None, :]
@@ -326,14 +357,15 @@ def _verify(spec: DecodeSpec, target_params, temperature, top_p, state: DecodeSt
         logprobs, jnp.where(open_rows[:, None], values, window), start, axis=1)
     accepted = jnp.where(open_rows, accepted + matched, accepted)
     next_token = jnp.where(closes, chunk_next, next_token)
-    return start + chunk, cache, accepted, open_rows & ~closes, next_token, logprobs
+    return start + chunk, cache, features, accepted, open_rows & ~closes, next_token, logprobs
 
-  init = (jnp.zeros((), jnp.int32), state.target_cache, jnp.zeros((batch,), jnp.int32), ~state.done,
-          jnp.zeros((batch,), jnp.int32), jnp.zeros((batch, max_draft + 1 + chunk), jnp.float32))
-  verified, cache, accepted, _, next_token, logprobs = jax.lax.while_loop(cond, body, init)
+  init = (jnp.zeros((), jnp.int32), state.target_cache, state.features,
+          jnp.zeros((batch,), jnp.int32), ~state.done, jnp.zeros((batch,), jnp.int32),
+          jnp.zeros((batch, max_draft + 1 + chunk), jnp.float32))
+  verified, cache, features, accepted, _, next_token, logprobs = jax.lax.while_loop(cond, body, init)
   emitted = jnp.concatenate([drafts, jnp.zeros((batch, 1), jnp.int32)], axis=1)
   emitted = emitted.at[rows, accepted].set(next_token)
-  return accepted, emitted, logprobs[:, :max_draft + 1], cache, verified
+  return accepted, emitted, logprobs[:, :max_draft + 1], cache, features, verified
 
 
 def _bass_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
@@ -348,7 +380,7 @@ def _bass_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p
       draft_params, state.proposer_state, ctx, max_len=spec.max_draft, chunk=spec.verify_chunk,
       greedy=spec.greedy)
   num_drafts = jnp.where(live, proposal.num_drafts, 0)
-  accepted, emitted, emitted_logprobs, target_cache, verified = _verify(
+  accepted, emitted, emitted_logprobs, target_cache, features, verified = _verify(
       spec, target_params, temperature, top_p, state, proposal.drafts, num_drafts, proposal.log_q,
       accept_key)
 
@@ -363,6 +395,7 @@ def _bass_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p
   return state.replace(
       target_cache=target_cache,
       proposer_state=proposer_state,
+      features=features,
       step=state.step + 1,
       draft_len=jnp.asarray(next_len, jnp.int32),
       policy_state=policy_state,
@@ -376,7 +409,8 @@ def _bass_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p
 
 def _context(state: DecodeState, key, temperature, top_p) -> StepContext:
   return StepContext(tokens=state.tokens, seq_len=state.seq_len, live=~state.done,
-                     draft_len=state.draft_len, key=key, temperature=temperature, top_p=top_p)
+                     draft_len=state.draft_len, key=key, temperature=temperature, top_p=top_p,
+                     features=state.features)
 
 
 def decode(spec: DecodeSpec, state: DecodeState, target_params: Any, draft_params: Any,

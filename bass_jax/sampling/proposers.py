@@ -22,10 +22,12 @@ Implementations:
 * :class:`NGramProposer`: prompt lookup decoding (Saxena 2023; vLLM's ``ngram`` speculator): match the
   row's last n tokens, longest n first, against its own prompt and output so far and propose what
   followed the most recent match. No weights, no state, one-hot ``q``.
-* :class:`HybridProposer`: n-gram where a row matches, the draft model elsewhere.
+* :class:`EagleProposer`: an EAGLE-style feature draft (``bass_jax.models.eagle``) that reads the
+  target's own features, which the loop keeps for it (``needs_features``).
+* :class:`HybridProposer`: n-gram where a row matches, a draft model (independent or EAGLE) elsewhere.
 
 Axes: B batch, T token buffer (prompt bucket + output bucket), L max draft length, C verification
-chunk, V vocabulary.
+chunk, V vocabulary, E the target's feature size.
 """
 
 from __future__ import annotations
@@ -41,8 +43,10 @@ import jax.numpy as jnp
 
 from bass_jax import _checks
 from bass_jax.cache import KVCache
+from bass_jax.models import eagle
 from bass_jax.models.common import DecoderConfig, prefill_cache
 from bass_jax.models.common import forward as model_forward
+from bass_jax.sampling import costs
 from bass_jax.sampling.acceptance import leading_true
 from bass_jax.sampling.warp import sample
 
@@ -58,6 +62,9 @@ class StepContext:
     draft_len: ``i32[]`` l, the step's draft length chosen by the policy (``1 <= l <= L``).
     key: PRNG key of the proposal.
     temperature: ``f32[]``. top_p: ``f32[]``.
+    features: ``[B, T, E]`` the target's feature at every text position it has scored
+      (``features[b, i]`` for ``i < seq_len[b] - 1`` are valid; the rest is stale), or None unless the
+      proposer ``needs_features``.
   """
 
   tokens: jax.Array
@@ -67,6 +74,7 @@ class StepContext:
   key: jax.Array
   temperature: jax.Array
   top_p: jax.Array
+  features: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -95,22 +103,28 @@ class Proposer(abc.ABC):
     """A short description for logs and result files."""
     return type(self).__name__
 
+  # Static: True when the proposer reads the target's features (``StepContext.features``); the loop then
+  # keeps a feature buffer, written by every target forward.
+  needs_features = False
+
   def init_state(self, params: Any, prompts: jax.Array, prompt_len: jax.Array, *, cache_len: int,
-                 max_len: int) -> Any:
+                 max_len: int, features: jax.Array | None = None) -> Any:
     """The proposer's state after the prefill (default: none).
 
     Args:
       params: the proposer's weights (None for a model-free proposer).
       prompts: ``i32[B, P]`` right-padded prompts. prompt_len: ``i32[B]``.
       cache_len: S, the slots a ragged cache must hold. max_len: L, the most drafts per step.
+      features: ``[B, P, E]`` the target's features over the prompts (when ``needs_features``).
     """
-    del params, prompts, prompt_len, cache_len, max_len
+    del params, prompts, prompt_len, cache_len, max_len, features
     return None
 
-  @property
-  def draft_model(self) -> "ModelProposer | None":
-    """The draft model this proposer runs, if any (the one whose forwards ``costs`` times)."""
-    return None
+  def forward_costs(self, params: Any, batch: int, cache_len: int, max_len: int) -> tuple[float, float]:
+    """Measured seconds of the proposer's first forward of a step (catch-up and first draft) and of each
+    further draft, at ``batch`` rows (``bass_jax.sampling.costs``; default 0, 0: no forward)."""
+    del params, batch, cache_len, max_len
+    return 0.0, 0.0
 
   # Static: False when some step may have nothing to propose (then the loop compiles plain steps).
   always_proposes = True
@@ -182,11 +196,14 @@ class ModelProposer(Proposer):
   def name(self) -> str:
     return f"model({self.config.num_layers} layers)"
 
-  @property
-  def draft_model(self) -> "ModelProposer":
-    return self
+  def forward_costs(self, params, batch, cache_len, max_len):
+    del max_len
+    forward = functools.partial(costs.time_forward, self.config, self.dtype, self.attention_impl,
+                                params, batch, cache_len=cache_len)
+    return forward(positions=2), forward(positions=1)
 
-  def init_state(self, params, prompts, prompt_len, *, cache_len, max_len):
+  def init_state(self, params, prompts, prompt_len, *, cache_len, max_len, features=None):
+    del features
     batch = prompts.shape[0]
     cache = prefill_cache(self.config, params, prompts, prompt_len, cache_len=cache_len,
                           dtype=self.dtype, attention_impl=self.attention_impl)
@@ -254,6 +271,157 @@ class ModelProposer(Proposer):
     kept = old_seq_len + leading_true(confirmed)
     return state.replace(cache=state.cache.with_lengths(jnp.minimum(state.cache.lengths, kept)),
                          num_fed=jnp.zeros((), jnp.int32))
+
+
+# -- EAGLE feature draft -------------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class EagleState:
+  """An EAGLE draft's state: its ragged cache.
+
+  Attributes:
+    cache: the draft's KV cache over pairs ``(f_i, x_{i+1})``; between steps ``cache.lengths[b]`` is
+      ``seq_len[b] - 1`` of the step before, the pairs of the text whose features the target had then
+      computed. A step's own drafted pairs (read with the draft's predicted features) are dropped by the
+      rollback and replaced by the catch-up, which reads the target's true features.
+  """
+
+  cache: KVCache
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleProposer(Proposer):
+  """An EAGLE-style feature draft (Li et al. 2024, §3; ``bass_jax.models.eagle``).
+
+  Each step, for every row:
+
+  1. **catch-up**: the pairs ``(f_i, x_{i+1})`` the text gained since the last step, with the target's
+     true features (``StepContext.features``), in one forward of ``L + 1`` positions (the most a step
+     adds; more after plain decoding steps, in a loop of such forwards). A row with nothing new re-feeds
+     its last pair, identically, so that every row has the prediction ``f̂_{n-1}`` of its next
+     position (n = ``seq_len``);
+  2. **drafting**: ``d_1`` from the head on ``f̂_{n-1}``; then the pair ``(f̂_{n-1}, d_1)`` gives
+     ``f̂_n`` and ``d_2``, and so on, ``l`` drafts per row, sampled from the draft's own warped
+     distribution (0 outside its draft vocabulary; argmax when greedy);
+  3. **rollback**: the cache goes back to the text's pairs (``old_seq_len - 1``); the next catch-up
+     rewrites the accepted positions with the target's features, as EAGLE does.
+
+  A one-token prompt has no pair before its first step; its first proposal reads a stale pair (and is
+  verified like any other, so the output stays exact).
+
+  Attributes:
+    config: the draft's architecture (:class:`eagle.EagleConfig`). dtype: its compute dtype name.
+    attention_impl: attention implementation name (``bass_jax.models.attention``).
+  """
+
+  config: eagle.EagleConfig
+  dtype: str
+  attention_impl: str = "reference"
+  needs_features = True
+
+  @property
+  def name(self) -> str:
+    return f"eagle({self.config.num_layers} layer, V'={self.config.draft_vocab_size})"
+
+  def _forward(self, params, tokens, features, cache):
+    return eagle.forward(self.config, params, tokens, features, cache, dtype=self.dtype,
+                         attention_impl=self.attention_impl)
+
+  def init_state(self, params, prompts, prompt_len, *, cache_len, max_len, features=None):
+    del max_len
+    if features is None:
+      raise ValueError("EagleProposer.init_state needs the target's prompt features")
+    cache = self.config.init_cache(prompts.shape[0], cache_len, jnp.dtype(self.dtype))
+    if prompts.shape[1] > 1:  # pairs (f_i, x_{i+1}), i = 0 … P - 2
+      _, update = self._forward(params, prompts[:, 1:], features[:, :-1], None)
+      cache = cache.append(update)
+    return EagleState(cache=cache.with_lengths(jnp.maximum(prompt_len - 1, 0)))
+
+  def forward_costs(self, params, batch, cache_len, max_len):
+    e = self.config.feature_size
+
+    @functools.partial(jax.jit, donate_argnums=1)
+    def step(params, cache, tokens):
+      features = jnp.ones(tokens.shape + (e,), jnp.dtype(self.dtype))
+      out, cache = self._forward(params, tokens, features, cache)
+      logits = eagle.draft_logits(params, out[:, -1])
+      return logits, cache.with_lengths(cache.lengths - tokens.shape[1])
+
+    def timed(positions):
+      state = [self.config.init_cache(batch, cache_len, jnp.dtype(self.dtype)).with_lengths(
+          jnp.full((batch,), cache_len // 2, jnp.int32))]
+      tokens = jnp.ones((batch, positions), jnp.int32)
+
+      def call():
+        logits, state[0] = step(params, state[0], tokens)
+        return logits
+
+      return costs.median_seconds(call)
+
+    return timed(max_len + 1), timed(1)
+
+  def propose(self, params, state, ctx, *, max_len, chunk, greedy):
+    batch, width = ctx.tokens.shape
+    rows = jnp.arange(batch)[:, None]
+    window = max_len + 1
+    vocab_ids = params["vocab_ids"]
+
+    def pairs(start):  # tokens x_{i+1} and features f_i for i = start … start + window - 1
+      i = start[:, None] + jnp.arange(window)
+      return (ctx.tokens[rows, jnp.clip(i + 1, 0, width - 1)],
+              ctx.features[rows, jnp.clip(i, 0, width - 1)])
+
+    def catch_up(cache):
+      _, cache = self._forward(params, *pairs(cache.lengths), cache)
+      behind = ctx.seq_len - 1 - (cache.lengths - window) > window
+      return cache.with_lengths(jnp.where(behind, cache.lengths, cache.lengths - window))
+
+    cache = jax.lax.while_loop(
+        lambda c: jnp.any(ctx.live & (ctx.seq_len - 1 - c.lengths > window)), catch_up,
+        state.cache)
+    # The last window ends at the row's last pair, n - 2, and re-feeds at least that one.
+    start = jnp.maximum(jnp.minimum(cache.lengths, ctx.seq_len - 2), 0)
+    predicted, cache = self._forward(params, *pairs(start), cache.with_lengths(start))
+    last = jnp.clip(ctx.seq_len - 2 - start, 0, window - 1)
+    feature = predicted[rows[:, 0], last]  # f̂_{n-1}: [B, E]
+    cache = cache.with_lengths(jnp.maximum(ctx.seq_len - 1, 0))
+
+    def draw(feature, key):  # token i32[B] in the full vocabulary; its q as f32[B, V] (sampled)
+      logits = eagle.draft_logits(params, feature)
+      index, log_q = sample(logits, key, greedy=greedy, temperature=ctx.temperature, top_p=ctx.top_p)
+      if log_q is not None:
+        log_q = jnp.full((batch, self.config.vocab_size), -jnp.inf).at[:, vocab_ids].set(log_q)
+      return vocab_ids[index], log_q
+
+    token, log_q = draw(feature, jax.random.fold_in(ctx.key, 0))
+    drafts = jnp.zeros((batch, max_len), jnp.int32).at[:, 0].set(token)
+    draft_log_probs = None
+    if not greedy:
+      draft_log_probs = jnp.zeros((batch, max_len + chunk, self.config.vocab_size), jnp.float32)
+      draft_log_probs = draft_log_probs.at[:, 0].set(log_q)
+
+    def body(i, carry):
+      cache, feature, drafts, draft_log_probs = carry
+      token = jax.lax.dynamic_slice_in_dim(drafts, i - 1, 1, axis=1)
+      predicted, cache = self._forward(params, token, feature[:, None], cache)
+      feature = predicted[:, 0]
+      token, log_q = draw(feature, jax.random.fold_in(ctx.key, i))
+      drafts = jax.lax.dynamic_update_slice_in_dim(drafts, token[:, None], i, axis=1)
+      if draft_log_probs is not None:
+        draft_log_probs = jax.lax.dynamic_update_slice_in_dim(draft_log_probs, log_q[:, None], i,
+                                                              axis=1)
+      return cache, feature, drafts, draft_log_probs
+
+    cache, _, drafts, draft_log_probs = jax.lax.fori_loop(
+        1, ctx.draft_len, body, (cache, feature, drafts, draft_log_probs))
+    num_drafts = jnp.broadcast_to(ctx.draft_len, (batch,)).astype(jnp.int32)
+    return EagleState(cache=cache), Proposal(drafts=drafts, num_drafts=num_drafts,
+                                             log_q=draft_log_probs)
+
+  def rollback(self, state, tokens, old_seq_len, new_seq_len):
+    del tokens, new_seq_len
+    return EagleState(cache=state.cache.with_lengths(jnp.maximum(old_seq_len - 1, 0)))
 
 
 # -- n-gram (prompt lookup) -----------------------------------------------------------------------------
@@ -349,22 +517,26 @@ class HybridProposer(Proposer):
   identifiers. Rows that took n-gram drafts keep only the draft-model K/V the text confirms.
 
   Attributes:
-    ngram: the lookup. model: the draft model.
+    ngram: the lookup. model: the draft model (independent or EAGLE).
   """
 
   ngram: NGramProposer
-  model: ModelProposer
+  model: "ModelProposer | EagleProposer"
 
   @property
   def name(self) -> str:
     return f"hybrid({self.ngram.name}, {self.model.name})"
 
   @property
-  def draft_model(self) -> ModelProposer:
-    return self.model
+  def needs_features(self) -> bool:
+    return self.model.needs_features
 
-  def init_state(self, params, prompts, prompt_len, *, cache_len, max_len):
-    return self.model.init_state(params, prompts, prompt_len, cache_len=cache_len, max_len=max_len)
+  def forward_costs(self, params, batch, cache_len, max_len):
+    return self.model.forward_costs(params, batch, cache_len, max_len)
+
+  def init_state(self, params, prompts, prompt_len, *, cache_len, max_len, features=None):
+    return self.model.init_state(params, prompts, prompt_len, cache_len=cache_len, max_len=max_len,
+                                 features=features)
 
   def propose(self, params, state, ctx, *, max_len, chunk, greedy):
     state, by_model = self.model.propose(params, state, ctx, max_len=max_len, chunk=chunk,

@@ -9,14 +9,17 @@ Everything comes from this machine, nothing from a hub or from HumanEval (the ev
   so the draft learns what the target *does* after such a prompt (the distribution BASS verifies),
   not only what human code looks like.
 
-Every window is then labelled with the target's top-k log-probabilities at each position (one batched
-forward), the soft labels of distillation. Files are split into train and held-out sets by a hash of
+Every window is then labelled by one batched target forward, with either the target's top-k
+log-probabilities at each position (the soft labels of distillation, for an independent draft) or its
+*features* at each position (the LM head's input, for an EAGLE-style feature draft:
+``bass_jax.models.eagle``; the target's distribution is then ``softmax(head(feature))``, computed in
+training on the draft's vocabulary). Files are split into train and held-out sets by a hash of
 their path, so evaluation prompts come from files the draft never saw.
 
 Shards are ``.npz`` files with ``tokens i32[N, T]``, ``mask bool[N, T]`` (positions that carry a label),
 ``topk_ids i32[N, T, k]`` and ``topk_logprobs f16[N, T, k]`` (log-softmax of the target's logits at
-temperature 1, so ``1 - sum(exp)`` is the mass outside the top k); continuation shards also hold
-``prompt_lens i32[N]`` (where the target's own tokens start).
+temperature 1, so ``1 - sum(exp)`` is the mass outside the top k) or ``features f16[N, T, E]``;
+continuation shards also hold ``prompt_lens i32[N]`` (where the target's own tokens start).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from typing import Iterable, Iterator, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from bass_jax.models.common import forward as model_forward
 
 _EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
 HELD_OUT_FRACTION = 0.05  # the share of stdlib files held out of training (build_corpus's default)
@@ -139,6 +144,26 @@ def label_topk(target, tokens: np.ndarray, *, k: int, batch_size: int) -> Iterat
     padded[:len(chunk)] = chunk
     ids, values = fn(target.params, jnp.asarray(padded), target.config, k)
     yield np.asarray(ids)[:len(chunk)], np.asarray(values, np.float16)[:len(chunk)]
+
+
+def _features_impl(params, tokens, config):
+  _, _, features = model_forward(config, params, tokens, compute_logits=False, return_features=True)
+  return features.astype(jnp.float16)
+
+
+def label_features(target, tokens: np.ndarray, *, batch_size: int) -> Iterator[np.ndarray]:
+  """The target's features (its LM head's input) for ``tokens: i32[N, T]``, batch by batch.
+
+  Yields ``f16[b, T, E]`` for consecutive batches of rows (the last batch padded to ``batch_size`` for
+  one compiled shape, and trimmed). Stored in float16 to halve the corpus (the draft reads them in its
+  compute dtype).
+  """
+  fn = jax.jit(_features_impl, static_argnums=2)
+  for start in range(0, len(tokens), batch_size):
+    chunk = tokens[start:start + batch_size]
+    padded = np.zeros((batch_size, tokens.shape[1]), np.int32)
+    padded[:len(chunk)] = chunk
+    yield np.asarray(fn(target.params, jnp.asarray(padded), target.config))[:len(chunk)]
 
 
 def save_shard(path: pathlib.Path, **arrays: np.ndarray) -> None:

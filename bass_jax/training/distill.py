@@ -146,12 +146,42 @@ def distill_loss(params, batch, config: LlamaConfig, dtype: str):
   return jnp.sum(per_position * mask) / denom, {"agreement": jnp.sum(agree * mask) / denom}
 
 
-def make_train_step(config: LlamaConfig, cfg: TrainConfig, optimizer: optax.GradientTransformation):
+@dataclasses.dataclass(frozen=True)
+class Objective:
+  """What :func:`train` optimizes, and how it evaluates.
+
+  Attributes:
+    loss: ``(params, batch) -> (loss f32[], metrics)``; metrics include ``agreement`` (the share of
+      labelled positions where the draft's argmax is the target's).
+    evaluate: ``(params, eval_data) -> {name: float}`` held-out metrics.
+    fields: the corpus arrays a batch holds.
+    init: ``key -> params`` for a fresh run.
+  """
+
+  loss: Callable[[Any, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]
+  evaluate: Callable[[Any, dict[str, np.ndarray]], dict[str, float]]
+  fields: tuple[str, ...]
+  init: Callable[[jax.Array], Any]
+
+
+def distillation(config: LlamaConfig, cfg: TrainConfig,
+                 init_params: Callable[[jax.Array], Any] | None = None) -> Objective:
+  """The independent draft's objective: :func:`distill_loss` and :func:`evaluate` (the default)."""
+  from bass_jax import loading  # pylint: disable=g-import-not-at-top
+
+  return Objective(
+      loss=lambda params, batch: distill_loss(params, batch, config, cfg.compute_dtype),
+      evaluate=lambda params, data: evaluate(params, config, data, dtype=cfg.compute_dtype,
+                                             draft_len=cfg.eval_draft_len),
+      fields=("tokens", "mask", "topk_ids", "topk_logprobs"),
+      init=init_params or (lambda key: loading.init_params(config, key)))
+
+
+def make_train_step(objective: Objective, optimizer: optax.GradientTransformation):
   """A jitted ``(state, batch) -> (state, metrics)`` that donates the state."""
 
   def step(state: TrainState, batch):
-    (loss, metrics), grads = jax.value_and_grad(distill_loss, has_aux=True)(
-        state.params, batch, config, cfg.compute_dtype)
+    (loss, metrics), grads = jax.value_and_grad(objective.loss, has_aux=True)(state.params, batch)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
@@ -275,11 +305,12 @@ def train(
     init_params: Callable[[jax.Array], Any] | None = None,
     progress: bool = True,
     on_step: Callable[[int], None] | None = None,
+    objective: Objective | None = None,
 ) -> Any:
   """Trains (or resumes training) a draft; returns its final parameters (f32).
 
   Args:
-    config: the draft's architecture (same vocabulary as the target).
+    config: the draft's architecture (same vocabulary as the target), used by the default objective.
     cfg: :class:`TrainConfig`.
     train_data: ``tokens, mask, topk_ids, topk_logprobs`` arrays with a leading example axis.
     workdir: holds ``checkpoints/`` (orbax) and ``metrics.jsonl``; an existing checkpoint is resumed.
@@ -287,6 +318,8 @@ def train(
     init_params: ``key -> params`` for a fresh run (default: the module's random init).
     progress: show a progress bar with loss, tokens/s and ETA.
     on_step: called after every step (tests use it to die mid-run).
+    objective: what to optimize (:class:`Objective`); default: :func:`distillation` of ``config``
+      with ``init_params``. An EAGLE feature draft passes ``bass_jax.training.eagle.objective``.
 
   Raises:
     ValueError: the corpus is smaller than one batch; the checkpoint's shapes differ from ``config``.
@@ -294,9 +327,8 @@ def train(
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   import tqdm  # pylint: disable=g-import-not-at-top
 
-  from bass_jax import loading  # pylint: disable=g-import-not-at-top
-
   workdir = pathlib.Path(workdir).absolute()
+  objective = objective or distillation(config, cfg, init_params)
   optimizer = make_optimizer(cfg)
   schedule = make_schedule(cfg)
   log = MetricsLog(workdir / "metrics.jsonl")
@@ -306,7 +338,7 @@ def train(
 
   def fresh_state():
     key = jax.random.key(cfg.seed)
-    params = init_params(key) if init_params else loading.init_params(config, key)
+    params = objective.init(key)
     params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)
     return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
 
@@ -316,9 +348,9 @@ def train(
   start = int(state.step)
   if start:
     log.write({"step": start, "resumed_from": start})
-  step_fn = make_train_step(config, cfg, optimizer)
+  step_fn = make_train_step(objective, optimizer)
   window = train_data["tokens"].shape[1]
-  fields = ("tokens", "mask", "topk_ids", "topk_logprobs")
+  fields = objective.fields
   bar = tqdm.tqdm(total=cfg.steps, initial=start, disable=not progress, unit="step", desc="distill")
   tokens_seen, clock = 0, time.perf_counter()
   for step in range(start, cfg.steps):
@@ -338,8 +370,7 @@ def train(
       tokens_seen, clock = 0, time.perf_counter()
     if eval_data is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
       eval_start = time.perf_counter()
-      log.write({"step": done, **evaluate(state.params, config, eval_data,
-                                          dtype=cfg.compute_dtype, draft_len=cfg.eval_draft_len)})
+      log.write({"step": done, **objective.evaluate(state.params, eval_data)})
       clock += time.perf_counter() - eval_start  # tokens/s counts training time only
     manager.save(done, args=ocp.args.StandardSave(state), force=done == cfg.steps)
     bar.update(1)
@@ -357,6 +388,6 @@ def iter_records(log_path: str | pathlib.Path) -> Iterator[dict[str, Any]]:
     yield records[step]
 
 
-__all__ = ["TrainConfig", "TrainState", "batch_indices", "distill_loss", "evaluate", "iter_records",
-           "make_optimizer", "make_schedule", "make_train_step", "simulate_greedy_steps",
+__all__ = ["Objective", "TrainConfig", "TrainState", "batch_indices", "distill_loss", "distillation",
+           "evaluate", "iter_records", "make_optimizer", "make_schedule", "make_train_step", "simulate_greedy_steps",
            "simulated_greedy_acceptance", "train"]

@@ -1,0 +1,307 @@
+"""An EAGLE-style feature draft: one decoder layer that extrapolates the target's own features.
+
+EAGLE (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty", §3;
+docs/draft.md, "The EAGLE feature draft") drafts at the level of the target's *features*, the vector its
+LM head multiplies (``models.common.FEATURES``), rather than at the level of tokens:
+
+* at draft position i it reads the pair ``(f_i, x_{i+1})``: the target's feature at position i and the
+  embedding of the token that followed (the token removes the feature's sampling uncertainty, §3.1);
+* ``fc(concat(embed(x_{i+1}), f_i))`` (a ``[2E, E]`` projection with bias) goes through one Llama decoder
+  layer (with its own ragged KV cache) and comes out as ``f̂_{i+1}``, its prediction of the target's
+  next feature;
+* the target's own LM head turns ``f̂_{i+1}`` into a distribution over ``x_{i+2}``; drafting continues
+  autoregressively on the draft's own ``f̂`` and its drawn tokens.
+
+The embedding and the LM head are the target's, frozen and not stored with the draft. The head may be
+restricted to a *draft vocabulary* of V' tokens, the corpus's most frequent (FR-Spec, Zhao et al. 2025):
+the draft's distribution is then 0 outside them, which leaves speculative sampling exact (its ``q`` may
+be anything) and cuts the head's cost by ``V / V'``. ``vocab_ids`` are sorted by frequency, so a prefix
+of them is the best smaller draft vocabulary.
+
+Unlike EAGLE-1's layer, the decoder layer keeps its input RMSNorm (as EAGLE-3's does).
+
+Files (:func:`save_eagle`, :func:`load_eagle`): ``config.json`` (``{"model_type": "bass_eagle",
+"draft_vocab_size": V', "layer": <transformers LlamaConfig fields>}``) and ``model.safetensors``
+(parameters by their ``/``-joined Flax path, and ``vocab_ids``).
+
+Axes: B batch, T positions, E feature size (the target's hidden size), V vocabulary, V' draft vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bass_jax.cache import KVCache, KVUpdate
+from bass_jax.models import common
+from bass_jax.models.llama import LlamaConfig, LlamaDecoderLayer, rotary_sin_cos
+
+MODEL_TYPE = "bass_eagle"
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleConfig:
+  """Architecture of an EAGLE feature draft.
+
+  Attributes:
+    layer: the decoder layers' shapes as a :class:`LlamaConfig` (hidden size = the target's feature
+      size E; ``num_hidden_layers`` draft layers, 1 in EAGLE; ``vocab_size`` the target's V).
+    draft_vocab_size: V', the tokens the draft's head scores (``<= V``).
+
+  Raises:
+    ValueError: from ``__post_init__`` when ``draft_vocab_size`` is not in ``[1, V]``.
+  """
+
+  layer: LlamaConfig
+  draft_vocab_size: int
+  model_type = MODEL_TYPE
+
+  def __post_init__(self):
+    if not isinstance(self.draft_vocab_size, int) or not 1 <= self.draft_vocab_size <= self.vocab_size:
+      raise ValueError(f"EagleConfig.draft_vocab_size must be an int in [1, {self.vocab_size}] (the "
+                       f"target's vocabulary), got {self.draft_vocab_size!r}")
+
+  @property
+  def vocab_size(self) -> int:
+    return self.layer.vocab_size
+
+  @property
+  def eos_token_id(self):
+    return self.layer.eos_token_id
+
+  @property
+  def bos_token_id(self):
+    return self.layer.bos_token_id
+
+  @property
+  def feature_size(self) -> int:
+    return self.layer.hidden_size
+
+  @property
+  def num_layers(self) -> int:
+    return self.layer.num_hidden_layers
+
+  @property
+  def max_positions(self) -> int:
+    return self.layer.max_positions
+
+  def init_cache(self, batch_size: int, max_len: int, dtype: Any = jnp.float32,
+                 fill_value: float = 0.0) -> KVCache:
+    """The draft's own ragged cache (as :meth:`LlamaConfig.init_cache`)."""
+    return self.layer.init_cache(batch_size, max_len, dtype, fill_value)
+
+  def with_draft_vocab_size(self, size: int) -> "EagleConfig":
+    """The same draft scoring only the ``size`` most frequent of its tokens (a prefix of vocab_ids)."""
+    return dataclasses.replace(self, draft_vocab_size=size)
+
+  def num_params(self) -> int:
+    """Trained parameters (the fc projection and the layers; the embedding and head are the target's)."""
+    shapes = jax.eval_shape(lambda: init_draft_params(self, jax.random.key(0)))
+    return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
+
+  @classmethod
+  def for_target(cls, target_config: Any, *, draft_vocab_size: int,
+                 num_layers: int = 1) -> "EagleConfig":
+    """The draft shaped after a Llama-family target: its hidden size, heads, MLP and rotary settings.
+
+    Raises:
+      ValueError: a target that is not of the Llama family (its features and head are read as Llama's).
+    """
+    check_target(target_config)
+    return cls(dataclasses.replace(target_config, num_hidden_layers=num_layers), draft_vocab_size)
+
+  def to_json(self) -> dict[str, Any]:
+    return {"model_type": MODEL_TYPE, "draft_vocab_size": self.draft_vocab_size,
+            "layer": self.layer.to_hf_config().to_dict()}
+
+  @classmethod
+  def from_json(cls, fields: dict[str, Any]) -> "EagleConfig":
+    return cls(LlamaConfig.from_hf_config(fields["layer"]), int(fields["draft_vocab_size"]))
+
+
+def check_target(target_config: Any) -> None:
+  """Raises ValueError unless the target is of the Llama family (Llama, Qwen2, Mistral)."""
+  if not isinstance(target_config, LlamaConfig):
+    raise ValueError(f"an EAGLE draft needs a Llama-family target (llama, qwen2, mistral), got "
+                     f"model_type {getattr(target_config, 'model_type', type(target_config).__name__)!r}")
+
+
+class EagleDraft(nn.Module):
+  """``(tokens i32[B, T], features [B, T, E], embedding [V, E], cache) -> (f̂ [B, T, E], cache)``.
+
+  Token t of row b is ``x_{i+1}`` and ``features[b, t]`` is ``f_i`` for ``i = cache.lengths[b] + t``
+  (the pair's position, also its rotary position); the output is ``f̂_{i+1}``. The cache follows
+  ``models.common``'s conventions (without one: a full causal forward returning a :class:`KVUpdate`).
+  """
+
+  config: EagleConfig
+  attention_impl: str = "reference"
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, tokens, features, embedding, cache: KVCache | None = None):
+    cfg = self.config.layer
+    embedded = jnp.take(embedding, tokens, axis=0).astype(self.dtype)
+    x = jnp.concatenate([embedded, features.astype(self.dtype)], axis=-1)
+    x = nn.Dense(cfg.hidden_size, use_bias=True, dtype=self.dtype, param_dtype=self.dtype,
+                 name="fc")(x)
+    positions = common.positions_of(tokens, cache)
+    sin, cos = rotary_sin_cos(positions, cfg.head_dim, cfg.rope_theta, self.dtype)
+    return common.run_layers(
+        LlamaDecoderLayer, cfg.num_hidden_layers, name="layers", x=x, cache=cache,
+        positions=positions, extras=(sin, cos), config=cfg, attention_impl=self.attention_impl,
+        dtype=self.dtype)
+
+
+def init_draft_params(config: EagleConfig, key: jax.Array, dtype: Any = jnp.float32) -> dict[str, Any]:
+  """Random trainable parameters (``fc``, ``layers_*``): Flax's default initializers."""
+  e = config.feature_size
+  module = EagleDraft(config, dtype=jnp.dtype(dtype))
+  tokens = jnp.zeros((1, 1), jnp.int32)
+  embedding = jnp.zeros((config.vocab_size, e), dtype)
+  return module.init(key, tokens, jnp.zeros((1, 1, e), dtype), embedding)["params"]
+
+
+def lm_head_matrix(target_config: Any, target_params: Any) -> jax.Array:
+  """The target's LM head as ``[V, E]`` rows (its embedding when tied).
+
+  Raises:
+    ValueError: a target outside the Llama family.
+  """
+  check_target(target_config)
+  if target_config.tie_word_embeddings:
+    return target_params["embed_tokens"]["embedding"]
+  return target_params["lm_head"].T
+
+
+def bind(draft_params: Any, vocab_ids: jax.Array, target_config: Any, target_params: Any,
+         draft_vocab_size: int) -> dict[str, Any]:
+  """What the draft runs with: its trained weights and the target's frozen embedding and head rows.
+
+  Args:
+    draft_params: ``fc`` and ``layers_*``. vocab_ids: ``i32[>= V']`` draft vocabulary, most frequent
+      first. draft_vocab_size: V', the prefix of ``vocab_ids`` the head scores.
+
+  Returns:
+    ``{"draft", "embedding" [V, E], "head" [V', E], "vocab_ids" i32[V']}``.
+  """
+  ids = jnp.asarray(vocab_ids, jnp.int32)[:draft_vocab_size]
+  head = jnp.take(lm_head_matrix(target_config, target_params), ids, axis=0)
+  return {"draft": draft_params, "embedding": target_params["embed_tokens"]["embedding"],
+          "head": head, "vocab_ids": ids}
+
+
+def forward(config: EagleConfig, params: dict[str, Any], tokens: jax.Array, features: jax.Array,
+            cache: KVCache | None = None, *, dtype: Any = jnp.float32,
+            attention_impl: str = "reference") -> tuple[jax.Array, KVCache | KVUpdate]:
+  """One draft forward over pairs ``(f_i, x_{i+1})`` (EAGLE §3.2).
+
+  Args:
+    params: :func:`bind`'s dict. tokens: ``i32[B, T]`` the tokens ``x_{i+1}``. features:
+      ``[B, T, E]`` the features ``f_i`` (the target's, or the draft's own ``f̂_i``).
+    cache: the draft's ragged cache, or None for a full causal forward (training).
+
+  Returns:
+    ``(f̂ dtype[B, T, E], cache or KVUpdate)``: the predicted next features; the cache's lengths
+    advance by T.
+  """
+  module = EagleDraft(config, attention_impl=attention_impl, dtype=jnp.dtype(dtype))
+  return module.apply({"params": params["draft"]}, tokens, features, params["embedding"], cache)
+
+
+def draft_logits(params: dict[str, Any], features: jax.Array) -> jax.Array:
+  """``f32[..., V']``: the target's head rows of the draft vocabulary applied to ``features [..., E]``."""
+  return jnp.einsum("...E,VE->...V", features, params["head"].astype(features.dtype),
+                    preferred_element_type=jnp.float32)
+
+
+def to_full_vocab(logits: jax.Array, vocab_ids: jax.Array, vocab_size: int) -> jax.Array:
+  """``f32[..., V']`` draft-vocabulary logits as ``f32[..., V]``, ``-inf`` outside the draft vocabulary."""
+  full = jnp.full(logits.shape[:-1] + (vocab_size,), -jnp.inf, logits.dtype)
+  return full.at[..., vocab_ids].set(logits)
+
+
+# -- files --------------------------------------------------------------------------------------------
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, np.ndarray]:
+  flat = {}
+  for key, value in tree.items():
+    name = f"{prefix}{key}"
+    if isinstance(value, dict):
+      flat.update(_flatten(value, name + "/"))
+    else:
+      flat[name] = value
+  return flat
+
+
+def save_eagle(path: str | os.PathLike, config: EagleConfig, params: Any, vocab_ids: np.ndarray, *,
+               dtype: Any = np.float16, extra: dict[str, Any] | None = None) -> None:
+  """Writes ``config.json`` and ``model.safetensors`` (parameters cast to ``dtype``) into ``path``.
+
+  Args:
+    vocab_ids: ``i32[>= V']`` draft vocabulary, most frequent first. extra: more ``config.json`` fields
+      (provenance: corpus, steps).
+  """
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+
+  path = pathlib.Path(path)
+  path.mkdir(parents=True, exist_ok=True)
+  tensors = {k: np.asarray(v).astype(dtype) for k, v in _flatten(params).items()}
+  tensors["vocab_ids"] = np.asarray(vocab_ids, np.int32)
+  save_file(tensors, str(path / "model.safetensors"))
+  (path / "config.json").write_text(json.dumps({**config.to_json(), **(extra or {})}, indent=2))
+
+
+def is_eagle_checkpoint(path: str | os.PathLike) -> bool:
+  """Whether ``path`` is a directory written by :func:`save_eagle`."""
+  config = pathlib.Path(path) / "config.json"
+  try:
+    return config.is_file() and json.loads(config.read_text()).get("model_type") == MODEL_TYPE
+  except json.JSONDecodeError:
+    return False
+
+
+def load_eagle(path: str | os.PathLike, *, dtype: Any = jnp.float32
+               ) -> tuple[EagleConfig, dict[str, Any]]:
+  """Reads :func:`save_eagle`'s files.
+
+  Returns:
+    ``(config, params)`` with ``params = {"draft": …, "vocab_ids": i32[V']}``: the trained weights
+    cast to ``dtype`` and the draft vocabulary cut to the config's V'.
+
+  Raises:
+    FileNotFoundError: a missing file. ValueError: weights that do not match the config (named).
+  """
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+
+  path = pathlib.Path(path)
+  config = EagleConfig.from_json(json.loads((path / "config.json").read_text()))
+  tensors = load_file(str(path / "model.safetensors"))
+  vocab_ids = tensors.pop("vocab_ids", None)
+  if vocab_ids is None or len(vocab_ids) < config.draft_vocab_size:
+    raise ValueError(f"{path}: vocab_ids missing or shorter than draft_vocab_size "
+                     f"{config.draft_vocab_size}")
+  expected = _flatten(jax.eval_shape(lambda: init_draft_params(config, jax.random.key(0))))
+  if set(tensors) != set(expected):
+    raise ValueError(f"{path}: parameters {sorted(set(tensors) ^ set(expected))} differ from what the "
+                     "config describes")
+  params: dict[str, Any] = {}
+  for name, value in tensors.items():
+    if value.shape != expected[name].shape:
+      raise ValueError(f"{path}: {name} has shape {value.shape}, the config needs "
+                       f"{expected[name].shape}")
+    node = params
+    *parents, leaf = name.split("/")
+    for key in parents:
+      node = node.setdefault(key, {})
+    node[leaf] = jnp.asarray(value, dtype)
+  return config, {"draft": params, "vocab_ids": jnp.asarray(vocab_ids[:config.draft_vocab_size])}

@@ -1,0 +1,236 @@
+"""The EAGLE feature draft (bass_jax.models.eagle) as a proposer, its files, and its training.
+
+The draft's cached forward is checked against its own full causal forward (NaN-filled cache padding);
+its proposals inside the jitted loop against a from-scratch reference that recomputes the target's
+features and the draft's autoregressive drafts with full forwards at every step; its catch-up after a
+long lag against a fresh prefill; greedy BASS with it against regular decoding (tiny target here, the
+real SmolLM2 target with the shipped draft in test_shipped_draft.py). Sampling exactness is in
+test_sampling_exact.py.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import bass_jax as bj
+from bass_jax.models import common, eagle
+from bass_jax.sampling import proposers
+from bass_jax.training import distill, feature_draft
+from conftest import tiny_model
+
+DRAFT_VOCAB = 48  # of the tiny target's 61 tokens
+
+
+def _vocab_ids(vocab=61, seed=0):
+  return jnp.asarray(np.random.default_rng(seed).permutation(vocab).astype(np.int32))
+
+
+def _random_draft(target, seed=1, draft_vocab=DRAFT_VOCAB):
+  config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=draft_vocab)
+  params = eagle.init_draft_params(config, jax.random.key(seed))
+  return bj.Model(config, {"draft": params, "vocab_ids": _vocab_ids()[:draft_vocab]}, name="eagle")
+
+
+def _correlated_draft(target, feature_weight=0.3, draft_vocab=DRAFT_VOCAB):
+  """A draft that predicts a 1-layer target well: its layer is the target's, and ``fc`` passes the
+  token's embedding plus ``feature_weight`` times the feature, so it is accepted often but not always,
+  and what it drafts depends on the features it is given."""
+  config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=draft_vocab)
+  e = config.feature_size
+  kernel = jnp.concatenate([jnp.eye(e), feature_weight * jnp.eye(e)], axis=0)
+  params = {"fc": {"kernel": kernel, "bias": jnp.zeros((e,))},
+            "layers_0": target.params["layers_0"]}
+  return bj.Model(config, {"draft": params, "vocab_ids": _vocab_ids()[:draft_vocab]}, name="eagle")
+
+
+def _bound(target, draft):
+  return eagle.bind(draft.params["draft"], draft.params["vocab_ids"], target.config, target.params,
+                    draft.config.draft_vocab_size)
+
+
+def _target_features(target, text):
+  _, _, features = common.forward(target.config, target.params, jnp.asarray([text]),
+                                  return_features=True)
+  return features[0]
+
+
+def test_cached_forward_equals_the_full_forward():
+  """Pairs fed in two ragged pieces through a NaN-padded cache give the full forward's outputs."""
+  target = tiny_model(0)
+  draft = _random_draft(target)
+  params = _bound(target, draft)
+  rng = np.random.default_rng(0)
+  tokens = jnp.asarray(rng.integers(0, 61, (2, 9)), jnp.int32)
+  features = jnp.asarray(rng.normal(size=(2, 9, 32)), jnp.float32)
+  full, _ = eagle.forward(draft.config, params, tokens, features)
+  cache = draft.config.init_cache(2, 32, fill_value=float("nan"))
+  first = [4, 6]
+  _, update = eagle.forward(draft.config, params, tokens[:, :6], features[:, :6])
+  cache = cache.append(update).with_lengths(jnp.asarray(first))
+  for row, n in enumerate(first):
+    rest_tokens = jnp.asarray(tokens[row:row + 1, n:])
+    rest_features = features[row:row + 1, n:]
+    row_cache = bj.KVCache(k=tuple(k[row:row + 1] for k in cache.k),
+                           v=tuple(v[row:row + 1] for v in cache.v), lengths=cache.lengths[row:row + 1])
+    out, row_cache = eagle.forward(draft.config, params, rest_tokens, rest_features, row_cache)
+    np.testing.assert_allclose(out[0], full[row, n:], atol=2e-5, rtol=2e-5)
+    assert int(row_cache.lengths[0]) == 9
+
+
+def _reference_steps(target, draft, text, prompt_len, draft_len):
+  """Greedy BASS's accepted drafts per step along ``text`` (the target's greedy output), recomputed from
+  scratch: at each step the target's features of the text so far, the draft's full forward over the
+  pairs, then ``draft_len`` autoregressive drafts on its own features. Only steps whose drafts all lie
+  inside ``text`` are returned."""
+  params = _bound(target, draft)
+  features = _target_features(target, text)
+  steps, c = [], prompt_len
+  while c + draft_len < len(text):
+    pair_tokens = list(text[1:c])
+    pair_features = [features[i] for i in range(c - 1)]
+    drafts = []
+    for _ in range(draft_len):
+      out, _ = eagle.forward(draft.config, params, jnp.asarray([pair_tokens]),
+                             jnp.stack(pair_features)[None])
+      token = int(params["vocab_ids"][jnp.argmax(eagle.draft_logits(params, out[0, -1]))])
+      drafts.append(token)
+      pair_tokens.append(token)
+      pair_features.append(out[0, -1])
+    accepted = 0
+    while accepted < draft_len and drafts[accepted] == text[c + accepted]:
+      accepted += 1
+    steps.append(accepted)
+    c += accepted + 1
+  return steps
+
+
+def test_proposals_in_the_loop_equal_a_from_scratch_reference():
+  """Every step's accepted count, per row of a ragged batch, equals the reference's: the feature
+  buffer, the catch-up, the autoregressive drafts and the rollback all line up."""
+  target = tiny_model(0, num_hidden_layers=1, scale=2.0)
+  draft = _correlated_draft(target)
+  rng = np.random.default_rng(5)
+  prompts = [rng.integers(0, 61, n).tolist() for n in (2, 9, 5)]
+  draft_len = 3
+  out = bj.generate(target, draft, prompts, max_new_tokens=24, draft_len=draft_len, eos_token_id=())
+  regular = bj.generate(target, None, prompts, method="regular", max_new_tokens=24, eos_token_id=())
+  np.testing.assert_array_equal(out.tokens, regular.tokens)
+  total = 0
+  for row, prompt in enumerate(prompts):
+    text = prompt + out.sequences()[row]
+    want = _reference_steps(target, draft, text, len(prompt), draft_len)
+    got = out.stats.accepted[:, row]
+    np.testing.assert_array_equal(got[:len(want)], want)
+    total += sum(want)
+  assert 0 < total < draft_len * out.stats.steps * len(prompts)  # accepted often, not always
+
+
+def test_catch_up_after_a_long_lag_equals_a_fresh_prefill():
+  """After plain steps the draft lags by many pairs; one propose brings its cache to a fresh prefill's
+  over the whole text, and its first draft is the full forward's."""
+  target = tiny_model(2)
+  draft = _random_draft(target)
+  params = _bound(target, draft)
+  proposer = proposers.EagleProposer(draft.config, "float32")
+  text = np.random.default_rng(2).integers(0, 61, 19).tolist()
+  width = 32
+  tokens = jnp.asarray([text + [0] * (width - len(text))], jnp.int32)
+  features = _target_features(target, tokens[0].tolist())[None]
+  state = proposer.init_state(params, tokens[:, :4], jnp.asarray([4]), cache_len=48, max_len=2,
+                              features=features[:, :4])
+  ctx = proposers.StepContext(tokens=tokens, seq_len=jnp.asarray([19]), live=jnp.asarray([True]),
+                              draft_len=jnp.int32(1), key=jax.random.key(0),
+                              temperature=jnp.float32(1), top_p=jnp.float32(1), features=features)
+  state, proposal = jax.jit(lambda s: proposer.propose(params, s, ctx, max_len=2, chunk=2,
+                                                       greedy=True))(state)
+  fresh = proposer.init_state(params, tokens[:, :19], jnp.asarray([19]), cache_len=48, max_len=2,
+                              features=features[:, :19])
+  assert int(state.cache.lengths[0]) == 18
+  for got, want in zip(state.cache.k + state.cache.v, fresh.cache.k + fresh.cache.v):
+    np.testing.assert_allclose(got[0, :, :18], want[0, :, :18], atol=1e-5)
+  out, _ = eagle.forward(draft.config, params, tokens[:, 1:19], features[:, :18])
+  want = params["vocab_ids"][jnp.argmax(eagle.draft_logits(params, out[0, -1]))]
+  assert int(proposal.drafts[0, 0]) == int(want)
+
+
+@pytest.mark.parametrize("kind,draft_len", [("eagle", "dynamic"), ("eagle", 4), ("hybrid", "goodput")])
+def test_greedy_bass_with_an_eagle_draft_is_lossless(kind, draft_len):
+  target = tiny_model(0, num_hidden_layers=1, scale=2.0)
+  draft = _correlated_draft(target)
+  side = draft if kind == "eagle" else bj.Hybrid(draft, bj.NGramProposer(max_n=3, min_n=1))
+  if draft_len == "goodput":  # costs under which speculation pays, with plain steps possible
+    draft_len = bj.GoodputDraftLen(max_len=4, costs=bj.StepCosts(1.0, 1.2, 0.01, 0.01, 4))
+  prompts = [np.random.default_rng(i).integers(0, 61, n).tolist() for i, n in enumerate((7, 1, 12, 3))]
+  regular = bj.generate(target, None, prompts, method="regular", max_new_tokens=30, eos_token_id=())
+  bass = bj.generate(target, side, prompts, max_new_tokens=30, draft_len=draft_len, eos_token_id=())
+  np.testing.assert_array_equal(bass.tokens, regular.tokens)
+  assert (bass.stats.accepted > 0).any()
+
+
+def test_files_round_trip_and_load_model_reads_them(tmp_path):
+  target = tiny_model(0)
+  draft = _random_draft(target)
+  vocab = np.asarray(_vocab_ids())
+  eagle.save_eagle(tmp_path / "d", draft.config, draft.params["draft"], vocab, dtype=np.float32)
+  loaded = bj.load_model(tmp_path / "d")
+  assert loaded.config == draft.config
+  np.testing.assert_array_equal(loaded.params["vocab_ids"], vocab[:DRAFT_VOCAB])
+  for a, b in zip(jax.tree_util.tree_leaves(loaded.params["draft"]),
+                  jax.tree_util.tree_leaves(draft.params["draft"])):
+    np.testing.assert_array_equal(a, b)
+  smaller = draft.config.with_draft_vocab_size(8)
+  eagle.save_eagle(tmp_path / "small", smaller, draft.params["draft"], vocab)
+  assert bj.load_model(tmp_path / "small").params["vocab_ids"].tolist() == vocab[:8].tolist()
+
+
+def test_bad_input_is_named(tmp_path):
+  target = tiny_model(0)
+  with pytest.raises(ValueError, match="draft_vocab_size"):
+    eagle.EagleConfig.for_target(target.config, draft_vocab_size=62)
+  with pytest.raises(ValueError, match="Llama-family"):
+    eagle.EagleConfig.for_target(bj.GPT2Config(vocab_size=61, n_embd=32, n_layer=1, n_head=4),
+                                 draft_vocab_size=8)
+  draft = _random_draft(target)
+  wrong = eagle.EagleConfig.for_target(tiny_model(0, intermediate_size=40).config,
+                                       draft_vocab_size=DRAFT_VOCAB)
+  eagle.save_eagle(tmp_path / "d", wrong, draft.params["draft"], np.asarray(_vocab_ids()))
+  with pytest.raises(ValueError, match="mlp"):
+    bj.load_model(tmp_path / "d")
+
+
+def _feature_corpus(target, windows=48, width=24, seed=0):
+  """Windows of text the target itself continues greedily, with its features (a tiny corpus)."""
+  rng = np.random.default_rng(seed)
+  prompts = [rng.integers(0, 61, 4).tolist() for _ in range(windows)]
+  out = bj.generate(target, None, prompts, method="regular", max_new_tokens=width - 4, eos_token_id=())
+  tokens = np.asarray([p + s for p, s in zip(prompts, out.sequences())], np.int32)
+  _, _, features = common.forward(target.config, target.params, jnp.asarray(tokens),
+                                  return_features=True)
+  mask = np.ones_like(tokens, bool)
+  mask[:, -1] = False
+  return {"tokens": tokens, "mask": mask, "features": np.asarray(features, np.float16)}
+
+
+def test_training_lowers_the_loss_and_raises_agreement(tmp_path):
+  target = tiny_model(0, scale=2.0)
+  data = _feature_corpus(target)
+  vocab = feature_draft.token_frequencies(data["tokens"], data["mask"], 61)
+  config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=61)
+  cfg = distill.TrainConfig(steps=80, batch_size=8, peak_lr=1e-2, warmup_steps=5, eval_every=80,
+                            checkpoint_every=40, log_every=10)
+  objective = feature_draft.objective(config, cfg, target.config, target.params, vocab)
+  before = objective.evaluate(objective.init(jax.random.key(cfg.seed)), data)
+  params = distill.train(config, cfg, data, tmp_path, eval_data=data, progress=False,
+                         objective=objective)
+  after = objective.evaluate(params, data)
+  assert after["eval_loss"] < 0.5 * before["eval_loss"]
+  assert after["eval_agreement"] > before["eval_agreement"] + 0.3
+
+
+def test_token_frequencies_sort_by_count_then_id():
+  tokens = np.asarray([[0, 3, 3, 1, 3, 1, 2]])
+  mask = np.ones_like(tokens, bool)
+  mask[0, -1] = False
+  # Predicted tokens: 3, 3, 1, 3, 1, 2 -> 3 (x3), 1 (x2), 2 (x1), then 0, 4 (x0).
+  assert feature_draft.token_frequencies(tokens, mask, 5).tolist() == [3, 1, 2, 0, 4]
