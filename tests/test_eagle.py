@@ -85,18 +85,27 @@ def _reference_steps(target, draft, text, prompt_len, draft_len):
   inside ``text`` are returned."""
   params = _bound(target, draft)
   features = _target_features(target, text)
+  width = len(text) + draft_len  # pairs are padded to one width: causal, so padding changes nothing
+
+  @jax.jit
+  def predict(tokens, pair_features):
+    out, _ = eagle.forward(draft.config, params, tokens[None], pair_features[None])
+    return out[0]
+
   steps, c = [], prompt_len
   while c + draft_len < len(text):
-    pair_tokens = list(text[1:c])
-    pair_features = [features[i] for i in range(c - 1)]
+    pair_tokens = np.zeros(width, np.int32)
+    pair_tokens[:c - 1] = text[1:c]
+    pair_features = np.zeros((width, features.shape[-1]), np.float32)
+    pair_features[:c - 1] = features[:c - 1]
     drafts = []
-    for _ in range(draft_len):
-      out, _ = eagle.forward(draft.config, params, jnp.asarray([pair_tokens]),
-                             jnp.stack(pair_features)[None])
-      token = int(params["vocab_ids"][jnp.argmax(eagle.draft_logits(params, out[0, -1]))])
+    for k in range(draft_len):
+      last = c - 2 + k  # the pair whose output predicts the next draft
+      predicted = predict(jnp.asarray(pair_tokens), jnp.asarray(pair_features))[last]
+      token = int(params["vocab_ids"][jnp.argmax(eagle.draft_logits(params, predicted))])
       drafts.append(token)
-      pair_tokens.append(token)
-      pair_features.append(out[0, -1])
+      pair_tokens[last + 1] = token
+      pair_features[last + 1] = predicted
     accepted = 0
     while accepted < draft_len and drafts[accepted] == text[c + accepted]:
       accepted += 1

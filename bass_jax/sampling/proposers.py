@@ -296,11 +296,12 @@ class EagleProposer(Proposer):
 
   Each step, for every row:
 
-  1. **catch-up**: the pairs ``(f_i, x_{i+1})`` the text gained since the last step, with the target's
-     true features (``StepContext.features``), in one forward of ``L + 1`` positions (the most a step
-     adds; more after plain decoding steps, in a loop of such forwards). A row with nothing new re-feeds
-     its last pair, identically, so that every row has the prediction ``f̂_{n-1}`` of its next
-     position (n = ``seq_len``);
+  1. **catch-up**: the pairs ``(f_i, x_{i+1})`` the text gained since the last step (a step that
+     accepted a drafts adds a + 1), with the target's true features (``StepContext.features``), in one
+     forward of ``W = min(L + 1, catch_up_width)`` positions; a row that lags by more (after a long
+     acceptance or plain decoding steps) first takes forwards of W pairs in a loop. The last forward
+     ends at the row's last pair (re-feeding already cached pairs, identically, when fewer are new), so
+     that every row has the prediction ``f̂_{n-1}`` of its next position (n = ``seq_len``);
   2. **drafting**: ``d_1`` from the head on ``f̂_{n-1}``; then the pair ``(f̂_{n-1}, d_1)`` gives
      ``f̂_n`` and ``d_2``, and so on, ``l`` drafts per row, sampled from the draft's own warped
      distribution (0 outside its draft vocabulary; argmax when greedy);
@@ -313,11 +314,14 @@ class EagleProposer(Proposer):
   Attributes:
     config: the draft's architecture (:class:`eagle.EagleConfig`). dtype: its compute dtype name.
     attention_impl: attention implementation name (``bass_jax.models.attention``).
+    catch_up_width: the most pairs one catch-up forward takes (W above); each step pays one forward
+      of W positions, so it trades that cost against extra forwards after long acceptances.
   """
 
   config: eagle.EagleConfig
   dtype: str
   attention_impl: str = "reference"
+  catch_up_width: int = 5
   needs_features = True
 
   @property
@@ -359,12 +363,12 @@ class EagleProposer(Proposer):
 
       return costs.median_seconds(call)
 
-    return timed(max_len + 1), timed(1)
+    return timed(min(max_len + 1, self.catch_up_width)), timed(1)
 
   def propose(self, params, state, ctx, *, max_len, chunk, greedy):
     batch, width = ctx.tokens.shape
     rows = jnp.arange(batch)[:, None]
-    window = max_len + 1
+    window = min(max_len + 1, self.catch_up_width)
     vocab_ids = params["vocab_ids"]
 
     def pairs(start):  # tokens x_{i+1} and features f_i for i = start … start + window - 1
