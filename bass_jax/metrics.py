@@ -6,6 +6,8 @@ import dataclasses
 
 import numpy as np
 
+from bass_jax.models import eagle
+
 
 @dataclasses.dataclass(frozen=True)
 class Latency:
@@ -307,12 +309,16 @@ def forward_flops(config, params, contexts: np.ndarray) -> float:
   """FLOPs of a forward over tokens that attend to ``contexts`` cache slots each.
 
   ``2 * matmul_params`` per token (multiply-add) plus attention: ``2 * N * H * context`` for the scores
-  and as many for the weighted sum, per layer.
+  and as many for the weighted sum, per layer. An EAGLE draft's head is the target's rows of its draft
+  vocabulary, ``V' x E`` more per token.
   """
   contexts = np.asarray(contexts, np.float64)
+  per_token = 2.0 * matmul_params(config, params)
+  if isinstance(config, eagle.EagleConfig):
+    per_token += 2.0 * config.draft_vocab_size * config.feature_size
+    config = config.layer
   heads = getattr(config, "num_attention_heads", None) or config.n_head
   head_dim = config.head_dim
-  per_token = 2.0 * matmul_params(config, params)
   return contexts.size * per_token + 4.0 * config.num_layers * heads * head_dim * contexts.sum()
 
 

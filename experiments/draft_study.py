@@ -43,6 +43,7 @@ import bass_jax
 from bass_jax import experiment, metrics, text
 from bass_jax.data import load_problems
 from bass_jax.sampling import costs
+from bass_jax.sampling import generate as generate_lib
 from bass_jax.sampling.draft_len import GoodputDraftLen, StepCosts, as_policy, break_even_acceptance
 from experiments import _io
 
@@ -97,15 +98,16 @@ def _lookup_seconds(ngram, batch: int, width: int) -> float:
 
 
 def _proposal_cost(draft, target, batch: int, cache_len: int) -> dict[str, float]:
-  """Seconds of one target forward and of proposing one token, at ``batch`` rows."""
-  forward = lambda model: costs.time_forward(
-      model.config, jnp.dtype(model.dtype).name, "reference", model.params, batch, positions=1,
-      cache_len=cache_len)
-  model = draft if isinstance(draft, bass_jax.Model) else getattr(draft, "model", None)
+  """Seconds of one target forward and of proposing one token (a draft model's further-draft forward,
+  ``Proposer.forward_costs``, plus an n-gram lookup), at ``batch`` rows."""
+  proposer, params, _ = generate_lib.resolve_draft(draft, target, "reference")
+  _, seconds = proposer.forward_costs(params, batch, cache_len, 4)
   ngram = draft if isinstance(draft, bass_jax.NGramProposer) else getattr(draft, "ngram", None)
-  seconds = (forward(model) if model is not None else 0.0) + (
-      _lookup_seconds(ngram, batch, cache_len) if ngram is not None else 0.0)
-  return {"target_forward_s": forward(target), "propose_token_s": seconds}
+  if ngram is not None:
+    seconds += _lookup_seconds(ngram, batch, cache_len)
+  target_forward = costs.time_forward(target.config, jnp.dtype(target.dtype).name, "reference",
+                                      target.params, batch, positions=1, cache_len=cache_len)
+  return {"target_forward_s": target_forward, "propose_token_s": seconds}
 
 
 def _problems_and_target():

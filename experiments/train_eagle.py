@@ -74,6 +74,15 @@ def main(argv):
   target = bass_jax.load_model(_TARGET.value, tokenizer=False)
   vocab_ids = feature_draft.token_frequencies(train_data["tokens"], train_data["mask"],
                                               target.config.vocab_size)
+  # FR-Spec's trade-off, before training: the share of held-out next tokens each V' can draft at all.
+  held_out = eval_data["tokens"][:, 1:][eval_data["mask"][:, :-1]]
+  rank = np.empty_like(vocab_ids)
+  rank[vocab_ids] = np.arange(len(vocab_ids))
+  coverage = {v: float(np.mean(rank[held_out] < v)) for v in (1024, 2048, 4096, 8192, 16384, 32768)
+              if v <= len(vocab_ids)}
+  logging.info("held-out next tokens inside the top V' of the training corpus: %s", coverage)
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / "vocab_coverage.json").write_text(json.dumps(coverage, indent=2))
   config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=_VOCAB.value,
                                         num_layers=_LAYERS.value)
   cfg = distill.TrainConfig(
