@@ -14,7 +14,7 @@ For each V' (a prefix of the draft's frequency-sorted vocabulary; the head score
   same batch size, timed side by side in this process (medians of 5 calls after a compiling one).
 """
 
-import json
+import pathlib
 
 from absl import app
 from absl import flags
@@ -44,7 +44,6 @@ def main(argv):
   del argv
   _io.init_script()
   output = _io.check_output_file(_OUTPUT.value, flag="output")
-  import pathlib  # pylint: disable=g-import-not-at-top
   eval_data = corpus.load_shards(sorted(pathlib.Path(_CORPUS.value).glob("gen_eval_*.npz")))
   if "features" not in eval_data:
     raise app.UsageError(f"{_CORPUS.value} holds no features: build_corpus --labels=features")
@@ -52,23 +51,25 @@ def main(argv):
   draft = bass_jax.load_model(_DRAFT.value, tokenizer=False)
   if not isinstance(draft.config, eagle.EagleConfig):
     raise app.UsageError(f"{_DRAFT.value} is not an EAGLE draft")
-  full_vocab = draft.params["vocab_ids"]
-  held_out = eval_data["tokens"][:, 1:][eval_data["mask"][:, :-1]]
-  rank = np.full(target.config.vocab_size, np.iinfo(np.int32).max)
-  rank[np.asarray(full_vocab)] = np.arange(len(full_vocab))
+  # The whole stored frequency order (the loaded draft keeps only its own V' of it).
+  path = (bass_jax.loading.resolve_alias(_DRAFT.value) if _DRAFT.value in bass_jax.ALIASES
+          else pathlib.Path(_DRAFT.value))
+  full_vocab = eagle.load_vocab_order(path)
+  sizes = list(map(int, _SIZES.value))
+  coverage = feature_draft.vocab_coverage(full_vocab, eval_data["tokens"], eval_data["mask"], sizes)
   dtype = np.dtype(draft.dtype).name
   # A decode of 8 prompts of <= 256 tokens and 64 new ones: the cache length the costs are timed at.
   cache_len = prompt_bucket(256) + output_bucket(64) + _DRAFT_LEN.value + 1
   head = eagle.lm_head_matrix(target.config, target.params)
   rows = []
-  for size in map(int, _SIZES.value):
+  for size in sizes:
     if size > len(full_vocab):
       raise app.UsageError(f"V' = {size} exceeds the draft's vocabulary of {len(full_vocab)} tokens")
     config = draft.config.with_draft_vocab_size(size)
     params = eagle.bind(draft.params["draft"], full_vocab, target.config, target.params, size)
     frozen = {k: v for k, v in params.items() if k != "draft"}
     metrics = feature_draft.evaluate(draft.params["draft"], eval_data, config, frozen, head, dtype)
-    row = {"vocab_size": size, "coverage": float(np.mean(rank[held_out] < size)),
+    row = {"vocab_size": size, "coverage": coverage[size],
            "agreement": metrics["eval_agreement"], "costs": {}}
     proposer = EagleProposer(config, dtype)
     for batch in map(int, _BATCHES.value):

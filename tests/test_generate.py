@@ -7,7 +7,6 @@ close. `assert_lossless` (conftest) therefore requires identical tokens, or a fi
 near-tie, and reports the exact-match rate.
 """
 
-import dataclasses
 
 import jax
 import numpy as np

@@ -210,6 +210,16 @@ def _bass(case: Case) -> bj.GenerateOutput:
   return _generate(target, draft, "bass", case.temperature, case.top_p, case.seed, case.draft_len)
 
 
+def assert_fits_target(out: bj.GenerateOutput, temperature: float, top_p: float) -> None:
+  """The first NUM_TOKENS of every row: no draw outside the target's nucleus, and a chi-square fit to
+  the enumerated target joint (p > PASS_P_VALUE)."""
+  samples = out.tokens[:, :NUM_TOKENS]
+  joint = _target_joint(temperature, top_p)
+  assert not np.any(joint[tuple(samples.T)] == 0), "a draw outside the target's nucleus"
+  p_value = chisquare_p_value(samples, joint)
+  assert p_value > PASS_P_VALUE, p_value
+
+
 def path_counts(out: bj.GenerateOutput, num_tokens: int) -> dict[str, int]:
   """How often each acceptance path produced one of a row's first ``num_tokens`` tokens.
 
@@ -259,11 +269,7 @@ def test_bass_matches_exact_target_distribution(case):
   if case.draft_len == SMALL_DYNAMIC:
     assert len(set(out.stats.draft_lens.tolist())) >= 2  # the length really adapted
 
-  samples = out.tokens[:, :NUM_TOKENS]
-  joint = _target_joint(case.temperature, case.top_p)
-  assert not np.any(joint[tuple(samples.T)] == 0), "a draw outside the target's nucleus"
-  p_value = chisquare_p_value(samples, joint)
-  assert p_value > PASS_P_VALUE, p_value
+  assert_fits_target(out, case.temperature, case.top_p)
 
 
 def test_bass_covers_several_draft_lengths():
@@ -368,11 +374,7 @@ def test_ngram_and_hybrid_proposers_match_exact_target_distribution(kind, temper
   assert (live & (drafted > 0) & (accepted < drafted)).sum() > 100
   if kind == "ngram":
     assert (live & (drafted == 0)).sum() > 100
-  samples = out.tokens[:, :NUM_TOKENS]
-  joint = _target_joint(temperature, top_p)
-  assert not np.any(joint[tuple(samples.T)] == 0), "a draw outside the target's nucleus"
-  p_value = chisquare_p_value(samples, joint)
-  assert p_value > PASS_P_VALUE, p_value
+  assert_fits_target(out, temperature, top_p)
 
 
 def test_mutant_correction_with_one_hot_q_is_detected(monkeypatch, fresh_programs):
@@ -408,11 +410,7 @@ def test_eagle_draft_matches_exact_target_distribution(temperature, top_p, draft
                   draft_len=draft_len)
   paths = path_counts(out, NUM_TOKENS)
   assert paths["correction"] > 100 and paths["accepted_draft"] > 100, paths
-  samples = out.tokens[:, :NUM_TOKENS]
-  joint = _target_joint(temperature, top_p)
-  assert not np.any(joint[tuple(samples.T)] == 0), "a draw outside the target's nucleus"
-  p_value = chisquare_p_value(samples, joint)
-  assert p_value > PASS_P_VALUE, p_value
+  assert_fits_target(out, temperature, top_p)
 
 
 def test_mutant_correction_with_an_eagle_draft_is_detected(monkeypatch, fresh_programs):

@@ -36,6 +36,7 @@ import pathlib
 from typing import Any
 
 import flax.linen as nn
+import flax.traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -119,11 +120,17 @@ class EagleConfig:
     return cls(dataclasses.replace(target_config, num_hidden_layers=num_layers), draft_vocab_size)
 
   def to_json(self) -> dict[str, Any]:
+    """The ``config.json`` fields: model type, V' and the layer as transformers' LlamaConfig dict."""
     return {"model_type": MODEL_TYPE, "draft_vocab_size": self.draft_vocab_size,
             "layer": self.layer.to_hf_config().to_dict()}
 
   @classmethod
   def from_json(cls, fields: dict[str, Any]) -> "EagleConfig":
+    """The inverse of :meth:`to_json` (extra fields, such as provenance, are ignored).
+
+    Raises:
+      KeyError: a missing ``layer`` or ``draft_vocab_size``. ValueError: as the configs' checks.
+    """
     return cls(LlamaConfig.from_hf_config(fields["layer"]), int(fields["draft_vocab_size"]))
 
 
@@ -232,17 +239,6 @@ def to_full_vocab(logits: jax.Array, vocab_ids: jax.Array, vocab_size: int) -> j
 # -- files --------------------------------------------------------------------------------------------
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, np.ndarray]:
-  flat = {}
-  for key, value in tree.items():
-    name = f"{prefix}{key}"
-    if isinstance(value, dict):
-      flat.update(_flatten(value, name + "/"))
-    else:
-      flat[name] = value
-  return flat
-
-
 def save_eagle(path: str | os.PathLike, config: EagleConfig, params: Any, vocab_ids: np.ndarray, *,
                dtype: Any = np.float16, extra: dict[str, Any] | None = None) -> None:
   """Writes ``config.json`` and ``model.safetensors`` (parameters cast to ``dtype``) into ``path``.
@@ -255,7 +251,8 @@ def save_eagle(path: str | os.PathLike, config: EagleConfig, params: Any, vocab_
 
   path = pathlib.Path(path)
   path.mkdir(parents=True, exist_ok=True)
-  tensors = {k: np.asarray(v).astype(dtype) for k, v in _flatten(params).items()}
+  tensors = {k: np.asarray(v).astype(dtype)
+             for k, v in flax.traverse_util.flatten_dict(params, sep="/").items()}
   tensors["vocab_ids"] = np.asarray(vocab_ids, np.int32)
   save_file(tensors, str(path / "model.safetensors"))
   (path / "config.json").write_text(json.dumps({**config.to_json(), **(extra or {})}, indent=2))
@@ -268,6 +265,18 @@ def is_eagle_checkpoint(path: str | os.PathLike) -> bool:
     return config.is_file() and json.loads(config.read_text()).get("model_type") == MODEL_TYPE
   except json.JSONDecodeError:
     return False
+
+
+def load_vocab_order(path: str | os.PathLike) -> np.ndarray:
+  """``i32[n]``: the whole frequency-sorted vocabulary stored with a draft (its V' is a prefix).
+
+  Raises:
+    FileNotFoundError: no ``model.safetensors``. KeyError: it holds no ``vocab_ids``.
+  """
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+
+  with safe_open(str(pathlib.Path(path) / "model.safetensors"), framework="numpy") as f:
+    return f.get_tensor("vocab_ids")
 
 
 def load_eagle(path: str | os.PathLike, *, dtype: Any = jnp.float32
@@ -290,18 +299,15 @@ def load_eagle(path: str | os.PathLike, *, dtype: Any = jnp.float32
   if vocab_ids is None or len(vocab_ids) < config.draft_vocab_size:
     raise ValueError(f"{path}: vocab_ids missing or shorter than draft_vocab_size "
                      f"{config.draft_vocab_size}")
-  expected = _flatten(jax.eval_shape(lambda: init_draft_params(config, jax.random.key(0))))
+  expected = flax.traverse_util.flatten_dict(
+      jax.eval_shape(lambda: init_draft_params(config, jax.random.key(0))), sep="/")
   if set(tensors) != set(expected):
     raise ValueError(f"{path}: parameters {sorted(set(tensors) ^ set(expected))} differ from what the "
                      "config describes")
-  params: dict[str, Any] = {}
   for name, value in tensors.items():
     if value.shape != expected[name].shape:
       raise ValueError(f"{path}: {name} has shape {value.shape}, the config needs "
                        f"{expected[name].shape}")
-    node = params
-    *parents, leaf = name.split("/")
-    for key in parents:
-      node = node.setdefault(key, {})
-    node[leaf] = jnp.asarray(value, dtype)
+  params = flax.traverse_util.unflatten_dict(
+      {k: jnp.asarray(v, dtype) for k, v in tensors.items()}, sep="/")
   return config, {"draft": params, "vocab_ids": jnp.asarray(vocab_ids[:config.draft_vocab_size])}

@@ -41,6 +41,38 @@ def median_seconds(call: Callable[[], Any], repeats: int = _REPEATS) -> float:
   return statistics.median(times)
 
 
+def time_cached_forward(forward_fn: Callable[[Any, jax.Array, Any], tuple[Any, Any]], params,
+                        cache, positions: int) -> float:
+  """Median wall seconds of one jitted ``forward_fn(params, tokens i32[B, positions], cache) ->
+  (outputs, cache)`` over ``cache`` (a :class:`KVCache` whose lengths say how full it is).
+
+  The cache is donated and threaded from call to call, its lengths set back after each, as in a decode.
+
+  Returns:
+    Seconds, the median of 5 timed calls after one compiling call (compilation excluded).
+  """
+  @functools.partial(jax.jit, donate_argnums=2)
+  def step(params, tokens, cache):
+    outputs, cache = forward_fn(params, tokens, cache)
+    return outputs, cache.with_lengths(cache.lengths - positions)
+
+  state = [cache]  # donated, threaded
+  tokens = jnp.ones((cache.lengths.shape[0], positions), jnp.int32)
+
+  def call():
+    outputs, state[0] = step(params, tokens, state[0])
+    return outputs
+
+  return median_seconds(call)
+
+
+def half_full_cache(config, batch: int, cache_len: int, dtype: str):
+  """``config``'s cache of ``cache_len`` slots per row, ``cache_len // 2`` of them counted as filled
+  (attention then reads a realistic length)."""
+  cache = config.init_cache(batch, cache_len, jnp.dtype(dtype))
+  return cache.with_lengths(jnp.full((batch,), cache_len // 2, jnp.int32))
+
+
 def time_forward(config, dtype: str, attention_impl: str, params, batch: int, positions: int,
                  cache_len: int) -> float:
   """Median wall seconds of one jitted ``[batch, positions]`` forward over a cache half full.
@@ -54,20 +86,10 @@ def time_forward(config, dtype: str, attention_impl: str, params, batch: int, po
   Returns:
     Seconds, the median of 5 timed calls after one compiling call (compilation excluded).
   """
-  @functools.partial(jax.jit, donate_argnums=2)
-  def step(params, tokens, cache):
-    logits, cache = forward(config, params, tokens, cache, dtype=dtype, attention_impl=attention_impl)
-    return logits, cache.with_lengths(cache.lengths - positions)
+  def run(params, tokens, cache):
+    return forward(config, params, tokens, cache, dtype=dtype, attention_impl=attention_impl)
 
-  cache = config.init_cache(batch, cache_len, jnp.dtype(dtype))
-  state = [cache.with_lengths(jnp.full((batch,), cache_len // 2, jnp.int32))]  # donated, threaded
-  tokens = jnp.ones((batch, positions), jnp.int32)
-
-  def call():
-    logits, state[0] = step(params, tokens, state[0])
-    return logits
-
-  return median_seconds(call)
+  return time_cached_forward(run, params, half_full_cache(config, batch, cache_len, dtype), positions)
 
 
 def measure_step_costs(spec, target_params: Any, draft_params: Any, batch: int) -> StepCosts:

@@ -155,6 +155,46 @@ class Proposer(abc.ABC):
     return state
 
 
+def draft_autoregressively(step, carry: Any, first: tuple[jax.Array, jax.Array | None],
+                           ctx: StepContext, *, max_len: int, chunk: int,
+                           vocab_size: int) -> tuple[Any, Proposal]:
+  """Drafts ``ctx.draft_len`` tokens per row, each from the last: the loop a draft model's proposal runs.
+
+  Args:
+    step: ``(carry, previous i32[B, 1], key) -> (carry, token i32[B], log_q f32[B, V] | None)``: feeds
+      the previous draft and draws the next (``log_q`` None when greedy).
+    carry: the model's state (its cache, and whatever else it feeds itself).
+    first: ``(token i32[B], log_q f32[B, V] | None)``, the first draft, drawn with key 0; draft i is
+      drawn with ``fold_in(ctx.key, i)``.
+    max_len: L, the static width of the drafts. chunk: C, the padding of ``log_q``. vocab_size: V.
+
+  Returns:
+    ``(carry, proposal)``: every row proposes ``ctx.draft_len`` drafts; ``proposal.log_q`` is
+    ``f32[B, L + C, V]`` when sampling.
+  """
+  token, log_q = first
+  batch = token.shape[0]
+  drafts = jnp.zeros((batch, max_len), jnp.int32).at[:, 0].set(token)
+  draft_log_probs = None
+  if log_q is not None:
+    draft_log_probs = jnp.zeros((batch, max_len + chunk, vocab_size), jnp.float32).at[:, 0].set(log_q)
+
+  def body(i, loop_carry):
+    carry, drafts, draft_log_probs = loop_carry
+    previous = jax.lax.dynamic_slice_in_dim(drafts, i - 1, 1, axis=1)
+    carry, token, log_q = step(carry, previous, jax.random.fold_in(ctx.key, i))
+    drafts = jax.lax.dynamic_update_slice_in_dim(drafts, token[:, None], i, axis=1)
+    if draft_log_probs is not None:
+      draft_log_probs = jax.lax.dynamic_update_slice_in_dim(draft_log_probs, log_q[:, None], i,
+                                                            axis=1)
+    return carry, drafts, draft_log_probs
+
+  carry, drafts, draft_log_probs = jax.lax.fori_loop(1, ctx.draft_len, body,
+                                                     (carry, drafts, draft_log_probs))
+  num_drafts = jnp.broadcast_to(ctx.draft_len, (batch,)).astype(jnp.int32)
+  return carry, Proposal(drafts=drafts, num_drafts=num_drafts, log_q=draft_log_probs)
+
+
 # -- draft model ---------------------------------------------------------------------------------------
 
 
@@ -236,29 +276,15 @@ class ModelProposer(Proposer):
     logits, cache = forward(window(cache.lengths), cache)
     cache = cache.with_lengths(ctx.seq_len)
     draw = functools.partial(sample, greedy=greedy, temperature=ctx.temperature, top_p=ctx.top_p)
-    token, log_q = draw(logits[rows, pending - 1], jax.random.fold_in(ctx.key, 0))
 
-    drafts = jnp.zeros((batch, max_len), jnp.int32).at[:, 0].set(token)
-    draft_log_probs = None
-    if not greedy:
-      draft_log_probs = jnp.zeros((batch, max_len + chunk, self.config.vocab_size), jnp.float32)
-      draft_log_probs = draft_log_probs.at[:, 0].set(log_q)
+    def step(cache, previous, key):
+      logits, cache = forward(previous, cache)
+      return (cache, *draw(logits[:, 0], key))
 
-    def body(i, carry):
-      cache, drafts, draft_log_probs = carry
-      logits, cache = forward(jax.lax.dynamic_slice_in_dim(drafts, i - 1, 1, axis=1), cache)
-      token, log_q = draw(logits[:, 0], jax.random.fold_in(ctx.key, i))
-      drafts = jax.lax.dynamic_update_slice_in_dim(drafts, token[:, None], i, axis=1)
-      if draft_log_probs is not None:
-        draft_log_probs = jax.lax.dynamic_update_slice_in_dim(draft_log_probs, log_q[:, None], i,
-                                                              axis=1)
-      return cache, drafts, draft_log_probs
-
-    cache, drafts, draft_log_probs = jax.lax.fori_loop(1, ctx.draft_len, body,
-                                                       (cache, drafts, draft_log_probs))
-    state = DraftCacheState(cache=cache, fed=drafts, num_fed=ctx.draft_len - 1)
-    num_drafts = jnp.broadcast_to(ctx.draft_len, (batch,)).astype(jnp.int32)
-    return state, Proposal(drafts=drafts, num_drafts=num_drafts, log_q=draft_log_probs)
+    cache, proposal = draft_autoregressively(
+        step, cache, draw(logits[rows, pending - 1], jax.random.fold_in(ctx.key, 0)), ctx,
+        max_len=max_len, chunk=chunk, vocab_size=self.config.vocab_size)
+    return DraftCacheState(cache=cache, fed=proposal.drafts, num_fed=ctx.draft_len - 1), proposal
 
   def rollback(self, state, tokens, old_seq_len, new_seq_len):
     # The step's proposal wrote K/V of fed[:, :num_fed] at old_seq_len…; keep those the text confirms.
@@ -345,24 +371,13 @@ class EagleProposer(Proposer):
   def forward_costs(self, params, batch, cache_len, max_len):
     e = self.config.feature_size
 
-    @functools.partial(jax.jit, donate_argnums=1)
-    def step(params, cache, tokens):
+    def run(params, tokens, cache):  # pairs with placeholder features, and the head on the last one
       features = jnp.ones(tokens.shape + (e,), jnp.dtype(self.dtype))
-      out, cache = self._forward(params, tokens, features, cache)
-      logits = eagle.draft_logits(params, out[:, -1])
-      return logits, cache.with_lengths(cache.lengths - tokens.shape[1])
+      predicted, cache = self._forward(params, tokens, features, cache)
+      return eagle.draft_logits(params, predicted[:, -1]), cache
 
-    def timed(positions):
-      state = [self.config.init_cache(batch, cache_len, jnp.dtype(self.dtype)).with_lengths(
-          jnp.full((batch,), cache_len // 2, jnp.int32))]
-      tokens = jnp.ones((batch, positions), jnp.int32)
-
-      def call():
-        logits, state[0] = step(params, state[0], tokens)
-        return logits
-
-      return costs.median_seconds(call)
-
+    timed = lambda positions: costs.time_cached_forward(
+        run, params, costs.half_full_cache(self.config, batch, cache_len, self.dtype), positions)
     return timed(min(max_len + 1, self.catch_up_width)), timed(1)
 
   def propose(self, params, state, ctx, *, max_len, chunk, greedy):
@@ -395,33 +410,18 @@ class EagleProposer(Proposer):
       logits = eagle.draft_logits(params, feature)
       index, log_q = sample(logits, key, greedy=greedy, temperature=ctx.temperature, top_p=ctx.top_p)
       if log_q is not None:
-        log_q = jnp.full((batch, self.config.vocab_size), -jnp.inf).at[:, vocab_ids].set(log_q)
+        log_q = eagle.to_full_vocab(log_q, vocab_ids, self.config.vocab_size)
       return vocab_ids[index], log_q
 
-    token, log_q = draw(feature, jax.random.fold_in(ctx.key, 0))
-    drafts = jnp.zeros((batch, max_len), jnp.int32).at[:, 0].set(token)
-    draft_log_probs = None
-    if not greedy:
-      draft_log_probs = jnp.zeros((batch, max_len + chunk, self.config.vocab_size), jnp.float32)
-      draft_log_probs = draft_log_probs.at[:, 0].set(log_q)
+    def step(carry, previous, key):  # the pair (f̂ of the last draft, the last draft) -> next draft
+      cache, feature = carry
+      predicted, cache = self._forward(params, previous, feature[:, None], cache)
+      return ((cache, predicted[:, 0]), *draw(predicted[:, 0], key))
 
-    def body(i, carry):
-      cache, feature, drafts, draft_log_probs = carry
-      token = jax.lax.dynamic_slice_in_dim(drafts, i - 1, 1, axis=1)
-      predicted, cache = self._forward(params, token, feature[:, None], cache)
-      feature = predicted[:, 0]
-      token, log_q = draw(feature, jax.random.fold_in(ctx.key, i))
-      drafts = jax.lax.dynamic_update_slice_in_dim(drafts, token[:, None], i, axis=1)
-      if draft_log_probs is not None:
-        draft_log_probs = jax.lax.dynamic_update_slice_in_dim(draft_log_probs, log_q[:, None], i,
-                                                              axis=1)
-      return cache, feature, drafts, draft_log_probs
-
-    cache, _, drafts, draft_log_probs = jax.lax.fori_loop(
-        1, ctx.draft_len, body, (cache, feature, drafts, draft_log_probs))
-    num_drafts = jnp.broadcast_to(ctx.draft_len, (batch,)).astype(jnp.int32)
-    return EagleState(cache=cache), Proposal(drafts=drafts, num_drafts=num_drafts,
-                                             log_q=draft_log_probs)
+    (cache, _), proposal = draft_autoregressively(
+        step, (cache, feature), draw(feature, jax.random.fold_in(ctx.key, 0)), ctx,
+        max_len=max_len, chunk=chunk, vocab_size=self.config.vocab_size)
+    return EagleState(cache=cache), proposal
 
   def rollback(self, state, tokens, old_seq_len, new_seq_len):
     del tokens, new_seq_len

@@ -151,17 +151,20 @@ class Objective:
   """What :func:`train` optimizes, and how it evaluates.
 
   Attributes:
-    loss: ``(params, batch) -> (loss f32[], metrics)``; metrics include ``agreement`` (the share of
-      labelled positions where the draft's argmax is the target's).
+    loss: ``(params, frozen, batch) -> (loss f32[], metrics)``; metrics include ``agreement`` (the share
+      of labelled positions where the draft's argmax is the target's).
     evaluate: ``(params, eval_data) -> {name: float}`` held-out metrics.
     fields: the corpus arrays a batch holds.
     init: ``key -> params`` for a fresh run.
+    frozen: arrays the loss reads but never trains (an EAGLE draft's share of the target), passed to
+      the jitted step as an argument so that they are not compiled into it as constants; None if none.
   """
 
-  loss: Callable[[Any, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]
+  loss: Callable[[Any, Any, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]
   evaluate: Callable[[Any, dict[str, np.ndarray]], dict[str, float]]
   fields: tuple[str, ...]
   init: Callable[[jax.Array], Any]
+  frozen: Any = None
 
 
 def distillation(config: LlamaConfig, cfg: TrainConfig,
@@ -170,7 +173,7 @@ def distillation(config: LlamaConfig, cfg: TrainConfig,
   from bass_jax import loading  # pylint: disable=g-import-not-at-top
 
   return Objective(
-      loss=lambda params, batch: distill_loss(params, batch, config, cfg.compute_dtype),
+      loss=lambda params, frozen, batch: distill_loss(params, batch, config, cfg.compute_dtype),
       evaluate=lambda params, data: evaluate(params, config, data, dtype=cfg.compute_dtype,
                                              draft_len=cfg.eval_draft_len),
       fields=("tokens", "mask", "topk_ids", "topk_logprobs"),
@@ -178,10 +181,11 @@ def distillation(config: LlamaConfig, cfg: TrainConfig,
 
 
 def make_train_step(objective: Objective, optimizer: optax.GradientTransformation):
-  """A jitted ``(state, batch) -> (state, metrics)`` that donates the state."""
+  """A jitted ``(state, frozen, batch) -> (state, metrics)`` that donates the state."""
 
-  def step(state: TrainState, batch):
-    (loss, metrics), grads = jax.value_and_grad(objective.loss, has_aux=True)(state.params, batch)
+  def step(state: TrainState, frozen, batch):
+    (loss, metrics), grads = jax.value_and_grad(objective.loss, has_aux=True)(state.params, frozen,
+                                                                             batch)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
@@ -356,7 +360,7 @@ def train(
   for step in range(start, cfg.steps):
     idx = batch_indices(len(train_data["tokens"]), cfg.batch_size, step, cfg.seed)
     batch = {k: jnp.asarray(train_data[k][idx]) for k in fields}
-    state, metrics = step_fn(state, batch)
+    state, metrics = step_fn(state, objective.frozen, batch)
     tokens_seen += cfg.batch_size * window
     done = step + 1
     if done % cfg.log_every == 0 or done == cfg.steps:

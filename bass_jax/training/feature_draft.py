@@ -20,6 +20,7 @@ read the draft's own features; their acceptance is measured by decoding (``exper
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -65,34 +66,39 @@ def feature_loss(params: Any, batch: dict[str, jax.Array], config: eagle.EagleCo
                 "agreement": mean(agree)}
 
 
+@functools.partial(jax.jit, static_argnames=("config", "dtype", "cls_weight"))
+def _evaluate_batch(params, frozen, full_head, batch, *, config, dtype, cls_weight):
+  loss, metrics = feature_loss(params, batch, config, frozen, dtype, cls_weight)
+  bound = {"draft": params, **frozen}
+  predicted, _ = eagle.forward(config, bound, batch["tokens"][:, 1:], batch["features"][:, :-1],
+                               None, dtype=dtype)
+  drafted = frozen["vocab_ids"][jnp.argmax(eagle.draft_logits(bound, predicted), axis=-1)]
+  target = jnp.argmax(jnp.einsum("BTE,VE->BTV", batch["features"][:, 1:].astype(jnp.float32),
+                                 full_head.astype(jnp.float32)), axis=-1)
+  mask = batch["mask"][:, 1:]
+  return loss, metrics, jnp.sum((drafted == target) & mask), jnp.sum(mask)
+
+
 def evaluate(params: Any, data: dict[str, np.ndarray], config: eagle.EagleConfig,
              frozen: dict[str, jax.Array], full_head: jax.Array, dtype: str, cls_weight: float = 0.1,
              batch_size: int = 16) -> dict[str, float]:
   """Held-out ``eval_loss``, ``eval_regression``, ``eval_cross_entropy`` and ``eval_agreement``.
 
+  Args:
+    data: ``tokens i32[N, T]``, ``mask bool[N, T]``, ``features f16[N, T, E]`` (held-out windows).
+    frozen: as :func:`feature_loss`. full_head: ``[V, E]`` the target's whole LM head.
+    batch_size: windows per jitted call (the last batch is smaller and compiles once more).
+
   ``eval_agreement`` compares the draft's argmax (on its vocabulary, mapped to token ids) with the
-  target's argmax over the full vocabulary (``full_head [V, E]``), so it also counts the positions the
-  draft vocabulary cannot reach.
+  target's argmax over the full vocabulary, so it also counts the positions the draft vocabulary cannot
+  reach: greedy BASS's acceptance of the first draft (the first draft reads only true features).
   """
-  ids = frozen["vocab_ids"]
-
-  @jax.jit
-  def run(params, batch):
-    loss, metrics = feature_loss(params, batch, config, frozen, dtype, cls_weight)
-    bound = {"draft": params, **frozen}
-    predicted, _ = eagle.forward(config, bound, batch["tokens"][:, 1:], batch["features"][:, :-1],
-                                 None, dtype=dtype)
-    drafted = ids[jnp.argmax(eagle.draft_logits(bound, predicted), axis=-1)]
-    target = jnp.argmax(jnp.einsum("BTE,VE->BTV", batch["features"][:, 1:].astype(jnp.float32),
-                                   full_head.astype(jnp.float32)), axis=-1)
-    mask = batch["mask"][:, 1:]
-    return loss, metrics, jnp.sum((drafted == target) & mask), jnp.sum(mask)
-
   totals = {"eval_loss": 0.0, "eval_regression": 0.0, "eval_cross_entropy": 0.0}
   agree = count = 0.0
   for start in range(0, len(data["tokens"]), batch_size):
     batch = {k: jnp.asarray(data[k][start:start + batch_size]) for k in ("tokens", "mask", "features")}
-    loss, metrics, hits, n = run(params, batch)
+    loss, metrics, hits, n = _evaluate_batch(params, frozen, full_head, batch, config=config,
+                                             dtype=dtype, cls_weight=cls_weight)
     n = float(n)
     totals["eval_loss"] += float(loss) * n
     totals["eval_regression"] += float(metrics["regression"]) * n
@@ -113,6 +119,17 @@ def token_frequencies(tokens: np.ndarray, mask: np.ndarray, vocab_size: int) -> 
   return np.lexsort((np.arange(vocab_size), -counts)).astype(np.int32)
 
 
+def vocab_coverage(vocab_ids: np.ndarray, tokens: np.ndarray, mask: np.ndarray,
+                   sizes) -> dict[int, float]:
+  """For each V' in ``sizes``: the share of labelled next tokens of ``tokens i32[N, T]`` (``mask
+  bool[N, T]`` as in the corpus) among the first V' of ``vocab_ids`` (FR-Spec's coverage). Sizes
+  beyond ``len(vocab_ids)`` are left out."""
+  targets = tokens[:, 1:][mask[:, :-1]]
+  rank = np.full(int(max(tokens.max(), vocab_ids.max())) + 1, np.iinfo(np.int32).max)
+  rank[np.asarray(vocab_ids)] = np.arange(len(vocab_ids))
+  return {int(v): float(np.mean(rank[targets] < v)) for v in sizes if v <= len(vocab_ids)}
+
+
 def objective(config: eagle.EagleConfig, cfg: distill.TrainConfig, target_config: Any,
               target_params: Any, vocab_ids: np.ndarray, cls_weight: float = 0.1) -> distill.Objective:
   """The EAGLE objective for :func:`distill.train`: :func:`feature_loss` and :func:`evaluate`, with the
@@ -127,9 +144,10 @@ def objective(config: eagle.EagleConfig, cfg: distill.TrainConfig, target_config
       lambda x: x if x.dtype == jnp.int32 else jnp.asarray(x, cfg.compute_dtype), frozen)
   full_head = eagle.lm_head_matrix(target_config, target_params)
   return distill.Objective(
-      loss=lambda params, batch: feature_loss(params, batch, config, frozen, cfg.compute_dtype,
-                                              cls_weight),
+      loss=lambda params, frozen, batch: feature_loss(params, batch, config, frozen,
+                                                      cfg.compute_dtype, cls_weight),
       evaluate=lambda params, data: evaluate(params, data, config, frozen, full_head,
                                              cfg.compute_dtype, cls_weight),
       fields=("tokens", "mask", "features"),
-      init=lambda key: eagle.init_draft_params(config, key))
+      init=lambda key: eagle.init_draft_params(config, key),
+      frozen=frozen)
