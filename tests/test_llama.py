@@ -111,3 +111,24 @@ def test_logits_reject_out_of_vocabulary_tokens(tmp_path):
   model = bj.load_model(tmp_path)
   with pytest.raises(ValueError, match="token ids"):
     model.logits(jnp.array([[0, 97]]))
+
+
+def test_hidden_states_match_transformers(tmp_path):
+  """The layers' outputs an EAGLE-3 draft fuses are transformers' ``hidden_states[i + 1]`` (before the
+  final norm), and the features its last, normed entry."""
+  hf = _hf_model(seed=3, num_key_value_heads=2)
+  hf.save_pretrained(tmp_path)
+  model = bj.load_model(tmp_path)
+  tokens = np.random.default_rng(2).integers(0, 97, size=(2, 11))
+  with torch.no_grad():
+    want = [h.numpy() for h in hf(torch.tensor(tokens), output_hidden_states=True).hidden_states]
+  _, _, features, hidden = bj.models.common.forward(model.config, model.params, jnp.asarray(tokens),
+                                                    return_features=True, hidden_layers=(1, 0))
+  np.testing.assert_allclose(hidden[..., :48], want[2], atol=2e-4, rtol=1e-5)
+  np.testing.assert_allclose(hidden[..., 48:], want[1], atol=2e-4, rtol=1e-5)
+  np.testing.assert_allclose(features, want[-1], atol=2e-4, rtol=1e-5)
+  with pytest.raises(ValueError, match="return_features"):
+    bj.models.common.forward(model.config, model.params, jnp.asarray(tokens), hidden_layers=(0,))
+  with pytest.raises(ValueError, match=r"\[0, 3\)"):
+    bj.models.common.forward(model.config, model.params, jnp.asarray(tokens), return_features=True,
+                             hidden_layers=(3,))

@@ -176,6 +176,7 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, k_cache: jax.A
 
 def run_layers(layer_cls: type[nn.Module], num_layers: int, *, name: str, x: jax.Array,
                cache: KVCache | None, positions: jax.Array, extras: tuple = (),
+               on_layer: Callable[[jax.Array], Any] | None = None,
                **layer_fields) -> tuple[jax.Array, KVCache | KVUpdate]:
   """Runs ``num_layers`` instances of ``layer_cls`` (named ``{name}_{i}``) in order, each over its own
   cache arrays. ``x: [B, T, D]`` are the embedded tokens, ``positions: i32[B, T]`` their positions.
@@ -183,6 +184,8 @@ def run_layers(layer_cls: type[nn.Module], num_layers: int, *, name: str, x: jax
   The layer's ``__call__(x, k_cache, v_cache, cache_lengths, positions, *extras) -> (x, k, v)`` gets its
   layer's ``[B, K, S, H]`` cache arrays (None without a cache) and returns what
   :func:`cached_attention` returns for them; it must be called from inside a compact module method.
+  ``on_layer`` (if given) is called with every layer's output ``[B, T, D]`` in order: a family sows
+  them as :data:`HIDDEN` with it.
 
   Returns:
     ``(x [B, T, D], cache_or_update)``: the hidden states after the last layer, and the cache with the new
@@ -198,6 +201,8 @@ def run_layers(layer_cls: type[nn.Module], num_layers: int, *, name: str, x: jax
                                                         *extras)
     ks.append(k)
     vs.append(v)
+    if on_layer is not None:
+      on_layer(x)
   if cache is None:
     return x, KVUpdate(k=tuple(ks), v=tuple(vs))
   return x, KVCache(k=tuple(ks), v=tuple(vs), lengths=cache.lengths + x.shape[1])
@@ -206,11 +211,14 @@ def run_layers(layer_cls: type[nn.Module], num_layers: int, *, name: str, x: jax
 # The name under which every family sows its *features*: the vector its LM head multiplies (after the
 # final norm, and OPT's ``project_out``), ``dtype[B, T, E]``; an EAGLE-style draft reads it.
 FEATURES = "features"
+# The name under which a family sows every decoder layer's output (the residual stream, before the final
+# norm), in layer order: an EAGLE-3 draft fuses a low, a middle and a high one.
+HIDDEN = "hidden_states"
 
 
 def forward(config: DecoderConfig, params: Any, tokens: jax.Array, cache: KVCache | None = None, *,
             dtype: Any = jnp.float32, attention_impl: str = "reference", compute_logits: bool = True,
-            return_features: bool = False):
+            return_features: bool = False, hidden_layers: tuple[int, ...] = ()):
   """One forward pass of any family: ``tokens: i32[B, T]`` written into and attended over ``cache``.
 
   Args:
@@ -223,22 +231,37 @@ def forward(config: DecoderConfig, params: Any, tokens: jax.Array, cache: KVCach
       position, ``dtype[B, T, E]`` (E the hidden size, OPT's ``word_embed_proj_dim``). It equals
       transformers' ``last_hidden_state`` of the family's base model, the feature an EAGLE draft reads
       (Li et al. 2024, §3). Without it the features are never materialized.
+    hidden_layers: with ``return_features``, also return the outputs of these decoder layers
+      (0-based, before the final norm), concatenated: ``dtype[B, T, len(hidden_layers) * D]`` (the
+      fused features of EAGLE-3, Li et al. 2025, §3.3). Only the Llama family sows them.
 
   Returns:
     ``(logits f32[B, T, V] | None, cache)`` with the cache's lengths advanced by T; without a cache,
     ``(logits | None, KVUpdate)`` of the tokens attended among themselves (causally). With
-    ``return_features``, ``(logits | None, cache or KVUpdate, features)``.
+    ``return_features``, ``(logits | None, cache or KVUpdate, features)``, and with ``hidden_layers``
+    ``(logits | None, cache or KVUpdate, features, hidden)``.
 
   Raises:
-    ValueError: an unknown ``attention_impl`` (from the attention registry).
+    ValueError: an unknown ``attention_impl`` (from the attention registry); ``hidden_layers`` without
+      ``return_features``, out of range, or of a family that does not sow them.
   """
+  if hidden_layers and not return_features:
+    raise ValueError("forward: hidden_layers needs return_features=True")
+  if any(not 0 <= i < config.num_layers for i in hidden_layers):
+    raise ValueError(f"forward: hidden_layers {hidden_layers} must lie in [0, {config.num_layers})")
   module = config.make_module(attention_impl=attention_impl, dtype=jnp.dtype(dtype))
   if not return_features:
     return module.apply({"params": params}, tokens, cache, compute_logits)
   (logits, cache), sown = module.apply({"params": params}, tokens, cache, compute_logits,
                                        mutable=["intermediates"])
   features, = sown["intermediates"][FEATURES]
-  return logits, cache, features
+  if not hidden_layers:
+    return logits, cache, features
+  if HIDDEN not in sown["intermediates"]:
+    raise ValueError(f"forward: model_type {getattr(config, 'model_type', '?')!r} does not sow its "
+                     "hidden states (hidden_layers is for the Llama family)")
+  hidden = sown["intermediates"][HIDDEN]
+  return logits, cache, features, jnp.concatenate([hidden[i] for i in hidden_layers], axis=-1)
 
 
 def prefill_cache(config: DecoderConfig, params: Any, prompts: jax.Array, prompt_len: jax.Array, *,

@@ -352,7 +352,7 @@ class Llama(nn.Module):
     x, update = common.run_layers(
         LlamaDecoderLayer, cfg.num_hidden_layers, name="layers", x=x, cache=cache,
         positions=positions, extras=(sin, cos), config=cfg, attention_impl=self.attention_impl,
-        dtype=self.dtype)
+        dtype=self.dtype, on_layer=lambda h: self.sow("intermediates", common.HIDDEN, h))
 
     x = RMSNorm(cfg.rms_norm_eps, self.dtype, name="norm")(x)
     self.sow("intermediates", common.FEATURES, x)
