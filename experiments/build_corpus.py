@@ -6,6 +6,12 @@ Resumable: every shard is written atomically and skipped when it exists, so an i
 ``kill -9``) continues where it stopped. ``manifest.json`` records the settings, the token counts and
 the time each stage took. About 2 hours on a 2-core CPU with the defaults (the target generates ~0.5 M
 tokens and labels ~1.5 M).
+
+    python -m experiments.build_corpus --relabel_from=data/eagle --out_dir=data/eagle3 \
+        --labels=features --hidden_layers=2,14
+
+labels an existing corpus's windows again (same tokens, masks and prompt lengths) instead of building
+one: here with the features plus the outputs of decoder layers 2 and 14 (EAGLE-3's fused features).
 """
 
 import json
@@ -31,6 +37,10 @@ _LABELS = flags.DEFINE_enum("labels", "topk", ["topk", "features"],
                             "independent draft) or its features, the LM head's input (for an EAGLE "
                             "draft).")
 _K = flags.DEFINE_integer("k", 16, "Top-k log-probabilities kept per position (--labels=topk).")
+_HIDDEN = flags.DEFINE_list("hidden_layers", [], "With --labels=features: also store these decoder "
+                            "layers' outputs (0-based) as `hidden`, for an EAGLE-3 draft.")
+_RELABEL = flags.DEFINE_string("relabel_from", None, "Label the windows of this corpus again (its "
+                               "tokens, masks, prompt lengths) instead of building new ones.")
 _HELD_OUT = flags.DEFINE_float("held_out_fraction", corpus.HELD_OUT_FRACTION,
                                 "Share of stdlib files held out for eval.")
 _PROMPTS = flags.DEFINE_integer("max_prompts", 4096, "Train prompts the target continues (0 = all).")
@@ -47,8 +57,13 @@ _SEED = flags.DEFINE_integer("seed", 0, "Shuffle seed.")
 
 def _label(target, tokens, mask):
   if _LABELS.value == "features":
-    features = corpus.label_features(target, tokens, batch_size=_LABEL_BATCH.value)
-    return dict(tokens=tokens, mask=mask, features=np.concatenate(list(features)))
+    hidden_layers = tuple(int(i) for i in _HIDDEN.value)
+    parts = list(zip(*corpus.label_features(target, tokens, batch_size=_LABEL_BATCH.value,
+                                            hidden_layers=hidden_layers)))
+    arrays = dict(tokens=tokens, mask=mask, features=np.concatenate(parts[0]))
+    if hidden_layers:
+      arrays["hidden"] = np.concatenate(parts[1])
+    return arrays
   ids, logprobs = zip(*corpus.label_topk(target, tokens, k=_K.value, batch_size=_LABEL_BATCH.value))
   return dict(tokens=tokens, mask=mask, topk_ids=np.concatenate(ids),
               topk_logprobs=np.concatenate(logprobs))
@@ -67,12 +82,37 @@ def _continue(target, prompts):
   return out
 
 
+def _relabel(target, source: pathlib.Path, out_dir: pathlib.Path) -> None:
+  paths = sorted(source.glob("*_*_*.npz"))
+  if not paths:
+    raise app.UsageError(f"--relabel_from={source} holds no corpus shards")
+  start = time.time()
+  for path in tqdm.tqdm(paths, desc="relabel", unit="shard"):
+    if (out_dir / path.name).exists():
+      continue
+    shard = np.load(path)
+    kept = {k: shard[k] for k in ("prompt_lens",) if k in shard}
+    corpus.save_shard(out_dir / path.name, **kept, **_label(target, shard["tokens"], shard["mask"]))
+  manifest = {"target": _TARGET.value, "relabelled_from": str(source), "labels": _LABELS.value,
+              "hidden_layers": [int(i) for i in _HIDDEN.value], "shards": len(paths),
+              "seconds_this_run": round(time.time() - start)}
+  (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+  logging.info("corpus: %s", json.dumps(manifest))
+
+
 def main(argv):
   del argv
   _io.init_script()
+  if _HIDDEN.value and _LABELS.value != "features":
+    raise app.UsageError("--hidden_layers needs --labels=features")
   out_dir = pathlib.Path(_OUT.value)
+  if _RELABEL.value and pathlib.Path(_RELABEL.value).resolve() == out_dir.resolve():
+    raise app.UsageError("--relabel_from and --out_dir must differ (shards are written beside)")
   out_dir.mkdir(parents=True, exist_ok=True)
   target = bass_jax.load_model(_TARGET.value)
+  if _RELABEL.value:
+    _relabel(target, pathlib.Path(_RELABEL.value), out_dir)
+    return
   tok = target.tokenizer
   eos = target.config.eos_token_id
   eos = eos[0] if isinstance(eos, tuple) else eos
@@ -80,6 +120,7 @@ def main(argv):
   split = {name: [f for f in files if corpus.is_held_out(f, _HELD_OUT.value) == (name == "eval")]
            for name in ("train", "eval")}
   manifest = {"target": _TARGET.value, "window": _WINDOW.value, "labels": _LABELS.value, "k": _K.value,
+              "hidden_layers": [int(i) for i in _HIDDEN.value],
               "held_out_fraction": _HELD_OUT.value, "max_new_tokens": _NEW.value,
               "files": {k: len(v) for k, v in split.items()}, "stages": {}}
   rng = random.Random(_SEED.value)

@@ -12,6 +12,9 @@ agreement go to <workdir>/metrics.jsonl. At the end the draft is exported to <wo
 (config.json + float16 model.safetensors, with the whole frequency-sorted vocabulary so that a smaller
 V' can be chosen at load time); an existing export is an error, checked before training, unless
 --overwrite is given.
+
+EAGLE-3's training-time test (--ttt_depth=D > 1) also trains drafts 2 … D of chains that read the
+draft's own features; --init_from fine-tunes an exported draft (docs/draft.md, "Training-time test").
 """
 
 import dataclasses
@@ -34,6 +37,16 @@ _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "The target who
 _VOCAB = flags.DEFINE_integer("draft_vocab_size", 16384, "V': tokens the draft's head scores.")
 _LAYERS = flags.DEFINE_integer("num_layers", 1, "Draft decoder layers (EAGLE: 1).")
 _CLS = flags.DEFINE_float("cls_weight", 0.1, "Weight of the token-distribution loss (EAGLE: 0.1).")
+_TTT = flags.DEFINE_integer("ttt_depth", 1, "Training-time test (EAGLE-3): also train drafts 2 … D of "
+                            "chains on the draft's own features (1: teacher-forced only, EAGLE).")
+_TTT_STRIDE = flags.DEFINE_integer("ttt_stride", 8, "A chain starts every this many positions.")
+_EVAL_DEPTH = flags.DEFINE_integer("eval_depth", 4, "Drafts per chain in the held-out evaluation (the "
+                                   "draft length of its simulated greedy BASS).")
+_FUSED = flags.DEFINE_list("fused_layers", [], "EAGLE-3's fused features: the target's decoder layers "
+                           "(0-based) whose outputs the first draft reads with the feature; the corpus "
+                           "must hold them (build_corpus --hidden_layers).")
+_INIT_FROM = flags.DEFINE_string("init_from", None, "Fine-tune: start from this exported draft "
+                                 "(train_eagle's export; same layer shape) instead of random weights.")
 flags.set_default(_training.CORPUS, "data/eagle")
 flags.set_default(_training.LR, 1e-3)
 
@@ -44,10 +57,19 @@ def main(argv):
   workdir = pathlib.Path(_WORKDIR.value)
   export = workdir / "export"
   _training.check_export(export)
-  train_data, eval_data = _training.load_train_and_eval(("tokens", "mask", "features"),
-                                                        labels="features")
-
   target = bass_jax.load_model(_TARGET.value, tokenizer=False)
+  fused = tuple(int(i) for i in _FUSED.value)
+  config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=_VOCAB.value,
+                                        num_layers=_LAYERS.value, fused_layers=fused)
+  if fused:
+    manifest = pathlib.Path(_training.CORPUS.value) / "manifest.json"
+    stored = json.loads(manifest.read_text()).get("hidden_layers") if manifest.exists() else None
+    if stored != list(fused):
+      raise app.UsageError(f"--fused_layers={_FUSED.value} but {manifest} records hidden_layers "
+                           f"{stored}: relabel with `python -m experiments.build_corpus "
+                           f"--relabel_from=... --labels=features --hidden_layers={','.join(_FUSED.value)}`")
+  train_data, eval_data = _training.load_train_and_eval(feature_draft.fields(config),
+                                                        labels="features")
   vocab_ids = feature_draft.token_frequencies(train_data["tokens"], train_data["mask"],
                                               target.config.vocab_size)
   # FR-Spec's trade-off, before training: the share of held-out next tokens each V' can draft at all.
@@ -56,14 +78,25 @@ def main(argv):
   logging.info("held-out next tokens inside the top V' of the training corpus: %s", coverage)
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "vocab_coverage.json").write_text(json.dumps(coverage, indent=2))
-  config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=_VOCAB.value,
-                                        num_layers=_LAYERS.value)
+  init = None
+  if _INIT_FROM.value:
+    start_config, start = eagle.load_eagle(_INIT_FROM.value)
+    if start_config.layer != config.layer or start_config.fused_layers not in ((), fused):
+      raise app.UsageError(f"--init_from={_INIT_FROM.value} has another layer shape or fused layers "
+                           f"than --num_layers={_LAYERS.value} --fused_layers={_FUSED.value} give")
+    # A plain draft fine-tuned with fused layers gains the fusion, initialized to pass f through.
+    init = lambda key: {**eagle.init_draft_params(config, key), **start["draft"]}
   cfg = _training.train_config()
   settings = {"target": _TARGET.value, "corpus": _training.CORPUS.value, "draft_vocab_size": _VOCAB.value,
-              "num_layers": _LAYERS.value, "cls_weight": _CLS.value, **dataclasses.asdict(cfg)}
+              "num_layers": _LAYERS.value, "fused_layers": list(fused), "cls_weight": _CLS.value,
+              "ttt_depth": _TTT.value,
+              "ttt_stride": _TTT_STRIDE.value, "eval_depth": _EVAL_DEPTH.value,
+              "init_from": _INIT_FROM.value, **dataclasses.asdict(cfg)}
   (workdir / "train_config.json").write_text(json.dumps(settings, indent=2))
   objective = feature_draft.objective(config, cfg, target.config, target.params, vocab_ids,
-                                      cls_weight=_CLS.value)
+                                      cls_weight=_CLS.value, ttt_depth=_TTT.value,
+                                      ttt_stride=_TTT_STRIDE.value, eval_depth=_EVAL_DEPTH.value,
+                                      init=init)
   params = distill.train(config, cfg, train_data, workdir, eval_data=eval_data, objective=objective)
   if export.exists():  # --overwrite: checked above
     shutil.rmtree(export)

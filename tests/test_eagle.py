@@ -8,6 +8,8 @@ real SmolLM2 target with the shipped draft in test_shipped_draft.py). Sampling e
 test_sampling_exact.py.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -243,3 +245,186 @@ def test_token_frequencies_sort_by_count_then_id():
   mask[0, -1] = False
   # Predicted tokens: 3, 3, 1, 3, 1, 2 -> 3 (x3), 1 (x2), 2 (x1), then 0, 4 (x0).
   assert feature_draft.token_frequencies(tokens, mask, 5).tolist() == [3, 1, 2, 0, 4]
+
+
+# -- training-time test and fused features (EAGLE-3) ----------------------------------------------------
+
+
+def _reference_chain(config, bound, tokens, inputs, c, depth, forward):
+  """Drafts 1 … depth of the chain from pair position ``c``, recomputed from scratch: the true pairs
+  ``(inputs_i, x_{i+1})`` for i <= c, then the draft's own features with the window's tokens.
+
+  ``forward`` is ``jax.jit(functools.partial(eagle.forward, config))``. Pairs of one width go through
+  one full causal forward, zero-padded to the window (causal, so the padding changes nothing); a fused
+  draft's pairs (fused inputs, then its own features) go pair by pair through a NaN-filled cache."""
+  width = len(tokens)
+  pair_tokens = list(tokens[1:c + 2])
+  pair_features = [np.asarray(x, np.float32) for x in inputs[:c + 1]]
+  drafts = []
+  for d in range(1, depth + 1):
+    if d > 1:
+      pair_tokens.append(tokens[c + d])
+      pair_features.append(drafts[-1])
+    if len({len(f) for f in pair_features}) > 1:
+      cache = config.init_cache(1, width, fill_value=float("nan"))
+      for t, f in zip(pair_tokens, pair_features):
+        out, cache = forward(bound, jnp.asarray([[t]]), jnp.asarray([[f]]), cache)
+      drafts.append(np.asarray(out[0, -1]))
+    else:
+      n = len(pair_tokens)
+      padded_tokens = np.zeros((1, width), np.int32)
+      padded_tokens[0, :n] = pair_tokens
+      padded_features = np.zeros((1, width, len(pair_features[0])), np.float32)
+      padded_features[0, :n] = pair_features
+      out, _ = forward(bound, jnp.asarray(padded_tokens), jnp.asarray(padded_features))
+      drafts.append(np.asarray(out[0, n - 1]))
+  return np.stack(drafts)
+
+
+@pytest.mark.parametrize("fused_layers", [(), (0,)])
+def test_chained_drafts_equal_a_from_scratch_reference(fused_layers):
+  """The training-time test's chains (the decode's cache, one row per start) are the drafts an
+  autoregressive reference makes from each start: true pairs up to c, then the draft's own features."""
+  target = tiny_model(0)
+  config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=DRAFT_VOCAB,
+                                        fused_layers=fused_layers)
+  params = eagle.init_draft_params(config, jax.random.key(3))
+  if fused_layers:  # a fusion that mixes the hidden state in, not the pass-through it starts as
+    params["fuse"]["kernel"] = jax.random.normal(jax.random.key(4), params["fuse"]["kernel"].shape) * 0.3
+  bound = eagle.bind(params, _vocab_ids(), target.config, target.params, DRAFT_VOCAB)
+  rng = np.random.default_rng(1)
+  tokens = jnp.asarray(rng.integers(0, 61, (2, 12)), jnp.int32)
+  inputs = jnp.asarray(rng.normal(size=(2, 12, config.input_feature_size)), jnp.float32)
+  first, update = eagle.forward(config, bound, tokens[:, 1:], inputs[:, :-1])
+  depth = 3
+  starts = jnp.asarray(feature_draft.chain_starts(12, depth, stride=2))
+  chains = feature_draft.chained_drafts(config, bound, tokens, first, update, starts, depth, "float32")
+  forward = jax.jit(functools.partial(eagle.forward, config))
+  assert chains.shape == (2, len(starts), depth, 32)
+  for b in range(2):
+    for s, c in enumerate(np.asarray(starts)):
+      want = _reference_chain(config, bound, np.asarray(tokens[b]), np.asarray(inputs[b]), int(c), depth,
+                              forward)
+      np.testing.assert_allclose(chains[b, s], want, atol=3e-5, rtol=3e-5)
+
+
+def test_held_out_chain_metrics_equal_a_reference():
+  """evaluate's per-depth agreement and simulated accepted length, recounted from reference chains."""
+  target = tiny_model(0, num_hidden_layers=1, scale=2.0)
+  draft = _correlated_draft(target)
+  bound = _bound(target, draft)
+  data = _feature_corpus(target, windows=3, width=14)
+  full_head = eagle.lm_head_matrix(target.config, target.params)
+  frozen = {k: v for k, v in bound.items() if k != "draft"}
+  depth = 3
+  got = feature_draft.evaluate(bound["draft"], data, draft.config, frozen, full_head, "float32",
+                               depth=depth, batch_size=2)
+  hits, counts, accepted, starts = np.zeros(depth), np.zeros(depth), 0, 0
+  forward = jax.jit(functools.partial(eagle.forward, draft.config))
+  for tokens, mask, features in zip(data["tokens"], data["mask"], data["features"]):
+    greedy = np.argmax(np.asarray(features, np.float32) @ np.asarray(full_head).T, axis=-1)
+    for c in feature_draft.chain_starts(len(tokens), depth):
+      chain = _reference_chain(draft.config, bound, tokens, features, int(c), depth, forward)
+      drafted = np.asarray(bound["vocab_ids"])[np.argmax(chain @ np.asarray(bound["head"]).T, -1)]
+      alive = True
+      for d in range(1, depth + 1):
+        if not mask[c + 1:c + d + 1].all():
+          break
+        hit = drafted[d - 1] == greedy[c + d]
+        hits[d - 1] += hit
+        counts[d - 1] += 1
+        starts += d == 1
+        accepted += alive and hit
+        alive = alive and hit and greedy[c + d] == tokens[c + d + 1]
+  assert counts[0] > 20 and 0 < accepted < depth * starts  # accepted often, not always
+  for d in range(depth):
+    assert got[f"eval_agreement_d{d + 1}"] == pytest.approx(hits[d] / counts[d], abs=1e-9)
+  assert got["eval_mean_accepted_length"] == pytest.approx(1 + accepted / starts, abs=1e-9)
+
+
+def test_a_fused_draft_starts_as_the_plain_draft_and_names_bad_widths():
+  """The fusion is initialized to pass the feature through: with the plain draft's weights it drafts
+  exactly what the plain draft drafts, whatever the hidden states; features of a third width fail."""
+  target = tiny_model(0)
+  plain = eagle.EagleConfig.for_target(target.config, draft_vocab_size=DRAFT_VOCAB)
+  fused = eagle.EagleConfig.for_target(target.config, draft_vocab_size=DRAFT_VOCAB, fused_layers=(1, 0))
+  params = eagle.init_draft_params(plain, jax.random.key(5))
+  fused_params = {**eagle.init_draft_params(fused, jax.random.key(6)), **params}
+  rng = np.random.default_rng(2)
+  tokens = jnp.asarray(rng.integers(0, 61, (2, 7)), jnp.int32)
+  features = jnp.asarray(rng.normal(size=(2, 7, 32)), jnp.float32)
+  hidden = jnp.asarray(rng.normal(size=(2, 7, 64)) * 100, jnp.float32)
+  bind = lambda p: eagle.bind(p, _vocab_ids(), target.config, target.params, DRAFT_VOCAB)
+  want, _ = eagle.forward(plain, bind(params), tokens, features)
+  got, _ = eagle.forward(fused, bind(fused_params), tokens, jnp.concatenate([hidden, features], -1))
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  with pytest.raises(ValueError, match="width 48"):
+    eagle.forward(fused, bind(fused_params), tokens, jnp.concatenate([features, features[..., :16]], -1))
+  with pytest.raises(ValueError, match=r"fused_layers \(2,\)"):
+    eagle.EagleConfig.for_target(target.config, draft_vocab_size=8, fused_layers=(2,))
+  with pytest.raises(ValueError, match="offline"):
+    proposers.EagleProposer(fused, "float32")
+  assert eagle.EagleConfig.from_json(fused.to_json()) == fused
+
+
+def test_the_training_time_test_loss_is_the_mean_of_the_depths():
+  """feature_loss with ttt_depth = 3 is the mean of depth 1's loss and the chains' depth-2 and depth-3
+  losses, recomputed from reference chains."""
+  target = tiny_model(0, scale=2.0)
+  data = _feature_corpus(target, windows=2, width=14)
+  config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=DRAFT_VOCAB)
+  params = eagle.init_draft_params(config, jax.random.key(7))
+  bound = eagle.bind(params, _vocab_ids(), target.config, target.params, DRAFT_VOCAB)
+  frozen = {k: v for k, v in bound.items() if k != "draft"}
+  batch = {k: jnp.asarray(v) for k, v in data.items()}
+  depth, stride = 3, 4
+  plain, _ = feature_draft.feature_loss(params, batch, config, frozen, "float32")
+  got, metrics = feature_draft.feature_loss(params, batch, config, frozen, "float32", ttt_depth=depth,
+                                            ttt_stride=stride)
+  head = np.asarray(bound["head"], np.float64)
+
+  def term(predicted, true):  # Smooth L1 + 0.1 x cross-entropy on the draft vocabulary
+    error = np.abs(predicted - true)
+    regression = np.mean(np.where(error < 1, 0.5 * error ** 2, error - 0.5))
+    logits_q, logits_p = predicted @ head.T, true @ head.T
+    log_q = logits_q - logits_q.max() - np.log(np.sum(np.exp(logits_q - logits_q.max())))
+    p = np.exp(logits_p - logits_p.max())
+    return regression - 0.1 * float(np.sum(p / p.sum() * log_q))
+
+  deep = [[], []]
+  forward = jax.jit(functools.partial(eagle.forward, config))
+  for tokens, mask, features in zip(data["tokens"], data["mask"], data["features"]):
+    features = np.asarray(features, np.float64)
+    for c in feature_draft.chain_starts(len(tokens), depth, stride):
+      chain = _reference_chain(config, bound, tokens, features, int(c), depth, forward)
+      for d in (2, 3):
+        if mask[c + 1:c + d + 1].all():
+          deep[d - 2].append(term(chain[d - 1].astype(np.float64), features[c + d]))
+  assert all(len(x) > 3 for x in deep)
+  want = (float(plain) + np.mean(deep[0]) + np.mean(deep[1])) / depth
+  assert float(got) == pytest.approx(want, rel=2e-4)
+  assert set(metrics) >= {"agreement", "agreement_d2", "agreement_d3"}
+
+
+def test_training_with_the_training_time_test_and_fused_features_learns(tmp_path):
+  """A fused draft trained with the training-time test raises its chained agreement well past its
+  start (a tiny target that continues its own text)."""
+  target = tiny_model(0, scale=2.0)
+  data = _feature_corpus(target)
+  _, _, _, hidden = common.forward(target.config, target.params, jnp.asarray(data["tokens"]),
+                                   return_features=True, hidden_layers=(0,))
+  data["hidden"] = np.asarray(hidden, np.float16)
+  vocab = feature_draft.token_frequencies(data["tokens"], data["mask"], 61)
+  config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=61, fused_layers=(0,))
+  cfg = distill.TrainConfig(steps=80, batch_size=8, peak_lr=1e-2, warmup_steps=5, eval_every=80,
+                            checkpoint_every=80, log_every=10)
+  objective = feature_draft.objective(config, cfg, target.config, target.params, vocab, ttt_depth=3,
+                                      ttt_stride=4, eval_depth=3)
+  assert "hidden" in objective.fields
+  before = objective.evaluate(objective.init(jax.random.key(cfg.seed)), data)
+  params = distill.train(config, cfg, data, tmp_path, eval_data=data, progress=False,
+                         objective=objective)
+  after = objective.evaluate(params, data)
+  assert after["eval_agreement_d1"] > before["eval_agreement_d1"] + 0.15
+  assert after["eval_agreement_d3"] > before["eval_agreement_d3"] + 0.15
+  assert after["eval_mean_accepted_length"] > before["eval_mean_accepted_length"] + 0.2

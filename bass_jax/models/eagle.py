@@ -20,6 +20,14 @@ of them is the best smaller draft vocabulary.
 
 Unlike EAGLE-1's layer, the decoder layer keeps its input RMSNorm (as EAGLE-3's does).
 
+EAGLE-3's *fused features* (Li et al. 2025, §3.3) are an option (``fused_layers``): the first draft after
+the text reads ``g = fuse(concat(rms(h_a), rms(h_b), …, f))`` instead of ``f``, where ``h_a, h_b`` are the
+outputs of the target's decoder layers ``a, b`` (a low and a middle one), normalized without weights (the
+raw residual stream of SmolLM2 reaches 2·10⁴ at the first position), and ``fuse`` is a ``[(n+1)E, E]``
+projection initialized to pass ``f`` through, so that an untrained fusion is the plain draft. Drafts
+after the first read the draft's own predicted features (width E), as before; the module tells them
+apart by width.
+
 Files (:func:`save_eagle`, :func:`load_eagle`): ``config.json`` (``{"model_type": "bass_eagle",
 "draft_vocab_size": V', "layer": <transformers LlamaConfig fields>}``) and ``model.safetensors``
 (parameters by their ``/``-joined Flax path, and ``vocab_ids``).
@@ -56,19 +64,27 @@ class EagleConfig:
     layer: the decoder layers' shapes as a :class:`LlamaConfig` (hidden size = the target's feature
       size E; ``num_hidden_layers`` draft layers, 1 in EAGLE; ``vocab_size`` the target's V).
     draft_vocab_size: V', the tokens the draft's head scores (``<= V``).
+    fused_layers: the target's decoder layers (0-based) whose outputs the first draft fuses with the
+      feature (EAGLE-3); empty for EAGLE's feature alone.
 
   Raises:
-    ValueError: from ``__post_init__`` when ``draft_vocab_size`` is not in ``[1, V]``.
+    ValueError: from ``__post_init__`` when ``draft_vocab_size`` is not in ``[1, V]`` or a fused layer
+      is negative.
   """
 
   layer: LlamaConfig
   draft_vocab_size: int
+  fused_layers: tuple[int, ...] = ()
   model_type = MODEL_TYPE
 
   def __post_init__(self):
     if not isinstance(self.draft_vocab_size, int) or not 1 <= self.draft_vocab_size <= self.vocab_size:
       raise ValueError(f"EagleConfig.draft_vocab_size must be an int in [1, {self.vocab_size}] (the "
                        f"target's vocabulary), got {self.draft_vocab_size!r}")
+    object.__setattr__(self, "fused_layers", tuple(int(i) for i in self.fused_layers))
+    if any(i < 0 for i in self.fused_layers):
+      raise ValueError(f"EagleConfig.fused_layers must be target layer indices >= 0, got "
+                       f"{self.fused_layers}")
 
   @property
   def vocab_size(self) -> int:
@@ -91,6 +107,11 @@ class EagleConfig:
     return self.layer.num_hidden_layers
 
   @property
+  def input_feature_size(self) -> int:
+    """Width of the target's features the first draft reads: ``(len(fused_layers) + 1) * E``."""
+    return (len(self.fused_layers) + 1) * self.feature_size
+
+  @property
   def max_positions(self) -> int:
     return self.layer.max_positions
 
@@ -109,20 +130,28 @@ class EagleConfig:
     return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
 
   @classmethod
-  def for_target(cls, target_config: Any, *, draft_vocab_size: int,
-                 num_layers: int = 1) -> "EagleConfig":
+  def for_target(cls, target_config: Any, *, draft_vocab_size: int, num_layers: int = 1,
+                 fused_layers: tuple[int, ...] = ()) -> "EagleConfig":
     """The draft shaped after a Llama-family target: its hidden size, heads, MLP and rotary settings.
 
     Raises:
-      ValueError: a target that is not of the Llama family (its features and head are read as Llama's).
+      ValueError: a target that is not of the Llama family (its features and head are read as Llama's);
+        a fused layer the target does not have.
     """
     check_target(target_config)
-    return cls(dataclasses.replace(target_config, num_hidden_layers=num_layers), draft_vocab_size)
+    if any(not 0 <= i < target_config.num_hidden_layers for i in fused_layers):
+      raise ValueError(f"fused_layers {tuple(fused_layers)} must lie in [0, "
+                       f"{target_config.num_hidden_layers}) (the target's decoder layers)")
+    return cls(dataclasses.replace(target_config, num_hidden_layers=num_layers), draft_vocab_size,
+               tuple(fused_layers))
 
   def to_json(self) -> dict[str, Any]:
     """The ``config.json`` fields: model type, V' and the layer as transformers' LlamaConfig dict."""
-    return {"model_type": MODEL_TYPE, "draft_vocab_size": self.draft_vocab_size,
-            "layer": self.layer.to_hf_config().to_dict()}
+    fields = {"model_type": MODEL_TYPE, "draft_vocab_size": self.draft_vocab_size,
+              "layer": self.layer.to_hf_config().to_dict()}
+    if self.fused_layers:
+      fields["fused_layers"] = list(self.fused_layers)
+    return fields
 
   @classmethod
   def from_json(cls, fields: dict[str, Any]) -> "EagleConfig":
@@ -131,7 +160,8 @@ class EagleConfig:
     Raises:
       KeyError: a missing ``layer`` or ``draft_vocab_size``. ValueError: as the configs' checks.
     """
-    return cls(LlamaConfig.from_hf_config(fields["layer"]), int(fields["draft_vocab_size"]))
+    return cls(LlamaConfig.from_hf_config(fields["layer"]), int(fields["draft_vocab_size"]),
+               tuple(fields.get("fused_layers", ())))
 
 
 def check_target(target_config: Any) -> None:
@@ -147,6 +177,11 @@ class EagleDraft(nn.Module):
   Token t of row b is ``x_{i+1}`` and ``features[b, t]`` is ``f_i`` for ``i = cache.lengths[b] + t``
   (the pair's position, also its rotary position); the output is ``f̂_{i+1}``. The cache follows
   ``models.common``'s conventions (without one: a full causal forward returning a :class:`KVUpdate`).
+  With ``fused_layers``, features of width ``config.input_feature_size`` (the target's hidden states
+  of those layers, then ``f``) are fused first; features of width E are the draft's own.
+
+  Raises:
+    ValueError: features of another width.
   """
 
   config: EagleConfig
@@ -156,8 +191,22 @@ class EagleDraft(nn.Module):
   @nn.compact
   def __call__(self, tokens, features, embedding, cache: KVCache | None = None):
     cfg = self.config.layer
+    e, width = self.config.feature_size, features.shape[-1]
+    features = features.astype(self.dtype)
+    if self.config.fused_layers and (width != e or self.is_initializing()):
+      if width != self.config.input_feature_size:
+        raise ValueError(f"EagleDraft: features of width {width}; this draft reads {e} (its own) or "
+                         f"{self.config.input_feature_size} (hidden states of layers "
+                         f"{self.config.fused_layers}, then the feature)")
+      hidden = features[..., :-e].reshape(features.shape[:-1] + (-1, e))
+      hidden = hidden * jax.lax.rsqrt(jnp.mean(hidden * hidden, axis=-1, keepdims=True) + 1e-6)
+      fused = jnp.concatenate([hidden.reshape(features.shape[:-1] + (-1,)), features[..., -e:]], -1)
+      features = nn.Dense(e, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
+                          kernel_init=_pass_last_block, name="fuse")(fused)
+    elif width != e:
+      raise ValueError(f"EagleDraft: features of width {width}, this draft reads {e}")
     embedded = jnp.take(embedding, tokens, axis=0).astype(self.dtype)
-    x = jnp.concatenate([embedded, features.astype(self.dtype)], axis=-1)
+    x = jnp.concatenate([embedded, features], axis=-1)
     x = nn.Dense(cfg.hidden_size, use_bias=True, dtype=self.dtype, param_dtype=self.dtype,
                  name="fc")(x)
     positions = common.positions_of(tokens, cache)
@@ -168,13 +217,21 @@ class EagleDraft(nn.Module):
         dtype=self.dtype)
 
 
+def _pass_last_block(key, shape, dtype=jnp.float32):
+  """``[(n+1)E, E]``: zeros, and the identity on the last E rows (the fusion passes ``f`` through)."""
+  del key
+  e = shape[1]
+  return jnp.zeros(shape, dtype).at[-e:].set(jnp.eye(e, dtype=dtype))
+
+
 def init_draft_params(config: EagleConfig, key: jax.Array, dtype: Any = jnp.float32) -> dict[str, Any]:
-  """Random trainable parameters (``fc``, ``layers_*``): Flax's default initializers."""
-  e = config.feature_size
+  """Random trainable parameters (``fc``, ``layers_*``, and ``fuse`` with fused layers): Flax's default
+  initializers, the fusion's passing ``f`` through."""
   module = EagleDraft(config, dtype=jnp.dtype(dtype))
   tokens = jnp.zeros((1, 1), jnp.int32)
-  embedding = jnp.zeros((config.vocab_size, e), dtype)
-  return module.init(key, tokens, jnp.zeros((1, 1, e), dtype), embedding)["params"]
+  embedding = jnp.zeros((config.vocab_size, config.feature_size), dtype)
+  features = jnp.zeros((1, 1, config.input_feature_size), dtype)
+  return module.init(key, tokens, features, embedding)["params"]
 
 
 def lm_head_matrix(target_config: Any, target_params: Any) -> jax.Array:

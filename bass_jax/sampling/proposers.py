@@ -350,6 +350,13 @@ class EagleProposer(Proposer):
   catch_up_width: int = 5
   needs_features = True
 
+  def __post_init__(self):
+    if self.config.fused_layers:
+      raise ValueError(
+          f"EagleProposer: a draft with fused_layers {self.config.fused_layers} (EAGLE-3) reads hidden "
+          "states the decode loop does not carry; it is trained and measured offline only "
+          "(docs/draft.md, 'Fused features'). Use a draft without fused_layers.")
+
   @property
   def name(self) -> str:
     return f"eagle({self.config.num_layers} layer, V'={self.config.draft_vocab_size})"

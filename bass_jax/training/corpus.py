@@ -18,7 +18,8 @@ their path, so evaluation prompts come from files the draft never saw.
 
 Shards are ``.npz`` files with ``tokens i32[N, T]``, ``mask bool[N, T]`` (positions that carry a label),
 ``topk_ids i32[N, T, k]`` and ``topk_logprobs f16[N, T, k]`` (log-softmax of the target's logits at
-temperature 1, so ``1 - sum(exp)`` is the mass outside the top k) or ``features f16[N, T, E]``;
+temperature 1, so ``1 - sum(exp)`` is the mass outside the top k) or ``features f16[N, T, E]`` (with
+``hidden f16[N, T, n * D]``, the outputs of n chosen decoder layers, for EAGLE-3's fused features);
 continuation shards also hold ``prompt_lens i32[N]`` (where the target's own tokens start).
 """
 
@@ -146,24 +147,30 @@ def label_topk(target, tokens: np.ndarray, *, k: int, batch_size: int) -> Iterat
     yield np.asarray(ids)[:len(chunk)], np.asarray(values, np.float16)[:len(chunk)]
 
 
-def _features_impl(params, tokens, config):
-  _, _, features = model_forward(config, params, tokens, compute_logits=False, return_features=True)
-  return features.astype(jnp.float16)
+def _features_impl(params, tokens, config, hidden_layers):
+  out = model_forward(config, params, tokens, compute_logits=False, return_features=True,
+                      hidden_layers=hidden_layers)
+  return tuple(x.astype(jnp.float16) for x in out[2:])
 
 
-def label_features(target, tokens: np.ndarray, *, batch_size: int) -> Iterator[np.ndarray]:
+def label_features(target, tokens: np.ndarray, *, batch_size: int,
+                   hidden_layers: tuple[int, ...] = ()) -> Iterator[tuple[np.ndarray, ...]]:
   """The target's features (its LM head's input) for ``tokens: i32[N, T]``, batch by batch.
 
-  Yields ``f16[b, T, E]`` for consecutive batches of rows (the last batch padded to ``batch_size`` for
-  one compiled shape, and trimmed). Stored in float16 to halve the corpus (the draft reads them in its
-  compute dtype).
+  Args:
+    hidden_layers: also label the outputs of these decoder layers (``common.forward``'s).
+
+  Yields ``(f16[b, T, E],)``, or with ``hidden_layers`` ``(features, f16[b, T, n * D])``, for
+  consecutive batches of rows (the last batch padded to ``batch_size`` for one compiled shape, and
+  trimmed). Stored in float16 to halve the corpus (the draft reads them in its compute dtype).
   """
-  fn = jax.jit(_features_impl, static_argnums=2)
+  fn = jax.jit(_features_impl, static_argnums=(2, 3))
   for start in range(0, len(tokens), batch_size):
     chunk = tokens[start:start + batch_size]
     padded = np.zeros((batch_size, tokens.shape[1]), np.int32)
     padded[:len(chunk)] = chunk
-    yield np.asarray(fn(target.params, jnp.asarray(padded), target.config))[:len(chunk)]
+    out = fn(target.params, jnp.asarray(padded), target.config, tuple(hidden_layers))
+    yield tuple(np.asarray(x)[:len(chunk)] for x in out)
 
 
 def save_shard(path: pathlib.Path, **arrays: np.ndarray) -> None:

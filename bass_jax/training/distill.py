@@ -318,7 +318,8 @@ def train(
     cfg: :class:`TrainConfig`.
     train_data: ``tokens, mask, topk_ids, topk_logprobs`` arrays with a leading example axis.
     workdir: holds ``checkpoints/`` (orbax) and ``metrics.jsonl``; an existing checkpoint is resumed.
-    eval_data: held-out arrays (with ``prompt_lens`` for the simulated BASS acceptance).
+    eval_data: held-out arrays (with ``prompt_lens`` for the simulated BASS acceptance); evaluated at
+      step 0 of a fresh run, every ``eval_every`` steps and at the end.
     init_params: ``key -> params`` for a fresh run (default: the module's random init).
     progress: show a progress bar with loss, tokens/s and ETA.
     on_step: called after every step (tests use it to die mid-run).
@@ -352,6 +353,8 @@ def train(
   start = int(state.step)
   if start:
     log.write({"step": start, "resumed_from": start})
+  elif eval_data is not None:  # where the curve starts (for a fine-tune, the starting draft's values)
+    log.write({"step": 0, **objective.evaluate(state.params, eval_data)})
   step_fn = make_train_step(objective, optimizer)
   window = train_data["tokens"].shape[1]
   fields = objective.fields
