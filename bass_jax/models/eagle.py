@@ -22,8 +22,8 @@ Unlike EAGLE-1's layer, the decoder layer keeps its input RMSNorm (as EAGLE-3's 
 
 EAGLE-3's *fused features* (Li et al. 2025, §3.3) are an option (``fused_layers``): the first draft after
 the text reads ``g = fuse(concat(rms(h_a), rms(h_b), …, f))`` instead of ``f``, where ``h_a, h_b`` are the
-outputs of the target's decoder layers ``a, b`` (a low and a middle one), normalized without weights (the
-raw residual stream of SmolLM2 reaches 2·10⁴ at the first position), and ``fuse`` is a ``[(n+1)E, E]``
+outputs of the target's decoder layers ``a, b`` (a low and a middle one), normalized without weights (so
+that each enters at one scale, whatever the residual stream's magnitude), and ``fuse`` is a ``[(n+1)E, E]``
 projection initialized to pass ``f`` through, so that an untrained fusion is the plain draft. Drafts
 after the first read the draft's own predicted features (width E), as before; the module tells them
 apart by width.
@@ -193,7 +193,7 @@ class EagleDraft(nn.Module):
     cfg = self.config.layer
     e, width = self.config.feature_size, features.shape[-1]
     features = features.astype(self.dtype)
-    if self.config.fused_layers and (width != e or self.is_initializing()):
+    if self.config.fused_layers and width != e:  # the target's fused features (init passes them)
       if width != self.config.input_feature_size:
         raise ValueError(f"EagleDraft: features of width {width}; this draft reads {e} (its own) or "
                          f"{self.config.input_feature_size} (hidden states of layers "

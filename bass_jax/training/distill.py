@@ -316,7 +316,8 @@ def train(
   Args:
     config: the draft's architecture (same vocabulary as the target), used by the default objective.
     cfg: :class:`TrainConfig`.
-    train_data: ``tokens, mask, topk_ids, topk_logprobs`` arrays with a leading example axis.
+    train_data: the objective's ``fields`` (default ``tokens, mask, topk_ids, topk_logprobs``) as arrays
+      with a leading example axis.
     workdir: holds ``checkpoints/`` (orbax) and ``metrics.jsonl``; an existing checkpoint is resumed.
     eval_data: held-out arrays (with ``prompt_lens`` for the simulated BASS acceptance); evaluated at
       step 0 of a fresh run, every ``eval_every`` steps and at the end.
@@ -324,7 +325,7 @@ def train(
     progress: show a progress bar with loss, tokens/s and ETA.
     on_step: called after every step (tests use it to die mid-run).
     objective: what to optimize (:class:`Objective`); default: :func:`distillation` of ``config``
-      with ``init_params``. An EAGLE feature draft passes ``bass_jax.training.eagle.objective``.
+      with ``init_params``. An EAGLE feature draft passes ``bass_jax.training.feature_draft.objective``.
 
   Raises:
     ValueError: the corpus is smaller than one batch; the checkpoint's shapes differ from ``config``.
