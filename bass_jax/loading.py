@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from bass_jax import _checks
+from bass_jax import sharding as sharding_lib
 from bass_jax.checkpoints import atomic
 from bass_jax.checkpoints import gguf as gguf_ckpt
 from bass_jax.checkpoints import hf as hf_ckpt
@@ -159,7 +160,8 @@ def default_dtype() -> jnp.dtype:
 
 
 def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | None = None,
-               tokenizer: bool = True) -> Model:
+               tokenizer: bool = True, mesh: jax.sharding.Mesh | None = None,
+               sharding: str = "tensor_parallel") -> Model:
   """Loads a causal LM from an alias, a GGUF file, an HF checkpoint directory or an orbax directory.
 
   Args:
@@ -176,6 +178,12 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
       dtype); None takes :func:`default_dtype` (f32 on a CPU, bf16 on an accelerator).
     num_layers: keep only the first ``num_layers`` decoder layers (the placeholder draft), an int >= 1.
     tokenizer: also load the tokenizer (transformers ``AutoTokenizer``) when the checkpoint has one.
+    mesh: a ``jax.sharding.Mesh`` with axes ``"data"`` and ``"model"``: every tensor goes from the
+      host straight onto its shards, laid out by the family's rule table (``bass_jax.sharding``); no
+      device holds the whole model. None takes the mesh set with ``jax.set_mesh`` if it has those
+      axes, else the default device.
+    sharding: the rules on a mesh: ``"tensor_parallel"`` (a target: heads, MLP and vocabulary split
+      over ``model``) or ``"replicated"`` (a small draft: whole on every device).
 
   Returns:
     A :class:`Model`.
@@ -184,7 +192,8 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
     FileNotFoundError: the file, directory or package does not exist.
     ValueError: an unknown spec or argument (named); an unsupported architecture or config field;
       weights that do not match the config (``CheckpointError``, a ``ValueError``); a directory holding
-      weights in two formats (named); a tokenizer with more tokens than the model's vocabulary.
+      weights in two formats (named); a tokenizer with more tokens than the model's vocabulary; a mesh
+      or rules the model's shapes do not allow (``bass_jax.sharding.plan``).
   """
   if not isinstance(spec, (str, os.PathLike)):
     raise ValueError(f"spec must be an alias, a file or a directory path, got {spec!r}")
@@ -193,7 +202,16 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
     num_layers = _checks.as_int("num_layers", num_layers, min_value=1)
   tokenizer = _checks.as_bool("tokenizer", tokenizer)
   name = str(spec)
-  expected = functools.partial(abstract_params, dtype=dtype)
+  mesh = sharding_lib.resolve_mesh(mesh)
+
+  def expected(config):  # the abstract parameters, each with its shards' layout on a mesh
+    abstract = abstract_params(config, dtype)
+    if mesh is None:
+      return abstract
+    return jax.tree_util.tree_map(
+        lambda x, where: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=where), abstract,
+        sharding_lib.plan(config, mesh, sharding).param_shardings(abstract))
+
   tok = None
   path = resolve_alias(name) if name in ALIASES else pathlib.Path(spec)
   if path.suffix == ".gguf" or path.is_file():
@@ -206,6 +224,8 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
     if num_layers is not None:
       raise ValueError(f"{name} is an EAGLE draft; num_layers does not apply to it")
     config, params = eagle.load_eagle(path, dtype=dtype)
+    if mesh is not None:  # a small draft, read whole and then placed
+      params = sharding_lib.shard_params(params, sharding_lib.plan(config, mesh, sharding))
   elif path.is_dir():
     formats = weight_formats(path)
     if len(formats) > 1:
@@ -267,7 +287,8 @@ def weight_formats(path: str | os.PathLike) -> list[str]:
 
 
 def load_draft(spec: str | os.PathLike, target: Model, *, num_layers: int | None = None,
-               dtype: Any = None) -> Model:
+               dtype: Any = None, mesh: jax.sharding.Mesh | None = None,
+               sharding: str = "replicated") -> Model:
   """Loads a draft model; ``spec`` equal to the target's name reuses the target's weights.
 
   Args:
@@ -276,13 +297,15 @@ def load_draft(spec: str | os.PathLike, target: Model, *, num_layers: int | None
     target: the loaded target.
     num_layers: keep only the first ``num_layers`` decoder layers (None keeps all).
     dtype: as in :func:`load_model` (ignored when the target is reused).
+    mesh, sharding: as in :func:`load_model`; a draft is replicated over ``model`` by default
+      (``generate``'s ``draft_sharding``). Ignored when the target is reused.
 
   Raises:
     As :func:`load_model`.
   """
   if str(spec) == target.name:
     return target.with_first_layers(num_layers) if num_layers else target
-  draft = load_model(spec, dtype=dtype, num_layers=num_layers)
+  draft = load_model(spec, dtype=dtype, num_layers=num_layers, mesh=mesh, sharding=sharding)
   check_same_tokenizer(target, draft)
   return draft
 

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bass_jax import experiment, metrics, text
+from bass_jax import experiment, metrics, sharding, text
 from bass_jax.data import Problem
 from bass_jax.loading import Model
 
@@ -55,9 +55,11 @@ def attention_impl(strategy: str, kernels: str = "auto") -> str:
 
 
 def machine() -> dict[str, Any]:
-  """Where and when: device, host, JAX version, date, and the command line."""
+  """Where and when: device, mesh (None: one device), host, JAX version, date, and the command line."""
   device = jax.devices()[0]
-  return {"device": f"{device.platform}:{device.device_kind}", "host": platform.processor() or
+  mesh = sharding.resolve_mesh(None)
+  return {"device": f"{device.platform}:{device.device_kind}",
+          "mesh": None if mesh is None else dict(mesh.shape), "host": platform.processor() or
           platform.machine(), "jax_version": jax.__version__, "date": datetime.date.today().isoformat(),
           "command": " ".join(["python -m", _module_name(sys.argv[0]), *sys.argv[1:]])}
 

@@ -24,6 +24,46 @@ COMPILATION_CACHE_DIR = flags.DEFINE_string(
     "compilation_cache_dir", None, "Keep compiled programs in this directory (JAX's persistent "
     "compilation cache), so that the next run of a script with the same settings does not compile.")
 
+MESH = flags.DEFINE_string(
+    "mesh", None, "Decode on a jax.sharding mesh of DATA,MODEL devices (e.g. '2,4' or "
+    "'data:2,model:4'): rows split over data, the target's weights tensor-parallel over model "
+    "(docs/scaling.md). Default: one device.")
+COORDINATOR_ADDRESS = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0 for a run over several processes (hosts), "
+    "each owning part of --mesh; with --num_processes and --process_id (jax.distributed.initialize). "
+    "Only process 0 writes outputs.")
+NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.",
+                                     lower_bound=1)
+PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes).",
+                                  lower_bound=0)
+
+
+def _check_processes(values: dict[str, Any]) -> bool:
+  given = [values[n] is not None for n in ("coordinator_address", "num_processes", "process_id")]
+  if any(given) and not all(given):
+    raise flags.ValidationError("--coordinator_address, --num_processes and --process_id go together")
+  if all(given) and values["process_id"] >= values["num_processes"]:
+    raise flags.ValidationError(f"--process_id={values['process_id']} must be below "
+                                f"--num_processes={values['num_processes']}")
+  return True
+
+
+def _check_mesh(text: str | None) -> bool:
+  if text is None:
+    return True
+  from bass_jax.sharding import parse_mesh  # pylint: disable=g-import-not-at-top
+
+  try:
+    parse_mesh(text)
+  except ValueError as e:
+    raise flags.ValidationError(f"--mesh: {e}") from e
+  return True
+
+
+flags.register_multi_flags_validator(["coordinator_address", "num_processes", "process_id"],
+                                     _check_processes)
+flags.register_validator("mesh", _check_mesh)
+
 OUTPUTS = pathlib.Path("outputs")  # git-ignored; fresh runs go here unless told otherwise
 
 
@@ -115,11 +155,15 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> pathlib.Path:
   so readers see the old file or the new one, never a partial one. Values JSON lacks (NumPy scalars)
   are written as floats.
 
+  In a multi-process run only process 0 writes (:func:`is_primary`); the others return at once.
+
   Raises:
     OSError: the directory cannot be created or written (the temporary file is removed).
     TypeError, ValueError: a value that is neither JSON nor convertible by ``float``.
   """
   path = pathlib.Path(path)
+  if not is_primary():
+    return path
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
   try:
@@ -145,22 +189,28 @@ def _umask() -> int:
 class JsonlWriter:
   """Appends JSON records to a file, one per line, flushed and fsynced after every :meth:`write`.
 
-  The file is truncated when the writer is created (a run's records, not a mix of runs).
+  The file is truncated when the writer is created (a run's records, not a mix of runs). In a
+  multi-process run only process 0 writes (:func:`is_primary`).
   """
 
   def __init__(self, path: str | os.PathLike):
     self.path = pathlib.Path(path)
-    self.path.parent.mkdir(parents=True, exist_ok=True)
-    self._file = open(self.path, "w")  # pylint: disable=consider-using-with
+    self._file = None
+    if is_primary():
+      self.path.parent.mkdir(parents=True, exist_ok=True)
+      self._file = open(self.path, "w")  # pylint: disable=consider-using-with
 
   def write(self, records: Iterable[dict[str, Any]]) -> None:
+    if self._file is None:
+      return
     for record in records:
       self._file.write(json.dumps(record) + "\n")
     self._file.flush()
     os.fsync(self._file.fileno())
 
   def close(self) -> None:
-    self._file.close()
+    if self._file is not None:
+      self._file.close()
 
   def __enter__(self) -> "JsonlWriter":
     return self
@@ -170,13 +220,30 @@ class JsonlWriter:
 
 
 def init_script() -> None:
-  """What every script does first: silence third-party log noise and, with --compilation_cache_dir,
-  turn on the persistent compilation cache."""
+  """What every script does first: silence third-party log noise; with --compilation_cache_dir, turn
+  on the persistent compilation cache; with --coordinator_address, join the other processes
+  (``jax.distributed.initialize``); with --mesh, set the mesh that ``bass_jax.load_model`` and
+  ``bass_jax.generate`` then use (``jax.set_mesh``)."""
   quiet_third_party_logs()
   if COMPILATION_CACHE_DIR.value:
     from bass_jax.sampling.generate import enable_persistent_compilation_cache  # pylint: disable=g-import-not-at-top
 
     enable_persistent_compilation_cache(COMPILATION_CACHE_DIR.value)
+  if COORDINATOR_ADDRESS.value or MESH.value:
+    import jax  # pylint: disable=g-import-not-at-top
+
+    from bass_jax import sharding  # pylint: disable=g-import-not-at-top
+
+    if COORDINATOR_ADDRESS.value:
+      jax.distributed.initialize(coordinator_address=COORDINATOR_ADDRESS.value,
+                                 num_processes=NUM_PROCESSES.value, process_id=PROCESS_ID.value)
+    if MESH.value:
+      jax.set_mesh(sharding.make_mesh(*sharding.parse_mesh(MESH.value)))
+
+
+def is_primary() -> bool:
+  """Whether this process writes outputs: the only one, or process 0 of a multi-process run."""
+  return not PROCESS_ID.value
 
 
 def quiet_third_party_logs() -> None:

@@ -5,6 +5,11 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+# tests/multidevice needs 8 host devices, which must be set before JAX starts: tests/test_sharding.py
+# runs it in a child process with that set (and MULTIDEVICE_ENV); the suite itself keeps one device.
+MULTIDEVICE_ENV = "BASS_JAX_MULTIDEVICE_TESTS"
+collect_ignore = [] if os.environ.get(MULTIDEVICE_ENV) == "1" else ["multidevice"]
+
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402

@@ -18,6 +18,8 @@ import flax.traverse_util
 import jax
 import numpy as np
 
+from bass_jax import sharding as sharding_lib
+
 Transform = Callable[[np.ndarray], np.ndarray]
 
 
@@ -121,7 +123,9 @@ def to_flax(
     source_names: every tensor name in the source.
     read: returns one source tensor as a numpy array (dequantized), by name.
     expected: the model's abstract parameters (``jax.eval_shape`` of ``init``), a nested dict of
-      ``ShapeDtypeStruct``.
+      ``ShapeDtypeStruct``. Where one carries a ``sharding`` (``load_model(..., mesh=...)``), its
+      tensor goes straight from the host onto its shards (``bass_jax.sharding.put``): no device ever
+      holds the whole model.
     num_layers: L, the number of layers (``{layer}`` takes the values 0 … L - 1).
     dtype: dtype of the returned arrays.
     ignore: names of source tensors that carry no parameter (e.g. precomputed rotary tables).
@@ -162,7 +166,11 @@ def to_flax(
           raise CheckpointError(
               f"{where}: tensor {name} converts to shape {part.shape}, but the model's "
               f"{'/'.join(target)} needs {want}")
-        out[target] = jax.numpy.asarray(part, dtype=dtype)
+        where = getattr(expected_flat[target], "sharding", None)
+        if where is None:
+          out[target] = jax.numpy.asarray(part, dtype=dtype)
+        else:
+          out[target] = sharding_lib.put(part.astype(jax.numpy.dtype(dtype)), where)
     used.update(names)
   unfilled = sorted("/".join(p) for p in expected_flat if p not in out)
   if unfilled:

@@ -26,6 +26,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bass_jax import sharding as sharding_lib
 from bass_jax.cache import KVCache, KVUpdate, write_entries
 from bass_jax.models import attention as attention_lib
 
@@ -147,7 +148,8 @@ def activation(name: str) -> Callable[[jax.Array], jax.Array]:
 
 
 def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, k_cache: jax.Array | None,
-                     v_cache: jax.Array | None, cache_lengths: jax.Array | None, attention_impl: str,
+                     v_cache: jax.Array | None, cache_lengths: jax.Array | None,
+                     attention_impl: str | sharding_lib.ShardedAttention,
                      sm_scale: float | None = None, sliding_window: int | None = None):
   """Attends the T new tokens over this layer's cache (after writing them into it) or, without a cache,
   among themselves.
@@ -156,6 +158,8 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, k_cache: jax.A
     q: ``[B, T, N, H]``; k, v: ``[B, T, K, H]`` (rotary, if any, already applied).
     k_cache, v_cache: this layer's ``[B, K, S, H]`` cache, or None.
     cache_lengths: ``i32[B]`` valid cache slots per row before the new tokens (None without a cache).
+    attention_impl: a name in the attention registry, or a :class:`sharding.ShardedAttention` (that
+      name run per shard of a mesh, writing and reading each device's part of the cache).
 
   Returns:
     ``(out [B, T, N, H], k_out, v_out)``: with a cache, the cache arrays with the new entries written
@@ -167,6 +171,8 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, k_cache: jax.A
     kwargs["sliding_window"] = sliding_window
   if k_cache is None:
     return attention_lib.causal_attention(q, k, v, **kwargs), k, v
+  if isinstance(attention_impl, sharding_lib.ShardedAttention):
+    return attention_impl(q, k, v, k_cache, v_cache, cache_lengths, **kwargs)
   k_cache = write_entries(k_cache, k, cache_lengths)
   v_cache = write_entries(v_cache, v, cache_lengths)
   attend = attention_lib.get_attention(attention_impl)
@@ -218,7 +224,8 @@ HIDDEN = "hidden_states"
 
 def forward(config: DecoderConfig, params: Any, tokens: jax.Array, cache: KVCache | None = None, *,
             dtype: Any = jnp.float32, attention_impl: str = "reference", compute_logits: bool = True,
-            return_features: bool = False, hidden_layers: tuple[int, ...] = ()):
+            return_features: bool = False, hidden_layers: tuple[int, ...] = (),
+            sharding: sharding_lib.ShardingPlan | None = None):
   """One forward pass of any family: ``tokens: i32[B, T]`` written into and attended over ``cache``.
 
   Args:
@@ -234,6 +241,10 @@ def forward(config: DecoderConfig, params: Any, tokens: jax.Array, cache: KVCach
     hidden_layers: with ``return_features``, also return the outputs of these decoder layers
       (0-based, before the final norm), concatenated: ``dtype[B, T, len(hidden_layers) * D]`` (the
       fused features of EAGLE-3, Li et al. 2025, §3.3). Only the Llama family sows them.
+    sharding: the model's :class:`sharding.ShardingPlan` when its weights and cache lie on a mesh
+      (``bass_jax.sharding``): the attention over the cache then runs per shard. XLA partitions the
+      rest from the arrays' placements; the result is the same as on one device, up to the order of
+      float sums.
 
   Returns:
     ``(logits f32[B, T, V] | None, cache)`` with the cache's lengths advanced by T; without a cache,
@@ -249,6 +260,9 @@ def forward(config: DecoderConfig, params: Any, tokens: jax.Array, cache: KVCach
     raise ValueError("forward: hidden_layers needs return_features=True")
   if any(not 0 <= i < config.num_layers for i in hidden_layers):
     raise ValueError(f"forward: hidden_layers {hidden_layers} must lie in [0, {config.num_layers})")
+  if sharding is not None:
+    sharding_lib.check_rows(tokens.shape[0], sharding.mesh)
+    attention_impl = sharding_lib.ShardedAttention(attention_impl, sharding)
   module = config.make_module(attention_impl=attention_impl, dtype=jnp.dtype(dtype))
   if not return_features:
     return module.apply({"params": params}, tokens, cache, compute_logits)
@@ -266,13 +280,14 @@ def forward(config: DecoderConfig, params: Any, tokens: jax.Array, cache: KVCach
 
 def prefill_cache(config: DecoderConfig, params: Any, prompts: jax.Array, prompt_len: jax.Array, *,
                   cache_len: int, dtype: Any = jnp.float32, attention_impl: str = "reference",
-                  return_features: bool = False):
+                  return_features: bool = False, sharding: sharding_lib.ShardingPlan | None = None):
   """A fresh ragged cache of ``cache_len`` slots holding every prompt token but the last, which the
   first decode step consumes (the paper's Fig. 3: the cache lags the text by one token).
 
   Args:
     prompts: ``i32[B, P]`` right-padded prompts. prompt_len: ``i32[B]``, each ``>= 1``.
     return_features: also return the prompts' features (:func:`forward`), ``dtype[B, P, E]``.
+    sharding: the model's placement on a mesh (:func:`forward`); the new cache is laid out by it.
 
   Returns:
     The cache with ``lengths = prompt_len - 1`` (the padding's K/V lie past each row's length); with
@@ -280,8 +295,11 @@ def prefill_cache(config: DecoderConfig, params: Any, prompts: jax.Array, prompt
   """
   cache = config.init_cache(prompts.shape[0], cache_len, jnp.dtype(dtype))
   out = forward(config, params, prompts, None, dtype=dtype, attention_impl=attention_impl,
-                compute_logits=False, return_features=return_features)
+                compute_logits=False, return_features=return_features, sharding=sharding)
   cache = cache.append(out[1]).with_lengths(prompt_len - 1)
+  if sharding is not None:
+    cache = jax.lax.with_sharding_constraint(
+        cache, sharding_lib.state_shardings(cache, sharding, prompts.shape[0]))
   return (cache, out[2]) if return_features else cache
 
 

@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bass_jax import sharding as sharding_lib
 from bass_jax.cache import KVCache, KVUpdate
 from bass_jax.models import common
 from bass_jax.models.llama import LlamaConfig, LlamaDecoderLayer, rotary_sin_cos
@@ -265,18 +266,22 @@ def bind(draft_params: Any, vocab_ids: jax.Array, target_config: Any, target_par
 
 def forward(config: EagleConfig, params: dict[str, Any], tokens: jax.Array, features: jax.Array,
             cache: KVCache | None = None, *, dtype: Any = jnp.float32,
-            attention_impl: str = "reference") -> tuple[jax.Array, KVCache | KVUpdate]:
+            attention_impl: str = "reference", sharding: sharding_lib.ShardingPlan | None = None
+            ) -> tuple[jax.Array, KVCache | KVUpdate]:
   """One draft forward over pairs ``(f_i, x_{i+1})`` (EAGLE §3.2).
 
   Args:
     params: :func:`bind`'s dict. tokens: ``i32[B, T]`` the tokens ``x_{i+1}``. features:
       ``[B, T, E]`` the features ``f_i`` (the target's, or the draft's own ``f̂_i``).
     cache: the draft's ragged cache, or None for a full causal forward (training).
+    sharding: the draft's placement on a mesh, or None (one device); as ``common.forward``.
 
   Returns:
     ``(f̂ dtype[B, T, E], cache or KVUpdate)``: the predicted next features; the cache's lengths
     advance by T.
   """
+  if sharding is not None:
+    attention_impl = sharding_lib.ShardedAttention(attention_impl, sharding)
   module = EagleDraft(config, attention_impl=attention_impl, dtype=jnp.dtype(dtype))
   return module.apply({"params": params["draft"]}, tokens, features, params["embedding"], cache)
 

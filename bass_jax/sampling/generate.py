@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bass_jax import _checks
+from bass_jax import sharding as sharding_lib
 from bass_jax.loading import Model, check_same_tokenizer, load_draft
 from bass_jax.models import attention as attention_lib
 from bass_jax.sampling import costs as costs_lib
@@ -64,6 +65,7 @@ class GenerateStats:
     verify_chunk: positions per verification forward (0 for regular decoding).
     proposer: the draft side's name (empty for regular decoding).
     step_costs: the ``StepCosts`` a cost-aware draft length used (None otherwise).
+    mesh: ``{"data": d, "model": m}`` of the mesh the decode ran on (empty on one device).
   """
 
   steps: int
@@ -80,6 +82,7 @@ class GenerateStats:
   drafted: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), np.int32))
   proposer: str = ""
   step_costs: Any = None
+  mesh: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,11 +145,16 @@ class Hybrid:
     return f"hybrid({self.ngram.name}, {self.model.name})"
 
 
-def resolve_draft(draft: Any, target: Model, attention_impl: str) -> tuple[Proposer, Any, list[Model]]:
+def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any = None,
+                  draft_sharding: str = "replicated") -> tuple[Proposer, Any, list[Model]]:
   """``(proposer, its weights, its models)`` from what :func:`generate` accepts as ``draft``.
 
+  With a ``mesh``, a draft model's weights are placed by the rules ``draft_sharding`` names
+  (``bass_jax.sharding.RULES``) and its proposer carries that plan.
+
   Raises:
-    ValueError: anything else, or a draft model whose tokenizer differs from the target's.
+    ValueError: anything else, or a draft model whose tokenizer differs from the target's; sharding
+      rules the draft's shapes do not allow (``bass_jax.sharding.plan``).
   """
   def model_proposer(model):
     """An independent draft model's proposer and weights, or an EAGLE draft's with the target's head."""
@@ -154,11 +162,14 @@ def resolve_draft(draft: Any, target: Model, attention_impl: str) -> tuple[Propo
       raise ValueError(f"a draft model must be a bass_jax.Model, got {type(model).__name__}")
     check_same_tokenizer(target, model)
     dtype = jnp.dtype(model.dtype).name
+    plan = None if mesh is None else sharding_lib.plan(model.config, mesh, draft_sharding)
     if isinstance(model.config, eagle.EagleConfig):
       params = eagle.bind(model.params["draft"], model.params["vocab_ids"], target.config,
                           target.params, model.config.draft_vocab_size)
-      return EagleProposer(model.config, dtype, attention_impl), params
-    return ModelProposer(model.config, dtype, attention_impl), model.params
+      proposer, params = EagleProposer(model.config, dtype, attention_impl, sharding=plan), params
+    else:
+      proposer, params = ModelProposer(model.config, dtype, attention_impl, sharding=plan), model.params
+    return proposer, params if plan is None else sharding_lib.shard_params(params, plan)
 
   if isinstance(draft, Model):
     proposer, params = model_proposer(draft)
@@ -361,7 +372,8 @@ def _compiled(spec: loop.DecodeSpec, args_prefill: tuple, args_decode_tail: tupl
   """Compiled ``(prefill, decode)`` for this spec and these shapes, and the seconds spent compiling.
 
   The two programs are lowered here and compiled in two threads (XLA compiles without holding the
-  GIL), so a first call waits for the slower of the two, not for both.
+  GIL), so a first call waits for the slower of the two, not for both. On a mesh both programs return
+  the state laid out by ``loop.state_shardings``, and the decode takes it so.
   """
   shapes = jax.tree_util.tree_map(lambda x: (x.shape, str(x.dtype)), (args_prefill, args_decode_tail))
   key = (spec, str(shapes))
@@ -369,9 +381,15 @@ def _compiled(spec: loop.DecodeSpec, args_prefill: tuple, args_decode_tail: tupl
   if cached is not None:
     return cached, 0.0
   start = time.perf_counter()
-  prefill = jax.jit(loop.prefill, static_argnums=0).lower(spec, *args_prefill)
   state_shape = jax.eval_shape(lambda *a: loop.prefill(spec, *a), *args_prefill)
-  decode = jax.jit(loop.decode, static_argnums=0, donate_argnums=1).lower(
+  placed = {}
+  if spec.target_sharding is not None:
+    shardings = loop.state_shardings(spec, state_shape)
+    placed = {"out_shardings": shardings}
+    state_shape = jax.tree_util.tree_map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state_shape, shardings)
+  prefill = jax.jit(loop.prefill, static_argnums=0, **placed).lower(spec, *args_prefill)
+  decode = jax.jit(loop.decode, static_argnums=0, donate_argnums=1, **placed).lower(
       spec, state_shape, *args_decode_tail)
   with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
     programs = tuple(pool.map(lambda lowered: lowered.compile(), (prefill, decode)))
@@ -394,6 +412,8 @@ def generate(
     attention_impl: str = "reference",
     verify_chunk: int | None = None,
     max_cache_len: int | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    draft_sharding: str = "replicated",
 ) -> GenerateOutput:
   """Decodes a batch of prompts with batched speculative sampling (BASS) or regular decoding.
 
@@ -433,6 +453,16 @@ def generate(
       in passes of C, and stops once every row has rejected. A larger C suits drafts that are
       accepted often; a smaller one wastes less on padding.
     max_cache_len: if given, the most cache slots per row this call may allocate.
+    mesh: a ``jax.sharding.Mesh`` with axes ``"data"`` and ``"model"`` (``bass_jax.sharding``): the
+      rows (tokens, decode state, caches) split over ``data``, padded with inert rows to a multiple of
+      its size; the target's weights tensor-parallel over ``model`` by its family's rule table, its
+      caches split by KV head where the head count allows. None takes the mesh set with
+      ``jax.set_mesh`` if it has those axes, else one device. The tokens do not depend on the mesh:
+      the same seed gives the same tokens on every mesh shape (``jax_threefry_partitionable``), up to
+      float near-ties, since split sums add in another order.
+    draft_sharding: how a draft model lies on the mesh: ``"replicated"`` (whole on every device, its
+      rows split over ``data``: no communication in drafting; docs/scaling.md measures the choice) or
+      ``"tensor_parallel"`` (like the target).
 
   Returns:
     :class:`GenerateOutput` with tokens ``i32[B, N]``, lengths ``i32[B]``, target log-probs
@@ -444,7 +474,9 @@ def generate(
       ``eos_token_id="70"``); an unknown method or attention_impl; no draft for BASS; a draft whose
       tokenizer differs from the target's (says which part); an empty prompt list or prompt; token ids
       outside the vocabulary; a bad draft length or chunk size; prompt + ``max_new_tokens`` beyond the
-      models' context or beyond ``max_cache_len``.
+      models' context or beyond ``max_cache_len``; a mesh without the axes ``data`` and ``model``, or
+      whose ``model`` size divides neither the heads nor the MLP (``bass_jax.sharding.plan``); a mesh
+      with ``jax_threefry_partitionable`` off.
   """
   if not isinstance(target, Model):
     raise ValueError(f"target must be a bass_jax.Model (see bass_jax.load_model), got "
@@ -455,11 +487,23 @@ def generate(
     raise ValueError(f"attention_impl must be a name, one of {attention_lib.attention_implementations()}")
   attention_lib.get_attention(attention_impl)  # raises for an unknown name
   bass = method == "bass"
+  mesh = sharding_lib.resolve_mesh(mesh)
+  target_plan, target_params = None, target.params
+  if mesh is not None:
+    if not jax.config.jax_threefry_partitionable:
+      raise ValueError("generate on a mesh needs jax.config.update('jax_threefry_partitionable', True) "
+                       "(JAX's default), so that random draws do not depend on how arrays are split")
+    if draft_sharding not in sharding_lib.RULES:
+      raise ValueError(f"draft_sharding must be one of {sorted(sharding_lib.RULES)}, got "
+                       f"{draft_sharding!r}")
+    target_plan = sharding_lib.plan(target.config, mesh, "tensor_parallel")
+    target_params = sharding_lib.shard_params(target.params, target_plan)
   proposer, draft_params, draft_models = None, None, []
   if bass:
     if draft is None:
       raise ValueError("method='bass' needs a draft: a draft model, an NGramProposer or a Hybrid")
-    proposer, draft_params, draft_models = resolve_draft(draft, target, attention_impl)
+    proposer, draft_params, draft_models = resolve_draft(draft, target, attention_impl, mesh=mesh,
+                                                         draft_sharding=draft_sharding)
   max_new_tokens = _checks.as_int("max_new_tokens", max_new_tokens, min_value=1)
   temperature = _checks.as_float("temperature", temperature, min_value=0.0)
   top_p = _checks.as_float("top_p", top_p, min_value=0.0, min_exclusive=True, max_value=1.0)
@@ -488,7 +532,7 @@ def generate(
       target_dtype=jnp.dtype(target.dtype).name,
       attention_impl=attention_impl, prompt_len=prompt_bucket(int(lengths.max())),
       max_new_bucket=output_bucket(max_new_tokens), greedy=temperature == 0,
-      draft_len=policy, verify_chunk=chunk)
+      draft_len=policy, verify_chunk=chunk, target_sharding=target_plan)
   if max_cache_len is not None and spec.cache_len > max_cache_len:
     raise ValueError(
         f"the decode needs {spec.cache_len} cache slots per row (prompt padded to {spec.prompt_len} + "
@@ -496,6 +540,8 @@ def generate(
         f"than max_cache_len={max_cache_len}")
 
   batch, rows = len(arrays), batch_bucket(len(arrays))
+  if mesh is not None:  # inert rows up to a multiple of the data axis
+    rows = -(-rows // mesh.shape[sharding_lib.DATA]) * mesh.shape[sharding_lib.DATA]
   padded = np.zeros((rows, spec.prompt_len), np.int32)
   for i, a in enumerate(arrays):
     padded[i, :len(a)] = a
@@ -505,12 +551,21 @@ def generate(
   eos_array[:len(eos_ids)] = eos_ids
   step_costs = None
   if isinstance(policy, GoodputDraftLen):
-    step_costs = policy.costs or costs_lib.measure_step_costs(spec, target.params, draft_params, rows)
-  args_prefill = (target.params, draft_params, jnp.asarray(padded), jnp.asarray(prompt_len),
-                  jnp.asarray(np.arange(rows) >= batch), jnp.int32(max_new_tokens),
-                  jnp.asarray(eos_array), key,
-                  step_costs.as_array() if step_costs else jnp.zeros(5, jnp.float32))
-  args_tail = (target.params, draft_params, jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p))
+    step_costs = policy.costs or costs_lib.measure_step_costs(spec, target_params, draft_params, rows)
+  per_row = (padded, prompt_len, np.arange(rows) >= batch)
+  shared = (np.int32(max_new_tokens), eos_array, key,
+            step_costs.as_array() if step_costs else np.zeros(5, np.float32))
+  scalars = (np.float32(max(temperature, 1e-6)), np.float32(top_p))
+  if mesh is None:
+    place = lambda arrays, _: tuple(map(jnp.asarray, arrays))
+    host = np.asarray
+  else:
+    place = lambda arrays, where: tuple(sharding_lib.put(a, where) for a in arrays)
+    host = sharding_lib.to_host
+  per_row = place(per_row, target_plan and target_plan.rows)
+  shared, scalars = (place(x, target_plan and target_plan.replicate) for x in (shared, scalars))
+  args_prefill = (target_params, draft_params, *per_row, *shared)
+  args_tail = (target_params, draft_params, *scalars)
   (prefill, decode), compile_seconds = _compiled(spec, args_prefill, args_tail)
 
   finish = np.full(rows, np.nan)
@@ -518,25 +573,25 @@ def generate(
   state = prefill(*args_prefill)
   while True:
     state = decode(state, *args_tail)
-    done = np.asarray(state.done)
+    done = host(state.done)
     now = time.perf_counter() - start
     finish[done & np.isnan(finish)] = now
     if done.all():
       break
   finish = finish[:batch]
 
-  steps = int(state.step)
-  out_len = np.asarray(state.seq_len - state.prompt_len)[:batch]
-  all_tokens = np.asarray(state.tokens)
+  steps = int(host(state.step))
+  out_len = (host(state.seq_len) - host(state.prompt_len))[:batch]
+  all_tokens = host(state.tokens)
   tokens = np.full((batch, max_new_tokens), PAD_TOKEN, np.int32)
   for b in range(batch):
     tokens[b, :out_len[b]] = all_tokens[b, lengths[b]:lengths[b] + out_len[b]]
-  logprobs = np.asarray(state.logprobs)[:batch, :max_new_tokens]
+  logprobs = host(state.logprobs)[:batch, :max_new_tokens]
   logprobs = np.where(np.arange(max_new_tokens)[None] < out_len[:, None], logprobs, 0.0)
   stats = GenerateStats(
       steps=steps,
-      draft_lens=np.asarray(state.draft_len_history)[:steps] if bass else np.zeros((0,), np.int32),
-      accepted=(np.asarray(state.accepted_history)[:steps, :batch] if bass
+      draft_lens=host(state.draft_len_history)[:steps] if bass else np.zeros((0,), np.int32),
+      accepted=(host(state.accepted_history)[:steps, :batch] if bass
                 else np.zeros((0, batch), np.int32)),
       finish_seconds=finish,
       wall_seconds=float(np.max(finish)),
@@ -545,11 +600,12 @@ def generate(
       prompt_bucket=spec.prompt_len,
       batch_bucket=rows,
       verify_chunk=spec.verify_chunk,
-      verified=np.asarray(state.verified_history)[:steps] if bass else np.zeros((0,), np.int32),
-      drafted=(np.asarray(state.drafted_history)[:steps, :batch] if bass
+      verified=host(state.verified_history)[:steps] if bass else np.zeros((0,), np.int32),
+      drafted=(host(state.drafted_history)[:steps, :batch] if bass
                else np.zeros((0, batch), np.int32)),
       proposer=proposer.name if bass else "",
       step_costs=step_costs,
+      mesh={} if mesh is None else dict(mesh.shape),
   )
   return GenerateOutput(tokens=tokens, lengths=out_len, logprobs=logprobs.astype(np.float32),
-                        finished=np.asarray(state.eos)[:batch], stats=stats)
+                        finished=host(state.eos)[:batch], stats=stats)

@@ -45,6 +45,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from bass_jax import sharding as sharding_lib
 from bass_jax.cache import KVCache
 from bass_jax.models.attention import CACHE_ALIGNMENT
 from bass_jax.models.common import DecoderConfig, forward, prefill_cache
@@ -69,6 +70,8 @@ class DecodeSpec:
     draft_len: the draft-length policy (fixed, Algorithm 1 or goodput; ``draft_len.py``).
     verify_chunk: C, the positions one verification forward scores; ``l + 1`` positions take
       ``ceil((l + 1) / C)`` passes at most.
+    target_sharding: the target's placement on a mesh (``bass_jax.sharding.ShardingPlan``); None on
+      one device. The proposer carries its own (``Proposer.sharding``).
   """
 
   method: str
@@ -81,6 +84,7 @@ class DecodeSpec:
   greedy: bool
   draft_len: DraftLenPolicy | None
   verify_chunk: int
+  target_sharding: Any = None
 
   @property
   def max_draft(self) -> int:
@@ -154,10 +158,11 @@ def _target_forward(spec: DecodeSpec, params: Any, tokens: jax.Array, cache: KVC
   features at their positions (``cache.lengths[b] + t``). Returns ``(logits, cache, features)``."""
   if features is None:
     logits, cache_out = forward(spec.target, params, tokens, cache, dtype=spec.target_dtype,
-                                attention_impl=spec.attention_impl)
+                                attention_impl=spec.attention_impl, sharding=spec.target_sharding)
     return logits, cache_out, None
   logits, cache_out, new = forward(spec.target, params, tokens, cache, dtype=spec.target_dtype,
-                                   attention_impl=spec.attention_impl, return_features=True)
+                                   attention_impl=spec.attention_impl, return_features=True,
+                                   sharding=spec.target_sharding)
   rows = jnp.arange(tokens.shape[0])[:, None]
   pos = cache.lengths[:, None] + jnp.arange(tokens.shape[1])
   return logits, cache_out, features.at[rows, pos].set(new.astype(features.dtype), mode="drop")
@@ -184,7 +189,7 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any, prompts: ja
   prefilled = prefill_cache(spec.target, target_params, prompts, prompt_len,
                             cache_len=spec.cache_len, dtype=spec.target_dtype,
                             attention_impl=spec.attention_impl,
-                            return_features=spec.keeps_features)
+                            return_features=spec.keeps_features, sharding=spec.target_sharding)
   target_cache, prompt_features, features = prefilled, None, None
   if spec.keeps_features:
     target_cache, prompt_features = prefilled
@@ -218,6 +223,36 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any, prompts: ja
       accepted_history=jnp.full((n, batch), -1, jnp.int32),
       key=key,
   )
+
+
+def state_shardings(spec: DecodeSpec, state: DecodeState) -> DecodeState:
+  """Where every part of the decode state lies on ``spec.target_sharding``'s mesh: per-row arrays split
+  over ``"data"``; the target's cache as its plan says, the proposer's as the proposer's plan says
+  (the target's when it has none); counters, histories and the key replicated.
+
+  Args:
+    state: a :class:`DecodeState` of arrays or ``ShapeDtypeStruct`` (``jax.eval_shape`` of
+      :func:`prefill`).
+
+  Returns:
+    A :class:`DecodeState` of ``NamedSharding`` (the jitted programs' output shardings).
+  """
+  plan = spec.target_sharding
+  batch = state.tokens.shape[0]
+  rows, replicated = plan.rows, plan.replicate
+  every = lambda tree: jax.tree_util.tree_map(lambda _: replicated, tree)
+  proposer_state = None
+  if state.proposer_state is not None:
+    proposer_state = sharding_lib.state_shardings(
+        state.proposer_state, spec.proposer.sharding or plan, batch)
+  return DecodeState(
+      tokens=rows, prompt_len=rows, seq_len=rows,
+      target_cache=sharding_lib.state_shardings(state.target_cache, plan, batch),
+      proposer_state=proposer_state, features=None if state.features is None else rows,
+      logprobs=rows, done=rows, eos=rows, max_new=replicated, eos_ids=replicated, step=replicated,
+      draft_len=replicated, policy_state=every(state.policy_state),
+      draft_len_history=replicated, drafted_history=replicated, verified_history=replicated,
+      accepted_history=replicated, key=replicated)
 
 
 def _emit(state: DecodeState, new_tokens: jax.Array, new_logprobs: jax.Array,

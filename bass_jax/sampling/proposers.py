@@ -106,6 +106,9 @@ class Proposer(abc.ABC):
   # Static: True when the proposer reads the target's features (``StepContext.features``); the loop then
   # keeps a feature buffer, written by every target forward.
   needs_features = False
+  # Static: the draft model's placement on a mesh (``bass_jax.sharding.ShardingPlan``); None on one device
+  # or without a model.
+  sharding = None
 
   def init_state(self, params: Any, prompts: jax.Array, prompt_len: jax.Array, *, cache_len: int,
                  max_len: int, features: jax.Array | None = None) -> Any:
@@ -226,11 +229,13 @@ class ModelProposer(Proposer):
   Attributes:
     config: the draft's architecture. dtype: its parameter/compute dtype name.
     attention_impl: attention implementation name (``bass_jax.models.attention``).
+    sharding: the draft's placement on a mesh (``bass_jax.sharding.ShardingPlan``), or None.
   """
 
   config: DecoderConfig
   dtype: str
   attention_impl: str = "reference"
+  sharding: Any = None
 
   @property
   def name(self) -> str:
@@ -246,7 +251,8 @@ class ModelProposer(Proposer):
     del features
     batch = prompts.shape[0]
     cache = prefill_cache(self.config, params, prompts, prompt_len, cache_len=cache_len,
-                          dtype=self.dtype, attention_impl=self.attention_impl)
+                          dtype=self.dtype, attention_impl=self.attention_impl,
+                          sharding=self.sharding)
     return DraftCacheState(cache=cache, fed=jnp.zeros((batch, max_len), jnp.int32),
                            num_fed=jnp.zeros((), jnp.int32))
 
@@ -255,7 +261,7 @@ class ModelProposer(Proposer):
     rows = jnp.arange(batch)
     last_slot = ctx.tokens.shape[1] - 1
     forward = functools.partial(model_forward, self.config, params, dtype=self.dtype,
-                                attention_impl=self.attention_impl)
+                                attention_impl=self.attention_impl, sharding=self.sharding)
 
     def window(lengths):  # the two text tokens at lengths, lengths + 1 (clipped to the buffer)
       return ctx.tokens[rows[:, None], jnp.minimum(lengths[:, None] + jnp.arange(2), last_slot)]
@@ -342,12 +348,14 @@ class EagleProposer(Proposer):
     attention_impl: attention implementation name (``bass_jax.models.attention``).
     catch_up_width: the most pairs one catch-up forward takes (W above); each step pays one forward
       of W positions, so it trades that cost against extra forwards after long acceptances.
+    sharding: the draft's placement on a mesh (``bass_jax.sharding.ShardingPlan``), or None.
   """
 
   config: eagle.EagleConfig
   dtype: str
   attention_impl: str = "reference"
   catch_up_width: int = 5
+  sharding: Any = None
   needs_features = True
 
   def __post_init__(self):
@@ -363,7 +371,7 @@ class EagleProposer(Proposer):
 
   def _forward(self, params, tokens, features, cache):
     return eagle.forward(self.config, params, tokens, features, cache, dtype=self.dtype,
-                         attention_impl=self.attention_impl)
+                         attention_impl=self.attention_impl, sharding=self.sharding)
 
   def init_state(self, params, prompts, prompt_len, *, cache_len, max_len, features=None):
     del max_len
@@ -541,6 +549,10 @@ class HybridProposer(Proposer):
   @property
   def needs_features(self) -> bool:
     return self.model.needs_features
+
+  @property
+  def sharding(self):
+    return self.model.sharding
 
   def forward_costs(self, params, batch, cache_len, max_len):
     return self.model.forward_costs(params, batch, cache_len, max_len)

@@ -1,0 +1,480 @@
+"""Sharding on a ``jax.sharding.Mesh``: rows of the batch over ``"data"``, weights tensor-parallel over
+``"model"``, through one rule table per model family (the logical-axis rules of MaxText).
+
+A mesh has two named axes (``jax.make_mesh((2, 4), ("data", "model"))``):
+
+* ``"data"`` splits the B rows of a decode: tokens, lengths, the decode state and every KV cache. Rows
+  never talk to each other inside a step (each accepts its own drafts), so data parallelism costs no
+  communication until the host reads the results.
+* ``"model"`` splits each weight matrix Megatron-style (Shoeybi et al. 2019, §3): the query, key and value
+  projections and the MLP's up/gate projections by output columns (heads, hidden units), the attention
+  and MLP output projections by input rows, followed by one all-reduce each; the embedding and LM head
+  by vocabulary. The KV cache of a layer is split by key/value head when the model axis divides the head
+  count, so that every shard attends over its own heads with no communication; otherwise it is replicated
+  (each model shard holds every head; vLLM instead duplicates each KV head onto the shards that read it,
+  which saves memory and is not built here).
+
+How a parameter is split is written once per family as a table from parameter paths to *logical* axes
+(``PARAM_AXES``: ``q_proj/kernel`` is ``("embed", "heads")``), and the logical axes map to mesh axes by
+a rule table (:data:`TENSOR_PARALLEL`, :data:`REPLICATED`), as in MaxText's ``logical_axis_rules``. A
+logical axis whose size the mesh axis does not divide is replicated instead (named in
+:attr:`ShardingPlan.replicated`); a model axis that divides neither the attention heads nor the MLP is an
+error, since it would shard nothing of the layers.
+
+The decode itself is one jitted program partitioned by XLA (GSPMD/Shardy) from these placements; the
+attention over the cache, the one part written as a kernel, runs per shard under ``jax.shard_map``
+(:class:`ShardedAttention`), so that the Pallas kernels see their local rows and heads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any, Iterable
+
+import flax.traverse_util
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+DATA = "data"
+MODEL = "model"
+MESH_AXES = (DATA, MODEL)
+
+# Logical axes. Anything else (positions, head dim, cache slots, features) is never split.
+BATCH, VOCAB, EMBED, HEADS, KV_HEADS, MLP = "batch", "vocab", "embed", "heads", "kv_heads", "mlp"
+
+Rules = tuple[tuple[str, str | None], ...]
+# Logical axis -> mesh axis. The target's default: rows over data, every layer tensor-parallel.
+TENSOR_PARALLEL: Rules = ((BATCH, DATA), (VOCAB, MODEL), (HEADS, MODEL), (KV_HEADS, MODEL), (MLP, MODEL))
+# Rows over data, every weight whole on every device: a small draft runs with no communication.
+REPLICATED: Rules = ((BATCH, DATA),)
+RULES: dict[str, Rules] = {"tensor_parallel": TENSOR_PARALLEL, "replicated": REPLICATED}
+
+
+# -- per-family tables: parameter path (a regex over "a/b/c") -> logical axes of its dimensions --------
+
+def _dense(name: str, inputs: str | None, outputs: str | None) -> tuple:
+  """A ``nn.Dense``: kernel ``[in, out]`` and its bias ``[out]``."""
+  return ((rf"{name}/kernel", (inputs, outputs)), (rf"{name}/bias", (outputs,)))
+
+
+_NORMS = ((r"(.*/)?[^/]*(norm|ln_[^/]*)/(scale|bias)", (EMBED,)),)
+_LLAMA_LAYER = (
+    *_dense(r"layers_\d+/self_attn/q_proj", EMBED, HEADS),
+    *_dense(r"layers_\d+/self_attn/k_proj", EMBED, KV_HEADS),
+    *_dense(r"layers_\d+/self_attn/v_proj", EMBED, KV_HEADS),
+    *_dense(r"layers_\d+/self_attn/o_proj", HEADS, EMBED),
+    *_dense(r"layers_\d+/mlp/gate_proj", EMBED, MLP),
+    *_dense(r"layers_\d+/mlp/up_proj", EMBED, MLP),
+    *_dense(r"layers_\d+/mlp/down_proj", MLP, EMBED),
+)
+_LLAMA = (("embed_tokens/embedding", (VOCAB, EMBED)), *_LLAMA_LAYER, ("lm_head", (EMBED, VOCAB)),
+          *_NORMS)
+_OPT = (
+    ("embed_tokens/embedding", (VOCAB, None)),  # [V, word_embed_proj_dim]
+    ("embed_positions/embedding", (None, EMBED)),
+    ("project_in/kernel", (None, EMBED)), ("project_out/kernel", (EMBED, None)),
+    *_dense(r"layers_\d+/q_proj", EMBED, HEADS),
+    *_dense(r"layers_\d+/k_proj", EMBED, KV_HEADS),
+    *_dense(r"layers_\d+/v_proj", EMBED, KV_HEADS),
+    *_dense(r"layers_\d+/out_proj", HEADS, EMBED),
+    *_dense(r"layers_\d+/fc1", EMBED, MLP),
+    *_dense(r"layers_\d+/fc2", MLP, EMBED),
+    ("lm_head", (VOCAB, None)),  # untied: [V, word_embed_proj_dim]
+    *_NORMS,
+)
+_CODEGEN = (
+    ("wte/embedding", (VOCAB, EMBED)),
+    *_dense(r"h_\d+/q_proj", EMBED, HEADS),
+    *_dense(r"h_\d+/k_proj", EMBED, KV_HEADS),
+    *_dense(r"h_\d+/v_proj", EMBED, KV_HEADS),
+    *_dense(r"h_\d+/out_proj", HEADS, EMBED),
+    *_dense(r"h_\d+/fc_in", EMBED, MLP),
+    *_dense(r"h_\d+/fc_out", MLP, EMBED),
+    ("lm_head", (VOCAB, EMBED)), ("lm_head_bias", (VOCAB,)),  # CodeGen's head is [V, D]
+    *_NORMS,
+)
+_GPT2 = (
+    ("wte/embedding", (VOCAB, EMBED)), ("wpe/embedding", (None, EMBED)),
+    *_dense(r"h_\d+/q_proj", EMBED, HEADS),
+    *_dense(r"h_\d+/k_proj", EMBED, KV_HEADS),
+    *_dense(r"h_\d+/v_proj", EMBED, KV_HEADS),
+    *_dense(r"h_\d+/attn_proj", HEADS, EMBED),
+    *_dense(r"h_\d+/c_fc", EMBED, MLP),
+    *_dense(r"h_\d+/mlp_proj", MLP, EMBED),
+    ("lm_head", (VOCAB, EMBED)),  # untied: [V, D]
+    *_NORMS,
+)
+# An EAGLE draft as it runs (``eagle.bind``): its own layers and fc under "draft/", the target's
+# embedding, the head rows of the draft vocabulary (V' need not divide: replicated) and their ids.
+_EAGLE = (
+    *((f"draft/{pattern}", axes) for pattern, axes in _LLAMA_LAYER),
+    *_dense("draft/fc", None, EMBED), ("draft/fuse/kernel", (None, EMBED)),
+    ("embedding", (VOCAB, EMBED)), ("head", (None, EMBED)), ("vocab_ids", (None,)),
+    *_NORMS,
+)
+PARAM_AXES: dict[str, tuple[tuple[str, tuple[str | None, ...]], ...]] = {
+    "llama": _LLAMA, "qwen2": _LLAMA, "mistral": _LLAMA, "opt": _OPT, "codegen": _CODEGEN,
+    "gpt2": _GPT2, "bass_eagle": _EAGLE,
+}
+
+
+def logical_sizes(config: Any) -> dict[str, int]:
+  """The sizes a rule must divide to split a logical axis: ``heads`` (N), ``kv_heads`` (K), ``mlp``
+  (F) and ``vocab`` (V) of a family config (an EAGLE draft: its layer's)."""
+  if config.model_type == "bass_eagle":
+    return logical_sizes(config.layer)
+  if config.model_type in ("llama", "qwen2", "mistral"):
+    heads, mlp = config.num_attention_heads, config.intermediate_size
+  elif config.model_type == "opt":
+    heads, mlp = config.num_attention_heads, config.ffn_dim
+  elif config.model_type in ("codegen", "gpt2"):
+    heads, mlp = config.n_head, config.n_inner or 4 * config.n_embd
+  else:
+    raise ValueError(f"no sharding rules for model_type {config.model_type!r}; add its table to "
+                     "bass_jax.sharding.PARAM_AXES")
+  return {HEADS: heads, KV_HEADS: config.num_kv_heads, MLP: mlp, VOCAB: config.vocab_size}
+
+
+# -- the mesh ------------------------------------------------------------------------------------------
+
+
+def make_mesh(data: int, model: int, devices: Iterable[jax.Device] | None = None) -> Mesh:
+  """A ``(data, model)`` mesh over ``data * model`` devices, axes typed Auto (XLA propagates
+  shardings; ``jax.make_mesh``'s default, Explicit, would put them in every array's type).
+
+  Args:
+    data, model: the axis sizes.
+    devices: exactly ``data * model`` devices; default the first ``data * model`` of
+      ``jax.devices()`` (all processes' devices, in process order).
+
+  Raises:
+    ValueError: a size below 1, more devices asked for than exist, or ``devices`` of another count.
+  """
+  for name, size in ((DATA, data), (MODEL, model)):
+    if not isinstance(size, int) or size < 1:
+      raise ValueError(f"make_mesh: the {name} axis size must be an int >= 1, got {size!r}")
+  available = jax.devices()
+  if devices is None:
+    if data * model > len(available):
+      raise ValueError(f"make_mesh: a ({data}, {model}) mesh needs {data * model} devices, there are "
+                       f"{len(available)}")
+    devices = available[:data * model]
+  devices = list(devices)
+  if data * model != len(devices):
+    raise ValueError(f"make_mesh: a ({data}, {model}) mesh needs {data * model} devices, got "
+                     f"{len(devices)}")
+  return Mesh(np.array(devices).reshape(data, model), MESH_AXES,
+              axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def parse_mesh(text: str) -> tuple[int, int]:
+  """``"2,4"`` or ``"data:2,model:4"`` -> ``(2, 4)`` (the scripts' ``--mesh``).
+
+  Raises:
+    ValueError: any other form (says the accepted ones).
+  """
+  parts = [p.strip() for p in str(text).split(",")]
+  sizes = {}
+  for i, part in enumerate(parts):
+    name, _, value = part.rpartition(":")
+    name = name or (MESH_AXES[i] if i < 2 else "")
+    if name not in MESH_AXES or name in sizes or not value.isdigit() or int(value) < 1:
+      sizes = None
+      break
+    sizes[name] = int(value)
+  if not sizes or len(sizes) != 2:
+    raise ValueError(f"mesh {text!r}: write 'DATA,MODEL' (e.g. '2,4') or 'data:2,model:4', sizes >= 1")
+  return sizes[DATA], sizes[MODEL]
+
+
+def check_mesh(mesh: Any) -> Mesh:
+  """``mesh`` as bass_jax uses it: a ``jax.sharding.Mesh`` with exactly the axes ``"data"`` and
+  ``"model"``, re-typed Auto (so that a mesh from ``jax.make_mesh``, Explicit by default, works too).
+
+  Raises:
+    ValueError: not a Mesh, or other axis names (says how to build one).
+  """
+  if not isinstance(mesh, Mesh):
+    raise ValueError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}; build one with "
+                     "bass_jax.sharding.make_mesh(data, model)")
+  if set(mesh.axis_names) != set(MESH_AXES) or len(mesh.axis_names) != 2:
+    raise ValueError(
+        f"mesh axes {tuple(mesh.axis_names)} must be exactly {MESH_AXES}: rows split over 'data', "
+        "weights over 'model' (use size 1 for an axis you do not split), e.g. "
+        "jax.make_mesh((2, 4), ('data', 'model')) or bass_jax.sharding.make_mesh(2, 4)")
+  devices = mesh.devices if tuple(mesh.axis_names) == MESH_AXES else mesh.devices.T
+  return Mesh(devices, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def resolve_mesh(mesh: Any) -> Mesh | None:
+  """The mesh a call runs on: ``mesh`` itself (checked), else the mesh set with ``jax.set_mesh`` when
+  it has the axes ``"data"`` and ``"model"``, else None (one device).
+
+  Raises:
+    ValueError: as :func:`check_mesh` for an explicit ``mesh``.
+  """
+  if mesh is not None:
+    return check_mesh(mesh)
+  context = jax.sharding.get_mesh()
+  if not context.empty and set(context.axis_names) == set(MESH_AXES):
+    return check_mesh(context)
+  return None
+
+
+# -- how one model lies on a mesh --------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingPlan:
+  """One model's placement on a mesh: its family's table resolved against the rules and the sizes.
+
+  Hashable (a static part of compiled programs).
+
+  Attributes:
+    mesh: the ``("data", "model")`` mesh (Auto axes).
+    model_type: the family, whose :data:`PARAM_AXES` table places the parameters.
+    axes: logical axis -> mesh axis (or None), after divisibility.
+    replicated: logical axes the rules split but whose size the mesh axis does not divide, so they are
+      replicated instead (e.g. ``("kv_heads",)`` for 3 KV heads on a model axis of 2).
+  """
+
+  mesh: Mesh
+  model_type: str
+  axes: tuple[tuple[str, str | None], ...]
+  replicated: tuple[str, ...] = ()
+
+  def mesh_axis(self, logical: str | None) -> str | None:
+    return dict(self.axes).get(logical) if logical else None
+
+  def spec(self, *logical: str | None) -> P:
+    """The ``PartitionSpec`` of an array whose dimensions have these logical axes."""
+    return P(*(self.mesh_axis(a) for a in logical))
+
+  def sharding(self, *logical: str | None) -> NamedSharding:
+    return NamedSharding(self.mesh, self.spec(*logical))
+
+  @property
+  def data_size(self) -> int:
+    return self.mesh.shape[DATA]
+
+  @property
+  def kv_sharded(self) -> bool:
+    """Whether the KV caches (and the attention) are split by key/value head over ``"model"``."""
+    return self.mesh_axis(KV_HEADS) == MODEL
+
+  @property
+  def rows(self) -> NamedSharding:
+    """Per-row arrays (leading axis B): split over ``"data"``."""
+    return self.sharding(BATCH)
+
+  @property
+  def replicate(self) -> NamedSharding:
+    return NamedSharding(self.mesh, P())
+
+  def cache_sharding(self) -> NamedSharding:
+    """A layer's ``[B, K, S, H]`` cache: rows over data, key/value heads over model when divisible."""
+    return self.sharding(BATCH, KV_HEADS, None, None)
+
+  def param_axes(self, params: Any) -> dict[tuple[str, ...], tuple[str | None, ...]]:
+    """Every parameter's logical axes from the family table.
+
+    Raises:
+      ValueError: a parameter no rule matches, or one whose rank its rule does not fit (names it).
+    """
+    table = PARAM_AXES[self.model_type]
+    out = {}
+    for path, leaf in flax.traverse_util.flatten_dict(dict(params)).items():
+      name = "/".join(path)
+      axes = next((a for pattern, a in table if re.fullmatch(pattern, name)), None)
+      if axes is None:
+        raise ValueError(f"no sharding rule for parameter {name!r} of a {self.model_type} model; add "
+                         f"one to bass_jax.sharding.PARAM_AXES[{self.model_type!r}]")
+      if len(axes) != len(leaf.shape):
+        raise ValueError(f"sharding rule {axes} for {name!r} does not fit its shape {leaf.shape}")
+      out[path] = axes
+    return out
+
+  def param_shardings(self, params: Any) -> Any:
+    """A tree like ``params`` (arrays or ``ShapeDtypeStruct``) of ``NamedSharding``."""
+    flat = {path: self.sharding(*axes) for path, axes in self.param_axes(params).items()}
+    return flax.traverse_util.unflatten_dict(flat)
+
+  def describe(self) -> str:
+    """One line for logs and results: which logical axes lie on which mesh axis."""
+    split = ", ".join(f"{a}->{m}" for a, m in self.axes if m)
+    note = f"; replicated (size not divisible): {', '.join(self.replicated)}" if self.replicated else ""
+    return f"mesh {dict(self.mesh.shape)}: {split or 'all replicated'}{note}"
+
+
+def plan(config: Any, mesh: Mesh, rules: str | Rules = "tensor_parallel") -> ShardingPlan:
+  """Resolves ``rules`` for a model of ``config`` on ``mesh``.
+
+  Args:
+    config: a family config (or an ``EagleConfig``).
+    mesh: a ``("data", "model")`` mesh (:func:`check_mesh`).
+    rules: ``"tensor_parallel"`` (:data:`TENSOR_PARALLEL`), ``"replicated"`` (:data:`REPLICATED`), or
+      a tuple of ``(logical axis, mesh axis or None)`` pairs.
+
+  Raises:
+    ValueError: an unknown rule name or mesh axis; a family without a table; a ``model`` axis larger
+      than 1 that divides neither the attention heads nor the MLP (names both, and the fix).
+  """
+  mesh = check_mesh(mesh)
+  if isinstance(rules, str):
+    if rules not in RULES:
+      raise ValueError(f"unknown sharding rules {rules!r}; one of {sorted(RULES)} or a tuple of "
+                       "(logical axis, mesh axis) pairs")
+    rules = RULES[rules]
+  rules = tuple((str(a), m) for a, m in rules)
+  for logical, axis in rules:
+    if axis not in (*MESH_AXES, None):
+      raise ValueError(f"sharding rule {logical!r} -> {axis!r}: the mesh axes are {MESH_AXES}")
+  if config.model_type not in PARAM_AXES:
+    raise ValueError(f"no sharding rules for model_type {config.model_type!r}")
+  sizes = logical_sizes(config)
+  resolved, replicated = [], []
+  for logical, axis in rules:
+    size = sizes.get(logical)
+    if axis is not None and size is not None and size % mesh.shape[axis]:
+      replicated.append(logical)
+      axis = None
+    resolved.append((logical, axis))
+  model = mesh.shape[MODEL]
+  wanted = {a for a, m in rules if m == MODEL}
+  if model > 1 and wanted & {HEADS, MLP} and not {HEADS, MLP} & {a for a, m in resolved if m}:
+    raise ValueError(
+        f"a model axis of {model} divides neither the {sizes[HEADS]} attention heads nor the MLP's "
+        f"{sizes[MLP]} hidden units of this {config.model_type} model, so it would split nothing of "
+        f"its layers; choose a model axis size that divides {sizes[HEADS]} or {sizes[MLP]}, and give "
+        "the other devices to 'data'")
+  return ShardingPlan(mesh=mesh, model_type=config.model_type, axes=tuple(resolved),
+                      replicated=tuple(replicated))
+
+
+def check_rows(batch: int, mesh: Mesh, what: str = "the batch") -> None:
+  """Raises ValueError unless ``batch`` rows split evenly over the ``"data"`` axis."""
+  data = mesh.shape[DATA]
+  if batch % data:
+    raise ValueError(f"{what} has {batch} rows, which do not split over the data axis of size {data}; "
+                     f"pad it to {-(-batch // data) * data} rows (generate pads with inert rows itself)")
+
+
+# -- placement ----------------------------------------------------------------------------------------
+
+
+def put(x: Any, sharding: NamedSharding) -> jax.Array:
+  """``x`` (a host or device array) as a global array with ``sharding``: each device receives only its
+  own shard, built from the host copy's slice (``jax.make_array_from_callback``), which also works
+  when the mesh spans several processes (every process passes the same ``x``). An array already laid
+  out so is returned as it is."""
+  if isinstance(x, jax.Array):
+    if x.sharding.is_equivalent_to(sharding, x.ndim):
+      return x
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      impl = jax.random.key_impl(x)
+      return jax.random.wrap_key_data(put(jax.random.key_data(x), sharding), impl=impl)
+    if jax.process_count() == 1:
+      return jax.device_put(x, sharding)
+    if not x.is_fully_addressable:  # a global array: reshard it on the devices
+      return jax.jit(lambda a: a, out_shardings=sharding)(x)
+  host = np.asarray(x)
+  return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def shard_params(params: Any, plan_: ShardingPlan) -> Any:
+  """``params`` placed as ``plan_`` says (:func:`put` per leaf)."""
+  return jax.tree_util.tree_map(put, params, plan_.param_shardings(params))
+
+
+def to_host(x: jax.Array) -> np.ndarray:
+  """A global array's value on this host: its shards gathered from every process when the mesh spans
+  several (``multihost_utils.process_allgather``); a plain copy otherwise."""
+  if getattr(x, "is_fully_addressable", True):
+    return np.asarray(x)
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def state_shardings(tree: Any, plan_: ShardingPlan, batch: int) -> Any:
+  """Shardings for a tree of per-row decode state (arrays or ``ShapeDtypeStruct``): KV caches as
+  :meth:`ShardingPlan.cache_sharding` lays them out, other leaves whose leading axis is ``batch`` split
+  over data, the rest (counters, keys) replicated."""
+  from bass_jax.cache import KVCache  # pylint: disable=g-import-not-at-top
+
+  def one(leaf):
+    if isinstance(leaf, KVCache):
+      return KVCache(k=tuple(plan_.cache_sharding() for _ in leaf.k),
+                     v=tuple(plan_.cache_sharding() for _ in leaf.v), lengths=plan_.rows)
+    return plan_.rows if leaf.ndim >= 1 and leaf.shape[0] == batch else plan_.replicate
+
+  return jax.tree_util.tree_map(one, tree, is_leaf=lambda x: isinstance(x, KVCache))
+
+
+# -- attention per shard ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedAttention:
+  """An attention implementation run per shard (``jax.shard_map``): each device writes its rows' (and
+  heads') new K/V into its part of the cache and attends over it, with no communication.
+
+  Models take it where they take an ``attention_impl`` name (``common.forward(..., sharding=plan)``
+  passes it); hashable, so it is part of a compiled module's identity.
+
+  Attributes:
+    impl: the attention registry name run on every shard (``"reference"``, ``"pallas_pad"`` …).
+    plan: the model's :class:`ShardingPlan`: rows over data; heads over model iff ``plan.kv_sharded``
+      (else every model shard computes all heads of its rows).
+  """
+
+  impl: str
+  plan: ShardingPlan
+
+  def __call__(self, q, k, v, k_cache, v_cache, cache_lengths, **kwargs):
+    """``q [B, T, N, H]``, new ``k, v [B, T, K, H]``, caches ``[B, K, S, H]``, ``cache_lengths i32[B]``
+    -> ``(out [B, T, N, H], k_cache, v_cache)`` as ``common.cached_attention`` returns them.
+
+    Raises:
+      ValueError: B not divisible by the data axis (from :func:`check_rows`).
+    """
+    from bass_jax.cache import write_entries  # pylint: disable=g-import-not-at-top
+    from bass_jax.models import attention as attention_lib  # pylint: disable=g-import-not-at-top
+
+    check_rows(q.shape[0], self.plan.mesh, "the attention's batch")
+    attend = attention_lib.get_attention(self.impl)
+
+    def local(q, k, v, k_cache, v_cache, cache_lengths):
+      k_cache = write_entries(k_cache, k, cache_lengths)
+      v_cache = write_entries(v_cache, v, cache_lengths)
+      return attend(q, k_cache, v_cache, cache_lengths + q.shape[1], **kwargs), k_cache, v_cache
+
+    heads = MODEL if self.plan.kv_sharded else None
+    tokens, cache = P(DATA, None, heads, None), P(DATA, heads, None, None)
+    return jax.shard_map(local, mesh=self.plan.mesh, in_specs=(tokens, tokens, tokens, cache, cache, P(DATA)),
+                         out_specs=(tokens, cache, cache), check_vma=False)(
+                             q, k, v, k_cache, v_cache, cache_lengths)
+
+
+# -- memory ---------------------------------------------------------------------------------------------
+
+
+def bytes_per_device(tree: Any, shardings: Any) -> int:
+  """Bytes one device holds of ``tree`` (arrays or ``ShapeDtypeStruct``) laid out by ``shardings``:
+  the shard shape of every leaf, from the sharding alone (nothing is allocated). Every device holds the
+  same amount under a ``NamedSharding`` whose axes divide the shapes."""
+  total = 0
+  for leaf, sharding in zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(shardings)):
+    shape = sharding.shard_shape(tuple(leaf.shape))
+    total += math.prod(shape) * jnp.dtype(leaf.dtype).itemsize
+  return total
+
+
+__all__ = ["BATCH", "DATA", "EMBED", "HEADS", "KV_HEADS", "MESH_AXES", "MLP", "MODEL", "PARAM_AXES",
+           "REPLICATED", "RULES", "TENSOR_PARALLEL", "VOCAB", "ShardedAttention", "ShardingPlan",
+           "bytes_per_device", "check_mesh", "check_rows", "logical_sizes", "make_mesh", "parse_mesh",
+           "plan", "put", "resolve_mesh", "shard_params", "state_shardings", "to_host"]
