@@ -1,10 +1,11 @@
 """BASS on a jax.sharding mesh, on 8 host (CPU) devices; run by tests/test_sharding.py in a child process
 with ``XLA_FLAGS=--xla_force_host_platform_device_count=8``, so that the rest of the suite keeps one.
 
-For a tiny random model of every family on meshes (8, 1), (2, 4) and (1, 8): greedy BASS emits exactly
-the tokens of one device, and the compiled decode lays its caches out as the rule tables say (split by
-KV head where the heads divide, replicated where they do not); regular decoding on (2, 4) emits one
-device's tokens. Sampled BASS (Llama family) emits the same tokens on every mesh as on one device. The
+For a tiny random model of every family on meshes (2, 4) and (1, 8) (and (8, 1), rows only, for the
+Llama family): greedy BASS emits exactly the tokens of one device's greedy decoding, and the compiled
+decode lays its caches out as the rule tables say (split by KV head where the heads divide, replicated
+where they do not); regular decoding on (2, 4) emits one device's tokens. Sampled BASS (Llama family)
+emits the same tokens on every mesh. The
 real SmolLM2 (9 query and 3 key/value heads) on a (2, 3) mesh: loaded straight onto its shards, and
 greedy BASS and regular decoding emit one device's tokens. Weights lie where the tables say, read from
 the arrays' own ``.sharding`` (the expected layouts are written out here by hand, not derived from
@@ -81,20 +82,24 @@ def _decode_program(mesh):
 
 @pytest.fixture(scope="module", params=sorted(_configs()))
 def family(request):
+  """A family's tiny pair, prompts, and one device's regular greedy decoding of them (which greedy
+  BASS reproduces: tests/test_families.py, tests/test_generate.py)."""
   target, draft = _pair(request.param)
   prompts = _prompts()
-  greedy = {method: bj.generate(target, draft, prompts, method=method, max_new_tokens=12)
-            for method in ("bass", "regular")}
-  return request.param, target, draft, prompts, greedy
+  return request.param, target, draft, prompts, bj.generate(target, None, prompts, method="regular",
+                                                             max_new_tokens=12)
 
 
-@pytest.mark.parametrize("shape", MESHES)
+# (8, 1) splits rows only, the family-independent part: the Llama family runs it, every family the
+# meshes that split its weights.
+@pytest.mark.parametrize("family,shape", [(f, m) for f in sorted(_configs()) for m in MESHES
+                                          if f == "llama" or m[1] > 1], indirect=["family"])
 def test_greedy_bass_on_a_mesh_emits_the_single_device_tokens_with_caches_split_by_rule(family,
                                                                                         shape):
-  name, target, draft, prompts, greedy = family
+  name, target, draft, prompts, single = family
   mesh = sharding.make_mesh(*shape)
   out = bj.generate(target, draft, prompts, max_new_tokens=12, mesh=mesh)
-  np.testing.assert_array_equal(out.tokens, greedy["bass"].tokens)
+  np.testing.assert_array_equal(out.tokens, single.tokens)
   assert out.stats.mesh == {"data": shape[0], "model": shape[1]}
   assert out.stats.batch_bucket % shape[0] == 0  # 5 prompts padded to rows that split over data
   # The compiled decode's own output layout: caches by row, and by KV head where the heads divide.
@@ -111,24 +116,24 @@ def test_greedy_bass_on_a_mesh_emits_the_single_device_tokens_with_caches_split_
 
 
 def test_regular_decoding_on_a_mesh_emits_the_single_device_tokens(family):
-  _, target, _, prompts, greedy = family
+  _, target, _, prompts, single = family
   out = bj.generate(target, None, prompts, method="regular", max_new_tokens=12,
                     mesh=sharding.make_mesh(2, 4))
-  np.testing.assert_array_equal(out.tokens, greedy["regular"].tokens)
-  np.testing.assert_allclose(out.logprobs, greedy["regular"].logprobs, atol=1e-4)
+  np.testing.assert_array_equal(out.tokens, single.tokens)
+  np.testing.assert_allclose(out.logprobs, single.logprobs, atol=1e-4)
 
 
 def test_sampled_tokens_do_not_depend_on_the_mesh():
   target, draft = _pair("llama")
   prompts = _prompts(4, seed=1)
   kwargs = dict(max_new_tokens=12, temperature=1.0, top_p=0.9, seed=123)
-  single = bj.generate(target, draft, prompts, **kwargs)
-  for shape in MESHES:
+  rows_only = bj.generate(target, draft, prompts, mesh=sharding.make_mesh(8, 1), **kwargs)
+  for shape in MESHES[1:]:
     out = bj.generate(target, draft, prompts, mesh=sharding.make_mesh(*shape), **kwargs)
-    np.testing.assert_array_equal(out.tokens, single.tokens, err_msg=f"mesh {shape}")
+    np.testing.assert_array_equal(out.tokens, rows_only.tokens, err_msg=f"mesh {shape}")
   other_seed = bj.generate(target, draft, prompts, mesh=sharding.make_mesh(1, 8),
                            **{**kwargs, "seed": 124})
-  assert not np.array_equal(other_seed.tokens, single.tokens)  # the seed matters, the mesh does not
+  assert not np.array_equal(other_seed.tokens, rows_only.tokens)  # the seed matters, the mesh not
 
 
 def test_the_pallas_kernel_runs_per_shard():
@@ -219,9 +224,9 @@ def test_smollm2_greedy_on_a_mesh_of_model_3(smollm2_on_mesh):
   """Greedy BASS (the shipped draft, replicated) and regular decoding on (2, 3) both emit one device's
   regular greedy tokens."""
   mesh, target = smollm2_on_mesh
-  single = bj.load_model("smollm2-135m-instruct")
+  single = bj.Model(target.config, jax.device_put(target.params, jax.devices()[0]), target.tokenizer)
   draft = bj.load_model("smollm2-135m-draft")
-  prompts = [single.tokenizer(p).input_ids for p in
+  prompts = [target.tokenizer(p).input_ids for p in
              ("def fibonacci(n):", "import os\n\ndef list_python_files(root):",
               "class Stack:\n    def push(self, item):")]
   want = bj.generate(single, None, prompts, method="regular", max_new_tokens=16).tokens
