@@ -135,17 +135,16 @@ def test_run_problems_rejects_an_empty_batch(target):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("draft_layers", [4, 26])
-def test_smollm2_greedy_bass_equals_regular(smollm2, smollm2_greedy, draft_layers):
-  """Real target, prompts of different lengths, placeholder drafts (the target's first layers) under
-  Algorithm 1 (the other proposers and policies: test_proposers; the shipped draft: test_shipped_draft)."""
+def test_smollm2_greedy_bass_equals_regular(smollm2, smollm2_greedy):
+  """Real target, prompts of different lengths, the 4-layer placeholder draft (the target's first
+  layers) under Algorithm 1. A draft that is accepted often runs in test_shipped_draft (the shipped
+  draft, whose acceptances and rejections both occur); the other proposers and policies in
+  test_proposers."""
   prompts, regular = smollm2_greedy
-  bass = bj.generate(smollm2, smollm2.with_first_layers(draft_layers), prompts, method="bass",
+  bass = bj.generate(smollm2, smollm2.with_first_layers(4), prompts, method="bass",
                      max_new_tokens=32, draft_len="dynamic")
   rate = assert_lossless(smollm2, prompts, regular, bass)
   assert rate >= 0.9, f"exact-match rate {rate:.3f}"
-  if draft_layers == 26:  # a draft close enough to accept sometimes: both paths ran
-    assert (bass.stats.accepted > 0).any() and (bass.stats.accepted == 0).any()
 
 
 def test_calls_within_the_same_buckets_share_programs(target):

@@ -60,6 +60,8 @@ def test_shipped_draft_is_lossless_and_accepted_in_bass(draft, smollm2, smollm2_
   assert_lossless(smollm2, prompts, regular, bass)
   accepted = metrics.acceptance(bass.stats.draft_lens, bass.stats.accepted).mean_accepted_length
   assert accepted > 1.5, f"mean accepted length {accepted:.2f} at draft length 4"
+  # Both paths ran on the real target: rows that accepted drafts and rows that rejected the first one.
+  assert (bass.stats.accepted > 0).any() and (bass.stats.accepted == 0).any()
 
 
 # -- the EAGLE feature draft --------------------------------------------------------------------------

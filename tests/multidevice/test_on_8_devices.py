@@ -136,6 +136,22 @@ def test_sampled_tokens_do_not_depend_on_the_mesh():
   assert not np.array_equal(other_seed.tokens, rows_only.tokens)  # the seed matters, the mesh not
 
 
+def test_an_eagle_draft_on_a_mesh_emits_the_single_device_tokens():
+  """The feature buffer split by row, the EAGLE draft (its layer, the target's embedding and head
+  rows) replicated over model."""
+  from bass_jax.models import eagle  # pylint: disable=g-import-not-at-top
+
+  target, _ = _pair("llama")
+  config = eagle.EagleConfig(layer=target.config, draft_vocab_size=64)
+  params = {"draft": eagle.init_draft_params(config, jax.random.key(3)),
+            "vocab_ids": np.random.default_rng(0).permutation(VOCAB).astype(np.int32)}
+  draft = bj.Model(config, params, name="tiny-eagle")
+  prompts = _prompts(3, seed=6)
+  single = bj.generate(target, None, prompts, method="regular", max_new_tokens=10)
+  out = bj.generate(target, draft, prompts, max_new_tokens=10, mesh=sharding.make_mesh(2, 4))
+  np.testing.assert_array_equal(out.tokens, single.tokens)
+
+
 def test_the_pallas_kernel_runs_per_shard():
   target, draft = _pair("llama")
   prompts = _prompts(4, seed=3)
