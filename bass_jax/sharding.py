@@ -240,12 +240,14 @@ class ShardingPlan:
     axes: logical axis -> mesh axis (or None), after divisibility.
     replicated: logical axes the rules split but whose size the mesh axis does not divide, so they are
       replicated instead (e.g. ``("kv_heads",)`` for 3 KV heads on a model axis of 2).
+    sizes: the model's :func:`logical_sizes`, against which every parameter's dimensions are checked.
   """
 
   mesh: Mesh
   model_type: str
   axes: tuple[tuple[str, str | None], ...]
   replicated: tuple[str, ...] = ()
+  sizes: tuple[tuple[str, int], ...] = ()
 
   def mesh_axis(self, logical: str | None) -> str | None:
     return dict(self.axes).get(logical) if logical else None
@@ -256,10 +258,6 @@ class ShardingPlan:
 
   def sharding(self, *logical: str | None) -> NamedSharding:
     return NamedSharding(self.mesh, self.spec(*logical))
-
-  @property
-  def data_size(self) -> int:
-    return self.mesh.shape[DATA]
 
   @property
   def kv_sharded(self) -> bool:
@@ -283,9 +281,12 @@ class ShardingPlan:
     """Every parameter's logical axes from the family table.
 
     Raises:
-      ValueError: a parameter no rule matches, or one whose rank its rule does not fit (names it).
+      ValueError: a parameter no rule matches, or one whose shape its rule does not fit: another rank,
+      or a dimension of a sized axis (``heads``, ``kv_heads``, ``mlp``, ``vocab``) that is not that
+      size (``mlp``, ``vocab``) or a multiple of it (heads times head dim). Names it.
     """
     table = PARAM_AXES[self.model_type]
+    sizes = dict(self.sizes)
     out = {}
     for path, leaf in flax.traverse_util.flatten_dict(dict(params)).items():
       name = "/".join(path)
@@ -293,8 +294,11 @@ class ShardingPlan:
       if axes is None:
         raise ValueError(f"no sharding rule for parameter {name!r} of a {self.model_type} model; add "
                          f"one to bass_jax.sharding.PARAM_AXES[{self.model_type!r}]")
-      if len(axes) != len(leaf.shape):
-        raise ValueError(f"sharding rule {axes} for {name!r} does not fit its shape {leaf.shape}")
+      exact = lambda axis, dim: dim == sizes[axis] if axis in (MLP, VOCAB) else dim % sizes[axis] == 0
+      if len(axes) != len(leaf.shape) or not all(
+          exact(axis, dim) for axis, dim in zip(axes, leaf.shape) if axis in sizes):
+        raise ValueError(f"sharding rule {axes} for {name!r} does not fit its shape {leaf.shape} "
+                         f"(sizes {sizes})")
       out[path] = axes
     return out
 
@@ -310,14 +314,18 @@ class ShardingPlan:
     return f"mesh {dict(self.mesh.shape)}: {split or 'all replicated'}{note}"
 
 
-def plan(config: Any, mesh: Mesh, rules: str | Rules = "tensor_parallel") -> ShardingPlan:
+def plan(config: Any, mesh: Mesh, rules: str | Rules = "tensor_parallel", *,
+         name: str = "the model") -> ShardingPlan:
   """Resolves ``rules`` for a model of ``config`` on ``mesh``.
 
   Args:
     config: a family config (or an ``EagleConfig``).
     mesh: a ``("data", "model")`` mesh (:func:`check_mesh`).
     rules: ``"tensor_parallel"`` (:data:`TENSOR_PARALLEL`), ``"replicated"`` (:data:`REPLICATED`), or
-      a tuple of ``(logical axis, mesh axis or None)`` pairs.
+      a tuple of ``(logical axis, mesh axis or None)`` pairs. Only the sized axes (``heads``,
+      ``kv_heads``, ``mlp``, ``vocab``) fall back to replication when the mesh axis does not divide
+      them; a rule that splits another axis must divide it.
+    name: what the model is, for error messages (``generate`` says "the target" or "the draft").
 
   Raises:
     ValueError: an unknown rule name or mesh axis; a family without a table; a ``model`` axis larger
@@ -333,8 +341,6 @@ def plan(config: Any, mesh: Mesh, rules: str | Rules = "tensor_parallel") -> Sha
   for logical, axis in rules:
     if axis not in (*MESH_AXES, None):
       raise ValueError(f"sharding rule {logical!r} -> {axis!r}: the mesh axes are {MESH_AXES}")
-  if config.model_type not in PARAM_AXES:
-    raise ValueError(f"no sharding rules for model_type {config.model_type!r}")
   sizes = logical_sizes(config)
   resolved, replicated = [], []
   for logical, axis in rules:
@@ -348,11 +354,21 @@ def plan(config: Any, mesh: Mesh, rules: str | Rules = "tensor_parallel") -> Sha
   if model > 1 and wanted & {HEADS, MLP} and not {HEADS, MLP} & {a for a, m in resolved if m}:
     raise ValueError(
         f"a model axis of {model} divides neither the {sizes[HEADS]} attention heads nor the MLP's "
-        f"{sizes[MLP]} hidden units of this {config.model_type} model, so it would split nothing of "
+        f"{sizes[MLP]} hidden units of {name} ({config.model_type}), so it would split nothing of "
         f"its layers; choose a model axis size that divides {sizes[HEADS]} or {sizes[MLP]}, and give "
         "the other devices to 'data'")
   return ShardingPlan(mesh=mesh, model_type=config.model_type, axes=tuple(resolved),
-                      replicated=tuple(replicated))
+                      replicated=tuple(replicated), sizes=tuple(sorted(sizes.items())))
+
+
+def mesh_of(params: Any) -> Mesh | None:
+  """The ``("data", "model")`` mesh a parameter tree lies on (``load_model(..., mesh=...)``), or None
+  for weights on one device or on the host."""
+  leaves = jax.tree_util.tree_leaves(params)
+  where = getattr(leaves[0], "sharding", None) if leaves else None
+  if isinstance(where, NamedSharding) and set(where.mesh.axis_names) == set(MESH_AXES):
+    return check_mesh(where.mesh)
+  return None
 
 
 def check_rows(batch: int, mesh: Mesh, what: str = "the batch") -> None:
@@ -477,4 +493,4 @@ def bytes_per_device(tree: Any, shardings: Any) -> int:
 __all__ = ["BATCH", "DATA", "EMBED", "HEADS", "KV_HEADS", "MESH_AXES", "MLP", "MODEL", "PARAM_AXES",
            "REPLICATED", "RULES", "TENSOR_PARALLEL", "VOCAB", "ShardedAttention", "ShardingPlan",
            "bytes_per_device", "check_mesh", "check_rows", "logical_sizes", "make_mesh", "parse_mesh",
-           "plan", "put", "resolve_mesh", "shard_params", "state_shardings", "to_host"]
+           "mesh_of", "plan", "put", "resolve_mesh", "shard_params", "state_shardings", "to_host"]

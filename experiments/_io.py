@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import pathlib
+import sys
 import tempfile
 from typing import Any, Iterable
 
@@ -242,7 +243,10 @@ def init_script() -> None:
 
 
 def is_primary() -> bool:
-  """Whether this process writes outputs: the only one, or process 0 of a multi-process run."""
+  """Whether this process writes outputs: the only one, or process 0 of a multi-process run (however
+  ``jax.distributed`` was initialized, once JAX is in use)."""
+  if "jax" in sys.modules:
+    return sys.modules["jax"].process_index() == 0
   return not PROCESS_ID.value
 
 

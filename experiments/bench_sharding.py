@@ -36,6 +36,8 @@ _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs per setting (median re
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  if _io.MESH.value:
+    raise app.UsageError("--mesh does not apply: this script builds its own meshes (--meshes)")
   if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                f" --xla_force_host_platform_device_count={_HOST_DEVICES.value}")

@@ -166,11 +166,11 @@ def to_flax(
           raise CheckpointError(
               f"{where}: tensor {name} converts to shape {part.shape}, but the model's "
               f"{'/'.join(target)} needs {want}")
-        where = getattr(expected_flat[target], "sharding", None)
-        if where is None:
+        placement = getattr(expected_flat[target], "sharding", None)
+        if placement is None:
           out[target] = jax.numpy.asarray(part, dtype=dtype)
         else:
-          out[target] = sharding_lib.put(part.astype(jax.numpy.dtype(dtype)), where)
+          out[target] = sharding_lib.put(part.astype(jax.numpy.dtype(dtype)), placement)
     used.update(names)
   unfilled = sorted("/".join(p) for p in expected_flat if p not in out)
   if unfilled:

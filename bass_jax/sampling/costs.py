@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bass_jax.models.common import forward
 from bass_jax.sampling.draft_len import StepCosts
@@ -74,7 +75,7 @@ def half_full_cache(config, batch: int, cache_len: int, dtype: str):
 
 
 def time_forward(config, dtype: str, attention_impl: str, params, batch: int, positions: int,
-                 cache_len: int) -> float:
+                 cache_len: int, sharding: Any = None) -> float:
   """Median wall seconds of one jitted ``[batch, positions]`` forward over a cache half full.
 
   Args:
@@ -82,12 +83,14 @@ def time_forward(config, dtype: str, attention_impl: str, params, batch: int, po
       ``models.common.forward``. params: its weights.
     batch: rows. positions: tokens scored per row. cache_len: cache slots per row (``cache_len // 2``
       already filled, so attention reads a realistic length).
+    sharding: the model's ``bass_jax.sharding.ShardingPlan`` on a mesh (timed as the decode runs it).
 
   Returns:
     Seconds, the median of 5 timed calls after one compiling call (compilation excluded).
   """
   def run(params, tokens, cache):
-    return forward(config, params, tokens, cache, dtype=dtype, attention_impl=attention_impl)
+    return forward(config, params, tokens, cache, dtype=dtype, attention_impl=attention_impl,
+                   sharding=sharding)
 
   return time_cached_forward(run, params, half_full_cache(config, batch, cache_len, dtype), positions)
 
@@ -104,15 +107,22 @@ def measure_step_costs(spec, target_params: Any, draft_params: Any, batch: int) 
     Seconds per piece of a step (:class:`StepCosts`), on this machine.
   """
   key = (spec.target, spec.target_dtype, spec.attention_impl, spec.proposer, batch, spec.cache_len,
-         spec.verify_chunk, spec.max_draft)
+         spec.verify_chunk, spec.max_draft, spec.target_sharding)
   with _LOCK:
     if key in _CACHE:
       return _CACHE[key]
   target = functools.partial(time_forward, spec.target, spec.target_dtype, spec.attention_impl,
-                             target_params, batch, cache_len=spec.cache_len)
+                             target_params, batch, cache_len=spec.cache_len,
+                             sharding=spec.target_sharding)
   first, nxt = spec.proposer.forward_costs(draft_params, batch, spec.cache_len, spec.max_draft)
-  costs = StepCosts(plain=target(positions=1), verify_pass=target(positions=spec.verify_chunk),
-                    propose_first=first, propose_next=nxt, chunk=spec.verify_chunk)
+  seconds = np.array([target(positions=1), target(positions=spec.verify_chunk), first, nxt])
+  if jax.process_count() > 1:  # every process decides draft lengths from process 0's timings
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+    seconds = np.asarray(multihost_utils.broadcast_one_to_all(seconds))
+  costs = StepCosts(plain=float(seconds[0]), verify_pass=float(seconds[1]),
+                    propose_first=float(seconds[2]), propose_next=float(seconds[3]),
+                    chunk=spec.verify_chunk)
   with _LOCK:
     _CACHE[key] = costs
   return costs

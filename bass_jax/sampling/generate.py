@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import os
 import threading
@@ -149,8 +150,8 @@ def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any =
                   draft_sharding: str = "replicated") -> tuple[Proposer, Any, list[Model]]:
   """``(proposer, its weights, its models)`` from what :func:`generate` accepts as ``draft``.
 
-  With a ``mesh``, a draft model's weights are placed by the rules ``draft_sharding`` names
-  (``bass_jax.sharding.RULES``) and its proposer carries that plan.
+  With a ``mesh``, the proposer of a draft model carries the plan of the rules ``draft_sharding`` names
+  (``bass_jax.sharding.RULES``); ``generate`` places the weights by it.
 
   Raises:
     ValueError: anything else, or a draft model whose tokenizer differs from the target's; sharding
@@ -162,14 +163,13 @@ def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any =
       raise ValueError(f"a draft model must be a bass_jax.Model, got {type(model).__name__}")
     check_same_tokenizer(target, model)
     dtype = jnp.dtype(model.dtype).name
-    plan = None if mesh is None else sharding_lib.plan(model.config, mesh, draft_sharding)
+    plan = None if mesh is None else sharding_lib.plan(model.config, mesh, draft_sharding,
+                                                        name="the draft")
     if isinstance(model.config, eagle.EagleConfig):
       params = eagle.bind(model.params["draft"], model.params["vocab_ids"], target.config,
                           target.params, model.config.draft_vocab_size)
-      proposer, params = EagleProposer(model.config, dtype, attention_impl, sharding=plan), params
-    else:
-      proposer, params = ModelProposer(model.config, dtype, attention_impl, sharding=plan), model.params
-    return proposer, params if plan is None else sharding_lib.shard_params(params, plan)
+      return EagleProposer(model.config, dtype, attention_impl, sharding=plan), params
+    return ModelProposer(model.config, dtype, attention_impl, sharding=plan), model.params
 
   if isinstance(draft, Model):
     proposer, params = model_proposer(draft)
@@ -375,22 +375,27 @@ def _compiled(spec: loop.DecodeSpec, args_prefill: tuple, args_decode_tail: tupl
   GIL), so a first call waits for the slower of the two, not for both. On a mesh both programs return
   the state laid out by ``loop.state_shardings``, and the decode takes it so.
   """
-  shapes = jax.tree_util.tree_map(lambda x: (x.shape, str(x.dtype)), (args_prefill, args_decode_tail))
+  # An executable takes its inputs in one layout: where they lie is part of the key.
+  shapes = jax.tree_util.tree_map(lambda x: (x.shape, str(x.dtype), str(getattr(x, "sharding", ""))),
+                                  (args_prefill, args_decode_tail))
   key = (spec, str(shapes))
   cached = _PROGRAMS.get(key)
   if cached is not None:
     return cached, 0.0
   start = time.perf_counter()
-  state_shape = jax.eval_shape(lambda *a: loop.prefill(spec, *a), *args_prefill)
-  placed = {}
-  if spec.target_sharding is not None:
-    shardings = loop.state_shardings(spec, state_shape)
-    placed = {"out_shardings": shardings}
-    state_shape = jax.tree_util.tree_map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state_shape, shardings)
-  prefill = jax.jit(loop.prefill, static_argnums=0, **placed).lower(spec, *args_prefill)
-  decode = jax.jit(loop.decode, static_argnums=0, donate_argnums=1, **placed).lower(
-      spec, state_shape, *args_decode_tail)
+  mesh = None if spec.target_sharding is None else spec.target_sharding.mesh
+  # Traced under the decode's own mesh (Auto axes), whatever mesh the caller set with jax.set_mesh.
+  with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
+    state_shape = jax.eval_shape(lambda *a: loop.prefill(spec, *a), *args_prefill)
+    placed = {}
+    if mesh is not None:
+      shardings = loop.state_shardings(spec, state_shape)
+      placed = {"out_shardings": shardings}
+      state_shape = jax.tree_util.tree_map(
+          lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state_shape, shardings)
+    prefill = jax.jit(loop.prefill, static_argnums=0, **placed).lower(spec, *args_prefill)
+    decode = jax.jit(loop.decode, static_argnums=0, donate_argnums=1, **placed).lower(
+        spec, state_shape, *args_decode_tail)
   with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
     programs = tuple(pool.map(lambda lowered: lowered.compile(), (prefill, decode)))
   _PROGRAMS.put(key, programs)
@@ -459,7 +464,10 @@ def generate(
       caches split by KV head where the head count allows. None takes the mesh set with
       ``jax.set_mesh`` if it has those axes, else one device. The tokens do not depend on the mesh:
       the same seed gives the same tokens on every mesh shape (``jax_threefry_partitionable``), up to
-      float near-ties, since split sums add in another order.
+      float near-ties, since split sums add in another order. A target loaded with
+      ``load_model(..., mesh=m)`` runs on ``m`` when no mesh is given or set. Weights laid out
+      otherwise than the rules say (another mesh, a draft loaded tensor-parallel) are copied into
+      place on every call: load them as they run.
     draft_sharding: how a draft model lies on the mesh: ``"replicated"`` (whole on every device, its
       rows split over ``data``: no communication in drafting; docs/scaling.md measures the choice) or
       ``"tensor_parallel"`` (like the target).
@@ -487,17 +495,16 @@ def generate(
     raise ValueError(f"attention_impl must be a name, one of {attention_lib.attention_implementations()}")
   attention_lib.get_attention(attention_impl)  # raises for an unknown name
   bass = method == "bass"
-  mesh = sharding_lib.resolve_mesh(mesh)
-  target_plan, target_params = None, target.params
+  mesh = sharding_lib.resolve_mesh(mesh) or sharding_lib.mesh_of(target.params)
+  if draft_sharding not in sharding_lib.RULES:
+    raise ValueError(f"draft_sharding must be one of {sorted(sharding_lib.RULES)}, got "
+                     f"{draft_sharding!r}")
+  target_plan = None
   if mesh is not None:
     if not jax.config.jax_threefry_partitionable:
       raise ValueError("generate on a mesh needs jax.config.update('jax_threefry_partitionable', True) "
                        "(JAX's default), so that random draws do not depend on how arrays are split")
-    if draft_sharding not in sharding_lib.RULES:
-      raise ValueError(f"draft_sharding must be one of {sorted(sharding_lib.RULES)}, got "
-                       f"{draft_sharding!r}")
-    target_plan = sharding_lib.plan(target.config, mesh, "tensor_parallel")
-    target_params = sharding_lib.shard_params(target.params, target_plan)
+    target_plan = sharding_lib.plan(target.config, mesh, "tensor_parallel", name="the target")
   proposer, draft_params, draft_models = None, None, []
   if bass:
     if draft is None:
@@ -549,6 +556,11 @@ def generate(
   prompt_len[:batch] = lengths
   eos_array = np.full(_MAX_EOS_IDS, -1, np.int32)
   eos_array[:len(eos_ids)] = eos_ids
+  target_params = target.params
+  if mesh is not None:  # after every check: a bad argument copies no weights
+    target_params = sharding_lib.shard_params(target_params, target_plan)
+    if draft_params is not None:
+      draft_params = sharding_lib.shard_params(draft_params, proposer.sharding)
   step_costs = None
   if isinstance(policy, GoodputDraftLen):
     step_costs = policy.costs or costs_lib.measure_step_costs(spec, target_params, draft_params, rows)

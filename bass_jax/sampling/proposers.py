@@ -244,7 +244,7 @@ class ModelProposer(Proposer):
   def forward_costs(self, params, batch, cache_len, max_len):
     del max_len
     forward = functools.partial(costs.time_forward, self.config, self.dtype, self.attention_impl,
-                                params, batch, cache_len=cache_len)
+                                params, batch, cache_len=cache_len, sharding=self.sharding)
     return forward(positions=2), forward(positions=1)
 
   def init_state(self, params, prompts, prompt_len, *, cache_len, max_len, features=None):

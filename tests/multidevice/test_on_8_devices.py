@@ -152,6 +152,26 @@ def test_an_eagle_draft_on_a_mesh_emits_the_single_device_tokens():
   np.testing.assert_array_equal(out.tokens, single.tokens)
 
 
+def test_a_context_mesh_or_the_weights_mesh_is_used_and_a_tensor_parallel_hybrid_draft_runs():
+  """generate(mesh=None) takes the mesh set with jax.set_mesh (here an Explicit one, as jax.make_mesh
+  makes it), else the mesh the target's weights lie on; the n-gram + draft hybrid with the draft
+  tensor-parallel emits one device's tokens."""
+  target, draft = _pair("llama")
+  prompts = _prompts(4, seed=7)
+  single = bj.generate(target, None, prompts, method="regular", max_new_tokens=10)
+  with jax.set_mesh(jax.make_mesh((2, 4), ("data", "model"))):
+    out = bj.generate(target, bj.Hybrid(draft), prompts, max_new_tokens=10,
+                      draft_sharding="tensor_parallel")
+  np.testing.assert_array_equal(out.tokens, single.tokens)
+  assert out.stats.mesh == {"data": 2, "model": 4}
+  mesh = sharding.make_mesh(4, 2)
+  placed = bj.Model(target.config, sharding.shard_params(target.params,
+                                                         sharding.plan(target.config, mesh)))
+  out = bj.generate(placed, None, prompts, method="regular", max_new_tokens=10)
+  np.testing.assert_array_equal(out.tokens, single.tokens)
+  assert out.stats.mesh == {"data": 4, "model": 2}
+
+
 def test_the_pallas_kernel_runs_per_shard():
   target, draft = _pair("llama")
   prompts = _prompts(4, seed=3)
@@ -261,6 +281,11 @@ def test_a_mesh_without_data_and_model_axes_is_refused():
     bj.generate(target, draft, _prompts(2), max_new_tokens=4, mesh=bad)
   with pytest.raises(ValueError, match="jax.sharding.Mesh"):
     bj.generate(target, draft, _prompts(2), max_new_tokens=4, mesh=(2, 4))
+  # Axes in the other order are accepted, the device grid transposed with them.
+  swapped = Mesh(np.array(jax.devices()).reshape(4, 2), ("model", "data"))
+  checked = sharding.check_mesh(swapped)
+  assert checked.shape == {"data": 2, "model": 4}
+  np.testing.assert_array_equal(checked.devices, swapped.devices.T)
 
 
 def test_a_model_axis_that_divides_neither_heads_nor_mlp_is_refused():
