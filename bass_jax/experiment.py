@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from bass_jax import _checks, humaneval, metrics, sharding, text
+from bass_jax import _checks, humaneval, metrics, text
 from bass_jax.data import Problem
 from bass_jax.loading import Model
 from bass_jax.sampling.generate import generate
@@ -248,17 +248,11 @@ def run_problems(
       "attention_impl": attention_impl,
       "verify_chunk": verify_chunk or "default",
       "device": f"{device.platform}:{device.device_kind}",
-      "mesh": _mesh_description(),
+      "mesh": stats.mesh or None,  # the mesh generate ran on (None: one device)
       "processes": jax.process_count(),
       "jax_version": jax.__version__,
   }
   return RunResult(records, summary)
-
-
-def _mesh_description() -> dict[str, int] | None:
-  """The ``{"data": d, "model": m}`` mesh ``generate`` runs on when none is passed (None: one device)."""
-  mesh = sharding.resolve_mesh(None)
-  return None if mesh is None else dict(mesh.shape)
 
 
 def format_summary(summary: dict[str, Any]) -> str:

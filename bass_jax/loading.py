@@ -202,6 +202,8 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
     num_layers = _checks.as_int("num_layers", num_layers, min_value=1)
   tokenizer = _checks.as_bool("tokenizer", tokenizer)
   name = str(spec)
+  if sharding not in sharding_lib.RULES:
+    raise ValueError(f"sharding must be one of {sorted(sharding_lib.RULES)}, got {sharding!r}")
   mesh = sharding_lib.resolve_mesh(mesh)
 
   def expected(config):  # the abstract parameters, each with its shards' layout on a mesh

@@ -4,8 +4,9 @@
 A mesh has two named axes (``jax.make_mesh((2, 4), ("data", "model"))``):
 
 * ``"data"`` splits the B rows of a decode: tokens, lengths, the decode state and every KV cache. Rows
-  never talk to each other inside a step (each accepts its own drafts), so data parallelism costs no
-  communication until the host reads the results.
+  do not depend on each other inside a step (each accepts its own drafts), so data parallelism
+  communicates only where the loop looks at every row (its stopping test, the draft-length policy, the
+  histories) and when the host reads the results.
 * ``"model"`` splits each weight matrix Megatron-style (Shoeybi et al. 2019, §3): the query, key and value
   projections and the MLP's up/gate projections by output columns (heads, hidden units), the attention
   and MLP output projections by input rows, followed by one all-reduce each; the embedding and LM head
@@ -29,6 +30,7 @@ attention over the cache, the one part written as a kernel, runs per shard under
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from typing import Any, Iterable
@@ -120,6 +122,12 @@ PARAM_AXES: dict[str, tuple[tuple[str, tuple[str | None, ...]], ...]] = {
     "llama": _LLAMA, "qwen2": _LLAMA, "mistral": _LLAMA, "opt": _OPT, "codegen": _CODEGEN,
     "gpt2": _GPT2, "bass_eagle": _EAGLE,
 }
+
+
+@functools.lru_cache(maxsize=4096)
+def _rule(model_type: str, name: str) -> tuple[str | None, ...] | None:
+  """The logical axes of parameter ``name`` from the family's table (the first rule matching it)."""
+  return next((axes for pattern, axes in PARAM_AXES[model_type] if re.fullmatch(pattern, name)), None)
 
 
 def logical_sizes(config: Any) -> dict[str, int]:
@@ -285,12 +293,11 @@ class ShardingPlan:
       or a dimension of a sized axis (``heads``, ``kv_heads``, ``mlp``, ``vocab``) that is not that
       size (``mlp``, ``vocab``) or a multiple of it (heads times head dim). Names it.
     """
-    table = PARAM_AXES[self.model_type]
     sizes = dict(self.sizes)
     out = {}
     for path, leaf in flax.traverse_util.flatten_dict(dict(params)).items():
       name = "/".join(path)
-      axes = next((a for pattern, a in table if re.fullmatch(pattern, name)), None)
+      axes = _rule(self.model_type, name)
       if axes is None:
         raise ValueError(f"no sharding rule for parameter {name!r} of a {self.model_type} model; add "
                          f"one to bass_jax.sharding.PARAM_AXES[{self.model_type!r}]")
@@ -306,12 +313,6 @@ class ShardingPlan:
     """A tree like ``params`` (arrays or ``ShapeDtypeStruct``) of ``NamedSharding``."""
     flat = {path: self.sharding(*axes) for path, axes in self.param_axes(params).items()}
     return flax.traverse_util.unflatten_dict(flat)
-
-  def describe(self) -> str:
-    """One line for logs and results: which logical axes lie on which mesh axis."""
-    split = ", ".join(f"{a}->{m}" for a, m in self.axes if m)
-    note = f"; replicated (size not divisible): {', '.join(self.replicated)}" if self.replicated else ""
-    return f"mesh {dict(self.mesh.shape)}: {split or 'all replicated'}{note}"
 
 
 def plan(config: Any, mesh: Mesh, rules: str | Rules = "tensor_parallel", *,
@@ -451,29 +452,25 @@ class ShardedAttention:
   impl: str
   plan: ShardingPlan
 
-  def __call__(self, q, k, v, k_cache, v_cache, cache_lengths, **kwargs):
-    """``q [B, T, N, H]``, new ``k, v [B, T, K, H]``, caches ``[B, K, S, H]``, ``cache_lengths i32[B]``
-    -> ``(out [B, T, N, H], k_cache, v_cache)`` as ``common.cached_attention`` returns them.
+  def per_shard(self, write_and_attend):
+    """``write_and_attend`` (``common.cached_attention``'s: ``(q [B, T, N, H], k, v [B, T, K, H],
+    k_cache, v_cache [B, K, S, H], cache_lengths i32[B]) -> (out [B, T, N, H], k_cache, v_cache)``)
+    run on every device over its own rows, and heads where the plan splits them.
 
-    Raises:
-      ValueError: B not divisible by the data axis (from :func:`check_rows`).
+    The returned function raises ValueError when B does not split over the data axis
+    (:func:`check_rows`).
     """
-    from bass_jax.cache import write_entries  # pylint: disable=g-import-not-at-top
-    from bass_jax.models import attention as attention_lib  # pylint: disable=g-import-not-at-top
-
-    check_rows(q.shape[0], self.plan.mesh, "the attention's batch")
-    attend = attention_lib.get_attention(self.impl)
-
-    def local(q, k, v, k_cache, v_cache, cache_lengths):
-      k_cache = write_entries(k_cache, k, cache_lengths)
-      v_cache = write_entries(v_cache, v, cache_lengths)
-      return attend(q, k_cache, v_cache, cache_lengths + q.shape[1], **kwargs), k_cache, v_cache
-
     heads = MODEL if self.plan.kv_sharded else None
     tokens, cache = P(DATA, None, heads, None), P(DATA, heads, None, None)
-    return jax.shard_map(local, mesh=self.plan.mesh, in_specs=(tokens, tokens, tokens, cache, cache, P(DATA)),
-                         out_specs=(tokens, cache, cache), check_vma=False)(
-                             q, k, v, k_cache, v_cache, cache_lengths)
+    mapped = jax.shard_map(write_and_attend, mesh=self.plan.mesh,
+                           in_specs=(tokens, tokens, tokens, cache, cache, P(DATA)),
+                           out_specs=(tokens, cache, cache), check_vma=False)
+
+    def run(q, k, v, k_cache, v_cache, cache_lengths):
+      check_rows(q.shape[0], self.plan.mesh, "the attention's batch")
+      return mapped(q, k, v, k_cache, v_cache, cache_lengths)
+
+    return run
 
 
 # -- memory ---------------------------------------------------------------------------------------------

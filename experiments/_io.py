@@ -242,6 +242,31 @@ def init_script() -> None:
       jax.set_mesh(sharding.make_mesh(*sharding.parse_mesh(MESH.value)))
 
 
+def init_mesh_script(host_devices: int, meshes: Iterable[str]) -> list[tuple[int, int]]:
+  """:func:`init_script` for a script that builds its own meshes (``--meshes``): ``--mesh`` is refused,
+  a CPU gets ``host_devices`` XLA host devices (``--xla_force_host_platform_device_count``, set before
+  JAX starts; a GPU ignores it), and the meshes ``DATAxMODEL`` come back as ``(data, model)`` pairs.
+
+  Raises:
+    app.UsageError: ``--mesh`` given, or a mesh not written ``DATAxMODEL``.
+  """
+  from absl import app  # pylint: disable=g-import-not-at-top
+
+  if MESH.value:
+    raise app.UsageError("--mesh does not apply: this script builds its own meshes (--meshes)")
+  out = []
+  for item in meshes:
+    data, _, model = item.partition("x")
+    if not (data.isdigit() and model.isdigit()):
+      raise app.UsageError(f"--meshes: {item!r} is not DATAxMODEL, e.g. 2x4")
+    out.append((int(data), int(model)))
+  if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               f" --xla_force_host_platform_device_count={host_devices}").strip()
+  init_script()
+  return out
+
+
 def is_primary() -> bool:
   """Whether this process writes outputs: the only one, or process 0 of a multi-process run (however
   ``jax.distributed`` was initialized, once JAX is in use)."""

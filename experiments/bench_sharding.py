@@ -13,7 +13,6 @@ cores: the table then shows what the partitioned program costs on top of the sam
 collectives become copies), not what a GPU interconnect costs. A GPU cluster is needed for that.
 """
 
-import os
 import statistics
 
 from absl import app
@@ -36,23 +35,12 @@ _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs per setting (median re
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
-  if _io.MESH.value:
-    raise app.UsageError("--mesh does not apply: this script builds its own meshes (--meshes)")
-  if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               f" --xla_force_host_platform_device_count={_HOST_DEVICES.value}")
-  _io.init_script()
+  meshes = _io.init_mesh_script(_HOST_DEVICES.value, _MESHES.value)
   try:
     run_dir = _io.run_directory(_RESULTS_DIR.value, "bench_sharding")
     path = _io.check_output_file(run_dir / "bench_sharding.json", flag="results_dir")
   except _io.OutputError as e:
     raise app.UsageError(str(e)) from e
-  meshes = []
-  for item in _MESHES.value:
-    data, _, model = item.partition("x")
-    if not (data.isdigit() and model.isdigit()):
-      raise app.UsageError(f"--meshes: {item!r} is not DATAxMODEL, e.g. 2x4")
-    meshes.append((int(data), int(model)))
 
   import numpy as np  # pylint: disable=g-import-not-at-top
 
@@ -76,9 +64,7 @@ def main(argv):
     mesh = None if shape is None else sharding.make_mesh(*shape)
     for name, kwargs in settings:
       if shape is None and "tensor-parallel" in name:
-        continue
-      if shape is None:
-        kwargs = {k: v for k, v in kwargs.items() if k != "draft_sharding"}
+        continue  # one device: the draft's placement does not apply
       run = lambda: bass_jax.generate(target, draft, prompts, max_new_tokens=_MAX_NEW.value,
                                       mesh=mesh, **kwargs)
       run()  # compile and warm up

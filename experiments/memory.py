@@ -14,8 +14,6 @@ devices (``--host_devices``), so this measures layout, not a GPU's memory.
 Writes ``memory.json`` (``--output``) and prints the table as Markdown.
 """
 
-import os
-
 from absl import app
 from absl import flags
 
@@ -40,25 +38,10 @@ LLAMA_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num
 GIB = 2**30
 
 
-def _meshes():
-  out = []
-  for item in _MESHES.value:
-    data, _, model = item.partition("x")
-    if not (data.isdigit() and model.isdigit()):
-      raise app.UsageError(f"--meshes: {item!r} is not DATAxMODEL, e.g. 2x4")
-    out.append((int(data), int(model)))
-  return out
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
-  if _io.MESH.value:
-    raise app.UsageError("--mesh does not apply: this script builds its own meshes (--meshes)")
-  if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               f" --xla_force_host_platform_device_count={_HOST_DEVICES.value}")
-  _io.init_script()
+  requested = _io.init_mesh_script(_HOST_DEVICES.value, _MESHES.value)
   try:
     output = _io.check_output_file(
         _OUTPUT.value or _io.run_directory(None, "memory") / "memory.json", flag="output")
@@ -72,7 +55,7 @@ def main(argv):
   from bass_jax import reproduce, sharding  # pylint: disable=g-import-not-at-top
 
   dtype = jnp.dtype(_DTYPE.value)
-  meshes = [m for m in _meshes() if m[0] * m[1] <= jax.device_count()]
+  meshes = [m for m in requested if m[0] * m[1] <= jax.device_count()]
   rows = []
   for data, model in meshes:
     mesh = sharding.make_mesh(data, model)

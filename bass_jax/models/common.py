@@ -171,13 +171,17 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, k_cache: jax.A
     kwargs["sliding_window"] = sliding_window
   if k_cache is None:
     return attention_lib.causal_attention(q, k, v, **kwargs), k, v
-  if isinstance(attention_impl, sharding_lib.ShardedAttention):
-    return attention_impl(q, k, v, k_cache, v_cache, cache_lengths, **kwargs)
-  k_cache = write_entries(k_cache, k, cache_lengths)
-  v_cache = write_entries(v_cache, v, cache_lengths)
-  attend = attention_lib.get_attention(attention_impl)
-  out = attend(q, k_cache, v_cache, cache_lengths + q.shape[1], **kwargs)
-  return out, k_cache, v_cache
+  sharded = isinstance(attention_impl, sharding_lib.ShardedAttention)
+  attend = attention_lib.get_attention(attention_impl.impl if sharded else attention_impl)
+
+  def write_and_attend(q, k, v, k_cache, v_cache, cache_lengths):
+    k_cache = write_entries(k_cache, k, cache_lengths)
+    v_cache = write_entries(v_cache, v, cache_lengths)
+    return attend(q, k_cache, v_cache, cache_lengths + q.shape[1], **kwargs), k_cache, v_cache
+
+  if sharded:  # the same on every device, over its own rows (and heads) of the cache
+    write_and_attend = attention_impl.per_shard(write_and_attend)
+  return write_and_attend(q, k, v, k_cache, v_cache, cache_lengths)
 
 
 def run_layers(layer_cls: type[nn.Module], num_layers: int, *, name: str, x: jax.Array,

@@ -569,13 +569,13 @@ def generate(
             step_costs.as_array() if step_costs else np.zeros(5, np.float32))
   scalars = (np.float32(max(temperature, 1e-6)), np.float32(top_p))
   if mesh is None:
-    place = lambda arrays, _: tuple(map(jnp.asarray, arrays))
+    per_row, shared, scalars = (tuple(map(jnp.asarray, x)) for x in (per_row, shared, scalars))
     host = np.asarray
-  else:
-    place = lambda arrays, where: tuple(sharding_lib.put(a, where) for a in arrays)
+  else:  # rows over data, the rest replicated
+    per_row = tuple(sharding_lib.put(a, target_plan.rows) for a in per_row)
+    shared, scalars = (tuple(sharding_lib.put(a, target_plan.replicate) for a in x)
+                       for x in (shared, scalars))
     host = sharding_lib.to_host
-  per_row = place(per_row, target_plan and target_plan.rows)
-  shared, scalars = (place(x, target_plan and target_plan.replicate) for x in (shared, scalars))
   args_prefill = (target_params, draft_params, *per_row, *shared)
   args_tail = (target_params, draft_params, *scalars)
   (prefill, decode), compile_seconds = _compiled(spec, args_prefill, args_tail)
