@@ -138,3 +138,27 @@ class KVUpdate:
   def num_new(self) -> int:
     """T, the new tokens per row."""
     return self.k[0].shape[1]
+
+
+def write_row(state, row_state, row: jax.Array):
+  """Writes a one-row decode state into row ``row`` of a batched one: how continuous batching restarts
+  a row on a new prompt (``bass_jax.sampling.loop``).
+
+  Args:
+    state: a pytree of per-row arrays with the batch as leading axis (``[B, ...]``: a
+      :class:`KVCache`'s buffers and lengths, token buffers), and of shared scalars (``[]``).
+    row_state: the same pytree built for one row: every per-row leaf ``[1, ...]``, no larger than
+      ``state``'s in any other axis (a shorter leaf fills the leading part of the row).
+    row: ``i32[]`` the row to overwrite.
+
+  Returns:
+    ``state`` with every per-row leaf's row ``row`` replaced (cast to its dtype) and every scalar kept:
+    a scalar is the batch's, not a row's. Under ``jit`` with ``state`` carried, XLA writes in place.
+  """
+  def one(batched, fresh):
+    if batched.ndim == 0:
+      return batched
+    start = (row,) + (0,) * (batched.ndim - 1)
+    return jax.lax.dynamic_update_slice(batched, fresh.astype(batched.dtype), start)
+
+  return jax.tree_util.tree_map(one, state, row_state)

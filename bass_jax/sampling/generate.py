@@ -56,9 +56,16 @@ class GenerateStats:
       verification chunk included (empty for regular decoding).
     accepted: ``i32[steps, B]`` accepted drafts per row per step, bonus/correction not counted; -1 where
       the row was already done (empty for regular decoding).
-    finish_seconds: ``f64[B]`` wall seconds from the start of the prefill until the decode returned with
-      the row done (the loop returns to the host whenever a row finishes).
-    wall_seconds: prefill plus decode, compilation excluded (= max of ``finish_seconds``).
+    finish_seconds: ``f64[B]`` per prompt, wall seconds from the start of the call (the prefill; every
+      prompt arrives then) until the decode returned with the prompt done (the loop returns to the
+      host whenever a row finishes). NaN with ``time_prompts=False``.
+    admit_seconds: ``f64[B]`` per prompt, the wait before admission: seconds from the call's start
+      until the decode call that prefilled its row began (0 for the prompts of the first rows; NaN
+      with ``time_prompts=False``).
+    first_token_seconds: ``f64[B]`` per prompt, time to first token: seconds from the call's start
+      until the decode returned with the prompt's first token emitted (its wait included; NaN with
+      ``time_prompts=False``).
+    wall_seconds: prefill plus decode, compilation excluded (= max of ``finish_seconds`` when timed).
     compile_seconds: time spent compiling in this call (0 when the programs were cached).
     compiled: whether this call compiled (False: it reused programs of an earlier call).
     prompt_bucket: P, the length prompts were padded to for the prefill.
@@ -67,6 +74,16 @@ class GenerateStats:
     proposer: the draft side's name (empty for regular decoding).
     step_costs: the ``StepCosts`` a cost-aware draft length used (None otherwise).
     mesh: ``{"data": d, "model": m}`` of the mesh the decode ran on (empty on one device).
+    batch_size: rows decoding at once (the number of prompts for a static batch).
+    continuous: whether finished rows took waiting prompts (``generate(..., batch_size=)``). The
+      per-step histories (``drafted``, ``accepted``) are then per *row*, and a row serves several
+      prompts in turn: prompt i ran in row ``prompt_rows[i]`` from step ``prompt_start_steps[i]`` until
+      that row's next prompt started.
+    prompt_rows: ``i32[B]`` the row each prompt ran in. prompt_start_steps: ``i32[B]`` the step count
+      when it was admitted.
+    prompt_steps: ``i32[B]`` steps in which each prompt was live (regular decoding: its tokens).
+    prompt_drafted: ``i32[B]`` drafts proposed to each prompt (0 for regular decoding).
+    prompt_accepted: ``i32[B]`` drafts each prompt accepted (0 for regular decoding).
   """
 
   steps: int
@@ -84,6 +101,15 @@ class GenerateStats:
   proposer: str = ""
   step_costs: Any = None
   mesh: dict = dataclasses.field(default_factory=dict)
+  admit_seconds: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,)))
+  first_token_seconds: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,)))
+  batch_size: int = 0
+  continuous: bool = False
+  prompt_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
+  prompt_start_steps: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
+  prompt_steps: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
+  prompt_drafted: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
+  prompt_accepted: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -419,6 +445,8 @@ def generate(
     max_cache_len: int | None = None,
     mesh: jax.sharding.Mesh | None = None,
     draft_sharding: str = "replicated",
+    batch_size: int | None = None,
+    time_prompts: bool = True,
 ) -> GenerateOutput:
   """Decodes a batch of prompts with batched speculative sampling (BASS) or regular decoding.
 
@@ -431,7 +459,14 @@ def generate(
 
   Rows are independent: each stops at its first EOS or after ``max_new_tokens`` and is then frozen.
   The decode is one jitted ``lax.while_loop`` (compiled once per bucket of shapes, module docstring;
-  timed apart) that returns to the host only when a row finishes, to time it.
+  timed apart) that returns to the host only to time a prompt's admission, first token or finish.
+
+  Continuous batching: with ``batch_size`` smaller than the number of prompts, ``batch_size`` rows
+  decode at a time and a row that finishes takes the next waiting prompt inside the jitted loop (a
+  device-side queue, a one-row prefill into that row's cache slots, the proposer's state restarted
+  for the row; ``loop.decode``), as serving systems do (Orca's iteration-level scheduling; vLLM,
+  SGLang). Outputs come back in the order of the prompts, each equal to decoding that prompt alone
+  (greedy, up to float near-ties) or distributed as the target's (sampled).
 
   Args:
     target: the model whose distribution is sampled.
@@ -471,6 +506,12 @@ def generate(
     draft_sharding: how a draft model lies on the mesh: ``"replicated"`` (whole on every device, its
       rows split over ``data``: no communication in drafting; docs/scaling.md measures the choice) or
       ``"tensor_parallel"`` (like the target).
+    batch_size: rows that decode at once (continuous batching, above); None or at least the number
+      of prompts decodes them all as one static batch. On a mesh, continuous batching needs a
+      ``data`` axis of size 1 (its one-row prefill does not split over rows).
+    time_prompts: return to the host at every admission, first token and finish to time each prompt
+      (``GenerateStats.admit_seconds``, ``first_token_seconds``, ``finish_seconds``); False runs the
+      whole decode as one program call and times only the total.
 
   Returns:
     :class:`GenerateOutput` with tokens ``i32[B, N]``, lengths ``i32[B]``, target log-probs
@@ -484,7 +525,8 @@ def generate(
       outside the vocabulary; a bad draft length or chunk size; prompt + ``max_new_tokens`` beyond the
       models' context or beyond ``max_cache_len``; a mesh without the axes ``data`` and ``model``, or
       whose ``model`` size divides neither the heads nor the MLP (``bass_jax.sharding.plan``); a mesh
-      with ``jax_threefry_partitionable`` off.
+      with ``jax_threefry_partitionable`` off; ``batch_size < 1``; continuous batching on a mesh whose
+      ``data`` axis is larger than 1.
   """
   if not isinstance(target, Model):
     raise ValueError(f"target must be a bass_jax.Model (see bass_jax.load_model), got "
@@ -522,6 +564,9 @@ def generate(
   if bass:
     chunk = (DEFAULT_VERIFY_CHUNK if verify_chunk is None
              else _checks.as_int("verify_chunk", verify_chunk, min_value=1))
+  if batch_size is not None:
+    batch_size = _checks.as_int("batch_size", batch_size, min_value=1)
+  time_prompts = _checks.as_bool("time_prompts", time_prompts)
   eos_ids = _eos_ids(eos_token_id, target)
   if len(eos_ids) > _MAX_EOS_IDS:
     raise ValueError(f"eos_token_id has {len(eos_ids)} ids; at most {_MAX_EOS_IDS} are supported")
@@ -534,26 +579,45 @@ def generate(
         f"longest prompt ({lengths.max()} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
         f"models' context of {context} positions; shorten the prompt or lower max_new_tokens")
 
+  num_prompts = len(arrays)
+  continuous = batch_size is not None and batch_size < num_prompts
+  slots = batch_size if continuous else num_prompts  # rows decoding at once
+  rows = batch_bucket(slots)
+  queue_len = batch_bucket(num_prompts) if continuous else 0
+  max_new_bucket = output_bucket(max_new_tokens)
+  history_len = 0
+  if continuous:
+    if mesh is not None and mesh.shape[sharding_lib.DATA] > 1:
+      raise ValueError(
+          f"continuous batching (batch_size={batch_size} < {num_prompts} prompts) runs its one-row "
+          f"prefill unsplit over rows, so it needs a mesh whose data axis has size 1, got "
+          f"{dict(mesh.shape)}; use a mesh of shape (1, n), or batch_size=None for static batches")
+    # loop.DecodeState.step_limit at the bucket's sizes; any batch_size of this bucket fills >= rows/2.
+    history_len = -(-queue_len * max_new_bucket // -(-rows // 2)) + max_new_bucket
+
   spec = loop.DecodeSpec(
       method=method, target=target.config, proposer=proposer,
       target_dtype=jnp.dtype(target.dtype).name,
       attention_impl=attention_impl, prompt_len=prompt_bucket(int(lengths.max())),
-      max_new_bucket=output_bucket(max_new_tokens), greedy=temperature == 0,
-      draft_len=policy, verify_chunk=chunk, target_sharding=target_plan)
+      max_new_bucket=max_new_bucket, greedy=temperature == 0,
+      draft_len=policy, verify_chunk=chunk, target_sharding=target_plan, queue_len=queue_len,
+      history_len=history_len)
   if max_cache_len is not None and spec.cache_len > max_cache_len:
     raise ValueError(
         f"the decode needs {spec.cache_len} cache slots per row (prompt padded to {spec.prompt_len} + "
         f"{spec.max_new_bucket} output slots + {spec.max_draft + 1} verification look-ahead), more "
         f"than max_cache_len={max_cache_len}")
 
-  batch, rows = len(arrays), batch_bucket(len(arrays))
   if mesh is not None:  # inert rows up to a multiple of the data axis
     rows = -(-rows // mesh.shape[sharding_lib.DATA]) * mesh.shape[sharding_lib.DATA]
-  padded = np.zeros((rows, spec.prompt_len), np.int32)
+  queued = np.zeros((max(rows, queue_len), spec.prompt_len), np.int32)
   for i, a in enumerate(arrays):
-    padded[i, :len(a)] = a
-  prompt_len = np.ones(rows, np.int32)  # inert rows: a one-token prompt, done from the start
-  prompt_len[:batch] = lengths
+    queued[i, :len(a)] = a
+  queued_len = np.ones(len(queued), np.int32)  # padding: a one-token prompt, never decoded
+  queued_len[:num_prompts] = lengths
+  inert = np.arange(rows) >= slots
+  padded = np.where(inert[:, None], 0, queued[:rows])
+  prompt_len = np.where(inert, 1, queued_len[:rows]).astype(np.int32)
   eos_array = np.full(_MAX_EOS_IDS, -1, np.int32)
   eos_array[:len(eos_ids)] = eos_ids
   target_params = target.params
@@ -564,10 +628,14 @@ def generate(
   step_costs = None
   if isinstance(policy, GoodputDraftLen):
     step_costs = policy.costs or costs_lib.measure_step_costs(spec, target_params, draft_params, rows)
-  per_row = (padded, prompt_len, np.arange(rows) >= batch)
+  per_row = (padded, prompt_len, inert)
   shared = (np.int32(max_new_tokens), eos_array, key,
             step_costs.as_array() if step_costs else np.zeros(5, np.float32))
-  scalars = (np.float32(max(temperature, 1e-6)), np.float32(top_p))
+  if continuous:
+    step_limit = -(-num_prompts * max_new_tokens // slots) + max_new_tokens
+    shared += (queued[:queue_len], queued_len[:queue_len], np.int32(num_prompts),
+               np.int32(step_limit))
+  scalars = (np.float32(max(temperature, 1e-6)), np.float32(top_p), np.bool_(time_prompts))
   if mesh is None:
     per_row, shared, scalars = (tuple(map(jnp.asarray, x)) for x in (per_row, shared, scalars))
     host = np.asarray
@@ -580,44 +648,121 @@ def generate(
   args_tail = (target_params, draft_params, *scalars)
   (prefill, decode), compile_seconds = _compiled(spec, args_prefill, args_tail)
 
-  finish = np.full(rows, np.nan)
+  clock = _PromptClock(num_prompts, started=min(slots, num_prompts))
   start = time.perf_counter()
   state = prefill(*args_prefill)
   while True:
+    call_start = time.perf_counter() - start
     state = decode(state, *args_tail)
     done = host(state.done)
-    now = time.perf_counter() - start
-    finish[done & np.isnan(finish)] = now
-    if done.all():
+    if time_prompts:
+      row_prompt = (host(state.queue.row_prompt) if continuous
+                    else np.where(inert, -1, np.arange(rows)))
+      generated = host(state.seq_len) - host(state.prompt_len)
+      clock.observe(row_prompt, generated, done, call_start, time.perf_counter() - start)
+    step, limit = int(host(state.step)), int(host(state.step_limit))
+    left = ((host(state.queue.row_prompt) >= 0).any() or int(host(state.queue.next)) < num_prompts
+            if continuous else not done.all())
+    if not left:
       break
-  finish = finish[:batch]
+    if step >= limit:
+      raise RuntimeError(f"generate: the decode reached its step limit ({limit}) with prompts left; "
+                         "this is a bug in bass_jax, please report it with the call's arguments")
+  wall = time.perf_counter() - start
 
   steps = int(host(state.step))
-  out_len = (host(state.seq_len) - host(state.prompt_len))[:batch]
-  all_tokens = host(state.tokens)
-  tokens = np.full((batch, max_new_tokens), PAD_TOKEN, np.int32)
-  for b in range(batch):
-    tokens[b, :out_len[b]] = all_tokens[b, lengths[b]:lengths[b] + out_len[b]]
-  logprobs = host(state.logprobs)[:batch, :max_new_tokens]
+  if continuous:
+    queue = state.queue
+    out_len = host(queue.lengths)[:num_prompts]
+    tokens = np.where(np.arange(max_new_tokens)[None] < out_len[:, None],
+                      host(queue.tokens)[:num_prompts, :max_new_tokens], PAD_TOKEN).astype(np.int32)
+    logprobs = host(queue.logprobs)[:num_prompts, :max_new_tokens]
+    finished = host(queue.eos)[:num_prompts]
+    prompt_rows = host(queue.prompt_row)[:num_prompts]
+    prompt_start_steps = host(queue.start_step)[:num_prompts]
+  else:
+    out_len = (host(state.seq_len) - host(state.prompt_len))[:num_prompts]
+    all_tokens = host(state.tokens)
+    tokens = np.full((num_prompts, max_new_tokens), PAD_TOKEN, np.int32)
+    for b in range(num_prompts):
+      tokens[b, :out_len[b]] = all_tokens[b, lengths[b]:lengths[b] + out_len[b]]
+    logprobs = host(state.logprobs)[:num_prompts, :max_new_tokens]
+    finished = host(state.eos)[:num_prompts]
+    prompt_rows = np.arange(num_prompts, dtype=np.int32)
+    prompt_start_steps = np.zeros(num_prompts, np.int32)
   logprobs = np.where(np.arange(max_new_tokens)[None] < out_len[:, None], logprobs, 0.0)
+  accepted = host(state.accepted_history)[:steps, :slots] if bass else np.zeros((0, slots), np.int32)
+  drafted = host(state.drafted_history)[:steps, :slots] if bass else np.zeros((0, slots), np.int32)
+  per_prompt = _per_prompt_counts(prompt_rows, prompt_start_steps, steps, accepted, drafted)
   stats = GenerateStats(
       steps=steps,
       draft_lens=host(state.draft_len_history)[:steps] if bass else np.zeros((0,), np.int32),
-      accepted=(host(state.accepted_history)[:steps, :batch] if bass
-                else np.zeros((0, batch), np.int32)),
-      finish_seconds=finish,
-      wall_seconds=float(np.max(finish)),
+      accepted=accepted,
+      finish_seconds=clock.finish,
+      wall_seconds=wall,
       compile_seconds=compile_seconds,
       compiled=compile_seconds > 0,
       prompt_bucket=spec.prompt_len,
       batch_bucket=rows,
       verify_chunk=spec.verify_chunk,
       verified=host(state.verified_history)[:steps] if bass else np.zeros((0,), np.int32),
-      drafted=(host(state.drafted_history)[:steps, :batch] if bass
-               else np.zeros((0, batch), np.int32)),
+      drafted=drafted,
       proposer=proposer.name if bass else "",
       step_costs=step_costs,
       mesh={} if mesh is None else dict(mesh.shape),
+      admit_seconds=clock.admit,
+      first_token_seconds=clock.first_token,
+      batch_size=slots,
+      continuous=continuous,
+      prompt_rows=prompt_rows,
+      prompt_start_steps=prompt_start_steps,
+      prompt_steps=per_prompt[0] if bass else out_len.astype(np.int32),
+      prompt_drafted=per_prompt[1],
+      prompt_accepted=per_prompt[2],
   )
   return GenerateOutput(tokens=tokens, lengths=out_len, logprobs=logprobs.astype(np.float32),
-                        finished=host(state.eos)[:batch], stats=stats)
+                        finished=finished, stats=stats)
+
+
+class _PromptClock:
+  """Per-prompt wall times, read by the host whenever the decode returns (``loop.decode``'s
+  ``observe``): admission (the start of the call that prefilled the prompt's row), first token, finish.
+  All start NaN; the first ``started`` prompts are admitted by the prefill, at 0."""
+
+  def __init__(self, num_prompts: int, started: int):
+    self.admit = np.full(num_prompts, np.nan)
+    self.admit[:started] = 0.0
+    self.first_token = np.full(num_prompts, np.nan)
+    self.finish = np.full(num_prompts, np.nan)
+
+  def observe(self, row_prompt: np.ndarray, generated: np.ndarray, done: np.ndarray,
+              call_start: float, now: float) -> None:
+    """Stamps what the decode call that started at ``call_start`` and returned at ``now`` did: each row
+    serving prompt ``row_prompt[r] >= 0`` was admitted by then, has emitted ``generated[r]`` tokens and
+    is ``done[r]`` or not."""
+    for prompt, count, finished in zip(row_prompt, generated, done):
+      if prompt < 0:
+        continue
+      for stamps, happened, at in ((self.admit, True, call_start), (self.first_token, count > 0, now),
+                                   (self.finish, finished, now)):
+        if happened and np.isnan(stamps[prompt]):
+          stamps[prompt] = at
+
+
+def _per_prompt_counts(prompt_rows: np.ndarray, start_steps: np.ndarray, steps: int,
+                       accepted: np.ndarray, drafted: np.ndarray) -> np.ndarray:
+  """``i32[3, B]``: live steps, drafts and accepted drafts per prompt, from the per-row histories
+  ``accepted, drafted: i32[steps, rows]`` (-1 in ``accepted`` where the row was not live): prompt i's
+  steps are those of its row from its start to the start of that row's next prompt."""
+  counts = np.zeros((3, len(prompt_rows)), np.int32)
+  if not accepted.size:
+    return counts
+  order = np.lexsort((start_steps, prompt_rows))  # by row, then by start
+  ends = np.full(len(order), steps)
+  same_row = prompt_rows[order[1:]] == prompt_rows[order[:-1]]
+  ends[order[:-1][same_row]] = start_steps[order[1:][same_row]]
+  live = accepted >= 0
+  for k, per_step in enumerate((live, np.where(live, drafted, 0), np.where(live, accepted, 0))):
+    totals = np.concatenate([np.zeros((1, per_step.shape[1]), np.int64), np.cumsum(per_step, axis=0)])
+    counts[k] = totals[ends, prompt_rows] - totals[start_steps, prompt_rows]
+  return counts

@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 
 from bass_jax import sharding as sharding_lib
-from bass_jax.cache import KVCache
+from bass_jax.cache import KVCache, write_row
 from bass_jax.models.attention import CACHE_ALIGNMENT
 from bass_jax.models.common import DecoderConfig, forward, prefill_cache
 from bass_jax.sampling import acceptance
@@ -72,6 +72,10 @@ class DecodeSpec:
       ``ceil((l + 1) / C)`` passes at most.
     target_sharding: the target's placement on a mesh (``bass_jax.sharding.ShardingPlan``); None on
       one device. The proposer carries its own (``Proposer.sharding``).
+    queue_len: Q, the prompts of a continuous batch's queue (:class:`Queue`, padded); 0 for a static
+      batch, which decodes the rows it starts with and nothing else.
+    history_len: H, the steps the per-step histories hold; 0 means N (a static batch takes at most N
+      steps: every live row emits at least one token per step).
   """
 
   method: str
@@ -85,6 +89,18 @@ class DecodeSpec:
   draft_len: DraftLenPolicy | None
   verify_chunk: int
   target_sharding: Any = None
+  queue_len: int = 0
+  history_len: int = 0
+
+  @property
+  def continuous(self) -> bool:
+    """Whether finished rows take the next waiting prompt (continuous batching)."""
+    return self.queue_len > 0
+
+  @property
+  def max_steps(self) -> int:
+    """H, the length of the per-step histories."""
+    return self.history_len or self.max_new_bucket
 
   @property
   def max_draft(self) -> int:
@@ -104,6 +120,44 @@ class DecodeSpec:
 
 
 @flax.struct.dataclass
+class Queue:
+  """Continuous batching's device-side queue: the prompts waiting for a row, which prompt each row
+  serves, and the outputs of the prompts that finished (Orca's iteration-level scheduling, Yu et al.
+  2022, inside the jitted loop: no host round trip per refill).
+
+  Attributes:
+    prompts: ``i32[Q, P]`` right-padded prompts in input order (rows past ``size`` are padding of the
+      queue bucket, never admitted). prompt_len: ``i32[Q]``.
+    size: ``i32[]`` the real prompts. next: ``i32[]`` the first prompt not yet admitted.
+    slot: ``bool[B]`` rows that take prompts (False for the batch bucket's inert padding rows).
+    row_prompt: ``i32[B]`` the prompt each row serves, -1 for none.
+    prompt_row: ``i32[Q]`` the row each admitted prompt ran in (-1 before admission).
+    start_step: ``i32[Q]`` ``DecodeState.step`` when the prompt was admitted: its steps in its row's
+      histories start there and end where the row's next prompt starts.
+    tokens: ``i32[Q, N]`` each retired prompt's output (valid below ``lengths``).
+    logprobs: ``f32[Q, N]`` their target log-probabilities (``DecodeState.logprobs``).
+    lengths: ``i32[Q]`` tokens emitted. eos: ``bool[Q]`` ended by an EOS token.
+  """
+
+  prompts: jax.Array
+  prompt_len: jax.Array
+  size: jax.Array
+  next: jax.Array
+  slot: jax.Array
+  row_prompt: jax.Array
+  prompt_row: jax.Array
+  start_step: jax.Array
+  tokens: jax.Array
+  logprobs: jax.Array
+  lengths: jax.Array
+  eos: jax.Array
+
+  def pending(self) -> jax.Array:
+    """``bool[]``: a prompt is waiting or a row still serves one (decoding, or done and not retired)."""
+    return jnp.any(self.row_prompt >= 0) | (self.next < self.size)
+
+
+@flax.struct.dataclass
 class DecodeState:
   """All decoding state, fixed-size (gemma's ``SamplingState`` pattern).
 
@@ -118,17 +172,21 @@ class DecodeState:
     done: ``bool[B]`` row finished (EOS or ``max_new`` tokens, or a padding row); its outputs are frozen.
     eos: ``bool[B]`` row finished by emitting an EOS token.
     max_new: ``i32[]`` tokens a row may emit (``<= N``).
+    step_limit: ``i32[]`` steps the decode may take (``<= H``): ``max_new`` for a static batch; for a
+      continuous one ``ceil(prompts * max_new / slots) + max_new`` (while prompts wait every slot is
+      live and emits a token per step, then every row drains within ``max_new`` steps).
     eos_ids: ``i32[E]`` tokens that end a row, padded with -1 (never a token).
     step: ``i32[]`` steps taken.
     draft_len: ``i32[]`` l_draft of the next step (0: a plain step). policy_state: the draft-length
       policy's state (``bass_jax.sampling.draft_len``).
-    draft_len_history: ``i32[N]`` l_draft of each step (0 for plain steps and past ``step``).
-    drafted_history: ``i32[N, B]`` drafts proposed per row per step (0 past ``step``).
-    verified_history: ``i32[N]`` positions the target scored per row in each step, padding of the last
+    draft_len_history: ``i32[H]`` l_draft of each step (0 for plain steps and past ``step``).
+    drafted_history: ``i32[H, B]`` drafts proposed per row per step (0 past ``step``).
+    verified_history: ``i32[H]`` positions the target scored per row in each step, padding of the last
       chunk included (0 past ``step``).
-    accepted_history: ``i32[N, B]`` accepted drafts per row per step (bonus/correction not counted; -1
+    accepted_history: ``i32[H, B]`` accepted drafts per row per step (bonus/correction not counted; -1
       for a row that was already done, and past ``step``).
     key: PRNG key.
+    queue: the continuous batch's :class:`Queue`, or None for a static batch.
   """
 
   tokens: jax.Array
@@ -141,6 +199,7 @@ class DecodeState:
   done: jax.Array
   eos: jax.Array
   max_new: jax.Array
+  step_limit: jax.Array
   eos_ids: jax.Array
   step: jax.Array
   draft_len: jax.Array
@@ -150,6 +209,7 @@ class DecodeState:
   verified_history: jax.Array
   accepted_history: jax.Array
   key: jax.Array
+  queue: Queue | None = None
 
 
 def _target_forward(spec: DecodeSpec, params: Any, tokens: jax.Array, cache: KVCache,
@@ -170,21 +230,29 @@ def _target_forward(spec: DecodeSpec, params: Any, tokens: jax.Array, cache: KVC
 
 def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any, prompts: jax.Array,
             prompt_len: jax.Array, inert: jax.Array, max_new: jax.Array, eos_ids: jax.Array,
-            key: jax.Array, step_costs: jax.Array) -> DecodeState:
+            key: jax.Array, step_costs: jax.Array, queue_prompts: jax.Array | None = None,
+            queue_prompt_len: jax.Array | None = None, num_prompts: jax.Array | None = None,
+            step_limit: jax.Array | None = None) -> DecodeState:
   """Fills the target's cache (and the proposer's state) with every prompt token but the last, which
   the first step consumes.
 
   Args:
     draft_params: the proposer's weights (None for a model-free proposer or regular decoding).
     prompts: ``i32[B, P]`` right-padded prompts. prompt_len: ``i32[B]``, each ``>= 1``.
-    inert: ``bool[B]`` padding rows of the batch bucket: done from the start, they never emit.
+    inert: ``bool[B]`` padding rows of the batch bucket: done from the start, they never emit (nor,
+      in a continuous batch, take prompts).
     max_new: ``i32[]`` tokens per row at most (``<= spec.max_new_bucket``).
     eos_ids: ``i32[E]`` EOS ids padded with -1.
     key: PRNG key for the whole decode.
     step_costs: ``f32[5]`` :meth:`StepCosts.as_array` for a cost-aware policy (ignored by others).
+    queue_prompts: ``i32[Q, P]`` every prompt of a continuous batch (``spec.continuous``; None for a
+      static one), of which the live rows of ``prompts`` are the first. queue_prompt_len: ``i32[Q]``.
+    num_prompts: ``i32[]`` the real prompts among the Q.
+    step_limit: ``i32[]`` :attr:`DecodeState.step_limit` of a continuous batch.
   """
   batch = prompts.shape[0]
   n = spec.max_new_bucket
+  h = spec.max_steps
 
   prefilled = prefill_cache(spec.target, target_params, prompts, prompt_len,
                             cache_len=spec.cache_len, dtype=spec.target_dtype,
@@ -202,6 +270,17 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any, prompts: ja
                                               cache_len=spec.cache_len, max_len=spec.max_draft,
                                               features=prompt_features)
     l0, policy_state = spec.draft_len.start(step_costs)
+  queue = None
+  if spec.continuous:
+    q = queue_prompts.shape[0]
+    started = jnp.sum(~inert).astype(jnp.int32)  # the live rows hold prompts 0 … started - 1
+    ids = jnp.arange(q, dtype=jnp.int32)
+    queue = Queue(
+        prompts=queue_prompts, prompt_len=queue_prompt_len, size=num_prompts, next=started,
+        slot=~inert, row_prompt=jnp.where(inert, -1, jnp.arange(batch, dtype=jnp.int32)),
+        prompt_row=jnp.where(ids < started, ids, -1), start_step=jnp.zeros((q,), jnp.int32),
+        tokens=jnp.zeros((q, n), jnp.int32), logprobs=jnp.zeros((q, n), jnp.float32),
+        lengths=jnp.zeros((q,), jnp.int32), eos=jnp.zeros((q,), bool))
   return DecodeState(
       tokens=jnp.concatenate([prompts, jnp.zeros((batch, n), jnp.int32)], axis=1),
       prompt_len=prompt_len,
@@ -213,22 +292,25 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any, prompts: ja
       done=inert,
       eos=jnp.zeros((batch,), bool),
       max_new=max_new,
+      step_limit=max_new if step_limit is None else step_limit,
       eos_ids=eos_ids,
       step=jnp.zeros((), jnp.int32),
       draft_len=jnp.asarray(l0, jnp.int32),
       policy_state=policy_state,
-      draft_len_history=jnp.zeros((n,), jnp.int32),
-      drafted_history=jnp.zeros((n, batch), jnp.int32),
-      verified_history=jnp.zeros((n,), jnp.int32),
-      accepted_history=jnp.full((n, batch), -1, jnp.int32),
+      draft_len_history=jnp.zeros((h,), jnp.int32),
+      drafted_history=jnp.zeros((h, batch), jnp.int32),
+      verified_history=jnp.zeros((h,), jnp.int32),
+      accepted_history=jnp.full((h, batch), -1, jnp.int32),
       key=key,
+      queue=queue,
   )
 
 
 def state_shardings(spec: DecodeSpec, state: DecodeState) -> DecodeState:
   """Where every part of the decode state lies on ``spec.target_sharding``'s mesh: per-row arrays split
   over ``"data"``; the target's cache as its plan says, the proposer's as the proposer's plan says
-  (the target's when it has none); counters, histories and the key replicated.
+  (the target's when it has none); counters, histories, the key and the queue's per-prompt arrays
+  replicated.
 
   Args:
     state: a :class:`DecodeState` of arrays or ``ShapeDtypeStruct`` (``jax.eval_shape`` of
@@ -249,10 +331,12 @@ def state_shardings(spec: DecodeSpec, state: DecodeState) -> DecodeState:
       tokens=rows, prompt_len=rows, seq_len=rows,
       target_cache=sharding_lib.state_shardings(state.target_cache, plan, batch),
       proposer_state=proposer_state, features=None if state.features is None else rows,
-      logprobs=rows, done=rows, eos=rows, max_new=replicated, eos_ids=replicated, step=replicated,
-      draft_len=replicated, policy_state=every(state.policy_state),
-      draft_len_history=replicated, drafted_history=replicated, verified_history=replicated,
-      accepted_history=replicated, key=replicated)
+      logprobs=rows, done=rows, eos=rows, max_new=replicated, step_limit=replicated,
+      eos_ids=replicated, step=replicated, draft_len=replicated,
+      policy_state=every(state.policy_state), draft_len_history=replicated,
+      drafted_history=replicated, verified_history=replicated, accepted_history=replicated,
+      key=replicated, queue=None if state.queue is None else every(state.queue).replace(
+          slot=rows, row_prompt=rows))
 
 
 def _emit(state: DecodeState, new_tokens: jax.Array, new_logprobs: jax.Array,
@@ -448,21 +532,95 @@ def _context(state: DecodeState, key, temperature, top_p) -> StepContext:
                      features=state.features)
 
 
-def decode(spec: DecodeSpec, state: DecodeState, target_params: Any, draft_params: Any,
-           temperature: jax.Array, top_p: jax.Array) -> DecodeState:
-  """Runs steps in one ``lax.while_loop`` until at least one more row finishes (or all are done).
+def _retire(spec: DecodeSpec, state: DecodeState) -> DecodeState:
+  """Copies the output of every done row that still serves a prompt into the queue, and frees the row."""
+  queue = state.queue
+  retiring = state.done & (queue.row_prompt >= 0)
+  dest = jnp.where(retiring, queue.row_prompt, queue.prompts.shape[0])  # out of range: dropped
+  outputs = jnp.take_along_axis(
+      state.tokens, state.prompt_len[:, None] + jnp.arange(spec.max_new_bucket), axis=1)
+  queue = queue.replace(
+      tokens=queue.tokens.at[dest].set(outputs, mode="drop"),
+      logprobs=queue.logprobs.at[dest].set(state.logprobs, mode="drop"),
+      lengths=queue.lengths.at[dest].set(state.seq_len - state.prompt_len, mode="drop"),
+      eos=queue.eos.at[dest].set(state.eos, mode="drop"),
+      row_prompt=jnp.where(retiring, -1, queue.row_prompt))
+  return state.replace(queue=queue)
 
-  Stopping at every finish lets the host time each row's completion (per-sequence latency, paper
-  §4.1) with at most B returns per batch and no host round trip per step; calling it until ``all(done)``
-  decodes the whole batch.
 
-  Args:
-    temperature: ``f32[]``, > 0 unless ``spec.greedy``. top_p: ``f32[]`` in ``(0, 1]``.
-  """
+def _admit(spec: DecodeSpec, target_params: Any, draft_params: Any,
+           state: DecodeState) -> DecodeState:
+  """Restarts the first free row on the next waiting prompt: a one-row prefill written into that row's
+  slots of the target's cache (and feature buffer), the proposer's :meth:`Proposer.admit`, and fresh
+  token, length and output buffers. The caches are ragged, so the row simply restarts at its own
+  length; the other rows are untouched. The draft-length policy's state is the batch's and is kept."""
+  queue = state.queue
+  row = jnp.argmax(queue.slot & (queue.row_prompt < 0)).astype(jnp.int32)
+  index = queue.next
+  prompt = jax.lax.dynamic_slice_in_dim(queue.prompts, index, 1, axis=0)  # [1, P]
+  prompt_len = jax.lax.dynamic_slice_in_dim(queue.prompt_len, index, 1)  # [1]
+  prefilled = prefill_cache(spec.target, target_params, prompt, prompt_len,
+                            cache_len=spec.cache_len, dtype=spec.target_dtype,
+                            attention_impl=spec.attention_impl,
+                            return_features=spec.keeps_features, sharding=spec.target_sharding)
+  row_cache, prompt_features, features = prefilled, None, state.features
+  if spec.keeps_features:
+    row_cache, prompt_features = prefilled
+    features = write_row(features, prompt_features, row)
+  proposer_state = state.proposer_state
+  if spec.method == "bass":
+    proposer_state = spec.proposer.admit(draft_params, proposer_state, row, prompt, prompt_len,
+                                         cache_len=spec.cache_len, max_len=spec.max_draft,
+                                         features=prompt_features)
+  text = jnp.concatenate([prompt, jnp.zeros((1, spec.max_new_bucket), jnp.int32)], axis=1)
+  length = prompt_len[0]
+  return state.replace(
+      tokens=write_row(state.tokens, text, row),
+      prompt_len=state.prompt_len.at[row].set(length),
+      seq_len=state.seq_len.at[row].set(length),
+      target_cache=write_row(state.target_cache, row_cache, row),
+      proposer_state=proposer_state,
+      features=features,
+      logprobs=state.logprobs.at[row].set(0.0),
+      done=state.done.at[row].set(False),
+      eos=state.eos.at[row].set(False),
+      queue=queue.replace(next=index + 1, row_prompt=queue.row_prompt.at[row].set(index),
+                          prompt_row=queue.prompt_row.at[index].set(row),
+                          start_step=queue.start_step.at[index].set(state.step)),
+  )
+
+
+def _refill(spec: DecodeSpec, target_params: Any, draft_params: Any,
+            state: DecodeState) -> DecodeState:
+  """Retires the done rows and admits waiting prompts into free rows, one at a time, until no row is
+  free or no prompt waits."""
+  state = _retire(spec, state)
+
+  def can_admit(s: DecodeState):
+    return jnp.any(s.queue.slot & (s.queue.row_prompt < 0)) & (s.queue.next < s.queue.size)
+
+  return jax.lax.while_loop(can_admit,
+                            functools.partial(_admit, spec, target_params, draft_params), state)
+
+
+def unfinished(spec: DecodeSpec, state: DecodeState) -> jax.Array:
+  """``bool[]``: work is left (a live row; for a continuous batch also a waiting or unretired prompt)
+  and the step limit is not reached."""
+  left = state.queue.pending() if spec.continuous else ~jnp.all(state.done)
+  return left & (state.step < state.step_limit)
+
+
+def _steps(spec: DecodeSpec, target_params: Any, draft_params: Any, temperature: jax.Array,
+           top_p: jax.Array, observe: jax.Array, state: DecodeState) -> DecodeState:
+  """Runs steps until at least one more row finishes (or all are done, or the step limit), and with
+  ``observe`` also until a row emits its first token."""
   done_at_entry = jnp.sum(state.done)
+  waiting = lambda s: jnp.sum(~s.done & (s.seq_len == s.prompt_len))  # rows before their first token
+  waiting_at_entry = waiting(state)
 
   def running(s: DecodeState):
-    return (s.step < s.max_new) & (jnp.sum(s.done) == done_at_entry) & ~jnp.all(s.done)
+    return ((s.step < s.step_limit) & (jnp.sum(s.done) == done_at_entry) & ~jnp.all(s.done)
+            & ~(observe & (waiting(s) != waiting_at_entry)))
 
   if spec.method == "regular":
     return jax.lax.while_loop(
@@ -485,3 +643,33 @@ def decode(spec: DecodeSpec, state: DecodeState, target_params: Any, draft_param
     return jax.lax.while_loop(lambda s: running(s) & speculate(s), bass, s)
 
   return jax.lax.while_loop(running, body, state)
+
+
+def decode(spec: DecodeSpec, state: DecodeState, target_params: Any, draft_params: Any,
+           temperature: jax.Array, top_p: jax.Array, observe: jax.Array) -> DecodeState:
+  """Decodes, in one ``lax.while_loop``, until everything is done or, with ``observe``, until the host
+  can time an event.
+
+  A round refills the rows (a continuous batch: done rows retire their output into the queue and take
+  waiting prompts, :func:`_refill`) and then runs steps until a row finishes. Without ``observe`` the
+  rounds repeat until :func:`unfinished` is false: the whole decode, every refill included, is one
+  program call. With ``observe`` the call returns after one round, and also as soon as a row emits
+  its first token, so that the host can read the clock at every admission, first token and finish
+  (per-prompt latency, time to first token, paper §4.1) with a few returns per prompt and no round trip
+  per step; the host passes nothing back in, and calls again while :func:`unfinished`.
+
+  Args:
+    temperature: ``f32[]``, > 0 unless ``spec.greedy``. top_p: ``f32[]`` in ``(0, 1]``.
+    observe: ``bool[]``, return at every event.
+  """
+  steps = functools.partial(_steps, spec, target_params, draft_params, temperature, top_p, observe)
+
+  def round_(carry):
+    state, _ = carry
+    if spec.continuous:
+      state = _refill(spec, target_params, draft_params, state)
+    return steps(state), jnp.bool_(False)
+
+  state, _ = jax.lax.while_loop(lambda c: unfinished(spec, c[0]) & (c[1] | ~observe), round_,
+                                (state, jnp.bool_(True)))
+  return state

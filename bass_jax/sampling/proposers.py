@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from bass_jax import _checks
-from bass_jax.cache import KVCache
+from bass_jax.cache import KVCache, write_row
 from bass_jax.models import eagle
 from bass_jax.models.common import DecoderConfig, prefill_cache
 from bass_jax.models.common import forward as model_forward
@@ -122,6 +122,23 @@ class Proposer(abc.ABC):
     """
     del params, prompts, prompt_len, cache_len, max_len, features
     return None
+
+  def admit(self, params: Any, state: Any, row: jax.Array, prompt: jax.Array, prompt_len: jax.Array,
+            *, cache_len: int, max_len: int, features: jax.Array | None = None) -> Any:
+    """The state with row ``row`` restarted on a new prompt (continuous batching, ``loop.decode``): the
+    other rows are untouched.
+
+    The default builds :meth:`init_state` for the one row and writes it into ``row``
+    (``bass_jax.cache.write_row``): per-row leaves (batch-leading) are replaced, scalar leaves, which
+    are the batch's, kept. A proposer whose state holds more than that overrides it.
+
+    Args:
+      row: ``i32[]``. prompt: ``i32[1, P]`` right-padded. prompt_len: ``i32[1]``.
+      features: ``[1, P, E]`` the target's features over the prompt (when ``needs_features``).
+    """
+    fresh = self.init_state(params, prompt, prompt_len, cache_len=cache_len, max_len=max_len,
+                            features=features)
+    return write_row(state, fresh, row)
 
   def forward_costs(self, params: Any, batch: int, cache_len: int, max_len: int) -> tuple[float, float]:
     """Measured seconds of the proposer's first forward of a step (catch-up and first draft) and of each

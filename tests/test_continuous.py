@@ -1,0 +1,225 @@
+"""Continuous batching (``generate(..., batch_size=)``): finished rows take waiting prompts inside the
+jitted loop, and every prompt's output is what decoding it alone gives.
+
+Greedy: every prompt's tokens equal the target's batch-1 greedy decode of that prompt (which BASS at
+batch 1 equals: ``test_generate``), for both methods and every proposer,
+with prompts of very different lengths and an EOS id that rows reach at different steps (or never), so
+that rows are refilled at many different steps and over stale cache slots of longer earlier prompts.
+The batch-1 decode runs other shapes, so a divergence is accepted only at a float near-tie
+(``conftest.assert_lossless``). Sampled: a chi-square test of the first tokens of prompts that were
+admitted into refilled rows, against the target's exact law (``test_sampling_exact``).
+"""
+
+from __future__ import annotations
+
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import bass_jax as bj
+from bass_jax.models import eagle
+from bass_jax.sampling import generate as generate_lib
+from conftest import assert_lossless, tiny_model
+import test_sampling_exact as exact
+
+LENGTHS = (1, 37, 4, 19, 2, 28, 9, 13, 6)  # prompt lengths, one per prompt (prompt buckets 16 to 64)
+MAX_NEW = 24
+
+
+def _prompts(vocab, lengths=LENGTHS, seed=3):
+  rng = np.random.default_rng(seed)
+  return [rng.integers(0, vocab, n).tolist() for n in lengths]
+
+
+def _noisy_copy(model, noise, seed):
+  """A draft that agrees with the target part of the time: its weights plus Gaussian noise."""
+  leaves, treedef = jax.tree_util.tree_flatten(model.params)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  noisy = [x + noise * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+  return bj.Model(model.config, jax.tree_util.tree_unflatten(treedef, noisy), name="noisy")
+
+
+def _eagle_draft(target):
+  config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=40)
+  params = eagle.init_draft_params(config, jax.random.key(7))
+  vocab_ids = jnp.asarray(np.random.default_rng(2).permutation(target.config.vocab_size)[:40],
+                          jnp.int32)
+  return bj.Model(config, {"draft": params, "vocab_ids": vocab_ids}, name="eagle")
+
+
+@pytest.fixture(scope="module")
+def target():
+  return tiny_model(seed=0, scale=2.5)
+
+
+@pytest.fixture(scope="module")
+def eos(target):
+  """An EOS id that the prompts reach at different steps, and some never within MAX_NEW tokens."""
+  free = bj.generate(target, None, _prompts(target.config.vocab_size), method="regular",
+                     max_new_tokens=MAX_NEW, eos_token_id=())
+  counts = {}
+  for seq in free.sequences():
+    for token in set(seq):
+      counts[token] = counts.get(token, 0) + 1
+  # The token reached by the most prompts without being reached by all of them.
+  token = max((t for t, c in counts.items() if c < len(LENGTHS)), key=lambda t: counts[t])
+  firsts = [seq.index(token) if token in seq else None for seq in free.sequences()]
+  assert None in firsts and len({f for f in firsts if f is not None}) >= 3, firsts
+  return int(token)
+
+
+@pytest.fixture(scope="module")
+def alone(target, eos):
+  """The target's greedy decoding of each prompt alone (what every method and proposer must emit)."""
+  return _solo(target, None, _prompts(target.config.vocab_size), method="regular",
+               max_new_tokens=MAX_NEW, eos_token_id=eos)
+
+
+def _draft(kind, target):
+  noisy = _noisy_copy(target, 0.4, 1)
+  return {"regular": None, "model": noisy, "ngram": bj.NGramProposer(max_n=3, min_n=1),
+          "hybrid": bj.Hybrid(noisy, bj.NGramProposer(max_n=3, min_n=1)),
+          "eagle": _eagle_draft(target)}[kind]
+
+
+def _solo(target, draft, prompts, **kwargs):
+  """Each prompt decoded alone (a static batch of one), as ``GenerateOutput.sequences()`` would list."""
+  outs = [bj.generate(target, draft, [p], **kwargs) for p in prompts]
+  return types.SimpleNamespace(sequences=lambda: [o.sequences()[0] for o in outs],
+                               finished=np.array([o.finished[0] for o in outs]))
+
+
+# Goodput with fixed costs that make plain steps pay at first: the decode mixes plain and speculative steps.
+GOODPUT = bj.GoodputDraftLen(max_len=4, costs=bj.StepCosts(plain=1.0, verify_pass=1.2, propose_first=0.6,
+                                                            propose_next=0.3, chunk=4))
+
+
+@pytest.mark.parametrize("kind,draft_len,batch_size", [
+    ("regular", None, 3), ("model", "dynamic", 3), ("model", GOODPUT, 2), ("ngram", 3, 4),
+    ("hybrid", "dynamic", 3), ("eagle", 3, 2)])
+def test_greedy_continuous_equals_each_prompt_alone(target, eos, alone, kind, draft_len, batch_size):
+  prompts = _prompts(target.config.vocab_size)
+  method = "regular" if kind == "regular" else "bass"
+  kwargs = dict(method=method, max_new_tokens=MAX_NEW, eos_token_id=eos)
+  if draft_len is not None:
+    kwargs["draft_len"] = draft_len
+  draft = _draft(kind, target)
+  out = bj.generate(target, draft, prompts, batch_size=batch_size, **kwargs)
+  assert assert_lossless(target, prompts, alone, out) == 1.0
+  np.testing.assert_array_equal(out.finished, alone.finished)
+  assert out.finished.any() and not out.finished.all()  # EOS at different times, and not for all
+
+  stats = out.stats
+  assert stats.continuous and stats.batch_size == batch_size
+  # Every row served several prompts, one after the other, in input order of admission.
+  assert (np.bincount(stats.prompt_rows) >= 2).all() and len(set(stats.prompt_rows)) == batch_size
+  assert (np.diff(stats.prompt_start_steps) >= 0).all() and (stats.prompt_start_steps[batch_size:] > 0).all()
+  assert (stats.admit_seconds[:batch_size] == 0).all()
+  assert (stats.admit_seconds <= stats.first_token_seconds).all()
+  assert (stats.first_token_seconds <= stats.finish_seconds).all()
+  # A prompt was admitted when an earlier one finished: its wait is one of the earlier finish times
+  # (the host's clock at the return after that finish).
+  for i in range(batch_size, len(prompts)):
+    assert stats.admit_seconds[i] >= np.sort(stats.finish_seconds[:i])[i - batch_size]
+  if method == "bass":  # per-row histories; per-prompt counts partition them
+    assert stats.accepted.shape == (stats.steps, batch_size)
+    live = stats.accepted >= 0
+    assert stats.prompt_accepted.sum() == stats.accepted[live].sum()
+    assert stats.prompt_drafted.sum() == stats.drafted[live].sum()
+    assert stats.prompt_steps.sum() == live.sum()
+    assert (stats.prompt_steps >= -(-out.lengths // (stats.draft_lens.max() + 1))).all()
+  else:
+    np.testing.assert_array_equal(stats.prompt_steps, out.lengths)
+
+
+def test_batch_size_at_least_the_prompts_is_a_static_batch(target):
+  prompts = _prompts(target.config.vocab_size, (5, 11, 2))
+  draft = _noisy_copy(target, 0.4, 1)
+  static = bj.generate(target, draft, prompts, max_new_tokens=MAX_NEW)
+  for batch_size in (3, 8):
+    out = bj.generate(target, draft, prompts, max_new_tokens=MAX_NEW, batch_size=batch_size)
+    assert not out.stats.continuous and out.stats.batch_size == 3
+    np.testing.assert_array_equal(out.tokens, static.tokens)
+    np.testing.assert_array_equal(out.stats.accepted, static.stats.accepted)
+
+
+def test_one_program_call_without_prompt_timing(target, monkeypatch):
+  """``time_prompts=False``: every refill happens inside one call of the decode program."""
+  calls = []
+  compiled = generate_lib._compiled
+
+  def counting(*args):
+    (prefill, decode), seconds = compiled(*args)
+
+    def counted(*a):
+      calls.append(1)
+      return decode(*a)
+
+    return (prefill, counted), seconds
+
+  monkeypatch.setattr(generate_lib, "_compiled", counting)
+  prompts = _prompts(target.config.vocab_size)
+  draft = _noisy_copy(target, 0.4, 1)
+  timed = bj.generate(target, draft, prompts, max_new_tokens=MAX_NEW, batch_size=2)
+  timed_calls, calls[:] = len(calls), []
+  untimed = bj.generate(target, draft, prompts, max_new_tokens=MAX_NEW, batch_size=2,
+                        time_prompts=False)
+  assert len(calls) == 1 and timed_calls > len(prompts)
+  np.testing.assert_array_equal(untimed.tokens, timed.tokens)
+  assert np.isnan(untimed.stats.finish_seconds).all() and untimed.stats.wall_seconds > 0
+  assert np.isnan(untimed.stats.admit_seconds[2:]).all()
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 1.5, "2", True])
+def test_bad_batch_size_is_named(target, batch_size):
+  with pytest.raises(ValueError, match="batch_size"):
+    bj.generate(target, None, [[1, 2], [3]], method="regular", max_new_tokens=4, batch_size=batch_size)
+
+
+def test_real_target_continuous_equals_each_prompt_alone(smollm2):
+  """SmolLM2 with the shipped draft, both methods: prompts of 8 to about 70 tokens, and the newline
+  token as EOS, which rows reach at different steps (or not within the limit). The reference is the
+  target's own greedy decoding of each prompt alone."""
+  from bass_jax.data import load_problems  # pylint: disable=g-import-not-at-top
+
+  texts = [p.prompt for p in load_problems("stdlib-heldout", 4)]
+  texts = ["def add(a, b):", "\n".join(texts[1:]), texts[0][:40], texts[3][:30]]
+  prompts = [smollm2.tokenizer(t).input_ids for t in texts]
+  assert max(map(len, prompts)) > 6 * min(map(len, prompts))
+  newline, = smollm2.tokenizer("\n").input_ids
+  kwargs = dict(max_new_tokens=16, eos_token_id=newline)
+  solo = _solo(smollm2, None, prompts, method="regular", **kwargs)
+  assert solo.finished.any() and not solo.finished.all()
+  assert len({len(s) for s in solo.sequences()}) >= 3
+  draft = bj.load_draft("smollm2-135m-draft", smollm2)
+  for method, batch_size in (("regular", 2), ("bass", 1)):
+    out = bj.generate(smollm2, draft, prompts, method=method, batch_size=batch_size, **kwargs)
+    assert assert_lossless(smollm2, prompts, solo, out) == 1.0
+    np.testing.assert_array_equal(out.finished, solo.finished)
+    assert out.stats.continuous and (out.stats.prompt_start_steps[batch_size:] > 0).all()
+
+
+# -- sampled: a refilled row draws from the target's exact law -------------------------------------------
+
+
+OTHER = (6, 0, 4, 4, 2, 7, 1)  # a longer prompt that leaves stale cache slots behind in its row
+
+
+def test_sampled_refilled_rows_match_exact_target_distribution():
+  target, draft = exact._models()
+  prompts = [list(exact.PROMPT), list(OTHER)] * 3000
+  out = bj.generate(target, draft, prompts, method="bass", max_new_tokens=exact.NUM_TOKENS,
+                    temperature=1.0, top_p=0.8, draft_len=3, seed=41, eos_token_id=(),
+                    batch_size=16, time_prompts=False)
+  assert (out.lengths == exact.NUM_TOKENS).all()
+  refilled = (out.stats.prompt_start_steps > 0) & (np.arange(len(prompts)) % 2 == 0)
+  assert refilled.sum() > 2900
+  samples = out.tokens[refilled, :exact.NUM_TOKENS]
+  joint = exact._target_joint(1.0, 0.8)
+  assert not np.any(joint[tuple(samples.T)] == 0), "a draw outside the target's nucleus"
+  assert exact.chisquare_p_value(samples, joint) > exact.PASS_P_VALUE
+  # Power: the same draws are far from the draft's own law.
+  assert exact.chisquare_p_value(samples, exact._draft_joint(1.0, 0.8)) < exact.REJECT_P_VALUE
