@@ -20,7 +20,8 @@ from bass_jax.sampling.generate import generate
 
 # Order of the summary table: the paper's latency metrics first.
 SUMMARY_KEYS = (
-    "method", "batch_size", "num_prompts", "distinct_prompts", "max_new_tokens", "temperature",
+    "method", "batch_size", "continuous", "num_prompts", "distinct_prompts", "max_new_tokens",
+    "temperature",
     "top_p", "draft_len", "ms_per_token_first", "ms_per_token_last", "ms_per_token_all",
     "tokens_per_second", "mean_accepted_length", "draft_acceptance_rate", "length_spread",
     "accepted_spread", "steps", "wall_seconds", "compile_seconds",
@@ -79,16 +80,20 @@ def run_problems(
     progress: bool = True,
     warmup: bool = False,
     on_batch: Callable[[list[dict[str, Any]]], None] | None = None,
+    continuous: bool = False,
 ) -> RunResult:
-  """Decodes the problems batch by batch (:func:`make_batches`) and summarizes with the paper's metrics.
+  """Decodes the problems batch by batch (:func:`make_batches`), or with continuous batching, and
+  summarizes with the paper's metrics.
 
   Latency per sequence is measured as in the paper (BASS §4.1; docs/bass.md, "Metrics"): a sequence's
-  per-token latency is the wall time from the start of its batch's prefill until the decode loop
-  returned with that sequence complete, divided by its number of tokens. ``generate`` returns to the
-  host whenever a sequence finishes, so each completion is timed without a per-step round trip. First
-  / Last / All are that latency for the first sequence to finish, the last one, and the mean over the
-  batch; the summary averages each over the batches. Compilation is timed apart and excluded.
-  ``tokens_per_second`` is all emitted tokens over the summed batch wall time.
+  per-token latency is the wall time from the start of its decoding (its batch's prefill; with
+  continuous batching, its admission into a row) until the decode loop returned with that sequence
+  complete, divided by its number of tokens. ``generate`` returns to the host whenever a sequence
+  finishes, so each completion is timed without a per-step round trip. First / Last / All are that
+  latency for the first sequence to finish, the last one, and the mean over the batch; the summary
+  averages each over the batches (continuous batching has no batches: All is the mean over every
+  sequence, First and Last are None). Compilation is timed apart and excluded. ``tokens_per_second``
+  is all emitted tokens over the summed batch wall time (continuous: the one call's wall time).
 
   Args:
     target: the target, with its tokenizer. draft: the draft side as ``generate`` takes it (a
@@ -112,11 +117,20 @@ def run_problems(
       prompts is the whole run.
     on_batch: called with each batch's records as soon as the batch is decoded (scripts append them to
       their JSONL file, so an interrupted run keeps every finished batch).
+    continuous: decode every sequence of every batch in one ``generate`` call with
+      ``batch_size=batch_size``: a row that finishes takes the next waiting sequence (continuous
+      batching), in the order of the batches (with no more sequences than ``batch_size`` this is one
+      static batch, and the summary says ``continuous: False``). ``on_batch`` then receives all records at the end, and
+      ``warmup`` is ignored (a warm-up would need the whole run's shapes; the first execution's extra
+      cost is paid once, inside the measured run).
 
   Returns:
     :class:`RunResult`: per-sequence records (``task_id, sample_index, batch_index, row, batch_size,
-    prompt_tokens, completion, num_tokens, accepted_drafts, mean_logprob, finished, finish_seconds``,
-    and ``passed`` with ``check``) and the summary (keys :data:`SUMMARY_KEYS`; the raggedness means
+    prompt_tokens, completion, num_tokens, accepted_drafts, mean_logprob, finished, finish_seconds``
+    (from the start of the sequence's decoding), ``wait_seconds`` (from the run's start until its
+    decoding started: the summed wall time of earlier batches, or its wait in the queue),
+    ``ttft_seconds`` (from the run's start until its first token, the wait included), and ``passed``
+    with ``check``; ``batch_index`` is None with ``continuous``) and the summary (keys :data:`SUMMARY_KEYS`; the raggedness means
     ``length_spread``, ``emitted_spread``, ``accepted_spread`` (``metrics.raggedness``); BASS's
     ``position_acceptance`` and ``acceptance`` (``metrics.Acceptance``'s counts, which pool across
     runs), the cost-aware policy's ``step_costs`` (``draft_len.StepCosts``, seconds),
@@ -132,6 +146,8 @@ def run_problems(
   if distinct_prompts is None:
     distinct_prompts = temperature == 0
   batches = make_batches(problems, batch_size, _checks.as_bool("distinct_prompts", distinct_prompts))
+  if _checks.as_bool("continuous", continuous):
+    batches = [[p for batch in batches for p in batch]]  # one queue, batch_size rows at a time
   tokenizer = target.tokenizer
   if tokenizer is None:
     raise ValueError(f"target {target.name!r} has no tokenizer; load one that ships it")
@@ -149,10 +165,10 @@ def run_problems(
   def decode(prompt_ids: list[list[int]], batch_seed: int):
     return generate(target, draft, prompt_ids, method=method, max_new_tokens=max_new_tokens,
                     temperature=temperature, top_p=top_p, draft_len=draft_len, seed=batch_seed,
-                    attention_impl=attention_impl, verify_chunk=verify_chunk)
+                    attention_impl=attention_impl, verify_chunk=verify_chunk, batch_size=batch_size)
 
   encode = lambda batch: text.encode_prompts(tokenizer, [p.prompt for p in batch])
-  if warmup:  # untimed; its compilation is still reported
+  if warmup and not continuous:  # untimed; its compilation is still reported
     compile_seconds = decode(encode(batches[0]), seed).stats.compile_seconds
   bar = tqdm.tqdm(batches, desc=f"{method} B={batch_size}", unit="batch", disable=not progress)
   for i, batch in enumerate(bar):
@@ -161,9 +177,12 @@ def run_problems(
     stats = out.stats
     step_costs = stats.step_costs  # the same for every batch of a run (measured once per setting)
     prompt_lengths = np.array([len(p) for p in prompt_ids])
-    latencies.append(metrics.per_token_latency(stats.finish_seconds, out.lengths))
-    ragged.append(metrics.raggedness(prompt_lengths, out.lengths,
-                                     stats.accepted if method == "bass" else None))
+    # Each sequence from the start of its own decoding: its batch's start, or its admission.
+    own_seconds = stats.finish_seconds - stats.admit_seconds
+    latencies.append(metrics.per_token_latency(own_seconds, out.lengths))
+    if not stats.continuous:  # a continuous batch has no batches to be ragged within
+      ragged.append(metrics.raggedness(prompt_lengths, out.lengths,
+                                       stats.accepted if method == "bass" else None))
     if method == "bass":
       accept_parts.append(metrics.acceptance(stats.draft_lens, stats.accepted, stats.drafted))
     flops = metrics.decode_flops(target, draft, prompt_lengths, out, method=method)
@@ -174,9 +193,9 @@ def run_problems(
     plain_steps += int((stats.draft_lens == 0).sum())
     verified_sum += int(stats.verified.sum())
     tokens += int(out.lengths.sum())
+    run_start = wall  # the run's clock: the summed wall time of the batches before this one
     wall += stats.wall_seconds
     compile_seconds += stats.compile_seconds
-    accepted_per_row = np.where(stats.accepted >= 0, stats.accepted, 0).sum(axis=0)
     batch_records = []
     for j, (problem, seq) in enumerate(zip(batch, out.sequences())):
       sample_index = sample_counts.get(problem.task_id, 0)
@@ -184,16 +203,18 @@ def run_problems(
       batch_records.append({
           "task_id": problem.task_id,
           "sample_index": sample_index,
-          "batch_index": i,
-          "row": j,
-          "batch_size": len(batch),
+          "batch_index": None if continuous else i,
+          "row": int(stats.prompt_rows[j]),
+          "batch_size": stats.batch_size,
           "prompt_tokens": int(prompt_lengths[j]),
           "completion": tokenizer.decode(seq, skip_special_tokens=True),
           "num_tokens": len(seq),
-          "accepted_drafts": int(accepted_per_row[j]) if method == "bass" else None,
+          "accepted_drafts": int(stats.prompt_accepted[j]) if method == "bass" else None,
           "mean_logprob": float(np.mean(out.logprobs[j, :len(seq)])),
           "finished": bool(out.finished[j]),
-          "finish_seconds": float(stats.finish_seconds[j]),
+          "finish_seconds": float(own_seconds[j]),
+          "wait_seconds": run_start + float(stats.admit_seconds[j]),
+          "ttft_seconds": run_start + float(stats.first_token_seconds[j]),
       })
     if check:
       passed = humaneval.check_completions(batch, [r["completion"] for r in batch_records])
@@ -221,17 +242,21 @@ def run_problems(
       "temperature": temperature,
       "top_p": top_p,
       "draft_len": str(draft_len) if method == "bass" else None,
-      "ms_per_token_first": float(np.mean([l.first for l in latencies])),
-      "ms_per_token_last": float(np.mean([l.last for l in latencies])),
+      "continuous": stats.continuous,
+      "ms_per_token_first": None if stats.continuous else float(np.mean([l.first for l in latencies])),
+      "ms_per_token_last": None if stats.continuous else float(np.mean([l.last for l in latencies])),
       "ms_per_token_all": float(np.mean([l.all for l in latencies])),
+      "mean_wait_seconds": float(np.mean([r["wait_seconds"] for r in records])),
+      "mean_ttft_seconds": float(np.mean([r["ttft_seconds"] for r in records])),
       "tokens_per_second": tokens / wall,
       "mean_accepted_length": accept.mean_accepted_length if accept else 1.0,
       "draft_acceptance_rate": accept.draft_acceptance_rate if accept else None,
       "position_acceptance": list(accept.position_acceptance) if accept else None,
       "acceptance": dataclasses.asdict(accept) if accept else None,
-      "length_spread": float(np.mean([r.length_spread for r in ragged])),
-      "emitted_spread": float(np.mean([r.emitted_spread for r in ragged])),
-      "accepted_spread": float(np.mean([r.accepted_spread for r in ragged])),
+      # Raggedness within a batch (None with continuous batching, which has no batches).
+      "length_spread": float(np.mean([r.length_spread for r in ragged])) if ragged else None,
+      "emitted_spread": float(np.mean([r.emitted_spread for r in ragged])) if ragged else None,
+      "accepted_spread": float(np.mean([r.accepted_spread for r in ragged])) if ragged else None,
       "steps": steps,
       "mean_draft_len": draft_len_sum / steps if method == "bass" else None,
       "plain_step_share": plain_steps / steps if method == "bass" else None,

@@ -86,15 +86,16 @@ def measure_peak_flops(dtype: str = "float32", size: int = 2048, repeats: int = 
 def _decode(target: Model, draft: Model, problems: Sequence[Problem], *, method: str, batch: int,
             max_new_tokens: int, temperature: float, top_p: float, kernels: str,
             strategy: str = "pad", draft_len: Any = "dynamic", check: bool = False,
-            distinct_prompts: bool | None = None):
+            distinct_prompts: bool | None = None, continuous: bool = False):
   """One ``experiment.run_problems`` as every experiment here runs it (the draft only for BASS; distinct
-  prompts per batch at temperature 0 unless ``distinct_prompts`` says otherwise; an untimed warm-up
-  batch first, so a fresh program's costlier first execution is not charged to the first batch)."""
+  prompts per batch at temperature 0 unless ``distinct_prompts`` says otherwise; static batches get an
+  untimed warm-up batch first, so a fresh program's costlier first execution is not charged to the
+  first batch; ``continuous`` decodes every sequence in one continuous batch)."""
   return experiment.run_problems(
       target, draft if method == "bass" else None, problems, batch_size=batch, method=method,
       max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, draft_len=draft_len,
       attention_impl=attention_impl(strategy, kernels), check=check, progress=False,
-      distinct_prompts=distinct_prompts, warmup=True)
+      distinct_prompts=distinct_prompts, warmup=True, continuous=continuous)
 
 
 Saver = Callable[[dict[str, Any]], None]
@@ -200,11 +201,15 @@ def pass_rates_within(records: Sequence[dict[str, Any]], budget_seconds: float) 
 
 def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_sizes: Sequence[int],
            temperatures: Sequence[float], max_new_tokens: int, budget_fraction: float,
-           top_p: float = 0.95, kernels: str = "auto", save: Saver | None = None,
-           log: Callable[[str], None] = _log) -> dict[str, Any]:
+           top_p: float = 0.95, kernels: str = "auto", continuous: bool = True,
+           save: Saver | None = None, log: Callable[[str], None] = _log) -> dict[str, Any]:
   """Fig. 5: Pass@First and Pass@Finished within a wall-clock budget per prompt.
 
-  Every batch holds ``B`` samples of one prompt (Pass@First ranks them), at every temperature.
+  Every batch holds ``B`` samples of one prompt (Pass@First ranks them), at every temperature. With
+  ``continuous`` (the default: many samples within a budget is a throughput problem, and both methods
+  refill, so the comparison stays fair) the samples of all prompts form one queue decoded ``B`` rows at
+  a time, a finished row taking the next sample at once; a sample's time then runs from its admission,
+  as a static batch's runs from the batch's start.
   ``save`` receives the runs so far after every run (without the budget, which needs them all).
 
   Every sequence of every (method, temperature, batch size) is checked against HumanEval's tests; a
@@ -215,7 +220,7 @@ def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_si
   """
   header = {"experiment": "budget", **machine(), "budget_fraction": budget_fraction,
             "num_prompts": len(problems), "max_new_tokens": max_new_tokens, "top_p": top_p,
-            "target": target.name, "draft": draft.name}
+            "continuous": continuous, "target": target.name, "draft": draft.name}
   runs = []
   records_by_run = []
   for temperature in temperatures:
@@ -223,7 +228,8 @@ def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_si
       for method in ("regular", "bass"):
         result = _decode(target, draft, problems, method=method, batch=batch,
                          max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                         kernels=kernels, check=True, distinct_prompts=False)
+                         kernels=kernels, check=True, distinct_prompts=False,
+                         continuous=continuous)
         runs.append({**result.summary, "temperature": temperature})
         records_by_run.append(result.records)
         _checkpoint(save, header, runs)
@@ -242,6 +248,41 @@ def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_si
                          "pass_at_first": [c["pass_at_first"] for c in curve],
                          "pass_at_finished": [c["pass_at_finished"] for c in curve]}
   return {**header, "budget_seconds": budget_seconds, "runs": runs, "complete": True}
+
+
+def throughput(target: Model, draft: Any, problems: Sequence[Problem], *, batch_sizes: Sequence[int],
+               temperatures: Sequence[float], max_new_tokens: int, top_p: float = 0.95,
+               kernels: str = "auto", save: Saver | None = None,
+               log: Callable[[str], None] = _log) -> dict[str, Any]:
+  """Static batches against continuous batching, for BASS and regular decoding, side by side.
+
+  Every prompt is decoded once (distinct prompts at every temperature: the question is the throughput
+  of a set). Static: consecutive groups of B prompts, each decoded until its last row finishes while
+  the finished rows idle (the paper's setting). Continuous: one queue of all prompts, B rows at a time,
+  a finished row taking the next prompt inside the jitted loop (``generate(..., batch_size=B)``). For
+  every (temperature, B, method) the static and the continuous run follow each other; the summaries
+  carry tokens/s, per-token latency All, the wall time of the whole set (compilation excluded; for
+  static batches the host's work between batches too), the mean wait before a prompt's decoding
+  starts and the mean time to its first token. ``save`` receives the result so far after every run.
+  """
+  header = {"experiment": "throughput", **machine(), "num_prompts": len(problems),
+            "max_new_tokens": max_new_tokens, "top_p": top_p, "target": target.name,
+            "draft": draft.name}
+  runs = []
+  for temperature in temperatures:
+    for batch in batch_sizes:
+      for method in ("regular", "bass"):
+        for continuous in (False, True):
+          summary = _decode(target, draft, problems, method=method, batch=batch,
+                            max_new_tokens=max_new_tokens, temperature=temperature,
+                            top_p=top_p if temperature else 1.0, kernels=kernels,
+                            distinct_prompts=True, continuous=continuous).summary
+          runs.append(summary)
+          _checkpoint(save, header, runs)
+          log(f"T={temperature} B={batch} {method} {'continuous' if continuous else 'static'}: "
+              f"{summary['tokens_per_second']:.1f} tokens/s, {summary['ms_per_token_all']:.1f} "
+              f"ms/token All, {summary['wall_seconds']:.1f} s")
+  return {**header, "runs": runs, "complete": True}
 
 
 def baselines(target: Model, draft: Model, problems: Sequence[Problem], *, hf_target, hf_draft,

@@ -12,6 +12,10 @@ from bass_jax import reproduce
 from experiments import _common
 
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0.2", "0.6"], "Sampling temperatures.")
+_CONTINUOUS = flags.DEFINE_bool(
+    "continuous", True, "Continuous batching for both methods: the samples of all prompts form one "
+    "queue that B rows decode, a finished row taking the next sample at once. --nocontinuous decodes "
+    "one static batch of B samples per prompt, as the paper does.")
 _FRACTION = flags.DEFINE_float("budget_fraction", 0.7,
                                "Budget as a fraction of regular decoding's time for a full-length "
                                "sequence at the smallest batch (below 1: regular cannot finish one).")
@@ -24,7 +28,8 @@ def main(argv):
   _common.finish(path, reproduce.budget(
       target, draft, problems, batch_sizes=batches,
       temperatures=[float(t) for t in _TEMPERATURES.value], max_new_tokens=_common.MAX_NEW.value,
-      budget_fraction=_FRACTION.value, kernels=_common.KERNELS.value, save=_common.saver(path)))
+      budget_fraction=_FRACTION.value, kernels=_common.KERNELS.value, continuous=_CONTINUOUS.value,
+      save=_common.saver(path)))
 
 
 if __name__ == "__main__":

@@ -5,9 +5,12 @@ r"""Main job: decode HumanEval (or a JSONL prompt file) with BASS or regular dec
 
 At temperature 0 each batch holds ``--batch_size`` *different* prompts (copies of one prompt would be
 identical rows); when sampling, ``--batch_size`` samples of each prompt (the paper's setting);
-``--distinct_prompts`` overrides either. Per-token latency per sequence (First / Last / All, BASS paper
-§4.1) is the wall time from the start of the batch until that sequence was complete, over its token
-count; compilation is excluded and reported apart (``bass_jax.experiment.run_problems``).
+``--distinct_prompts`` overrides either. By default the sequences of all batches form one queue that
+``--batch_size`` rows decode with continuous batching (a finished row takes the next sequence at once);
+``--nocontinuous`` decodes the batches one after the other. Per-token latency per sequence (All, and
+First / Last of each static batch, BASS paper §4.1) is the wall time from the start of its decoding
+(its batch's start, or its admission) until it was complete, over its token count; compilation is
+excluded and reported apart (``bass_jax.experiment.run_problems``).
 
 Flags and output paths are checked before any model is loaded. Records (one JSON line per sequence) are
 appended to ``--output`` as each batch finishes, so an interrupted run keeps every finished batch; the
@@ -38,6 +41,11 @@ _METHOD = flags.DEFINE_enum("method", "bass", ["bass", "regular"], "Decoding met
 _PROMPTS = flags.DEFINE_string("prompts", "humaneval", "'humaneval' or a JSONL file with 'prompt'.")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 3, "First N prompts (0 = all).", lower_bound=0)
 _BATCH = flags.DEFINE_integer("batch_size", 4, "Rows per batch.", lower_bound=1)
+_CONTINUOUS = flags.DEFINE_bool(
+    "continuous", True, "Continuous batching: --batch_size rows decode at a time and a row that "
+    "finishes takes the next waiting sequence inside the jitted loop, for both methods (the fair "
+    "setting for a set larger than a batch). --nocontinuous decodes static batches, each until its "
+    "last row finishes (the paper's latency setting, with First / Last per batch).")
 _DISTINCT = flags.DEFINE_bool(
     "distinct_prompts", None, "Each batch holds batch_size different prompts, one sequence each "
     "(default at temperature 0); --nodistinct_prompts decodes batch_size samples of each prompt "
@@ -113,7 +121,7 @@ def main(argv):
         max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
         draft_len=_io.draft_len_value(_DRAFT_LEN.value),
         seed=_SEED.value, attention_impl=_ATTENTION.value, distinct_prompts=distinct,
-        verify_chunk=_CHUNK.value, on_batch=records.write)
+        verify_chunk=_CHUNK.value, on_batch=records.write, continuous=_CONTINUOUS.value)
   print(experiment.format_summary(result.summary), flush=True)
   _io.write_json_atomic(summary_path, result.summary)
   print(f"records: {output}\nsummary: {summary_path}", flush=True)

@@ -173,6 +173,26 @@ def test_one_program_call_without_prompt_timing(target, monkeypatch):
   assert np.isnan(untimed.stats.admit_seconds[2:]).all()
 
 
+@pytest.mark.parametrize("chunk", [3, 8, 64])
+def test_chunked_prefill_equals_one_pass(target, chunk):
+  """An admitted row's prefill runs in chunks up to its true length; the valid cache slots and features
+  equal those of one pass over the padded prompts."""
+  from bass_jax.models.common import prefill_cache  # pylint: disable=g-import-not-at-top
+
+  lengths = np.array([1, 6, 17, 9], np.int32)
+  prompts = np.zeros((4, 32), np.int32)
+  for b, row in enumerate(_prompts(target.config.vocab_size, lengths)):
+    prompts[b, :len(row)] = row
+  run = lambda c: prefill_cache(target.config, target.params, jnp.asarray(prompts), jnp.asarray(lengths),
+                                cache_len=48, return_features=True, chunk=c)
+  (whole, whole_features), (chunked, chunked_features) = run(None), jax.jit(run, static_argnums=0)(chunk)
+  np.testing.assert_array_equal(chunked.lengths, lengths - 1)
+  for b, n in enumerate(lengths - 1):
+    for got, want in zip(chunked.k + chunked.v, whole.k + whole.v):
+      np.testing.assert_allclose(got[b, :, :n], want[b, :, :n], rtol=1e-4, atol=2e-4)
+    np.testing.assert_allclose(chunked_features[b, :n], whole_features[b, :n], rtol=1e-4, atol=2e-4)
+
+
 @pytest.mark.parametrize("batch_size", [0, -1, 1.5, "2", True])
 def test_bad_batch_size_is_named(target, batch_size):
   with pytest.raises(ValueError, match="batch_size"):

@@ -106,9 +106,11 @@ def test_main_job_end_to_end(tmp_path, smollm2):
   prompts.write_text("".join(json.dumps({"task_id": f"t{i}", "prompt": p}) + "\n"
                              for i, p in enumerate(["def add(a, b):", "import os\n# list files"])))
   out, summary = tmp_path / "out.jsonl", tmp_path / "summary.json"
-  for method in ("regular", "bass"):
+  # Regular decoding in static batches, BASS with continuous batching (the default): 6 sequences, 3 rows.
+  for method, continuous in (("regular", False), ("bass", True)):
     result = subprocess.run(
         [sys.executable, "-m", "experiments.generate", f"--target={tmp_path / 'tiny'}",
+         "--continuous" if continuous else "--nocontinuous",
          f"--draft={tmp_path / 'tiny'}", "--draft_num_layers=1", f"--method={method}",
          f"--prompts={prompts}", "--num_prompts=2", "--batch_size=3", "--max_new_tokens=6",
          "--temperature=0.7", "--top_p=0.9", "--draft_len=2", f"--output={out}",
@@ -121,13 +123,20 @@ def test_main_job_end_to_end(tmp_path, smollm2):
     for r in records:
       assert set(r) == {"task_id", "sample_index", "batch_index", "row", "batch_size",
                         "prompt_tokens", "completion", "num_tokens", "accepted_drafts",
-                        "mean_logprob", "finished", "finish_seconds"}
-      assert 0 < r["finish_seconds"] <= json.loads(summary.read_text())["wall_seconds"] + 1e-6
+                        "mean_logprob", "finished", "finish_seconds", "wait_seconds", "ttft_seconds"}
+      wall = json.loads(summary.read_text())["wall_seconds"]
+      assert 0 < r["finish_seconds"] <= wall + 1e-6
+      assert 0 <= r["wait_seconds"] < r["ttft_seconds"] <= r["wait_seconds"] + r["finish_seconds"] + 1e-6
+      assert (r["batch_index"] is None) == continuous
       assert 1 <= r["num_tokens"] <= 6 and r["mean_logprob"] <= 0 and isinstance(r["completion"], str)
     s = json.loads(summary.read_text())
     assert set(experiment.SUMMARY_KEYS) <= set(s) and s["method"] == method
-    assert s["batch_size"] == 3 and s["num_prompts"] == 2
-    assert min(s["ms_per_token_first"], s["ms_per_token_last"], s["ms_per_token_all"]) > 0
+    assert s["batch_size"] == 3 and s["num_prompts"] == 2 and s["continuous"] == continuous
+    if continuous:  # no batches: All only; the later sequences waited for a row
+      assert s["ms_per_token_first"] is None and s["ms_per_token_last"] is None
+      assert s["ms_per_token_all"] > 0 and max(r["wait_seconds"] for r in records) > 0
+    else:
+      assert min(s["ms_per_token_first"], s["ms_per_token_last"], s["ms_per_token_all"]) > 0
     assert s["tokens_per_second"] > 0 and s["compile_seconds"] > 0 and s["steps"] >= 2
     assert "ms_per_token_all" in result.stdout  # the printed table
     if method == "bass":

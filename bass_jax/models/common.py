@@ -20,6 +20,7 @@ time grows with depth (measured in ``docs/design.md``, "Compilation").
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
 import flax.linen as nn
@@ -284,7 +285,8 @@ def forward(config: DecoderConfig, params: Any, tokens: jax.Array, cache: KVCach
 
 def prefill_cache(config: DecoderConfig, params: Any, prompts: jax.Array, prompt_len: jax.Array, *,
                   cache_len: int, dtype: Any = jnp.float32, attention_impl: str = "reference",
-                  return_features: bool = False, sharding: sharding_lib.ShardingPlan | None = None):
+                  return_features: bool = False, sharding: sharding_lib.ShardingPlan | None = None,
+                  chunk: int | None = None):
   """A fresh ragged cache of ``cache_len`` slots holding every prompt token but the last, which the
   first decode step consumes (the paper's Fig. 3: the cache lags the text by one token).
 
@@ -292,19 +294,47 @@ def prefill_cache(config: DecoderConfig, params: Any, prompts: jax.Array, prompt
     prompts: ``i32[B, P]`` right-padded prompts. prompt_len: ``i32[B]``, each ``>= 1``.
     return_features: also return the prompts' features (:func:`forward`), ``dtype[B, P, E]``.
     sharding: the model's placement on a mesh (:func:`forward`); the new cache is laid out by it.
+    chunk: None runs one forward over all P positions. An int runs cached forwards of ``chunk``
+      positions in a ``lax.while_loop`` until the longest row's ``prompt_len - 1`` tokens are in (a
+      chunked prefill): the work then follows the true prompt length, not its padded bucket, which is
+      what a one-row prefill of continuous batching needs. Features past ``prompt_len - 1`` are then
+      zeros.
 
   Returns:
     The cache with ``lengths = prompt_len - 1`` (the padding's K/V lie past each row's length); with
     ``return_features``, ``(cache, features)``.
   """
   cache = config.init_cache(prompts.shape[0], cache_len, jnp.dtype(dtype))
-  out = forward(config, params, prompts, None, dtype=dtype, attention_impl=attention_impl,
-                compute_logits=False, return_features=return_features, sharding=sharding)
-  cache = cache.append(out[1]).with_lengths(prompt_len - 1)
+  run = functools.partial(forward, config, params, dtype=dtype, attention_impl=attention_impl,
+                          compute_logits=False, return_features=return_features, sharding=sharding)
+  if chunk is None:
+    out = run(prompts, None)
+    cache, features = cache.append(out[1]), out[2] if return_features else None
+  else:
+    batch, width = prompts.shape
+    padded = jnp.pad(prompts, ((0, 0), (0, chunk)))
+    features = None
+    if return_features:
+      shape = jax.eval_shape(run, padded[:, :chunk], cache)[2]
+      features = jnp.zeros((batch, width + chunk, shape.shape[-1]), shape.dtype)
+
+    def fill(carry):
+      start, cache, features = carry
+      out = run(jax.lax.dynamic_slice_in_dim(padded, start, chunk, axis=1),
+                cache.with_lengths(jnp.full((batch,), start, jnp.int32)))
+      if features is not None:
+        features = jax.lax.dynamic_update_slice_in_dim(features, out[2], start, axis=1)
+      return start + chunk, out[1], features
+
+    needed = jnp.max(prompt_len) - 1
+    _, cache, features = jax.lax.while_loop(lambda c: c[0] < needed, fill,
+                                            (jnp.zeros((), jnp.int32), cache, features))
+    features = None if features is None else features[:, :width]
+  cache = cache.with_lengths(prompt_len - 1)
   if sharding is not None:
     cache = jax.lax.with_sharding_constraint(
         cache, sharding_lib.state_shardings(cache, sharding, prompts.shape[0]))
-  return (cache, out[2]) if return_features else cache
+  return (cache, features) if return_features else cache
 
 
 def positions_of(tokens: jax.Array, cache: KVCache | None) -> jax.Array:

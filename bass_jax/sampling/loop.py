@@ -1,4 +1,5 @@
-"""The jitted decode: prefill, then one ``lax.while_loop`` of regular or BASS steps over a static batch.
+"""The jitted decode: prefill, then one ``lax.while_loop`` of regular or BASS steps over a batch of rows,
+refilled from a queue of waiting prompts when the batch is continuous.
 
 Implements BASS (paper §3; docs/bass.md): one step (draft, verify, accept, advance) and the draft length
 for B rows at once, every row with its own length. Shapes are static: the batch, the prompt length and
@@ -6,6 +7,11 @@ the output buffer are padded to buckets (``bass_jax.sampling.generate``), the ca
 ``S >= P + N + L + 1`` slots (P the padded prompt length, N the output bucket, L the maximum draft
 length), and rows that finish keep riding along, frozen. The true ``max_new_tokens`` and the EOS ids are
 traced values, so calls that differ only in them share a program. Nothing here talks to the host.
+
+Continuous batching (``DecodeSpec.queue_len > 0``): a row that finishes retires its output into the
+:class:`Queue` and takes the next waiting prompt, all inside the loop (:func:`decode`, :func:`_admit`):
+a chunked one-row prefill written into that row's cache slots, the proposer's state restarted for the
+row, the batch's draft-length policy kept.
 
 Verification scores the ``l + 1`` positions ``[last emitted, d_1 … d_l]`` in chunks of C positions
 (``DecodeSpec.verify_chunk``): one compiled target forward, run once per chunk, accepting chunk by chunk
@@ -548,6 +554,11 @@ def _retire(spec: DecodeSpec, state: DecodeState) -> DecodeState:
   return state.replace(queue=queue)
 
 
+# Positions per forward of an admitted row's prefill (``prefill_cache``'s chunk): the work follows the
+# prompt's true length rather than its padded bucket.
+ADMIT_CHUNK = 64
+
+
 def _admit(spec: DecodeSpec, target_params: Any, draft_params: Any,
            state: DecodeState) -> DecodeState:
   """Restarts the first free row on the next waiting prompt: a one-row prefill written into that row's
@@ -561,8 +572,8 @@ def _admit(spec: DecodeSpec, target_params: Any, draft_params: Any,
   prompt_len = jax.lax.dynamic_slice_in_dim(queue.prompt_len, index, 1)  # [1]
   prefilled = prefill_cache(spec.target, target_params, prompt, prompt_len,
                             cache_len=spec.cache_len, dtype=spec.target_dtype,
-                            attention_impl=spec.attention_impl,
-                            return_features=spec.keeps_features, sharding=spec.target_sharding)
+                            attention_impl=spec.attention_impl, return_features=spec.keeps_features,
+                            sharding=spec.target_sharding, chunk=ADMIT_CHUNK)
   row_cache, prompt_features, features = prefilled, None, state.features
   if spec.keeps_features:
     row_cache, prompt_features = prefilled
@@ -571,7 +582,7 @@ def _admit(spec: DecodeSpec, target_params: Any, draft_params: Any,
   if spec.method == "bass":
     proposer_state = spec.proposer.admit(draft_params, proposer_state, row, prompt, prompt_len,
                                          cache_len=spec.cache_len, max_len=spec.max_draft,
-                                         features=prompt_features)
+                                         features=prompt_features, prefill_chunk=ADMIT_CHUNK)
   text = jnp.concatenate([prompt, jnp.zeros((1, spec.max_new_bucket), jnp.int32)], axis=1)
   length = prompt_len[0]
   return state.replace(

@@ -111,7 +111,8 @@ class Proposer(abc.ABC):
   sharding = None
 
   def init_state(self, params: Any, prompts: jax.Array, prompt_len: jax.Array, *, cache_len: int,
-                 max_len: int, features: jax.Array | None = None) -> Any:
+                 max_len: int, features: jax.Array | None = None,
+                 prefill_chunk: int | None = None) -> Any:
     """The proposer's state after the prefill (default: none).
 
     Args:
@@ -119,12 +120,15 @@ class Proposer(abc.ABC):
       prompts: ``i32[B, P]`` right-padded prompts. prompt_len: ``i32[B]``.
       cache_len: S, the slots a ragged cache must hold. max_len: L, the most drafts per step.
       features: ``[B, P, E]`` the target's features over the prompts (when ``needs_features``).
+      prefill_chunk: a draft model may prefill in chunks of this many positions, up to the true
+        prompt length (``models.common.prefill_cache``'s ``chunk``); None: one pass over all P.
     """
-    del params, prompts, prompt_len, cache_len, max_len, features
+    del params, prompts, prompt_len, cache_len, max_len, features, prefill_chunk
     return None
 
   def admit(self, params: Any, state: Any, row: jax.Array, prompt: jax.Array, prompt_len: jax.Array,
-            *, cache_len: int, max_len: int, features: jax.Array | None = None) -> Any:
+            *, cache_len: int, max_len: int, features: jax.Array | None = None,
+            prefill_chunk: int | None = None) -> Any:
     """The state with row ``row`` restarted on a new prompt (continuous batching, ``loop.decode``): the
     other rows are untouched.
 
@@ -135,9 +139,10 @@ class Proposer(abc.ABC):
     Args:
       row: ``i32[]``. prompt: ``i32[1, P]`` right-padded. prompt_len: ``i32[1]``.
       features: ``[1, P, E]`` the target's features over the prompt (when ``needs_features``).
+      prefill_chunk: as in :meth:`init_state`.
     """
     fresh = self.init_state(params, prompt, prompt_len, cache_len=cache_len, max_len=max_len,
-                            features=features)
+                            features=features, prefill_chunk=prefill_chunk)
     return write_row(state, fresh, row)
 
   def forward_costs(self, params: Any, batch: int, cache_len: int, max_len: int) -> tuple[float, float]:
@@ -264,12 +269,13 @@ class ModelProposer(Proposer):
                                 params, batch, cache_len=cache_len, sharding=self.sharding)
     return forward(positions=2), forward(positions=1)
 
-  def init_state(self, params, prompts, prompt_len, *, cache_len, max_len, features=None):
+  def init_state(self, params, prompts, prompt_len, *, cache_len, max_len, features=None,
+                 prefill_chunk=None):
     del features
     batch = prompts.shape[0]
     cache = prefill_cache(self.config, params, prompts, prompt_len, cache_len=cache_len,
                           dtype=self.dtype, attention_impl=self.attention_impl,
-                          sharding=self.sharding)
+                          sharding=self.sharding, chunk=prefill_chunk)
     return DraftCacheState(cache=cache, fed=jnp.zeros((batch, max_len), jnp.int32),
                            num_fed=jnp.zeros((), jnp.int32))
 
@@ -390,8 +396,9 @@ class EagleProposer(Proposer):
     return eagle.forward(self.config, params, tokens, features, cache, dtype=self.dtype,
                          attention_impl=self.attention_impl, sharding=self.sharding)
 
-  def init_state(self, params, prompts, prompt_len, *, cache_len, max_len, features=None):
-    del max_len
+  def init_state(self, params, prompts, prompt_len, *, cache_len, max_len, features=None,
+                 prefill_chunk=None):
+    del max_len, prefill_chunk  # one layer: a pass over all P pairs costs little
     if features is None:
       raise ValueError("EagleProposer.init_state needs the target's prompt features")
     cache = self.config.init_cache(prompts.shape[0], cache_len, jnp.dtype(self.dtype))
@@ -574,9 +581,10 @@ class HybridProposer(Proposer):
   def forward_costs(self, params, batch, cache_len, max_len):
     return self.model.forward_costs(params, batch, cache_len, max_len)
 
-  def init_state(self, params, prompts, prompt_len, *, cache_len, max_len, features=None):
+  def init_state(self, params, prompts, prompt_len, *, cache_len, max_len, features=None,
+                 prefill_chunk=None):
     return self.model.init_state(params, prompts, prompt_len, cache_len=cache_len, max_len=max_len,
-                                 features=features)
+                                 features=features, prefill_chunk=prefill_chunk)
 
   def propose(self, params, state, ctx, *, max_len, chunk, greedy):
     state, by_model = self.model.propose(params, state, ctx, max_len=max_len, chunk=chunk,

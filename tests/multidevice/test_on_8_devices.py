@@ -303,3 +303,18 @@ def test_a_batch_that_does_not_split_over_data_is_refused_below_generate():
   with pytest.raises(ValueError, match="3 rows, which do not split over the data axis of size 4; "
                      "pad it to 4 rows"):
     bj.models.common.forward(target.config, target.params, tokens, sharding=plan)
+
+
+def test_continuous_batching_on_a_tensor_parallel_mesh_emits_the_single_device_tokens():
+  """Continuous batching on (1, 8): refilled rows' one-row prefills and cache writes run on a mesh with
+  every weight and KV head split, and give one device's tokens; a data axis above 1 is refused."""
+  target, draft = _pair("llama")
+  prompts = _prompts(n=7, seed=3)
+  single = bj.generate(target, draft, prompts, max_new_tokens=12)
+  out = bj.generate(target, draft, prompts, max_new_tokens=12, batch_size=2,
+                    mesh=sharding.make_mesh(1, 8))
+  assert out.stats.continuous and out.stats.mesh == {"data": 1, "model": 8}
+  np.testing.assert_array_equal(out.tokens, single.tokens)
+  with pytest.raises(ValueError, match="data axis has size 1"):
+    bj.generate(target, draft, prompts, max_new_tokens=12, batch_size=2,
+                mesh=sharding.make_mesh(2, 4))
