@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 
 from bass_jax.models import eagle
+from bass_jax.sampling import loop
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,7 +338,8 @@ def decode_flops(target, draft, prompt_lengths: np.ndarray, output, *, method: s
 
   Useful FLOPs count each position's attention at its true context; executed FLOPs count every
   computed position (prompt padding, the padding rows of the batch bucket, draft steps, every verified
-  position of every verification chunk) with its attention at the batch's mean context (prompt plus
+  position of every verification chunk, the chunked prefill of every prompt a continuous batch admits)
+  with its attention at the batch's mean context (prompt plus
   half the output), an approximation of the small attention term that keeps the count analytic.
 
   Args:
@@ -348,7 +350,7 @@ def decode_flops(target, draft, prompt_lengths: np.ndarray, output, *, method: s
     method: ``"bass"`` or ``"regular"``.
 
   Returns:
-    :class:`Flops` of the whole batch's decode, in floating-point operations (multiply-add = 2).
+    :class:`Flops` of the whole batch's decode (an EAGLE draft's admission prefills not counted), in floating-point operations (multiply-add = 2).
   """
   prompt_lengths = np.asarray(prompt_lengths)
   stats = output.stats
@@ -358,13 +360,20 @@ def decode_flops(target, draft, prompt_lengths: np.ndarray, output, *, method: s
   mean_context = float(np.mean(prompt_lengths + output.lengths / 2))
   per_pos = lambda config, params, n: forward_flops(config, params, np.full(int(n), mean_context))
   executed = per_pos(tc, tp, batch * stats.prompt_bucket)  # prefill, padding included
+  # Continuous batching: every prompt admitted inside the loop is prefilled alone, in chunks up to its
+  # own length (loop.ADMIT_CHUNK), by the target and a draft model.
+  admitted = 0
+  if stats.continuous:
+    later = np.asarray(prompt_lengths)[stats.batch_size:] - 1
+    admitted = int(np.sum(-(-later // loop.ADMIT_CHUNK) * loop.ADMIT_CHUNK))
+  executed += per_pos(tc, tp, admitted)
   if method == "regular":
     executed += per_pos(tc, tp, batch * stats.steps)
   else:
     model = getattr(draft, "model", draft)  # a Hybrid's draft model; None-like for n-gram
     drafting = hasattr(model, "config") and hasattr(model, "params")
     if drafting:
-      executed += per_pos(model.config, model.params, batch * stats.prompt_bucket)
+      executed += per_pos(model.config, model.params, batch * stats.prompt_bucket + admitted)
     for l, verified in zip(stats.draft_lens, stats.verified):
       if drafting and l > 0:
         executed += per_pos(model.config, model.params, batch * (l + 1))

@@ -13,9 +13,10 @@ from experiments import _common
 
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0.2", "0.6"], "Sampling temperatures.")
 _CONTINUOUS = flags.DEFINE_bool(
-    "continuous", True, "Continuous batching for both methods: the samples of all prompts form one "
-    "queue that B rows decode, a finished row taking the next sample at once. --nocontinuous decodes "
-    "one static batch of B samples per prompt, as the paper does.")
+    "continuous", False, "Continuous batching for both methods: the samples of all prompts form one "
+    "queue that B rows decode, a finished row taking the next sample at once, and each sample's time "
+    "runs from its own admission. Off by default: the budget is per prompt, whose B samples then no "
+    "longer start together (bass_jax.reproduce.budget).")
 _FRACTION = flags.DEFINE_float("budget_fraction", 0.7,
                                "Budget as a fraction of regular decoding's time for a full-length "
                                "sequence at the smallest batch (below 1: regular cannot finish one).")

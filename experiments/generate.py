@@ -13,8 +13,8 @@ First / Last of each static batch, BASS paper §4.1) is the wall time from the s
 excluded and reported apart (``bass_jax.experiment.run_problems``).
 
 Flags and output paths are checked before any model is loaded. Records (one JSON line per sequence) are
-appended to ``--output`` as each batch finishes, so an interrupted run keeps every finished batch; the
-summary is written atomically to ``--summary_json`` at the end. Both default to a fresh directory
+appended to ``--output`` as each static batch finishes, so an interrupted run keeps every finished
+batch (a continuous run writes them all at its end); the summary is written atomically to ``--summary_json`` at the end. Both default to a fresh directory
 ``outputs/generate-<method>-<time>/``.
 
 The default draft is ``smollm2-135m-draft``, the small Llama draft this project distilled from the

@@ -221,7 +221,11 @@ def _budget(result, figures: pathlib.Path) -> list[str]:
   lines += [f"Budget: {result['budget_seconds']:.2f} s per prompt = {result['budget_fraction']} x regular "
             "decoding's time for a full-length sequence at the smallest batch, so regular decoding cannot "
             "finish a full-length sequence within it. Pass@First: the finished sequence with the highest "
-            "mean log-probability passes; Pass@Finished: any finished sequence passes.", ""]
+            "mean log-probability passes; Pass@Finished: any finished sequence passes. "
+            + ("Continuous batching: the samples of all prompts form one queue that B rows decode, and a "
+               "sample's time runs from its admission." if result.get("continuous") else
+               "Static batches: one batch of B samples per prompt (this run predates continuous "
+               "batching or ran with --nocontinuous)."), ""]
   if not any(rates) and not any(curves):
     image.unlink(missing_ok=True)
     lines += [f"- No sequence passed its unit tests, with either method, at any batch size or "
@@ -291,9 +295,14 @@ def _baselines(result) -> list[str]:
   return lines + [""]
 
 
+def _batching(run) -> str:
+  """``"static"`` or ``"continuous"`` as the run asked (older files record only what ran)."""
+  return run.get("batching") or ("continuous" if run["continuous"] else "static")
+
+
 def _throughput(result) -> list[str]:
   runs = result["runs"]
-  key = lambda r: (r["temperature"], r["batch_size"], r["method"], r["continuous"])
+  key = lambda r: (r["temperature"], r["batch_size"], r["method"], _batching(r) == "continuous")
   by = {key(r): r for r in runs}
   reading = []
   for t in sorted({r["temperature"] for r in runs}):
@@ -320,7 +329,7 @@ def _throughput(result) -> list[str]:
   for r in sorted(runs, key=key):
     lines.append(
         f"| {r['temperature']} | {r['batch_size']} | {_METHODS[r['method']]} | "
-        f"{'continuous' if r['continuous'] else 'static'} | {r['tokens_per_second']:.1f} | "
+        f"{_batching(r)} | {r['tokens_per_second']:.1f} | "
         f"{r['ms_per_token_all']:.1f} | {r['wall_seconds']:.1f} | {r['mean_wait_seconds']:.1f} | "
         f"{r['mean_ttft_seconds']:.1f} | {r['mean_accepted_length']:.2f} |")
   return lines + [""]

@@ -75,7 +75,8 @@ def test_bad_flags_fail_in_seconds_before_loading_a_model(setup, tmp_path, flag,
 def test_an_interrupted_run_keeps_every_finished_batch(setup, tmp_path, sig):
   out, summary = tmp_path / "records.jsonl", tmp_path / "summary.json"
   args = _args(setup, "--method=regular", f"--num_prompts={NUM_PROMPTS}", "--batch_size=1",
-               "--max_new_tokens=256", f"--output={out}", f"--summary_json={summary}")
+               "--nocontinuous", "--max_new_tokens=256", f"--output={out}",
+               f"--summary_json={summary}")
   # A suite launched in the background inherits SIGINT ignored, and so would the script: run it with
   # Python's own Ctrl-C handler installed, as in a terminal.
   assert args[1:3] == ["-m", "experiments.generate"]

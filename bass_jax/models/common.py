@@ -297,8 +297,8 @@ def prefill_cache(config: DecoderConfig, params: Any, prompts: jax.Array, prompt
     chunk: None runs one forward over all P positions. An int runs cached forwards of ``chunk``
       positions in a ``lax.while_loop`` until the longest row's ``prompt_len - 1`` tokens are in (a
       chunked prefill): the work then follows the true prompt length, not its padded bucket, which is
-      what a one-row prefill of continuous batching needs. Features past ``prompt_len - 1`` are then
-      zeros.
+      what a one-row prefill of continuous batching needs. Features at positions from
+      ``prompt_len - 1`` on are then those of padding tokens, or zeros past the last chunk.
 
   Returns:
     The cache with ``lengths = prompt_len - 1`` (the padding's K/V lie past each row's length); with

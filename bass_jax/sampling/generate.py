@@ -60,12 +60,13 @@ class GenerateStats:
       prompt arrives then) until the decode returned with the prompt done (the loop returns to the
       host whenever a row finishes). NaN with ``time_prompts=False``.
     admit_seconds: ``f64[B]`` per prompt, the wait before admission: seconds from the call's start
-      until the decode call that prefilled its row began (0 for the prompts of the first rows; NaN
-      with ``time_prompts=False``).
+      until the decode call that prefilled its row began (0 for the prompts of the first rows, which
+      the call's prefill admits; NaN for the others with ``time_prompts=False``).
     first_token_seconds: ``f64[B]`` per prompt, time to first token: seconds from the call's start
       until the decode returned with the prompt's first token emitted (its wait included; NaN with
       ``time_prompts=False``).
-    wall_seconds: prefill plus decode, compilation excluded (= max of ``finish_seconds`` when timed).
+    wall_seconds: prefill plus decode, compilation excluded (at least the largest ``finish_seconds``:
+      a continuous decode returns once more after its last finish, to retire that prompt).
     compile_seconds: time spent compiling in this call (0 when the programs were cached).
     compiled: whether this call compiled (False: it reused programs of an earlier call).
     prompt_bucket: P, the length prompts were padded to for the prefill.

@@ -11,6 +11,10 @@ each step it
    §3.5 holds for any ``q``);
 2. **rolls back** after acceptance: its state is brought in line with the text each row now has.
 
+With continuous batching the loop also restarts one row of the state on a new prompt
+(:meth:`Proposer.admit`; by default :meth:`Proposer.init_state` for that row, written into it), so an
+``init_state`` must take the ``prefill_chunk`` keyword (and may ignore it).
+
 Its state (a ragged draft cache, or nothing) lives in ``DecodeState.proposer_state``. A proposer also
 says whether it could propose anything at all this step (:meth:`Proposer.can_propose`): when no row
 can, the loop runs a plain decoding step instead of a verification (``loop.decode``).

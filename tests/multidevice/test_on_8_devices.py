@@ -9,7 +9,8 @@ emits the same tokens on every mesh. The
 real SmolLM2 (9 query and 3 key/value heads) on a (2, 3) mesh: loaded straight onto its shards, and
 greedy BASS and regular decoding emit one device's tokens. Weights lie where the tables say, read from
 the arrays' own ``.sharding`` (the expected layouts are written out here by hand, not derived from
-``bass_jax.sharding``); bad meshes fail with errors that name the fix.
+``bass_jax.sharding``); bad meshes fail with errors that name the fix. Continuous batching on a
+(1, 8) mesh gives one device's tokens; on a mesh with a data axis above 1 it is refused.
 """
 
 import functools
