@@ -656,17 +656,18 @@ def generate(
     call_start = time.perf_counter() - start
     state = decode(state, *args_tail)
     done = host(state.done)
+    # The prompt each row serves (read once per return: it decides both the clock and the stop).
+    row_prompt = (host(state.queue.row_prompt) if continuous
+                  else np.where(inert, -1, np.arange(rows)))
     if time_prompts:
-      row_prompt = (host(state.queue.row_prompt) if continuous
-                    else np.where(inert, -1, np.arange(rows)))
       generated = host(state.seq_len) - host(state.prompt_len)
       clock.observe(row_prompt, generated, done, call_start, time.perf_counter() - start)
-    step, limit = int(host(state.step)), int(host(state.step_limit))
-    left = ((host(state.queue.row_prompt) >= 0).any() or int(host(state.queue.next)) < num_prompts
-            if continuous else not done.all())
+    left = ((row_prompt >= 0).any() or int(host(state.queue.next)) < num_prompts
+            if continuous else not done.all())  # loop.unfinished, less the step limit
     if not left:
       break
-    if step >= limit:
+    limit = int(host(state.step_limit))
+    if int(host(state.step)) >= limit:
       raise RuntimeError(f"generate: the decode reached its step limit ({limit}) with prompts left; "
                          "this is a bug in bass_jax, please report it with the call's arguments")
   wall = time.perf_counter() - start
