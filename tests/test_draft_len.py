@@ -43,3 +43,163 @@ def test_policies_parse_and_validate():
       as_policy(bad)
   with pytest.raises(ValueError, match="l0"):
     DynamicDraftLen(l0=40)
+
+
+# --- The cost-aware policy's exploration, and step costs measured on a busy machine (issue 24) ---
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import bass_jax as bj  # noqa: E402
+from bass_jax.sampling import costs as costs_lib  # noqa: E402
+from bass_jax.sampling.draft_len import GoodputDraftLen, StepCosts  # noqa: E402
+from conftest import tiny_model  # noqa: E402
+
+# Speculation loses at the prior (0.5: E(3) / cost(3) = 1.875 / 2.2 < 1 / plain) but would win with
+# drafts that are always accepted (4 / 2.2 > 1): the case a pessimistic or unlucky measurement creates.
+NOT_AT_PRIOR = StepCosts(plain=1.0, verify_pass=2.0, propose_first=0.1, propose_next=0.05, chunk=4)
+# No acceptance can pay: even a perfect draft emits 4 tokens for 50 plain steps' time.
+NEVER = StepCosts(plain=1.0, verify_pass=50.0, propose_first=0.0, propose_next=0.0, chunk=4)
+
+
+def _run_policy(policy, costs, steps, accept_all, rows=4):
+  """The policy's lengths over ``steps`` steps, as the decode calls it: a plain step when it picks 0,
+  else a speculative one in which every row accepts all its drafts (``accept_all``) or none."""
+  after_step = jax.jit(policy.after_step)
+  after_plain_step = jax.jit(policy.after_plain_step)
+  length, state = policy.start(costs.as_array())
+  lengths = []
+  live = jnp.ones(rows, bool)
+  for _ in range(steps):
+    l = int(length)
+    lengths.append(l)
+    if l == 0:
+      length, state = after_plain_step(state, length)
+    else:
+      drafts = jnp.full(rows, l, jnp.int32)
+      length, state = after_step(state, length, drafts, drafts if accept_all else 0 * drafts, live)
+  return np.array(lengths)
+
+
+def _longest_plain_run(lengths):
+  run = longest = 0
+  for l in lengths:
+    run = run + 1 if l == 0 else 0
+    longest = max(longest, run)
+  return longest
+
+
+@pytest.mark.parametrize("k", [4, 16])
+def test_goodput_explores_once_every_k_plain_steps_when_speculation_loses(k):
+  policy = GoodputDraftLen(explore_every=k)
+  lengths = _run_policy(policy, NOT_AT_PRIOR, steps=5 * (k + 1), accept_all=False)
+  assert lengths[0] == 0  # the prior says plain
+  # Nothing is ever accepted, so each exploration is a single step: k plain steps, then one draft.
+  assert _longest_plain_run(lengths) == k
+  explored = np.flatnonzero(lengths > 0)
+  np.testing.assert_array_equal(explored, np.arange(k, len(lengths), k + 1))
+  # The best positive length under the running rates: at the prior, one verification pass's worth
+  # (l = 3); later within one pass still, shorter as the failed explorations lower the rates.
+  assert lengths[explored[0]] == 3 and set(lengths[explored].tolist()) <= {1, 2, 3}
+
+
+def test_goodput_without_exploration_stays_plain_where_the_prior_says_so():
+  lengths = _run_policy(GoodputDraftLen(explore_every=0), NOT_AT_PRIOR, steps=60, accept_all=True)
+  assert (lengths == 0).all()
+
+
+def test_an_exploration_that_finds_good_drafts_keeps_speculating():
+  """The starved policy recovers: after one exploration whose drafts were all accepted, it speculates
+  on its own, where without exploration it would have decoded plainly throughout (test above)."""
+  lengths = _run_policy(GoodputDraftLen(explore_every=8), NOT_AT_PRIOR, steps=30, accept_all=True)
+  assert (lengths[:8] == 0).all() and (lengths[8:] > 0).all()
+
+
+def test_goodput_never_explores_where_no_acceptance_could_pay():
+  policy = GoodputDraftLen(explore_every=4)
+  assert bool(policy.could_pay(NOT_AT_PRIOR.as_array()))
+  assert not bool(policy.could_pay(NEVER.as_array()))
+  assert (_run_policy(policy, NEVER, steps=30, accept_all=True) == 0).all()
+
+
+def test_explore_every_is_validated_and_part_of_the_policy():
+  assert bj.GoodputDraftLen().explore_every == 16 and as_policy("goodput").explore_every == 16
+  assert GoodputDraftLen(explore_every=0) != GoodputDraftLen()  # a different decode program
+  for bad in (-1, 2.5, None):
+    with pytest.raises(ValueError, match="explore_every"):
+      GoodputDraftLen(explore_every=bad)
+
+
+def test_a_decode_explores_and_stays_lossless():
+  """Through generate: under costs where drafting loses at the prior, exploration speculates at least
+  once every k plain steps (the decode would otherwise be all plain: tests above), the perfect draft's
+  tokens are accepted, and the greedy tokens are still regular decoding's."""
+  target = tiny_model(0, scale=3.0)
+  prompts = [[3, 9, 4, 1, 7], [5, 2, 8]]
+  kw = dict(max_new_tokens=16, eos_token_id=())
+  regular = bj.generate(target, None, prompts, method="regular", **kw)
+  k = 3
+  bass = bj.generate(target, target, prompts, **kw,  # the target drafts for itself
+                     draft_len=GoodputDraftLen(explore_every=k, costs=NOT_AT_PRIOR))
+  np.testing.assert_array_equal(bass.tokens, regular.tokens)
+  lens = bass.stats.draft_lens
+  assert (lens[:k] == 0).all() and lens[k] > 0 and _longest_plain_run(lens) <= k
+  assert (bass.stats.accepted > 0).any()
+
+
+class _SimulatedMachine:
+  """A clock and timed calls of known cost on a simulated machine; from ``busy_from`` seconds on, a
+  background job makes every call ``slowdown`` times slower (interference only adds time)."""
+
+  def __init__(self, busy_from, slowdown=3.0):
+    self.now, self.busy_from, self.slowdown = 0.0, busy_from, slowdown
+
+  def clock(self):
+    return self.now
+
+  def call(self, seconds):
+    def run():
+      self.now += seconds * (self.slowdown if self.now >= self.busy_from else 1.0)
+    return run
+
+
+def test_a_load_that_starts_during_the_measurement_does_not_inflate_the_ratio():
+  """Plain step 1 s, verification pass 2 s; a load starts after 2 rounds and lasts. Timed one piece after
+  the other (as before), the pass is timed entirely under load: ratio 6. Interleaved, and the fastest of
+  each, both pieces have quiet rounds: ratio 2, the machine's own."""
+  # Busy from 10 s on: interleaved, after the warm-up calls (3 s) and two quiet rounds (3 s each); one
+  # after the other, after the plain step's 8 calls and the pass's warm-up call.
+  machine = _SimulatedMachine(busy_from=10.0)
+  plain, verify = machine.call(1.0), machine.call(2.0)
+  got = costs_lib.fastest_seconds([plain, verify], repeats=7, clock=machine.clock)
+  assert got == [1.0, 2.0]
+
+  machine = _SimulatedMachine(busy_from=10.0)
+  plain, verify = machine.call(1.0), machine.call(2.0)
+  one_after_the_other = [costs_lib.fastest_seconds([c], repeats=7, clock=machine.clock)[0]
+                         for c in (plain, verify)]
+  assert one_after_the_other[1] / one_after_the_other[0] == 6.0  # the failure this avoids
+
+
+def test_the_fastest_call_ignores_noise_and_load_throughout_keeps_the_ratio():
+  rng = np.random.default_rng(0)
+  now = [0.0]
+
+  def call(seconds, load):
+    def run():  # interference only ever adds time
+      now[0] += seconds * load + rng.exponential(0.5 * seconds)
+    return run
+
+  for load in (1.0, 4.0):
+    got = costs_lib.fastest_seconds([call(1.0, load), call(2.0, load)], repeats=9,
+                                    clock=lambda: now[0])
+    assert got[1] / got[0] == pytest.approx(2.0, rel=0.25)
+  with pytest.raises(ValueError, match="repeats"):
+    costs_lib.fastest_seconds([call(1.0, 1.0)], repeats=0)
+
+
+def test_time_forwards_threads_one_cache_through_every_forward():
+  model = tiny_model(0)
+  seconds = costs_lib.time_forwards(model.config, "float32", "reference", model.params, batch=2,
+                                    positions=[1, 4], cache_len=32)
+  assert len(seconds) == 2 and all(0 < s < 10 for s in seconds)

@@ -8,15 +8,28 @@ verification pass), and the proposer's first and further forwards of a step
 proposer costs 0 (an n-gram lookup is a few integer comparisons per token of the buffer, far below a
 forward). Sampling and acceptance arithmetic are not timed: they add a similar amount to every kind of
 step.
+
+The measurement is made to survive a busy machine (another process on the cores), because the policy
+decides by the costs' *ratios* (``E(l) / cost(l)`` against ``1 / plain``) and one inflated verification
+pass can make it decode plainly for a whole run. Each piece is the **fastest** of its timed calls, not
+their median: interference only ever adds time, so the minimum is the best estimate of a call's own
+cost, and a load lasting through half the calls moves a median but not a minimum. And the plain step
+and the verification pass are timed **interleaved** (round r times one of each, in turn,
+:func:`fastest_seconds`) rather than one after the other, so a load that starts or stops during the
+measurement hits both alike instead of only the piece timed last. The costs are still measured only
+once, before the decode: no clock runs inside the jitted loop, and the host regains control only when a
+row finishes; ``GoodputDraftLen.explore_every`` is what keeps a decode from being held to plain steps by
+an unlucky measurement.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import statistics
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -27,12 +40,13 @@ from bass_jax.sampling.draft_len import StepCosts
 
 _CACHE: dict[Any, StepCosts] = {}
 _LOCK = threading.Lock()
-_REPEATS = 5
+_REPEATS = 7
 
 
-def median_seconds(call: Callable[[], Any], repeats: int = _REPEATS) -> float:
+def median_seconds(call: Callable[[], Any], repeats: int = 5) -> float:
   """Median wall seconds of ``call()`` over ``repeats`` timed calls, after one untimed (compiling) call;
-  each call's result is waited for (``jax.block_until_ready``)."""
+  each call's result is waited for (``jax.block_until_ready``). For reports of a typical time; the step
+  costs use :func:`fastest_seconds`."""
   jax.block_until_ready(call())
   times = []
   for _ in range(repeats):
@@ -42,29 +56,72 @@ def median_seconds(call: Callable[[], Any], repeats: int = _REPEATS) -> float:
   return statistics.median(times)
 
 
-def time_cached_forward(forward_fn: Callable[[Any, jax.Array, Any], tuple[Any, Any]], params,
-                        cache, positions: int) -> float:
-  """Median wall seconds of one jitted ``forward_fn(params, tokens i32[B, positions], cache) ->
-  (outputs, cache)`` over ``cache`` (a :class:`KVCache` whose lengths say how full it is).
+def fastest_seconds(calls: Sequence[Callable[[], Any]], repeats: int = _REPEATS,
+                    clock: Callable[[], float] = time.perf_counter) -> list[float]:
+  """The fastest wall seconds of each of ``calls``, timed interleaved.
 
-  The cache is donated and threaded from call to call, its lengths set back after each, as in a decode.
+  Each call is made once untimed (compiling), then ``repeats`` rounds each time ``calls[0]``,
+  ``calls[1]``, … in turn, every result waited for (``jax.block_until_ready``). The minimum, because
+  interference from other work on the machine only adds time; interleaved, because a load that comes or
+  goes during the measurement then affects every call alike, which keeps their ratios (what the
+  cost-aware policy decides by) close to the unloaded machine's.
+
+  Args:
+    calls: callables of no argument, each returning what to wait for.
+    repeats: timed rounds, >= 1.
+    clock: seconds (``time.perf_counter``; a test passes a simulated clock).
 
   Returns:
-    Seconds, the median of 5 timed calls after one compiling call (compilation excluded).
+    One float per call, in order: its fastest timed call, in seconds.
   """
-  @functools.partial(jax.jit, donate_argnums=2)
-  def step(params, tokens, cache):
-    outputs, cache = forward_fn(params, tokens, cache)
-    return outputs, cache.with_lengths(cache.lengths - positions)
+  if repeats < 1:
+    raise ValueError(f"fastest_seconds needs repeats >= 1, got {repeats}")
+  for call in calls:
+    jax.block_until_ready(call())
+  best = [math.inf] * len(calls)
+  for _ in range(repeats):
+    for i, call in enumerate(calls):
+      start = clock()
+      jax.block_until_ready(call())
+      best[i] = min(best[i], clock() - start)
+  return best
 
+
+def cached_forward_calls(forward_fn: Callable[[Any, jax.Array, Any], tuple[Any, Any]], params, cache,
+                         positions: Sequence[int]) -> list[Callable[[], Any]]:
+  """One callable per entry of ``positions``: a jitted ``forward_fn(params, tokens i32[B, p], cache) ->
+  (outputs, cache)`` over ``cache`` (a :class:`KVCache` whose lengths say how full it is), returning the
+  outputs. The calls share the cache: it is donated and threaded from call to call, its lengths set
+  back after each, as in a decode."""
   state = [cache]  # donated, threaded
-  tokens = jnp.ones((cache.lengths.shape[0], positions), jnp.int32)
+  batch = cache.lengths.shape[0]
 
-  def call():
-    outputs, state[0] = step(params, tokens, state[0])
-    return outputs
+  def make(p: int) -> Callable[[], Any]:
+    @functools.partial(jax.jit, donate_argnums=2)
+    def step(params, tokens, cache):
+      outputs, cache = forward_fn(params, tokens, cache)
+      return outputs, cache.with_lengths(cache.lengths - p)
 
-  return median_seconds(call)
+    tokens = jnp.ones((batch, p), jnp.int32)
+
+    def call():
+      outputs, state[0] = step(params, tokens, state[0])
+      return outputs
+
+    return call
+
+  return [make(p) for p in positions]
+
+
+def time_cached_forward(forward_fn: Callable[[Any, jax.Array, Any], tuple[Any, Any]], params,
+                        cache, positions: int) -> float:
+  """Wall seconds of one jitted ``forward_fn(params, tokens i32[B, positions], cache) -> (outputs,
+  cache)`` over ``cache`` (:func:`cached_forward_calls`).
+
+  Returns:
+    Seconds, the fastest of 7 timed calls after one compiling call (:func:`fastest_seconds`).
+  """
+  return fastest_seconds(cached_forward_calls(forward_fn, params, cache, [positions]))[0]
 
 
 def half_full_cache(config, batch: int, cache_len: int, dtype: str):
@@ -74,25 +131,35 @@ def half_full_cache(config, batch: int, cache_len: int, dtype: str):
   return cache.with_lengths(jnp.full((batch,), cache_len // 2, jnp.int32))
 
 
-def time_forward(config, dtype: str, attention_impl: str, params, batch: int, positions: int,
-                 cache_len: int, sharding: Any = None) -> float:
-  """Median wall seconds of one jitted ``[batch, positions]`` forward over a cache half full.
+def time_forwards(config, dtype: str, attention_impl: str, params, batch: int,
+                  positions: Sequence[int], cache_len: int, sharding: Any = None) -> list[float]:
+  """Wall seconds of a jitted ``[batch, p]`` forward over a cache half full, for each ``p`` in
+  ``positions``, timed interleaved (:func:`fastest_seconds`).
 
   Args:
     config: the model's config. dtype: compute dtype name (``"float32"``). attention_impl: as in
       ``models.common.forward``. params: its weights.
-    batch: rows. positions: tokens scored per row. cache_len: cache slots per row (``cache_len // 2``
-      already filled, so attention reads a realistic length).
+    batch: rows. positions: tokens scored per row, one entry per forward timed. cache_len: cache slots
+      per row (``cache_len // 2`` already filled, so attention reads a realistic length).
     sharding: the model's ``bass_jax.sharding.ShardingPlan`` on a mesh (timed as the decode runs it).
 
   Returns:
-    Seconds, the median of 5 timed calls after one compiling call (compilation excluded).
+    Seconds per entry of ``positions``, each the fastest of 7 timed calls after one compiling call.
   """
   def run(params, tokens, cache):
     return forward(config, params, tokens, cache, dtype=dtype, attention_impl=attention_impl,
                    sharding=sharding)
 
-  return time_cached_forward(run, params, half_full_cache(config, batch, cache_len, dtype), positions)
+  cache = half_full_cache(config, batch, cache_len, dtype)
+  return fastest_seconds(cached_forward_calls(run, params, cache, positions))
+
+
+def time_forward(config, dtype: str, attention_impl: str, params, batch: int, positions: int,
+                 cache_len: int, sharding: Any = None) -> float:
+  """Wall seconds of one jitted ``[batch, positions]`` forward over a cache half full
+  (:func:`time_forwards` for one entry)."""
+  return time_forwards(config, dtype, attention_impl, params, batch, [positions], cache_len,
+                       sharding)[0]
 
 
 def measure_step_costs(spec, target_params: Any, draft_params: Any, batch: int) -> StepCosts:
@@ -104,18 +171,20 @@ def measure_step_costs(spec, target_params: Any, draft_params: Any, batch: int) 
     batch: rows the programs run (the batch bucket).
 
   Returns:
-    Seconds per piece of a step (:class:`StepCosts`), on this machine.
+    Seconds per piece of a step (:class:`StepCosts`), on this machine: the fastest of 7 timed calls of
+    each forward, the target's plain step and verification pass timed interleaved (module docstring).
   """
   key = (spec.target, spec.target_dtype, spec.attention_impl, spec.proposer, batch, spec.cache_len,
          spec.verify_chunk, spec.max_draft, spec.target_sharding)
   with _LOCK:
     if key in _CACHE:
       return _CACHE[key]
-  target = functools.partial(time_forward, spec.target, spec.target_dtype, spec.attention_impl,
-                             target_params, batch, cache_len=spec.cache_len,
-                             sharding=spec.target_sharding)
+  # The plain step and the verification pass interleaved: their ratio is what the policy weighs.
+  plain, verify_pass = time_forwards(spec.target, spec.target_dtype, spec.attention_impl,
+                                     target_params, batch, [1, spec.verify_chunk],
+                                     cache_len=spec.cache_len, sharding=spec.target_sharding)
   first, nxt = spec.proposer.forward_costs(draft_params, batch, spec.cache_len, spec.max_draft)
-  seconds = np.array([target(positions=1), target(positions=spec.verify_chunk), first, nxt])
+  seconds = np.array([plain, verify_pass, first, nxt])
   if jax.process_count() > 1:  # every process decides draft lengths from process 0's timings
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
 

@@ -151,11 +151,13 @@ class GoodputState:
     tried: ``f32[L]`` decayed count of steps in which draft position i + 1 was checked.
     accepted: ``f32[L]`` decayed count of those in which it was accepted.
     costs: ``f32[5]`` :meth:`StepCosts.as_array`.
+    plain_run: ``i32[]`` plain steps since the last speculative step (the exploration clock).
   """
 
   tried: jax.Array
   accepted: jax.Array
   costs: jax.Array
+  plain_run: jax.Array = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,10 +175,30 @@ class GoodputDraftLen:
   towards ``prior`` with weight ``prior_weight``: after a stretch of plain steps the estimate drifts back
   to the prior, and speculation is tried again if the prior says it would pay.
 
+  **Exploration.** The rates learn only from speculative steps, and the costs are measured once, before
+  the decode (no clock runs inside the jitted loop, and the host regains control only when a row
+  finishes, so costs cannot be re-measured as the decode goes). If the measurement was unlucky (a busy
+  machine inflating the verification pass) or the prior is pessimistic, the argmax can be 0 at the prior
+  itself, and then nothing the decode sees can ever change it: a whole run of plain steps, whatever the
+  draft would have achieved. So after ``explore_every`` plain steps in a row the policy takes the best
+  ``l >= 1`` (the argmax of ``E(l) / cost(l)`` over ``1 … L``) for one step, and the rates then say
+  whether to go on. It does so only if speculation *could* pay under the measured costs, i.e. a draft
+  accepted in full beats a plain step (``max_l (l + 1) / cost(l) > 1 / plain``); where even that loses,
+  no evidence could change the choice and every step stays plain. The price is bounded: at most one step
+  in ``explore_every + 1`` is an exploration, which costs ``cost(l) - plain`` more than a plain step and
+  still emits at least the token a plain step would: with ``explore_every = 16``, a one-pass draft whose
+  verification costs 2x a plain step and a negligible proposer, 1/17 (6 %) more time if not a single
+  draft were accepted.
+
+  Sampling stays exact: like the rest of the policy, exploration chooses a step's length from earlier
+  steps only (the count of plain steps, the rates), never from the step's own draws, and every length
+  is verified by the same lossless acceptance.
+
   Attributes:
     max_len: the longest draft (L). decay: per-step decay of the counts, in (0, 1].
     prior: the acceptance rate assumed before any evidence, in (0, 1).
     prior_weight: pseudo-count of the prior, > 0.
+    explore_every: after this many plain steps in a row, one speculative step (above); 0 never explores.
     costs: :class:`StepCosts`; None measures them for the call's setting (``bass_jax.sampling.costs``).
 
   Raises:
@@ -188,6 +210,7 @@ class GoodputDraftLen:
   decay: float = 0.9
   prior: float = 0.5
   prior_weight: float = 1.0
+  explore_every: int = 16
   costs: StepCosts | None = dataclasses.field(default=None, compare=False)
 
   def __post_init__(self):
@@ -203,27 +226,49 @@ class GoodputDraftLen:
     object.__setattr__(self, "decay", decay)
     object.__setattr__(self, "prior", prior)
     object.__setattr__(self, "prior_weight", weight)
+    object.__setattr__(self, "explore_every", _checks.as_int("GoodputDraftLen.explore_every",
+                                                             self.explore_every, min_value=0))
 
   def rates(self, state: GoodputState) -> jax.Array:
     """``f32[L]`` smoothed conditional acceptance rate of each draft position."""
     return ((state.accepted + self.prior * self.prior_weight)
             / (state.tried + self.prior_weight))
 
+  def _step_cost(self, costs: jax.Array) -> jax.Array:
+    """``f32[L + 1]`` seconds of a step of length ``l = 0 … L``; ``costs`` is
+    :meth:`StepCosts.as_array`."""
+    plain, verify_pass, first, nxt, chunk = (costs[i] for i in range(5))
+    lengths = jnp.arange(self.max_len + 1, dtype=jnp.float32)
+    passes = jnp.ceil((lengths + 1) / chunk)
+    return jnp.where(lengths == 0, plain, first + (lengths - 1) * nxt + passes * verify_pass)
+
   def goodput(self, state: GoodputState) -> jax.Array:
     """``f32[L + 1]`` expected emitted tokens per second per row for ``l = 0 … L``."""
-    plain, verify_pass, first, nxt, chunk = (state.costs[i] for i in range(5))
-    lengths = jnp.arange(self.max_len + 1, dtype=jnp.float32)
     expected = 1.0 + jnp.concatenate([jnp.zeros(1), jnp.cumsum(jnp.cumprod(self.rates(state)))])
-    passes = jnp.ceil((lengths + 1) / chunk)
-    cost = jnp.where(lengths == 0, plain, first + (lengths - 1) * nxt + passes * verify_pass)
-    return expected / cost
+    return expected / self._step_cost(state.costs)
+
+  def could_pay(self, costs: jax.Array) -> jax.Array:
+    """``bool[]``: whether some ``l >= 1`` beats a plain step when every draft is accepted, i.e.
+    ``max_l (l + 1) / cost(l) > 1 / plain``; if not, no acceptance can make speculation pay."""
+    cost = self._step_cost(costs)
+    best_case = jnp.arange(1, self.max_len + 1, dtype=jnp.float32) + 1.0
+    return jnp.max(best_case / cost[1:]) > 1.0 / cost[0]
 
   def choose(self, state: GoodputState) -> jax.Array:
-    return jnp.argmax(self.goodput(state)).astype(jnp.int32)
+    """The step's length: the argmax of :meth:`goodput`, or the best ``l >= 1`` when it is 0 and the
+    policy is due to explore (``plain_run >= explore_every > 0`` and :meth:`could_pay`)."""
+    goodput = self.goodput(state)
+    best = jnp.argmax(goodput).astype(jnp.int32)
+    if self.explore_every == 0:
+      return best
+    best_draft = (1 + jnp.argmax(goodput[1:])).astype(jnp.int32)
+    explore = (state.plain_run >= self.explore_every) & self.could_pay(state.costs)
+    return jnp.where(explore & (best == 0), best_draft, best)
 
   def start(self, costs: jax.Array):
     state = GoodputState(tried=jnp.zeros(self.max_len, jnp.float32),
-                         accepted=jnp.zeros(self.max_len, jnp.float32), costs=costs)
+                         accepted=jnp.zeros(self.max_len, jnp.float32), costs=costs,
+                         plain_run=jnp.zeros((), jnp.int32))
     return self.choose(state), state
 
   def after_step(self, state, draft_len, num_drafts, accepted, live):
@@ -232,12 +277,14 @@ class GoodputDraftLen:
     checked = live[:, None] & (positions <= jnp.minimum(accepted + 1, num_drafts)[:, None])
     passed = live[:, None] & (positions <= accepted[:, None])
     state = state.replace(tried=self.decay * state.tried + jnp.sum(checked, axis=0),
-                          accepted=self.decay * state.accepted + jnp.sum(passed, axis=0))
+                          accepted=self.decay * state.accepted + jnp.sum(passed, axis=0),
+                          plain_run=jnp.zeros((), jnp.int32))
     return self.choose(state), state
 
   def after_plain_step(self, state, draft_len):
     del draft_len
-    state = state.replace(tried=self.decay * state.tried, accepted=self.decay * state.accepted)
+    state = state.replace(tried=self.decay * state.tried, accepted=self.decay * state.accepted,
+                          plain_run=jnp.asarray(state.plain_run, jnp.int32) + 1)
     return self.choose(state), state
 
 
