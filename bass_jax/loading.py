@@ -144,11 +144,24 @@ def resolve_alias(alias: str) -> pathlib.Path:
 
 
 def _load_tokenizer(directory: pathlib.Path, gguf_file: str | None = None):
+  """The tokenizer in ``directory`` (or in its GGUF file), or None when it holds none.
+
+  Every tokenizer JSON file present (:data:`atomic.TOKENIZER_FILES`: ``tokenizer.json``,
+  ``tokenizer_config.json`` …) is parsed first, so that a corrupt one is named rather than surfacing as
+  a bare ``JSONDecodeError`` from inside transformers.
+
+  Raises:
+    ValueError: a tokenizer JSON file that is not valid JSON or not a JSON object (the file named).
+  """
   import transformers  # pylint: disable=g-import-not-at-top
 
-  if gguf_file is None and not any(
-      (directory / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-    return None
+  if gguf_file is None:
+    for name in sorted(atomic.TOKENIZER_FILES):
+      if name.endswith(".json") and (directory / name).is_file():
+        hf_ckpt.read_json_object(directory / name)
+    if not any((directory / f).exists()
+               for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+      return None
   return transformers.AutoTokenizer.from_pretrained(str(directory), gguf_file=gguf_file)
 
 
@@ -190,8 +203,10 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
 
   Raises:
     FileNotFoundError: the file, directory or package does not exist.
-    ValueError: an unknown spec or argument (named); an unsupported architecture or config field;
-      weights that do not match the config (``CheckpointError``, a ``ValueError``); a directory holding
+    ValueError: an unknown spec or argument (named); a config.json or tokenizer JSON file that is not
+      valid JSON or not a JSON object (the file named; a broken tokenizer file is found before any
+      weights are read); an unsupported architecture or config field; weights that do not match the
+      config (``CheckpointError``, a ``ValueError``); a directory holding
       weights in two formats (named); a tokenizer with more tokens than the model's vocabulary; a mesh
       or rules the model's shapes do not allow (``bass_jax.sharding.plan``).
   """
@@ -222,7 +237,7 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
     config, params = gguf_ckpt.load_gguf(path, expected=expected, dtype=dtype)
     if tokenizer:
       tok = _load_tokenizer(path.parent, path.name)
-  elif path.is_dir() and eagle.is_eagle_checkpoint(path):
+  elif path.is_dir() and _is_eagle(path):
     if num_layers is not None:
       raise ValueError(f"{name} is an EAGLE draft; num_layers does not apply to it")
     config, params = eagle.load_eagle(path, dtype=dtype)
@@ -235,13 +250,13 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
           f"{path} holds weights in {len(formats)} formats ({'; '.join(formats)}); it is ambiguous "
           "which to load (a save over an earlier one?). Keep one: re-save with "
           "save_model(..., overwrite=True), or delete the stale files")
+    config = hf_ckpt.read_config(path)
+    if tokenizer:  # before the weights: a broken tokenizer fails in a moment, not after the load
+      tok = _load_tokenizer(path)
     if formats and formats[0].startswith(_ORBAX_PARAMS_DIR):
-      config = hf_ckpt.read_config(path)
       params = orbax_ckpt.restore_params(path / _ORBAX_PARAMS_DIR, expected(config))
     else:
       config, params = hf_ckpt.load_hf_checkpoint(path, expected=expected, dtype=dtype)
-    if tokenizer:
-      tok = _load_tokenizer(path)
   else:
     raise FileNotFoundError(
         f"no model at {name!r}: not an alias ({sorted(ALIASES)}), a .gguf file or a directory")
@@ -257,6 +272,17 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
 
 
 _DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _is_eagle(path: pathlib.Path) -> bool:
+  """Whether directory ``path`` holds an EAGLE draft (``models.eagle.save_eagle``).
+
+  Raises:
+    ValueError: its config.json is not valid JSON or not a JSON object (the file named).
+  """
+  if not (path / atomic.CONFIG_FILE).is_file():
+    return False
+  return hf_ckpt.read_config_fields(path).get("model_type") == eagle.MODEL_TYPE
 
 
 def _model_dtype(dtype: Any) -> Any:
@@ -358,24 +384,40 @@ def save_model(model: Model, path: str | os.PathLike, *, format: str = "safetens
                overwrite: bool = False) -> None:
   """Writes a model that :func:`load_model` (and, for safetensors, transformers) reads back.
 
-  The directory is written whole into a temporary sibling and renamed into place when complete
-  (:func:`bass_jax.checkpoints.atomic.replace_directory`): a failed save leaves an existing directory
-  byte-identical, and ``overwrite=True`` replaces it whole, so no config, tokenizer, shard or
-  ``params/`` of an earlier save survives.
+  The directory is written whole into a temporary sibling (``.<name>.partial-<host>-<pid>-<tag>``) and
+  renamed into place when complete (:func:`bass_jax.checkpoints.atomic.replace_directory`): a failed
+  save leaves an existing directory byte-identical, and ``overwrite=True`` replaces it whole, so no
+  config, tokenizer, shard or ``params/`` of an earlier save survives.
+
+  ``overwrite=True`` replaces only a directory that holds nothing but what a save writes
+  (``config.json``, weights and their shards, tokenizer files, ``params/`` …; the one list is
+  ``SAVE_FILES``, ``SAVE_FILE_PATTERNS`` and ``SAVE_DIRECTORIES`` in :mod:`bass_jax.checkpoints.atomic`);
+  any other file is refused, named, and left in place.
+
+  A save killed midway (SIGKILL, power loss) leaves its hidden ``.<name>.partial-…`` (or
+  ``.<name>.old-…``) sibling. The next save of the same ``path`` removes those of ``path``'s leftovers
+  whose process is gone (same host, pid no longer alive); other paths' leftovers and those of a save
+  still running are kept.
 
   Args:
-    model: the model; its tokenizer, when set, is written too.
+    model: the model (a :class:`Model`); its tokenizer, when set, is written too.
     path: the checkpoint directory to create (or replace, with ``overwrite``).
     format: ``"safetensors"`` (an HF checkpoint directory of the family) or ``"orbax"`` (config.json
       plus an orbax parameter checkpoint in ``params/``).
     overwrite: replace an existing checkpoint directory at ``path``.
 
   Raises:
-    ValueError: unknown format, or ``overwrite`` not a bool.
+    ValueError: ``model`` not a :class:`Model` or ``path`` not a path (named, with what was passed);
+      unknown format; ``overwrite`` not a bool.
     FileExistsError: ``path`` exists and ``overwrite`` is False; ``path`` is a file; or ``path`` is a
-      non-empty directory that is not a checkpoint (never deleted). NotADirectoryError: a parent of
-      ``path`` is a file.
+      non-empty directory holding files a save does not write (a few named, with their count; never
+      deleted: choose an empty or new directory, or remove them). NotADirectoryError: a parent of
+      ``path`` is a file. Nothing is written or removed when any of these is raised.
   """
+  if not isinstance(model, Model):
+    raise ValueError(f"model must be a bass_jax.Model, got {type(model).__name__}")
+  if not isinstance(path, (str, os.PathLike)):
+    raise ValueError(f"path must be a directory path (str or os.PathLike), got {type(path).__name__}")
   if format not in ("safetensors", "orbax"):
     raise ValueError(f"unknown format {format!r}; choose 'safetensors' or 'orbax'")
   overwrite = _checks.as_bool("overwrite", overwrite)

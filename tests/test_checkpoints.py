@@ -346,6 +346,28 @@ def test_tied_config_with_a_different_lm_head_is_rejected(ckpt):
     bass_jax.load_model(ckpt)
 
 
+@pytest.mark.parametrize("content, message", [
+    pytest.param("[1, 2, 3]", "holds an array (a list), not the JSON object", id="a-list"),
+    pytest.param('"llama"', "holds a string, not the JSON object", id="a-string"),
+    pytest.param('{"model_type": "llama",', "not valid JSON", id="truncated"),
+    pytest.param("", "not valid JSON", id="empty"),
+])
+def test_a_config_json_that_is_not_an_object_is_named(ckpt, content, message):
+  (ckpt / "config.json").write_text(content)
+  with pytest.raises(ValueError, match=re.escape(f"{ckpt / 'config.json'}: {message}")):
+    bass_jax.load_model(ckpt)
+
+
+def test_save_over_a_transformers_checkpoint_replaces_it_whole(ckpt, hf_dir):
+  # transformers' save_pretrained also writes generation_config.json: still a checkpoint's own file.
+  assert sorted(p.name for p in ckpt.iterdir()) == ["config.json", "generation_config.json",
+                                                   "model.safetensors"]
+  model = bass_jax.load_model(hf_dir)
+  bass_jax.save_model(model, ckpt, format="orbax", overwrite=True)
+  assert sorted(p.name for p in ckpt.iterdir()) == ["config.json", "params"]
+  assert_params_equal(bass_jax.load_model(ckpt).params, model.params)
+
+
 @pytest.mark.parametrize("header", [b"", b"GGUF"], ids=["random-bytes", "gguf-magic-then-garbage"])
 def test_garbage_gguf_raises_checkpoint_error(tmp_path, header):
   path = tmp_path / "garbage.gguf"

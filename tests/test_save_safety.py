@@ -9,10 +9,15 @@ unnoticed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import pathlib
+import re
+import select
+import shutil
+import signal
 import subprocess
 import sys
 
@@ -23,6 +28,7 @@ import safetensors.numpy
 
 import bass_jax as bj
 from bass_jax.checkpoints import atomic, orbax_ckpt
+from bass_jax.checkpoints import hf as hf_ckpt
 from bass_jax.checkpoints._mapping import CheckpointError
 from conftest import tiny_config
 
@@ -30,6 +36,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 SHIPPED_DRAFT = REPO / "bass_jax" / "drafts" / "smollm2-135m-draft"
 
 
+@functools.lru_cache(maxsize=None)  # a Model is immutable; initializing one takes seconds on a CPU
 def _model(seed: int, vocab: int, tokenizer=None) -> bj.Model:
   config = tiny_config(vocab_size=vocab)
   return bj.Model(config, bj.init_params(config, jax.random.key(seed)), tokenizer, f"tiny-{seed}")
@@ -158,7 +165,7 @@ def test_overwrite_never_deletes_a_directory_that_is_not_a_checkpoint(tmp_path):
   path = tmp_path / "notes"
   path.mkdir()
   (path / "thesis.tex").write_text("years of work")
-  with pytest.raises(FileExistsError, match="not a model checkpoint"):
+  with pytest.raises(FileExistsError, match=r"1 entry that a save does not write \(thesis\.tex\)"):
     bj.save_model(_model(0, 8), path, overwrite=True)
   assert (path / "thesis.tex").read_text() == "years of work"
   (tmp_path / "file").write_text("")
@@ -168,6 +175,211 @@ def test_overwrite_never_deletes_a_directory_that_is_not_a_checkpoint(tmp_path):
     bj.save_model(_model(0, 8), tmp_path / "file" / "ckpt")
   with pytest.raises(ValueError, match="overwrite must be True or False"):
     bj.save_model(_model(0, 8), tmp_path / "x", overwrite="yes")
+
+
+def _project(path: pathlib.Path) -> None:
+  """A user's project directory that happens to have a config.json at its top (issue 24)."""
+  (path / "src").mkdir(parents=True)
+  (path / "config.json").write_text(json.dumps({"model_type": "llama", "learning_rate": 3e-4}))
+  (path / "src" / "train.py").write_text("print('months of work')\n")
+  (path / "NOTES.md").write_text("# notes\n")
+
+
+def test_overwrite_refuses_a_project_directory_with_a_config_json(tmp_path):
+  path = tmp_path / "project"
+  _project(path)
+  before, siblings = _snapshot(tmp_path), sorted(os.listdir(tmp_path))
+  for fmt in ("safetensors", "orbax"):
+    with pytest.raises(FileExistsError) as info:
+      bj.save_model(_model(0, 8), path, format=fmt, overwrite=True)
+    message = str(info.value)
+    assert "2 entries that a save does not write (NOTES.md, src/)" in message, message
+    assert str(path) in message and "Choose an empty or new directory, or remove those files" in message
+    assert _snapshot(tmp_path) == before  # the project, byte for byte, and nothing written beside it
+    assert sorted(os.listdir(tmp_path)) == siblings
+  with pytest.raises(FileExistsError, match="NOTES.md"):  # the scripts' early check says the same
+    atomic.check_destination(path, overwrite=True)
+  # Many strangers: a few are named, with the count.
+  for i in range(7):
+    (path / f"data_{i}.csv").write_text("1,2\n")
+  with pytest.raises(FileExistsError, match=r"9 entries that a save does not write \(NOTES\.md, "
+                                            r"data_0\.csv, data_1\.csv, data_2\.csv, data_3\.csv, …\)"):
+    bj.save_model(_model(0, 8), path, overwrite=True)
+  # Once the stranger files are removed, what is left is replaceable.
+  shutil.rmtree(path / "src")
+  for p in path.glob("*.csv"):
+    p.unlink()
+  (path / "NOTES.md").unlink()
+  bj.save_model(_model(0, 8), path, overwrite=True)
+  assert bj.load_model(path).config.vocab_size == 8
+
+
+@pytest.mark.parametrize("stranger", ["params/", "additional_chat_templates/", "model.safetensors/",
+                                      "README.md", "adapter_model.safetensors", "model-1.safetensors"])
+def test_overwrite_refuses_look_alikes_of_saved_files(tmp_path, stranger):
+  path = tmp_path / "ckpt"
+  bj.save_model(_model(0, 8), path)
+  if stranger == "model.safetensors/":
+    (path / "model.safetensors").unlink()
+  if stranger.endswith("/"):  # a directory by a save's name, but not holding what a save writes there
+    (path / stranger).mkdir()
+    (path / stranger / "mine.txt").write_text("not a checkpoint")
+  else:
+    (path / stranger).write_text("not a checkpoint")
+  before = _snapshot(path)
+  with pytest.raises(FileExistsError, match=re.escape(f"1 entry that a save does not write ({stranger})")):
+    bj.save_model(_model(1, 8), path, overwrite=True)
+  assert _snapshot(path) == before
+
+
+def test_overwrite_accepts_every_name_a_save_writes(tmp_path):
+  path = tmp_path / "ckpt"
+  path.mkdir()
+  names = sorted(atomic.SAVE_FILES) + ["model-00001-of-00002.safetensors",
+                                       "pytorch_model-00002-of-00002.bin"]
+  for name in names:
+    (path / name).write_text("{}")
+  orbax_ckpt.save_params(path / "params", {"w": np.ones(3, np.float32)})
+  (path / "additional_chat_templates").mkdir()
+  (path / "additional_chat_templates" / "tool_use.jinja").write_text("{{ messages }}")
+  assert atomic.unexpected_entries(path) == []
+  bj.save_model(_model(0, 8), path, overwrite=True)
+  assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def _dead_pid() -> int:
+  child = subprocess.Popen([sys.executable, "-c", ""])
+  child.wait()
+  return child.pid
+
+
+def _leftover(parent: pathlib.Path, name: str, kind: str, pid: int, host: str | None = None,
+              size: int = 0) -> pathlib.Path:
+  """A temporary directory named as ``atomic.replace_directory`` names it for ``parent / name``."""
+  host = atomic._host() if host is None else host  # pylint: disable=protected-access
+  tag = os.urandom(6).hex()
+  path = parent / (f".{name}.{kind}-{host}-{pid}-{tag}" if pid else f".{name}.{kind}-{tag}")
+  (path / "params").mkdir(parents=True)
+  (path / "config.json").write_text("{}")
+  with open(path / "params" / "blob", "wb") as f:
+    f.truncate(size)
+  return path
+
+
+def test_next_save_removes_only_its_own_dead_leftovers(tmp_path):
+  path = tmp_path / "ckpt"
+  dead = _dead_pid()
+  assert dead != os.getpid()
+  mine = [_leftover(tmp_path, "ckpt", "partial", dead, size=64 << 20),  # a large-ish half write
+          _leftover(tmp_path, "ckpt", "old", dead),
+          _leftover(tmp_path, "ckpt", "partial", 0),  # the names before they carried a pid
+          _leftover(tmp_path, "ckpt", "old", 0)]
+  kept = [_leftover(tmp_path, "ckpt", "partial", os.getpid()),  # a save still running: this process
+          _leftover(tmp_path, "ckpt", "partial", dead, host="another-node"),  # cannot be checked here
+          _leftover(tmp_path, "other", "partial", dead),  # another path's
+          _leftover(tmp_path, "ckpt.v2", "old", dead),
+          _leftover(tmp_path, "ckpt.partial-x", "partial", dead),
+          tmp_path / ".ckpt.partial-notes"]
+  kept[-1].mkdir()
+  assert sorted(atomic.leftovers(path)) == sorted(mine)
+  bj.save_model(_model(0, 8), path)
+  assert [p for p in mine if p.exists()] == []
+  assert [p for p in kept if not p.exists()] == []
+  # A refused save removes nothing, leftovers included.
+  again = _leftover(tmp_path, "ckpt", "partial", dead)
+  with pytest.raises(FileExistsError):
+    bj.save_model(_model(1, 8), path)
+  assert again.exists()
+  bj.save_model(_model(1, 8), path, overwrite=True)
+  assert not again.exists() and all(p.exists() for p in kept)
+  assert bj.load_model(path).config.vocab_size == 8
+
+
+_KILLED_SAVE = """
+import sys, time
+import jax
+import numpy as np
+import bass_jax as bj
+from bass_jax.checkpoints import hf
+from conftest import tiny_config
+
+real = hf.save_hf_checkpoint
+
+def stalled(path, config, params):  # writes the whole checkpoint, then waits to be killed
+  real(path, config, params)
+  print("WRITTEN", path, flush=True)
+  time.sleep(600)
+
+hf.save_hf_checkpoint = stalled
+config = tiny_config(vocab_size=8)
+params = jax.tree.map(lambda x: np.ones(x.shape, x.dtype), bj.abstract_params(config))  # no init: fast
+bj.save_model(bj.Model(config, params), sys.argv[1], overwrite=True)
+"""
+
+
+def test_a_save_killed_midway_leaves_a_leftover_that_the_next_save_removes(tmp_path):
+  path = tmp_path / "ckpt"
+  bj.save_model(_model(0, 61), path)
+  before = _snapshot(path)
+  env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", JAX_PLATFORMS="cpu")
+  child = subprocess.Popen([sys.executable, "-c", _KILLED_SAVE, str(path)], cwd=REPO / "tests",
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+  try:
+    ready, _, _ = select.select([child.stdout], [], [], 240)
+    line = child.stdout.readline() if ready else ""
+    assert line.startswith("WRITTEN"), (line, child.poll(), child.stderr.read() if child.poll() else "")
+    partial = pathlib.Path(line.split(maxsplit=1)[1].strip())
+    assert partial.parent == tmp_path
+    assert partial.name.startswith(f".ckpt.partial-{atomic._host()}-{child.pid}-")  # pylint: disable=protected-access
+    assert (partial / "model.safetensors").is_file()
+    assert atomic.leftovers(path) == []  # its save is still running: not a leftover yet
+  finally:
+    child.kill()  # SIGKILL: nothing of the child's cleans up
+    child.wait()
+    child.stdout.close()
+    child.stderr.close()
+  assert child.returncode == -signal.SIGKILL
+  assert partial.is_dir() and atomic.leftovers(path) == [partial]
+  assert _snapshot(path) == before  # the killed save never touched the checkpoint
+  new = _model(2, 8)
+  bj.save_model(new, path, overwrite=True)
+  _no_temporaries(tmp_path)
+  np.testing.assert_allclose(_logits(bj.load_model(path)), _logits(new), atol=1e-5)
+
+
+def test_save_model_names_a_wrong_argument(tmp_path):
+  with pytest.raises(ValueError, match="model must be a bass_jax.Model, got NoneType"):
+    bj.save_model(None, tmp_path / "ckpt")
+  model = _model(0, 8)
+  with pytest.raises(ValueError, match="model must be a bass_jax.Model, got dict"):
+    bj.save_model(model.params, tmp_path / "ckpt")
+  with pytest.raises(ValueError, match="path must be a directory path.*got NoneType"):
+    bj.save_model(model, None)
+  assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "orbax"])
+@pytest.mark.parametrize("file, content, message", [
+    pytest.param("tokenizer.json", None, "not valid JSON", id="truncated-tokenizer.json"),
+    pytest.param("tokenizer_config.json", "[1, 2]", "holds an array", id="tokenizer_config-a-list"),
+])
+def test_a_corrupt_tokenizer_is_named_before_any_weights_load(tmp_path, tokenizer, monkeypatch, fmt,
+                                                              file, content, message):
+  path = tmp_path / "ckpt"
+  bj.save_model(_model(0, tokenizer.vocab_size, tokenizer), path, format=fmt)
+  target = path / file
+  target.write_text(target.read_text()[:1000] if content is None else content)
+
+  def no_weights(*args, **kwargs):
+    raise AssertionError("weights were read before the tokenizer was checked")
+
+  monkeypatch.setattr(hf_ckpt, "load_hf_checkpoint", no_weights)
+  monkeypatch.setattr(hf_ckpt, "_read_tensors", no_weights)
+  monkeypatch.setattr(orbax_ckpt, "restore_params", no_weights)
+  with pytest.raises(ValueError, match=re.escape(str(target)) + ": " + message):
+    bj.load_model(path)
+  monkeypatch.undo()
+  assert bj.load_model(path, tokenizer=False).config.vocab_size == tokenizer.vocab_size
 
 
 def test_replace_directory_is_all_or_nothing(tmp_path):

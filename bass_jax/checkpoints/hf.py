@@ -169,20 +169,50 @@ def config_from_hf(fields: dict[str, Any]):
   return CONFIG_CLASSES[model_type].from_hf_config(fields)
 
 
-def read_config(path: str | os.PathLike):
-  """Reads ``config.json`` of an HF checkpoint directory into the family's config.
+def read_json_object(file: str | os.PathLike) -> dict[str, Any]:
+  """The JSON object (a dict) in ``file``: a config.json, a tokenizer's JSON file.
 
   Raises:
-    FileNotFoundError: no config.json. ValueError: invalid JSON, unsupported model or field.
+    FileNotFoundError: no such file. ValueError: the file is not valid JSON, or holds a JSON value that
+      is not an object (a list, a string …); the message names the file and what is wrong.
+  """
+  file = pathlib.Path(file)
+  try:
+    text = file.read_text(encoding="utf-8")
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{file}: not valid JSON (not UTF-8 text: {e}); fix or re-export it") from e
+  try:
+    value = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{file}: not valid JSON ({e}); fix or re-export it") from e
+  if not isinstance(value, dict):
+    kind = {list: "an array (a list)", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "null"}[type(value)]
+    raise ValueError(f"{file}: holds {kind}, not the JSON object ({{\"key\": value, …}}) it must "
+                     "be; fix or re-export it")
+  return value
+
+
+def read_config_fields(path: str | os.PathLike) -> dict[str, Any]:
+  """The fields of ``config.json`` in checkpoint directory ``path``, a dict.
+
+  Raises:
+    FileNotFoundError: no config.json. ValueError: it is not valid JSON or not a JSON object (named).
   """
   config_path = pathlib.Path(path) / "config.json"
   if not config_path.is_file():
     raise FileNotFoundError(f"{path}: no config.json; not a Hugging Face checkpoint directory")
-  try:
-    fields = json.loads(config_path.read_text())
-  except json.JSONDecodeError as e:
-    raise ValueError(f"{config_path}: not valid JSON ({e})") from e
-  return config_from_hf(fields)
+  return read_json_object(config_path)
+
+
+def read_config(path: str | os.PathLike):
+  """Reads ``config.json`` of an HF checkpoint directory into the family's config.
+
+  Raises:
+    FileNotFoundError: no config.json. ValueError: config.json is not valid JSON or not a JSON object
+      (the file named); an unsupported model or field.
+  """
+  return config_from_hf(read_config_fields(path))
 
 
 def _read_tensors(path: pathlib.Path) -> dict[str, np.ndarray]:
