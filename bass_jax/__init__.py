@@ -20,11 +20,12 @@ from bass_jax.sampling.draft_len import DynamicDraftLen, FixedDraftLen, GoodputD
 from bass_jax.sampling.generate import (PAD_TOKEN, GenerateOutput, GenerateStats, Hybrid,
                                         clear_compile_cache, enable_persistent_compilation_cache,
                                         generate, load_draft_spec, set_compile_cache_size)
+from bass_jax.sampling.generate import FinishedPrompt
 from bass_jax.sampling.proposers import NGramProposer
 from bass_jax.text import generate_text
 
 __all__ = [
-    "ALIASES", "CodeGenConfig", "DynamicDraftLen", "FixedDraftLen", "GPT2Config", "GenerateOutput",
+    "ALIASES", "CodeGenConfig", "DynamicDraftLen", "FinishedPrompt", "FixedDraftLen", "GPT2Config", "GenerateOutput",
     "GenerateStats", "GoodputDraftLen", "Hybrid", "KVCache", "Llama", "LlamaConfig", "Model",
     "NGramProposer", "OPTConfig", "PAD_TOKEN", "StepCosts",
     "abstract_params", "attention_implementations", "check_same_tokenizer", "clear_compile_cache",

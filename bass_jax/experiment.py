@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -24,7 +24,7 @@ SUMMARY_KEYS = (
     "temperature",
     "top_p", "draft_len", "ms_per_token_first", "ms_per_token_last", "ms_per_token_all",
     "tokens_per_second", "mean_accepted_length", "draft_acceptance_rate", "length_spread",
-    "accepted_spread", "steps", "wall_seconds", "compile_seconds",
+    "accepted_spread", "steps", "speculative_steps", "wall_seconds", "compile_seconds",
 )
 
 
@@ -61,6 +61,31 @@ def make_batches(problems: Sequence[Problem], batch_size: int,
   return [list(problems[i:i + batch_size]) for i in range(0, len(problems), batch_size)]
 
 
+def sequence_plan(problems: Sequence[Problem], batch_size: int,
+                  distinct_prompts: bool) -> list[list[tuple[Problem, int]]]:
+  """:func:`make_batches` with each sequence's ``sample_index`` (its count among the sequences of the
+  same ``task_id``, in batch order): ``(task_id, sample_index)`` names a sequence across runs, which is
+  how a resumed run finds the records it already has.
+
+  Raises:
+    ValueError: as :func:`make_batches`.
+  """
+  counts: dict[str, int] = {}
+  plan = []
+  for batch in make_batches(problems, batch_size, distinct_prompts):
+    rows = []
+    for problem in batch:
+      rows.append((problem, counts.get(problem.task_id, 0)))
+      counts[problem.task_id] = rows[-1][1] + 1
+    plan.append(rows)
+  return plan
+
+
+def record_key(record: dict[str, Any]) -> tuple[str, int]:
+  """``(task_id, sample_index)``: the sequence a record belongs to (:func:`sequence_plan`)."""
+  return str(record["task_id"]), int(record["sample_index"])
+
+
 def run_problems(
     target: Model,
     draft: Any,
@@ -79,8 +104,9 @@ def run_problems(
     check: bool = False,
     progress: bool = True,
     warmup: bool = False,
-    on_batch: Callable[[list[dict[str, Any]]], None] | None = None,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
     continuous: bool = False,
+    done: Mapping[tuple[str, int], dict[str, Any]] | None = None,
 ) -> RunResult:
   """Decodes the problems batch by batch (:func:`make_batches`), or with continuous batching, and
   summarizes with the paper's metrics.
@@ -95,6 +121,14 @@ def run_problems(
   sequence, First and Last are None). Compilation is timed apart and excluded. ``tokens_per_second``
   is all emitted tokens over the summed batch wall time (continuous: the one call's wall time).
 
+  Resuming (``done``): the sequences whose records are given are not decoded again. A static batch
+  with every record given is skipped; a batch with some is decoded again whole, with its own seed and
+  rows, and only its missing records are emitted, so they equal an uninterrupted run's at any
+  temperature. A continuous run decodes the missing sequences as one queue: greedy records equal an
+  uninterrupted run's; sampled ones are exact samples but other draws, since a row's draws depend on
+  the rows beside it (docs/design.md, "Interrupted runs"). The summary's decode metrics cover what
+  this call decoded (``decoded_records``; ``resumed_records`` came from ``done``).
+
   Args:
     target: the target, with its tokenizer. draft: the draft side as ``generate`` takes it (a
       ``Model`` sharing the tokenizer, an ``NGramProposer``, a ``Hybrid``).
@@ -102,52 +136,62 @@ def run_problems(
     batch_size: rows per batch, >= 1.
     method, max_new_tokens, temperature, top_p, draft_len, attention_impl, verify_chunk: as in
       ``generate``.
-    seed: batch i uses seed ``seed + i``.
+    seed: batch i uses seed ``seed + i`` (a continuous run: ``seed``).
     distinct_prompts: each batch holds ``batch_size`` different prompts, one sequence each; else
       ``batch_size`` sequences of one prompt. None (default) means distinct at temperature 0, where
       copies of one prompt would be identical rows (nothing ragged, First = Last), and samples per
       prompt otherwise (the paper's setting).
     check: run HumanEval's unit tests on every completion (``bass_jax.humaneval``, outside this
-      process): records get ``passed``, the summary ``pass_at_batch`` (share of problems where some
-      sequence passes).
+      process, once per batch): records get ``passed``, the summary ``pass_at_batch`` (share of
+      problems where some sequence passes, over this call's records).
     progress: show a progress bar over batches.
-    warmup: decode the first batch once, untimed and discarded, before the measured batches. A program's
-      first execution costs more than the next ones, beyond its compilation (seen on this CPU at every
-      batch size): without a warm-up that one-time cost lands on the first batch, which at B = 8 with 8
-      prompts is the whole run.
-    on_batch: called with each batch's records as soon as the batch is decoded (scripts append them to
-      their JSONL file, so an interrupted run keeps every finished batch).
+    warmup: decode the first batch to decode once, untimed and discarded, before the measured batches.
+      A program's first execution costs more than the next ones, beyond its compilation (seen on this
+      CPU at every batch size): without a warm-up that one-time cost lands on the first batch, which at
+      B = 8 with 8 prompts is the whole run.
+    on_record: called with each record as soon as its sequence is complete (``generate``'s
+      ``on_finish``; with ``check``, after its batch's tests), so that a script appending them to a
+      file loses only the sequences in flight when killed. Its time is not the decode's.
     continuous: decode every sequence of every batch in one ``generate`` call with
       ``batch_size=batch_size``: a row that finishes takes the next waiting sequence (continuous
       batching), in the order of the batches (with no more sequences than ``batch_size`` this is one
-      static batch, and the summary says ``continuous: False``). ``on_batch`` then receives all records at the end, and
-      ``warmup`` is ignored (a warm-up would need the whole run's shapes; the first execution's extra
-      cost is paid once, inside the measured run).
+      static batch, and the summary says ``continuous: False``). ``warmup`` is ignored (a warm-up
+      would need the whole run's shapes; the first execution's extra cost is paid once, inside the
+      measured run).
+    done: records of sequences already decoded, keyed by :func:`record_key` (resuming, above).
 
   Returns:
-    :class:`RunResult`: per-sequence records (``task_id, sample_index, batch_index, row, batch_size,
-    prompt_tokens, completion, num_tokens, accepted_drafts, mean_logprob, finished, finish_seconds``
-    (from the start of the sequence's decoding), ``wait_seconds`` (from the run's start until its
-    decoding started: the summed wall time of earlier batches, or its wait in the queue),
-    ``ttft_seconds`` (from the run's start until its first token, the wait included), and ``passed``
-    with ``check``; ``batch_index`` is None with ``continuous``) and the summary (keys :data:`SUMMARY_KEYS`; the raggedness means
-    ``length_spread``, ``emitted_spread``, ``accepted_spread`` (``metrics.raggedness``); BASS's
-    ``position_acceptance`` and ``acceptance`` (``metrics.Acceptance``'s counts, which pool across
-    runs), the cost-aware policy's ``step_costs`` (``draft_len.StepCosts``, seconds),
-    ``mean_draft_len`` and ``plain_step_share`` (steps whose draft length was 0, e.g. chosen by the
-    cost-aware policy); analytic
-    ``useful_flops`` / ``executed_flops`` (``metrics.decode_flops``); the models, attention
-    implementation, device and JAX version).
+    :class:`RunResult`: the records this call decoded, in plan order (``task_id, sample_index,
+    batch_index, row, batch_size, prompt_tokens, completion, num_tokens, accepted_drafts, drafted,
+    steps, mean_logprob, finished, finish_seconds`` (from the start of the sequence's decoding),
+    ``wait_seconds`` (from the run's start until its decoding started: the summed wall time of earlier
+    batches, or its wait in the queue), ``ttft_seconds`` (from the run's start until its first token,
+    the wait included), and ``passed`` with ``check``; ``batch_index`` is None with ``continuous``) and
+    the summary (keys :data:`SUMMARY_KEYS`; the raggedness means ``length_spread``, ``emitted_spread``,
+    ``accepted_spread`` (``metrics.raggedness``); BASS's ``position_acceptance`` and ``acceptance``
+    (``metrics.Acceptance``'s counts, which pool across runs), the cost-aware policy's ``step_costs``
+    (``draft_len.StepCosts``, seconds), ``mean_draft_len``, ``speculative_steps`` (steps that drafted)
+    and ``plain_step_share`` (steps whose draft length was 0, e.g. chosen by the cost-aware policy);
+    analytic ``useful_flops`` / ``executed_flops`` (``metrics.decode_flops``); ``decoded_records``,
+    ``resumed_records``; the models, attention implementation, device and JAX version).
 
   Raises:
-    ValueError: ``batch_size < 1``, no problems, too few problems for distinct batches, no tokenizer;
-      and whatever ``generate`` rejects.
+    ValueError: ``batch_size < 1``, no problems, too few problems for distinct batches, no tokenizer,
+      ``done`` holding a sequence this run does not plan; and whatever ``generate`` rejects.
   """
   if distinct_prompts is None:
     distinct_prompts = temperature == 0
-  batches = make_batches(problems, batch_size, _checks.as_bool("distinct_prompts", distinct_prompts))
-  if _checks.as_bool("continuous", continuous):
-    batches = [[p for batch in batches for p in batch]]  # one queue, batch_size rows at a time
+  plan = sequence_plan(problems, batch_size, _checks.as_bool("distinct_prompts", distinct_prompts))
+  num_batches = len(plan)
+  continuous = _checks.as_bool("continuous", continuous)
+  if continuous:
+    plan = [[row for batch in plan for row in batch]]  # one queue, batch_size rows at a time
+  done = dict(done or {})
+  planned = {(p.task_id, k) for batch in plan for p, k in batch}
+  strangers = sorted(set(done) - planned)
+  if strangers:
+    raise ValueError(f"done holds {len(strangers)} sequences this run does not plan, e.g. "
+                     f"{strangers[:3]} (records of another prompt set or batch arrangement?)")
   tokenizer = target.tokenizer
   if tokenizer is None:
     raise ValueError(f"target {target.name!r} has no tokenizer; load one that ships it")
@@ -158,25 +202,65 @@ def run_problems(
   accept_parts: list[metrics.Acceptance] = []
   steps = tokens = draft_len_sum = verified_sum = plain_steps = 0
   wall = compile_seconds = useful_flops = executed_flops = 0.0
-  sample_counts: dict[str, int] = {}
-  step_costs = None
+  step_costs, was_continuous = None, False
   import tqdm  # pylint: disable=g-import-not-at-top  (the [experiments] extra)
 
-  def decode(prompt_ids: list[list[int]], batch_seed: int):
+  def decode(prompt_ids: list[list[int]], batch_seed: int, on_finish=None):
     return generate(target, draft, prompt_ids, method=method, max_new_tokens=max_new_tokens,
                     temperature=temperature, top_p=top_p, draft_len=draft_len, seed=batch_seed,
-                    attention_impl=attention_impl, verify_chunk=verify_chunk, batch_size=batch_size)
+                    attention_impl=attention_impl, verify_chunk=verify_chunk, batch_size=batch_size,
+                    on_finish=on_finish)
 
-  encode = lambda batch: text.encode_prompts(tokenizer, [p.prompt for p in batch])
-  if warmup and not continuous:  # untimed; its compilation is still reported
-    compile_seconds = decode(encode(batches[0]), seed).stats.compile_seconds
-  bar = tqdm.tqdm(batches, desc=f"{method} B={batch_size}", unit="batch", disable=not progress)
-  for i, batch in enumerate(bar):
-    prompt_ids = encode(batch)
-    out = decode(prompt_ids, seed + i)
+  encode = lambda rows: text.encode_prompts(tokenizer, [p.prompt for p, _ in rows])
+  # What each decode call covers: (batch index, its seed, the rows it decodes, which of them to emit).
+  work = []
+  for i, batch in enumerate(plan):
+    missing = [j for j, (p, k) in enumerate(batch) if (p.task_id, k) not in done]
+    if continuous:
+      work.append((None, seed, [batch[j] for j in missing], None))
+    elif missing:
+      work.append((i, seed + i, batch, set(missing)))
+  work = [w for w in work if w[2]]
+  if warmup and not continuous and work:  # untimed; its compilation is still reported
+    compile_seconds = decode(encode(work[0][2]), work[0][1]).stats.compile_seconds
+  bar = tqdm.tqdm(work, desc=f"{method} B={batch_size}", unit="batch", disable=not progress)
+  for batch_index, batch_seed, rows, emit in bar:
+    prompt_ids = encode(rows)
+    prompt_lengths = np.array([len(p) for p in prompt_ids])
+    run_start = wall  # the run's clock: the summed wall time of the batches before this one
+    held: list[dict[str, Any]] = []
+
+    def finished(result, rows=rows, prompt_lengths=prompt_lengths, batch_index=batch_index,
+                 emit=emit, run_start=run_start, held=held):
+      if emit is not None and result.index not in emit:
+        return  # a resumed batch's sequence that is already on disk
+      problem, sample_index = rows[result.index]
+      record = {
+          "task_id": problem.task_id,
+          "sample_index": sample_index,
+          "batch_index": batch_index,
+          "row": result.row,
+          "batch_size": batch_size,
+          "prompt_tokens": int(prompt_lengths[result.index]),
+          "completion": tokenizer.decode(result.tokens.tolist(), skip_special_tokens=True),
+          "num_tokens": len(result.tokens),
+          "accepted_drafts": result.accepted if method == "bass" else None,
+          "drafted": result.drafted if method == "bass" else None,
+          "steps": result.steps,
+          "mean_logprob": float(np.mean(result.logprobs)) if len(result.tokens) else 0.0,
+          "finished": result.finished,
+          "finish_seconds": result.finish_seconds - result.admit_seconds,
+          "wait_seconds": run_start + result.admit_seconds,
+          "ttft_seconds": run_start + result.first_token_seconds,
+      }
+      held.append(record)
+      if on_record is not None and not check:
+        on_record(record)
+
+    out = decode(prompt_ids, batch_seed, finished)
     stats = out.stats
     step_costs = stats.step_costs  # the same for every batch of a run (measured once per setting)
-    prompt_lengths = np.array([len(p) for p in prompt_ids])
+    was_continuous = stats.continuous
     # Each sequence from the start of its own decoding: its batch's start, or its admission.
     own_seconds = stats.finish_seconds - stats.admit_seconds
     latencies.append(metrics.per_token_latency(own_seconds, out.lengths))
@@ -193,87 +277,75 @@ def run_problems(
     plain_steps += int((stats.draft_lens == 0).sum())
     verified_sum += int(stats.verified.sum())
     tokens += int(out.lengths.sum())
-    run_start = wall  # the run's clock: the summed wall time of the batches before this one
     wall += stats.wall_seconds
     compile_seconds += stats.compile_seconds
-    batch_records = []
-    for j, (problem, seq) in enumerate(zip(batch, out.sequences())):
-      sample_index = sample_counts.get(problem.task_id, 0)
-      sample_counts[problem.task_id] = sample_index + 1
-      batch_records.append({
-          "task_id": problem.task_id,
-          "sample_index": sample_index,
-          "batch_index": None if continuous else i,
-          "row": int(stats.prompt_rows[j]),
-          "batch_size": stats.batch_size,
-          "prompt_tokens": int(prompt_lengths[j]),
-          "completion": tokenizer.decode(seq, skip_special_tokens=True),
-          "num_tokens": len(seq),
-          "accepted_drafts": int(stats.prompt_accepted[j]) if method == "bass" else None,
-          "mean_logprob": float(np.mean(out.logprobs[j, :len(seq)])),
-          "finished": bool(out.finished[j]),
-          "finish_seconds": float(own_seconds[j]),
-          "wait_seconds": run_start + float(stats.admit_seconds[j]),
-          "ttft_seconds": run_start + float(stats.first_token_seconds[j]),
-      })
+    order = {(p.task_id, k): n for n, (p, k) in enumerate(rows)}
+    held.sort(key=lambda r: order[record_key(r)])
     if check:
-      passed = humaneval.check_completions(batch, [r["completion"] for r in batch_records])
-      for record, ok in zip(batch_records, passed):
+      passed = humaneval.check_completions([rows[order[record_key(r)]][0] for r in held],
+                                           [r["completion"] for r in held])
+      for record, ok in zip(held, passed):
         record["passed"] = ok
-    records.extend(batch_records)
-    if on_batch is not None:
-      on_batch(batch_records)
+        if on_record is not None:
+          on_record(record)
+    records.extend(held)
     bar.set_postfix(ms_per_token=f"{latencies[-1].all:.1f}")
 
   pass_at_batch = None
-  if check:
+  if check and records:
     task_ids = list(dict.fromkeys(r["task_id"] for r in records))
     pass_at_batch = float(np.mean([
         metrics.pass_at_batch([r["passed"] for r in records if r["task_id"] == t]) for t in task_ids]))
   accept = metrics.Acceptance.pooled(accept_parts) if accept_parts else None
+  mean = lambda values: float(np.mean(values)) if len(values) else None
+  bass = method == "bass" and steps > 0
   device = jax.devices()[0]
   summary = {
       "method": method,
       "batch_size": batch_size,
       "num_prompts": len(problems),
       "distinct_prompts": distinct_prompts,
-      "num_batches": len(batches),
+      "num_batches": num_batches,
       "max_new_tokens": max_new_tokens,
       "temperature": temperature,
       "top_p": top_p,
       "draft_len": str(draft_len) if method == "bass" else None,
-      "continuous": stats.continuous,
-      "ms_per_token_first": None if stats.continuous else float(np.mean([l.first for l in latencies])),
-      "ms_per_token_last": None if stats.continuous else float(np.mean([l.last for l in latencies])),
-      "ms_per_token_all": float(np.mean([l.all for l in latencies])),
-      "mean_wait_seconds": float(np.mean([r["wait_seconds"] for r in records])),
-      "mean_ttft_seconds": float(np.mean([r["ttft_seconds"] for r in records])),
-      "tokens_per_second": tokens / wall,
+      "continuous": was_continuous,
+      "ms_per_token_first": None if was_continuous else mean([l.first for l in latencies]),
+      "ms_per_token_last": None if was_continuous else mean([l.last for l in latencies]),
+      "ms_per_token_all": mean([l.all for l in latencies]),
+      "mean_wait_seconds": mean([r["wait_seconds"] for r in records]),
+      "mean_ttft_seconds": mean([r["ttft_seconds"] for r in records]),
+      "tokens_per_second": tokens / wall if wall else None,
       "mean_accepted_length": accept.mean_accepted_length if accept else 1.0,
       "draft_acceptance_rate": accept.draft_acceptance_rate if accept else None,
       "position_acceptance": list(accept.position_acceptance) if accept else None,
       "acceptance": dataclasses.asdict(accept) if accept else None,
       # Raggedness within a batch (None with continuous batching, which has no batches).
-      "length_spread": float(np.mean([r.length_spread for r in ragged])) if ragged else None,
-      "emitted_spread": float(np.mean([r.emitted_spread for r in ragged])) if ragged else None,
-      "accepted_spread": float(np.mean([r.accepted_spread for r in ragged])) if ragged else None,
+      "length_spread": mean([r.length_spread for r in ragged]) if ragged else None,
+      "emitted_spread": mean([r.emitted_spread for r in ragged]) if ragged else None,
+      "accepted_spread": mean([r.accepted_spread for r in ragged]) if ragged else None,
       "steps": steps,
-      "mean_draft_len": draft_len_sum / steps if method == "bass" else None,
-      "plain_step_share": plain_steps / steps if method == "bass" else None,
+      "mean_draft_len": draft_len_sum / steps if bass else None,
+      "speculative_steps": steps - plain_steps if bass else None,
+      "plain_step_share": plain_steps / steps if bass else None,
       "step_costs": dataclasses.asdict(step_costs) if step_costs is not None else None,
-      "mean_verified": verified_sum / steps if method == "bass" else None,
+      "mean_verified": verified_sum / steps if bass else None,
       "wall_seconds": wall,
       "compile_seconds": compile_seconds,
       "tokens": tokens,
       "pass_at_batch": pass_at_batch,
       "useful_flops": useful_flops,
       "executed_flops": executed_flops,
+      "decoded_records": len(records),
+      "resumed_records": len(done),
       "target": target.name,
       "draft": draft.name if method == "bass" else None,
       "attention_impl": attention_impl,
       "verify_chunk": verify_chunk or "default",
       "device": f"{device.platform}:{device.device_kind}",
-      "mesh": stats.mesh or None,  # the mesh generate ran on (None: one device)
+      # The mesh generate ran on (None: one device, or nothing decoded).
+      "mesh": (stats.mesh or None) if work else None,
       "processes": jax.process_count(),
       "jax_version": jax.__version__,
   }

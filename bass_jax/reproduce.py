@@ -4,6 +4,12 @@ Each function runs one experiment on HumanEval prompts and returns a JSON-able d
 the machine, and every measured number; ``experiments/report.py`` turns those files into
 ``docs/results.md`` and its plots. Runs within one experiment happen in one process, one after the
 other, so ratios between them are measured side by side.
+
+Every run has a ``run_id`` (its loop values, e.g. ``greedy/B=4/bass_pad``). Each function takes
+``earlier``, the runs of an interrupted result (the scripts' ``--resume``): those are kept as they are
+and not measured again, and the result lists their ids under ``resumed_runs``, since they were timed
+in another process than the rest. A run in progress when a process was killed is measured again whole:
+a run's numbers (its latency means, its tokens/s) come from one process.
 """
 
 from __future__ import annotations
@@ -105,16 +111,44 @@ def _log(line: str) -> None:
   print(line, flush=True)
 
 
-def _checkpoint(save: Saver | None, header: dict[str, Any], runs: list[dict[str, Any]]) -> None:
-  """Hands the result so far to ``save`` (the scripts write it to disk after every run)."""
-  if save is not None:
-    save({**header, "runs": runs, "complete": False})
+class _Runs:
+  """An experiment's runs in order: those an earlier, interrupted process finished (``earlier``, kept
+  and not measured again: ``--resume``) and this process's, each named by a ``run_id``; after every
+  new run the result so far goes to ``save`` (the scripts write it to disk)."""
+
+  def __init__(self, header: dict[str, Any], save: Saver | None, earlier: Sequence[dict[str, Any]]):
+    self.header, self.save = header, save
+    self.earlier = {r["run_id"]: r for r in earlier if isinstance(r, dict) and "run_id" in r}
+    self.runs: list[dict[str, Any]] = []
+    self.kept: list[str] = []
+
+  def kept_run(self, run_id: str) -> dict[str, Any] | None:
+    """The earlier process's run ``run_id`` (now part of this result), or None to measure it."""
+    run = self.earlier.get(run_id)
+    if run is not None:
+      self.runs.append(run)
+      self.kept.append(run_id)
+    return run
+
+  def add(self, run_id: str, run: dict[str, Any]) -> dict[str, Any]:
+    run["run_id"] = run_id
+    self.runs.append(run)
+    if self.save is not None:
+      self.save(self.result(complete=False))
+    return run
+
+  def result(self, complete: bool, **extra) -> dict[str, Any]:
+    """The experiment's JSON: header, runs, and which runs an earlier process measured (they were
+    not timed side by side with this process's)."""
+    return {**self.header, **extra, "runs": self.runs, "resumed_runs": self.kept,
+            "complete": complete}
 
 
 def latency(target: Model, draft: Model, problems: Sequence[Problem], *, batch_sizes: Sequence[int],
             configs: Sequence[str], sampling: Sequence[str], max_new_tokens: int,
             kernels: str = "auto", check: bool = True, save: Saver | None = None,
-            log: Callable[[str], None] = _log) -> dict[str, Any]:
+            log: Callable[[str], None] = _log, earlier: Sequence[dict[str, Any]] = ()
+            ) -> dict[str, Any]:
   """Tables 1-3: per-token latency First/Last/All, tokens/s, acceptance, raggedness, Pass@Batch, FLOPs.
 
   Every (sampling, batch size, config) is one ``experiment.run_problems`` over ``problems``: greedy
@@ -132,28 +166,31 @@ def latency(target: Model, draft: Model, problems: Sequence[Problem], *, batch_s
       raise ValueError(f"unknown sampling {name!r}; choose from {sorted(SAMPLING)}")
   header = {"experiment": "latency", **machine(), "num_prompts": len(problems),
             "max_new_tokens": max_new_tokens, "target": target.name, "draft": draft.name}
-  runs = []
+  runs = _Runs(header, save, earlier)
   for sampling_name in sampling:
     temperature, top_p = SAMPLING[sampling_name]
     for batch in batch_sizes:
       for name in configs:
+        run_id = f"{sampling_name}/B={batch}/{name}"
+        if runs.kept_run(run_id):
+          continue
         method, draft_len, strategy = CONFIGS[name]
         summary = _decode(target, draft, problems, method=method, batch=batch,
                           max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                           kernels=kernels, strategy=strategy, draft_len=draft_len or "dynamic",
                           check=check).summary
         summary.update(config=name, sampling=sampling_name)
-        runs.append(summary)
-        _checkpoint(save, header, runs)
+        runs.add(run_id, summary)
         log(f"{sampling_name} B={batch} {name}: {summary['ms_per_token_all']:.1f} ms/token All, "
             f"accepted length {summary['mean_accepted_length']:.2f}")
-  return {**header, "runs": runs, "complete": True}
+  return runs.result(complete=True)
 
 
 def utilization(target: Model, draft: Model, problems: Sequence[Problem], *,
                 batch_sizes: Sequence[int], max_new_tokens: int, temperature: float = 0.2,
                 top_p: float = 0.95, kernels: str = "auto", save: Saver | None = None,
-                log: Callable[[str], None] = _log) -> dict[str, Any]:
+                log: Callable[[str], None] = _log, earlier: Sequence[dict[str, Any]] = ()
+                ) -> dict[str, Any]:
   """Fig. 1: achieved FLOP/s over the device's measured peak, useful and executed, against latency.
 
   Regular decoding and BASS (dynamic draft length, PAD) at every batch size; BASS at batch 1 is
@@ -164,19 +201,21 @@ def utilization(target: Model, draft: Model, problems: Sequence[Problem], *,
   header = {"experiment": "utilization", **machine(), "peak_flops": peak,
             "num_prompts": len(problems), "max_new_tokens": max_new_tokens,
             "temperature": temperature, "top_p": top_p, "target": target.name, "draft": draft.name}
-  runs = []
+  runs = _Runs(header, save, earlier)
   for batch in batch_sizes:
     for method in ("regular", "bass"):
+      run_id = f"B={batch}/{method}"
+      if runs.kept_run(run_id):
+        continue
       summary = _decode(target, draft, problems, method=method, batch=batch,
                         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                         kernels=kernels).summary
       for kind in ("useful", "executed"):
         summary[f"{kind}_utilization"] = summary[f"{kind}_flops"] / summary["wall_seconds"] / peak
-      runs.append(summary)
-      _checkpoint(save, header, runs)
+      runs.add(run_id, summary)
       log(f"B={batch} {method}: {summary['ms_per_token_all']:.1f} ms/token, utilization "
           f"{summary['useful_utilization']:.2%} useful, {summary['executed_utilization']:.2%} executed")
-  return {**header, "runs": runs, "complete": True}
+  return runs.result(complete=True)
 
 
 def pass_rates_within(records: Sequence[dict[str, Any]], budget_seconds: float) -> dict[str, float]:
@@ -203,7 +242,8 @@ def pass_rates_within(records: Sequence[dict[str, Any]], budget_seconds: float) 
 def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_sizes: Sequence[int],
            temperatures: Sequence[float], max_new_tokens: int, budget_fraction: float,
            top_p: float = 0.95, kernels: str = "auto", continuous: bool = False,
-           save: Saver | None = None, log: Callable[[str], None] = _log) -> dict[str, Any]:
+           save: Saver | None = None, log: Callable[[str], None] = _log,
+           earlier: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
   """Fig. 5: Pass@First and Pass@Finished within a wall-clock budget per prompt.
 
   Every batch holds ``B`` samples of one prompt (Pass@First ranks them), at every temperature: the
@@ -223,39 +263,43 @@ def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_si
   header = {"experiment": "budget", **machine(), "budget_fraction": budget_fraction,
             "num_prompts": len(problems), "max_new_tokens": max_new_tokens, "top_p": top_p,
             "continuous": continuous, "target": target.name, "draft": draft.name}
-  runs = []
-  records_by_run = []
+  runs = _Runs(header, save, earlier)
   for temperature in temperatures:
     for batch in batch_sizes:
       for method in ("regular", "bass"):
+        run_id = f"T={temperature}/B={batch}/{method}"
+        if runs.kept_run(run_id):
+          continue
         result = _decode(target, draft, problems, method=method, batch=batch,
                          max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                          kernels=kernels, check=True, distinct_prompts=False,
                          continuous=continuous)
-        runs.append({**result.summary, "temperature": temperature})
-        records_by_run.append(result.records)
-        _checkpoint(save, header, runs)
+        # The budget needs every run's sequences: kept with the run, so a resumed run has them too.
+        records = [{k: r[k] for k in ("task_id", "finish_seconds", "num_tokens", "passed",
+                                      "mean_logprob")} for r in result.records]
+        runs.add(run_id, {**result.summary, "temperature": temperature, "records": records})
         log(f"T={temperature} B={batch} {method}: pass@batch {result.summary['pass_at_batch']:.3f}")
-  reference = [r for r, recs in zip(runs, records_by_run)
+  records_by_run = [run["records"] for run in runs.runs]
+  reference = [r for r in runs.runs
                if r["method"] == "regular" and r["batch_size"] == min(batch_sizes)]
   full_length = [rec["finish_seconds"] * max_new_tokens / rec["num_tokens"]
-                 for run_records in (records_by_run[runs.index(r)] for r in reference)
-                 for rec in run_records]
+                 for r in reference for rec in r["records"]]
   budget_seconds = budget_fraction * float(np.median(full_length))
   grid = np.linspace(0.25, 2.0, 15) * budget_seconds
-  for run, recs in zip(runs, records_by_run):
+  for run, recs in zip(runs.runs, records_by_run):
     run["pass_at_budget"] = pass_rates_within(recs, budget_seconds)
     curve = [pass_rates_within(recs, b) for b in grid]
     run["pass_curve"] = {"budget_seconds": [float(b) for b in grid],
                          "pass_at_first": [c["pass_at_first"] for c in curve],
                          "pass_at_finished": [c["pass_at_finished"] for c in curve]}
-  return {**header, "budget_seconds": budget_seconds, "runs": runs, "complete": True}
+  return runs.result(complete=True, budget_seconds=budget_seconds)
 
 
 def throughput(target: Model, draft: Any, problems: Sequence[Problem], *, batch_sizes: Sequence[int],
                temperatures: Sequence[float], max_new_tokens: int, top_p: float = 0.95,
                kernels: str = "auto", save: Saver | None = None,
-               log: Callable[[str], None] = _log) -> dict[str, Any]:
+               log: Callable[[str], None] = _log, earlier: Sequence[dict[str, Any]] = ()
+               ) -> dict[str, Any]:
   """Static batches against continuous batching, for BASS and regular decoding, side by side.
 
   Every prompt is decoded once (distinct prompts at every temperature: the question is the throughput
@@ -270,28 +314,32 @@ def throughput(target: Model, draft: Any, problems: Sequence[Problem], *, batch_
   header = {"experiment": "throughput", **machine(), "num_prompts": len(problems),
             "max_new_tokens": max_new_tokens, "top_p": top_p, "target": target.name,
             "draft": draft.name}
-  runs = []
+  runs = _Runs(header, save, earlier)
   for temperature in temperatures:
     for batch in batch_sizes:
       for method in ("regular", "bass"):
         for continuous in (False, True):
+          run_id = f"T={temperature}/B={batch}/{method}/{'continuous' if continuous else 'static'}"
+          if runs.kept_run(run_id):
+            continue
           summary = _decode(target, draft, problems, method=method, batch=batch,
                             max_new_tokens=max_new_tokens, temperature=temperature,
                             top_p=top_p if temperature else 1.0, kernels=kernels,
                             distinct_prompts=True, continuous=continuous).summary
-          summary["batching"] = "continuous" if continuous else "static"  # as asked (a set no larger
-          runs.append(summary)                                            # than B runs static anyway)
-          _checkpoint(save, header, runs)
+          # As asked (a set no larger than B runs static anyway).
+          summary["batching"] = "continuous" if continuous else "static"
+          runs.add(run_id, summary)
           log(f"T={temperature} B={batch} {method} {'continuous' if continuous else 'static'}: "
               f"{summary['tokens_per_second']:.1f} tokens/s, {summary['ms_per_token_all']:.1f} "
               f"ms/token All, {summary['wall_seconds']:.1f} s")
-  return {**header, "runs": runs, "complete": True}
+  return runs.result(complete=True)
 
 
 def baselines(target: Model, draft: Model, problems: Sequence[Problem], *, hf_target, hf_draft,
               batch_sizes: Sequence[int], max_new_tokens: int, temperature: float, top_p: float,
               kernels: str = "auto", save: Saver | None = None,
-              log: Callable[[str], None] = _log) -> dict[str, Any]:
+              log: Callable[[str], None] = _log, earlier: Sequence[dict[str, Any]] = ()
+              ) -> dict[str, Any]:
   """Our regular decoding and BASS against transformers' batched ``generate`` and its assisted
   generation (batch 1, our draft as the assistant), same batches, tokens and sampling settings.
 
@@ -308,20 +356,22 @@ def baselines(target: Model, draft: Model, problems: Sequence[Problem], *, hf_ta
   header = {"experiment": "baselines", **machine(), "num_prompts": len(problems),
             "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
             "distinct_prompts": distinct, "target": target.name, "draft": draft.name}
-  runs = []
+  runs = _Runs(header, save, earlier)
   for batch in batch_sizes:
     for method in ("regular", "bass"):
+      if runs.kept_run(f"B={batch}/bass-jax {method}"):
+        continue
       summary = _decode(target, draft, problems, method=method, batch=batch,
                         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                         kernels=kernels).summary
-      runs.append({"system": f"bass-jax {method}", "batch_size": batch,
-                   "ms_per_token_last": summary["ms_per_token_last"],
-                   "ms_per_token_all": summary["ms_per_token_all"],
-                   "tokens_per_second": summary["tokens_per_second"], "tokens": summary["tokens"]})
-      _checkpoint(save, header, runs)
+      runs.add(f"B={batch}/bass-jax {method}", {
+          "system": f"bass-jax {method}", "batch_size": batch,
+          "ms_per_token_last": summary["ms_per_token_last"],
+          "ms_per_token_all": summary["ms_per_token_all"],
+          "tokens_per_second": summary["tokens_per_second"], "tokens": summary["tokens"]})
       log(f"B={batch} bass-jax {method}: {summary['ms_per_token_all']:.1f} ms/token")
     for system, assistant in (("transformers generate", None), ("transformers assisted", hf_draft)):
-      if assistant is not None and batch != 1:
+      if (assistant is not None and batch != 1) or runs.kept_run(f"B={batch}/{system}"):
         continue
       walls, tokens, ms = [], 0, []
       for i, group in enumerate(experiment.make_batches(problems, batch, distinct)):
@@ -333,9 +383,9 @@ def baselines(target: Model, draft: Model, problems: Sequence[Problem], *, hf_ta
         walls.append(run.wall_seconds)
         tokens += int(run.tokens.sum())
         ms.append(run.ms_per_token)
-      runs.append({"system": system, "batch_size": batch, "ms_per_token_last": float(np.mean(ms)),
-                   "ms_per_token_all": float(np.mean(ms)), "tokens_per_second": tokens / sum(walls),
-                   "tokens": tokens})
-      _checkpoint(save, header, runs)
+      runs.add(f"B={batch}/{system}", {
+          "system": system, "batch_size": batch, "ms_per_token_last": float(np.mean(ms)),
+          "ms_per_token_all": float(np.mean(ms)), "tokens_per_second": tokens / sum(walls),
+          "tokens": tokens})
       log(f"B={batch} {system}: {np.mean(ms):.1f} ms/token")
-  return {**header, "runs": runs, "complete": True}
+  return runs.result(complete=True)

@@ -290,9 +290,13 @@ def test_greedy_runs_decode_distinct_prompts_and_report_how_ragged(tmp_path):
       type(bj_problem(0))("long", "def function_with_a_much_longer_prompt(a, b, c):\n    return")]
   streamed = []
   result = experiment.run_problems(target, draft, problems, batch_size=2, max_new_tokens=12,
-                                   draft_len=3, progress=False, on_batch=streamed.append)
-  assert [[r["task_id"] for r in batch] for batch in streamed] == [["p0", "p1"], ["p2", "long"]]
-  assert result.records == [r for batch in streamed for r in batch]
+                                   draft_len=3, progress=False, on_record=streamed.append)
+  # Streamed as each sequence finished: every record once, each batch's before the next batch's.
+  assert sorted(r["task_id"] for r in streamed[:2]) == ["p0", "p1"]
+  assert sorted(r["task_id"] for r in streamed[2:]) == ["long", "p2"]
+  assert sorted(map(experiment.record_key, streamed)) == sorted(map(experiment.record_key,
+                                                                    result.records))
+  assert [r["task_id"] for r in result.records] == ["p0", "p1", "p2", "long"]  # plan order
   s = result.summary
   assert s["distinct_prompts"] and s["num_batches"] == 2
   assert s["length_spread"] > 0  # the long prompt makes the second batch ragged
@@ -336,3 +340,49 @@ def test_report_omits_a_plot_without_information_and_flags_incomplete_runs(tmp_p
                                         runs=[row, bass])))
   assert "**Incomplete**" in text and "these are the 2 runs it finished" in text
   assert "measure nothing ragged" in text
+
+
+# Fields that depend on the clock or on where a sequence ran, not on what was decoded.
+TIMING_FIELDS = ("finish_seconds", "wait_seconds", "ttft_seconds", "row", "accepted_drafts",
+                 "drafted", "steps")
+
+
+def _content(records):
+  """What a record says about the decoded text; log-probs to 5 significant digits (a resumed
+  continuous run scores a sequence in batches of other shapes, which moves the last float bits)."""
+  return {experiment.record_key(r): {k: float(f"{v:.5g}") if k == "mean_logprob" else v
+                                     for k, v in r.items() if k not in TIMING_FIELDS}
+          for r in records}
+
+
+@pytest.mark.parametrize("continuous,temperature", [(False, 0.0), (False, 1.0), (True, 0.0)])
+def test_a_resumed_run_decodes_only_what_is_missing_and_equals_an_uninterrupted_one(
+    continuous, temperature):
+  """run_problems(done=...) as `--resume` uses it: the sequences on disk are not decoded again, and
+  the missing ones come out as an uninterrupted run's (a static batch with some records is decoded
+  again whole, with its own seed and rows, so even sampled records are the same draws)."""
+  import transformers
+
+  tok = transformers.AutoTokenizer.from_pretrained(os.path.join(REPO, "bass_jax", "drafts",
+                                                                "smollm2-135m-draft"))
+  config = tiny_config(vocab_size=tok.vocab_size)
+  target = bj.Model(config, bj.init_params(config, jax.random.key(0)), tok, "tiny")
+  draft = bj.Model(config, jax.tree_util.tree_map(lambda x: 1.3 * x, target.params), tok, "noisy")
+  problems = [bj_problem(i) for i in range(5)]
+  kwargs = dict(batch_size=2, max_new_tokens=10, draft_len=3, temperature=temperature, seed=3,
+                progress=False, continuous=continuous, distinct_prompts=True)
+  full = experiment.run_problems(target, draft, problems, **kwargs)
+  assert len(full.records) == 5
+  kept = [full.records[0], full.records[3]]  # batch 0 partly, batch 1 partly, batch 2 not at all
+  streamed = []
+  rest = experiment.run_problems(target, draft, problems, done={experiment.record_key(r): r
+                                                                for r in kept},
+                                 on_record=streamed.append, **kwargs)
+  assert sorted(map(experiment.record_key, rest.records)) == sorted(
+      experiment.record_key(r) for r in full.records if r not in kept)
+  assert _content(kept + rest.records) == _content(full.records)
+  assert rest.summary["decoded_records"] == 3 and rest.summary["resumed_records"] == 2
+  assert len(streamed) == 3
+  with pytest.raises(ValueError, match="does not plan"):
+    experiment.run_problems(target, draft, problems[:2], done={("p4", 0): full.records[4]},
+                            **kwargs)

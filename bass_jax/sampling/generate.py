@@ -12,14 +12,9 @@ persistent compilation cache (:func:`enable_persistent_compilation_cache`, or th
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
-import contextlib
 import dataclasses
-import os
-import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +26,13 @@ from bass_jax.loading import Model, check_same_tokenizer, load_draft
 from bass_jax.models import attention as attention_lib
 from bass_jax.sampling import costs as costs_lib
 from bass_jax.sampling import loop
+# The compiled programs' LRU (tests read _PROGRAMS and patch _compiled here); the public names stay
+# importable from this module.
+from bass_jax.sampling.programs import _PROGRAMS  # pylint: disable=unused-import
+from bass_jax.sampling.programs import compiled as _compiled
+from bass_jax.sampling.programs import (clear_compile_cache,  # pylint: disable=unused-import
+                                        enable_persistent_compilation_cache,
+                                        set_compile_cache_size)
 from bass_jax.sampling.draft_len import DraftLenPolicy, GoodputDraftLen, as_policy
 from bass_jax.models import eagle
 from bass_jax.sampling.proposers import (EagleProposer, HybridProposer, ModelProposer, NGramProposer,
@@ -136,6 +138,46 @@ class GenerateOutput:
     """Each row's emitted tokens, without padding."""
     return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
 
+  def prompt(self, index: int) -> "FinishedPrompt":
+    """Prompt ``index``'s output and per-prompt statistics as one :class:`FinishedPrompt`."""
+    s, n = self.stats, int(self.lengths[index])
+    return FinishedPrompt(
+        index=index, tokens=self.tokens[index, :n].copy(), logprobs=self.logprobs[index, :n].copy(),
+        finished=bool(self.finished[index]), row=int(s.prompt_rows[index]),
+        admit_seconds=float(s.admit_seconds[index]),
+        first_token_seconds=float(s.first_token_seconds[index]),
+        finish_seconds=float(s.finish_seconds[index]), steps=int(s.prompt_steps[index]),
+        drafted=int(s.prompt_drafted[index]), accepted=int(s.prompt_accepted[index]))
+
+
+@dataclasses.dataclass(frozen=True)
+class FinishedPrompt:
+  """One prompt's output, handed to ``generate(..., on_finish=)`` as soon as the prompt is complete.
+
+  Attributes:
+    index: the prompt's position in ``prompts``.
+    tokens: ``i32[n]`` its emitted tokens (an EOS, when emitted, is the last). logprobs: ``f32[n]``
+      the target's log-probability of each (temperature 1, no top-p).
+    finished: it ended with an EOS token (else it reached ``max_new_tokens``).
+    row: the batch row it ran in.
+    admit_seconds, first_token_seconds, finish_seconds: wall seconds from the call's start (NaN with
+      ``time_prompts=False``), as in :class:`GenerateStats`.
+    steps, drafted, accepted: decode steps it was live in, drafts proposed to it, drafts it accepted
+      (0 drafts for regular decoding, whose ``steps`` are its tokens).
+  """
+
+  index: int
+  tokens: np.ndarray
+  logprobs: np.ndarray
+  finished: bool
+  row: int
+  admit_seconds: float
+  first_token_seconds: float
+  finish_seconds: float
+  steps: int
+  drafted: int
+  accepted: int
+
 
 def prompt_bucket(length: int) -> int:
   """Prompt padding: the next power of two (at least 16), so new prompts rarely recompile."""
@@ -231,26 +273,14 @@ def load_draft_spec(spec: str, target: Model, *, num_layers: int | None = None, 
     ValueError: a malformed n-gram setting (names the key and the accepted form); whatever
       ``load_draft`` raises for the model.
   """
-  def ngram(settings: str) -> NGramProposer:
-    kwargs = {}
-    for item in filter(None, settings.split(",")):
-      name, _, value = item.partition("=")
-      if name not in ("max_n", "min_n") or not value.strip().isdigit():
-        raise ValueError(f"draft spec {spec!r}: n-gram settings are max_n=<int>,min_n=<int>, got "
-                         f"{item!r}")
-      kwargs[name] = int(value)
-    return NGramProposer(**kwargs)
+  from bass_jax.preflight import parse_draft_spec  # pylint: disable=g-import-not-at-top
 
-  spec = str(spec)
-  kind, _, rest = spec.partition(":")
-  if kind == "ngram":
-    return ngram(rest)
-  if kind == "hybrid":
-    if not rest:
-      raise ValueError(f"draft spec {spec!r}: write hybrid:<model spec>[:max_n=4,min_n=2]")
-    model_spec, _, settings = rest.rpartition(":") if "=" in rest else (rest, "", "")
-    return Hybrid(load_draft(model_spec, target, num_layers=num_layers, dtype=dtype), ngram(settings))
-  return load_draft(spec, target, num_layers=num_layers, dtype=dtype)
+  model_spec, ngram = parse_draft_spec(spec)
+  lookup = None if ngram is None else NGramProposer(**ngram)
+  if model_spec is None:
+    return lookup
+  model = load_draft(model_spec, target, num_layers=num_layers, dtype=dtype)
+  return model if lookup is None else Hybrid(model, lookup)
 
 
 def _eos_ids(eos_token_id, target: Model) -> tuple[int, ...]:
@@ -313,122 +343,6 @@ def prng_key(seed: int) -> jax.Array:
   return jax.random.wrap_key_data(data, impl="threefry2x32")
 
 
-class _ProgramCache:
-  """A bounded LRU of compiled ``(prefill, decode)`` programs, keyed by spec and argument shapes."""
-
-  def __init__(self, max_size: int = 8):
-    self.max_size = max_size
-    self._programs: collections.OrderedDict[Any, Any] = collections.OrderedDict()
-    self._lock = threading.Lock()
-
-  def get(self, key):
-    with self._lock:
-      if key in self._programs:
-        self._programs.move_to_end(key)
-        return self._programs[key]
-      return None
-
-  def put(self, key, programs) -> None:
-    with self._lock:
-      self._programs[key] = programs
-      self._programs.move_to_end(key)
-      while len(self._programs) > self.max_size:
-        self._programs.popitem(last=False)
-
-  def clear(self) -> None:
-    with self._lock:
-      self._programs.clear()
-
-  def resize(self, max_size: int) -> None:
-    with self._lock:
-      self.max_size = max_size
-      while len(self._programs) > self.max_size:
-        self._programs.popitem(last=False)
-
-  def __len__(self) -> int:
-    return len(self._programs)
-
-
-_PROGRAMS = _ProgramCache()
-
-
-def clear_compile_cache() -> None:
-  """Forgets every compiled decode program (the next :func:`generate` call compiles afresh)."""
-  _PROGRAMS.clear()
-
-
-def set_compile_cache_size(max_programs: int) -> None:
-  """Keeps at most ``max_programs`` compiled settings (each a prefill and a decode program), evicting
-  the least recently used.
-
-  Raises:
-    ValueError: ``max_programs`` not an int >= 1.
-  """
-  _PROGRAMS.resize(_checks.as_int("max_programs", max_programs, min_value=1))
-
-
-def enable_persistent_compilation_cache(path: str | os.PathLike | None = None, *,
-                                        min_compile_seconds: float = 0.5) -> str:
-  """Stores compiled programs on disk so that a new process reuses them (JAX's persistent cache).
-
-  The same as setting JAX's ``jax_compilation_cache_dir`` (or the environment variable
-  ``JAX_COMPILATION_CACHE_DIR`` before starting Python); scripts take ``--compilation_cache_dir``.
-
-  Args:
-    path: the cache directory; default ``$BASS_JAX_COMPILATION_CACHE_DIR`` or
-      ``~/.cache/bass_jax/xla``. Call before the first compilation.
-    min_compile_seconds: programs that compiled faster than this are not stored.
-
-  Returns:
-    The directory in use.
-
-  Raises:
-    ValueError: ``min_compile_seconds`` not a number >= 0.
-  """
-  min_compile_seconds = _checks.as_float("min_compile_seconds", min_compile_seconds, min_value=0.0)
-  path = str(path or os.environ.get("BASS_JAX_COMPILATION_CACHE_DIR")
-             or os.path.join(os.path.expanduser("~"), ".cache", "bass_jax", "xla"))
-  os.makedirs(path, exist_ok=True)
-  jax.config.update("jax_compilation_cache_dir", path)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_seconds)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  return path
-
-
-def _compiled(spec: loop.DecodeSpec, args_prefill: tuple, args_decode_tail: tuple):
-  """Compiled ``(prefill, decode)`` for this spec and these shapes, and the seconds spent compiling.
-
-  The two programs are lowered here and compiled in two threads (XLA compiles without holding the
-  GIL), so a first call waits for the slower of the two, not for both. On a mesh both programs return
-  the state laid out by ``loop.state_shardings``, and the decode takes it so.
-  """
-  # An executable takes its inputs in one layout: where they lie is part of the key.
-  shapes = jax.tree_util.tree_map(lambda x: (x.shape, str(x.dtype), str(getattr(x, "sharding", ""))),
-                                  (args_prefill, args_decode_tail))
-  key = (spec, str(shapes))
-  cached = _PROGRAMS.get(key)
-  if cached is not None:
-    return cached, 0.0
-  start = time.perf_counter()
-  mesh = None if spec.target_sharding is None else spec.target_sharding.mesh
-  # Traced under the decode's own mesh (Auto axes), whatever mesh the caller set with jax.set_mesh.
-  with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
-    state_shape = jax.eval_shape(lambda *a: loop.prefill(spec, *a), *args_prefill)
-    placed = {}
-    if mesh is not None:
-      shardings = loop.state_shardings(spec, state_shape)
-      placed = {"out_shardings": shardings}
-      state_shape = jax.tree_util.tree_map(
-          lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state_shape, shardings)
-    prefill = jax.jit(loop.prefill, static_argnums=0, **placed).lower(spec, *args_prefill)
-    decode = jax.jit(loop.decode, static_argnums=0, donate_argnums=1, **placed).lower(
-        spec, state_shape, *args_decode_tail)
-  with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-    programs = tuple(pool.map(lambda lowered: lowered.compile(), (prefill, decode)))
-  _PROGRAMS.put(key, programs)
-  return programs, time.perf_counter() - start
-
-
 def generate(
     target: Model,
     draft: Model | NGramProposer | Hybrid | None,
@@ -448,6 +362,7 @@ def generate(
     draft_sharding: str = "replicated",
     batch_size: int | None = None,
     time_prompts: bool = True,
+    on_finish: Callable[[FinishedPrompt], None] | None = None,
 ) -> GenerateOutput:
   """Decodes a batch of prompts with batched speculative sampling (BASS) or regular decoding.
 
@@ -513,6 +428,13 @@ def generate(
     time_prompts: return to the host at every admission, first token and finish to time each prompt
       (``GenerateStats.admit_seconds``, ``first_token_seconds``, ``finish_seconds``); False runs the
       whole decode as one program call and times only the total.
+    on_finish: called on the host with a :class:`FinishedPrompt` for every prompt, once, as soon as
+      the decode has returned with it complete (with ``time_prompts``, at the return that saw it
+      finish; without, after the single call). Streaming writers (``experiments.generate``) save each
+      sequence the moment it exists, so that a killed run loses only the sequences in flight. The
+      values equal the prompt's entries of the returned :class:`GenerateOutput`. An exception raised
+      by the callback ends the decode and propagates. The callback's own time is excluded from every
+      time in the stats.
 
   Returns:
     :class:`GenerateOutput` with tokens ``i32[B, N]``, lengths ``i32[B]``, target log-probs
@@ -568,6 +490,8 @@ def generate(
   if batch_size is not None:
     batch_size = _checks.as_int("batch_size", batch_size, min_value=1)
   time_prompts = _checks.as_bool("time_prompts", time_prompts)
+  if on_finish is not None and not callable(on_finish):
+    raise ValueError(f"on_finish must be callable or None, got {type(on_finish).__name__}")
   eos_ids = _eos_ids(eos_token_id, target)
   if len(eos_ids) > _MAX_EOS_IDS:
     raise ValueError(f"eos_token_id has {len(eos_ids)} ids; at most {_MAX_EOS_IDS} are supported")
@@ -650,6 +574,7 @@ def generate(
   (prefill, decode), compile_seconds = _compiled(spec, args_prefill, args_tail)
 
   clock = _PromptClock(num_prompts, started=min(slots, num_prompts))
+  reported = np.zeros(num_prompts, bool)  # prompts handed to on_finish
   start = time.perf_counter()
   state = prefill(*args_prefill)
   while True:
@@ -662,6 +587,12 @@ def generate(
     if time_prompts:
       generated = host(state.seq_len) - host(state.prompt_len)
       clock.observe(row_prompt, generated, done, call_start, time.perf_counter() - start)
+      if on_finish is not None:  # the callback's time (a record written to disk) is not the decode's
+        paused = time.perf_counter()
+        _report_finished(on_finish, state, host, row_prompt, done, reported, clock,
+                         start_steps=None if not continuous else host(state.queue.start_step),
+                         bass=bass, slots=slots)
+        start += time.perf_counter() - paused
     left = ((row_prompt >= 0).any() or int(host(state.queue.next)) < num_prompts
             if continuous else not done.all())  # loop.unfinished, less the step limit
     if not left:
@@ -722,8 +653,12 @@ def generate(
       prompt_drafted=per_prompt[1],
       prompt_accepted=per_prompt[2],
   )
-  return GenerateOutput(tokens=tokens, lengths=out_len, logprobs=logprobs.astype(np.float32),
-                        finished=finished, stats=stats)
+  output = GenerateOutput(tokens=tokens, lengths=out_len, logprobs=logprobs.astype(np.float32),
+                          finished=finished, stats=stats)
+  if on_finish is not None:  # whatever no return reported (time_prompts=False; a last retirement)
+    for i in np.flatnonzero(~reported):
+      on_finish(output.prompt(int(i)))
+  return output
 
 
 class _PromptClock:
@@ -749,6 +684,42 @@ class _PromptClock:
                                    (self.finish, finished, now)):
         if happened and np.isnan(stamps[prompt]):
           stamps[prompt] = at
+
+
+def _report_finished(on_finish, state: loop.DecodeState, host, row_prompt: np.ndarray,
+                     done: np.ndarray, reported: np.ndarray, clock: _PromptClock, *,
+                     start_steps: np.ndarray | None, bass: bool, slots: int) -> None:
+  """Hands every prompt that a done row still holds, and that was not reported yet, to
+  ``on_finish``: its tokens read from the row (a continuous batch retires it into the queue only at
+  the next round), its counts from the row's histories since the prompt's admission (the row is not
+  live after its finish, so later steps add nothing), its times from the clock."""
+  rows = [r for r, p in enumerate(row_prompt) if p >= 0 and done[r] and not reported[p]]
+  if not rows:
+    return
+  tokens, logprobs = host(state.tokens), host(state.logprobs)
+  prompt_len, seq_len, eos = host(state.prompt_len), host(state.seq_len), host(state.eos)
+  steps = int(host(state.step))
+  if bass:
+    accepted = host(state.accepted_history)[:steps, :slots]
+    drafted = host(state.drafted_history)[:steps, :slots]
+  for r in rows:
+    p = int(row_prompt[r])
+    n = int(seq_len[r] - prompt_len[r])
+    counts = np.zeros(3, np.int64)
+    if bass:
+      first = 0 if start_steps is None else int(start_steps[p])
+      live = accepted[first:, r] >= 0
+      counts = np.array([live.sum(), np.where(live, drafted[first:, r], 0).sum(),
+                         np.where(live, accepted[first:, r], 0).sum()])
+    else:
+      counts[0] = n
+    reported[p] = True
+    on_finish(FinishedPrompt(
+        index=p, tokens=tokens[r, prompt_len[r]:seq_len[r]].astype(np.int32),
+        logprobs=logprobs[r, :n].astype(np.float32), finished=bool(eos[r]), row=r,
+        admit_seconds=float(clock.admit[p]), first_token_seconds=float(clock.first_token[p]),
+        finish_seconds=float(clock.finish[p]), steps=int(counts[0]), drafted=int(counts[1]),
+        accepted=int(counts[2])))
 
 
 def _per_prompt_counts(prompt_rows: np.ndarray, start_steps: np.ndarray, steps: int,

@@ -1,0 +1,158 @@
+"""What can be checked about a model or a draft spec before any weights load: that it exists, its
+architecture's context, whether it carries a tokenizer, and a draft spec's grammar.
+
+The experiment scripts call these before loading anything, so that a typo in ``--draft`` or a prompt
+too long for the target's context is a one-line error in seconds rather than a traceback after the
+weights are read. Only metadata is read: a GGUF file's header, a checkpoint's ``config.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+from typing import Any
+
+from bass_jax.checkpoints import hf as hf_ckpt
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+_NGRAM_KEYS = ("max_n", "min_n")
+_N_POSITIONS_FAMILIES = ("gpt2", "codegen")  # whose context field is ``n_positions``
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+  """A model spec resolved without loading weights.
+
+  Attributes:
+    spec: as given. path: the file or directory behind it.
+    kind: ``"gguf"``, ``"hf"`` (a Hugging Face directory; orbax saves too) or ``"eagle"``.
+    context: positions the architecture supports (``max_positions`` of its config).
+    vocab_size: rows of its embedding (for an EAGLE draft: its target's, unknown here, so 0).
+    has_tokenizer: it ships a tokenizer (a GGUF file always does).
+  """
+
+  spec: str
+  path: pathlib.Path
+  kind: str
+  context: int
+  vocab_size: int
+  has_tokenizer: bool
+
+
+def inspect_model(spec: str | os.PathLike) -> ModelSource:
+  """Resolves ``spec`` as ``bass_jax.load_model`` would and reads its config, not its weights.
+
+  Raises:
+    FileNotFoundError: no alias, file or directory by that name (the fix named). ValueError: not a
+      model: a file that is not ``.gguf``, a directory without ``config.json``, a config that is not a
+      JSON object or names an unsupported architecture (each naming the file).
+  """
+  from bass_jax import loading  # pylint: disable=g-import-not-at-top
+  from bass_jax.checkpoints import gguf as gguf_ckpt  # pylint: disable=g-import-not-at-top
+  from bass_jax.models import eagle  # pylint: disable=g-import-not-at-top
+
+  name = str(spec)
+  if name in loading.ALIASES:
+    path = loading.resolve_alias(name)
+  else:
+    path = pathlib.Path(spec)
+    if not path.exists():
+      raise FileNotFoundError(f"no model at {name!r}: not an alias ({', '.join(sorted(loading.ALIASES))}),"
+                              " nor an existing .gguf file or checkpoint directory")
+  if path.is_file():
+    if path.suffix != ".gguf":
+      raise ValueError(f"{path}: a model file must be .gguf; for a checkpoint pass its directory")
+    config = gguf_ckpt.read_config(gguf_ckpt._open(path), path)  # pylint: disable=protected-access
+    return ModelSource(name, path, "gguf", config.max_positions, config.vocab_size, True)
+  fields = hf_ckpt.read_config_fields(path)
+  has_tokenizer = any((path / f).exists() for f in _TOKENIZER_FILES)
+  model_type = fields.get("model_type")
+  if model_type == eagle.MODEL_TYPE:
+    kind, fields = "eagle", fields.get("layer")
+  elif model_type in hf_ckpt.CONFIG_CLASSES:
+    kind = "hf"
+  else:
+    raise ValueError(f"{path / 'config.json'}: unsupported model_type {model_type!r}; supported: "
+                     f"{', '.join(sorted(hf_ckpt.CONFIG_CLASSES))}")
+  # The context field of each family (its config class's ``max_positions``), read directly: building
+  # the config class would import transformers' rotary helpers (and torch), seconds for one number.
+  key = "n_positions" if model_type in _N_POSITIONS_FAMILIES else "max_position_embeddings"
+  context = fields.get(key) if isinstance(fields, dict) else None
+  if not isinstance(context, int) or context < 1:
+    raise ValueError(f"{path / 'config.json'}: no positive integer {key!r} (the model's context)")
+  vocab = fields.get("vocab_size", 0) if kind == "hf" else 0
+  return ModelSource(name, path, kind, context, int(vocab or 0), has_tokenizer)
+
+
+def parse_draft_spec(spec: str) -> tuple[str | None, dict[str, int] | None]:
+  """The parts of a draft spec (``bass_jax.load_draft_spec``): ``(model spec or None, n-gram settings
+  or None)``. ``ngram[:max_n=4,min_n=2]`` is lookup alone, ``hybrid:<model>[:max_n=..,min_n=..]`` both,
+  anything else a model alone.
+
+  Raises:
+    ValueError: a malformed n-gram setting or an empty hybrid (the accepted form named).
+  """
+  spec = str(spec)
+
+  def ngram(settings: str) -> dict[str, int]:
+    kwargs = {}
+    for item in filter(None, settings.split(",")):
+      key, _, value = item.partition("=")
+      if key not in _NGRAM_KEYS or not value.strip().isdigit():
+        raise ValueError(f"draft spec {spec!r}: n-gram settings are max_n=<int>,min_n=<int>, got "
+                         f"{item!r}")
+      kwargs[key] = int(value)
+    return kwargs
+
+  kind, _, rest = spec.partition(":")
+  if kind == "ngram":
+    return None, ngram(rest)
+  if kind == "hybrid":
+    if not rest:
+      raise ValueError(f"draft spec {spec!r}: write hybrid:<model spec>[:max_n=4,min_n=2]")
+    model_spec, _, settings = rest.rpartition(":") if "=" in rest else (rest, "", "")
+    return model_spec, ngram(settings)
+  if not spec:
+    raise ValueError("draft spec is empty: give a model, 'ngram' or 'hybrid:<model>'")
+  return spec, None
+
+
+def inspect_draft_spec(spec: str) -> ModelSource | None:
+  """Checks a draft spec without loading it: its grammar, the n-gram settings' ranges, and the model it
+  names (:func:`inspect_model`). Returns the model's source, or None for n-gram lookup alone.
+
+  Raises:
+    FileNotFoundError, ValueError: as :func:`parse_draft_spec` and :func:`inspect_model`, the spec
+      named.
+  """
+  from bass_jax.sampling.proposers import NGramProposer  # pylint: disable=g-import-not-at-top
+
+  model_spec, settings = parse_draft_spec(spec)
+  if settings is not None:
+    try:
+      NGramProposer(**settings)
+    except ValueError as e:
+      raise ValueError(f"draft spec {spec!r}: {e}") from e
+  if model_spec is None:
+    return None
+  try:
+    return inspect_model(model_spec)
+  except (FileNotFoundError, ValueError) as e:
+    raise type(e)(f"draft spec {spec!r}: {e}") from e
+
+
+def load_tokenizer(source: ModelSource) -> Any:
+  """The tokenizer of a model, without its weights (transformers ``AutoTokenizer``).
+
+  Raises:
+    ValueError: the model ships none.
+  """
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  if not source.has_tokenizer:
+    raise ValueError(f"{source.spec}: ships no tokenizer")
+  if source.kind == "gguf":
+    return transformers.AutoTokenizer.from_pretrained(str(source.path.parent),
+                                                      gguf_file=source.path.name)
+  return transformers.AutoTokenizer.from_pretrained(str(source.path))
