@@ -1,9 +1,11 @@
 """Flags and I/O shared by the paper's experiment scripts (absl flags live only in experiments/).
 
-Each script calls :func:`prepare` first (flags checked, output directory decided, nothing loaded), then
-:func:`setup` (models and prompts), and passes :func:`saver` to its ``bass_jax.reproduce`` function, which
-calls it after every run: the JSON file always holds every finished run (``"complete": false`` until
-the last one), so an interrupted experiment loses at most the run in progress.
+Each script calls :func:`prepare` first (flags checked, output directory decided, an earlier result
+refused or, with ``--resume``, checked and read; nothing loaded), then :func:`setup` (models and
+prompts), and passes :func:`saver` and :func:`earlier_runs` to its ``bass_jax.reproduce`` function,
+which calls the saver after every run: the JSON file always holds every finished run (``"complete":
+false`` until the last one) and the settings it was made with, so an interrupted experiment loses at
+most the run in progress, and ``--resume`` measures only the runs it lacks.
 """
 
 import pathlib
@@ -13,6 +15,7 @@ from absl import app
 from absl import flags
 
 from experiments import _io
+from experiments import _runs
 
 SETTING = flags.DEFINE_string("setting", "quick", "Name of the setting (recorded, and the file suffix).")
 TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target model spec.")
@@ -32,6 +35,7 @@ RESULTS_DIR = flags.DEFINE_string(
 _io.require_positive_ints("batch_sizes")
 
 _RUN_DIR: pathlib.Path | None = None
+_EARLIER: list[dict[str, Any]] = []
 
 
 def prepare(experiment: str, *, greedy: bool = False) -> pathlib.Path:
@@ -54,12 +58,42 @@ def prepare(experiment: str, *, greedy: bool = False) -> pathlib.Path:
     raise app.UsageError(
         f"greedy batches hold distinct prompts: --num_prompts={NUM_PROMPTS.value} is fewer than the "
         f"largest of --batch_sizes={','.join(BATCHES.value)}; raise --num_prompts or drop that batch size")
+  global _EARLIER
   try:
     _RUN_DIR = _io.run_directory(RESULTS_DIR.value, experiment)
     path = _io.check_output_file(_RUN_DIR / f"{experiment}_{SETTING.value}.json", flag="results_dir")
-  except _io.OutputError as e:
+    _runs.refuse_existing(path, f"a {experiment} result")
+    if _runs.RESUME.value:
+      earlier = _runs.read_json(path)
+      if earlier is not None:
+        _runs.check_settings(path, earlier.get("settings") if isinstance(earlier, dict) else None,
+                             settings())
+        _EARLIER = list(earlier.get("runs", []))
+  except (_io.OutputError, _runs.RunError) as e:
     raise app.UsageError(str(e)) from e
+  _check_draft_spec()
   return path
+
+
+def settings() -> dict[str, Any]:
+  """The flags this experiment's result depends on (its own module's and the shared ones)."""
+  return _runs.settings("__main__", __name__)
+
+
+def earlier_runs() -> list[dict[str, Any]]:
+  """With ``--resume``, the runs the result on disk already holds (checked by :func:`prepare`)."""
+  return list(_EARLIER)
+
+
+def _check_draft_spec() -> None:
+  """The target and draft specs resolve (their configs read, no weights), before anything loads."""
+  from bass_jax import preflight  # pylint: disable=g-import-not-at-top
+
+  try:
+    preflight.inspect_model(TARGET.value)
+    preflight.inspect_draft_spec(DRAFT.value)
+  except (FileNotFoundError, ValueError) as e:
+    raise app.UsageError(str(e)) from e
 
 
 def batch_sizes() -> list[int]:
@@ -81,7 +115,7 @@ def saver(path: pathlib.Path) -> Callable[[dict[str, Any]], None]:
   """A callback that writes the experiment's result so far, atomically, to ``path``."""
 
   def save(result: dict[str, Any]) -> None:
-    _io.write_json_atomic(path, {**result, "setting": SETTING.value})
+    _io.write_json_atomic(path, {**result, "setting": SETTING.value, "settings": settings()})
 
   return save
 

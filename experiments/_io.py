@@ -17,7 +17,7 @@ import os
 import pathlib
 import sys
 import tempfile
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, NoReturn
 
 from absl import flags
 
@@ -220,6 +220,40 @@ class JsonlWriter:
     self.close()
 
 
+def run(main: Callable[[list[str]], Any]) -> None:
+  """``absl.app.run(main)`` with one-line errors: a bad flag value, an ``app.UsageError`` or a
+  ``ValueError``/``FileNotFoundError`` raised before the work starts (:class:`Refusal`) prints
+  ``<script>: error: <message>`` on stderr and exits with status 2, without the usage text or a
+  traceback."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+
+  def parse(argv: list[str]) -> list[str]:
+    try:
+      return flags.FLAGS(argv)
+    except flags.Error as e:
+      fail(str(e))
+
+  def guarded(argv: list[str]) -> Any:
+    try:
+      return main(argv)
+    except (app.UsageError, Refusal) as e:
+      fail(str(e))
+
+  app.run(guarded, flags_parser=parse)
+
+
+class Refusal(ValueError):
+  """Input a script refuses before it starts its work; :func:`run` prints it as one line."""
+
+
+def fail(message: str) -> NoReturn:
+  """Prints ``<script>: error: <message>`` (one line) on stderr and exits with status 2."""
+  script = pathlib.Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "bass_jax"
+  sys.stderr.write(f"{script}: error: {' '.join(str(message).split())}\n")
+  sys.stderr.flush()
+  raise SystemExit(2)
+
+
 def init_script() -> None:
   """What every script does first: silence third-party log noise; with --compilation_cache_dir, turn
   on the persistent compilation cache; with --coordinator_address, join the other processes
@@ -239,7 +273,12 @@ def init_script() -> None:
       jax.distributed.initialize(coordinator_address=COORDINATOR_ADDRESS.value,
                                  num_processes=NUM_PROCESSES.value, process_id=PROCESS_ID.value)
     if MESH.value:
-      jax.set_mesh(sharding.make_mesh(*sharding.parse_mesh(MESH.value)))
+      data, model = sharding.parse_mesh(MESH.value)
+      if data * model > jax.device_count():
+        raise Refusal(f"--mesh={MESH.value} needs {data * model} devices, and this process has "
+                      f"{jax.device_count()} ({jax.devices()[0].platform}); give a mesh of at most "
+                      "that many, or run with more devices")
+      jax.set_mesh(sharding.make_mesh(data, model))
 
 
 def init_mesh_script(host_devices: int, meshes: Iterable[str]) -> list[tuple[int, int]]:

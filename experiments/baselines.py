@@ -10,6 +10,7 @@ from absl import flags
 
 from bass_jax import baselines, reproduce
 from experiments import _common
+from experiments import _io
 
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature (0 = greedy).")
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus mass.")
@@ -26,8 +27,8 @@ def main(argv):
   _common.finish(path, reproduce.baselines(
       target, draft, problems, hf_target=hf_target, hf_draft=hf_draft, batch_sizes=batches,
       max_new_tokens=_common.MAX_NEW.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
-      kernels=_common.KERNELS.value, save=_common.saver(path)))
+      kernels=_common.KERNELS.value, save=_common.saver(path), earlier=_common.earlier_runs()))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _io.run(main)

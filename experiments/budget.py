@@ -10,6 +10,7 @@ from absl import flags
 
 from bass_jax import reproduce
 from experiments import _common
+from experiments import _io
 
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0.2", "0.6"], "Sampling temperatures.")
 _CONTINUOUS = flags.DEFINE_bool(
@@ -30,8 +31,8 @@ def main(argv):
       target, draft, problems, batch_sizes=batches,
       temperatures=[float(t) for t in _TEMPERATURES.value], max_new_tokens=_common.MAX_NEW.value,
       budget_fraction=_FRACTION.value, kernels=_common.KERNELS.value, continuous=_CONTINUOUS.value,
-      save=_common.saver(path)))
+      save=_common.saver(path), earlier=_common.earlier_runs()))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _io.run(main)

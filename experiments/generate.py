@@ -12,10 +12,16 @@ First / Last of each static batch, BASS paper §4.1) is the wall time from the s
 (its batch's start, or its admission) until it was complete, over its token count; compilation is
 excluded and reported apart (``bass_jax.experiment.run_problems``).
 
-Flags and output paths are checked before any model is loaded. Records (one JSON line per sequence) are
-appended to ``--output`` as each static batch finishes, so an interrupted run keeps every finished
-batch (a continuous run writes them all at its end); the summary is written atomically to ``--summary_json`` at the end. Both default to a fresh directory
-``outputs/generate-<method>-<time>/``.
+Every flag, the prompts, the model specs and the prompts' lengths against the models' context are
+checked before any model loads, each failure a one-line error. Records (one JSON line per sequence)
+are appended to ``--output`` (fsynced) as each sequence finishes, static or continuous, so a killed
+run loses only the sequences in flight; the summary (``--summary_json``) records the settings first,
+is rewritten after every ``--summary_every`` records marked ``"complete": false``, and is written
+whole at the end, when the records are rewritten in plan order. Both default to a fresh directory
+``outputs/generate-<method>-<time>/``. A rerun into an output that holds records is refused unless
+``--resume`` (keep them, check that the settings are the same, decode only the missing sequences:
+the records then equal an uninterrupted run's, except sampled ones of a continuous run, which are
+other exact draws; docs/design.md, "Interrupted runs") or ``--overwrite``.
 
 The default draft is ``smollm2-135m-draft``, the small Llama draft this project distilled from the
 target and ships inside ``bass_jax/drafts`` (docs/draft.md). ``--draft=smollm2-135m-instruct
@@ -23,11 +29,15 @@ target and ships inside ``bass_jax/drafts`` (docs/draft.md). ``--draft=smollm2-1
 the target a few percent of the time and makes BASS slower than regular decoding.
 """
 
+import math
+import pathlib
+
 from absl import app
 from absl import flags
 from absl import logging
 
 from experiments import _io
+from experiments import _runs
 
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target: alias, .gguf, or HF dir.")
 _DRAFT = flags.DEFINE_string(
@@ -65,67 +75,156 @@ _CHUNK = flags.DEFINE_integer(
     lower_bound=1)
 _DTYPE = flags.DEFINE_enum("dtype", "auto", ["auto", "float32", "bfloat16"],
                            "Parameter/compute dtype; auto: float32 on a CPU, bfloat16 on a GPU.")
-_OUTPUT = flags.DEFINE_string("output", None, "JSONL file, one record per sequence, appended per batch "
-                              "(default: <fresh run directory>/records.jsonl).")
+_OUTPUT = flags.DEFINE_string("output", None, "JSONL file, one record per sequence, appended as each "
+                              "sequence finishes (default: <fresh run directory>/records.jsonl).")
 _SUMMARY = flags.DEFINE_string("summary_json", None, "JSON file for the summary (default: <fresh run "
                                "directory>/summary.json).")
 
-flags.register_validator("top_p", lambda v: v > 0, message="--top_p must be in (0, 1]")
+_SUMMARY_EVERY = flags.DEFINE_integer(
+    "summary_every", 8, "Rewrite the summary (marked incomplete) after every N records, so that a "
+    "long run shows its progress on disk.", lower_bound=1)
+
+flags.register_validator("temperature", math.isfinite, message="--temperature must be a finite "
+                         "number >= 0 (0 = greedy)")
+flags.register_validator("top_p", lambda v: math.isfinite(v) and v > 0,
+                         message="--top_p must be in (0, 1]")
 flags.register_validator(
     "draft_len", lambda v: v in ("dynamic", "goodput") or (v.isdigit() and int(v) >= 1),
     message="--draft_len must be 'dynamic', 'goodput' or an int >= 1")
+
+
+def _outputs() -> tuple[pathlib.Path, pathlib.Path]:
+  """(records, summary) paths, checked: writable, distinct, and not an earlier run's unless
+  --resume or --overwrite."""
+  output, summary_path = _OUTPUT.value, _SUMMARY.value
+  if output is None or summary_path is None:
+    run_dir = _io.run_directory(None, f"generate-{_METHOD.value}")
+    output = output or run_dir / "records.jsonl"
+    summary_path = summary_path or run_dir / "summary.json"
+  output = _io.check_output_file(output, flag="output")
+  summary_path = _io.check_output_file(summary_path, flag="summary_json")
+  _runs.check_distinct(output=output, summary_json=summary_path)
+  _runs.refuse_existing(output, "records")
+  return output, summary_path
+
+
+def _preflight(problems, plan, done):
+  """Everything about the models that can be known without their weights: the specs resolve, the
+  target ships a tokenizer, the attention implementation and mesh exist, every prompt plus
+  --max_new_tokens fits the models' context, and the records on disk belong to this run's plan."""
+  from bass_jax import preflight  # pylint: disable=g-import-not-at-top
+  from bass_jax.models import attention  # pylint: disable=g-import-not-at-top
+
+  if _ATTENTION.value not in attention.attention_implementations():
+    raise _io.Refusal(f"--attention_impl={_ATTENTION.value!r} is not one of "
+                      f"{', '.join(attention.attention_implementations())}")
+  try:
+    target = preflight.inspect_model(_TARGET.value)
+    draft = preflight.inspect_draft_spec(_DRAFT.value) if _METHOD.value == "bass" else None
+  except (FileNotFoundError, ValueError) as e:
+    raise _io.Refusal(f"--{'draft' if 'draft spec' in str(e) else 'target'}: {e}") from e
+  if not target.has_tokenizer:
+    raise _io.Refusal(f"--target={_TARGET.value} ships no tokenizer, which the prompts need; give a "
+                      "checkpoint saved with its tokenizer")
+  context = min(m.context for m in (target, draft) if m is not None)
+  if _MAX_NEW.value >= context:
+    raise _io.Refusal(f"--max_new_tokens={_MAX_NEW.value} does not fit the models' context of "
+                      f"{context} positions (with at least a one-token prompt); lower it")
+  # A byte-level BPE token covers at least one byte (a few special tokens aside), so most prompts
+  # fit without tokenizing; only a prompt that might not fit pays for loading the tokenizer.
+  margin = 8
+  longest = max(problems, key=lambda p: len(p.prompt.encode()))
+  if len(longest.prompt.encode()) + margin + _MAX_NEW.value > context:
+    tokenizer = preflight.load_tokenizer(target)
+    for p in problems:
+      n = len(tokenizer(p.prompt).input_ids)
+      if n + _MAX_NEW.value > context:
+        raise _io.Refusal(f"prompt {p.task_id!r} has {n} tokens; with --max_new_tokens="
+                          f"{_MAX_NEW.value} it exceeds the models' context of {context} positions: "
+                          "shorten it or lower --max_new_tokens")
+  planned = {(p.task_id, k) for batch in plan for p, k in batch}
+  strangers = sorted(set(done) - planned)
+  if strangers:
+    raise _io.Refusal(f"--resume: {_OUTPUT.value or 'the output'} holds records of sequences this run "
+                      f"does not plan, e.g. {strangers[:3]}; check --prompts/--num_prompts/--batch_size")
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
   _io.init_script()
-  output, summary_path = _OUTPUT.value, _SUMMARY.value
   try:
-    if output is None or summary_path is None:
-      run_dir = _io.run_directory(None, f"generate-{_METHOD.value}")
-      output = output or run_dir / "records.jsonl"
-      summary_path = summary_path or run_dir / "summary.json"
-    output = _io.check_output_file(output, flag="output")
-    summary_path = _io.check_output_file(summary_path, flag="summary_json")
-  except _io.OutputError as e:
-    raise app.UsageError(str(e)) from e
+    output, summary_path = _outputs()
+  except (_io.OutputError, _runs.RunError) as e:
+    raise _io.Refusal(str(e)) from e
 
-  # Heavy imports after the checks: a bad flag fails in about a second.
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-  import bass_jax  # pylint: disable=g-import-not-at-top
   from bass_jax import experiment  # pylint: disable=g-import-not-at-top
   from bass_jax.data import load_problems  # pylint: disable=g-import-not-at-top
 
-  problems = load_problems(_PROMPTS.value, _NUM_PROMPTS.value or None)
-  distinct = _DISTINCT.value if _DISTINCT.value is not None else _TEMPERATURE.value == 0
+  records_file = _runs.RecordsFile(output)
+  settings = _runs.settings(__name__)
+  done = {}
+  if _runs.RESUME.value:
+    try:
+      earlier = _runs.read_json(summary_path)
+      done = records_file.read(experiment.record_key)
+      if earlier is not None or done:
+        _runs.check_settings(summary_path, (earlier or {}).get("settings"), settings)
+    except _runs.RunError as e:
+      raise _io.Refusal(str(e)) from e
+
   try:
-    experiment.make_batches(problems, _BATCH.value, distinct)
-  except ValueError as e:
-    raise app.UsageError(str(e)) from e
+    problems = load_problems(_PROMPTS.value, _NUM_PROMPTS.value or None)
+    distinct = _DISTINCT.value if _DISTINCT.value is not None else _TEMPERATURE.value == 0
+    plan = experiment.sequence_plan(problems, _BATCH.value, distinct)
+  except (FileNotFoundError, ValueError) as e:
+    raise _io.Refusal(str(e)) from e
+  _preflight(problems, plan, done)
+  total = sum(len(batch) for batch in plan)
+  if len(done) == total:  # killed after its last record: only the summary is missing
+    _io.write_json_atomic(summary_path, {"complete": True, "settings": settings, "records": total,
+                                         "decoded_records": 0, "resumed_records": total})
+    print(f"{output} already holds all {total} records; nothing to decode", flush=True)
+    return
+
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  import bass_jax  # pylint: disable=g-import-not-at-top
 
   dtype = None if _DTYPE.value == "auto" else jnp.dtype(_DTYPE.value)
   logging.info("loading target %s", _TARGET.value)
   target = bass_jax.load_model(_TARGET.value, dtype=dtype)
   draft = None
   if _METHOD.value == "bass":
-    try:
-      draft = bass_jax.load_draft_spec(_DRAFT.value, target, num_layers=_DRAFT_LAYERS.value or None,
-                                       dtype=dtype)
-    except ValueError as e:
-      raise app.UsageError(str(e)) from e
-  with _io.JsonlWriter(output) as records:
+    draft = bass_jax.load_draft_spec(_DRAFT.value, target, num_layers=_DRAFT_LAYERS.value or None,
+                                     dtype=dtype)
+
+  progress = {"complete": False, "settings": settings, "records": len(done), "of": total}
+  _io.write_json_atomic(summary_path, progress)
+  written = len(done)
+
+  def on_record(record):
+    nonlocal written
+    sink.append(record)
+    written += 1
+    if written % _SUMMARY_EVERY.value == 0:
+      _io.write_json_atomic(summary_path, {**progress, "records": written})
+
+  with records_file.open(append=bool(done)) as sink:
     result = experiment.run_problems(
         target, draft, problems, batch_size=_BATCH.value, method=_METHOD.value,
         max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
         draft_len=_io.draft_len_value(_DRAFT_LEN.value),
         seed=_SEED.value, attention_impl=_ATTENTION.value, distinct_prompts=distinct,
-        verify_chunk=_CHUNK.value, on_batch=records.write, continuous=_CONTINUOUS.value)
-  print(experiment.format_summary(result.summary), flush=True)
-  _io.write_json_atomic(summary_path, result.summary)
+        verify_chunk=_CHUNK.value, on_record=on_record, continuous=_CONTINUOUS.value, done=done)
+  # Every record in plan order, as an uninterrupted run leaves them.
+  by_key = {**done, **{experiment.record_key(r): r for r in result.records}}
+  records_file.rewrite(by_key[(p.task_id, k)] for batch in plan for p, k in batch)
+  summary = {**result.summary, "complete": True, "settings": settings, "records": total}
+  print(experiment.format_summary(summary), flush=True)
+  _io.write_json_atomic(summary_path, summary)
   print(f"records: {output}\nsummary: {summary_path}", flush=True)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _io.run(main)

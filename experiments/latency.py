@@ -12,6 +12,7 @@ from absl import flags
 
 from bass_jax import reproduce
 from experiments import _common
+from experiments import _io
 
 _CONFIGS = flags.DEFINE_list("configs", list(reproduce.CONFIGS), "Configurations to run.")
 _SAMPLING = flags.DEFINE_list("sampling", ["greedy", "t0.2"], "Sampling settings.")
@@ -25,8 +26,8 @@ def main(argv):
   _common.finish(path, reproduce.latency(
       target, draft, problems, batch_sizes=batches, configs=_CONFIGS.value, sampling=_SAMPLING.value,
       max_new_tokens=_common.MAX_NEW.value, kernels=_common.KERNELS.value, check=_CHECK.value,
-      save=_common.saver(path)))
+      save=_common.saver(path), earlier=_common.earlier_runs()))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _io.run(main)

@@ -117,4 +117,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _io.run(main)

@@ -12,6 +12,7 @@ from absl import flags
 
 from bass_jax import reproduce
 from experiments import _common
+from experiments import _io
 
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "0.2"], "Sampling temperatures (top-p 0.95 "
                                   "when sampling).")
@@ -24,8 +25,8 @@ def main(argv):
   _common.finish(path, reproduce.throughput(
       target, draft, problems, batch_sizes=batches,
       temperatures=[float(t) for t in _TEMPERATURES.value], max_new_tokens=_common.MAX_NEW.value,
-      kernels=_common.KERNELS.value, save=_common.saver(path)))
+      kernels=_common.KERNELS.value, save=_common.saver(path), earlier=_common.earlier_runs()))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _io.run(main)

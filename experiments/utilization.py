@@ -10,6 +10,7 @@ from absl import flags
 
 from bass_jax import reproduce
 from experiments import _common
+from experiments import _io
 
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.2, "Sampling temperature.")
 _TOP_P = flags.DEFINE_float("top_p", 0.95, "Nucleus mass.")
@@ -21,8 +22,9 @@ def main(argv):
   target, draft, problems, batches = _common.setup()
   _common.finish(path, reproduce.utilization(
       target, draft, problems, batch_sizes=batches, max_new_tokens=_common.MAX_NEW.value,
-      temperature=_TEMPERATURE.value, top_p=_TOP_P.value, kernels=_common.KERNELS.value, save=_common.saver(path)))
+      temperature=_TEMPERATURE.value, top_p=_TOP_P.value, kernels=_common.KERNELS.value,
+      save=_common.saver(path), earlier=_common.earlier_runs()))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _io.run(main)

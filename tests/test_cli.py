@@ -52,23 +52,45 @@ def _args(setup, *extra):
     ("--output={file}/out.jsonl", "is a file, not a directory"),
     ("--output={dir}", "is a directory"),
     ("--summary_json={dir}/", "is a directory"),
+    ("--output={dir}/same.json --summary_json={dir}/same.json", "are the same file"),
     ("--batch_size=0", "batch_size"),
     ("--top_p=0", "top_p"),
+    ("--top_p=nan", "top_p"),
     ("--temperature=-1", "temperature"),
+    ("--temperature=nan", "--temperature must be a finite number"),
     ("--draft_len=often", "draft_len"),
+    ("--attention_impl=foo", "--attention_impl='foo' is not one of"),
+    ("--max_new_tokens=100000", "--max_new_tokens=100000 does not fit the models' context of 2048"),
+    ("--draft={dir}/missing", "no model at"),
+    ("--draft=hybrid:{dir}/missing", "draft spec 'hybrid:"),
+    ("--draft=ngram:max_n=x", "n-gram settings are max_n=<int>,min_n=<int>"),
+    ("--target={dir}/no_tokenizer", "ships no tokenizer"),
+    ("--mesh=3,3", "--mesh=3,3 needs 9 devices"),
+    ("--prompts={dir}/empty.jsonl", "empty.jsonl:2: the prompt is empty"),
+    ("--prompts={dir}/broken.jsonl", "broken.jsonl:1: not valid JSON"),
+    ("--prompts={dir}/long.jsonl --num_prompts=1 --batch_size=1", "prompt 'long' has"),
     ("--num_prompts=40 --batch_size=50", "distinct_prompts needs at least batch_size=50"),
 ])
 def test_bad_flags_fail_in_seconds_before_loading_a_model(setup, tmp_path, flag, message):
+  """Each bad input: one line on stderr naming it, exit status 2, before any model loads."""
   (tmp_path / "a_file").write_text("")
+  (tmp_path / "empty.jsonl").write_text('{"prompt": "def f():"}\n{"prompt": ""}\n')
+  (tmp_path / "broken.jsonl").write_text('{"prompt": "def f():"\n')
+  (tmp_path / "long.jsonl").write_text(json.dumps({"task_id": "long", "prompt": "x = 1\n" * 2100})
+                                       + "\n")
+  no_tokenizer = tmp_path / "no_tokenizer"
+  no_tokenizer.mkdir()
+  (no_tokenizer / "config.json").write_text((setup / "tiny" / "config.json").read_text())
   flag = flag.format(file=tmp_path / "a_file", dir=tmp_path)
   start = time.perf_counter()
-  result = subprocess.run(_args(setup, *flag.split()), cwd=REPO, capture_output=True, text=True,
-                          timeout=120, env=ENV)
+  result = subprocess.run(_args(setup, "--num_prompts=4", "--batch_size=2", *flag.split()),
+                          cwd=REPO, capture_output=True, text=True, timeout=120, env=ENV)
   elapsed = time.perf_counter() - start
-  assert result.returncode != 0
+  assert result.returncode == 2, result.stderr[-2000:]
   assert message in result.stderr, result.stderr[-2000:]
+  assert len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
   assert "loading target" not in result.stderr and "Traceback" not in result.stderr
-  assert elapsed < 5.0, f"took {elapsed:.1f} s"
+  assert elapsed < 10.0, f"took {elapsed:.1f} s"  # a model load takes longer; the goal is 3 s
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
@@ -101,7 +123,7 @@ def test_an_interrupted_run_keeps_every_finished_batch(setup, tmp_path, sig):
   assert 2 <= len(records) < NUM_PROMPTS
   assert [r["task_id"] for r in records] == [f"t{i}" for i in range(len(records))]
   assert all(r["num_tokens"] == 256 for r in records)
-  assert not summary.exists()  # the summary is written whole at the end, or not at all
+  assert json.loads(summary.read_text())["complete"] is False  # progress, never a finished summary
 
 
 def test_a_greedy_experiment_with_too_few_prompts_fails_before_loading(tmp_path):
@@ -148,3 +170,58 @@ def test_the_draft_study_writes_every_cell_and_resumes(setup, tmp_path):
                          env=ENV)
   assert again.returncode == 0, again.stderr[-3000:]
   assert again.stdout.count("already in") == 2 and "Hand-written." in (tmp_path / "study.md").read_text()
+
+
+# Fields that depend on the clock or on the rows a sequence shared a step with, not on its text.
+TIMING = ("finish_seconds", "wait_seconds", "ttft_seconds", "row", "accepted_drafts", "drafted",
+          "steps")
+
+
+def _content(path):
+  records = [json.loads(line) for line in path.read_text().splitlines()]
+  return [{k: round(v, 4) if k == "mean_logprob" else v for k, v in r.items() if k not in TIMING}
+          for r in records]
+
+
+@pytest.mark.parametrize("mode", ["--nocontinuous --temperature=1.0", "--continuous"])
+def test_kill_9_then_resume_gives_the_records_of_an_uninterrupted_run(setup, tmp_path, mode):
+  """kill -9 once some sequences are on disk; a rerun without --resume is refused and changes
+  nothing; --resume decodes the rest, and the files equal an uninterrupted run's (static sampled
+  batches are decoded again whole with their own seeds, so even their draws are the same)."""
+  common = ["--method=bass", "--num_prompts=12", "--batch_size=2", "--max_new_tokens=96",
+            "--draft_len=3", *mode.split()]
+  full = tmp_path / "full"
+  done = subprocess.run(_args(setup, *common, f"--output={full}/r.jsonl",
+                              f"--summary_json={full}/s.json"),
+                        cwd=REPO, capture_output=True, text=True, timeout=600, env=ENV)
+  assert done.returncode == 0, done.stderr[-3000:]
+  out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
+  args = _args(setup, *common, f"--output={out}", f"--summary_json={summary}")
+  proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True, env=ENV)
+  try:
+    deadline = time.time() + 300
+    while not (out.exists() and out.read_text().count("\n") >= 3):
+      assert proc.poll() is None, proc.stderr.read()[-2000:]
+      assert time.time() < deadline, "no sequence finished in time"
+      time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+  finally:
+    proc.kill()
+  kept = out.read_bytes()
+  assert kept.count(b"\n") >= 3
+  again = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=120, env=ENV)
+  assert again.returncode == 2 and "pass --resume" in again.stderr, again.stderr[-2000:]
+  assert out.read_bytes() == kept
+  other = subprocess.run(args + ["--resume", "--seed=7"], cwd=REPO, capture_output=True, text=True,
+                         timeout=120, env=ENV)
+  assert other.returncode == 2 and "--seed: 0 on disk, 7 now" in other.stderr, other.stderr[-2000:]
+  resumed = subprocess.run(args + ["--resume"], cwd=REPO, capture_output=True, text=True,
+                           timeout=600, env=ENV)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert _content(out) == _content(full / "r.jsonl")
+  final = json.loads(summary.read_text())
+  assert final["complete"] and final["resumed_records"] >= 3
+  assert final["resumed_records"] + final["decoded_records"] == final["records"] == len(
+      _content(out))
