@@ -11,14 +11,15 @@ is keyed weakly on ``f`` and holds the traced jaxpr; ``pxla._cached_lowering_to_
 ``pxla._cached_compilation`` is keyed weakly on that module and holds the XLA executable. Every link is
 freed only when its key dies, and each of these caches keeps up to 2,048 entries. Jitting the
 module-level ``loop.prefill`` and ``loop.decode``, which never die, therefore kept every program ever
-compiled: dropping it from our LRU released nothing, each decode program held on to its JIT-compiled
-code (about 250-650 memory maps on XLA:CPU, depending on the model) and a process died after about a
-hundred programs, when it ran out of maps (``vm.max_map_count``, 65,530: "LLVM compilation error:
-Cannot allocate memory"). :func:`compiled` jits a new function object per setting, which dies as soon
-as the compilation returns; the chain above then falls away link by link, the LRU holds the only
-reference to the executables, and evicting them releases their memory. Other users' jitted functions
-and their caches are left alone (no ``jax.clear_caches()``). A setting that was evicted and comes back
-compiles again (or loads from the persistent cache, :func:`enable_persistent_compilation_cache`).
+compiled: dropping it from our LRU released nothing, each setting kept its JIT-compiled code (a few
+hundred memory maps on XLA:CPU, about 590 in the session of issue 24) and a process died after about a
+hundred settings, out of maps (``vm.max_map_count``, 65,530: "LLVM compilation error: Cannot allocate
+memory"). :func:`compiled` jits a new function object per setting, which dies as soon as the
+compilation returns; the chain above then falls away link by link, the LRU holds the only reference to
+the executables, and evicting them releases their memory. Other users' jitted functions and their
+caches are left alone (no ``jax.clear_caches()``). A setting that was evicted and comes back compiles
+again (or loads from the persistent cache, :func:`enable_persistent_compilation_cache`), where JAX's
+caches used to hand the kept executable back.
 """
 
 from __future__ import annotations
