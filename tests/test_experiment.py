@@ -121,7 +121,8 @@ def test_main_job_end_to_end(tmp_path, smollm2):
     assert [(r["task_id"], r["sample_index"]) for r in records] == [
         (t, j) for t in ("t0", "t1") for j in range(3)]
     for r in records:
-      assert set(r) == {"task_id", "sample_index", "batch_index", "row", "batch_size",
+      assert set(r) == {"task_id", "sample_index", "batch_index", "row", "batch_size", "drafted",
+                        "steps",
                         "prompt_tokens", "completion", "num_tokens", "accepted_drafts",
                         "mean_logprob", "finished", "finish_seconds", "wait_seconds", "ttft_seconds"}
       wall = json.loads(summary.read_text())["wall_seconds"]
