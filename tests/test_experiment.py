@@ -114,7 +114,7 @@ def test_main_job_end_to_end(tmp_path, smollm2):
          f"--draft={tmp_path / 'tiny'}", "--draft_num_layers=1", f"--method={method}",
          f"--prompts={prompts}", "--num_prompts=2", "--batch_size=3", "--max_new_tokens=6",
          "--temperature=0.7", "--top_p=0.9", "--draft_len=2", f"--output={out}",
-         f"--summary_json={summary}"],
+         f"--summary_json={summary}", "--overwrite"],  # the second run replaces the first's files
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     records = [json.loads(line) for line in out.read_text().splitlines()]
@@ -278,8 +278,10 @@ def test_raggedness_by_hand():
     metrics.raggedness(np.array([1]), np.array([1, 2]))
 
 
-def test_greedy_runs_decode_distinct_prompts_and_report_how_ragged(tmp_path):
-  """run_problems at temperature 0: different prompts per batch, records streamed per batch."""
+@pytest.fixture(scope="module")
+def tiny_pair():
+  """A tiny random target carrying SmolLM2's tokenizer, and a draft of scaled copies of its weights;
+  shared by the run_problems tests, so that their equal settings share compiled programs."""
   import transformers
 
   tok = transformers.AutoTokenizer.from_pretrained(os.path.join(REPO, "bass_jax", "drafts",
@@ -287,6 +289,12 @@ def test_greedy_runs_decode_distinct_prompts_and_report_how_ragged(tmp_path):
   config = tiny_config(vocab_size=tok.vocab_size)
   target = bj.Model(config, bj.init_params(config, jax.random.key(0)), tok, "tiny")
   draft = bj.Model(config, jax.tree_util.tree_map(lambda x: 1.3 * x, target.params), tok, "noisy")
+  return target, draft
+
+
+def test_greedy_runs_decode_distinct_prompts_and_report_how_ragged(tiny_pair):
+  """run_problems at temperature 0: different prompts per batch, records streamed per batch."""
+  target, draft = tiny_pair
   problems = [bj_problem(i) for i in range(3)] + [
       type(bj_problem(0))("long", "def function_with_a_much_longer_prompt(a, b, c):\n    return")]
   streamed = []
@@ -358,19 +366,13 @@ def _content(records):
 
 @pytest.mark.parametrize("continuous,temperature", [(False, 0.0), (False, 1.0), (True, 0.0)])
 def test_a_resumed_run_decodes_only_what_is_missing_and_equals_an_uninterrupted_one(
-    continuous, temperature):
+    tiny_pair, continuous, temperature):
   """run_problems(done=...) as `--resume` uses it: the sequences on disk are not decoded again, and
   the missing ones come out as an uninterrupted run's (a static batch with some records is decoded
   again whole, with its own seed and rows, so even sampled records are the same draws)."""
-  import transformers
-
-  tok = transformers.AutoTokenizer.from_pretrained(os.path.join(REPO, "bass_jax", "drafts",
-                                                                "smollm2-135m-draft"))
-  config = tiny_config(vocab_size=tok.vocab_size)
-  target = bj.Model(config, bj.init_params(config, jax.random.key(0)), tok, "tiny")
-  draft = bj.Model(config, jax.tree_util.tree_map(lambda x: 1.3 * x, target.params), tok, "noisy")
+  target, draft = tiny_pair
   problems = [bj_problem(i) for i in range(5)]
-  kwargs = dict(batch_size=2, max_new_tokens=10, draft_len=3, temperature=temperature, seed=3,
+  kwargs = dict(batch_size=2, max_new_tokens=12, draft_len=3, temperature=temperature, seed=3,
                 progress=False, continuous=continuous, distinct_prompts=True)
   full = experiment.run_problems(target, draft, problems, **kwargs)
   assert len(full.records) == 5
