@@ -81,6 +81,21 @@ def sequence_plan(problems: Sequence[Problem], batch_size: int,
   return plan
 
 
+def check_done(plan: Sequence[Sequence[tuple[Problem, int]]],
+               done: Mapping[tuple[str, int], Any]) -> None:
+  """Checks that every sequence in ``done`` (keyed by :func:`record_key`) is one ``plan``
+  (:func:`sequence_plan`) decodes.
+
+  Raises:
+    ValueError: ``done`` holds sequences the plan does not (a few named, and their count).
+  """
+  planned = {(p.task_id, k) for batch in plan for p, k in batch}
+  strangers = sorted(set(done) - planned)
+  if strangers:
+    raise ValueError(f"done holds {len(strangers)} sequences this run does not plan, e.g. "
+                     f"{strangers[:3]} (records of another prompt set or batch arrangement?)")
+
+
 def record_key(record: dict[str, Any]) -> tuple[str, int]:
   """``(task_id, sample_index)``: the sequence a record belongs to (:func:`sequence_plan`)."""
   return str(record["task_id"]), int(record["sample_index"])
@@ -187,11 +202,7 @@ def run_problems(
   if continuous:
     plan = [[row for batch in plan for row in batch]]  # one queue, batch_size rows at a time
   done = dict(done or {})
-  planned = {(p.task_id, k) for batch in plan for p, k in batch}
-  strangers = sorted(set(done) - planned)
-  if strangers:
-    raise ValueError(f"done holds {len(strangers)} sequences this run does not plan, e.g. "
-                     f"{strangers[:3]} (records of another prompt set or batch arrangement?)")
+  check_done(plan, done)
   tokenizer = target.tokenizer
   if tokenizer is None:
     raise ValueError(f"target {target.name!r} has no tokenizer; load one that ships it")
@@ -216,11 +227,12 @@ def run_problems(
   work = []
   for i, batch in enumerate(plan):
     missing = [j for j, (p, k) in enumerate(batch) if (p.task_id, k) not in done]
-    if continuous:
+    if not missing:
+      continue
+    if continuous:  # only the missing sequences queue
       work.append((None, seed, [batch[j] for j in missing], None))
-    elif missing:
+    else:  # the whole batch, as first decoded, so that its draws repeat; only the missing are emitted
       work.append((i, seed + i, batch, set(missing)))
-  work = [w for w in work if w[2]]
   if warmup and not continuous and work:  # untimed; its compilation is still reported
     compile_seconds = decode(encode(work[0][2]), work[0][1]).stats.compile_seconds
   bar = tqdm.tqdm(work, desc=f"{method} B={batch_size}", unit="batch", disable=not progress)
@@ -230,8 +242,7 @@ def run_problems(
     run_start = wall  # the run's clock: the summed wall time of the batches before this one
     held: list[dict[str, Any]] = []
 
-    def finished(result, rows=rows, prompt_lengths=prompt_lengths, batch_index=batch_index,
-                 emit=emit, run_start=run_start, held=held):
+    def finished(result):  # called during this iteration's decode
       if emit is not None and result.index not in emit:
         return  # a resumed batch's sequence that is already on disk
       problem, sample_index = rows[result.index]

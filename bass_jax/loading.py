@@ -143,6 +143,15 @@ def resolve_alias(alias: str) -> pathlib.Path:
   return path
 
 
+# Any of these marks a checkpoint directory that ships a tokenizer (what AutoTokenizer reads).
+_TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def has_tokenizer(directory: str | os.PathLike) -> bool:
+  """Whether checkpoint directory ``directory`` ships a tokenizer (a GGUF file always does)."""
+  return any((pathlib.Path(directory) / f).exists() for f in _TOKENIZER_MARKERS)
+
+
 def _load_tokenizer(directory: pathlib.Path, gguf_file: str | None = None):
   """The tokenizer in ``directory`` (or in its GGUF file), or None when it holds none.
 
@@ -159,8 +168,7 @@ def _load_tokenizer(directory: pathlib.Path, gguf_file: str | None = None):
     for name in sorted(atomic.TOKENIZER_FILES):
       if name.endswith(".json") and (directory / name).is_file():
         hf_ckpt.read_json_object(directory / name)
-    if not any((directory / f).exists()
-               for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+    if not has_tokenizer(directory):
       return None
   return transformers.AutoTokenizer.from_pretrained(str(directory), gguf_file=gguf_file)
 

@@ -15,7 +15,6 @@ from typing import Any
 
 from bass_jax.checkpoints import hf as hf_ckpt
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 _NGRAM_KEYS = ("max_n", "min_n")
 _N_POSITIONS_FAMILIES = ("gpt2", "codegen")  # whose context field is ``n_positions``
 
@@ -66,7 +65,7 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
     config = gguf_ckpt.read_config(gguf_ckpt._open(path), path)  # pylint: disable=protected-access
     return ModelSource(name, path, "gguf", config.max_positions, config.vocab_size, True)
   fields = hf_ckpt.read_config_fields(path)
-  has_tokenizer = any((path / f).exists() for f in _TOKENIZER_FILES)
+  has_tokenizer = loading.has_tokenizer(path)
   model_type = fields.get("model_type")
   if model_type == eagle.MODEL_TYPE:
     kind, fields = "eagle", fields.get("layer")

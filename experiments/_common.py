@@ -50,15 +50,16 @@ def prepare(experiment: str, *, greedy: bool = False) -> pathlib.Path:
     The JSON file this run will write.
 
   Raises:
-    app.UsageError: the results directory cannot be written, or too few prompts for a greedy batch.
+    app.UsageError: the results directory cannot be written, too few prompts for a greedy batch, a
+      result on disk without ``--resume``/``--overwrite``, or one made with other settings.
+    _io.Refusal: ``--target`` or ``--draft`` does not resolve.
   """
-  global _RUN_DIR
+  global _RUN_DIR, _EARLIER
   _io.init_script()
   if greedy and NUM_PROMPTS.value < max(batch_sizes()):
     raise app.UsageError(
         f"greedy batches hold distinct prompts: --num_prompts={NUM_PROMPTS.value} is fewer than the "
         f"largest of --batch_sizes={','.join(BATCHES.value)}; raise --num_prompts or drop that batch size")
-  global _EARLIER
   try:
     _RUN_DIR = _io.run_directory(RESULTS_DIR.value, experiment)
     path = _io.check_output_file(_RUN_DIR / f"{experiment}_{SETTING.value}.json", flag="results_dir")
@@ -71,7 +72,7 @@ def prepare(experiment: str, *, greedy: bool = False) -> pathlib.Path:
         _EARLIER = list(earlier.get("runs", []))
   except (_io.OutputError, _runs.RunError) as e:
     raise app.UsageError(str(e)) from e
-  _check_draft_spec()
+  _io.inspect_models(TARGET.value, DRAFT.value)  # the specs resolve (configs read, no weights)
   return path
 
 
@@ -83,17 +84,6 @@ def settings() -> dict[str, Any]:
 def earlier_runs() -> list[dict[str, Any]]:
   """With ``--resume``, the runs the result on disk already holds (checked by :func:`prepare`)."""
   return list(_EARLIER)
-
-
-def _check_draft_spec() -> None:
-  """The target and draft specs resolve (their configs read, no weights), before anything loads."""
-  from bass_jax import preflight  # pylint: disable=g-import-not-at-top
-
-  try:
-    preflight.inspect_model(TARGET.value)
-    preflight.inspect_draft_spec(DRAFT.value)
-  except (FileNotFoundError, ValueError) as e:
-    raise app.UsageError(str(e)) from e
 
 
 def batch_sizes() -> list[int]:

@@ -2,10 +2,10 @@
 records as they come, replace summaries atomically, and keep fresh runs away from committed results.
 
 Every script calls :func:`init_script` first (quiet logs, optional persistent compilation cache),
-checks its output paths with :func:`check_output_file` / :func:`run_directory` before loading a model (a bad path fails in seconds,
-not after a decode), appends JSONL records with :class:`JsonlWriter` (flushed and fsynced per batch, so
-Ctrl-C or a kill keeps every finished batch), and writes JSON with :func:`write_json_atomic` (a
-temporary file renamed over the old one: never a half-written file).
+checks its output paths with :func:`check_output_file` / :func:`run_directory` before loading a model (a
+bad path fails in seconds, not after a decode), writes JSON with :func:`write_json_atomic` (a temporary
+file renamed over the old one: never a half-written file), and runs its ``main`` through :func:`run`
+(one-line errors). Records, ``--resume`` and ``--overwrite`` live in ``experiments/_runs.py``.
 """
 
 from __future__ import annotations
@@ -152,15 +152,24 @@ def run_directory(results_dir: str | None, name: str) -> pathlib.Path:
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> pathlib.Path:
-  """Writes ``obj`` as indented JSON to a temporary file beside ``path`` and renames it over ``path``,
-  so readers see the old file or the new one, never a partial one. Values JSON lacks (NumPy scalars)
+  """Writes ``obj`` as indented JSON with :func:`write_text_atomic`. Values JSON lacks (NumPy scalars)
   are written as floats.
+
+  Raises:
+    OSError: as :func:`write_text_atomic`.
+    TypeError, ValueError: a value that is neither JSON nor convertible by ``float``.
+  """
+  return write_text_atomic(path, json.dumps(obj, indent=2, default=float) + "\n")
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> pathlib.Path:
+  """Writes ``text`` to a temporary file beside ``path``, fsyncs it and renames it over ``path``, so
+  readers see the old file or the new one, never a partial one.
 
   In a multi-process run only process 0 writes (:func:`is_primary`); the others return at once.
 
   Raises:
     OSError: the directory cannot be created or written (the temporary file is removed).
-    TypeError, ValueError: a value that is neither JSON nor convertible by ``float``.
   """
   path = pathlib.Path(path)
   if not is_primary():
@@ -170,8 +179,7 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> pathlib.Path:
   try:
     os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
     with os.fdopen(fd, "w") as f:
-      json.dump(obj, f, indent=2, default=float)
-      f.write("\n")
+      f.write(text)
       f.flush()
       os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -185,39 +193,6 @@ def _umask() -> int:
   mask = os.umask(0)
   os.umask(mask)
   return mask
-
-
-class JsonlWriter:
-  """Appends JSON records to a file, one per line, flushed and fsynced after every :meth:`write`.
-
-  The file is truncated when the writer is created (a run's records, not a mix of runs). In a
-  multi-process run only process 0 writes (:func:`is_primary`).
-  """
-
-  def __init__(self, path: str | os.PathLike):
-    self.path = pathlib.Path(path)
-    self._file = None
-    if is_primary():
-      self.path.parent.mkdir(parents=True, exist_ok=True)
-      self._file = open(self.path, "w")  # pylint: disable=consider-using-with
-
-  def write(self, records: Iterable[dict[str, Any]]) -> None:
-    if self._file is None:
-      return
-    for record in records:
-      self._file.write(json.dumps(record) + "\n")
-    self._file.flush()
-    os.fsync(self._file.fileno())
-
-  def close(self) -> None:
-    if self._file is not None:
-      self._file.close()
-
-  def __enter__(self) -> "JsonlWriter":
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.close()
 
 
 def run(main: Callable[[list[str]], Any]) -> None:
@@ -240,6 +215,26 @@ def run(main: Callable[[list[str]], Any]) -> None:
       fail(str(e))
 
   app.run(guarded, flags_parser=parse)
+
+
+def inspect_models(target: str, draft: str | None = None) -> tuple[Any, Any]:
+  """``(target, draft)`` as ``bass_jax.preflight.ModelSource`` (the draft None for n-gram lookup alone,
+  or when ``draft`` is None): the ``--target`` and ``--draft`` specs resolved and their configs read,
+  no weights loaded.
+
+  Raises:
+    Refusal: a spec that does not resolve or is malformed, naming the flag.
+  """
+  from bass_jax import preflight  # pylint: disable=g-import-not-at-top
+
+  try:
+    source = preflight.inspect_model(target)
+  except (FileNotFoundError, ValueError) as e:
+    raise Refusal(f"--target: {e}") from e
+  try:
+    return source, None if draft is None else preflight.inspect_draft_spec(draft)
+  except (FileNotFoundError, ValueError) as e:
+    raise Refusal(f"--draft: {e}") from e
 
 
 class Refusal(ValueError):

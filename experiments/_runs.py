@@ -148,7 +148,6 @@ class RecordsFile:
     lines = text.split("\n")
     complete, tail = lines[:-1], lines[-1]  # tail: what follows the last newline ('' when whole)
     records: dict[Any, dict[str, Any]] = {}
-    dropped = bool(tail)
     for n, line in enumerate(complete, start=1):
       if not line.strip():
         continue
@@ -162,10 +161,10 @@ class RecordsFile:
         raise RunError(f"{self.path}:{n}: a second record of {name}; the file mixes runs: move it "
                        "away or pass --overwrite")
       records[name] = record
-    if dropped and _io.is_primary():  # keep only whole lines
+    if tail:  # keep only whole lines
       logging.warning("%s: dropped a last line cut short (%d bytes; its sequence was in flight)",
                       self.path, len(tail))
-      _write_lines_atomic(self.path, [l for l in complete if l.strip()])
+      _io.write_text_atomic(self.path, "".join(l + "\n" for l in complete if l.strip()))
     return records
 
   def open(self, *, append: bool) -> "RecordsFile":
@@ -193,20 +192,10 @@ class RecordsFile:
     """Replaces the file atomically with ``records`` (a finished run's, in plan order, so that a
     resumed run's file reads like an uninterrupted one's)."""
     self.close()
-    if _io.is_primary():
-      _write_lines_atomic(self.path, [json.dumps(r) for r in records])
+    _io.write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in records))
 
   def __enter__(self) -> "RecordsFile":
     return self
 
   def __exit__(self, *exc) -> None:
     self.close()
-
-
-def _write_lines_atomic(path: pathlib.Path, lines: list[str]) -> None:
-  tmp = path.with_name(f".{path.name}.rewrite")
-  with open(tmp, "w") as f:
-    f.write("".join(line + "\n" for line in lines))
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)

@@ -108,21 +108,18 @@ def _outputs() -> tuple[pathlib.Path, pathlib.Path]:
   return output, summary_path
 
 
-def _preflight(problems, plan, done):
+def _preflight(problems):
   """Everything about the models that can be known without their weights: the specs resolve, the
-  target ships a tokenizer, the attention implementation and mesh exist, every prompt plus
-  --max_new_tokens fits the models' context, and the records on disk belong to this run's plan."""
+  target ships a tokenizer, the attention implementation exists, and every prompt plus
+  --max_new_tokens fits the models' context."""
   from bass_jax import preflight  # pylint: disable=g-import-not-at-top
   from bass_jax.models import attention  # pylint: disable=g-import-not-at-top
 
   if _ATTENTION.value not in attention.attention_implementations():
     raise _io.Refusal(f"--attention_impl={_ATTENTION.value!r} is not one of "
                       f"{', '.join(attention.attention_implementations())}")
-  try:
-    target = preflight.inspect_model(_TARGET.value)
-    draft = preflight.inspect_draft_spec(_DRAFT.value) if _METHOD.value == "bass" else None
-  except (FileNotFoundError, ValueError) as e:
-    raise _io.Refusal(f"--{'draft' if 'draft spec' in str(e) else 'target'}: {e}") from e
+  target, draft = _io.inspect_models(_TARGET.value,
+                                     _DRAFT.value if _METHOD.value == "bass" else None)
   if not target.has_tokenizer:
     raise _io.Refusal(f"--target={_TARGET.value} ships no tokenizer, which the prompts need; give a "
                       "checkpoint saved with its tokenizer")
@@ -142,11 +139,6 @@ def _preflight(problems, plan, done):
         raise _io.Refusal(f"prompt {p.task_id!r} has {n} tokens; with --max_new_tokens="
                           f"{_MAX_NEW.value} it exceeds the models' context of {context} positions: "
                           "shorten it or lower --max_new_tokens")
-  planned = {(p.task_id, k) for batch in plan for p, k in batch}
-  strangers = sorted(set(done) - planned)
-  if strangers:
-    raise _io.Refusal(f"--resume: {_OUTPUT.value or 'the output'} holds records of sequences this run "
-                      f"does not plan, e.g. {strangers[:3]}; check --prompts/--num_prompts/--batch_size")
 
 
 def main(argv):
@@ -177,9 +169,10 @@ def main(argv):
     problems = load_problems(_PROMPTS.value, _NUM_PROMPTS.value or None)
     distinct = _DISTINCT.value if _DISTINCT.value is not None else _TEMPERATURE.value == 0
     plan = experiment.sequence_plan(problems, _BATCH.value, distinct)
+    experiment.check_done(plan, done)
   except (FileNotFoundError, ValueError) as e:
-    raise _io.Refusal(str(e)) from e
-  _preflight(problems, plan, done)
+    raise _io.Refusal(f"--resume: {output}: {e}" if done else str(e)) from e
+  _preflight(problems)
   total = sum(len(batch) for batch in plan)
   if len(done) == total:  # killed after its last record: only the summary is missing
     _io.write_json_atomic(summary_path, {"complete": True, "settings": settings, "records": total,

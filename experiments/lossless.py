@@ -49,13 +49,7 @@ def main(argv):
       raise _io.Refusal("--resume needs --summary_json, where the finished batches are kept")
   except (_io.OutputError, _runs.RunError) as e:
     raise _io.Refusal(str(e)) from e
-  from bass_jax import preflight  # pylint: disable=g-import-not-at-top
-
-  try:
-    preflight.inspect_model(_TARGET.value)
-    preflight.inspect_draft_spec(_DRAFT.value)
-  except (FileNotFoundError, ValueError) as e:
-    raise _io.Refusal(str(e)) from e
+  _io.inspect_models(_TARGET.value, _DRAFT.value)
   target = bass_jax.load_model(_TARGET.value)
   draft = bass_jax.load_draft_spec(_DRAFT.value, target, num_layers=_DRAFT_LAYERS.value or None)
   draft_len = _io.draft_len_value(_DRAFT_LEN.value)

@@ -109,3 +109,16 @@ def assert_lossless(target, prompts, regular, bass) -> float:
   for d in agreement.divergences:
     assert d.top2_gap < NEAR_TIE, f"row {d.row} diverges at token {d.index} without a near-tie: {d}"
   return agreement.exact_match_rate
+
+
+def assert_reported(reported, out) -> None:
+  """``generate(..., on_finish=reported.append)`` handed over every prompt once, each equal to its
+  entries of the returned output (``GenerateOutput.prompt``)."""
+  assert sorted(r.index for r in reported) == list(range(len(out.lengths)))
+  for got in reported:
+    want = out.prompt(got.index)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_allclose(got.logprobs, want.logprobs, rtol=1e-6)
+    assert (got.finished, got.row, got.steps, got.drafted, got.accepted) == (
+        want.finished, want.row, want.steps, want.drafted, want.accepted)
+    np.testing.assert_equal(got.finish_seconds, want.finish_seconds)  # NaN == NaN here

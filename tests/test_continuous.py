@@ -23,7 +23,7 @@ import bass_jax as bj
 from bass_jax.models import eagle
 from bass_jax.sampling import generate as generate_lib
 from bass_jax.sampling import loop
-from conftest import assert_lossless, tiny_model
+from conftest import assert_lossless, assert_reported, tiny_model
 import test_sampling_exact as exact
 
 # Prompt lengths, one per prompt (all padded to one bucket, 128, in a continuous call): the last, admitted
@@ -111,7 +111,10 @@ def test_greedy_continuous_equals_each_prompt_alone(target, eos, alone, kind, dr
   if draft_len is not None:
     kwargs["draft_len"] = draft_len
   draft = _draft(kind, target)
-  out = bj.generate(target, draft, prompts, batch_size=batch_size, **kwargs)
+  reported = []
+  out = bj.generate(target, draft, prompts, batch_size=batch_size, on_finish=reported.append,
+                    **kwargs)
+  assert_reported(reported, out)  # streamed as each prompt finished, equal to the output
   assert assert_lossless(target, prompts, alone, out) == 1.0
   np.testing.assert_array_equal(out.finished, alone.finished)
   assert out.finished.any() and not out.finished.all()  # EOS at different times, and not for all
@@ -171,8 +174,10 @@ def test_one_program_call_without_prompt_timing(target, monkeypatch):
   draft = _noisy_copy(target, 0.4, 1)
   timed = bj.generate(target, draft, prompts, max_new_tokens=MAX_NEW, batch_size=2)
   timed_calls, calls[:] = len(calls), []
+  reported = []
   untimed = bj.generate(target, draft, prompts, max_new_tokens=MAX_NEW, batch_size=2,
-                        time_prompts=False)
+                        time_prompts=False, on_finish=reported.append)
+  assert_reported(reported, untimed)  # all handed over after the one call
   assert len(calls) == 1 and timed_calls > len(prompts)
   np.testing.assert_array_equal(untimed.tokens, timed.tokens)
   assert np.isnan(untimed.stats.finish_seconds).all() and untimed.stats.wall_seconds > 0

@@ -15,7 +15,7 @@ import pytest
 import bass_jax as bj
 from bass_jax import experiment
 from bass_jax.data import Problem
-from conftest import assert_lossless, tiny_model
+from conftest import assert_lossless, assert_reported, tiny_model
 
 
 
@@ -76,8 +76,10 @@ def test_rows_stop_at_eos_independently(target):
   eos = free.tokens[0, 6]  # a token row 0 emits at step 7
   first = [list(row).index(eos) if eos in row else None for row in free.sequences()]
   for method, draft in (("regular", None), ("bass", _noisy_copy(target, 0.4, 2))):
+    reported = []
     out = bj.generate(target, draft, prompts, method=method, max_new_tokens=30, eos_token_id=int(eos),
-                      draft_len=4)
+                      draft_len=4, on_finish=reported.append)
+    assert_reported(reported, out)  # each row handed over as it stopped, equal to the output
     for b in range(len(prompts)):
       if first[b] is None:
         assert out.lengths[b] == 30 and not out.finished[b]

@@ -320,15 +320,6 @@ def save_eagle(path: str | os.PathLike, config: EagleConfig, params: Any, vocab_
   (path / "config.json").write_text(json.dumps({**config.to_json(), **(extra or {})}, indent=2))
 
 
-def is_eagle_checkpoint(path: str | os.PathLike) -> bool:
-  """Whether ``path`` is a directory written by :func:`save_eagle`."""
-  config = pathlib.Path(path) / "config.json"
-  try:
-    return config.is_file() and json.loads(config.read_text()).get("model_type") == MODEL_TYPE
-  except json.JSONDecodeError:
-    return False
-
-
 def load_vocab_order(path: str | os.PathLike) -> np.ndarray:
   """``i32[n]``: the whole frequency-sorted vocabulary stored with a draft (its V' is a prefix).
 

@@ -35,6 +35,7 @@ from bass_jax.sampling.programs import (clear_compile_cache,  # pylint: disable=
                                         set_compile_cache_size)
 from bass_jax.sampling.draft_len import DraftLenPolicy, GoodputDraftLen, as_policy
 from bass_jax.models import eagle
+from bass_jax.preflight import parse_draft_spec
 from bass_jax.sampling.proposers import (EagleProposer, HybridProposer, ModelProposer, NGramProposer,
                                          Proposer)
 
@@ -273,8 +274,6 @@ def load_draft_spec(spec: str, target: Model, *, num_layers: int | None = None, 
     ValueError: a malformed n-gram setting (names the key and the accepted form); whatever
       ``load_draft`` raises for the model.
   """
-  from bass_jax.preflight import parse_draft_spec  # pylint: disable=g-import-not-at-top
-
   model_spec, ngram = parse_draft_spec(spec)
   lookup = None if ngram is None else NGramProposer(**ngram)
   if model_spec is None:
@@ -589,9 +588,8 @@ def generate(
       clock.observe(row_prompt, generated, done, call_start, time.perf_counter() - start)
       if on_finish is not None:  # the callback's time (a record written to disk) is not the decode's
         paused = time.perf_counter()
-        _report_finished(on_finish, state, host, row_prompt, done, reported, clock,
-                         start_steps=None if not continuous else host(state.queue.start_step),
-                         bass=bass, slots=slots)
+        _report_finished(on_finish, state, host, row_prompt, done, reported, clock, bass=bass,
+                         slots=slots)
         start += time.perf_counter() - paused
     left = ((row_prompt >= 0).any() or int(host(state.queue.next)) < num_prompts
             if continuous else not done.all())  # loop.unfinished, less the step limit
@@ -687,39 +685,38 @@ class _PromptClock:
 
 
 def _report_finished(on_finish, state: loop.DecodeState, host, row_prompt: np.ndarray,
-                     done: np.ndarray, reported: np.ndarray, clock: _PromptClock, *,
-                     start_steps: np.ndarray | None, bass: bool, slots: int) -> None:
+                     done: np.ndarray, reported: np.ndarray, clock: _PromptClock, *, bass: bool,
+                     slots: int) -> None:
   """Hands every prompt that a done row still holds, and that was not reported yet, to
   ``on_finish``: its tokens read from the row (a continuous batch retires it into the queue only at
-  the next round), its counts from the row's histories since the prompt's admission (the row is not
-  live after its finish, so later steps add nothing), its times from the clock."""
+  the next round), its counts from the row's histories since the prompt's admission
+  (:func:`_per_prompt_counts` up to the current step: the row is not live after its finish, so the
+  steps since add nothing), its times from the clock. Reads the device only when something finished."""
   rows = [r for r, p in enumerate(row_prompt) if p >= 0 and done[r] and not reported[p]]
   if not rows:
     return
   tokens, logprobs = host(state.tokens), host(state.logprobs)
   prompt_len, seq_len, eos = host(state.prompt_len), host(state.seq_len), host(state.eos)
-  steps = int(host(state.step))
+  prompts = row_prompt[rows]
+  starts = (host(state.queue.start_step)[prompts] if state.queue is not None
+            else np.zeros(len(rows), np.int32))
+  counts = np.zeros((3, len(rows)), np.int64)
   if bass:
-    accepted = host(state.accepted_history)[:steps, :slots]
-    drafted = host(state.drafted_history)[:steps, :slots]
-  for r in rows:
-    p = int(row_prompt[r])
+    steps = int(host(state.step))
+    counts = _per_prompt_counts(np.asarray(rows), starts, steps,
+                                host(state.accepted_history)[:steps, :slots],
+                                host(state.drafted_history)[:steps, :slots])
+  else:
+    counts[0] = seq_len[rows] - prompt_len[rows]  # regular decoding: a step per token
+  for j, (r, p) in enumerate(zip(rows, prompts)):
     n = int(seq_len[r] - prompt_len[r])
-    counts = np.zeros(3, np.int64)
-    if bass:
-      first = 0 if start_steps is None else int(start_steps[p])
-      live = accepted[first:, r] >= 0
-      counts = np.array([live.sum(), np.where(live, drafted[first:, r], 0).sum(),
-                         np.where(live, accepted[first:, r], 0).sum()])
-    else:
-      counts[0] = n
     reported[p] = True
     on_finish(FinishedPrompt(
-        index=p, tokens=tokens[r, prompt_len[r]:seq_len[r]].astype(np.int32),
+        index=int(p), tokens=tokens[r, prompt_len[r]:seq_len[r]].astype(np.int32),
         logprobs=logprobs[r, :n].astype(np.float32), finished=bool(eos[r]), row=r,
         admit_seconds=float(clock.admit[p]), first_token_seconds=float(clock.first_token[p]),
-        finish_seconds=float(clock.finish[p]), steps=int(counts[0]), drafted=int(counts[1]),
-        accepted=int(counts[2])))
+        finish_seconds=float(clock.finish[p]), steps=int(counts[0, j]),
+        drafted=int(counts[1, j]), accepted=int(counts[2, j])))
 
 
 def _per_prompt_counts(prompt_rows: np.ndarray, start_steps: np.ndarray, steps: int,
