@@ -227,14 +227,16 @@ def inspect_models(target: str, draft: str | None = None) -> tuple[Any, Any]:
   """
   from bass_jax import preflight  # pylint: disable=g-import-not-at-top
 
+  # The draft first: a draft model is a small config.json, where the target may be a GGUF file whose
+  # header (tokenizer arrays included) takes seconds to parse.
   try:
-    source = preflight.inspect_model(target)
-  except (FileNotFoundError, ValueError) as e:
-    raise Refusal(f"--target: {e}") from e
-  try:
-    return source, None if draft is None else preflight.inspect_draft_spec(draft)
+    draft_source = None if draft is None else preflight.inspect_draft_spec(draft)
   except (FileNotFoundError, ValueError) as e:
     raise Refusal(f"--draft: {e}") from e
+  try:
+    return preflight.inspect_model(target), draft_source
+  except (FileNotFoundError, ValueError) as e:
+    raise Refusal(f"--target: {e}") from e
 
 
 class Refusal(ValueError):
