@@ -22,7 +22,7 @@ from bass_jax.sampling.generate import generate
 SUMMARY_KEYS = (
     "method", "batch_size", "continuous", "num_prompts", "distinct_prompts", "max_new_tokens",
     "temperature",
-    "top_p", "draft_len", "ms_per_token_first", "ms_per_token_last", "ms_per_token_all",
+    "top_p", "acceptance_rule", "draft_len", "ms_per_token_first", "ms_per_token_last", "ms_per_token_all",
     "tokens_per_second", "mean_accepted_length", "draft_acceptance_rate", "length_spread",
     "accepted_spread", "steps", "speculative_steps", "wall_seconds", "compile_seconds",
 )
@@ -122,6 +122,7 @@ def run_problems(
     on_record: Callable[[dict[str, Any]], None] | None = None,
     continuous: bool = False,
     done: Mapping[tuple[str, int], dict[str, Any]] | None = None,
+    acceptance: str = "rejection",
 ) -> RunResult:
   """Decodes the problems batch by batch (:func:`make_batches`), or with continuous batching, and
   summarizes with the paper's metrics.
@@ -139,9 +140,11 @@ def run_problems(
   Resuming (``done``): the sequences whose records are given are not decoded again. A static batch
   with every record given is skipped; a batch with some is decoded again whole, with its own seed and
   rows, and only its missing records are emitted, so they equal an uninterrupted run's at any
-  temperature. A continuous run decodes the missing sequences as one queue: greedy records equal an
-  uninterrupted run's; sampled ones are exact samples but other draws, since a row's draws depend on
-  the rows beside it (docs/design.md, "Interrupted runs"). The summary's decode metrics cover what
+  temperature. A continuous run decodes the missing sequences as one queue: greedy records, and
+  sampled ones with ``acceptance="gumbel"``, equal an uninterrupted run's; sampled ones with rejection
+  sampling are exact samples but other draws, since a row's draws depend on the rows beside it
+  (docs/design.md, "Interrupted runs"). Every sequence's ``generate`` sequence id is its index in the
+  plan, wherever it is decoded. The summary's decode metrics cover what
   this call decoded (``decoded_records``; ``resumed_records`` came from ``done``).
 
   Args:
@@ -174,6 +177,7 @@ def run_problems(
       would need the whole run's shapes; the first execution's extra cost is paid once, inside the
       measured run).
     done: records of sequences already decoded, keyed by :func:`record_key` (resuming, above).
+    acceptance: ``generate``'s acceptance rule, ``"rejection"`` or ``"gumbel"`` (drafter-invariant).
 
   Returns:
     :class:`RunResult`: the records this call decoded, in plan order (``task_id, sample_index,
@@ -216,11 +220,15 @@ def run_problems(
   step_costs, was_continuous = None, False
   import tqdm  # pylint: disable=g-import-not-at-top  (the [experiments] extra)
 
-  def decode(prompt_ids: list[list[int]], batch_seed: int, on_finish=None):
+  # A sequence's id (its draws under acceptance="gumbel") is its place in the plan, wherever it decodes.
+  sequence_id = {(p.task_id, k): n for n, (p, k) in enumerate(row for batch in plan for row in batch)}
+
+  def decode(rows, prompt_ids: list[list[int]], batch_seed: int, on_finish=None):
     return generate(target, draft, prompt_ids, method=method, max_new_tokens=max_new_tokens,
                     temperature=temperature, top_p=top_p, draft_len=draft_len, seed=batch_seed,
                     attention_impl=attention_impl, verify_chunk=verify_chunk, batch_size=batch_size,
-                    on_finish=on_finish)
+                    on_finish=on_finish, acceptance=acceptance,
+                    sequence_ids=[sequence_id[(p.task_id, k)] for p, k in rows])
 
   encode = lambda rows: text.encode_prompts(tokenizer, [p.prompt for p, _ in rows])
   # What each decode call covers: (batch index, its seed, the rows it decodes, which of them to emit).
@@ -234,7 +242,7 @@ def run_problems(
     else:  # the whole batch, as first decoded, so that its draws repeat; only the missing are emitted
       work.append((i, seed + i, batch, set(missing)))
   if warmup and not continuous and work:  # untimed; its compilation is still reported
-    compile_seconds = decode(encode(work[0][2]), work[0][1]).stats.compile_seconds
+    compile_seconds = decode(work[0][2], encode(work[0][2]), work[0][1]).stats.compile_seconds
   bar = tqdm.tqdm(work, desc=f"{method} B={batch_size}", unit="batch", disable=not progress)
   for batch_index, batch_seed, rows, emit in bar:
     prompt_ids = encode(rows)
@@ -268,7 +276,7 @@ def run_problems(
       if on_record is not None and not check:
         on_record(record)
 
-    out = decode(prompt_ids, batch_seed, finished)
+    out = decode(rows, prompt_ids, batch_seed, finished)
     stats = out.stats
     step_costs = stats.step_costs  # the same for every batch of a run (measured once per setting)
     was_continuous = stats.continuous
@@ -320,6 +328,7 @@ def run_problems(
       "max_new_tokens": max_new_tokens,
       "temperature": temperature,
       "top_p": top_p,
+      "acceptance_rule": acceptance if temperature > 0 else None,
       "draft_len": str(draft_len) if method == "bass" else None,
       "continuous": was_continuous,
       "ms_per_token_first": None if was_continuous else mean([l.first for l in latencies]),

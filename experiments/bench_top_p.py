@@ -1,4 +1,5 @@
-r"""Cost of the top-p nucleus on a real vocabulary: full sort vs. lax.top_k vs. bisection, side by side.
+r"""Cost of the top-p nucleus on a real vocabulary: full sort vs. lax.top_k vs. bisection, side by side;
+and of the argmax every draw ends with (XLA's variadic argmax vs. ``warp.first_argmax``).
 
     python -m experiments.bench_top_p --rows=36 --vocab=49152
 
@@ -42,6 +43,8 @@ def main(argv):
       f"lax.top_k({warp.TOP_K_FAST_PATH})": jax.jit(lambda x: jax.lax.top_k(x, warp.TOP_K_FAST_PATH)),
       "bisection over bit patterns": jax.jit(lambda x: warp._bisect_threshold(jnp.exp(x), 0.95)),  # pylint: disable=protected-access
       "top_p_filter (top_p=0.95)": jax.jit(lambda x: warp.top_p_filter(x, 0.95)),
+      "jnp.argmax": jax.jit(lambda x: jnp.argmax(x, axis=-1)),
+      "warp.first_argmax": jax.jit(warp.first_argmax),
   }
   print(f"| method | ms per call ({_ROWS.value} rows x {_VOCAB.value}, {jax.devices()[0].platform}) |")
   print("|---|---|")

@@ -20,8 +20,9 @@ is rewritten after every ``--summary_every`` records marked ``"complete": false`
 whole at the end, when the records are rewritten in plan order. Both default to a fresh directory
 ``outputs/generate-<method>-<time>/``. A rerun into an output that holds records is refused unless
 ``--resume`` (keep them, check that the settings are the same, decode only the missing sequences:
-the records then equal an uninterrupted run's, except sampled ones of a continuous run, which are
-other exact draws; docs/design.md, "Interrupted runs") or ``--overwrite``.
+the records then equal an uninterrupted run's, except sampled ones of a continuous run with
+``--acceptance=rejection``, which are other exact draws; docs/design.md, "Interrupted runs") or
+``--overwrite``.
 
 The default draft is ``smollm2-135m-draft``, the small Llama draft this project distilled from the
 target and ships inside ``bass_jax/drafts`` (docs/draft.md). ``--draft=smollm2-135m-instruct
@@ -64,6 +65,11 @@ _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per sequence at m
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 = greedy.",
                                   lower_bound=0.0)
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus mass in (0, 1].", upper_bound=1.0)
+_ACCEPTANCE = flags.DEFINE_enum(
+    "acceptance", "rejection", ["rejection", "gumbel"], "How sampled drafts are accepted: 'rejection' "
+    "(speculative rejection sampling, the paper's) or 'gumbel' (drafter-invariant: each sequence's "
+    "tokens depend only on the seed, its place in the run and the target, so a resumed continuous run "
+    "repeats an uninterrupted one exactly; a model draft is accepted a little less often).")
 _DRAFT_LEN = flags.DEFINE_string(
     "draft_len", "dynamic", "'dynamic' (BASS Algorithm 1), 'goodput' (per step the length, 0 = plain "
     "decoding, that maximizes expected tokens per second from measured step costs) or an int >= 1.")
@@ -209,7 +215,8 @@ def main(argv):
         max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
         draft_len=_io.draft_len_value(_DRAFT_LEN.value),
         seed=_SEED.value, attention_impl=_ATTENTION.value, distinct_prompts=distinct,
-        verify_chunk=_CHUNK.value, on_record=on_record, continuous=_CONTINUOUS.value, done=done)
+        verify_chunk=_CHUNK.value, on_record=on_record, continuous=_CONTINUOUS.value, done=done,
+        acceptance=_ACCEPTANCE.value)
   # Every record in plan order, as an uninterrupted run leaves them.
   by_key = {**done, **{experiment.record_key(r): r for r in result.records}}
   records_file.rewrite(by_key[(p.task_id, k)] for batch in plan for p, k in batch)

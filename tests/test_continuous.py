@@ -255,3 +255,40 @@ def test_sampled_refilled_rows_match_exact_target_distribution():
   assert exact.chisquare_p_value(samples, joint) > exact.PASS_P_VALUE
   # Power: the same draws are far from the draft's own law.
   assert exact.chisquare_p_value(samples, exact._draft_joint(1.0, 0.8)) < exact.REJECT_P_VALUE
+
+
+def test_gumbel_sequences_do_not_depend_on_draft_batch_or_queue(target, eos):
+  """acceptance="gumbel": a sequence's sampled tokens are a function of the seed, its sequence id and the
+  target. Continuous batches of a model and an EAGLE draft at two batch sizes, and a queue holding only
+  some of the prompts (with their own ids, as a resumed run decodes them) emit what regular decoding draws;
+  rejection sampling, whose draws are keyed by step, does not (the property is not trivial)."""
+  prompts = _prompts(target.config.vocab_size)
+  kwargs = dict(max_new_tokens=MAX_NEW, temperature=0.8, top_p=0.95, seed=9, eos_token_id=eos,
+                acceptance="gumbel")
+  reference = bj.generate(target, None, prompts, method="regular", **kwargs).sequences()
+  assert len({len(s) for s in reference}) >= 3  # rows end at different steps
+  # (Static batches of every proposer: test_sampling_exact.)
+  for kind, draft_len, batch_size in [("model", "dynamic", 3), ("eagle", 3, 2)]:
+    out = bj.generate(target, _draft(kind, target), prompts, draft_len=draft_len,
+                      batch_size=batch_size, **kwargs)
+    assert out.sequences() == reference, (kind, draft_len, batch_size)
+  some = [7, 2, 9, 4]
+  part = bj.generate(target, _draft("model", target), [prompts[i] for i in some], batch_size=2,
+                     sequence_ids=some, **kwargs)
+  assert part.sequences() == [reference[i] for i in some]
+  rejection = bj.generate(target, _draft("model", target), prompts, **{**kwargs,
+                                                                       "acceptance": "rejection"})
+  assert rejection.sequences() != reference
+
+
+@pytest.mark.parametrize("bad,message", [
+    (dict(acceptance="coupled"), "acceptance must be one of"),
+    (dict(sequence_ids=[0, 1]), "sequence_ids has 2 ids for 3 prompts"),
+    (dict(sequence_ids=[0, 1, 1]), "sequence_ids repeats [1]"),
+    (dict(sequence_ids=[0, 1, 2**32]), "sequence_ids[2]"),
+])
+def test_bad_acceptance_arguments_are_named(target, bad, message):
+  with pytest.raises(ValueError) as error:
+    bj.generate(target, None, [[1], [2], [3]], method="regular", max_new_tokens=2, temperature=1.0,
+                **bad)
+  assert message in str(error.value)

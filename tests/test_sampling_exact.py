@@ -420,3 +420,53 @@ def test_mutant_correction_with_an_eagle_draft_is_detected(monkeypatch, fresh_pr
   out = _generate(target, _eagle_draft(6), "bass", 1.0, 1.0, seed=43, draft_len=3)
   p_value = chisquare_p_value(out.tokens[:, :NUM_TOKENS], _target_joint(1.0, 1.0))
   assert p_value < REJECT_P_VALUE, p_value
+
+
+# -- drafter-invariant acceptance (acceptance="gumbel") ---------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _regular_gumbel(temperature: float, top_p: float, seed: int) -> bj.GenerateOutput:
+  target, _ = _models()
+  return bj.generate(target, None, [list(PROMPT)] * NUM_ROWS, method="regular",
+                     max_new_tokens=NUM_TOKENS, temperature=temperature, top_p=top_p, seed=seed,
+                     eos_token_id=(), acceptance="gumbel")
+
+
+@pytest.mark.parametrize("temperature,top_p,seed", [(1.0, 1.0, 51), (0.6, 0.9, 52)])
+def test_gumbel_draws_match_exact_target_distribution(temperature, top_p, seed):
+  """Regular decoding with Gumbel-max draws keyed by (sequence, position) samples the target's law: the
+  noise differs between rows (one prompt, 24,000 rows) and between a row's positions."""
+  assert_fits_target(_regular_gumbel(temperature, top_p, seed), temperature, top_p)
+
+
+@pytest.mark.parametrize("draft_kind,temperature,top_p,draft_len,seed", [
+    ("model", 1.0, 1.0, 2, 51), ("eagle", 0.6, 0.9, SMALL_DYNAMIC, 52), ("ngram", 1.0, 1.0, 3, 51)])
+def test_gumbel_bass_emits_the_regular_draws_whatever_the_draft(draft_kind, temperature, top_p,
+                                                                 draft_len, seed):
+  """Drafter invariance (Daliri, Musco and Suresh 2024): BASS with acceptance="gumbel" emits, row for row,
+  exactly the tokens regular decoding draws with the same seed (so it is exact by the test above),
+  through drafts accepted and rejected, with a far model draft, an EAGLE draft over a smaller
+  vocabulary, and n-gram lookup; in a batch of 3,000 rows against the first rows of one of 24,000."""
+  target, far = _models()
+  draft = {"model": far, "eagle": _eagle_draft(6), "ngram": _proposer("ngram")}[draft_kind]
+  rows = NUM_ROWS // 8  # row i's draws are keyed by its id i: the first rows of the larger batch
+  out = bj.generate(target, draft, [list(PROMPT)] * rows, method="bass",
+                    max_new_tokens=NUM_TOKENS, temperature=temperature, top_p=top_p, seed=seed,
+                    draft_len=draft_len, eos_token_id=(), acceptance="gumbel")
+  live = out.stats.accepted >= 0
+  assert (live & (out.stats.accepted > 0)).sum() > 100
+  assert (live & (out.stats.accepted < out.stats.drafted)).sum() > 100
+  np.testing.assert_array_equal(out.tokens, _regular_gumbel(temperature, top_p, seed).tokens[:rows])
+
+
+def test_gumbel_couples_the_draft_to_the_target():
+  """With the draft equal to the target, a draft drawn with the target's noise is the target's own draw:
+  every draft is accepted (an uncoupled draft would match about as often as two independent draws).
+  Rejection sampling accepts every draft too (``q == p``); the rule is what differs."""
+  target, _ = _models()
+  out = bj.generate(target, target, [list(PROMPT), [3], [0, 7, 7, 1, 6]] * 8, method="bass",
+                    max_new_tokens=40, temperature=1.0, top_p=0.9, draft_len=4, seed=5,
+                    eos_token_id=(), acceptance="gumbel")
+  live = out.stats.accepted >= 0
+  np.testing.assert_array_equal(out.stats.accepted[live], 4)

@@ -1,4 +1,5 @@
-"""Per-row acceptance of draft tokens: speculative rejection sampling and its greedy limit.
+"""Per-row acceptance of draft tokens: speculative rejection sampling, its greedy limit, and drafter-invariant
+(Gumbel-coupled) acceptance.
 
 Implements step 3 of BASS (docs/bass.md, "One step for the whole batch"), i.e. Leviathan et al. 2023 (Algorithm 1) and Chen et al. 2023
 (Algorithm 2), independently for every row of a batch: draft token ``d_i`` is accepted with probability
@@ -13,12 +14,17 @@ for the token after ``[.., d_1 … d_i]``, so ``p`` has L + 1 positions and ``q`
 The decode loop verifies in chunks of C positions (``bass_jax.sampling.loop``) and accepts chunk by chunk
 with :func:`greedy_accept_chunk` / :func:`speculative_accept_chunk`, which give the same decisions as the
 whole-block functions below (each position's uniform draw is keyed by the position, not the chunk).
+With ``acceptance="gumbel"`` it uses :func:`coupled_accept_chunk` instead: the target's token at each
+position is its own Gumbel-max draw with per-sequence, per-position noise, and a draft is accepted when
+it equals it (Daliri, Musco and Suresh 2024): exact too, and the tokens do not depend on the draft.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from bass_jax.sampling import warp
 
 
 def leading_true(mask: jax.Array) -> jax.Array:
@@ -100,10 +106,41 @@ def greedy_accept_chunk(target_logits: jax.Array, next_drafts: jax.Array, positi
     target's argmax (``matched < C`` means the row's acceptance ends in this chunk, at position
     ``positions[matched]``), and the target's argmax there (the correction, or the bonus at ``i = l``).
   """
-  best = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [B, C]
-  matched = leading_true((best == next_drafts) & _real(positions, num_drafts))
-  at = jnp.minimum(matched, best.shape[1] - 1)
-  return matched, jnp.take_along_axis(best, at[:, None], axis=1)[:, 0]
+  return _accept_matches(warp.first_argmax(target_logits), next_drafts, positions, num_drafts)
+
+
+def coupled_accept_chunk(target_log_probs: jax.Array, row_keys: jax.Array, seq_len: jax.Array,
+                         next_drafts: jax.Array, positions: jax.Array,
+                         num_drafts: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Drafter-invariant acceptance over one chunk of positions (Daliri, Musco and Suresh 2024).
+
+  The target's token at every position is its Gumbel-max draw with the row's noise for that text
+  position (``warp.coupled_choice``); a draft is accepted exactly when it equals that token, and the
+  first mismatch emits it. Every emitted token is therefore the target's own draw, a function of the
+  row's sequence key and the text before it, whatever was drafted: exact (the Gumbel-max trick draws
+  from ``p``) and the same tokens as regular decoding with ``acceptance="gumbel"``. A draft drawn with the
+  same noise from its own ``q`` (``StepContext.draw``) matches often when ``q`` is close to ``p``.
+
+  Args:
+    target_log_probs: ``f32[B, C, V]`` warped ``log p_i`` at the chunk's positions.
+    row_keys: ``u32[B, 2]`` each row's sequence key data. seq_len: ``i32[B]`` the rows' text lengths
+      at the step's start (position i draws the token at text position ``seq_len + i``).
+    next_drafts, positions, num_drafts: as :func:`greedy_accept_chunk`.
+
+  Returns:
+    ``(matched: i32[B], next_token: i32[B])`` as :func:`greedy_accept_chunk`.
+  """
+  chosen = warp.coupled_choice(target_log_probs, row_keys, seq_len[:, None] + positions[None, :])
+  return _accept_matches(chosen, next_drafts, positions, num_drafts)
+
+
+def _accept_matches(chosen: jax.Array, next_drafts: jax.Array, positions: jax.Array,
+                    num_drafts: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Accepts drafts while they equal the target's chosen token ``chosen: i32[B, C]``; returns the
+  matched count and the chosen token at the first mismatch (or the bonus position)."""
+  matched = leading_true((chosen == next_drafts) & _real(positions, num_drafts))
+  at = jnp.minimum(matched, chosen.shape[1] - 1)
+  return matched, jnp.take_along_axis(chosen, at[:, None], axis=1)[:, 0]
 
 
 def _real(positions: jax.Array, num_drafts: jax.Array) -> jax.Array:
@@ -163,6 +200,5 @@ def speculative_accept_chunk(key: jax.Array, target_log_probs: jax.Array, draft_
   real_at = jnp.broadcast_to(_real(positions, num_drafts), (batch, chunk))[rows, at]
   q_n = jnp.where(real_at[:, None], q_at, 0.0)
   residual = correction_distribution(p_n, q_n)
-  next_token = jax.random.categorical(jax.random.fold_in(residual_key, positions[0]),
-                                      jnp.log(residual), axis=-1).astype(jnp.int32)
+  next_token = warp.categorical(jax.random.fold_in(residual_key, positions[0]), jnp.log(residual))
   return matched, next_token

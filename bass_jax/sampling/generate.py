@@ -26,6 +26,7 @@ from bass_jax.loading import Model, check_same_tokenizer, load_draft
 from bass_jax.models import attention as attention_lib
 from bass_jax.sampling import costs as costs_lib
 from bass_jax.sampling import loop
+from bass_jax.sampling import warp
 # The compiled programs' LRU (tests read _PROGRAMS and patch _compiled here); the public names stay
 # importable from this module.
 from bass_jax.sampling.programs import _PROGRAMS  # pylint: disable=unused-import
@@ -44,6 +45,7 @@ _MIN_PROMPT_BUCKET = 16
 _OUTPUT_BUCKET = 32  # the output buffer holds a multiple of this many tokens
 _MAX_EOS_IDS = 8  # EOS ids are a traced array of this many slots (padded with -1)
 DEFAULT_VERIFY_CHUNK = 4  # best with the shipped draft on the tuning prompts (docs/design.md)
+ACCEPTANCE_RULES = ("rejection", "gumbel")  # generate's acceptance= (loop.DecodeSpec.acceptance)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,6 +331,21 @@ def _validate_prompts(prompts: Any, vocab_size: int) -> list[np.ndarray]:
 MAX_SEED = 2**63 - 1
 
 
+def _sequence_ids(sequence_ids, num_prompts: int) -> np.ndarray:
+  """``generate``'s ``sequence_ids`` checked: ``num_prompts`` distinct ints in ``[0, 2**32)``, or the
+  prompt indices when None."""
+  if sequence_ids is None:
+    return np.arange(num_prompts, dtype=np.uint32)
+  ids = _checks.as_int_tuple("sequence_ids", sequence_ids, min_value=0, max_value=2**32 - 1)
+  if len(ids) != num_prompts:
+    raise ValueError(f"sequence_ids has {len(ids)} ids for {num_prompts} prompts; give one per prompt")
+  if len(set(ids)) != len(ids):
+    repeated = sorted({i for i in ids if ids.count(i) > 1})[:5]
+    raise ValueError(f"sequence_ids repeats {repeated}: two sequences with one id would share their "
+                     "noise (acceptance='gumbel'); give each sequence its own id")
+  return np.asarray(ids, np.uint32)
+
+
 def prng_key(seed: int) -> jax.Array:
   """The PRNG key of a seed in ``[0, 2**63)``: all 64 bits count (``jax.random.key`` keeps only the low
   32 without x64, so seed 2**32 would repeat seed 0). Equal to ``jax.random.key(seed)`` (threefry)
@@ -362,6 +379,8 @@ def generate(
     batch_size: int | None = None,
     time_prompts: bool = True,
     on_finish: Callable[[FinishedPrompt], None] | None = None,
+    acceptance: str = "rejection",
+    sequence_ids: Sequence[int] | None = None,
 ) -> GenerateOutput:
   """Decodes a batch of prompts with batched speculative sampling (BASS) or regular decoding.
 
@@ -434,6 +453,20 @@ def generate(
       values equal the prompt's entries of the returned :class:`GenerateOutput`. An exception raised
       by the callback ends the decode and propagates. The callback's own time is excluded from every
       time in the stats.
+    acceptance: how sampled drafts are accepted (greedy decoding ignores it). ``"rejection"``: speculative
+      rejection sampling (Leviathan et al. 2023; the paper's), the highest acceptance. ``"gumbel"``:
+      drafter-invariant speculative decoding (Daliri, Musco and Suresh 2024): the token at each text
+      position is the target's Gumbel-max draw with noise keyed by the prompt's sequence key and that
+      position, drafts drawn with the same noise, a draft accepted when it equals the target's draw.
+      Equally exact, and a sequence's tokens then depend only on the seed, its sequence id and the
+      target: the same with any draft, draft length, batch, ``batch_size`` or ``method="regular"``
+      (up to float near-ties), so an interrupted run can be resumed exactly. A model draft is
+      accepted somewhat less often (at worst ``(1 - TV) / (1 + TV)`` instead of ``1 - TV``); a
+      deterministic proposer (n-gram) loses nothing.
+    sequence_ids: with ``acceptance="gumbel"``, prompt i's noise is keyed by
+      ``fold_in(key(seed), sequence_ids[i])``: distinct ints in ``[0, 2**32)``, one per prompt (default:
+      the prompt's index). Give a sequence the same id wherever it is decoded (a resumed run decodes
+      only what is missing) and it gets the same tokens. Unused by rejection sampling.
 
   Returns:
     :class:`GenerateOutput` with tokens ``i32[B, N]``, lengths ``i32[B]``, target log-probs
@@ -448,7 +481,8 @@ def generate(
       models' context or beyond ``max_cache_len``; a mesh without the axes ``data`` and ``model``, or
       whose ``model`` size divides neither the heads nor the MLP (``bass_jax.sharding.plan``); a mesh
       with ``jax_threefry_partitionable`` off; ``batch_size < 1``; continuous batching on a mesh whose
-      ``data`` axis is larger than 1.
+      ``data`` axis is larger than 1; an unknown ``acceptance``; ``sequence_ids`` of the wrong length,
+      out of range or repeated.
   """
   if not isinstance(target, Model):
     raise ValueError(f"target must be a bass_jax.Model (see bass_jax.load_model), got "
@@ -489,6 +523,8 @@ def generate(
   if batch_size is not None:
     batch_size = _checks.as_int("batch_size", batch_size, min_value=1)
   time_prompts = _checks.as_bool("time_prompts", time_prompts)
+  if acceptance not in ACCEPTANCE_RULES:
+    raise ValueError(f"acceptance must be one of {ACCEPTANCE_RULES}, got {acceptance!r}")
   if on_finish is not None and not callable(on_finish):
     raise ValueError(f"on_finish must be callable or None, got {type(on_finish).__name__}")
   eos_ids = _eos_ids(eos_token_id, target)
@@ -497,6 +533,7 @@ def generate(
 
   arrays = _validate_prompts(prompts, target.config.vocab_size)
   lengths = np.array([len(a) for a in arrays], np.int32)
+  sequence_ids = _sequence_ids(sequence_ids, len(arrays))
   context = min(m.config.max_positions for m in [target] + draft_models)
   if lengths.max() + max_new_tokens > context:
     raise ValueError(
@@ -525,7 +562,7 @@ def generate(
       attention_impl=attention_impl, prompt_len=prompt_bucket(int(lengths.max())),
       max_new_bucket=max_new_bucket, greedy=temperature == 0,
       draft_len=policy, verify_chunk=chunk, target_sharding=target_plan, queue_len=queue_len,
-      history_len=history_len)
+      history_len=history_len, acceptance="rejection" if temperature == 0 else acceptance)
   if max_cache_len is not None and spec.cache_len > max_cache_len:
     raise ValueError(
         f"the decode needs {spec.cache_len} cache slots per row (prompt padded to {spec.prompt_len} + "
@@ -539,6 +576,9 @@ def generate(
     queued[i, :len(a)] = a
   queued_len = np.ones(len(queued), np.int32)  # padding: a one-token prompt, never decoded
   queued_len[:num_prompts] = lengths
+  queued_keys = np.zeros((len(queued), 2), np.uint32)
+  if spec.coupled:
+    queued_keys[:num_prompts] = warp.sequence_keys(key, sequence_ids)
   inert = np.arange(rows) >= slots
   padded = np.where(inert[:, None], 0, queued[:rows])
   prompt_len = np.where(inert, 1, queued_len[:rows]).astype(np.int32)
@@ -552,13 +592,13 @@ def generate(
   step_costs = None
   if isinstance(policy, GoodputDraftLen):
     step_costs = policy.costs or costs_lib.measure_step_costs(spec, target_params, draft_params, rows)
-  per_row = (padded, prompt_len, inert)
+  per_row = (padded, prompt_len, inert, queued_keys[:rows])
   shared = (np.int32(max_new_tokens), eos_array, key,
             step_costs.as_array() if step_costs else np.zeros(5, np.float32))
   if continuous:
     step_limit = -(-num_prompts * max_new_tokens // slots) + max_new_tokens
-    shared += (queued[:queue_len], queued_len[:queue_len], np.int32(num_prompts),
-               np.int32(step_limit))
+    shared += (queued[:queue_len], queued_len[:queue_len], queued_keys[:queue_len],
+               np.int32(num_prompts), np.int32(step_limit))
   scalars = (np.float32(max(temperature, 1e-6)), np.float32(top_p), np.bool_(time_prompts))
   if mesh is None:
     per_row, shared, scalars = (tuple(map(jnp.asarray, x)) for x in (per_row, shared, scalars))

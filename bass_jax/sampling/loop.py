@@ -58,7 +58,7 @@ from bass_jax.models.common import DecoderConfig, forward, prefill_cache
 from bass_jax.sampling import acceptance
 from bass_jax.sampling.draft_len import DraftLenPolicy
 from bass_jax.sampling.proposers import Proposer, StepContext
-from bass_jax.sampling.warp import sample, warped_log_probs
+from bass_jax.sampling.warp import coupled_choice, sample, warped_log_probs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +82,9 @@ class DecodeSpec:
       batch, which decodes the rows it starts with and nothing else.
     history_len: H, the steps the per-step histories hold; 0 means N (a static batch takes at most N
       steps: every live row emits at least one token per step).
+    acceptance: ``"rejection"`` (speculative rejection sampling, Leviathan et al. 2023) or ``"gumbel"``
+      (drafter-invariant: every token is the target's Gumbel-max draw with per-sequence, per-position
+      noise, ``acceptance.coupled_accept_chunk``). Greedy decoding ignores it.
   """
 
   method: str
@@ -97,6 +100,12 @@ class DecodeSpec:
   target_sharding: Any = None
   queue_len: int = 0
   history_len: int = 0
+  acceptance: str = "rejection"
+
+  @property
+  def coupled(self) -> bool:
+    """Whether sampled tokens are Gumbel-max draws keyed by (sequence, text position)."""
+    return self.acceptance == "gumbel" and not self.greedy
 
   @property
   def continuous(self) -> bool:
@@ -143,6 +152,7 @@ class Queue:
     tokens: ``i32[Q, N]`` each retired prompt's output (valid below ``lengths``).
     logprobs: ``f32[Q, N]`` their target log-probabilities (``DecodeState.logprobs``).
     lengths: ``i32[Q]`` tokens emitted. eos: ``bool[Q]`` ended by an EOS token.
+    keys: ``u32[Q, 2]`` each prompt's sequence key data (``DecodeSpec.coupled``), else None.
   """
 
   prompts: jax.Array
@@ -157,6 +167,7 @@ class Queue:
   logprobs: jax.Array
   lengths: jax.Array
   eos: jax.Array
+  keys: jax.Array | None = None
 
   def pending(self) -> jax.Array:
     """``bool[]``: a prompt is waiting or a row still serves one (decoding, or done and not retired)."""
@@ -193,6 +204,8 @@ class DecodeState:
       for a row that was already done, and past ``step``).
     key: PRNG key.
     queue: the continuous batch's :class:`Queue`, or None for a static batch.
+    row_keys: ``u32[B, 2]`` the sequence key data of each row's prompt (``DecodeSpec.coupled``: its
+      noise, ``warp.gumbel_noise``), else None.
   """
 
   tokens: jax.Array
@@ -216,6 +229,7 @@ class DecodeState:
   accepted_history: jax.Array
   key: jax.Array
   queue: Queue | None = None
+  row_keys: jax.Array | None = None
 
 
 def _target_forward(spec: DecodeSpec, params: Any, tokens: jax.Array, cache: KVCache,
@@ -235,9 +249,10 @@ def _target_forward(spec: DecodeSpec, params: Any, tokens: jax.Array, cache: KVC
 
 
 def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any, prompts: jax.Array,
-            prompt_len: jax.Array, inert: jax.Array, max_new: jax.Array, eos_ids: jax.Array,
-            key: jax.Array, step_costs: jax.Array, queue_prompts: jax.Array | None = None,
-            queue_prompt_len: jax.Array | None = None, num_prompts: jax.Array | None = None,
+            prompt_len: jax.Array, inert: jax.Array, row_keys: jax.Array, max_new: jax.Array,
+            eos_ids: jax.Array, key: jax.Array, step_costs: jax.Array,
+            queue_prompts: jax.Array | None = None, queue_prompt_len: jax.Array | None = None,
+            queue_keys: jax.Array | None = None, num_prompts: jax.Array | None = None,
             step_limit: jax.Array | None = None) -> DecodeState:
   """Fills the target's cache (and the proposer's state) with every prompt token but the last, which
   the first step consumes.
@@ -247,12 +262,14 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any, prompts: ja
     prompts: ``i32[B, P]`` right-padded prompts. prompt_len: ``i32[B]``, each ``>= 1``.
     inert: ``bool[B]`` padding rows of the batch bucket: done from the start, they never emit (nor,
       in a continuous batch, take prompts).
+    row_keys: ``u32[B, 2]`` the rows' sequence key data (used when ``spec.coupled``).
     max_new: ``i32[]`` tokens per row at most (``<= spec.max_new_bucket``).
     eos_ids: ``i32[E]`` EOS ids padded with -1.
     key: PRNG key for the whole decode.
     step_costs: ``f32[5]`` :meth:`StepCosts.as_array` for a cost-aware policy (ignored by others).
     queue_prompts: ``i32[Q, P]`` every prompt of a continuous batch (``spec.continuous``; None for a
       static one), of which the live rows of ``prompts`` are the first. queue_prompt_len: ``i32[Q]``.
+    queue_keys: ``u32[Q, 2]`` their sequence key data (of which ``row_keys`` are the first).
     num_prompts: ``i32[]`` the real prompts among the Q.
     step_limit: ``i32[]`` :attr:`DecodeState.step_limit` of a continuous batch.
   """
@@ -286,7 +303,8 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any, prompts: ja
         slot=~inert, row_prompt=jnp.where(inert, -1, jnp.arange(batch, dtype=jnp.int32)),
         prompt_row=jnp.where(ids < started, ids, -1), start_step=jnp.zeros((q,), jnp.int32),
         tokens=jnp.zeros((q, n), jnp.int32), logprobs=jnp.zeros((q, n), jnp.float32),
-        lengths=jnp.zeros((q,), jnp.int32), eos=jnp.zeros((q,), bool))
+        lengths=jnp.zeros((q,), jnp.int32), eos=jnp.zeros((q,), bool),
+        keys=queue_keys if spec.coupled else None)
   return DecodeState(
       tokens=jnp.concatenate([prompts, jnp.zeros((batch, n), jnp.int32)], axis=1),
       prompt_len=prompt_len,
@@ -309,6 +327,7 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any, prompts: ja
       accepted_history=jnp.full((h, batch), -1, jnp.int32),
       key=key,
       queue=queue,
+      row_keys=row_keys if spec.coupled else None,
   )
 
 
@@ -342,7 +361,7 @@ def state_shardings(spec: DecodeSpec, state: DecodeState) -> DecodeState:
       policy_state=every(state.policy_state), draft_len_history=replicated,
       drafted_history=replicated, verified_history=replicated, accepted_history=replicated,
       key=replicated, queue=None if state.queue is None else every(state.queue).replace(
-          slot=rows, row_prompt=rows))
+          slot=rows, row_prompt=rows), row_keys=None if state.row_keys is None else rows)
 
 
 def _emit(state: DecodeState, new_tokens: jax.Array, new_logprobs: jax.Array,
@@ -386,7 +405,11 @@ def _regular_step(spec: DecodeSpec, target_params, temperature, top_p,
   logits, cache, features = _target_forward(spec, target_params, last, state.target_cache,
                                             state.features)
   logits = logits[:, 0]
-  token, _ = sample(logits, sample_key, greedy=spec.greedy, temperature=temperature, top_p=top_p)
+  if spec.coupled:  # the token at text position seq_len: the same draw as a verification's there
+    token = coupled_choice(warped_log_probs(logits, temperature, top_p), state.row_keys,
+                           state.seq_len)
+  else:
+    token, _ = sample(logits, sample_key, greedy=spec.greedy, temperature=temperature, top_p=top_p)
   logprob = jax.nn.log_softmax(logits, axis=-1)[rows, token]
   state = _emit(state, token[:, None], logprob[:, None], jnp.ones((batch,), jnp.int32))
   return state.replace(target_cache=cache.with_lengths(state.seq_len - 1), features=features,
@@ -409,9 +432,10 @@ def _plain_step(spec: DecodeSpec, target_params, temperature, top_p,
   )
 
 
-def _verify_chunk(spec: DecodeSpec, target_params, temperature, top_p, inputs, draft_log_probs,
-                  cache: KVCache, features, start, num_drafts, key):
-  """Scores ``inputs[:, start:start + C]`` with the target and accepts over those positions.
+def _verify_chunk(spec: DecodeSpec, target_params, temperature, top_p, state: DecodeState, inputs,
+                  draft_log_probs, cache: KVCache, features, start, num_drafts, key):
+  """Scores ``inputs[:, start:start + C]`` with the target and accepts over those positions (``state``
+  is the decode's at the step's start: its text lengths and sequence keys).
 
   Returns:
     ``(matched i32[B], next_token i32[B], logprobs f32[B, C, 2], cache)``: see
@@ -427,6 +451,10 @@ def _verify_chunk(spec: DecodeSpec, target_params, temperature, top_p, inputs, d
   logits, cache, features = _target_forward(spec, target_params, tokens, cache, features)
   if spec.greedy:
     matched, next_token = acceptance.greedy_accept_chunk(logits, next_drafts, positions, num_drafts)
+  elif spec.coupled:
+    matched, next_token = acceptance.coupled_accept_chunk(
+        warped_log_probs(logits, temperature, top_p), state.row_keys, state.seq_len, next_drafts,
+        positions, num_drafts)
   else:
     log_q = (None if draft_log_probs is None
              else jax.lax.dynamic_slice_in_dim(draft_log_probs, start, chunk, axis=1))
@@ -462,7 +490,7 @@ def _verify(spec: DecodeSpec, target_params, temperature, top_p, state: DecodeSt
   last = state.tokens[rows, state.seq_len - 1]
   # [last, d_1 … d_L, padding]: position i's input is inputs[i], its draft to check inputs[i + 1].
   inputs = jnp.concatenate([last[:, None], drafts, jnp.zeros((batch, chunk), jnp.int32)], axis=1)
-  score = functools.partial(_verify_chunk, spec, target_params, temperature, top_p)
+  score = functools.partial(_verify_chunk, spec, target_params, temperature, top_p, state)
 
   def cond(carry):
     start, _, _, _, open_rows, _, _ = carry
@@ -535,7 +563,7 @@ def _bass_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p
 def _context(state: DecodeState, key, temperature, top_p) -> StepContext:
   return StepContext(tokens=state.tokens, seq_len=state.seq_len, live=~state.done,
                      draft_len=state.draft_len, key=key, temperature=temperature, top_p=top_p,
-                     features=state.features)
+                     features=state.features, row_keys=state.row_keys)
 
 
 def _retire(spec: DecodeSpec, state: DecodeState) -> DecodeState:
@@ -595,6 +623,7 @@ def _admit(spec: DecodeSpec, target_params: Any, draft_params: Any,
       logprobs=state.logprobs.at[row].set(0.0),
       done=state.done.at[row].set(False),
       eos=state.eos.at[row].set(False),
+      row_keys=None if queue.keys is None else state.row_keys.at[row].set(queue.keys[index]),
       queue=queue.replace(next=index + 1, row_prompt=queue.row_prompt.at[row].set(index),
                           prompt_row=queue.prompt_row.at[index].set(row),
                           start_step=queue.start_step.at[index].set(state.step)),

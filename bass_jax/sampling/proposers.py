@@ -52,7 +52,7 @@ from bass_jax.models.common import DecoderConfig, prefill_cache
 from bass_jax.models.common import forward as model_forward
 from bass_jax.sampling import costs
 from bass_jax.sampling.acceptance import leading_true
-from bass_jax.sampling.warp import sample
+from bass_jax.sampling.warp import categorical, coupled_choice, first_argmax, warped_log_probs
 
 
 @flax.struct.dataclass
@@ -69,6 +69,9 @@ class StepContext:
     features: ``[B, T, E]`` the target's feature at every text position it has scored
       (``features[b, i]`` for ``i < seq_len[b] - 1`` are valid; the rest is stale), or None unless the
       proposer ``needs_features``.
+    row_keys: ``u32[B, 2]`` each row's sequence key data when acceptance is drafter-invariant
+      (``acceptance="gumbel"``): a sampled draft must then be drawn with :meth:`draw`, which uses the
+      noise the target will use at the same text position; None for rejection sampling.
   """
 
   tokens: jax.Array
@@ -79,6 +82,19 @@ class StepContext:
   temperature: jax.Array
   top_p: jax.Array
   features: jax.Array | None = None
+  row_keys: jax.Array | None = None
+
+  def draw(self, log_q: jax.Array, i) -> jax.Array:
+    """Draws draft ``i`` (0-based: the token at text position ``seq_len + i``) of every row from its
+    warped ``log_q: f32[B, V]`` -> ``i32[B]`` indices into ``log_q``'s last axis.
+
+    Rejection sampling: an independent draw keyed by ``fold_in(key, i)``. Drafter-invariant acceptance
+    (``row_keys`` set): the Gumbel-max draw with the row's noise at that text position
+    (``warp.coupled_choice``), which must then range over the target's whole vocabulary.
+    """
+    if self.row_keys is None:
+      return categorical(jax.random.fold_in(self.key, i), log_q)
+    return coupled_choice(log_q, self.row_keys, self.seq_len + i)
 
 
 @flax.struct.dataclass
@@ -190,11 +206,10 @@ def draft_autoregressively(step, carry: Any, first: tuple[jax.Array, jax.Array |
   """Drafts ``ctx.draft_len`` tokens per row, each from the last: the loop a draft model's proposal runs.
 
   Args:
-    step: ``(carry, previous i32[B, 1], key) -> (carry, token i32[B], log_q f32[B, V] | None)``: feeds
-      the previous draft and draws the next (``log_q`` None when greedy).
+    step: ``(carry, previous i32[B, 1], i) -> (carry, token i32[B], log_q f32[B, V] | None)``: feeds
+      the previous draft and draws draft ``i`` (0-based, with ``ctx.draw``; ``log_q`` None when greedy).
     carry: the model's state (its cache, and whatever else it feeds itself).
-    first: ``(token i32[B], log_q f32[B, V] | None)``, the first draft, drawn with key 0; draft i is
-      drawn with ``fold_in(ctx.key, i)``.
+    first: ``(token i32[B], log_q f32[B, V] | None)``, draft 0.
     max_len: L, the static width of the drafts. chunk: C, the padding of ``log_q``. vocab_size: V.
 
   Returns:
@@ -211,7 +226,7 @@ def draft_autoregressively(step, carry: Any, first: tuple[jax.Array, jax.Array |
   def body(i, loop_carry):
     carry, drafts, draft_log_probs = loop_carry
     previous = jax.lax.dynamic_slice_in_dim(drafts, i - 1, 1, axis=1)
-    carry, token, log_q = step(carry, previous, jax.random.fold_in(ctx.key, i))
+    carry, token, log_q = step(carry, previous, i)
     drafts = jax.lax.dynamic_update_slice_in_dim(drafts, token[:, None], i, axis=1)
     if draft_log_probs is not None:
       draft_log_probs = jax.lax.dynamic_update_slice_in_dim(draft_log_probs, log_q[:, None], i,
@@ -308,14 +323,19 @@ class ModelProposer(Proposer):
     pending = jnp.clip(ctx.seq_len - cache.lengths, 1, 2)
     logits, cache = forward(window(cache.lengths), cache)
     cache = cache.with_lengths(ctx.seq_len)
-    draw = functools.partial(sample, greedy=greedy, temperature=ctx.temperature, top_p=ctx.top_p)
 
-    def step(cache, previous, key):
+    def draw(logits, i):  # draft i: token i32[B] and its q f32[B, V] (None when greedy)
+      if greedy:
+        return first_argmax(logits), None
+      log_q = warped_log_probs(logits, ctx.temperature, ctx.top_p)
+      return ctx.draw(log_q, i), log_q
+
+    def step(cache, previous, i):
       logits, cache = forward(previous, cache)
-      return (cache, *draw(logits[:, 0], key))
+      return (cache, *draw(logits[:, 0], i))
 
     cache, proposal = draft_autoregressively(
-        step, cache, draw(logits[rows, pending - 1], jax.random.fold_in(ctx.key, 0)), ctx,
+        step, cache, draw(logits[rows, pending - 1], 0), ctx,
         max_len=max_len, chunk=chunk, vocab_size=self.config.vocab_size)
     return DraftCacheState(cache=cache, fed=proposal.drafts, num_fed=ctx.draft_len - 1), proposal
 
@@ -449,20 +469,23 @@ class EagleProposer(Proposer):
     feature = predicted[rows[:, 0], last]  # f̂_{n-1}: [B, E]
     cache = cache.with_lengths(jnp.maximum(ctx.seq_len - 1, 0))
 
-    def draw(feature, key):  # token i32[B] in the full vocabulary; its q as f32[B, V] (sampled)
+    def draw(feature, i):  # draft i: token i32[B] in the full vocabulary; its q as f32[B, V] (sampled)
       logits = eagle.draft_logits(params, feature)
-      index, log_q = sample(logits, key, greedy=greedy, temperature=ctx.temperature, top_p=ctx.top_p)
-      if log_q is not None:
-        log_q = eagle.to_full_vocab(log_q, vocab_ids, self.config.vocab_size)
-      return vocab_ids[index], log_q
+      if greedy:
+        return vocab_ids[first_argmax(logits)], None
+      log_q = warped_log_probs(logits, ctx.temperature, ctx.top_p)  # over the draft vocabulary
+      full = eagle.to_full_vocab(log_q, vocab_ids, self.config.vocab_size)
+      if ctx.row_keys is None:
+        return vocab_ids[ctx.draw(log_q, i)], full
+      return ctx.draw(full, i), full  # coupled: the target's noise is indexed by full-vocabulary id
 
-    def step(carry, previous, key):  # the pair (f̂ of the last draft, the last draft) -> next draft
+    def step(carry, previous, i):  # the pair (f̂ of the last draft, the last draft) -> next draft
       cache, feature = carry
       predicted, cache = self._forward(params, previous, feature[:, None], cache)
-      return ((cache, predicted[:, 0]), *draw(predicted[:, 0], key))
+      return ((cache, predicted[:, 0]), *draw(predicted[:, 0], i))
 
     (cache, _), proposal = draft_autoregressively(
-        step, (cache, feature), draw(feature, jax.random.fold_in(ctx.key, 0)), ctx,
+        step, (cache, feature), draw(feature, 0), ctx,
         max_len=max_len, chunk=chunk, vocab_size=self.config.vocab_size)
     return EagleState(cache=cache), proposal
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 TOP_K_FAST_PATH = 64  # nucleus sizes up to this are read off lax.top_k
 
@@ -97,6 +98,77 @@ def sample(logits: jax.Array, key: jax.Array, *, greedy: bool, temperature: jax.
     distribution the token was drawn from, the ``q`` or ``p`` of rejection sampling.
   """
   if greedy:
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+    return first_argmax(logits), None
   log_probs = warped_log_probs(logits, temperature, top_p)
-  return jax.random.categorical(key, log_probs, axis=-1).astype(jnp.int32), log_probs
+  return categorical(key, log_probs), log_probs
+
+
+def categorical(key: jax.Array, log_probs: jax.Array) -> jax.Array:
+  """One draw per row from ``softmax(log_probs)``, ``f32[..., V] -> i32[...]``: the Gumbel-max trick with
+  one key for the whole array (``jax.random.categorical``'s method, with :func:`first_argmax`)."""
+  return first_argmax(log_probs + jax.random.gumbel(key, log_probs.shape, jnp.float32))
+
+
+def sequence_keys(seed_key: jax.Array, sequence_ids) -> np.ndarray:
+  """Per-sequence key data ``u32[B, 2]``: ``fold_in(seed_key, sequence_ids[b])`` (threefry), the keys of
+  :func:`gumbel_noise`.
+
+  Args:
+    seed_key: a threefry PRNG key (the decode's seed). sequence_ids: B ints in ``[0, 2**32)``.
+  """
+  ids = jnp.asarray(np.asarray(sequence_ids, np.uint32))
+  return np.asarray(jax.vmap(lambda i: jax.random.key_data(jax.random.fold_in(seed_key, i)))(ids))
+
+
+def gumbel_noise(row_keys: jax.Array, positions: jax.Array, vocab_size: int) -> jax.Array:
+  """Standard Gumbel noise that depends only on a row's sequence key and a text position.
+
+  The noise of drafter-invariant speculative decoding (Daliri, Musco and Suresh 2024, "Coupling
+  without communication and drafter-invariant speculative decoding", arXiv 2408.07978): the token at text position
+  ``t`` of a sequence is ``argmax(log p_t + G_t)`` for the target and ``argmax(log q_t + G_t)`` for a
+  draft (:func:`coupled_choice`), with the same ``G_t``, so whatever the draft, the batch or the step
+  structure, a sequence's tokens are a function of its key and the target alone.
+
+  Args:
+    row_keys: ``u32[B, 2]`` threefry key data per row (:func:`sequence_keys`).
+    positions: ``i32[B]`` or ``i32[B, C]`` text positions.
+    vocab_size: V.
+
+  Returns:
+    ``f32[B, V]`` or ``f32[B, C, V]``: ``gumbel(fold_in(key_b, position))``.
+  """
+  keys = jax.random.wrap_key_data(row_keys, impl="threefry2x32")
+  one = lambda key, t: jax.random.gumbel(jax.random.fold_in(key, t), (vocab_size,), jnp.float32)
+  if positions.ndim == 1:
+    return jax.vmap(one)(keys, positions)
+  return jax.vmap(jax.vmap(one, in_axes=(None, 0)))(keys, positions)
+
+
+def coupled_choice(log_probs: jax.Array, row_keys: jax.Array, positions: jax.Array) -> jax.Array:
+  """The Gumbel-max draw ``argmax(log_probs + G)`` with :func:`gumbel_noise` ``G``.
+
+  A draw from ``softmax(log_probs)`` (the Gumbel-max trick); two distributions chosen from with the
+  same row and position agree with probability at least ``(1 - TV) / (1 + TV)`` (Daliri et al. 2024:
+  Gumbel sampling does at least as well as Weighted MinHash, which reaches that bound), where
+  rejection sampling accepts with probability ``1 - TV``: that gap is what drafter invariance costs.
+
+  Args:
+    log_probs: ``f32[B, V]`` or ``f32[B, C, V]`` warped log-probabilities (``-inf`` is never chosen).
+    row_keys: ``u32[B, 2]``. positions: ``i32[B]`` or ``i32[B, C]``, the text position of each draw.
+
+  Returns:
+    ``i32[B]`` or ``i32[B, C]`` tokens.
+  """
+  noise = gumbel_noise(row_keys, positions, log_probs.shape[-1])
+  return first_argmax(log_probs + noise)
+
+
+def first_argmax(x: jax.Array) -> jax.Array:
+  """``jnp.argmax(x, axis=-1)`` (the first index of the maximum) as ``i32[...]``, computed as a max and then
+  a min over the indices that reach it: two plain reductions, which XLA:CPU runs about twice as fast
+  as its variadic (value, index) argmax reduction over a 49k vocabulary
+  (``python -m experiments.bench_top_p`` times both). For finite or ``-inf`` inputs; a NaN is never
+  chosen."""
+  best = jnp.max(x, axis=-1, keepdims=True)
+  index = jnp.arange(x.shape[-1], dtype=jnp.int32)
+  return jnp.min(jnp.where(x == best, index, x.shape[-1] - 1), axis=-1)

@@ -137,6 +137,20 @@ def test_sampled_tokens_do_not_depend_on_the_mesh():
   assert not np.array_equal(other_seed.tokens, rows_only.tokens)  # the seed matters, the mesh not
 
 
+def test_drafter_invariant_tokens_on_a_mesh_are_regular_decodings_on_one_device():
+  """acceptance="gumbel" with the per-row sequence keys split over data: a static batch on (4, 2) and a
+  continuous one on (1, 2) emit what regular decoding draws on one device."""
+  target, draft = _pair("llama")
+  prompts = _prompts(4, seed=1)
+  kwargs = dict(max_new_tokens=12, temperature=0.9, seed=3, acceptance="gumbel")
+  single = bj.generate(target, None, prompts, method="regular", **kwargs)
+  static = bj.generate(target, draft, prompts, mesh=sharding.make_mesh(4, 2), draft_len=3, **kwargs)
+  np.testing.assert_array_equal(static.tokens, single.tokens)
+  continuous = bj.generate(target, draft, prompts, mesh=sharding.make_mesh(1, 2), batch_size=2,
+                           **kwargs)
+  np.testing.assert_array_equal(continuous.tokens, single.tokens)
+
+
 def test_an_eagle_draft_on_a_mesh_emits_the_single_device_tokens():
   """The feature buffer split by row, the EAGLE draft (its layer, the target's embedding and head
   rows) replicated over model."""
