@@ -12,8 +12,8 @@ vocabulary, C positions of one verification chunk. Position ``i`` of ``p`` is th
 for the token after ``[.., d_1 … d_i]``, so ``p`` has L + 1 positions and ``q`` has L.
 
 The decode loop verifies in chunks of C positions (``bass_jax.sampling.loop``) and accepts chunk by chunk
-with :func:`greedy_accept_chunk` / :func:`speculative_accept_chunk`, which give the same decisions as the
-whole-block functions below (each position's uniform draw is keyed by the position, not the chunk).
+with :func:`greedy_accept_chunk` / :func:`speculative_accept_chunk`; each position's uniform draw is
+keyed by the position, not the chunk, so chunking the positions differently changes no decision.
 With ``acceptance="gumbel"`` it uses :func:`coupled_accept_chunk` instead: the target's token at each
 position is its own Gumbel-max draw with per-sequence, per-position noise, and a draft is accepted when
 it equals it (Daliri, Musco and Suresh 2024): exact too, and the tokens do not depend on the draft.
@@ -30,64 +30,6 @@ from bass_jax.sampling import warp
 def leading_true(mask: jax.Array) -> jax.Array:
   """Length of the all-True prefix of each row of ``bool[B, L]`` -> ``i32[B]``."""
   return jnp.sum(jnp.cumprod(mask.astype(jnp.int32), axis=-1), axis=-1)
-
-
-def greedy_accept(drafts: jax.Array, target_logits: jax.Array,
-                  num_drafts: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Greedy verification (temperature 0): accept while ``d_i == argmax p_i``, then emit ``argmax p_n``.
-
-  Args:
-    drafts: ``i32[B, L]`` draft tokens; slots ``>= num_drafts`` are ignored.
-    target_logits: ``f32[B, L + 1, V]``.
-    num_drafts: ``i32[]`` number of real drafts, ``1 <= num_drafts <= L``.
-
-  Returns:
-    ``(num_accepted: i32[B], next_token: i32[B])``; the row emits ``drafts[:num_accepted]`` then
-    ``next_token``.
-  """
-  best = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [B, L + 1]
-  slots = jnp.arange(drafts.shape[1])
-  accepted = leading_true((drafts == best[:, :-1]) & (slots < num_drafts))
-  next_token = jnp.take_along_axis(best, accepted[:, None], axis=1)[:, 0]
-  return accepted, next_token
-
-
-def speculative_accept(key: jax.Array, drafts: jax.Array, draft_log_probs: jax.Array,
-                       target_log_probs: jax.Array,
-                       num_drafts: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Speculative rejection sampling, per row.
-
-  Args:
-    key: PRNG key.
-    drafts: ``i32[B, L]`` draft tokens, ``d_i ~ q_i``.
-    draft_log_probs: ``f32[B, L, V]`` warped draft log-probabilities ``log q_i``.
-    target_log_probs: ``f32[B, L + 1, V]`` warped target log-probabilities ``log p_i``.
-    num_drafts: ``i32[]``, ``1 <= num_drafts <= L``.
-
-  Returns:
-    ``(num_accepted: i32[B], next_token: i32[B])``: the row emits ``drafts[:num_accepted]`` and then
-    ``next_token``, a correction drawn from ``norm(max(0, p - q))`` or, when every draft was accepted,
-    a bonus token drawn from ``p``. The emitted tokens are distributed exactly as ``p`` (the theorem of
-    Leviathan et al. §3.5); ``tests/test_sampling.py`` checks it by a chi-square test.
-  """
-  batch, num_slots = drafts.shape
-  accept_key, residual_key = jax.random.split(key)
-  log_p = jnp.take_along_axis(target_log_probs[:, :num_slots], drafts[..., None], axis=-1)[..., 0]
-  log_q = jnp.take_along_axis(draft_log_probs, drafts[..., None], axis=-1)[..., 0]
-  u = jax.random.uniform(accept_key, (batch, num_slots))
-  slots = jnp.arange(num_slots)
-  accepted = leading_true((jnp.log(u) < log_p - log_q) & (slots < num_drafts))
-
-  rows = jnp.arange(batch)
-  p_n = jnp.exp(target_log_probs[rows, accepted])  # [B, V]
-  q_slot = jnp.minimum(accepted, num_slots - 1)
-  q_n = jnp.where((accepted < num_drafts)[:, None], jnp.exp(draft_log_probs[rows, q_slot]), 0.0)
-  residual = jnp.maximum(p_n - q_n, 0.0)
-  # The residual is all zero only where p_n == q_n up to rounding, and then a rejection had
-  # probability ~0; drawing from p_n keeps that (rounding-level) case a valid draw.
-  residual = jnp.where(jnp.sum(residual, axis=-1, keepdims=True) > 0, residual, p_n)
-  next_token = jax.random.categorical(residual_key, jnp.log(residual), axis=-1).astype(jnp.int32)
-  return accepted, next_token
 
 
 def greedy_accept_chunk(target_logits: jax.Array, next_drafts: jax.Array, positions: jax.Array,
