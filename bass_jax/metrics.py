@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 
 from bass_jax.models import eagle
-from bass_jax.sampling import loop
+from bass_jax.sampling import continuous
 
 
 @dataclasses.dataclass(frozen=True)
@@ -361,11 +361,11 @@ def decode_flops(target, draft, prompt_lengths: np.ndarray, output, *, method: s
   per_pos = lambda config, params, n: forward_flops(config, params, np.full(int(n), mean_context))
   executed = per_pos(tc, tp, batch * stats.prompt_bucket)  # prefill, padding included
   # Continuous batching: every prompt admitted inside the loop is prefilled alone, in chunks up to its
-  # own length (loop.ADMIT_CHUNK), by the target and a draft model.
+  # own length (continuous.ADMIT_CHUNK), by the target and a draft model.
   admitted = 0
   if stats.continuous:
     later = np.asarray(prompt_lengths)[stats.batch_size:] - 1
-    admitted = int(np.sum(-(-later // loop.ADMIT_CHUNK) * loop.ADMIT_CHUNK))
+    admitted = int(np.sum(-(-later // continuous.ADMIT_CHUNK) * continuous.ADMIT_CHUNK))
   executed += per_pos(tc, tp, admitted)
   if method == "regular":
     executed += per_pos(tc, tp, batch * stats.steps)

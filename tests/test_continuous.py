@@ -22,12 +22,12 @@ import pytest
 import bass_jax as bj
 from bass_jax.models import eagle
 from bass_jax.sampling import generate as generate_lib
-from bass_jax.sampling import loop
+from bass_jax.sampling import continuous
 from conftest import assert_lossless, assert_reported, tiny_model
 import test_sampling_exact as exact
 
 # Prompt lengths, one per prompt (all padded to one bucket, 128, in a continuous call): the last, admitted
-# into a refilled row, takes more than one chunk of the admission's prefill (loop.ADMIT_CHUNK).
+# into a refilled row, takes more than one chunk of the admission's prefill (continuous.ADMIT_CHUNK).
 LENGTHS = (1, 37, 4, 19, 2, 28, 9, 13, 6, 90)
 MAX_NEW = 24
 
@@ -124,7 +124,7 @@ def test_greedy_continuous_equals_each_prompt_alone(target, eos, alone, kind, dr
   # Every row served several prompts, one after the other, in input order of admission.
   assert (np.bincount(stats.prompt_rows) >= 2).all() and len(set(stats.prompt_rows)) == batch_size
   assert (np.diff(stats.prompt_start_steps) >= 0).all() and (stats.prompt_start_steps[batch_size:] > 0).all()
-  assert max(LENGTHS[batch_size:]) - 1 > loop.ADMIT_CHUNK  # a multi-chunk admission happened
+  assert max(LENGTHS[batch_size:]) - 1 > continuous.ADMIT_CHUNK  # a multi-chunk admission happened
   assert (stats.admit_seconds <= stats.first_token_seconds).all()
   assert (stats.first_token_seconds <= stats.finish_seconds).all()
   # A prompt was admitted when an earlier one finished: its wait is one of the earlier finish times
@@ -220,7 +220,7 @@ def test_real_target_continuous_equals_each_prompt_alone(smollm2):
   texts = [p.prompt for p in load_problems("stdlib-heldout", 4)]
   texts = ["def add(a, b):", texts[0][:40], texts[3][:30], "\n".join(texts)]
   prompts = [smollm2.tokenizer(t).input_ids for t in texts]
-  assert len(prompts[-1]) - 1 > loop.ADMIT_CHUNK and len(prompts[-1]) > 6 * min(map(len, prompts))
+  assert len(prompts[-1]) - 1 > continuous.ADMIT_CHUNK and len(prompts[-1]) > 6 * min(map(len, prompts))
   newline, = smollm2.tokenizer("\n").input_ids
   kwargs = dict(max_new_tokens=16, eos_token_id=newline)
   solo = _solo(smollm2, None, prompts, method="regular", **kwargs)

@@ -1,7 +1,7 @@
 """`generate`: validate, bucket the shapes, compile once per bucket, run the jitted decode, time every row.
 
 Compilation. A program is specialized to its shapes and to the static settings of
-:class:`loop.DecodeSpec`; to let nearby calls share one, the batch is padded with inert rows to a batch
+:class:`state.DecodeSpec`; to let nearby calls share one, the batch is padded with inert rows to a batch
 bucket (1, 2, 4, 8, 16, then multiples of 16), prompts to a power of two (at least 16) and the output
 buffer to a multiple of 32 tokens, while ``max_new_tokens``, the EOS ids, ``temperature``, ``top_p`` and
 the seed are traced values. The prefill and decode programs of a setting are compiled in parallel and
@@ -26,6 +26,7 @@ from bass_jax.loading import Model, check_same_tokenizer, load_draft
 from bass_jax.models import attention as attention_lib
 from bass_jax.sampling import costs as costs_lib
 from bass_jax.sampling import loop
+from bass_jax.sampling import state as state_lib
 from bass_jax.sampling import warp
 # The compiled programs' LRU (tests read _PROGRAMS and patch _compiled here); the public names stay
 # importable from this module.
@@ -45,7 +46,7 @@ _MIN_PROMPT_BUCKET = 16
 _OUTPUT_BUCKET = 32  # the output buffer holds a multiple of this many tokens
 _MAX_EOS_IDS = 8  # EOS ids are a traced array of this many slots (padded with -1)
 DEFAULT_VERIFY_CHUNK = 4  # best with the shipped draft on the tuning prompts (docs/design.md)
-ACCEPTANCE_RULES = ("rejection", "gumbel")  # generate's acceptance= (loop.DecodeSpec.acceptance)
+ACCEPTANCE_RULES = ("rejection", "gumbel")  # generate's acceptance= (state.DecodeSpec.acceptance)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -553,10 +554,10 @@ def generate(
           f"continuous batching (batch_size={batch_size} < {num_prompts} prompts) runs its one-row "
           f"prefill unsplit over rows, so it needs a mesh whose data axis has size 1, got "
           f"{dict(mesh.shape)}; use a mesh of shape (1, n), or batch_size=None for static batches")
-    # loop.DecodeState.step_limit at the bucket's sizes; any batch_size of this bucket fills >= rows/2.
+    # state.DecodeState.step_limit at the bucket's sizes; any batch_size of this bucket fills >= rows/2.
     history_len = -(-queue_len * max_new_bucket // -(-rows // 2)) + max_new_bucket
 
-  spec = loop.DecodeSpec(
+  spec = state_lib.DecodeSpec(
       method=method, target=target.config, proposer=proposer,
       target_dtype=jnp.dtype(target.dtype).name,
       attention_impl=attention_impl, prompt_len=prompt_bucket(int(lengths.max())),
@@ -724,7 +725,7 @@ class _PromptClock:
           stamps[prompt] = at
 
 
-def _report_finished(on_finish, state: loop.DecodeState, host, row_prompt: np.ndarray,
+def _report_finished(on_finish, state: state_lib.DecodeState, host, row_prompt: np.ndarray,
                      done: np.ndarray, reported: np.ndarray, clock: _PromptClock, *, bass: bool,
                      slots: int) -> None:
   """Hands every prompt that a done row still holds, and that was not reported yet, to

@@ -1,6 +1,6 @@
 """The compiled decode programs of :func:`bass_jax.generate`: a bounded LRU whose eviction frees them.
 
-A setting (a :class:`loop.DecodeSpec` and the argument shapes) compiles into two XLA programs, the
+A setting (a :class:`state.DecodeSpec` and the argument shapes) compiles into two XLA programs, the
 prefill and the decode. :func:`compiled` lowers and compiles them once and keeps them in a bounded LRU
 (:func:`set_compile_cache_size`, default 8 settings; :func:`clear_compile_cache`).
 
@@ -37,6 +37,7 @@ import jax
 
 from bass_jax import _checks
 from bass_jax.sampling import loop
+from bass_jax.sampling import state as state_lib
 
 DEFAULT_CACHE_SIZE = 8  # settings (a prefill and a decode program each) kept by default
 
@@ -147,7 +148,7 @@ def _fresh(fn: Callable) -> Callable:
   return call
 
 
-def compiled(spec: loop.DecodeSpec, args_prefill: tuple,
+def compiled(spec: state_lib.DecodeSpec, args_prefill: tuple,
              args_decode_tail: tuple) -> tuple[tuple[Any, Any], float]:
   """Compiled ``(prefill, decode)`` for this spec and these shapes, and the seconds spent compiling.
 
@@ -163,7 +164,7 @@ def compiled(spec: loop.DecodeSpec, args_prefill: tuple,
 
   The two programs are lowered here and compiled in two threads (XLA compiles without holding the
   GIL), so a first call waits for the slower of the two, not for both. On a mesh both programs return
-  the state laid out by ``loop.state_shardings``, and the decode takes it so. The programs are jitted
+  the state laid out by ``state.state_shardings``, and the decode takes it so. The programs are jitted
   from fresh function objects, so that JAX keeps nothing of them once the LRU drops them (module
   docstring). Errors of tracing, lowering or compiling propagate (nothing is cached then).
   """
@@ -181,7 +182,7 @@ def compiled(spec: loop.DecodeSpec, args_prefill: tuple,
     state_shape = jax.eval_shape(lambda *a: loop.prefill(spec, *a), *args_prefill)
     placed = {}
     if mesh is not None:
-      shardings = loop.state_shardings(spec, state_shape)
+      shardings = state_lib.state_shardings(spec, state_shape)
       placed = {"out_shardings": shardings}
       state_shape = jax.tree_util.tree_map(
           lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state_shape, shardings)

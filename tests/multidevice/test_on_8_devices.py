@@ -24,7 +24,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 import bass_jax as bj
 from bass_jax import sharding
 from bass_jax.sampling import generate as generate_lib
-from bass_jax.sampling import loop
+from bass_jax.sampling import state as state_lib
 
 pytestmark = pytest.mark.skipif(jax.device_count() != 8, reason="needs 8 host devices (run through "
                                 "tests/test_sharding.py)")
@@ -106,7 +106,7 @@ def test_greedy_bass_on_a_mesh_emits_the_single_device_tokens_with_caches_split_
   # The compiled decode's own output layout: caches by row, and by KV head where the heads divide.
   spec, decode = _decode_program(mesh)
   state = decode.output_shardings
-  assert isinstance(state, loop.DecodeState)
+  assert isinstance(state, state_lib.DecodeState)
   kv = "model" if KV_HEADS[name] % shape[1] == 0 else None
   assert _same(state.target_cache.k[0].spec, "data", kv, None, None)
   assert _same(state.target_cache.lengths.spec, "data")

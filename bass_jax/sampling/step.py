@@ -1,0 +1,239 @@
+"""One decoding step for the whole batch: regular decoding's step (also BASS's plain step) and the BASS
+step (propose, verify in chunks, accept per row, emit, roll the proposer back, adapt l_draft).
+
+Implements BASS §3 (docs/bass.md, "One step for the whole batch"); ``bass_jax.sampling.loop`` runs these
+steps in its ``while_loop`` and states the invariants they keep between steps.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from bass_jax.cache import KVCache
+from bass_jax.models.common import forward
+from bass_jax.sampling import acceptance
+from bass_jax.sampling.proposers import StepContext
+from bass_jax.sampling.state import DecodeSpec, DecodeState
+from bass_jax.sampling.warp import coupled_choice, sample, warped_log_probs
+
+
+def target_forward(spec: DecodeSpec, params: Any, tokens: jax.Array, cache: KVCache,
+                    features: jax.Array | None):
+  """The target's forward over ``tokens: i32[B, T]``; with a feature buffer, also writes the tokens'
+  features at their positions (``cache.lengths[b] + t``). Returns ``(logits, cache, features)``."""
+  if features is None:
+    logits, cache_out = forward(spec.target, params, tokens, cache, dtype=spec.target_dtype,
+                                attention_impl=spec.attention_impl, sharding=spec.target_sharding)
+    return logits, cache_out, None
+  logits, cache_out, new = forward(spec.target, params, tokens, cache, dtype=spec.target_dtype,
+                                   attention_impl=spec.attention_impl, return_features=True,
+                                   sharding=spec.target_sharding)
+  rows = jnp.arange(tokens.shape[0])[:, None]
+  pos = cache.lengths[:, None] + jnp.arange(tokens.shape[1])
+  return logits, cache_out, features.at[rows, pos].set(new.astype(features.dtype), mode="drop")
+
+
+def emit(state: DecodeState, new_tokens: jax.Array, new_logprobs: jax.Array,
+          count: jax.Array) -> DecodeState:
+  """Appends the first ``count[b]`` of ``new_tokens: i32[B, E]`` to each live row.
+
+  A row's emission stops after its first EOS and at ``max_new`` tokens; the row is then done and frozen.
+  """
+  _, width = new_tokens.shape
+  rows = jnp.arange(new_tokens.shape[0])[:, None]
+  slots = jnp.arange(width)[None, :]
+  live = ~state.done
+  generated = state.seq_len - state.prompt_len
+
+  is_eos = (slots < count[:, None]) & jnp.isin(new_tokens, state.eos_ids)
+  has_eos = jnp.any(is_eos, axis=1)
+  first_eos = jnp.argmax(is_eos, axis=1)
+  count = jnp.where(has_eos, first_eos + 1, count)
+  count = jnp.where(live, jnp.minimum(count, state.max_new - generated), 0)
+
+  write = slots < count[:, None]
+  out_of_range = state.tokens.shape[1]  # dropped by the scatter
+  pos = jnp.where(write, state.seq_len[:, None] + slots, out_of_range)
+  tokens = state.tokens.at[rows, pos].set(new_tokens, mode="drop")
+  lp_pos = jnp.where(write, generated[:, None] + slots, out_of_range)
+  logprobs = state.logprobs.at[rows, lp_pos].set(new_logprobs, mode="drop")
+
+  seq_len = state.seq_len + count
+  eos = state.eos | (live & has_eos & (first_eos < count))
+  done = state.done | eos | (seq_len - state.prompt_len >= state.max_new)
+  return state.replace(tokens=tokens, logprobs=logprobs, seq_len=seq_len, eos=eos, done=done)
+
+
+def regular_step(spec: DecodeSpec, target_params, temperature, top_p,
+                  state: DecodeState) -> DecodeState:
+  """One token per live row from the target alone: the optimized baseline, and BASS's plain step."""
+  batch = state.tokens.shape[0]
+  rows = jnp.arange(batch)
+  key, sample_key = jax.random.split(state.key)
+  last = state.tokens[rows, state.seq_len - 1][:, None]
+  logits, cache, features = target_forward(spec, target_params, last, state.target_cache,
+                                            state.features)
+  logits = logits[:, 0]
+  if spec.coupled:  # the token at text position seq_len: the same draw as a verification's there
+    token = coupled_choice(warped_log_probs(logits, temperature, top_p), state.row_keys,
+                           state.seq_len)
+  else:
+    token, _ = sample(logits, sample_key, greedy=spec.greedy, temperature=temperature, top_p=top_p)
+  logprob = jax.nn.log_softmax(logits, axis=-1)[rows, token]
+  state = emit(state, token[:, None], logprob[:, None], jnp.ones((batch,), jnp.int32))
+  return state.replace(target_cache=cache.with_lengths(state.seq_len - 1), features=features,
+                       step=state.step + 1, key=key)
+
+
+def plain_step(spec: DecodeSpec, target_params, temperature, top_p,
+                state: DecodeState) -> DecodeState:
+  """A BASS step without drafts: regular decoding's step, recorded in the histories, and the policy
+  told (its state decays)."""
+  live = ~state.done
+  old_step = state.step
+  state = regular_step(spec, target_params, temperature, top_p, state)
+  next_len, policy_state = spec.draft_len.after_plain_step(state.policy_state, state.draft_len)
+  return state.replace(
+      draft_len=jnp.asarray(next_len, jnp.int32),
+      policy_state=policy_state,
+      verified_history=state.verified_history.at[old_step].set(1),
+      accepted_history=state.accepted_history.at[old_step].set(jnp.where(live, 0, -1)),
+  )
+
+
+def _verify_chunk(spec: DecodeSpec, target_params, temperature, top_p, state: DecodeState, inputs,
+                  draft_log_probs, cache: KVCache, features, start, num_drafts, key):
+  """Scores ``inputs[:, start:start + C]`` with the target and accepts over those positions (``state``
+  is the decode's at the step's start: its text lengths and sequence keys).
+
+  Returns:
+    ``(matched i32[B], next_token i32[B], logprobs f32[B, C, 2], cache)``: see
+    :func:`acceptance.greedy_accept_chunk`; ``logprobs[..., 0]`` is the target's raw log-probability of
+    each position's draft and ``[..., 1]`` of its argmax/drawn token (for the emitted log-probs); the
+    cache holds the chunk's K/V, its lengths advanced by C; the feature buffer (or None) the chunk's
+    features.
+  """
+  chunk = spec.verify_chunk
+  tokens = jax.lax.dynamic_slice_in_dim(inputs, start, chunk, axis=1)
+  next_drafts = jax.lax.dynamic_slice_in_dim(inputs, start + 1, chunk, axis=1)
+  positions = start + jnp.arange(chunk, dtype=jnp.int32)
+  logits, cache, features = target_forward(spec, target_params, tokens, cache, features)
+  if spec.greedy:
+    matched, next_token = acceptance.greedy_accept_chunk(logits, next_drafts, positions, num_drafts)
+  elif spec.coupled:
+    matched, next_token = acceptance.coupled_accept_chunk(
+        warped_log_probs(logits, temperature, top_p), state.row_keys, state.seq_len, next_drafts,
+        positions, num_drafts)
+  else:
+    log_q = (None if draft_log_probs is None
+             else jax.lax.dynamic_slice_in_dim(draft_log_probs, start, chunk, axis=1))
+    matched, next_token = acceptance.speculative_accept_chunk(
+        key, warped_log_probs(logits, temperature, top_p), log_q, next_drafts, positions, num_drafts)
+  raw = jax.nn.log_softmax(logits, axis=-1)
+  of_draft = jnp.take_along_axis(raw, next_drafts[..., None], axis=-1)[..., 0]
+  of_next = jnp.take_along_axis(raw, jnp.broadcast_to(next_token[:, None, None], raw.shape[:2] + (1,)),
+                                axis=-1)[..., 0]
+  return matched, next_token, jnp.stack([of_draft, of_next], axis=-1), cache, features
+
+
+def _verify(spec: DecodeSpec, target_params, temperature, top_p, state: DecodeState, drafts,
+            num_drafts, draft_log_probs, key):
+  """Scores ``[last emitted, d_1 … d_l]`` in chunks of C positions and accepts per row, chunk by chunk.
+
+  ``num_drafts: i32[B]`` real drafts per row (a row with 0 takes the target's token at its first
+  position: a plain decoding step inside the verification); ``draft_log_probs`` None means one-hot
+  ``q`` (a deterministic proposer) or greedy decoding.
+
+  Each pass writes its chunk's K/V into the target cache and attends; the loop stops once every live
+  row's acceptance has ended (or all ``l + 1`` positions are scored).
+
+  Returns:
+    ``(num_accepted: i32[B], emitted: i32[B, L + 1], emitted_logprobs: f32[B, L + 1], target_cache,
+    features, verified: i32[])`` where row b emits ``emitted[b, :num_accepted[b] + 1]``, the cache holds
+    the scored positions' K/V (the caller resets its lengths), the feature buffer (or None) their
+    features, and ``verified`` counts the positions scored per row, padding included.
+  """
+  batch, max_draft = drafts.shape
+  rows = jnp.arange(batch)
+  chunk = spec.verify_chunk
+  last = state.tokens[rows, state.seq_len - 1]
+  # [last, d_1 … d_L, padding]: position i's input is inputs[i], its draft to check inputs[i + 1].
+  inputs = jnp.concatenate([last[:, None], drafts, jnp.zeros((batch, chunk), jnp.int32)], axis=1)
+  score = functools.partial(_verify_chunk, spec, target_params, temperature, top_p, state)
+
+  def cond(carry):
+    start, _, _, _, open_rows, _, _ = carry
+    return jnp.any(open_rows & (start <= num_drafts))
+
+  def body(carry):
+    start, cache, features, accepted, open_rows, next_token, logprobs = carry
+    # The same key for every chunk: acceptance draws are keyed by position, not by chunk.
+    matched, chunk_next, chunk_lp, cache, features = score(inputs, draft_log_probs, cache, features,
+                                                           start, num_drafts, key)
+    closes = open_rows & (matched < chunk)
+    # Emitted log-probs: the draft's below the row's first mismatch in this chunk, the next token's at it.
+    slots = jnp.arange(chunk)[None, :]
+    values = jnp.where(slots < matched[:, None], chunk_lp[..., 0], chunk_lp[..., 1])
+    window = jax.lax.dynamic_slice_in_dim(logprobs, start, chunk, axis=1)
+    logprobs = jax.lax.dynamic_update_slice_in_dim(
+        logprobs, jnp.where(open_rows[:, None], values, window), start, axis=1)
+    accepted = jnp.where(open_rows, accepted + matched, accepted)
+    next_token = jnp.where(closes, chunk_next, next_token)
+    return start + chunk, cache, features, accepted, open_rows & ~closes, next_token, logprobs
+
+  init = (jnp.zeros((), jnp.int32), state.target_cache, state.features,
+          jnp.zeros((batch,), jnp.int32), ~state.done, jnp.zeros((batch,), jnp.int32),
+          jnp.zeros((batch, max_draft + 1 + chunk), jnp.float32))
+  verified, cache, features, accepted, _, next_token, logprobs = jax.lax.while_loop(cond, body, init)
+  emitted = jnp.concatenate([drafts, jnp.zeros((batch, 1), jnp.int32)], axis=1)
+  emitted = emitted.at[rows, accepted].set(next_token)
+  return accepted, emitted, logprobs[:, :max_draft + 1], cache, features, verified
+
+
+def bass_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
+               state: DecodeState) -> DecodeState:
+  """One BASS step for the whole batch (paper §3; docs/bass.md): propose, verify, accept, advance,
+  roll the proposer back, adapt l_draft."""
+  key, draft_key, accept_key = jax.random.split(state.key, 3)
+  live = ~state.done
+  draft_len = state.draft_len
+  ctx = step_context(state, draft_key, temperature, top_p)
+  proposer_state, proposal = spec.proposer.propose(
+      draft_params, state.proposer_state, ctx, max_len=spec.max_draft, chunk=spec.verify_chunk,
+      greedy=spec.greedy)
+  num_drafts = jnp.where(live, proposal.num_drafts, 0)
+  accepted, emitted, emitted_logprobs, target_cache, features, verified = _verify(
+      spec, target_params, temperature, top_p, state, proposal.drafts, num_drafts, proposal.log_q,
+      accept_key)
+
+  old_seq_len = state.seq_len
+  state = emit(state, emitted, emitted_logprobs, accepted + 1)
+  # Rejected drafts are dropped by resetting lengths; their K/V stay in place, masked, to be
+  # overwritten.
+  target_cache = target_cache.with_lengths(state.seq_len - 1)
+  proposer_state = spec.proposer.rollback(proposer_state, state.tokens, old_seq_len, state.seq_len)
+  next_len, policy_state = spec.draft_len.after_step(state.policy_state, draft_len, num_drafts,
+                                                     accepted, live)
+  return state.replace(
+      target_cache=target_cache,
+      proposer_state=proposer_state,
+      features=features,
+      step=state.step + 1,
+      draft_len=jnp.asarray(next_len, jnp.int32),
+      policy_state=policy_state,
+      draft_len_history=state.draft_len_history.at[state.step].set(draft_len),
+      drafted_history=state.drafted_history.at[state.step].set(num_drafts),
+      verified_history=state.verified_history.at[state.step].set(verified),
+      accepted_history=state.accepted_history.at[state.step].set(jnp.where(live, accepted, -1)),
+      key=key,
+  )
+
+
+def step_context(state: DecodeState, key, temperature, top_p) -> StepContext:
+  return StepContext(tokens=state.tokens, seq_len=state.seq_len, live=~state.done,
+                     draft_len=state.draft_len, key=key, temperature=temperature, top_p=top_p,
+                     features=state.features, row_keys=state.row_keys)
