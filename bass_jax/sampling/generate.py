@@ -593,23 +593,26 @@ def generate(
   step_costs = None
   if isinstance(policy, GoodputDraftLen):
     step_costs = policy.costs or costs_lib.measure_step_costs(spec, target_params, draft_params, rows)
-  per_row = (padded, prompt_len, inert, queued_keys[:rows])
-  shared = (np.int32(max_new_tokens), eos_array, key,
-            step_costs.as_array() if step_costs else np.zeros(5, np.float32))
+  inputs = state_lib.DecodeInputs(
+      prompts=padded, prompt_len=prompt_len, inert=inert, row_keys=queued_keys[:rows],
+      max_new=np.int32(max_new_tokens), eos_ids=eos_array, key=key,
+      step_costs=step_costs.as_array() if step_costs else np.zeros(5, np.float32))
   if continuous:
-    step_limit = -(-num_prompts * max_new_tokens // slots) + max_new_tokens
-    shared += (queued[:queue_len], queued_len[:queue_len], queued_keys[:queue_len],
-               np.int32(num_prompts), np.int32(step_limit))
+    inputs = inputs.replace(
+        queue_prompts=queued[:queue_len], queue_prompt_len=queued_len[:queue_len],
+        queue_keys=queued_keys[:queue_len], num_prompts=np.int32(num_prompts),
+        step_limit=np.int32(-(-num_prompts * max_new_tokens // slots) + max_new_tokens))
   scalars = (np.float32(max(temperature, 1e-6)), np.float32(top_p), np.bool_(time_prompts))
   if mesh is None:
-    per_row, shared, scalars = (tuple(map(jnp.asarray, x)) for x in (per_row, shared, scalars))
+    inputs = jax.tree_util.tree_map(jnp.asarray, inputs)
+    scalars = tuple(map(jnp.asarray, scalars))
     host = np.asarray
   else:  # rows over data, the rest replicated
-    per_row = tuple(sharding_lib.put(a, target_plan.rows) for a in per_row)
-    shared, scalars = (tuple(sharding_lib.put(a, target_plan.replicate) for a in x)
-                       for x in (shared, scalars))
+    inputs = jax.tree_util.tree_map(sharding_lib.put, inputs,
+                                    inputs.placed(target_plan.rows, target_plan.replicate))
+    scalars = tuple(sharding_lib.put(a, target_plan.replicate) for a in scalars)
     host = sharding_lib.to_host
-  args_prefill = (target_params, draft_params, *per_row, *shared)
+  args_prefill = (target_params, draft_params, inputs)
   args_tail = (target_params, draft_params, *scalars)
   (prefill, decode), compile_seconds = _compiled(spec, args_prefill, args_tail)
 

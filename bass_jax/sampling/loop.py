@@ -51,35 +51,20 @@ import jax.numpy as jnp
 
 from bass_jax.models.common import prefill_cache
 from bass_jax.sampling.continuous import refill
-from bass_jax.sampling.state import DecodeSpec, DecodeState, Queue
+from bass_jax.sampling.state import DecodeInputs, DecodeSpec, DecodeState, Queue
 from bass_jax.sampling.step import bass_step, plain_step, regular_step, step_context
 
 
-def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any, prompts: jax.Array,
-            prompt_len: jax.Array, inert: jax.Array, row_keys: jax.Array, max_new: jax.Array,
-            eos_ids: jax.Array, key: jax.Array, step_costs: jax.Array,
-            queue_prompts: jax.Array | None = None, queue_prompt_len: jax.Array | None = None,
-            queue_keys: jax.Array | None = None, num_prompts: jax.Array | None = None,
-            step_limit: jax.Array | None = None) -> DecodeState:
+def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any,
+            inputs: DecodeInputs) -> DecodeState:
   """Fills the target's cache (and the proposer's state) with every prompt token but the last, which
   the first step consumes.
 
   Args:
     draft_params: the proposer's weights (None for a model-free proposer or regular decoding).
-    prompts: ``i32[B, P]`` right-padded prompts. prompt_len: ``i32[B]``, each ``>= 1``.
-    inert: ``bool[B]`` padding rows of the batch bucket: done from the start, they never emit (nor,
-      in a continuous batch, take prompts).
-    row_keys: ``u32[B, 2]`` the rows' sequence key data (used when ``spec.coupled``).
-    max_new: ``i32[]`` tokens per row at most (``<= spec.max_new_bucket``).
-    eos_ids: ``i32[E]`` EOS ids padded with -1.
-    key: PRNG key for the whole decode.
-    step_costs: ``f32[5]`` :meth:`StepCosts.as_array` for a cost-aware policy (ignored by others).
-    queue_prompts: ``i32[Q, P]`` every prompt of a continuous batch (``spec.continuous``; None for a
-      static one), of which the live rows of ``prompts`` are the first. queue_prompt_len: ``i32[Q]``.
-    queue_keys: ``u32[Q, 2]`` their sequence key data (of which ``row_keys`` are the first).
-    num_prompts: ``i32[]`` the real prompts among the Q.
-    step_limit: ``i32[]`` :attr:`DecodeState.step_limit` of a continuous batch.
+    inputs: the call's prompts, keys and limits (:class:`DecodeInputs`).
   """
+  prompts, prompt_len, inert = inputs.prompts, inputs.prompt_len, inputs.inert
   batch = prompts.shape[0]
   n = spec.max_new_bucket
   h = spec.max_steps
@@ -99,19 +84,20 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any, prompts: ja
     proposer_state = spec.proposer.init_state(draft_params, prompts, prompt_len,
                                               cache_len=spec.cache_len, max_len=spec.max_draft,
                                               features=prompt_features)
-    l0, policy_state = spec.draft_len.start(step_costs)
+    l0, policy_state = spec.draft_len.start(inputs.step_costs)
   queue = None
   if spec.continuous:
-    q = queue_prompts.shape[0]
+    q = inputs.queue_prompts.shape[0]
     started = jnp.sum(~inert).astype(jnp.int32)  # the live rows hold prompts 0 … started - 1
     ids = jnp.arange(q, dtype=jnp.int32)
     queue = Queue(
-        prompts=queue_prompts, prompt_len=queue_prompt_len, size=num_prompts, next=started,
+        prompts=inputs.queue_prompts, prompt_len=inputs.queue_prompt_len, size=inputs.num_prompts,
+        next=started,
         slot=~inert, row_prompt=jnp.where(inert, -1, jnp.arange(batch, dtype=jnp.int32)),
         prompt_row=jnp.where(ids < started, ids, -1), start_step=jnp.zeros((q,), jnp.int32),
         tokens=jnp.zeros((q, n), jnp.int32), logprobs=jnp.zeros((q, n), jnp.float32),
         lengths=jnp.zeros((q,), jnp.int32), eos=jnp.zeros((q,), bool),
-        keys=queue_keys if spec.coupled else None)
+        keys=inputs.queue_keys if spec.coupled else None)
   return DecodeState(
       tokens=jnp.concatenate([prompts, jnp.zeros((batch, n), jnp.int32)], axis=1),
       prompt_len=prompt_len,
@@ -122,9 +108,9 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any, prompts: ja
       logprobs=jnp.zeros((batch, n), jnp.float32),
       done=inert,
       eos=jnp.zeros((batch,), bool),
-      max_new=max_new,
-      step_limit=max_new if step_limit is None else step_limit,
-      eos_ids=eos_ids,
+      max_new=inputs.max_new,
+      step_limit=inputs.max_new if inputs.step_limit is None else inputs.step_limit,
+      eos_ids=inputs.eos_ids,
       step=jnp.zeros((), jnp.int32),
       draft_len=jnp.asarray(l0, jnp.int32),
       policy_state=policy_state,
@@ -132,9 +118,9 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any, prompts: ja
       drafted_history=jnp.zeros((h, batch), jnp.int32),
       verified_history=jnp.zeros((h,), jnp.int32),
       accepted_history=jnp.full((h, batch), -1, jnp.int32),
-      key=key,
+      key=inputs.key,
       queue=queue,
-      row_keys=row_keys if spec.coupled else None,
+      row_keys=inputs.row_keys if spec.coupled else None,
   )
 
 

@@ -193,6 +193,47 @@ class DecodeState:
   row_keys: jax.Array | None = None
 
 
+@flax.struct.dataclass
+class DecodeInputs:
+  """The arrays one decode call starts from (``loop.prefill``); what is static is in :class:`DecodeSpec`.
+
+  Attributes:
+    prompts: ``i32[B, P]`` right-padded prompts. prompt_len: ``i32[B]``, each ``>= 1``.
+    inert: ``bool[B]`` padding rows of the batch bucket: done from the start, they never emit (nor,
+      in a continuous batch, take prompts).
+    row_keys: ``u32[B, 2]`` the rows' sequence key data (used when ``spec.coupled``).
+    max_new: ``i32[]`` tokens per row at most (``<= spec.max_new_bucket``).
+    eos_ids: ``i32[E]`` EOS ids padded with -1.
+    key: PRNG key for the whole decode.
+    step_costs: ``f32[5]`` ``StepCosts.as_array()`` for a cost-aware policy (ignored by others).
+    queue_prompts: ``i32[Q, P]`` every prompt of a continuous batch (``spec.continuous``; None for a
+      static one), of which the live rows of ``prompts`` are the first. queue_prompt_len: ``i32[Q]``.
+    queue_keys: ``u32[Q, 2]`` their sequence key data (of which ``row_keys`` are the first).
+    num_prompts: ``i32[]`` the real prompts among the Q.
+    step_limit: ``i32[]`` :attr:`DecodeState.step_limit` of a continuous batch (None: ``max_new``).
+  """
+
+  prompts: jax.Array
+  prompt_len: jax.Array
+  inert: jax.Array
+  row_keys: jax.Array
+  max_new: jax.Array
+  eos_ids: jax.Array
+  key: jax.Array
+  step_costs: jax.Array
+  queue_prompts: jax.Array | None = None
+  queue_prompt_len: jax.Array | None = None
+  queue_keys: jax.Array | None = None
+  num_prompts: jax.Array | None = None
+  step_limit: jax.Array | None = None
+
+  def placed(self, rows: Any, replicated: Any) -> "DecodeInputs":
+    """The same fields with per-row arrays given ``rows`` and the rest ``replicated``: the inputs' layout
+    on a mesh (pass shardings), or any two values per field kind."""
+    everything = jax.tree_util.tree_map(lambda _: replicated, self)
+    return everything.replace(prompts=rows, prompt_len=rows, inert=rows, row_keys=rows)
+
+
 def state_shardings(spec: DecodeSpec, state: DecodeState) -> DecodeState:
   """Where every part of the decode state lies on ``spec.target_sharding``'s mesh: per-row arrays split
   over ``"data"``; the target's cache as its plan says, the proposer's as the proposer's plan says
