@@ -103,6 +103,66 @@ def reference_attention(
   return _unfold(jnp.einsum("bkrs,bksh->bkrh", probs, v), num_q).astype(q.dtype)
 
 
+def reference_tree_attention(
+    q: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    lengths: jax.Array,
+    tree_mask: jax.Array,
+    *,
+    sm_scale: float | None = None,
+    sliding_window: int | None = None,
+) -> jax.Array:
+  """Attention of a token tree's T nodes over a ragged cache, in plain jnp (f32 softmax).
+
+  The tree verification of EAGLE-2 / SpecInfer (docs/design.md, "Token trees"): the T new tokens are
+  the nodes of one tree per row, written at slots ``lengths[b] - T + t``; node t attends to its row's
+  whole prefix (slots below ``lengths[b] - T``) and to the nodes ``tree_mask[b, t]`` marks, its own
+  ancestors and itself (``bass_jax.sampling.tree.ancestor_mask``), never to its siblings' branches.
+  Positions follow depth, not slots: node t sits at position ``lengths[b] - T + depth(t)`` with
+  ``depth(t) = sum(tree_mask[b, t]) - 1``, which is what a sliding window compares (RoPE takes the same
+  positions from the caller). With the causal mask of a chain (``tree_mask[t, j] = j <= t``) this is
+  :func:`reference_attention`.
+
+  Args:
+    q: ``[B, T, N, H]`` queries (rotary applied at the nodes' positions).
+    k_cache, v_cache: ``[B, K, S, H]``, the nodes' K/V already written at slots
+      ``lengths - T … lengths - 1``.
+    lengths: ``i32[B]`` valid slots including the T nodes.
+    tree_mask: ``bool[B, T, T]``, ``[b, t, j]``: node t sees node j (True on the diagonal of real
+      nodes; a row of padding nodes may be all False: such a node sees the prefix only).
+    sm_scale, sliding_window: as :func:`reference_attention`.
+
+  Returns:
+    ``[B, T, N, H]`` in q's dtype.
+  """
+  batch, num_q, num_heads, head_dim = q.shape
+  num_kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
+  group = num_heads // num_kv_heads
+  scale = head_dim**-0.5 if sm_scale is None else sm_scale
+  q_f = _fold(q.astype(jnp.float32) * scale, num_kv_heads)
+  logits = jnp.einsum("bkrh,bksh->bkrs", q_f, k_cache.astype(jnp.float32))
+  slots = jnp.arange(max_len)
+  base = lengths - num_q  # [B]: the first node's slot
+  node = jnp.clip(slots[None, :] - base[:, None], 0, num_q - 1)  # [B, S]: the node a new slot holds
+  is_new = (slots[None, :] >= base[:, None]) & (slots[None, :] < lengths[:, None])  # [B, S]
+  depth = jnp.sum(tree_mask, axis=-1) - 1  # [B, T]
+  sees_node = jnp.take_along_axis(tree_mask, jnp.broadcast_to(node[:, None, :], (batch, num_q, max_len)),
+                                  axis=2)  # [B, T, S]: node t sees the node in slot s
+  visible = (slots[None, None, :] < base[:, None, None]) | (is_new[:, None, :] & sees_node)
+  if sliding_window is not None:
+    q_pos = base[:, None] + depth  # [B, T]
+    slot_pos = jnp.where(is_new, base[:, None] + jnp.take_along_axis(depth, node, axis=1), slots)
+    visible &= slot_pos[:, None, :] > q_pos[:, :, None] - sliding_window
+  visible = jnp.repeat(visible, group, axis=1)  # [B, R, S], rows ordered (t, g) as _fold
+  probs = jax.nn.softmax(jnp.where(visible[:, None], logits, -jnp.inf), axis=-1)
+  # A row that sees nothing (a padding node over an empty prefix) outputs 0, not the NaN of softmax(-inf).
+  probs = jnp.where(jnp.any(visible, axis=-1)[:, None, :, None], probs, 0.0)
+  valid = slots[None, :] < lengths[:, None]  # [B, S]
+  v = jnp.where(valid[:, None, :, None], v_cache.astype(jnp.float32), 0.0)
+  return _unfold(jnp.einsum("bkrs,bksh->bkrh", probs, v), num_q).astype(q.dtype)
+
+
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, sm_scale: float | None = None,
                      sliding_window: int | None = None) -> jax.Array:
   """Causal grouped-query attention among T tokens, without a cache (a full forward, training).
