@@ -83,7 +83,21 @@ def reference_attention(
   Returns:
     ``[B, T, N, H]`` in q's dtype.
   """
-  batch, num_q, num_heads, head_dim = q.shape
+  num_q, max_len = q.shape[1], k_cache.shape[2]
+  slots = jnp.arange(max_len)
+  q_pos = lengths[:, None] - num_q + jnp.arange(num_q)  # [B, T]
+  visible = slots[None, None, :] <= q_pos[:, :, None]  # [B, T, S]
+  if sliding_window is not None:
+    visible &= slots[None, None, :] > q_pos[:, :, None] - sliding_window
+  return _attend_visible(q, k_cache, v_cache, lengths, visible, sm_scale)
+
+
+def _attend_visible(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, lengths: jax.Array,
+                    visible: jax.Array, sm_scale: float | None) -> jax.Array:
+  """Grouped-query softmax attention of ``q: [B, T, N, H]`` over the cache slots ``visible: bool[B, T,
+  S]`` marks (f32), the reference implementations' shared core. Slots at or past ``lengths`` are
+  zeroed before use, so a NaN there never reaches the result; a query that sees nothing outputs 0."""
+  num_q, num_heads, head_dim = q.shape[1:]
   num_kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
   group = num_heads // num_kv_heads
   scale = head_dim**-0.5 if sm_scale is None else sm_scale
@@ -91,13 +105,11 @@ def reference_attention(
   # kv head) is one [R, H] x [S, H] product read straight from the cache's [B, K, S, H] layout.
   q_f = _fold(q.astype(jnp.float32) * scale, num_kv_heads)
   logits = jnp.einsum("bkrh,bksh->bkrs", q_f, k_cache.astype(jnp.float32))
-  slots = jnp.arange(max_len)
-  q_pos = lengths[:, None] - num_q + jnp.arange(num_q * group) // group  # [B, R]
-  visible = slots[None, None, :] <= q_pos[:, :, None]  # [B, R, S]
-  if sliding_window is not None:
-    visible &= slots[None, None, :] > q_pos[:, :, None] - sliding_window
+  visible = jnp.repeat(visible, group, axis=1)  # [B, R, S], rows ordered (t, g) as _fold
   probs = jax.nn.softmax(jnp.where(visible[:, None], logits, -jnp.inf), axis=-1)
+  probs = jnp.where(jnp.any(visible, axis=-1)[:, None, :, None], probs, 0.0)
   # A zero probability times a NaN in an invalid slot is still NaN: zero the invalid values too.
+  slots = jnp.arange(max_len)
   valid = slots[None, :] < lengths[:, None]  # [B, S]
   v = jnp.where(valid[:, None, :, None], v_cache.astype(jnp.float32), 0.0)
   return _unfold(jnp.einsum("bkrs,bksh->bkrh", probs, v), num_q).astype(q.dtype)
@@ -136,12 +148,8 @@ def reference_tree_attention(
   Returns:
     ``[B, T, N, H]`` in q's dtype.
   """
-  batch, num_q, num_heads, head_dim = q.shape
-  num_kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
-  group = num_heads // num_kv_heads
-  scale = head_dim**-0.5 if sm_scale is None else sm_scale
-  q_f = _fold(q.astype(jnp.float32) * scale, num_kv_heads)
-  logits = jnp.einsum("bkrh,bksh->bkrs", q_f, k_cache.astype(jnp.float32))
+  batch, num_q = q.shape[:2]
+  max_len = k_cache.shape[2]
   slots = jnp.arange(max_len)
   base = lengths - num_q  # [B]: the first node's slot
   node = jnp.clip(slots[None, :] - base[:, None], 0, num_q - 1)  # [B, S]: the node a new slot holds
@@ -154,13 +162,7 @@ def reference_tree_attention(
     q_pos = base[:, None] + depth  # [B, T]
     slot_pos = jnp.where(is_new, base[:, None] + jnp.take_along_axis(depth, node, axis=1), slots)
     visible &= slot_pos[:, None, :] > q_pos[:, :, None] - sliding_window
-  visible = jnp.repeat(visible, group, axis=1)  # [B, R, S], rows ordered (t, g) as _fold
-  probs = jax.nn.softmax(jnp.where(visible[:, None], logits, -jnp.inf), axis=-1)
-  # A row that sees nothing (a padding node over an empty prefix) outputs 0, not the NaN of softmax(-inf).
-  probs = jnp.where(jnp.any(visible, axis=-1)[:, None, :, None], probs, 0.0)
-  valid = slots[None, :] < lengths[:, None]  # [B, S]
-  v = jnp.where(valid[:, None, :, None], v_cache.astype(jnp.float32), 0.0)
-  return _unfold(jnp.einsum("bkrs,bksh->bkrh", probs, v), num_q).astype(q.dtype)
+  return _attend_visible(q, k_cache, v_cache, lengths, visible, sm_scale)
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, sm_scale: float | None = None,
