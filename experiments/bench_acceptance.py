@@ -55,7 +55,7 @@ def main(argv):
 
   for rule in RULES:  # compile both programs first (the temperature is traced: one program per rule)
     decode(prompts[0], rule, temperatures[0], _SEED.value)
-  print(f"| T | acceptance | mean accepted length | draft acceptance | tokens/s | vs rejection |")
+  print("| T | acceptance | mean accepted length | draft acceptance | tokens/s | vs rejection |")
   print("|---|---|---|---|---|---|")
   for temperature in temperatures:
     parts = {rule: [] for rule in RULES}

@@ -11,9 +11,8 @@ caught by the same comparison.
 
 from __future__ import annotations
 
-import numpy as np
-import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from bass_jax.models import attention

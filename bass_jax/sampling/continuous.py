@@ -13,7 +13,24 @@ import jax.numpy as jnp
 
 from bass_jax.cache import write_row
 from bass_jax.models.common import prefill_cache
-from bass_jax.sampling.state import DecodeSpec, DecodeState
+from bass_jax.sampling.state import DecodeInputs, DecodeSpec, DecodeState, Queue
+
+
+def start_queue(spec: DecodeSpec, inputs: DecodeInputs) -> Queue:
+  """The queue of a continuous batch at its prefill: the live rows of ``inputs.prompts`` serve the first
+  prompts of ``inputs.queue_prompts`` (row r prompt r), the rest wait, nothing has retired."""
+  inert = inputs.inert
+  q, n = inputs.queue_prompts.shape[0], spec.max_new_bucket
+  started = jnp.sum(~inert).astype(jnp.int32)  # the live rows hold prompts 0 … started - 1
+  ids = jnp.arange(q, dtype=jnp.int32)
+  return Queue(
+      prompts=inputs.queue_prompts, prompt_len=inputs.queue_prompt_len, size=inputs.num_prompts,
+      next=started, slot=~inert,
+      row_prompt=jnp.where(inert, -1, jnp.arange(inert.shape[0], dtype=jnp.int32)),
+      prompt_row=jnp.where(ids < started, ids, -1), start_step=jnp.zeros((q,), jnp.int32),
+      tokens=jnp.zeros((q, n), jnp.int32), logprobs=jnp.zeros((q, n), jnp.float32),
+      lengths=jnp.zeros((q,), jnp.int32), eos=jnp.zeros((q,), bool),
+      keys=inputs.queue_keys if spec.coupled else None)
 
 
 def _retire(spec: DecodeSpec, state: DecodeState) -> DecodeState:
@@ -81,7 +98,7 @@ def _admit(spec: DecodeSpec, target_params: Any, draft_params: Any,
 
 
 def refill(spec: DecodeSpec, target_params: Any, draft_params: Any,
-            state: DecodeState) -> DecodeState:
+           state: DecodeState) -> DecodeState:
   """Retires the done rows and admits waiting prompts into free rows, one at a time, until no row is
   free or no prompt waits."""
   state = _retire(spec, state)

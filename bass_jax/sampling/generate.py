@@ -25,7 +25,6 @@ from bass_jax import sharding as sharding_lib
 from bass_jax.loading import Model, check_same_tokenizer, load_draft
 from bass_jax.models import attention as attention_lib
 from bass_jax.sampling import costs as costs_lib
-from bass_jax.sampling import loop
 from bass_jax.sampling import state as state_lib
 from bass_jax.sampling import warp
 # The compiled programs' LRU (tests read _PROGRAMS and patch _compiled here); the public names stay

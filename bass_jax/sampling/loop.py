@@ -50,8 +50,8 @@ import jax
 import jax.numpy as jnp
 
 from bass_jax.models.common import prefill_cache
-from bass_jax.sampling.continuous import refill
-from bass_jax.sampling.state import DecodeInputs, DecodeSpec, DecodeState, Queue
+from bass_jax.sampling.continuous import refill, start_queue
+from bass_jax.sampling.state import DecodeInputs, DecodeSpec, DecodeState
 from bass_jax.sampling.step import bass_step, plain_step, regular_step, step_context
 
 
@@ -63,6 +63,9 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any,
   Args:
     draft_params: the proposer's weights (None for a model-free proposer or regular decoding).
     inputs: the call's prompts, keys and limits (:class:`DecodeInputs`).
+
+  Returns:
+    The :class:`DecodeState` before the first step.
   """
   prompts, prompt_len, inert = inputs.prompts, inputs.prompt_len, inputs.inert
   batch = prompts.shape[0]
@@ -85,19 +88,7 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any,
                                               cache_len=spec.cache_len, max_len=spec.max_draft,
                                               features=prompt_features)
     l0, policy_state = spec.draft_len.start(inputs.step_costs)
-  queue = None
-  if spec.continuous:
-    q = inputs.queue_prompts.shape[0]
-    started = jnp.sum(~inert).astype(jnp.int32)  # the live rows hold prompts 0 … started - 1
-    ids = jnp.arange(q, dtype=jnp.int32)
-    queue = Queue(
-        prompts=inputs.queue_prompts, prompt_len=inputs.queue_prompt_len, size=inputs.num_prompts,
-        next=started,
-        slot=~inert, row_prompt=jnp.where(inert, -1, jnp.arange(batch, dtype=jnp.int32)),
-        prompt_row=jnp.where(ids < started, ids, -1), start_step=jnp.zeros((q,), jnp.int32),
-        tokens=jnp.zeros((q, n), jnp.int32), logprobs=jnp.zeros((q, n), jnp.float32),
-        lengths=jnp.zeros((q,), jnp.int32), eos=jnp.zeros((q,), bool),
-        keys=inputs.queue_keys if spec.coupled else None)
+  queue = start_queue(spec, inputs) if spec.continuous else None
   return DecodeState(
       tokens=jnp.concatenate([prompts, jnp.zeros((batch, n), jnp.int32)], axis=1),
       prompt_len=prompt_len,

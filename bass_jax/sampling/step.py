@@ -21,7 +21,7 @@ from bass_jax.sampling.state import DecodeSpec, DecodeState
 from bass_jax.sampling.warp import coupled_choice, sample, warped_log_probs
 
 
-def target_forward(spec: DecodeSpec, params: Any, tokens: jax.Array, cache: KVCache,
+def _target_forward(spec: DecodeSpec, params: Any, tokens: jax.Array, cache: KVCache,
                     features: jax.Array | None):
   """The target's forward over ``tokens: i32[B, T]``; with a feature buffer, also writes the tokens'
   features at their positions (``cache.lengths[b] + t``). Returns ``(logits, cache, features)``."""
@@ -37,7 +37,7 @@ def target_forward(spec: DecodeSpec, params: Any, tokens: jax.Array, cache: KVCa
   return logits, cache_out, features.at[rows, pos].set(new.astype(features.dtype), mode="drop")
 
 
-def emit(state: DecodeState, new_tokens: jax.Array, new_logprobs: jax.Array,
+def _emit(state: DecodeState, new_tokens: jax.Array, new_logprobs: jax.Array,
           count: jax.Array) -> DecodeState:
   """Appends the first ``count[b]`` of ``new_tokens: i32[B, E]`` to each live row.
 
@@ -69,13 +69,17 @@ def emit(state: DecodeState, new_tokens: jax.Array, new_logprobs: jax.Array,
 
 
 def regular_step(spec: DecodeSpec, target_params, temperature, top_p,
-                  state: DecodeState) -> DecodeState:
-  """One token per live row from the target alone: the optimized baseline, and BASS's plain step."""
+                 state: DecodeState) -> DecodeState:
+  """One token per live row from the target alone: the optimized baseline, and BASS's plain step.
+
+  ``temperature: f32[]`` (> 0 unless ``spec.greedy``) and ``top_p: f32[]`` warp the draw; with
+  ``spec.coupled`` the token is the Gumbel-max draw of the row's noise at text position ``seq_len``,
+  the draw a verification would make there."""
   batch = state.tokens.shape[0]
   rows = jnp.arange(batch)
   key, sample_key = jax.random.split(state.key)
   last = state.tokens[rows, state.seq_len - 1][:, None]
-  logits, cache, features = target_forward(spec, target_params, last, state.target_cache,
+  logits, cache, features = _target_forward(spec, target_params, last, state.target_cache,
                                             state.features)
   logits = logits[:, 0]
   if spec.coupled:  # the token at text position seq_len: the same draw as a verification's there
@@ -84,13 +88,13 @@ def regular_step(spec: DecodeSpec, target_params, temperature, top_p,
   else:
     token, _ = sample(logits, sample_key, greedy=spec.greedy, temperature=temperature, top_p=top_p)
   logprob = jax.nn.log_softmax(logits, axis=-1)[rows, token]
-  state = emit(state, token[:, None], logprob[:, None], jnp.ones((batch,), jnp.int32))
+  state = _emit(state, token[:, None], logprob[:, None], jnp.ones((batch,), jnp.int32))
   return state.replace(target_cache=cache.with_lengths(state.seq_len - 1), features=features,
                        step=state.step + 1, key=key)
 
 
 def plain_step(spec: DecodeSpec, target_params, temperature, top_p,
-                state: DecodeState) -> DecodeState:
+               state: DecodeState) -> DecodeState:
   """A BASS step without drafts: regular decoding's step, recorded in the histories, and the policy
   told (its state decays)."""
   live = ~state.done
@@ -121,7 +125,7 @@ def _verify_chunk(spec: DecodeSpec, target_params, temperature, top_p, state: De
   tokens = jax.lax.dynamic_slice_in_dim(inputs, start, chunk, axis=1)
   next_drafts = jax.lax.dynamic_slice_in_dim(inputs, start + 1, chunk, axis=1)
   positions = start + jnp.arange(chunk, dtype=jnp.int32)
-  logits, cache, features = target_forward(spec, target_params, tokens, cache, features)
+  logits, cache, features = _target_forward(spec, target_params, tokens, cache, features)
   if spec.greedy:
     matched, next_token = acceptance.greedy_accept_chunk(logits, next_drafts, positions, num_drafts)
   elif spec.coupled:
@@ -195,7 +199,7 @@ def _verify(spec: DecodeSpec, target_params, temperature, top_p, state: DecodeSt
 
 
 def bass_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
-               state: DecodeState) -> DecodeState:
+              state: DecodeState) -> DecodeState:
   """One BASS step for the whole batch (paper §3; docs/bass.md): propose, verify, accept, advance,
   roll the proposer back, adapt l_draft."""
   key, draft_key, accept_key = jax.random.split(state.key, 3)
@@ -211,7 +215,7 @@ def bass_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
       accept_key)
 
   old_seq_len = state.seq_len
-  state = emit(state, emitted, emitted_logprobs, accepted + 1)
+  state = _emit(state, emitted, emitted_logprobs, accepted + 1)
   # Rejected drafts are dropped by resetting lengths; their K/V stay in place, masked, to be
   # overwritten.
   target_cache = target_cache.with_lengths(state.seq_len - 1)
@@ -234,6 +238,8 @@ def bass_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
 
 
 def step_context(state: DecodeState, key, temperature, top_p) -> StepContext:
+  """What the proposer may read of ``state`` this step (:class:`StepContext`), with the proposal's
+  PRNG ``key`` and the warp's ``temperature, top_p: f32[]``."""
   return StepContext(tokens=state.tokens, seq_len=state.seq_len, live=~state.done,
                      draft_len=state.draft_len, key=key, temperature=temperature, top_p=top_p,
                      features=state.features, row_keys=state.row_keys)

@@ -124,10 +124,11 @@ def gumbel_noise(row_keys: jax.Array, positions: jax.Array, vocab_size: int) -> 
   """Standard Gumbel noise that depends only on a row's sequence key and a text position.
 
   The noise of drafter-invariant speculative decoding (Daliri, Musco and Suresh 2024, "Coupling
-  without communication and drafter-invariant speculative decoding", arXiv 2408.07978): the token at text position
-  ``t`` of a sequence is ``argmax(log p_t + G_t)`` for the target and ``argmax(log q_t + G_t)`` for a
-  draft (:func:`coupled_choice`), with the same ``G_t``, so whatever the draft, the batch or the step
-  structure, a sequence's tokens are a function of its key and the target alone.
+  without communication and drafter-invariant speculative decoding", arXiv 2408.07978): the token at
+  text position ``t`` of a sequence is ``argmax(log p_t + G_t)`` for the target and
+  ``argmax(log q_t + G_t)`` for a draft (:func:`coupled_choice`), with the same ``G_t``, so whatever
+  the draft, the batch or the step structure, a sequence's tokens are a function of its key and the
+  target alone.
 
   Args:
     row_keys: ``u32[B, 2]`` threefry key data per row (:func:`sequence_keys`).
@@ -139,9 +140,8 @@ def gumbel_noise(row_keys: jax.Array, positions: jax.Array, vocab_size: int) -> 
   """
   keys = jax.random.wrap_key_data(row_keys, impl="threefry2x32")
   one = lambda key, t: jax.random.gumbel(jax.random.fold_in(key, t), (vocab_size,), jnp.float32)
-  if positions.ndim == 1:
-    return jax.vmap(one)(keys, positions)
-  return jax.vmap(jax.vmap(one, in_axes=(None, 0)))(keys, positions)
+  per_row = jax.vmap(jax.vmap(one, in_axes=(None, 0)))(keys, positions.reshape(len(keys), -1))
+  return per_row.reshape(positions.shape + (vocab_size,))
 
 
 def coupled_choice(log_probs: jax.Array, row_keys: jax.Array, positions: jax.Array) -> jax.Array:
@@ -167,8 +167,8 @@ def first_argmax(x: jax.Array) -> jax.Array:
   """``jnp.argmax(x, axis=-1)`` (the first index of the maximum) as ``i32[...]``, computed as a max and then
   a min over the indices that reach it: two plain reductions, which XLA:CPU runs about twice as fast
   as its variadic (value, index) argmax reduction over a 49k vocabulary
-  (``python -m experiments.bench_top_p`` times both). For finite or ``-inf`` inputs; a NaN is never
-  chosen."""
+  (``python -m experiments.bench_top_p`` times both). For finite or ``-inf`` inputs: a row holding a
+  NaN gives ``V - 1`` (``jnp.argmax`` would give the NaN's index)."""
   best = jnp.max(x, axis=-1, keepdims=True)
   index = jnp.arange(x.shape[-1], dtype=jnp.int32)
   return jnp.min(jnp.where(x == best, index, x.shape[-1] - 1), axis=-1)
