@@ -454,21 +454,23 @@ class ShardedAttention:
 
   def per_shard(self, write_and_attend):
     """``write_and_attend`` (``common.cached_attention``'s: ``(q [B, T, N, H], k, v [B, T, K, H],
-    k_cache, v_cache [B, K, S, H], cache_lengths i32[B]) -> (out [B, T, N, H], k_cache, v_cache)``)
-    run on every device over its own rows, and heads where the plan splits them.
+    k_cache, v_cache [B, K, S, H], cache_lengths i32[B], *row_extras) -> (out [B, T, N, H], k_cache,
+    v_cache)``) run on every device over its own rows, and heads where the plan splits them;
+    ``row_extras`` (a tree mask ``bool[B, T, T]``) split over rows like the lengths.
 
     The returned function raises ValueError when B does not split over the data axis
     (:func:`check_rows`).
     """
     heads = MODEL if self.plan.kv_sharded else None
     tokens, cache = P(DATA, None, heads, None), P(DATA, heads, None, None)
-    mapped = jax.shard_map(write_and_attend, mesh=self.plan.mesh,
-                           in_specs=(tokens, tokens, tokens, cache, cache, P(DATA)),
-                           out_specs=(tokens, cache, cache), check_vma=False)
 
-    def run(q, k, v, k_cache, v_cache, cache_lengths):
+    def run(q, k, v, k_cache, v_cache, cache_lengths, *row_extras):
       check_rows(q.shape[0], self.plan.mesh, "the attention's batch")
-      return mapped(q, k, v, k_cache, v_cache, cache_lengths)
+      mapped = jax.shard_map(write_and_attend, mesh=self.plan.mesh,
+                             in_specs=(tokens, tokens, tokens, cache, cache, P(DATA))
+                             + (P(DATA),) * len(row_extras),
+                             out_specs=(tokens, cache, cache), check_vma=False)
+      return mapped(q, k, v, k_cache, v_cache, cache_lengths, *row_extras)
 
     return run
 

@@ -6,7 +6,8 @@ attention over exactly the keys of the node's path (the prefix slots, then the s
 and itself, with a sliding window compared on depth positions). Slots past a row's length hold NaN;
 the nodes' slots hold large finite values, so a read of a node off the path changes the result. A
 chain (the causal mask) equals ``reference_attention``, and a mask with one extra, non-ancestor node is
-caught by the same comparison.
+caught by the same comparison. Every implementation's tree attention (the kernels' prefix merged with
+the nodes, ``attention.merged_tree_attention``; the Pallas kernels interpreted) equals that reference.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 from bass_jax.models import attention
 from bass_jax.sampling import tree as tree_lib
 
-B, T, N, K, H, S = 3, 6, 4, 2, 8, 32
+B, T, N, K, H, S = 3, 6, 4, 2, 16, 64  # H and S as small as the Pallas kernels tile
 
 
 def _random_tree_mask(rng, num_nodes):
@@ -102,3 +103,26 @@ def test_a_chain_is_causal_reference_attention():
         np.asarray(attention.reference_tree_attention(*args, jnp.asarray(causal),
                                                       sliding_window=window)),
         np.asarray(attention.reference_attention(*args, sliding_window=window)), atol=2e-6)
+
+
+@pytest.mark.parametrize("impl", ["pallas_pad", "pallas_split", "blocked_pad", "blocked_split"])
+def test_every_implementation_attends_a_tree_like_the_reference(impl):
+  rng = np.random.default_rng(3)
+  lengths = np.array([T + 40, T, T + 13])  # a row with no prefix at all: only its nodes
+  mask = _random_tree_mask(rng, num_nodes=[T, 3, T])
+  q, k, v = _inputs(rng, lengths, mask)
+  for b in range(B):
+    v[b, :, lengths[b] - T:lengths[b]] *= 30.0
+  args = tuple(map(jnp.asarray, (q, k, v, lengths)))
+  tree_attention = attention.get_tree_attention(impl)
+  want = brute_force(q, k, v, lengths, mask)
+  got = np.asarray(tree_attention(*args, jnp.asarray(mask)))
+  assert np.isfinite(got).all()
+  np.testing.assert_allclose(got, want, atol=3e-5, rtol=3e-5)
+  broken = mask.copy()
+  j = int(np.flatnonzero(~mask[2, T - 1])[0])
+  broken[2, T - 1, j] = True
+  leaked = np.asarray(tree_attention(*args, jnp.asarray(broken)))
+  assert np.abs(leaked[2, T - 1] - want[2, T - 1]).max() > 0.1
+  with pytest.raises(ValueError, match="sliding window"):
+    tree_attention(*args, jnp.asarray(mask), sliding_window=4)

@@ -165,6 +165,51 @@ def reference_tree_attention(
   return _attend_visible(q, k_cache, v_cache, lengths, visible, sm_scale)
 
 
+def merged_tree_attention(prefix: Callable[..., tuple], q: jax.Array, k_cache: jax.Array,
+                          v_cache: jax.Array, lengths: jax.Array, tree_mask: jax.Array, *,
+                          sm_scale: float | None = None, sliding_window: int | None = None) -> jax.Array:
+  """Tree attention as two exact segments: the row's prefix through a ragged kernel, the tree's nodes
+  densely, merged by their softmax statistics (the flash-decoding merge; FlashInfer's cascade).
+
+  ``prefix`` is a ragged attention that takes ``kv_lengths`` and ``return_residuals``
+  (``pallas_kernels.ragged_attention``, :func:`blocked_attention`): it reads slots ``< lengths - T``
+  only, where every node sees every slot, so its causal mask never cuts. The nodes' own K/V (T slots
+  per row, read once) go through a dense ``[T, T]`` attention under ``tree_mask``. The result equals
+  :func:`reference_tree_attention` (same arguments) up to float rounding.
+
+  Raises:
+    ValueError: a ``sliding_window``: the kernels place queries by slot, a tree by depth (use
+      ``attention_impl="reference"`` for sliding-window models with trees).
+  """
+  if sliding_window is not None:
+    raise ValueError("tree attention with a sliding window runs on attention_impl='reference' only: "
+                     "the kernels place a query by its slot, a tree node sits at its depth")
+  batch, num_q, num_heads, head_dim = q.shape
+  num_kv_heads = k_cache.shape[1]
+  group = num_heads // num_kv_heads
+  scale = head_dim**-0.5 if sm_scale is None else sm_scale
+  base = lengths - num_q
+  out_p, (m_p, l_p) = prefix(q, k_cache, v_cache, lengths, kv_lengths=base, sm_scale=scale,
+                             return_residuals=True)
+  node_slots = (base[:, None] + jnp.arange(num_q))[:, None, :, None]  # [B, 1, T, 1]
+  k_n = jnp.take_along_axis(k_cache, node_slots, axis=2).astype(jnp.float32)  # [B, K, T, H]
+  v_n = jnp.take_along_axis(v_cache, node_slots, axis=2).astype(jnp.float32)
+  k_n, v_n = jnp.repeat(k_n, group, axis=1), jnp.repeat(v_n, group, axis=1)  # [B, N, T, H]
+  logits = jnp.einsum("btnh,bnjh->btnj", q.astype(jnp.float32) * scale, k_n)
+  sees = tree_mask[:, :, None, :]  # [B, T, 1, T]
+  logits = jnp.where(sees, logits, _MASK_VALUE)
+  m_n = jnp.max(logits, axis=-1)  # [B, T, N]
+  p = jnp.where(sees, jnp.exp(logits - m_n[..., None]), 0.0)
+  l_n = jnp.sum(p, axis=-1)
+  acc_n = jnp.einsum("btnj,bnjh->btnh", p, v_n)
+  m = jnp.maximum(m_p, m_n)
+  w_p = jnp.where(l_p > 0, l_p * jnp.exp(m_p - m), 0.0)  # [B, T, N]
+  w_n = jnp.exp(m_n - m)
+  total = w_p + w_n * l_n
+  out = out_p.astype(jnp.float32) * w_p[..., None] + acc_n * w_n[..., None]
+  return (out / jnp.where(total > 0, total, 1.0)[..., None]).astype(q.dtype)
+
+
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, sm_scale: float | None = None,
                      sliding_window: int | None = None) -> jax.Array:
   """Causal grouped-query attention among T tokens, without a cache (a full forward, training).
@@ -200,7 +245,9 @@ def blocked_attention(
     block_k: int = 64,
     sm_scale: float | None = None,
     sliding_window: int | None = None,
-) -> jax.Array:
+    kv_lengths: jax.Array | None = None,
+    return_residuals: bool = False,
+):
   """BASS-PAD / BASS-SPLIT in plain JAX: the Pallas kernels' algorithm for backends without them.
 
   The cache is walked in ``block_k``-slot blocks with an online (flash) softmax, the query heads of a
@@ -214,9 +261,13 @@ def blocked_attention(
     q, k_cache, v_cache, lengths, sm_scale, sliding_window: as :func:`reference_attention`.
     variant: ``"pad"`` or ``"split"``.
     block_k: slots per block; must divide S.
+    kv_lengths: ``i32[B]`` valid slots per row when they end before ``lengths`` (which then only
+      places the queries): the prefix of a tree attention (:func:`merged_tree_attention`).
+    return_residuals: also return the softmax statistics ``(m, l)``, ``f32[B, T, N]`` each, as
+      ``pallas_kernels.ragged_attention`` does (a row that sees nothing has ``l = 0``).
 
   Returns:
-    ``[B, T, N, H]`` in q's dtype.
+    ``[B, T, N, H]`` in q's dtype, or ``(out, (m, l))`` with ``return_residuals``.
 
   Raises:
     ValueError: an unknown variant or ``block_k`` not dividing S.
@@ -233,6 +284,7 @@ def blocked_attention(
   scale = head_dim**-0.5 if sm_scale is None else sm_scale
   q_f = _fold(q.astype(jnp.float32) * scale, num_kv_heads)
   q_pos = lengths[:, None] - num_q + jnp.arange(rows) // group  # [B, R]
+  kv_lengths = lengths if kv_lengths is None else kv_lengths
 
   def attend(q_f, k, v, length, q_pos, num_blocks):
     """q_f [b, K, R, H], k/v [b, K, S, H], length [b], q_pos [b, R]; loops num_blocks blocks."""
@@ -260,19 +312,24 @@ def blocked_attention(
     init = (jnp.zeros((b, num_kv_heads, rows, head_dim), jnp.float32),
             jnp.full((b, num_kv_heads, rows), _MASK_VALUE, jnp.float32),
             jnp.zeros((b, num_kv_heads, rows), jnp.float32))
-    acc, _, l = jax.lax.fori_loop(0, num_blocks, body, init)
-    return acc / jnp.where(l > 0, l, 1.0)[..., None]
+    acc, m, l = jax.lax.fori_loop(0, num_blocks, body, init)
+    return acc / jnp.where(l > 0, l, 1.0)[..., None], m, l
 
   if variant == "pad":
-    out = attend(q_f, k_cache, v_cache, lengths, q_pos, -(-jnp.max(lengths) // block_k))
+    out, m, l = attend(q_f, k_cache, v_cache, kv_lengths, q_pos, -(-jnp.max(kv_lengths) // block_k))
   else:
     def one_row(args):
       q_r, k_r, v_r, length, pos = args
-      return attend(q_r[None], k_r[None], v_r[None], length[None], pos[None],
-                    -(-length // block_k))[0]
+      out, m, l = attend(q_r[None], k_r[None], v_r[None], length[None], pos[None],
+                         -(-length // block_k))
+      return out[0], m[0], l[0]
 
-    out = jax.lax.map(one_row, (q_f, k_cache, v_cache, lengths, q_pos))
-  return _unfold(out, num_q).astype(q.dtype)
+    out, m, l = jax.lax.map(one_row, (q_f, k_cache, v_cache, kv_lengths, q_pos))
+  out = _unfold(out, num_q).astype(q.dtype)
+  if not return_residuals:
+    return out
+  unfold = lambda x: _unfold(x[..., None], num_q)[..., 0]
+  return out, (unfold(m), unfold(l))
 
 
 def _pallas(variant: str) -> AttentionFn:
@@ -294,6 +351,30 @@ _IMPLEMENTATIONS: dict[str, Callable[[], AttentionFn]] = {
     "blocked_pad": lambda: functools.partial(blocked_attention, variant="pad"),
     "blocked_split": lambda: functools.partial(blocked_attention, variant="split"),
 }
+
+
+# Tree attention (``bass_jax.sampling.tree``) per implementation: the reference walks every slot under
+# the tree's mask; the kernels attend the prefix and merge the nodes in (:func:`merged_tree_attention`).
+_TREE_IMPLEMENTATIONS: dict[str, Callable[[], Callable[..., jax.Array]]] = {
+    "reference": lambda: reference_tree_attention,
+    "pallas_pad": lambda: functools.partial(merged_tree_attention, _pallas("pad")),
+    "pallas_split": lambda: functools.partial(merged_tree_attention, _pallas("split")),
+    "blocked_pad": lambda: functools.partial(
+        merged_tree_attention, functools.partial(blocked_attention, variant="pad")),
+    "blocked_split": lambda: functools.partial(
+        merged_tree_attention, functools.partial(blocked_attention, variant="split")),
+}
+
+
+def get_tree_attention(name: str) -> Callable[..., jax.Array]:
+  """The tree attention of implementation ``name``: the signature of
+  :func:`reference_tree_attention`.
+
+  Raises:
+    ValueError: if no implementation has that name.
+  """
+  get_attention(name)  # the same names, and the same error
+  return _TREE_IMPLEMENTATIONS[name]()
 
 
 def attention_implementations() -> tuple[str, ...]:

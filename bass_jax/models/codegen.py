@@ -144,7 +144,7 @@ class CodeGenBlock(nn.Module):
   dtype: Any
 
   @nn.compact
-  def __call__(self, x, k_cache, v_cache, cache_lengths, positions):
+  def __call__(self, x, k_cache, v_cache, cache_lengths, positions, tree_mask=None):
     cfg = self.config
     batch, num_new, _ = x.shape
     dense = lambda features, bias, name: nn.Dense(features, use_bias=bias, dtype=self.dtype,
@@ -156,7 +156,7 @@ class CodeGenBlock(nn.Module):
     k = interleaved_rotary(k, positions, cfg.rotary_dim)
     out, k, v = common.cached_attention(
         q, k, v, k_cache=k_cache, v_cache=v_cache, cache_lengths=cache_lengths,
-        attention_impl=self.attention_impl)
+        attention_impl=self.attention_impl, tree_mask=tree_mask)
     attn = dense(cfg.n_embd, False, "out_proj")(out.reshape(batch, num_new, cfg.n_embd))
     mlp = dense(cfg.n_embd, True, "fc_out")(
         common.activation(cfg.activation_function)(dense(cfg.n_inner, True, "fc_in")(h)))
@@ -171,15 +171,15 @@ class CodeGen(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, tokens: jax.Array, cache: KVCache | None = None,
-               compute_logits: bool = True) -> tuple[jax.Array | None, KVCache | KVUpdate]:
+  def __call__(self, tokens: jax.Array, cache: KVCache | None = None, compute_logits: bool = True,
+               tree_mask: jax.Array | None = None) -> tuple[jax.Array | None, KVCache | KVUpdate]:
     cfg = self.config
     embed = nn.Embed(cfg.vocab_size, cfg.n_embd, dtype=self.dtype, param_dtype=self.dtype, name="wte")
     x = embed(tokens)
     x, update = common.run_layers(
         CodeGenBlock, cfg.n_layer, name="h", x=x, cache=cache,
-        positions=common.positions_of(tokens, cache), config=cfg,
-        attention_impl=self.attention_impl, dtype=self.dtype)
+        positions=common.positions_of(tokens, cache, tree_mask), config=cfg,
+        attention_impl=self.attention_impl, dtype=self.dtype, tree_mask=tree_mask)
     x = nn.LayerNorm(cfg.layer_norm_epsilon, dtype=self.dtype, param_dtype=self.dtype, name="ln_f")(x)
     self.sow("intermediates", common.FEATURES, x)
     if not compute_logits and not self.is_initializing():

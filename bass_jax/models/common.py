@@ -151,7 +151,8 @@ def activation(name: str) -> Callable[[jax.Array], jax.Array]:
 def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, k_cache: jax.Array | None,
                      v_cache: jax.Array | None, cache_lengths: jax.Array | None,
                      attention_impl: str | sharding_lib.ShardedAttention,
-                     sm_scale: float | None = None, sliding_window: int | None = None):
+                     sm_scale: float | None = None, sliding_window: int | None = None,
+                     tree_mask: jax.Array | None = None):
   """Attends the T new tokens over this layer's cache (after writing them into it) or, without a cache,
   among themselves.
 
@@ -161,6 +162,9 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, k_cache: jax.A
     cache_lengths: ``i32[B]`` valid cache slots per row before the new tokens (None without a cache).
     attention_impl: a name in the attention registry, or a :class:`sharding.ShardedAttention` (that
       name run per shard of a mesh, writing and reading each device's part of the cache).
+    tree_mask: ``bool[B, T, T]``: the T new tokens are the nodes of a token tree per row
+      (``bass_jax.sampling.tree.ancestor_mask``), each attending to the cache's prefix and its own
+      ancestors (``attention.reference_tree_attention`` and its kernel versions); None: causal.
 
   Returns:
     ``(out [B, T, N, H], k_out, v_out)``: with a cache, the cache arrays with the new entries written
@@ -171,23 +175,30 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, k_cache: jax.A
   if sliding_window is not None:
     kwargs["sliding_window"] = sliding_window
   if k_cache is None:
+    if tree_mask is not None:
+      raise ValueError("a tree_mask needs a cache: a tree's nodes attend over a row's prefix")
     return attention_lib.causal_attention(q, k, v, **kwargs), k, v
   sharded = isinstance(attention_impl, sharding_lib.ShardedAttention)
-  attend = attention_lib.get_attention(attention_impl.impl if sharded else attention_impl)
+  name = attention_impl.impl if sharded else attention_impl
+  attend = (attention_lib.get_attention(name) if tree_mask is None
+            else attention_lib.get_tree_attention(name))
 
-  def write_and_attend(q, k, v, k_cache, v_cache, cache_lengths):
+  def write_and_attend(q, k, v, k_cache, v_cache, cache_lengths, *mask):
     k_cache = write_entries(k_cache, k, cache_lengths)
     v_cache = write_entries(v_cache, v, cache_lengths)
-    return attend(q, k_cache, v_cache, cache_lengths + q.shape[1], **kwargs), k_cache, v_cache
+    out = attend(q, k_cache, v_cache, cache_lengths + q.shape[1], *mask, **kwargs)
+    return out, k_cache, v_cache
 
   if sharded:  # the same on every device, over its own rows (and heads) of the cache
     write_and_attend = attention_impl.per_shard(write_and_attend)
-  return write_and_attend(q, k, v, k_cache, v_cache, cache_lengths)
+  mask = () if tree_mask is None else (tree_mask,)
+  return write_and_attend(q, k, v, k_cache, v_cache, cache_lengths, *mask)
 
 
 def run_layers(layer_cls: type[nn.Module], num_layers: int, *, name: str, x: jax.Array,
                cache: KVCache | None, positions: jax.Array, extras: tuple = (),
                on_layer: Callable[[jax.Array], Any] | None = None,
+               tree_mask: jax.Array | None = None,
                **layer_fields) -> tuple[jax.Array, KVCache | KVUpdate]:
   """Runs ``num_layers`` instances of ``layer_cls`` (named ``{name}_{i}``) in order, each over its own
   cache arrays. ``x: [B, T, D]`` are the embedded tokens, ``positions: i32[B, T]`` their positions.
@@ -196,7 +207,8 @@ def run_layers(layer_cls: type[nn.Module], num_layers: int, *, name: str, x: jax
   layer's ``[B, K, S, H]`` cache arrays (None without a cache) and returns what
   :func:`cached_attention` returns for them; it must be called from inside a compact module method.
   ``on_layer`` (if given) is called with every layer's output ``[B, T, D]`` in order: a family sows
-  them as :data:`HIDDEN` with it.
+  them as :data:`HIDDEN` with it. ``tree_mask`` (``bool[B, T, T]`` or None) goes to every layer as the
+  keyword ``tree_mask``, for :func:`cached_attention`.
 
   Returns:
     ``(x [B, T, D], cache_or_update)``: the hidden states after the last layer, and the cache with the new
@@ -209,7 +221,7 @@ def run_layers(layer_cls: type[nn.Module], num_layers: int, *, name: str, x: jax
     k_cache = None if cache is None else cache.k[i]
     v_cache = None if cache is None else cache.v[i]
     x, k, v = layer(**layer_fields, name=f"{name}_{i}")(x, k_cache, v_cache, lengths, positions,
-                                                        *extras)
+                                                        *extras, tree_mask=tree_mask)
     ks.append(k)
     vs.append(v)
     if on_layer is not None:
@@ -230,7 +242,7 @@ HIDDEN = "hidden_states"
 def forward(config: DecoderConfig, params: Any, tokens: jax.Array, cache: KVCache | None = None, *,
             dtype: Any = jnp.float32, attention_impl: str = "reference", compute_logits: bool = True,
             return_features: bool = False, hidden_layers: tuple[int, ...] = (),
-            sharding: sharding_lib.ShardingPlan | None = None):
+            sharding: sharding_lib.ShardingPlan | None = None, tree_mask: jax.Array | None = None):
   """One forward pass of any family: ``tokens: i32[B, T]`` written into and attended over ``cache``.
 
   Args:
@@ -250,6 +262,12 @@ def forward(config: DecoderConfig, params: Any, tokens: jax.Array, cache: KVCach
       (``bass_jax.sharding``): the attention over the cache then runs per shard. XLA partitions the
       rest from the arrays' placements; the result is the same as on one device, up to the order of
       float sums.
+    tree_mask: ``bool[B, T, T]``: the tokens are the nodes of one token tree per row (a tree
+      verification, EAGLE-2 / SpecInfer; ``bass_jax.sampling.tree``): ``[b, t, j]`` says node t sees
+      node j (its ancestors and itself, ``tree.ancestor_mask``). Node t is still written at slot
+      ``cache.lengths[b] + t`` but sits at position ``cache.lengths[b] + depth(t)`` (RoPE, learned
+      positions), ``depth(t) = sum(tree_mask[b, t]) - 1`` (0 for an all-False padding node), and
+      attends to the prefix and its ancestors only. None: the causal chain above. Needs a cache.
 
   Returns:
     ``(logits f32[B, T, V] | None, cache)`` with the cache's lengths advanced by T; without a cache,
@@ -259,8 +277,14 @@ def forward(config: DecoderConfig, params: Any, tokens: jax.Array, cache: KVCach
 
   Raises:
     ValueError: an unknown ``attention_impl`` (from the attention registry); ``hidden_layers`` without
-      ``return_features``, out of range, or of a family that does not sow them.
+      ``return_features``, out of range, or of a family that does not sow them; a ``tree_mask``
+      without a cache or not of shape ``[B, T, T]``.
   """
+  if tree_mask is not None:
+    want = tokens.shape + tokens.shape[1:]
+    if cache is None or tuple(tree_mask.shape) != want or tree_mask.dtype != jnp.bool_:
+      raise ValueError(f"forward: tree_mask must be bool{list(want)} over a cache, got "
+                       f"{tree_mask.dtype}{list(tree_mask.shape)} with cache={cache is not None}")
   if hidden_layers and not return_features:
     raise ValueError("forward: hidden_layers needs return_features=True")
   if any(not 0 <= i < config.num_layers for i in hidden_layers):
@@ -270,8 +294,8 @@ def forward(config: DecoderConfig, params: Any, tokens: jax.Array, cache: KVCach
     attention_impl = sharding_lib.ShardedAttention(attention_impl, sharding)
   module = config.make_module(attention_impl=attention_impl, dtype=jnp.dtype(dtype))
   if not return_features:
-    return module.apply({"params": params}, tokens, cache, compute_logits)
-  (logits, cache), sown = module.apply({"params": params}, tokens, cache, compute_logits,
+    return module.apply({"params": params}, tokens, cache, compute_logits, tree_mask)
+  (logits, cache), sown = module.apply({"params": params}, tokens, cache, compute_logits, tree_mask,
                                        mutable=["intermediates"])
   features, = sown["intermediates"][FEATURES]
   if not hidden_layers:
@@ -337,8 +361,13 @@ def prefill_cache(config: DecoderConfig, params: Any, prompts: jax.Array, prompt
   return (cache, features) if return_features else cache
 
 
-def positions_of(tokens: jax.Array, cache: KVCache | None) -> jax.Array:
-  """``i32[B, T]``: token t of row b sits at ``cache.lengths[b] + t`` (``t`` without a cache)."""
+def positions_of(tokens: jax.Array, cache: KVCache | None,
+                 tree_mask: jax.Array | None = None) -> jax.Array:
+  """``i32[B, T]``: token t of row b sits at ``cache.lengths[b] + t`` (``t`` without a cache); with a
+  ``tree_mask: bool[B, T, T]`` at ``cache.lengths[b] + depth(t)`` (:func:`forward`)."""
+  if tree_mask is not None:
+    depth = jnp.maximum(jnp.sum(tree_mask, axis=-1, dtype=jnp.int32) - 1, 0)
+    return cache.lengths[:, None] + depth
   offsets = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None, :]
   return offsets if cache is None else cache.lengths[:, None] + offsets
 

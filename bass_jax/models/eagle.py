@@ -190,7 +190,7 @@ class EagleDraft(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, tokens, features, embedding, cache: KVCache | None = None):
+  def __call__(self, tokens, features, embedding, cache: KVCache | None = None, tree_mask=None):
     cfg = self.config.layer
     e, width = self.config.feature_size, features.shape[-1]
     features = features.astype(self.dtype)
@@ -210,12 +210,12 @@ class EagleDraft(nn.Module):
     x = jnp.concatenate([embedded, features], axis=-1)
     x = nn.Dense(cfg.hidden_size, use_bias=True, dtype=self.dtype, param_dtype=self.dtype,
                  name="fc")(x)
-    positions = common.positions_of(tokens, cache)
+    positions = common.positions_of(tokens, cache, tree_mask)
     sin, cos = rotary_sin_cos(positions, cfg.head_dim, cfg.rope_theta, self.dtype)
     return common.run_layers(
         LlamaDecoderLayer, cfg.num_hidden_layers, name="layers", x=x, cache=cache,
         positions=positions, extras=(sin, cos), config=cfg, attention_impl=self.attention_impl,
-        dtype=self.dtype)
+        dtype=self.dtype, tree_mask=tree_mask)
 
 
 def _pass_last_block(key, shape, dtype=jnp.float32):
@@ -266,8 +266,8 @@ def bind(draft_params: Any, vocab_ids: jax.Array, target_config: Any, target_par
 
 def forward(config: EagleConfig, params: dict[str, Any], tokens: jax.Array, features: jax.Array,
             cache: KVCache | None = None, *, dtype: Any = jnp.float32,
-            attention_impl: str = "reference", sharding: sharding_lib.ShardingPlan | None = None
-            ) -> tuple[jax.Array, KVCache | KVUpdate]:
+            attention_impl: str = "reference", sharding: sharding_lib.ShardingPlan | None = None,
+            tree_mask: jax.Array | None = None) -> tuple[jax.Array, KVCache | KVUpdate]:
   """One draft forward over pairs ``(f_i, x_{i+1})`` (EAGLE §3.2).
 
   Args:
@@ -275,6 +275,8 @@ def forward(config: EagleConfig, params: dict[str, Any], tokens: jax.Array, feat
       ``[B, T, E]`` the features ``f_i`` (the target's, or the draft's own ``f̂_i``).
     cache: the draft's ragged cache, or None for a full causal forward (training).
     sharding: the draft's placement on a mesh, or None (one device); as ``common.forward``.
+    tree_mask: ``bool[B, T, T]``: the pairs are the nodes of a draft tree per row (EAGLE-2's tree
+      growth), as ``common.forward``'s; None: a chain.
 
   Returns:
     ``(f̂ dtype[B, T, E], cache or KVUpdate)``: the predicted next features; the cache's lengths
@@ -283,7 +285,8 @@ def forward(config: EagleConfig, params: dict[str, Any], tokens: jax.Array, feat
   if sharding is not None:
     attention_impl = sharding_lib.ShardedAttention(attention_impl, sharding)
   module = EagleDraft(config, attention_impl=attention_impl, dtype=jnp.dtype(dtype))
-  return module.apply({"params": params["draft"]}, tokens, features, params["embedding"], cache)
+  return module.apply({"params": params["draft"]}, tokens, features, params["embedding"], cache,
+                      tree_mask)
 
 
 def draft_logits(params: dict[str, Any], features: jax.Array) -> jax.Array:

@@ -124,7 +124,7 @@ class GPT2Block(nn.Module):
   dtype: Any
 
   @nn.compact
-  def __call__(self, x, k_cache, v_cache, cache_lengths, positions):
+  def __call__(self, x, k_cache, v_cache, cache_lengths, positions, tree_mask=None):
     del positions  # GPT-2's are learned and added before the first layer
     cfg = self.config
     batch, num_new, _ = x.shape
@@ -136,7 +136,8 @@ class GPT2Block(nn.Module):
     q, k, v = (heads(dense(cfg.n_embd, f"{n}_proj")(h)) for n in "qkv")
     out, k, v = common.cached_attention(
         q, k, v, k_cache=k_cache, v_cache=v_cache, cache_lengths=cache_lengths,
-        attention_impl=self.attention_impl, sm_scale=None if cfg.scale_attn_weights else 1.0)
+        attention_impl=self.attention_impl, sm_scale=None if cfg.scale_attn_weights else 1.0,
+        tree_mask=tree_mask)
     x = x + dense(cfg.n_embd, "attn_proj")(out.reshape(batch, num_new, cfg.n_embd))
     h = norm("ln_2")(x)
     h = dense(cfg.n_embd, "mlp_proj")(common.activation(cfg.activation_function)(dense(cfg.n_inner, "c_fc")(h)))
@@ -151,17 +152,17 @@ class GPT2(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, tokens: jax.Array, cache: KVCache | None = None,
-               compute_logits: bool = True) -> tuple[jax.Array | None, KVCache | KVUpdate]:
+  def __call__(self, tokens: jax.Array, cache: KVCache | None = None, compute_logits: bool = True,
+               tree_mask: jax.Array | None = None) -> tuple[jax.Array | None, KVCache | KVUpdate]:
     cfg = self.config
     embed = nn.Embed(cfg.vocab_size, cfg.n_embd, dtype=self.dtype, param_dtype=self.dtype, name="wte")
-    positions = common.positions_of(tokens, cache)
+    positions = common.positions_of(tokens, cache, tree_mask)
     position_table = nn.Embed(cfg.n_positions, cfg.n_embd, dtype=self.dtype, param_dtype=self.dtype,
                               name="wpe")
     x = embed(tokens) + position_table(positions)
     x, update = common.run_layers(
         GPT2Block, cfg.n_layer, name="h", x=x, cache=cache, positions=positions,
-        config=cfg, attention_impl=self.attention_impl, dtype=self.dtype)
+        config=cfg, attention_impl=self.attention_impl, dtype=self.dtype, tree_mask=tree_mask)
     x = nn.LayerNorm(cfg.layer_norm_epsilon, dtype=self.dtype, param_dtype=self.dtype, name="ln_f")(x)
     self.sow("intermediates", common.FEATURES, x)
     if not compute_logits and not self.is_initializing():

@@ -267,7 +267,7 @@ class LlamaAttention(nn.Module):
   dtype: Any
 
   @nn.compact
-  def __call__(self, x, k_cache, v_cache, cache_lengths, sin, cos):
+  def __call__(self, x, k_cache, v_cache, cache_lengths, sin, cos, tree_mask=None):
     cfg = self.config
     batch, num_new, _ = x.shape
     dense = lambda features, bias, name: nn.Dense(
@@ -281,7 +281,7 @@ class LlamaAttention(nn.Module):
     v = v.reshape(batch, num_new, cfg.num_key_value_heads, cfg.head_dim)
     out, k, v = common.cached_attention(
         q, k, v, k_cache=k_cache, v_cache=v_cache, cache_lengths=cache_lengths,
-        attention_impl=self.attention_impl, sliding_window=cfg.sliding_window)
+        attention_impl=self.attention_impl, sliding_window=cfg.sliding_window, tree_mask=tree_mask)
     out = out.reshape(batch, num_new, cfg.num_attention_heads * cfg.head_dim)
     return dense(cfg.hidden_size, cfg.attention_bias, "o_proj")(out), k, v
 
@@ -311,12 +311,12 @@ class LlamaDecoderLayer(nn.Module):
   dtype: Any
 
   @nn.compact
-  def __call__(self, x, k_cache, v_cache, cache_lengths, positions, sin, cos):
+  def __call__(self, x, k_cache, v_cache, cache_lengths, positions, sin, cos, tree_mask=None):
     del positions  # carried by sin and cos
     cfg = self.config
     h = RMSNorm(cfg.rms_norm_eps, self.dtype, name="input_layernorm")(x)
     attn, k, v = LlamaAttention(cfg, self.attention_impl, self.dtype, name="self_attn")(
-        h, k_cache, v_cache, cache_lengths, sin, cos)
+        h, k_cache, v_cache, cache_lengths, sin, cos, tree_mask)
     x = x + attn
     h = RMSNorm(cfg.rms_norm_eps, self.dtype, name="post_attention_layernorm")(x)
     x = x + LlamaMLP(cfg, self.dtype, name="mlp")(h)
@@ -341,18 +341,19 @@ class Llama(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, tokens: jax.Array, cache: KVCache | None = None,
-               compute_logits: bool = True) -> tuple[jax.Array | None, KVCache | KVUpdate]:
+  def __call__(self, tokens: jax.Array, cache: KVCache | None = None, compute_logits: bool = True,
+               tree_mask: jax.Array | None = None) -> tuple[jax.Array | None, KVCache | KVUpdate]:
     cfg = self.config
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, param_dtype=self.dtype,
                      name="embed_tokens")
     x = embed(tokens)
-    positions = common.positions_of(tokens, cache)  # [B, T] or [1, T]
+    positions = common.positions_of(tokens, cache, tree_mask)  # [B, T] or [1, T]
     sin, cos = rotary_sin_cos(positions, cfg.head_dim, cfg.rope_theta, self.dtype)
     x, update = common.run_layers(
         LlamaDecoderLayer, cfg.num_hidden_layers, name="layers", x=x, cache=cache,
         positions=positions, extras=(sin, cos), config=cfg, attention_impl=self.attention_impl,
-        dtype=self.dtype, on_layer=lambda h: self.sow("intermediates", common.HIDDEN, h))
+        dtype=self.dtype, on_layer=lambda h: self.sow("intermediates", common.HIDDEN, h),
+        tree_mask=tree_mask)
 
     x = RMSNorm(cfg.rms_norm_eps, self.dtype, name="norm")(x)
     self.sow("intermediates", common.FEATURES, x)

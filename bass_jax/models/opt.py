@@ -143,7 +143,7 @@ class OPTDecoderLayer(nn.Module):
   dtype: Any
 
   @nn.compact
-  def __call__(self, x, k_cache, v_cache, cache_lengths, positions):
+  def __call__(self, x, k_cache, v_cache, cache_lengths, positions, tree_mask=None):
     del positions  # OPT's are learned and added before the first layer
     cfg = self.config
     batch, num_new, _ = x.shape
@@ -159,7 +159,7 @@ class OPTDecoderLayer(nn.Module):
     q, k, v = (heads(dense(cfg.hidden_size, f"{n}_proj")(h)) for n in "qkv")
     out, k, v = common.cached_attention(
         q, k, v, k_cache=k_cache, v_cache=v_cache, cache_lengths=cache_lengths,
-        attention_impl=self.attention_impl)
+        attention_impl=self.attention_impl, tree_mask=tree_mask)
     x = x + dense(cfg.hidden_size, "out_proj")(out.reshape(batch, num_new, cfg.hidden_size))
     if not cfg.do_layer_norm_before:
       x = attn_norm(x)
@@ -181,8 +181,8 @@ class OPT(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, tokens: jax.Array, cache: KVCache | None = None,
-               compute_logits: bool = True) -> tuple[jax.Array | None, KVCache | KVUpdate]:
+  def __call__(self, tokens: jax.Array, cache: KVCache | None = None, compute_logits: bool = True,
+               tree_mask: jax.Array | None = None) -> tuple[jax.Array | None, KVCache | KVUpdate]:
     cfg = self.config
     embed = nn.Embed(cfg.vocab_size, cfg.word_embed_proj_dim, dtype=self.dtype,
                      param_dtype=self.dtype, name="embed_tokens")
@@ -190,13 +190,14 @@ class OPT(nn.Module):
     if cfg.projects:
       x = nn.Dense(cfg.hidden_size, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
                    name="project_in")(x)
-    positions = common.positions_of(tokens, cache)
+    positions = common.positions_of(tokens, cache, tree_mask)
     position_table = nn.Embed(cfg.max_position_embeddings + POSITION_OFFSET, cfg.hidden_size,
                               dtype=self.dtype, param_dtype=self.dtype, name="embed_positions")
     x = x + position_table(positions + POSITION_OFFSET)
     x, update = common.run_layers(
         OPTDecoderLayer, cfg.num_hidden_layers, name="layers", x=x, cache=cache,
-        positions=positions, config=cfg, attention_impl=self.attention_impl, dtype=self.dtype)
+        positions=positions, config=cfg, attention_impl=self.attention_impl, dtype=self.dtype,
+        tree_mask=tree_mask)
     if cfg.final_layer_norm:
       x = nn.LayerNorm(1e-5, dtype=self.dtype, param_dtype=self.dtype, name="final_layer_norm",
                        use_scale=cfg.layer_norm_elementwise_affine,
