@@ -113,6 +113,32 @@ def test_each_node_sees_exactly_its_path(family):
     np.testing.assert_allclose(got[b, t], want[i], atol=1e-4, rtol=1e-4, err_msg=f"row {b} node {t}")
 
 
+@pytest.mark.parametrize("family", ["llama-gqa", "llama-pallas", "gpt2"])
+def test_a_tree_grown_in_two_forwards_equals_one(family):
+  """A draft grows its tree level by level: the second forward's queries are the last T of the tree's
+  M nodes, the first M - T already in the cache (``tree_mask: [B, T, M]``)."""
+  config = CONFIGS[family]()
+  impl = "pallas_split" if family == "llama-pallas" else "reference"
+  rng = np.random.default_rng(11)
+  params = bj.init_params(config, jax.random.key(4))
+  prefix_rows = rng.integers(0, 61, size=(B, max(PREFIX))).astype(np.int32)
+  cache = _poisoned(common.prefill_cache(config, params, jnp.asarray(prefix_rows),
+                                         jnp.asarray(PREFIX + 1), cache_len=S, attention_impl=impl))
+  tree = _random_tree(rng)
+  mask = tree_lib.ancestor_mask(tree)
+  first = 2
+  _, cache = common.forward(config, params, tree.tokens[:, :first], cache, attention_impl=impl,
+                            tree_mask=mask[:, :first, :first])
+  got, _ = common.forward(config, params, tree.tokens[:, first:], cache, attention_impl=impl,
+                          tree_mask=mask[:, first:])
+  keys, rows, ends, _ = _path_inputs(prefix_rows, tree)
+  want, _ = common.forward(config, params, jnp.asarray(rows))
+  want = np.asarray(want)[np.arange(len(keys)), ends]
+  for i, (b, t) in enumerate(keys):
+    if t >= first:
+      np.testing.assert_allclose(np.asarray(got)[b, t - first], want[i], atol=1e-4, rtol=1e-4)
+
+
 def test_the_eagle_draft_grows_trees_like_chains():
   target = tiny_config()
   config = eagle.EagleConfig(layer=target.with_num_layers(1), draft_vocab_size=20)
@@ -142,7 +168,7 @@ def test_a_tree_mask_of_the_wrong_shape_or_without_a_cache_is_an_error():
   params = bj.init_params(config, jax.random.key(0))
   tokens = jnp.zeros((2, 3), jnp.int32)
   cache = config.init_cache(2, 16)
-  with pytest.raises(ValueError, match=r"tree_mask must be bool\[2, 3, 3\]"):
-    common.forward(config, params, tokens, cache, tree_mask=jnp.ones((2, 3, 4), bool))
+  with pytest.raises(ValueError, match=r"tree_mask must be bool\[2, 3\] \+ \[M >= 3\]"):
+    common.forward(config, params, tokens, cache, tree_mask=jnp.ones((2, 3, 2), bool))
   with pytest.raises(ValueError, match="tree_mask must be"):
     common.forward(config, params, tokens, None, tree_mask=jnp.ones((2, 3, 3), bool))

@@ -125,34 +125,41 @@ def reference_tree_attention(
     sm_scale: float | None = None,
     sliding_window: int | None = None,
 ) -> jax.Array:
-  """Attention of a token tree's T nodes over a ragged cache, in plain jnp (f32 softmax).
+  """Attention of a token tree's T newest nodes over a ragged cache, in plain jnp (f32 softmax).
 
-  The tree verification of EAGLE-2 / SpecInfer (docs/design.md, "Token trees"): the T new tokens are
-  the nodes of one tree per row, written at slots ``lengths[b] - T + t``; node t attends to its row's
-  whole prefix (slots below ``lengths[b] - T``) and to the nodes ``tree_mask[b, t]`` marks, its own
-  ancestors and itself (``bass_jax.sampling.tree.ancestor_mask``), never to its siblings' branches.
-  Positions follow depth, not slots: node t sits at position ``lengths[b] - T + depth(t)`` with
-  ``depth(t) = sum(tree_mask[b, t]) - 1``, which is what a sliding window compares (RoPE takes the same
-  positions from the caller). With the causal mask of a chain (``tree_mask[t, j] = j <= t``) this is
-  :func:`reference_attention`.
+  The tree verification of EAGLE-2 / SpecInfer (docs/design.md, "Token trees"): the last M slots of
+  each row (``lengths[b] - M … lengths[b] - 1``) hold the nodes of one tree per row, of which the
+  queries are the T newest (``M >= T``; M > T while a draft grows its tree level by level). Query t
+  attends to its row's whole prefix (slots below ``lengths[b] - M``) and to the tree slots
+  ``tree_mask[b, t]`` marks, its own ancestors and itself (``bass_jax.sampling.tree.ancestor_mask``),
+  never to its siblings' branches. Positions follow depth, not slots: query t sits at position
+  ``lengths[b] - M + depth(t)`` with ``depth(t) = sum(tree_mask[b, t]) - 1``, which is what a sliding
+  window compares (RoPE takes the same positions from the caller). With the causal mask of a chain
+  (``tree_mask[t, j] = j <= t``) this is :func:`reference_attention`.
 
   Args:
     q: ``[B, T, N, H]`` queries (rotary applied at the nodes' positions).
-    k_cache, v_cache: ``[B, K, S, H]``, the nodes' K/V already written at slots
-      ``lengths - T … lengths - 1``.
-    lengths: ``i32[B]`` valid slots including the T nodes.
-    tree_mask: ``bool[B, T, T]``, ``[b, t, j]``: node t sees node j (True on the diagonal of real
-      nodes; a row of padding nodes may be all False: such a node sees the prefix only).
-    sm_scale, sliding_window: as :func:`reference_attention`.
+    k_cache, v_cache: ``[B, K, S, H]``, the tree's K/V already written at slots
+      ``lengths - M … lengths - 1``.
+    lengths: ``i32[B]`` valid slots including the M tree slots.
+    tree_mask: ``bool[B, T, M]``, ``[b, t, j]``: query t sees tree slot j (True at its own slot, the
+      last T, for a real node; a padding node's row may be all False: it sees the prefix only).
+    sm_scale, sliding_window: as :func:`reference_attention` (a window needs ``M == T``).
 
   Returns:
     ``[B, T, N, H]`` in q's dtype.
+
+  Raises:
+    ValueError: a sliding window with ``M > T``.
   """
   batch, num_q = q.shape[:2]
+  num_tree = tree_mask.shape[2]
+  if sliding_window is not None and num_tree != num_q:
+    raise ValueError("a sliding window over a tree needs every tree node as a query (M == T)")
   max_len = k_cache.shape[2]
   slots = jnp.arange(max_len)
-  base = lengths - num_q  # [B]: the first node's slot
-  node = jnp.clip(slots[None, :] - base[:, None], 0, num_q - 1)  # [B, S]: the node a new slot holds
+  base = lengths - num_tree  # [B]: the tree's first slot
+  node = jnp.clip(slots[None, :] - base[:, None], 0, num_tree - 1)  # [B, S]: the node a slot holds
   is_new = (slots[None, :] >= base[:, None]) & (slots[None, :] < lengths[:, None])  # [B, S]
   depth = jnp.sum(tree_mask, axis=-1) - 1  # [B, T]
   sees_node = jnp.take_along_axis(tree_mask, jnp.broadcast_to(node[:, None, :], (batch, num_q, max_len)),
@@ -172,9 +179,9 @@ def merged_tree_attention(prefix: Callable[..., tuple], q: jax.Array, k_cache: j
   densely, merged by their softmax statistics (the flash-decoding merge; FlashInfer's cascade).
 
   ``prefix`` is a ragged attention that takes ``kv_lengths`` and ``return_residuals``
-  (``pallas_kernels.ragged_attention``, :func:`blocked_attention`): it reads slots ``< lengths - T``
-  only, where every node sees every slot, so its causal mask never cuts. The nodes' own K/V (T slots
-  per row, read once) go through a dense ``[T, T]`` attention under ``tree_mask``. The result equals
+  (``pallas_kernels.ragged_attention``, :func:`blocked_attention`): it reads slots ``< lengths - M``
+  only, where every node sees every slot, so its causal mask never cuts. The tree's K/V (M slots per
+  row, read once) go through a dense ``[T, M]`` attention under ``tree_mask``. The result equals
   :func:`reference_tree_attention` (same arguments) up to float rounding.
 
   Raises:
@@ -188,15 +195,15 @@ def merged_tree_attention(prefix: Callable[..., tuple], q: jax.Array, k_cache: j
   num_kv_heads = k_cache.shape[1]
   group = num_heads // num_kv_heads
   scale = head_dim**-0.5 if sm_scale is None else sm_scale
-  base = lengths - num_q
+  base = lengths - tree_mask.shape[2]
   out_p, (m_p, l_p) = prefix(q, k_cache, v_cache, lengths, kv_lengths=base, sm_scale=scale,
                              return_residuals=True)
-  node_slots = (base[:, None] + jnp.arange(num_q))[:, None, :, None]  # [B, 1, T, 1]
-  k_n = jnp.take_along_axis(k_cache, node_slots, axis=2).astype(jnp.float32)  # [B, K, T, H]
+  node_slots = (base[:, None] + jnp.arange(tree_mask.shape[2]))[:, None, :, None]  # [B, 1, M, 1]
+  k_n = jnp.take_along_axis(k_cache, node_slots, axis=2).astype(jnp.float32)  # [B, K, M, H]
   v_n = jnp.take_along_axis(v_cache, node_slots, axis=2).astype(jnp.float32)
-  k_n, v_n = jnp.repeat(k_n, group, axis=1), jnp.repeat(v_n, group, axis=1)  # [B, N, T, H]
+  k_n, v_n = jnp.repeat(k_n, group, axis=1), jnp.repeat(v_n, group, axis=1)  # [B, N, M, H]
   logits = jnp.einsum("btnh,bnjh->btnj", q.astype(jnp.float32) * scale, k_n)
-  sees = tree_mask[:, :, None, :]  # [B, T, 1, T]
+  sees = tree_mask[:, :, None, :]  # [B, T, 1, M]
   logits = jnp.where(sees, logits, _MASK_VALUE)
   m_n = jnp.max(logits, axis=-1)  # [B, T, N]
   p = jnp.where(sees, jnp.exp(logits - m_n[..., None]), 0.0)

@@ -162,9 +162,10 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, k_cache: jax.A
     cache_lengths: ``i32[B]`` valid cache slots per row before the new tokens (None without a cache).
     attention_impl: a name in the attention registry, or a :class:`sharding.ShardedAttention` (that
       name run per shard of a mesh, writing and reading each device's part of the cache).
-    tree_mask: ``bool[B, T, T]``: the T new tokens are the nodes of a token tree per row
-      (``bass_jax.sampling.tree.ancestor_mask``), each attending to the cache's prefix and its own
-      ancestors (``attention.reference_tree_attention`` and its kernel versions); None: causal.
+    tree_mask: ``bool[B, T, M]``: the T new tokens are the newest nodes of a token tree per row whose
+      M nodes end the cache (``bass_jax.sampling.tree.ancestor_mask``), each attending to the cache's
+      prefix and its own ancestors (``attention.reference_tree_attention`` and its kernel versions);
+      None: causal.
 
   Returns:
     ``(out [B, T, N, H], k_out, v_out)``: with a cache, the cache arrays with the new entries written
@@ -207,7 +208,7 @@ def run_layers(layer_cls: type[nn.Module], num_layers: int, *, name: str, x: jax
   layer's ``[B, K, S, H]`` cache arrays (None without a cache) and returns what
   :func:`cached_attention` returns for them; it must be called from inside a compact module method.
   ``on_layer`` (if given) is called with every layer's output ``[B, T, D]`` in order: a family sows
-  them as :data:`HIDDEN` with it. ``tree_mask`` (``bool[B, T, T]`` or None) goes to every layer as the
+  them as :data:`HIDDEN` with it. ``tree_mask`` (``bool[B, T, M]`` or None) goes to every layer as the
   keyword ``tree_mask``, for :func:`cached_attention`.
 
   Returns:
@@ -262,12 +263,15 @@ def forward(config: DecoderConfig, params: Any, tokens: jax.Array, cache: KVCach
       (``bass_jax.sharding``): the attention over the cache then runs per shard. XLA partitions the
       rest from the arrays' placements; the result is the same as on one device, up to the order of
       float sums.
-    tree_mask: ``bool[B, T, T]``: the tokens are the nodes of one token tree per row (a tree
-      verification, EAGLE-2 / SpecInfer; ``bass_jax.sampling.tree``): ``[b, t, j]`` says node t sees
-      node j (its ancestors and itself, ``tree.ancestor_mask``). Node t is still written at slot
-      ``cache.lengths[b] + t`` but sits at position ``cache.lengths[b] + depth(t)`` (RoPE, learned
-      positions), ``depth(t) = sum(tree_mask[b, t]) - 1`` (0 for an all-False padding node), and
-      attends to the prefix and its ancestors only. None: the causal chain above. Needs a cache.
+    tree_mask: ``bool[B, T, M]``, ``M >= T``: the tokens are the newest T nodes of one token tree per
+      row (a tree verification, EAGLE-2 / SpecInfer, with M = T; a draft growing its tree level by
+      level, with the earlier levels' ``M - T`` nodes already in the cache; ``bass_jax.sampling.tree``):
+      ``[b, t, j]`` says node t sees the tree's node j, the one in slot ``tree_base[b] + j`` with
+      ``tree_base = cache.lengths - (M - T)`` (its ancestors and itself, ``tree.ancestor_mask``). Node t
+      is still written at slot ``cache.lengths[b] + t`` but sits at position ``tree_base[b] +
+      depth(t)`` (RoPE, learned positions), ``depth(t) = sum(tree_mask[b, t]) - 1`` (0 for an
+      all-False padding node), and attends to the prefix and its ancestors only. None: the causal
+      chain above. Needs a cache.
 
   Returns:
     ``(logits f32[B, T, V] | None, cache)`` with the cache's lengths advanced by T; without a cache,
@@ -278,13 +282,15 @@ def forward(config: DecoderConfig, params: Any, tokens: jax.Array, cache: KVCach
   Raises:
     ValueError: an unknown ``attention_impl`` (from the attention registry); ``hidden_layers`` without
       ``return_features``, out of range, or of a family that does not sow them; a ``tree_mask``
-      without a cache or not of shape ``[B, T, T]``.
+      without a cache or not of shape ``[B, T, M >= T]``.
   """
   if tree_mask is not None:
-    want = tokens.shape + tokens.shape[1:]
-    if cache is None or tuple(tree_mask.shape) != want or tree_mask.dtype != jnp.bool_:
-      raise ValueError(f"forward: tree_mask must be bool{list(want)} over a cache, got "
-                       f"{tree_mask.dtype}{list(tree_mask.shape)} with cache={cache is not None}")
+    shape = tuple(tree_mask.shape)
+    if (cache is None or len(shape) != 3 or shape[:2] != tokens.shape or shape[2] < tokens.shape[1]
+        or tree_mask.dtype != jnp.bool_):
+      raise ValueError(f"forward: tree_mask must be bool{list(tokens.shape)} + [M >= "
+                       f"{tokens.shape[1]}] over a cache, got {tree_mask.dtype}{list(shape)} with "
+                       f"cache={cache is not None}")
   if hidden_layers and not return_features:
     raise ValueError("forward: hidden_layers needs return_features=True")
   if any(not 0 <= i < config.num_layers for i in hidden_layers):
@@ -364,10 +370,10 @@ def prefill_cache(config: DecoderConfig, params: Any, prompts: jax.Array, prompt
 def positions_of(tokens: jax.Array, cache: KVCache | None,
                  tree_mask: jax.Array | None = None) -> jax.Array:
   """``i32[B, T]``: token t of row b sits at ``cache.lengths[b] + t`` (``t`` without a cache); with a
-  ``tree_mask: bool[B, T, T]`` at ``cache.lengths[b] + depth(t)`` (:func:`forward`)."""
+  ``tree_mask: bool[B, T, M]`` at ``cache.lengths[b] - (M - T) + depth(t)`` (:func:`forward`)."""
   if tree_mask is not None:
     depth = jnp.maximum(jnp.sum(tree_mask, axis=-1, dtype=jnp.int32) - 1, 0)
-    return cache.lengths[:, None] + depth
+    return cache.lengths[:, None] - (tree_mask.shape[2] - tree_mask.shape[1]) + depth
   offsets = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None, :]
   return offsets if cache is None else cache.lengths[:, None] + offsets
 
