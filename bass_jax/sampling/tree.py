@@ -22,14 +22,87 @@ children come after c, so the scan tries exactly the nodes of a level-by-level w
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 
+from bass_jax import _checks
 from bass_jax.sampling import acceptance
 from bass_jax.sampling import warp
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeShape:
+  """The static shape of a step's draft tree (EAGLE-2's growth, Li et al. 2024, §4; the same three
+  numbers as SGLang's ``speculative_eagle_topk``, ``speculative_num_steps`` and
+  ``speculative_num_draft_tokens``).
+
+  Attributes:
+    top_k: children drafted per expanded node, and nodes expanded per level.
+    depth: levels drafted below the root (the longest path accepts ``depth`` drafts).
+    nodes: N, the tree's nodes per row, root included: the positions the target scores per row.
+
+  Raises:
+    ValueError: from the constructor, naming the argument: a value that is not an int >= 1,
+      ``nodes < depth + 1`` (no room for one full-depth path) or more drafts than growth proposes
+      (``nodes - 1 > top_k + (depth - 1) * top_k**2``).
+  """
+
+  top_k: int = 4
+  depth: int = 5
+  nodes: int = 16
+
+  def __post_init__(self):
+    for name in ("top_k", "depth", "nodes"):
+      object.__setattr__(self, name, _checks.as_int(f"draft_tree {name}", getattr(self, name),
+                                                    min_value=1))
+    if self.nodes < self.depth + 1:
+      raise ValueError(f"draft_tree nodes={self.nodes} must be at least depth + 1 = {self.depth + 1} "
+                       "(the root and one path of full depth)")
+    if self.nodes - 1 > self.candidates:
+      raise ValueError(f"draft_tree nodes={self.nodes}: growth with top_k={self.top_k} and "
+                       f"depth={self.depth} drafts only {self.candidates} candidates; lower nodes or "
+                       "raise top_k or depth")
+
+  @classmethod
+  def parse(cls, text: str) -> "TreeShape":
+    """``"top_k=4,depth=5,nodes=16"`` (any order; omitted fields keep their defaults).
+
+    Raises:
+      ValueError: an unknown field, a part without ``=``, or a value the constructor refuses.
+    """
+    fields = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+      name, sep, value = part.partition("=")
+      name = name.strip()
+      if not sep or name not in ("top_k", "depth", "nodes"):
+        raise ValueError(f"draft_tree {text!r}: expected fields top_k=, depth=, nodes=, got {part!r}")
+      try:
+        fields[name] = int(value)
+      except ValueError:
+        raise ValueError(f"draft_tree {text!r}: {name} must be an integer, got {value!r}") from None
+    return cls(**fields)
+
+  def __str__(self) -> str:
+    return f"top_k={self.top_k},depth={self.depth},nodes={self.nodes}"
+
+  @property
+  def candidates(self) -> int:
+    """Nodes growth drafts before reranking: ``top_k`` at level 1, ``top_k**2`` at each deeper level."""
+    return self.top_k + (self.depth - 1) * self.top_k**2
+
+  @property
+  def draft_slots(self) -> int:
+    """Cache slots a draft model writes past the text while growing (the expanded nodes)."""
+    return (self.depth - 1) * self.top_k
+
+  @property
+  def look_ahead(self) -> int:
+    """Cache slots past the last emitted token a tree step needs, target's and draft's."""
+    return max(self.nodes, self.draft_slots + 1)
 
 
 @flax.struct.dataclass
@@ -269,3 +342,95 @@ def speculative_accept_tree(key: jax.Array, tree: DraftTree, target_log_probs: j
   keys = jax.vmap(fold)(_last_node(result), rows)
   next_token = jax.vmap(warp.categorical)(keys, jnp.log(residual))
   return result.replace(next_token=next_token)
+
+
+# A draft model's level of tree growth: ``(carry, tokens i32[B, k], parent i32[B, k], tree_mask bool[B,
+# k, M]) -> (carry, log_q f32[B, k, V'])``: forwards the level's k expanded nodes (``parent`` indexes
+# the previous level's k nodes, all 0 at the first level, whose parent is the root) with the mask of
+# their ancestors among the M = level * k expanded nodes so far, and returns the draft's log-probs for
+# their children.
+Expand = Callable[[Any, jax.Array, jax.Array, jax.Array], tuple[Any, jax.Array]]
+
+
+def grow_tree(root: jax.Array, first_log_q: jax.Array, expand: Expand, carry: Any, shape: TreeShape,
+              token_of: Callable[[jax.Array], jax.Array] = lambda ids: ids,
+              prior: tuple[jax.Array, jax.Array] | None = None) -> tuple[Any, DraftTree]:
+  """EAGLE-2's dynamic draft tree (Li et al. 2024, §4), per row, at a static shape.
+
+  Expansion: the root's ``top_k`` most likely children form level 1; at each further level the
+  draft scores the children of the level's ``top_k`` nodes (one forward of ``top_k`` positions,
+  ``expand``) and the ``top_k`` children with the highest *path score* (the sum of draft log-probs
+  from the root) are expanded next. Reranking: of all ``shape.candidates`` drafted nodes, the
+  ``nodes - 1`` of highest path score form the tree. A child's score is at most its parent's, and
+  ties go to the lower (earlier) candidate, so the kept set contains every kept node's parent.
+
+  ``prior`` (a hybrid's deterministic chain, e.g. n-gram lookup: ``(tokens i32[B, L], count
+  i32[B])``) enters the candidates first with scores above any draft's: the row's chain is kept
+  whole (its first ``min(count, nodes - 1)`` tokens) and the model's best nodes fill the rest.
+
+  Every node is a deterministic function of the draft's distributions, so
+  :func:`speculative_accept_tree` accepts it with ``draft_log_probs=None`` (exact at any
+  temperature).
+
+  Args:
+    root: ``i32[B]`` each row's last emitted token (node 0).
+    first_log_q: ``f32[B, V']`` the draft's log-probs for the token after the root.
+    expand: one level of growth (:data:`Expand`). carry: its state (a draft cache).
+    shape: the static :class:`TreeShape`.
+    token_of: maps the draft's indices ``[0, V')`` to token ids (an EAGLE draft's smaller vocabulary).
+
+  Returns:
+    ``(carry, tree)``: the tree has ``shape.nodes`` nodes per row, all real, in topological order
+    (candidates in the order they were drafted).
+  """
+  k, depth, nodes = shape.top_k, shape.depth, shape.nodes
+  batch = root.shape[0]
+  rows = jnp.arange(batch)[:, None]
+  pool_tokens, pool_scores, pool_parents = [], [], []  # candidates, in drafting order
+  offset = 0
+  if prior is not None:
+    chain, count = prior
+    length = min(chain.shape[1], nodes - 1)
+    slots = jnp.arange(length)
+    pool_tokens.append(chain[:, :length].astype(jnp.int32))
+    # 0 ranks above every log-prob; the tiny decrements keep each chain node above its successor.
+    pool_scores.append(jnp.where(slots < count[:, None], -1e-6 * slots.astype(jnp.float32), -jnp.inf))
+    pool_parents.append(jnp.broadcast_to(slots - 1, (batch, length)).astype(jnp.int32))
+    offset = length
+  score, index = jax.lax.top_k(first_log_q, k)  # level 1: [B, k]
+  tokens = token_of(index).astype(jnp.int32)
+  pool_tokens.append(tokens)
+  pool_scores.append(score)
+  pool_parents.append(jnp.full((batch, k), -1, jnp.int32))
+  frontier = offset + jnp.broadcast_to(jnp.arange(k), (batch, k))  # candidates being expanded
+  parent = jnp.zeros((batch, k), jnp.int32)
+  eye = jnp.broadcast_to(jnp.eye(k, dtype=bool), (batch, k, k))
+  mask = eye  # [B, k, level * k]: each expanded node's ancestors among the expanded nodes, itself too
+  offset += k
+  for level in range(1, depth):
+    carry, log_q = expand(carry, tokens, parent, mask)
+    child_score, child_index = jax.lax.top_k(log_q, k)  # [B, k, k]
+    child_score = (score[:, :, None] + child_score).reshape(batch, k * k)
+    child_tokens = token_of(child_index).astype(jnp.int32).reshape(batch, k * k)
+    pool_tokens.append(child_tokens)
+    pool_scores.append(child_score)
+    pool_parents.append(jnp.repeat(frontier, k, axis=1))
+    if level < depth - 1:
+      score, pick = jax.lax.top_k(child_score, k)
+      parent = pick // k
+      tokens = child_tokens[rows, pick]
+      frontier = offset + pick
+      mask = jnp.concatenate([mask[rows, parent], eye], axis=2)
+    offset += k * k
+
+  scores = jnp.concatenate(pool_scores, axis=1)
+  kept = jnp.sort(jax.lax.top_k(scores, nodes - 1)[1], axis=1)  # [B, N - 1], drafting order
+  node_of = jnp.zeros(scores.shape, jnp.int32).at[rows, kept].set(jnp.arange(1, nodes))
+  parent_candidate = jnp.concatenate(pool_parents, axis=1)[rows, kept]
+  parents = jnp.where(parent_candidate < 0, 0, node_of[rows, jnp.maximum(parent_candidate, 0)])
+  tree = DraftTree(
+      tokens=jnp.concatenate([root[:, None].astype(jnp.int32),
+                              jnp.concatenate(pool_tokens, axis=1)[rows, kept]], axis=1),
+      parents=jnp.concatenate([jnp.full((batch, 1), -1, jnp.int32), parents], axis=1),
+      num_nodes=jnp.full((batch,), nodes, jnp.int32))
+  return carry, tree

@@ -1,0 +1,124 @@
+"""EAGLE-2 tree growth (``tree.grow_tree``) against a brute force, and the tree shape's checks.
+
+The fake draft's distribution after a node depends on the node's whole path, which it reads through
+the ancestor mask that growth passes it; the brute force expands the same rule over explicit paths
+in Python. So a wrong mask, a wrong parent, a wrong expansion order or reranking gives another tree.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bass_jax.sampling import tree as tree_lib
+
+V = 11
+B = 3
+
+
+def _log_q(path_tokens: tuple[int, ...], row: int) -> np.ndarray:
+  """The fake draft's log-probs after a path (root excluded), a hash of the path and the row."""
+  seed = (hash((row,) + tuple(path_tokens)) % (2**31))
+  logits = np.random.default_rng(seed).normal(size=V) * 2.0
+  return logits - np.log(np.exp(logits).sum())
+
+
+def _fake_expand(rows_first):
+  """``expand`` over the fake draft: the carry is every expanded node's path so far, read by mask."""
+
+  def expand(carry, tokens, parent, mask):
+    del parent
+    expanded = jnp.concatenate([carry, tokens], axis=1)  # [B, M] tokens of the expanded nodes
+    out = []
+    for b in range(B):
+      row = []
+      for t in range(tokens.shape[1]):
+        path = tuple(int(x) for x, m in zip(np.asarray(expanded[b]), np.asarray(mask[b, t])) if m)
+        row.append(_log_q(path, b))
+      out.append(row)
+    return expanded, jnp.asarray(np.asarray(out, np.float32))
+
+  return expand
+
+
+def _brute_force(shape: tree_lib.TreeShape, row: int, keep: int | None = None):
+  """EAGLE-2 growth over explicit paths: the set of the ``keep`` (default ``nodes - 1``) kept paths."""
+  k = shape.top_k
+  def children(path, score):
+    lq = _log_q(path, row)
+    top = np.argsort(-lq, kind="stable")[:k]
+    return [(path + (int(c),), score + float(lq[c])) for c in top]
+  level = children((), 0.0)
+  candidates = list(level)
+  for _ in range(1, shape.depth):
+    kids = list(itertools.chain.from_iterable(children(p, s) for p, s in level))
+    candidates += kids
+    level = sorted(kids, key=lambda ps: -ps[1])[:k]
+  kept = sorted(candidates, key=lambda ps: -ps[1])[:shape.nodes - 1 if keep is None else keep]
+  return {p for p, _ in kept}
+
+
+def _paths_of(tree, b):
+  tokens, parents = np.asarray(tree.tokens[b]), np.asarray(tree.parents[b])
+  out = set()
+  for i in range(1, len(tokens)):
+    path, node = [], i
+    while node > 0:
+      path.append(int(tokens[node]))
+      node = parents[node]
+    out.add(tuple(path[::-1]))
+  return out
+
+
+@pytest.mark.parametrize("shape", [tree_lib.TreeShape(top_k=2, depth=3, nodes=6),
+                                   tree_lib.TreeShape(top_k=3, depth=4, nodes=12)])
+def test_growth_keeps_the_best_paths_of_eagle2(shape):
+  root = jnp.arange(B, dtype=jnp.int32)
+  first = jnp.asarray(np.stack([_log_q((), b) for b in range(B)]).astype(np.float32))
+  carry = jnp.zeros((B, 0), jnp.int32)
+  carry, tree = tree_lib.grow_tree(root, first, _fake_expand(None), carry, shape)
+  assert carry.shape == (B, shape.draft_slots)
+  parents = np.asarray(tree.parents)
+  assert (parents[:, 0] == -1).all() and (parents[:, 1:] < np.arange(1, shape.nodes)).all()
+  assert (parents[:, 1:] >= 0).all()
+  np.testing.assert_array_equal(tree.tokens[:, 0], root)
+  for b in range(B):
+    assert _paths_of(tree, b) == _brute_force(shape, b)
+
+
+def test_a_prior_chain_is_kept_whole_and_the_draft_fills_the_rest():
+  shape = tree_lib.TreeShape(top_k=2, depth=3, nodes=6)
+  root = jnp.arange(B, dtype=jnp.int32)
+  first = jnp.asarray(np.stack([_log_q((), b) for b in range(B)]).astype(np.float32))
+  # Tokens the fake draft never drafts (>= V), so that every path is either the chain's or the draft's.
+  chain = jnp.asarray([[27, 28, 29, 30], [25, 25, 25, 25], [21, 22, 23, 24]], jnp.int32)
+  count = jnp.asarray([3, 0, 4], jnp.int32)
+  _, tree = tree_lib.grow_tree(root, first, _fake_expand(None), jnp.zeros((B, 0), jnp.int32), shape,
+                               prior=(chain, count))
+  for b in range(B):
+    paths = _paths_of(tree, b)
+    c = int(count[b])
+    chain_paths = {tuple(int(x) for x in np.asarray(chain[b, :i]))
+                   for i in range(1, min(c, shape.nodes - 1) + 1)}
+    c = min(c, shape.nodes - 1)
+    assert paths == chain_paths | _brute_force(shape, b, keep=shape.nodes - 1 - c)
+
+
+def test_tree_shapes_are_checked_and_parsed():
+  assert tree_lib.TreeShape.parse("top_k=4,depth=5,nodes=16") == tree_lib.TreeShape(4, 5, 16)
+  assert tree_lib.TreeShape.parse("depth=2, nodes=3") == tree_lib.TreeShape(4, 2, 3)
+  assert str(tree_lib.TreeShape(2, 3, 6)) == "top_k=2,depth=3,nodes=6"
+  with pytest.raises(ValueError, match="nodes=3 must be at least depth \\+ 1 = 6"):
+    tree_lib.TreeShape(top_k=4, depth=5, nodes=3)
+  with pytest.raises(ValueError, match="top_k"):
+    tree_lib.TreeShape(top_k=0, depth=5, nodes=16)
+  with pytest.raises(ValueError, match="only 5 candidates"):
+    tree_lib.TreeShape(top_k=1, depth=5, nodes=7)
+  with pytest.raises(ValueError, match="expected fields"):
+    tree_lib.TreeShape.parse("width=3")
+  with pytest.raises(ValueError, match="must be an integer"):
+    tree_lib.TreeShape.parse("top_k=x")
