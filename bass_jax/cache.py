@@ -105,6 +105,12 @@ class KVCache:
     return KVCache(k=tuple(map(write, self.k, update.k)), v=tuple(map(write, self.v, update.v)),
                    lengths=self.lengths + update.num_new)
 
+  def keep_path(self, base: jax.Array, path: jax.Array) -> "KVCache":
+    """Every layer's K/V of a tree's accepted path moved to consecutive slots from ``base: i32[B]``
+    (:func:`keep_path`); the lengths are the caller's to set."""
+    move = lambda x: keep_path(x, base, path, axis=2)
+    return self.replace(k=tuple(map(move, self.k)), v=tuple(map(move, self.v)))
+
   def stacked(self) -> tuple[jax.Array, jax.Array]:
     """``(k, v)`` as ``[L, B, K, S, H]`` arrays (a copy; for tests and inspection)."""
     return jnp.stack(self.k), jnp.stack(self.v)
@@ -121,6 +127,26 @@ def write_entries(cache: jax.Array, new: jax.Array, lengths: jax.Array) -> jax.A
   pos = lengths[:, None] + jnp.arange(new.shape[1], dtype=jnp.int32)  # [B, T]
   # Advanced indices (rows, pos) around a full slice: the written block is laid out [B, T, K, H].
   return cache.at[rows, :, pos].set(new.astype(cache.dtype), mode="drop")
+
+
+def keep_path(buffer: jax.Array, base: jax.Array, path: jax.Array, axis: int) -> jax.Array:
+  """Moves a tree's accepted path into consecutive slots: for each row b and ``i >= 1`` with
+  ``path[b, i] >= 0``, entry ``base[b] + path[b, i]`` of ``buffer`` along ``axis`` (the slot axis,
+  rows leading) is copied to ``base[b] + i`` (the compaction after a tree step, EAGLE-2 / SpecInfer).
+
+  ``path: i32[B, N]`` is ``tree.TreeAcceptance.path`` (increasing, -1 after the path), so an entry
+  only ever moves to a lower or equal slot; the N entries are gathered before any is written. Entries
+  past the path are left as they are; under ``jit`` the buffer is updated in place.
+  """
+  rows = jnp.arange(buffer.shape[0])[:, None]
+  slots = jnp.arange(path.shape[1])[None, :]
+  source = base[:, None] + jnp.maximum(path, 0)
+  target = jnp.where((path >= 0) & (slots >= 1), base[:, None] + slots, buffer.shape[axis])  # else dropped
+  if axis == 1:  # [B, S, ...]: a feature buffer
+    return buffer.at[rows, target].set(buffer[rows, source], mode="drop")
+  if axis == 2:  # [B, K, S, H]: one layer's cache
+    return buffer.at[rows, :, target].set(buffer[rows, :, source], mode="drop")
+  raise ValueError(f"keep_path: axis must be 1 or 2, got {axis}")
 
 
 @flax.struct.dataclass

@@ -470,3 +470,44 @@ def test_gumbel_couples_the_draft_to_the_target():
                     eos_token_id=(), acceptance="gumbel")
   live = out.stats.accepted >= 0
   np.testing.assert_array_equal(out.stats.accepted[live], 4)
+
+
+# -- token trees (generate(draft_tree=...)) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind,shape,temperature,top_p,seed", [
+    ("model", "top_k=2,depth=2,nodes=5", 1.0, 1.0, 61),
+    ("eagle", "top_k=3,depth=2,nodes=6", 0.6, 0.9, 62),
+    ("hybrid", "top_k=2,depth=3,nodes=6", 1.0, 1.0, 63)])
+def test_tree_bass_matches_exact_target_distribution(kind, shape, temperature, top_p, seed):
+  """Tree steps (deterministic top-k children; a hybrid's n-gram chain beside the draft's nodes, so
+  sibling tokens repeat) keep the law exact; children past the first were accepted."""
+  target, far = _models()
+  draft = {"model": far, "eagle": _eagle_draft(6), "hybrid": _proposer("hybrid")}[kind]
+  out = bj.generate(target, draft, [list(PROMPT)] * NUM_ROWS, max_new_tokens=NUM_TOKENS,
+                    temperature=temperature, top_p=top_p, seed=seed, eos_token_id=(),
+                    draft_tree=shape)
+  live = out.stats.accepted >= 0
+  assert (live & (out.stats.accepted > 0)).sum() > 100
+  assert (live & (out.stats.accepted == 0)).sum() > 100
+  assert_fits_target(out, temperature, top_p)
+
+
+def test_mutant_tree_correction_is_detected(monkeypatch, fresh_programs):
+  """Power of the tree path: a correction that keeps the rejected children's tokens is rejected."""
+  monkeypatch.setattr(acceptance, "correction_distribution", lambda p, q: p)
+  target, far = _models()
+  out = bj.generate(target, far, [list(PROMPT)] * NUM_ROWS, max_new_tokens=NUM_TOKENS,
+                    temperature=1.0, seed=64, eos_token_id=(), draft_tree="top_k=2,depth=2,nodes=5")
+  p_value = chisquare_p_value(out.tokens[:, :NUM_TOKENS], _target_joint(1.0, 1.0))
+  assert p_value < REJECT_P_VALUE, p_value
+
+
+def test_gumbel_tree_bass_emits_the_regular_draws():
+  """Drafter invariance holds for trees: the rows emit regular decoding's Gumbel-max draws."""
+  target, far = _models()
+  rows = NUM_ROWS // 8
+  out = bj.generate(target, far, [list(PROMPT)] * rows, max_new_tokens=NUM_TOKENS, temperature=1.0,
+                    seed=51, eos_token_id=(), acceptance="gumbel", draft_tree="top_k=2,depth=2,nodes=5")
+  assert (out.stats.accepted > 0).sum() > 100
+  np.testing.assert_array_equal(out.tokens, _regular_gumbel(1.0, 1.0, 51).tokens[:rows])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -27,7 +26,7 @@ def _log_q(path_tokens: tuple[int, ...], row: int) -> np.ndarray:
   return logits - np.log(np.exp(logits).sum())
 
 
-def _fake_expand(rows_first):
+def _fake_expand():
   """``expand`` over the fake draft: the carry is every expanded node's path so far, read by mask."""
 
   def expand(carry, tokens, parent, mask):
@@ -80,7 +79,7 @@ def test_growth_keeps_the_best_paths_of_eagle2(shape):
   root = jnp.arange(B, dtype=jnp.int32)
   first = jnp.asarray(np.stack([_log_q((), b) for b in range(B)]).astype(np.float32))
   carry = jnp.zeros((B, 0), jnp.int32)
-  carry, tree = tree_lib.grow_tree(root, first, _fake_expand(None), carry, shape)
+  carry, tree = tree_lib.grow_tree(root, first, _fake_expand(), carry, shape)
   assert carry.shape == (B, shape.draft_slots)
   parents = np.asarray(tree.parents)
   assert (parents[:, 0] == -1).all() and (parents[:, 1:] < np.arange(1, shape.nodes)).all()
@@ -97,7 +96,7 @@ def test_a_prior_chain_is_kept_whole_and_the_draft_fills_the_rest():
   # Tokens the fake draft never drafts (>= V), so that every path is either the chain's or the draft's.
   chain = jnp.asarray([[27, 28, 29, 30], [25, 25, 25, 25], [21, 22, 23, 24]], jnp.int32)
   count = jnp.asarray([3, 0, 4], jnp.int32)
-  _, tree = tree_lib.grow_tree(root, first, _fake_expand(None), jnp.zeros((B, 0), jnp.int32), shape,
+  _, tree = tree_lib.grow_tree(root, first, _fake_expand(), jnp.zeros((B, 0), jnp.int32), shape,
                                prior=(chain, count))
   for b in range(B):
     paths = _paths_of(tree, b)

@@ -35,6 +35,7 @@ from bass_jax.sampling.programs import (clear_compile_cache,  # pylint: disable=
                                         enable_persistent_compilation_cache,
                                         set_compile_cache_size)
 from bass_jax.sampling.draft_len import DraftLenPolicy, GoodputDraftLen, as_policy
+from bass_jax.sampling.tree import TreeShape
 from bass_jax.models import eagle
 from bass_jax.preflight import parse_draft_spec
 from bass_jax.sampling.proposers import (EagleProposer, HybridProposer, ModelProposer, NGramProposer,
@@ -381,6 +382,7 @@ def generate(
     on_finish: Callable[[FinishedPrompt], None] | None = None,
     acceptance: str = "rejection",
     sequence_ids: Sequence[int] | None = None,
+    draft_tree: str | TreeShape | None = None,
 ) -> GenerateOutput:
   """Decodes a batch of prompts with batched speculative sampling (BASS) or regular decoding.
 
@@ -467,6 +469,13 @@ def generate(
       ``fold_in(key(seed), sequence_ids[i])``: distinct ints in ``[0, 2**32)``, one per prompt (default:
       the prompt's index). Give a sequence the same id wherever it is decoded (a resumed run decodes
       only what is missing) and it gets the same tokens. Unused by rejection sampling.
+    draft_tree: None verifies a chain per row each step (above). A :class:`TreeShape` or its text
+      (``"top_k=4,depth=5,nodes=16"``) verifies a token tree per row instead (EAGLE-2, Li et al. 2024;
+      docs/design.md "Token trees"): a draft model grows it (expand the ``top_k`` best nodes per level
+      for ``depth`` levels, keep the ``nodes - 1`` best drafts), a hybrid puts its n-gram
+      continuation in first, and the target scores all ``nodes`` positions of a row in one forward;
+      each row accepts the longest path the acceptance rule allows, exactly as for chains (greedy,
+      ``"rejection"`` with top-k children, ``"gumbel"``). ``draft_len`` must then stay at its default.
 
   Returns:
     :class:`GenerateOutput` with tokens ``i32[B, N]``, lengths ``i32[B]``, target log-probs
@@ -482,7 +491,9 @@ def generate(
       whose ``model`` size divides neither the heads nor the MLP (``bass_jax.sharding.plan``); a mesh
       with ``jax_threefry_partitionable`` off; ``batch_size < 1``; continuous batching on a mesh whose
       ``data`` axis is larger than 1; an unknown ``acceptance``; ``sequence_ids`` of the wrong length,
-      out of range or repeated.
+      out of range or repeated; a bad ``draft_tree`` (``TreeShape``'s errors), or one with
+      ``method="regular"``, a ``draft_len`` other than the default, or a sliding-window target on an
+      attention implementation other than ``"reference"``.
   """
   if not isinstance(target, Model):
     raise ValueError(f"target must be a bass_jax.Model (see bass_jax.load_model), got "
@@ -516,6 +527,21 @@ def generate(
   if max_cache_len is not None:
     max_cache_len = _checks.as_int("max_cache_len", max_cache_len, min_value=1)
   policy = as_policy(draft_len) if bass else None
+  if draft_tree is not None:
+    if isinstance(draft_tree, str):
+      draft_tree = TreeShape.parse(draft_tree)
+    if not isinstance(draft_tree, TreeShape):
+      raise ValueError(f"draft_tree must be None, a TreeShape or text such as "
+                       f"'top_k=4,depth=5,nodes=16', got {draft_tree!r}")
+    if not bass:
+      raise ValueError("draft_tree needs method='bass': regular decoding drafts nothing")
+    if not (isinstance(draft_len, str) and draft_len == "dynamic"):
+      raise ValueError(f"draft_len={draft_len!r} chooses chain lengths; with draft_tree every step "
+                       "verifies a tree of that shape: leave draft_len at its default")
+    if getattr(target.config, "sliding_window", None) is not None and attention_impl != "reference":
+      raise ValueError("draft_tree with a sliding-window target runs on attention_impl='reference' "
+                       "only (the kernels place a query by slot, a tree node by depth)")
+    policy = as_policy(draft_tree.depth)
   chunk = 0
   if bass:
     chunk = (DEFAULT_VERIFY_CHUNK if verify_chunk is None
@@ -562,7 +588,8 @@ def generate(
       attention_impl=attention_impl, prompt_len=prompt_bucket(int(lengths.max())),
       max_new_bucket=max_new_bucket, greedy=temperature == 0,
       draft_len=policy, verify_chunk=chunk, target_sharding=target_plan, queue_len=queue_len,
-      history_len=history_len, acceptance="rejection" if temperature == 0 else acceptance)
+      history_len=history_len, acceptance="rejection" if temperature == 0 else acceptance,
+      draft_tree=draft_tree)
   if max_cache_len is not None and spec.cache_len > max_cache_len:
     raise ValueError(
         f"the decode needs {spec.cache_len} cache slots per row (prompt padded to {spec.prompt_len} + "

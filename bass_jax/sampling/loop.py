@@ -52,7 +52,7 @@ import jax.numpy as jnp
 from bass_jax.models.common import prefill_cache
 from bass_jax.sampling.continuous import refill, start_queue
 from bass_jax.sampling.state import DecodeInputs, DecodeSpec, DecodeState
-from bass_jax.sampling.step import bass_step, plain_step, regular_step, step_context
+from bass_jax.sampling.step import bass_step, plain_step, regular_step, step_context, tree_step
 
 
 def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any,
@@ -138,7 +138,8 @@ def _steps(spec: DecodeSpec, target_params: Any, draft_params: Any, temperature:
     return jax.lax.while_loop(
         running, functools.partial(regular_step, spec, target_params, temperature, top_p), state)
 
-  bass = functools.partial(bass_step, spec, target_params, draft_params, temperature, top_p)
+  step = tree_step if spec.draft_tree is not None else bass_step
+  bass = functools.partial(step, spec, target_params, draft_params, temperature, top_p)
   if spec.proposer.always_proposes and not spec.draft_len.may_choose_zero:
     return jax.lax.while_loop(running, bass, state)  # no plain step can occur: none is compiled
 

@@ -51,6 +51,7 @@ from bass_jax.models import eagle
 from bass_jax.models.common import DecoderConfig, prefill_cache
 from bass_jax.models.common import forward as model_forward
 from bass_jax.sampling import costs
+from bass_jax.sampling import tree as tree_lib
 from bass_jax.sampling.acceptance import leading_true
 from bass_jax.sampling.warp import categorical, coupled_choice, first_argmax, warped_log_probs
 
@@ -192,6 +193,21 @@ class Proposer(abc.ABC):
       ``(state, proposal)``.
     """
 
+  def propose_tree(self, params: Any, state: Any, ctx: StepContext, *,
+                   shape: tree_lib.TreeShape) -> tuple[Any, tree_lib.DraftTree]:
+    """Drafts a token tree per row (a tree step, docs/design.md "Token trees"): ``shape.nodes`` nodes,
+    node 0 the row's last token. Every node must be a deterministic function of the draft's state
+    (one-hot ``q``), so that tree acceptance is exact at every temperature.
+
+    The default is the proposer's own chain (:meth:`propose`, greedy, ``shape.nodes - 1`` drafts at
+    most) as a tree, with unused nodes as padding; draft models override it with EAGLE-2's growth.
+    The state's rollback after a tree step is :meth:`rollback`, as after a chain.
+    """
+    ctx = ctx.replace(draft_len=jnp.asarray(shape.nodes - 1, jnp.int32))
+    state, proposal = self.propose(params, state, ctx, max_len=shape.nodes - 1, chunk=1, greedy=True)
+    last = ctx.tokens[jnp.arange(ctx.tokens.shape[0]), ctx.seq_len - 1]
+    return state, tree_lib.chain_tree(last, proposal.drafts, proposal.num_drafts)
+
   def rollback(self, state: Any, tokens: jax.Array, old_seq_len: jax.Array,
                new_seq_len: jax.Array) -> Any:
     """The state after acceptance: rows now hold ``tokens[b, :new_seq_len[b]]``, of which the step
@@ -298,12 +314,17 @@ class ModelProposer(Proposer):
     return DraftCacheState(cache=cache, fed=jnp.zeros((batch, max_len), jnp.int32),
                            num_fed=jnp.zeros((), jnp.int32))
 
-  def propose(self, params, state, ctx, *, max_len, chunk, greedy):
+  def _forward(self, params):
+    return functools.partial(model_forward, self.config, params, dtype=self.dtype,
+                             attention_impl=self.attention_impl, sharding=self.sharding)
+
+  def _catch_up(self, params, state, ctx):
+    """The draft's cache brought up to each row's whole text, and its logits ``f32[B, V]`` for the
+    token after it."""
     batch = ctx.tokens.shape[0]
     rows = jnp.arange(batch)
     last_slot = ctx.tokens.shape[1] - 1
-    forward = functools.partial(model_forward, self.config, params, dtype=self.dtype,
-                                attention_impl=self.attention_impl, sharding=self.sharding)
+    forward = self._forward(params)
 
     def window(lengths):  # the two text tokens at lengths, lengths + 1 (clipped to the buffer)
       return ctx.tokens[rows[:, None], jnp.minimum(lengths[:, None] + jnp.arange(2), last_slot)]
@@ -322,7 +343,11 @@ class ModelProposer(Proposer):
     # overwritten by the first draft.
     pending = jnp.clip(ctx.seq_len - cache.lengths, 1, 2)
     logits, cache = forward(window(cache.lengths), cache)
-    cache = cache.with_lengths(ctx.seq_len)
+    return cache.with_lengths(ctx.seq_len), logits[rows, pending - 1]
+
+  def propose(self, params, state, ctx, *, max_len, chunk, greedy):
+    forward = self._forward(params)
+    cache, logits = self._catch_up(params, state, ctx)
 
     def draw(logits, i):  # draft i: token i32[B] and its q f32[B, V] (None when greedy)
       if greedy:
@@ -335,9 +360,27 @@ class ModelProposer(Proposer):
       return (cache, *draw(logits[:, 0], i))
 
     cache, proposal = draft_autoregressively(
-        step, cache, draw(logits[rows, pending - 1], 0), ctx,
+        step, cache, draw(logits, 0), ctx,
         max_len=max_len, chunk=chunk, vocab_size=self.config.vocab_size)
     return DraftCacheState(cache=cache, fed=proposal.drafts, num_fed=ctx.draft_len - 1), proposal
+
+  def propose_tree(self, params, state, ctx, *, shape, prior=None):
+    """EAGLE-2's growth (``tree.grow_tree``) with this model: each level is one forward of the
+    expanded nodes under their ancestor mask. Nothing drafted stays in the cache: the rollback keeps
+    the text, and the next catch-up feeds the accepted tokens."""
+    forward = self._forward(params)
+    cache, logits = self._catch_up(params, state, ctx)
+
+    def expand(cache, tokens, parent, mask):
+      del parent  # the mask says it all
+      logits, cache = forward(tokens, cache, tree_mask=mask)
+      return cache, jax.nn.log_softmax(logits, axis=-1)
+
+    last = ctx.tokens[jnp.arange(ctx.tokens.shape[0]), ctx.seq_len - 1]
+    cache, tree = tree_lib.grow_tree(last, jax.nn.log_softmax(logits, axis=-1), expand, cache, shape,
+                                     prior=prior)
+    return state.replace(cache=cache.with_lengths(ctx.seq_len),
+                         num_fed=jnp.zeros((), jnp.int32)), tree
 
   def rollback(self, state, tokens, old_seq_len, new_seq_len):
     # The step's proposal wrote K/V of fed[:, :num_fed] at old_seq_len…; keep those the text confirms.
@@ -416,9 +459,10 @@ class EagleProposer(Proposer):
   def name(self) -> str:
     return f"eagle({self.config.num_layers} layer, V'={self.config.draft_vocab_size})"
 
-  def _forward(self, params, tokens, features, cache):
+  def _forward(self, params, tokens, features, cache, tree_mask=None):
     return eagle.forward(self.config, params, tokens, features, cache, dtype=self.dtype,
-                         attention_impl=self.attention_impl, sharding=self.sharding)
+                         attention_impl=self.attention_impl, sharding=self.sharding,
+                         tree_mask=tree_mask)
 
   def init_state(self, params, prompts, prompt_len, *, cache_len, max_len, features=None,
                  prefill_chunk=None):
@@ -443,11 +487,12 @@ class EagleProposer(Proposer):
         run, params, costs.half_full_cache(self.config, batch, cache_len, self.dtype), positions)
     return timed(min(max_len + 1, self.catch_up_width)), timed(1)
 
-  def propose(self, params, state, ctx, *, max_len, chunk, greedy):
+  def _catch_up(self, params, state, ctx, max_len):
+    """The draft's cache over every pair of the text (the target's features), and the predicted
+    feature ``f̂_{n-1}: [B, E]`` of each row's next position (step 1 of the class docstring)."""
     batch, width = ctx.tokens.shape
     rows = jnp.arange(batch)[:, None]
     window = min(max_len + 1, self.catch_up_width)
-    vocab_ids = params["vocab_ids"]
 
     def pairs(start):  # tokens x_{i+1} and features f_i for i = start … start + window - 1
       i = start[:, None] + jnp.arange(window)
@@ -467,7 +512,11 @@ class EagleProposer(Proposer):
     predicted, cache = self._forward(params, *pairs(start), cache.with_lengths(start))
     last = jnp.clip(ctx.seq_len - 2 - start, 0, window - 1)
     feature = predicted[rows[:, 0], last]  # f̂_{n-1}: [B, E]
-    cache = cache.with_lengths(jnp.maximum(ctx.seq_len - 1, 0))
+    return cache.with_lengths(jnp.maximum(ctx.seq_len - 1, 0)), feature
+
+  def propose(self, params, state, ctx, *, max_len, chunk, greedy):
+    vocab_ids = params["vocab_ids"]
+    cache, feature = self._catch_up(params, state, ctx, max_len)
 
     def draw(feature, i):  # draft i: token i32[B] in the full vocabulary; its q as f32[B, V] (sampled)
       logits = eagle.draft_logits(params, feature)
@@ -488,6 +537,24 @@ class EagleProposer(Proposer):
         step, (cache, feature), draw(feature, 0), ctx,
         max_len=max_len, chunk=chunk, vocab_size=self.config.vocab_size)
     return EagleState(cache=cache), proposal
+
+  def propose_tree(self, params, state, ctx, *, shape, prior=None):
+    """EAGLE-2's growth (``tree.grow_tree``): each level forwards the pairs ``(f̂ of the parent,
+    token)`` of its expanded nodes under their ancestor mask, whose predicted features score their
+    children and feed the next level. The rollback drops every drafted pair, as after a chain."""
+    cache, feature = self._catch_up(params, state, ctx, shape.depth)
+
+    def expand(carry, tokens, parent, mask):
+      cache, parent_features = carry  # [B, k or 1, E]: the previous level's predictions
+      features = jnp.take_along_axis(parent_features, parent[..., None], axis=1)
+      predicted, cache = self._forward(params, tokens, features, cache, tree_mask=mask)
+      return (cache, predicted), jax.nn.log_softmax(eagle.draft_logits(params, predicted), axis=-1)
+
+    last = ctx.tokens[jnp.arange(ctx.tokens.shape[0]), ctx.seq_len - 1]
+    first = jax.nn.log_softmax(eagle.draft_logits(params, feature), axis=-1)
+    (cache, _), tree = tree_lib.grow_tree(last, first, expand, (cache, feature[:, None]), shape,
+                                          token_of=lambda ids: params["vocab_ids"][ids], prior=prior)
+    return EagleState(cache=cache), tree
 
   def rollback(self, state, tokens, old_seq_len, new_seq_len):
     del tokens, new_seq_len
@@ -626,6 +693,16 @@ class HybridProposer(Proposer):
       one_hot = jnp.where(jnp.arange(log_q.shape[2]) == padded[..., None], 0.0, -jnp.inf)
       log_q = jnp.where(use_ngram[:, None, None], one_hot, log_q)
     return state, Proposal(drafts=drafts, num_drafts=num_drafts, log_q=log_q)
+
+  def propose_tree(self, params, state, ctx, *, shape):
+    """One tree per row: the row's n-gram continuation (if any) as a chain from the root, kept whole,
+    and the model's best EAGLE-2 nodes in the rest (``tree.grow_tree``'s ``prior``)."""
+    start, available = self.ngram.lookup(ctx.tokens, ctx.seq_len)
+    width = min(shape.nodes - 1, shape.depth)
+    rows = jnp.arange(ctx.tokens.shape[0])[:, None]
+    chain = ctx.tokens[rows, jnp.minimum(start[:, None] + jnp.arange(width), ctx.tokens.shape[1] - 1)]
+    count = jnp.minimum(available, width).astype(jnp.int32)
+    return self.model.propose_tree(params, state, ctx, shape=shape, prior=(chain, count))
 
   def rollback(self, state, tokens, old_seq_len, new_seq_len):
     return self.model.rollback(state, tokens, old_seq_len, new_seq_len)

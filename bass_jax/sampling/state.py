@@ -20,6 +20,7 @@ from bass_jax.models.attention import CACHE_ALIGNMENT
 from bass_jax.models.common import DecoderConfig
 from bass_jax.sampling.draft_len import DraftLenPolicy
 from bass_jax.sampling.proposers import Proposer
+from bass_jax.sampling.tree import TreeShape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +47,8 @@ class DecodeSpec:
     acceptance: ``"rejection"`` (speculative rejection sampling, Leviathan et al. 2023) or ``"gumbel"``
       (drafter-invariant: every token is the target's Gumbel-max draw with per-sequence, per-position
       noise, ``acceptance.coupled_accept_chunk``). Greedy decoding ignores it.
+    draft_tree: a :class:`tree.TreeShape`: every speculative step verifies a token tree of that shape
+      per row (``step.tree_step``) instead of a chain; None: chains.
   """
 
   method: str
@@ -62,6 +65,7 @@ class DecodeSpec:
   queue_len: int = 0
   history_len: int = 0
   acceptance: str = "rejection"
+  draft_tree: TreeShape | None = None
 
   @property
   def coupled(self) -> bool:
@@ -80,7 +84,13 @@ class DecodeSpec:
 
   @property
   def max_draft(self) -> int:
-    return self.draft_len.max_len if self.method == "bass" else 0
+    """The slots past the last emitted token a step may write, less one: the longest chain, or what a
+    tree step's verification and draft growth need (``TreeShape.look_ahead``)."""
+    if self.method != "bass":
+      return 0
+    if self.draft_tree is not None:
+      return max(self.draft_len.max_len, self.draft_tree.look_ahead - 1)
+    return self.draft_len.max_len
 
   @property
   def keeps_features(self) -> bool:

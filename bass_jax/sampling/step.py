@@ -13,25 +13,28 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from bass_jax.cache import KVCache
+from bass_jax.cache import KVCache, keep_path
 from bass_jax.models.common import forward
 from bass_jax.sampling import acceptance
+from bass_jax.sampling import tree as tree_lib
 from bass_jax.sampling.proposers import StepContext
 from bass_jax.sampling.state import DecodeSpec, DecodeState
 from bass_jax.sampling.warp import coupled_choice, sample, warped_log_probs
 
 
 def _target_forward(spec: DecodeSpec, params: Any, tokens: jax.Array, cache: KVCache,
-                    features: jax.Array | None):
-  """The target's forward over ``tokens: i32[B, T]``; with a feature buffer, also writes the tokens'
-  features at their positions (``cache.lengths[b] + t``). Returns ``(logits, cache, features)``."""
+                    features: jax.Array | None, tree_mask: jax.Array | None = None):
+  """The target's forward over ``tokens: i32[B, T]`` (a tree's nodes with ``tree_mask``); with a feature
+  buffer, also writes the tokens' features at their slots (``cache.lengths[b] + t``). Returns
+  ``(logits, cache, features)``."""
   if features is None:
     logits, cache_out = forward(spec.target, params, tokens, cache, dtype=spec.target_dtype,
-                                attention_impl=spec.attention_impl, sharding=spec.target_sharding)
+                                attention_impl=spec.attention_impl, sharding=spec.target_sharding,
+                                tree_mask=tree_mask)
     return logits, cache_out, None
   logits, cache_out, new = forward(spec.target, params, tokens, cache, dtype=spec.target_dtype,
                                    attention_impl=spec.attention_impl, return_features=True,
-                                   sharding=spec.target_sharding)
+                                   sharding=spec.target_sharding, tree_mask=tree_mask)
   rows = jnp.arange(tokens.shape[0])[:, None]
   pos = cache.lengths[:, None] + jnp.arange(tokens.shape[1])
   return logits, cache_out, features.at[rows, pos].set(new.astype(features.dtype), mode="drop")
@@ -232,6 +235,63 @@ def bass_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
       draft_len_history=state.draft_len_history.at[state.step].set(draft_len),
       drafted_history=state.drafted_history.at[state.step].set(num_drafts),
       verified_history=state.verified_history.at[state.step].set(verified),
+      accepted_history=state.accepted_history.at[state.step].set(jnp.where(live, accepted, -1)),
+      key=key,
+  )
+
+
+def tree_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
+              state: DecodeState) -> DecodeState:
+  """One tree step for the whole batch (EAGLE-2, Li et al. 2024; SpecInfer, Miao et al. 2024;
+  docs/design.md "Token trees"): the proposer drafts a tree of ``spec.draft_tree.nodes`` nodes per
+  row, the target scores every node in one forward under the tree's ancestor mask, each row accepts
+  one root-to-node path (``tree.greedy_accept_tree``, ``coupled_accept_tree`` or
+  ``speculative_accept_tree``) and emits it and one more token, and the path's K/V (and features)
+  move into consecutive slots (``cache.keep_path``), so the next step sees an ordinary ragged cache.
+  """
+  shape = spec.draft_tree
+  key, draft_key, accept_key = jax.random.split(state.key, 3)
+  live = ~state.done
+  rows = jnp.arange(state.tokens.shape[0])
+  ctx = step_context(state, draft_key, temperature, top_p)
+  proposer_state, tree = spec.proposer.propose_tree(draft_params, state.proposer_state, ctx,
+                                                    shape=shape)
+  logits, target_cache, features = _target_forward(spec, target_params, tree.tokens,
+                                                   state.target_cache, state.features,
+                                                   tree_lib.ancestor_mask(tree))
+  if spec.greedy:
+    result = tree_lib.greedy_accept_tree(tree, logits)
+  elif spec.coupled:
+    result = tree_lib.coupled_accept_tree(tree, warped_log_probs(logits, temperature, top_p),
+                                          state.row_keys, state.seq_len)
+  else:
+    result = tree_lib.speculative_accept_tree(accept_key, tree,
+                                              warped_log_probs(logits, temperature, top_p))
+  accepted = jnp.where(live, result.num_accepted, 0)
+  # Emitted: the path's draft tokens, then next_token at slot num_accepted.
+  path = jnp.maximum(result.path, 0)
+  slots = jnp.arange(shape.nodes)[None, :]
+  on_path = jnp.take_along_axis(tree.tokens, jnp.roll(path, -1, axis=1), axis=1)
+  emitted = jnp.where(slots == result.num_accepted[:, None], result.next_token[:, None], on_path)
+  raw = jax.nn.log_softmax(logits, axis=-1)
+  emitted_logprobs = raw[rows[:, None], path, emitted]  # the target's, at the emitting node
+
+  old_seq_len = state.seq_len
+  base = old_seq_len - 1  # the root's slot: the cache lags the text by one token
+  state = _emit(state, emitted, emitted_logprobs, accepted + 1)
+  target_cache = target_cache.keep_path(base, result.path).with_lengths(state.seq_len - 1)
+  if features is not None:
+    features = keep_path(features, base, result.path, axis=1)
+  proposer_state = spec.proposer.rollback(proposer_state, state.tokens, old_seq_len, state.seq_len)
+  return state.replace(
+      target_cache=target_cache,
+      proposer_state=proposer_state,
+      features=features,
+      step=state.step + 1,
+      draft_len_history=state.draft_len_history.at[state.step].set(shape.depth),
+      drafted_history=state.drafted_history.at[state.step].set(
+          jnp.where(live, jnp.sum(tree.is_real(), axis=1) - 1, 0)),
+      verified_history=state.verified_history.at[state.step].set(shape.nodes),
       accepted_history=state.accepted_history.at[state.step].set(jnp.where(live, accepted, -1)),
       key=key,
   )

@@ -1,0 +1,110 @@
+"""Tree steps in the decode loop (``generate(draft_tree=...)``): greedy tree BASS equals greedy regular
+decoding token for token, for every proposer, static and continuous batches; the accepted paths run
+through other children than the first; and bad shapes are errors that name the argument.
+
+A tree's accepted path lies at scattered node slots; its K/V and features must be moved into
+consecutive slots (``cache.keep_path``) or the next step reads the wrong context and the tokens
+differ. The noisy draft agrees with the target often but not always, so paths of every depth and
+through second children occur. The exact law of sampled tree steps is tested in
+``tests/test_sampling_exact.py``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import bass_jax as bj
+from bass_jax.models import eagle
+from conftest import tiny_model
+
+SHAPE = "top_k=3,depth=3,nodes=8"
+MAX_NEW = 20
+
+
+def _noisy_copy(model, noise, seed):
+  leaves, treedef = jax.tree_util.tree_flatten(model.params)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  noisy = [x + noise * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+  return bj.Model(model.config, jax.tree_util.tree_unflatten(treedef, noisy), name="noisy")
+
+
+def _eagle_draft(target):
+  config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=40)
+  params = eagle.init_draft_params(config, jax.random.key(7))
+  vocab_ids = jnp.asarray(np.random.default_rng(2).permutation(target.config.vocab_size)[:40],
+                          jnp.int32)
+  return bj.Model(config, {"draft": params, "vocab_ids": vocab_ids}, name="eagle")
+
+
+@pytest.fixture(scope="module")
+def target():
+  return tiny_model(seed=0, scale=2.5)
+
+
+@pytest.fixture(scope="module")
+def prompts(target):
+  rng = np.random.default_rng(0)
+  return [list(rng.integers(0, target.config.vocab_size, size=n)) for n in (3, 9, 1, 6, 12)]
+
+
+@pytest.fixture(scope="module")
+def regular(target, prompts):
+  return bj.generate(target, None, prompts, method="regular", max_new_tokens=MAX_NEW,
+                     eos_token_id=())
+
+
+def _draft(kind, target):
+  noisy = _noisy_copy(target, 0.1, seed=3)
+  ngram = bj.NGramProposer(max_n=2, min_n=1)
+  return {"model": noisy, "eagle": _eagle_draft(target), "ngram": ngram,
+          "hybrid": bj.Hybrid(noisy, ngram)}[kind]
+
+
+@pytest.mark.parametrize("kind", ["model", "eagle", "ngram", "hybrid"])
+def test_greedy_tree_bass_is_regular_decoding(kind, target, prompts, regular):
+  out = bj.generate(target, _draft(kind, target), prompts, max_new_tokens=MAX_NEW, eos_token_id=(),
+                    draft_tree=SHAPE)
+  np.testing.assert_array_equal(out.tokens, regular.tokens)
+  accepted = out.stats.accepted[out.stats.accepted >= 0]
+  # The random EAGLE draft is rarely right and n-gram lookup in random text matches little: they only
+  # have to stay exact. The noisy copy's trees accept paths of every length.
+  assert accepted.max() >= {"model": 2, "eagle": 0, "ngram": 1, "hybrid": 2}[kind], np.bincount(accepted)
+  assert (accepted == 0).any()
+
+
+def test_a_continuous_batch_of_trees_is_regular_decoding(target, prompts, regular):
+  out = bj.generate(target, _draft("hybrid", target), prompts, max_new_tokens=MAX_NEW,
+                    eos_token_id=(), draft_tree=SHAPE, batch_size=2)
+  assert out.stats.continuous
+  np.testing.assert_array_equal(out.tokens, regular.tokens)
+
+
+def test_trees_accept_more_than_their_first_children(target, prompts):
+  """The tree pays: with the same draft and depth, it accepts more per step than the chain of its
+  first children (the draft's greedy chain), since the target's token is often a second guess."""
+  draft = _noisy_copy(target, 0.1, seed=3)
+  tree = bj.generate(target, draft, prompts, max_new_tokens=MAX_NEW, eos_token_id=(),
+                     draft_tree="top_k=3,depth=3,nodes=10")
+  chain = bj.generate(target, draft, prompts, max_new_tokens=MAX_NEW, eos_token_id=(), draft_len=3)
+  mean = lambda out: out.stats.accepted[out.stats.accepted >= 0].mean()
+  assert mean(tree) > mean(chain) + 0.1, (mean(tree), mean(chain))
+
+
+def test_bad_trees_are_errors_that_name_the_argument(target, prompts):
+  draft = _draft("model", target)
+  with pytest.raises(ValueError, match="nodes=3 must be at least depth"):
+    bj.generate(target, draft, prompts, max_new_tokens=4, draft_tree="top_k=2,depth=5,nodes=3")
+  with pytest.raises(ValueError, match="draft_tree top_k"):
+    bj.generate(target, draft, prompts, max_new_tokens=4, draft_tree="top_k=0,depth=2,nodes=3")
+  with pytest.raises(ValueError, match="leave draft_len at its default"):
+    bj.generate(target, draft, prompts, max_new_tokens=4, draft_tree=SHAPE, draft_len=4)
+  with pytest.raises(ValueError, match="needs method='bass'"):
+    bj.generate(target, None, prompts, method="regular", max_new_tokens=4, draft_tree=SHAPE)
+  with pytest.raises(ValueError, match="draft_tree must be None, a TreeShape"):
+    bj.generate(target, draft, prompts, max_new_tokens=4, draft_tree=16)
+  with pytest.raises(ValueError, match="more than max_cache_len"):
+    bj.generate(target, draft, [[1, 2]], max_new_tokens=60, max_cache_len=64,
+                draft_tree="top_k=4,depth=4,nodes=17")
