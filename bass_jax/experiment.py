@@ -22,7 +22,7 @@ from bass_jax.sampling.generate import generate
 SUMMARY_KEYS = (
     "method", "batch_size", "continuous", "num_prompts", "distinct_prompts", "max_new_tokens",
     "temperature",
-    "top_p", "acceptance_rule", "draft_len", "ms_per_token_first", "ms_per_token_last", "ms_per_token_all",
+    "top_p", "acceptance_rule", "draft_len", "draft_tree", "ms_per_token_first", "ms_per_token_last", "ms_per_token_all",
     "tokens_per_second", "mean_accepted_length", "draft_acceptance_rate", "length_spread",
     "accepted_spread", "steps", "speculative_steps", "wall_seconds", "compile_seconds",
 )
@@ -123,6 +123,7 @@ def run_problems(
     continuous: bool = False,
     done: Mapping[tuple[str, int], dict[str, Any]] | None = None,
     acceptance: str = "rejection",
+    draft_tree: str | None = None,
 ) -> RunResult:
   """Decodes the problems batch by batch (:func:`make_batches`), or with continuous batching, and
   summarizes with the paper's metrics.
@@ -178,6 +179,7 @@ def run_problems(
       measured run).
     done: records of sequences already decoded, keyed by :func:`record_key` (resuming, above).
     acceptance: ``generate``'s acceptance rule, ``"rejection"`` or ``"gumbel"`` (drafter-invariant).
+    draft_tree: ``generate``'s ``draft_tree`` (a token tree per row each step; None: chains).
 
   Returns:
     :class:`RunResult`: the records this call decoded, in plan order (``task_id, sample_index,
@@ -227,7 +229,7 @@ def run_problems(
     return generate(target, draft, prompt_ids, method=method, max_new_tokens=max_new_tokens,
                     temperature=temperature, top_p=top_p, draft_len=draft_len, seed=batch_seed,
                     attention_impl=attention_impl, verify_chunk=verify_chunk, batch_size=batch_size,
-                    on_finish=on_finish, acceptance=acceptance,
+                    on_finish=on_finish, acceptance=acceptance, draft_tree=draft_tree,
                     sequence_ids=[sequence_id[(p.task_id, k)] for p, k in rows])
 
   encode = lambda rows: text.encode_prompts(tokenizer, [p.prompt for p, _ in rows])
@@ -330,6 +332,7 @@ def run_problems(
       "top_p": top_p,
       "acceptance_rule": acceptance if temperature > 0 else None,
       "draft_len": str(draft_len) if method == "bass" else None,
+      "draft_tree": str(draft_tree) if method == "bass" and draft_tree is not None else None,
       "continuous": was_continuous,
       "ms_per_token_first": None if was_continuous else mean([l.first for l in latencies]),
       "ms_per_token_last": None if was_continuous else mean([l.last for l in latencies]),

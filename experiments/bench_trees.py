@@ -1,0 +1,78 @@
+r"""Token trees against chains and regular decoding, side by side (issue 25's table).
+
+    python -m experiments.bench_trees --prompts=humaneval --num_prompts=8 --batch_sizes=1,2 \
+        --temperatures=0,0.2 --trees=top_k=4,depth=5,nodes=16
+
+For every batch size and temperature, each configuration decodes the same prompts (distinct prompts
+per batch when greedy, ``batch_size`` samples of each prompt when sampling) through
+``experiment.run_problems``: regular decoding, each draft side as a chain at ``--chain_len`` and as
+each tree of ``--trees`` (``generate(draft_tree=...)``). Each configuration runs its whole pass in turn; with ``--rounds``
+the set repeats with the order reversed every other round, so that a machine that slows down mid-run
+slows all alike, and the table pools the rounds. One markdown row per configuration: mean accepted length
+(tokens per step per row, bonus counted), per-token latency All (ms, BASS §4.1) and its ratio to
+regular decoding's in the same rounds. Tuning uses ``--prompts=stdlib-heldout``; HumanEval only
+evaluates a choice made there.
+"""
+
+from __future__ import annotations
+
+from absl import app
+from absl import flags
+
+from experiments import _io
+
+_TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target model spec.")
+_DRAFTS = flags.DEFINE_list("drafts", ["smollm2-135m-eagle", "hybrid:smollm2-135m-eagle"],
+                            "Draft sides (as experiments.generate's --draft).")
+_TREES = flags.DEFINE_multi_string("trees", ["top_k=4,depth=5,nodes=16"],
+                                   "Tree shapes (repeat the flag for several).")
+_CHAIN_LEN = flags.DEFINE_string("chain_len", "4", "The chains' --draft_len ('dynamic', 'goodput', "
+                                 "an int).")
+_PROMPTS = flags.DEFINE_string("prompts", "stdlib-heldout", "Prompt source.")
+_NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 8, "Prompts.", lower_bound=1)
+_BATCHES = flags.DEFINE_list("batch_sizes", ["1", "2"], "Batch sizes.")
+_TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "0.2"], "Temperatures (top-p 0.95 when > 0).")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per sequence at most.", lower_bound=1)
+_ROUNDS = flags.DEFINE_integer("rounds", 1, "Repetitions of the whole set.", lower_bound=1)
+
+
+def main(argv):
+  del argv
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  import bass_jax as bj  # pylint: disable=g-import-not-at-top
+  from bass_jax import experiment  # pylint: disable=g-import-not-at-top
+  from bass_jax.data import load_problems  # pylint: disable=g-import-not-at-top
+
+  target = bj.load_model(_TARGET.value)
+  drafts = {spec: bj.load_draft_spec(spec, target) for spec in _DRAFTS.value}
+  problems = load_problems(_PROMPTS.value, _NUM_PROMPTS.value)
+  configs = [("regular", None, None, None)]
+  for spec in drafts:
+    configs.append((f"{spec} chain l={_CHAIN_LEN.value}", spec, _io.draft_len_value(_CHAIN_LEN.value),
+                    None))
+    configs += [(f"{spec} tree {shape}", spec, "dynamic", shape) for shape in _TREES.value]
+  print(f"target {_TARGET.value}; prompts {_PROMPTS.value} x {_NUM_PROMPTS.value}; "
+        f"{_MAX_NEW.value} new tokens; {_ROUNDS.value} round(s)", flush=True)
+  for temperature in map(float, _TEMPERATURES.value):
+    for batch in map(int, _BATCHES.value):
+      results = {name: [] for name, *_ in configs}
+      for r in range(_ROUNDS.value):
+        for name, spec, draft_len, tree in (configs if r % 2 == 0 else configs[::-1]):
+          run = experiment.run_problems(
+              target, drafts.get(spec), problems, batch_size=batch,
+              method="regular" if spec is None else "bass", max_new_tokens=_MAX_NEW.value,
+              temperature=temperature, top_p=0.95 if temperature > 0 else 1.0,
+              draft_len=draft_len or "dynamic", draft_tree=tree, progress=False)
+          results[name].append(run.summary)
+      regular = np.mean([s["ms_per_token_all"] for s in results["regular"]])
+      print(f"\nT = {temperature}, B = {batch}\n\n| configuration | mean accepted length | "
+            "ms/token All | vs regular |\n|---|---|---|---|")
+      for name, summaries in results.items():
+        ms = np.mean([s["ms_per_token_all"] for s in summaries])
+        accepted = np.mean([s["mean_accepted_length"] for s in summaries])
+        print(f"| {name} | {accepted:.2f} | {ms:.1f} | {regular / ms:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+  _io.run(main)
