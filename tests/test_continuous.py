@@ -20,10 +20,9 @@ import numpy as np
 import pytest
 
 import bass_jax as bj
-from bass_jax.models import eagle
 from bass_jax.sampling import generate as generate_lib
 from bass_jax.sampling import continuous
-from conftest import assert_lossless, assert_reported, tiny_model
+from conftest import assert_lossless, assert_reported, noisy_copy, random_eagle_draft, tiny_model
 import test_sampling_exact as exact
 
 # Prompt lengths, one per prompt (all padded to one bucket, 128, in a continuous call): the last, admitted
@@ -35,22 +34,6 @@ MAX_NEW = 24
 def _prompts(vocab, lengths=LENGTHS, seed=3):
   rng = np.random.default_rng(seed)
   return [rng.integers(0, vocab, n).tolist() for n in lengths]
-
-
-def _noisy_copy(model, noise, seed):
-  """A draft that agrees with the target part of the time: its weights plus Gaussian noise."""
-  leaves, treedef = jax.tree_util.tree_flatten(model.params)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  noisy = [x + noise * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
-  return bj.Model(model.config, jax.tree_util.tree_unflatten(treedef, noisy), name="noisy")
-
-
-def _eagle_draft(target):
-  config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=40)
-  params = eagle.init_draft_params(config, jax.random.key(7))
-  vocab_ids = jnp.asarray(np.random.default_rng(2).permutation(target.config.vocab_size)[:40],
-                          jnp.int32)
-  return bj.Model(config, {"draft": params, "vocab_ids": vocab_ids}, name="eagle")
 
 
 @pytest.fixture(scope="module")
@@ -82,10 +65,10 @@ def alone(target, eos):
 
 
 def _draft(kind, target):
-  noisy = _noisy_copy(target, 0.4, 1)
+  noisy = noisy_copy(target, 0.4, 1)
   return {"regular": None, "model": noisy, "ngram": bj.NGramProposer(max_n=3, min_n=1),
           "hybrid": bj.Hybrid(noisy, bj.NGramProposer(max_n=3, min_n=1)),
-          "eagle": _eagle_draft(target)}[kind]
+          "eagle": random_eagle_draft(target)}[kind]
 
 
 def _solo(target, draft, prompts, **kwargs):
@@ -146,7 +129,7 @@ def test_greedy_continuous_equals_each_prompt_alone(target, eos, alone, kind, dr
 
 def test_batch_size_at_least_the_prompts_is_a_static_batch(target):
   prompts = _prompts(target.config.vocab_size, (5, 11, 2))
-  draft = _noisy_copy(target, 0.4, 1)
+  draft = noisy_copy(target, 0.4, 1)
   static = bj.generate(target, draft, prompts, max_new_tokens=MAX_NEW)
   for batch_size in (3, 8):
     out = bj.generate(target, draft, prompts, max_new_tokens=MAX_NEW, batch_size=batch_size)
@@ -171,7 +154,7 @@ def test_one_program_call_without_prompt_timing(target, monkeypatch):
 
   monkeypatch.setattr(generate_lib, "_compiled", counting)
   prompts = _prompts(target.config.vocab_size)
-  draft = _noisy_copy(target, 0.4, 1)
+  draft = noisy_copy(target, 0.4, 1)
   timed = bj.generate(target, draft, prompts, max_new_tokens=MAX_NEW, batch_size=2)
   timed_calls, calls[:] = len(calls), []
   reported = []

@@ -8,28 +8,19 @@ near-tie, and reports the exact-match rate.
 """
 
 
-import jax
 import numpy as np
 import pytest
 
 import bass_jax as bj
 from bass_jax import experiment
 from bass_jax.data import Problem
-from conftest import assert_lossless, assert_reported, tiny_model
+from conftest import assert_lossless, assert_reported, noisy_copy, tiny_model
 
 
 
 def _prompts(vocab, lengths, seed=0):
   rng = np.random.default_rng(seed)
   return [rng.integers(0, vocab, n).tolist() for n in lengths]
-
-
-def _noisy_copy(model, noise, seed):
-  """A draft that agrees with the target part of the time: its weights plus Gaussian noise."""
-  leaves, treedef = jax.tree_util.tree_flatten(model.params)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  noisy = [x + noise * jax.numpy.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
-  return bj.Model(model.config, jax.tree_util.tree_unflatten(treedef, noisy), name="noisy")
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +31,7 @@ def target():
 @pytest.mark.parametrize("draft_kind", ["noisy", "self", "unrelated"])
 @pytest.mark.parametrize("draft_len", [1, 3, "dynamic"])
 def test_greedy_bass_equals_regular(target, draft_kind, draft_len):
-  draft = {"noisy": _noisy_copy(target, 0.4, 1), "self": target,
+  draft = {"noisy": noisy_copy(target, 0.4, 1), "self": target,
            "unrelated": tiny_model(seed=9, scale=2.5, num_hidden_layers=1)}[draft_kind]
   prompts = _prompts(target.config.vocab_size, (1, 5, 12, 30, 7))
   regular = bj.generate(target, None, prompts, method="regular", max_new_tokens=40)
@@ -75,7 +66,7 @@ def test_rows_stop_at_eos_independently(target):
   free = bj.generate(target, None, prompts, method="regular", max_new_tokens=30, eos_token_id=())
   eos = free.tokens[0, 6]  # a token row 0 emits at step 7
   first = [list(row).index(eos) if eos in row else None for row in free.sequences()]
-  for method, draft in (("regular", None), ("bass", _noisy_copy(target, 0.4, 2))):
+  for method, draft in (("regular", None), ("bass", noisy_copy(target, 0.4, 2))):
     reported = []
     out = bj.generate(target, draft, prompts, method=method, max_new_tokens=30, eos_token_id=int(eos),
                       draft_len=4, on_finish=reported.append)
@@ -92,7 +83,7 @@ def test_rows_stop_at_eos_independently(target):
 
 def test_sampling_is_reproducible_and_seeded(target):
   prompts = _prompts(target.config.vocab_size, (3, 6))
-  draft = _noisy_copy(target, 0.4, 3)
+  draft = noisy_copy(target, 0.4, 3)
   kw = dict(method="bass", max_new_tokens=20, temperature=0.8, top_p=0.9)
   a = bj.generate(target, draft, prompts, seed=1, **kw)
   b = bj.generate(target, draft, prompts, seed=1, **kw)
@@ -155,7 +146,7 @@ def test_calls_within_the_same_buckets_share_programs(target):
   from bass_jax.sampling import generate as generate_lib
 
   bj.clear_compile_cache()
-  draft = _noisy_copy(target, 0.4, 5)
+  draft = noisy_copy(target, 0.4, 5)
   kw = dict(method="bass", draft_len=3, temperature=0.7, verify_chunk=4)
   first = bj.generate(target, draft, _prompts(target.config.vocab_size, (3, 9, 5)), max_new_tokens=20,
                       top_p=0.9, seed=1, **kw)
@@ -177,7 +168,7 @@ def test_inert_padding_rows_change_nothing(target):
   """A batch of 3 runs as 4 rows; the padding row emits nothing and the real rows equal decoding
   each prompt alone."""
   prompts = _prompts(target.config.vocab_size, (4, 11, 6), seed=8)
-  together = bj.generate(target, _noisy_copy(target, 0.4, 6), prompts, max_new_tokens=16, draft_len=2)
+  together = bj.generate(target, noisy_copy(target, 0.4, 6), prompts, max_new_tokens=16, draft_len=2)
   assert together.tokens.shape == (3, 16) and together.stats.accepted.shape[1] == 3
   for i, prompt in enumerate(prompts):
     alone = bj.generate(target, None, [prompt], method="regular", max_new_tokens=16)
@@ -187,7 +178,7 @@ def test_inert_padding_rows_change_nothing(target):
 def test_verification_in_chunks_equals_one_pass(target):
   """Scoring l + 1 positions in several chunk passes accepts exactly what one pass accepts."""
   prompts = _prompts(target.config.vocab_size, (2, 9, 17, 5))
-  draft = _noisy_copy(target, 0.05, 7)  # accepts often, so long drafts need several passes
+  draft = noisy_copy(target, 0.05, 7)  # accepts often, so long drafts need several passes
   one = bj.generate(target, draft, prompts, max_new_tokens=40, draft_len=12, verify_chunk=13)
   many = bj.generate(target, draft, prompts, max_new_tokens=40, draft_len=12, verify_chunk=3)
   assert assert_lossless(target, prompts, one, many) == 1.0
@@ -234,7 +225,7 @@ def test_the_compiled_decode_copies_no_cache(target, method, temperature, tree):
   from bass_jax.sampling import generate as generate_lib
 
   bj.clear_compile_cache()
-  draft = _noisy_copy(target, 0.4, 5)
+  draft = noisy_copy(target, 0.4, 5)
   out = bj.generate(target, draft, _prompts(target.config.vocab_size, (3, 9)), method=method,
                     max_new_tokens=8, temperature=temperature,
                     **({"draft_tree": tree} if tree else {"draft_len": 3}))

@@ -11,32 +11,14 @@ through second children occur. The exact law of sampled tree steps is tested in
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import bass_jax as bj
-from bass_jax.models import eagle
-from conftest import tiny_model
+from conftest import noisy_copy, random_eagle_draft, tiny_model
 
 SHAPE = "top_k=3,depth=3,nodes=8"
 MAX_NEW = 20
-
-
-def _noisy_copy(model, noise, seed):
-  leaves, treedef = jax.tree_util.tree_flatten(model.params)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  noisy = [x + noise * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
-  return bj.Model(model.config, jax.tree_util.tree_unflatten(treedef, noisy), name="noisy")
-
-
-def _eagle_draft(target):
-  config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=40)
-  params = eagle.init_draft_params(config, jax.random.key(7))
-  vocab_ids = jnp.asarray(np.random.default_rng(2).permutation(target.config.vocab_size)[:40],
-                          jnp.int32)
-  return bj.Model(config, {"draft": params, "vocab_ids": vocab_ids}, name="eagle")
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +39,9 @@ def regular(target, prompts):
 
 
 def _draft(kind, target):
-  noisy = _noisy_copy(target, 0.1, seed=3)
+  noisy = noisy_copy(target, 0.1, seed=3)
   ngram = bj.NGramProposer(max_n=2, min_n=1)
-  return {"model": noisy, "eagle": _eagle_draft(target), "ngram": ngram,
+  return {"model": noisy, "eagle": random_eagle_draft(target), "ngram": ngram,
           "hybrid": bj.Hybrid(noisy, ngram)}[kind]
 
 
@@ -85,7 +67,7 @@ def test_a_continuous_batch_of_trees_is_regular_decoding(target, prompts, regula
 def test_trees_accept_more_than_their_first_children(target, prompts):
   """The tree pays: with the same draft and depth, it accepts more per step than the chain of its
   first children (the draft's greedy chain), since the target's token is often a second guess."""
-  draft = _noisy_copy(target, 0.1, seed=3)
+  draft = noisy_copy(target, 0.1, seed=3)
   tree = bj.generate(target, draft, prompts, max_new_tokens=MAX_NEW, eos_token_id=(),
                      draft_tree="top_k=3,depth=3,nodes=10")
   chain = bj.generate(target, draft, prompts, max_new_tokens=MAX_NEW, eos_token_id=(), draft_len=3)

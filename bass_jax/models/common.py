@@ -3,12 +3,13 @@ checked parsing of Hugging Face config fields.
 
 Every family (``llama.py``, ``opt.py``, ``codegen.py``, ``gpt2.py``) has a frozen config dataclass that
 implements :class:`DecoderConfig` and a Flax module with the call signature
-``(tokens i32[B, T], cache: KVCache | None, compute_logits=True) -> (logits f32[B, T, V] | None,
-KVCache | KVUpdate)``: token t of row b sits at position ``cache.lengths[b] + t``, its K/V are written
-at that slot of each layer's ``[B, K, S, H]`` cache, and it attends to every slot up to its own; the
-returned cache has ``lengths + T``. Without a cache (a full forward, training, a prefill into a fresh
-cache) token t sits at position t, attends to tokens ``0 … t``, and the new K/V come back as a
-:class:`KVUpdate` for ``cache.append``.
+``(tokens i32[B, T], cache: KVCache | None, compute_logits=True, tree_mask=None) -> (logits f32[B, T,
+V] | None, KVCache | KVUpdate)``: token t of row b sits at position ``cache.lengths[b] + t``, its K/V
+are written at that slot of each layer's ``[B, K, S, H]`` cache, and it attends to every slot up to its
+own; the returned cache has ``lengths + T``. With a ``tree_mask`` the tokens are nodes of a token tree
+instead, placed by depth and attending to their ancestors (:func:`forward`). Without a cache (a full
+forward, training, a prefill into a fresh cache) token t sits at position t, attends to tokens
+``0 … t``, and the new K/V come back as a :class:`KVUpdate` for ``cache.append``.
 
 Layers are unrolled, each with its own parameters (``layers_0``, ``layers_1``, … as in Hugging Face's
 ``model.layers.{i}``) and its own cache arrays: no layer reads its weights or its cache through a slice of

@@ -275,8 +275,8 @@ def forward(config: EagleConfig, params: dict[str, Any], tokens: jax.Array, feat
       ``[B, T, E]`` the features ``f_i`` (the target's, or the draft's own ``f̂_i``).
     cache: the draft's ragged cache, or None for a full causal forward (training).
     sharding: the draft's placement on a mesh, or None (one device); as ``common.forward``.
-    tree_mask: ``bool[B, T, T]``: the pairs are the nodes of a draft tree per row (EAGLE-2's tree
-      growth), as ``common.forward``'s; None: a chain.
+    tree_mask: ``bool[B, T, M]``: the pairs are the newest T of a draft tree's M nodes per row
+      (EAGLE-2's tree growth, level by level), as ``common.forward``'s; None: a chain.
 
   Returns:
     ``(f̂ dtype[B, T, E], cache or KVUpdate)``: the predicted next features; the cache's lengths

@@ -367,7 +367,8 @@ class ModelProposer(Proposer):
   def propose_tree(self, params, state, ctx, *, shape, prior=None):
     """EAGLE-2's growth (``tree.grow_tree``) with this model: each level is one forward of the
     expanded nodes under their ancestor mask. Nothing drafted stays in the cache: the rollback keeps
-    the text, and the next catch-up feeds the accepted tokens."""
+    the text, and the next catch-up feeds the accepted tokens. ``prior``: a hybrid's chain, ranked
+    first (``grow_tree``'s)."""
     forward = self._forward(params)
     cache, logits = self._catch_up(params, state, ctx)
 
@@ -541,7 +542,8 @@ class EagleProposer(Proposer):
   def propose_tree(self, params, state, ctx, *, shape, prior=None):
     """EAGLE-2's growth (``tree.grow_tree``): each level forwards the pairs ``(f̂ of the parent,
     token)`` of its expanded nodes under their ancestor mask, whose predicted features score their
-    children and feed the next level. The rollback drops every drafted pair, as after a chain."""
+    children and feed the next level. The rollback drops every drafted pair, as after a chain.
+    ``prior``: a hybrid's chain, ranked first (``grow_tree``'s)."""
     cache, feature = self._catch_up(params, state, ctx, shape.depth)
 
     def expand(carry, tokens, parent, mask):
@@ -697,12 +699,11 @@ class HybridProposer(Proposer):
   def propose_tree(self, params, state, ctx, *, shape):
     """One tree per row: the row's n-gram continuation (if any) as a chain from the root, kept whole,
     and the model's best EAGLE-2 nodes in the rest (``tree.grow_tree``'s ``prior``)."""
-    start, available = self.ngram.lookup(ctx.tokens, ctx.seq_len)
     width = min(shape.nodes - 1, shape.depth)
-    rows = jnp.arange(ctx.tokens.shape[0])[:, None]
-    chain = ctx.tokens[rows, jnp.minimum(start[:, None] + jnp.arange(width), ctx.tokens.shape[1] - 1)]
-    count = jnp.minimum(available, width).astype(jnp.int32)
-    return self.model.propose_tree(params, state, ctx, shape=shape, prior=(chain, count))
+    _, chain = self.ngram.propose(None, None, ctx.replace(draft_len=jnp.asarray(width, jnp.int32)),
+                                  max_len=width, chunk=1, greedy=True)
+    return self.model.propose_tree(params, state, ctx, shape=shape,
+                                   prior=(chain.drafts, chain.num_drafts))
 
   def rollback(self, state, tokens, old_seq_len, new_seq_len):
     return self.model.rollback(state, tokens, old_seq_len, new_seq_len)

@@ -89,7 +89,7 @@ class DecodeSpec:
     if self.method != "bass":
       return 0
     if self.draft_tree is not None:
-      return max(self.draft_len.max_len, self.draft_tree.look_ahead - 1)
+      return self.draft_tree.look_ahead - 1
     return self.draft_len.max_len
 
   @property

@@ -217,23 +217,32 @@ def bass_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
       spec, target_params, temperature, top_p, state, proposal.drafts, num_drafts, proposal.log_q,
       accept_key)
 
-  old_seq_len = state.seq_len
-  state = _emit(state, emitted, emitted_logprobs, accepted + 1)
-  # Rejected drafts are dropped by resetting lengths; their K/V stay in place, masked, to be
-  # overwritten.
-  target_cache = target_cache.with_lengths(state.seq_len - 1)
-  proposer_state = spec.proposer.rollback(proposer_state, state.tokens, old_seq_len, state.seq_len)
   next_len, policy_state = spec.draft_len.after_step(state.policy_state, draft_len, num_drafts,
                                                      accepted, live)
+  state = _advance(spec, state, emitted, emitted_logprobs, accepted, target_cache, features,
+                   proposer_state, key, draft_len=draft_len, drafted=num_drafts, verified=verified)
+  return state.replace(draft_len=jnp.asarray(next_len, jnp.int32), policy_state=policy_state)
+
+
+def _advance(spec: DecodeSpec, state: DecodeState, emitted, emitted_logprobs, accepted, target_cache,
+             features, proposer_state, key, *, draft_len, drafted, verified) -> DecodeState:
+  """The end of a speculative step, chain or tree: each live row emits ``emitted[b, :accepted[b] +
+  1]`` (``i32[B, E]``, with the target's log-probs ``f32[B, E]``), the target cache keeps the text
+  (rejected drafts are dropped by resetting lengths; their K/V stay in place, masked, to be
+  overwritten), the proposer rolls back, and the step is recorded in the histories: the draft length
+  ``draft_len: i32[]``, ``drafted: i32[B]`` drafts per row, ``verified: i32[]`` positions scored per
+  row and the accepted counts (-1 for rows that were done)."""
+  live = ~state.done
+  old_seq_len = state.seq_len
+  state = _emit(state, emitted, emitted_logprobs, accepted + 1)
+  proposer_state = spec.proposer.rollback(proposer_state, state.tokens, old_seq_len, state.seq_len)
   return state.replace(
-      target_cache=target_cache,
+      target_cache=target_cache.with_lengths(state.seq_len - 1),
       proposer_state=proposer_state,
       features=features,
       step=state.step + 1,
-      draft_len=jnp.asarray(next_len, jnp.int32),
-      policy_state=policy_state,
       draft_len_history=state.draft_len_history.at[state.step].set(draft_len),
-      drafted_history=state.drafted_history.at[state.step].set(num_drafts),
+      drafted_history=state.drafted_history.at[state.step].set(drafted),
       verified_history=state.verified_history.at[state.step].set(verified),
       accepted_history=state.accepted_history.at[state.step].set(jnp.where(live, accepted, -1)),
       key=key,
@@ -276,25 +285,14 @@ def tree_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
   raw = jax.nn.log_softmax(logits, axis=-1)
   emitted_logprobs = raw[rows[:, None], path, emitted]  # the target's, at the emitting node
 
-  old_seq_len = state.seq_len
-  base = old_seq_len - 1  # the root's slot: the cache lags the text by one token
-  state = _emit(state, emitted, emitted_logprobs, accepted + 1)
-  target_cache = target_cache.keep_path(base, result.path).with_lengths(state.seq_len - 1)
+  base = state.seq_len - 1  # the root's slot: the cache lags the text by one token
+  target_cache = target_cache.keep_path(base, result.path)
   if features is not None:
     features = keep_path(features, base, result.path, axis=1)
-  proposer_state = spec.proposer.rollback(proposer_state, state.tokens, old_seq_len, state.seq_len)
-  return state.replace(
-      target_cache=target_cache,
-      proposer_state=proposer_state,
-      features=features,
-      step=state.step + 1,
-      draft_len_history=state.draft_len_history.at[state.step].set(shape.depth),
-      drafted_history=state.drafted_history.at[state.step].set(
-          jnp.where(live, jnp.sum(tree.is_real(), axis=1) - 1, 0)),
-      verified_history=state.verified_history.at[state.step].set(shape.nodes),
-      accepted_history=state.accepted_history.at[state.step].set(jnp.where(live, accepted, -1)),
-      key=key,
-  )
+  drafted = jnp.where(live, tree.num_nodes - 1, 0)
+  return _advance(spec, state, emitted, emitted_logprobs, accepted, target_cache, features,
+                  proposer_state, key, draft_len=jnp.int32(shape.depth), drafted=drafted,
+                  verified=jnp.int32(shape.nodes))
 
 
 def step_context(state: DecodeState, key, temperature, top_p) -> StepContext:
