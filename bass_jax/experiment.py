@@ -22,9 +22,11 @@ from bass_jax.sampling.generate import generate
 SUMMARY_KEYS = (
     "method", "batch_size", "continuous", "num_prompts", "distinct_prompts", "max_new_tokens",
     "temperature",
-    "top_p", "acceptance_rule", "draft_len", "draft_tree", "ms_per_token_first", "ms_per_token_last", "ms_per_token_all",
+    "top_p", "acceptance_rule", "draft_len", "draft_tree", "ms_per_token_first", "ms_per_token_last",
+    "ms_per_token_all",
     "tokens_per_second", "mean_accepted_length", "draft_acceptance_rate", "length_spread",
-    "accepted_spread", "steps", "speculative_steps", "wall_seconds", "compile_seconds",
+    "accepted_spread", "steps", "speculative_steps", "tree_step_share", "mean_tree_nodes",
+    "wall_seconds", "compile_seconds",
 )
 
 
@@ -101,6 +103,15 @@ def record_key(record: dict[str, Any]) -> tuple[str, int]:
   return str(record["task_id"]), int(record["sample_index"])
 
 
+def _tree_text(draft_tree) -> str | None:
+  """``draft_tree`` (None, a shape or several) as one line of text: shapes joined by ``"; "``."""
+  if draft_tree is None:
+    return None
+  if isinstance(draft_tree, str) or not hasattr(draft_tree, "__iter__"):
+    return str(draft_tree)
+  return "; ".join(map(str, draft_tree))
+
+
 def run_problems(
     target: Model,
     draft: Any,
@@ -123,7 +134,7 @@ def run_problems(
     continuous: bool = False,
     done: Mapping[tuple[str, int], dict[str, Any]] | None = None,
     acceptance: str = "rejection",
-    draft_tree: str | None = None,
+    draft_tree: str | Sequence[str] | None = None,
 ) -> RunResult:
   """Decodes the problems batch by batch (:func:`make_batches`), or with continuous batching, and
   summarizes with the paper's metrics.
@@ -179,7 +190,8 @@ def run_problems(
       measured run).
     done: records of sequences already decoded, keyed by :func:`record_key` (resuming, above).
     acceptance: ``generate``'s acceptance rule, ``"rejection"`` or ``"gumbel"`` (drafter-invariant).
-    draft_tree: ``generate``'s ``draft_tree`` (a token tree per row each step; None: chains).
+    draft_tree: ``generate``'s ``draft_tree`` (a token tree per row each step, or several shapes for the
+      goodput policy to choose among; None: chains).
 
   Returns:
     :class:`RunResult`: the records this call decoded, in plan order (``task_id, sample_index,
@@ -193,6 +205,8 @@ def run_problems(
     (``metrics.Acceptance``'s counts, which pool across runs), the cost-aware policy's ``step_costs``
     (``draft_len.StepCosts``, seconds), ``mean_draft_len``, ``speculative_steps`` (steps that drafted)
     and ``plain_step_share`` (steps whose draft length was 0, e.g. chosen by the cost-aware policy);
+    with token trees ``tree_step_share`` (speculative steps that verified a tree) and
+    ``mean_tree_nodes`` (real nodes per live row in a tree step, root included);
     analytic ``useful_flops`` / ``executed_flops`` (``metrics.decode_flops``); ``decoded_records``,
     ``resumed_records``; the models, attention implementation, device and JAX version).
 
@@ -217,7 +231,8 @@ def run_problems(
   latencies: list[metrics.Latency] = []
   ragged: list[metrics.Raggedness] = []
   accept_parts: list[metrics.Acceptance] = []
-  steps = tokens = draft_len_sum = verified_sum = plain_steps = 0
+  steps = tokens = draft_len_sum = verified_sum = plain_steps = tree_steps = 0
+  tree_nodes: list[np.ndarray] = []  # real nodes per live row in each tree step
   wall = compile_seconds = useful_flops = executed_flops = 0.0
   step_costs, was_continuous = None, False
   import tqdm  # pylint: disable=g-import-not-at-top  (the [experiments] extra)
@@ -296,6 +311,10 @@ def run_problems(
     steps += stats.steps
     draft_len_sum += int(stats.draft_lens.sum())
     plain_steps += int((stats.draft_lens == 0).sum())
+    if method == "bass":
+      is_tree = stats.trees >= 0
+      tree_steps += int(is_tree.sum())
+      tree_nodes.append((stats.drafted + 1)[is_tree][stats.accepted[is_tree] >= 0])
     verified_sum += int(stats.verified.sum())
     tokens += int(out.lengths.sum())
     wall += stats.wall_seconds
@@ -332,7 +351,7 @@ def run_problems(
       "top_p": top_p,
       "acceptance_rule": acceptance if temperature > 0 else None,
       "draft_len": str(draft_len) if method == "bass" else None,
-      "draft_tree": str(draft_tree) if method == "bass" and draft_tree is not None else None,
+      "draft_tree": _tree_text(draft_tree) if method == "bass" else None,
       "continuous": was_continuous,
       "ms_per_token_first": None if was_continuous else mean([l.first for l in latencies]),
       "ms_per_token_last": None if was_continuous else mean([l.last for l in latencies]),
@@ -352,6 +371,9 @@ def run_problems(
       "mean_draft_len": draft_len_sum / steps if bass else None,
       "speculative_steps": steps - plain_steps if bass else None,
       "plain_step_share": plain_steps / steps if bass else None,
+      "tree_step_share": tree_steps / (steps - plain_steps) if bass and steps > plain_steps else None,
+      "mean_tree_nodes": (float(np.concatenate(tree_nodes).mean())
+                          if bass and tree_steps and np.concatenate(tree_nodes).size else None),
       "step_costs": dataclasses.asdict(step_costs) if step_costs is not None else None,
       "mean_verified": verified_sum / steps if bass else None,
       "wall_seconds": wall,

@@ -60,7 +60,8 @@ class Acceptance:
     drafted: drafted tokens. accepted: accepted draft tokens. sequence_steps: live (sequence, step)
       pairs.
     position_offered: ``position_offered[k]`` is how many live (sequence, step) pairs had a draft at
-      position ``k + 1`` *tested*: drafted at least ``k + 1`` tokens and accepted the first ``k``.
+      position ``k + 1`` *tested*: drafted at least ``k + 1`` tokens and accepted the first ``k``. In a
+      token-tree step, position k is depth k (some node at depth k on the accepted path's way).
     position_accepted: ``position_accepted[k]``: of those, how many accepted the draft at position
       ``k + 1``.
   """
@@ -127,9 +128,12 @@ def acceptance(draft_lens: np.ndarray, accepted: np.ndarray,
   elif np.shape(drafted) != accepted.shape:
     raise ValueError(f"need drafted [steps, B] like accepted, got {np.shape(drafted)}")
   drafted = np.where(live, np.asarray(drafted), 0)
-  positions = np.arange(1, int(drafted.max(initial=0)) + 1)[:, None, None]  # [L, 1, 1]
-  # Position k is tested where k drafts were proposed and the first k - 1 accepted (-1: not live).
-  offered = ((drafted[None] >= positions) & (accepted[None] >= positions - 1)).sum(axis=(1, 2))
+  # A path's depth: a tree step drafts more nodes than its depth (draft_lens), a chain at most l_draft.
+  reach = np.minimum(drafted, draft_lens[:, None])
+  positions = np.arange(1, int(reach.max(initial=0)) + 1)[:, None, None]  # [L, 1, 1]
+  # Position k is tested where a path of k drafts was proposed and its first k - 1 were accepted (-1:
+  # not live).
+  offered = ((reach[None] >= positions) & (accepted[None] >= positions - 1)).sum(axis=(1, 2))
   taken = (accepted[None] >= positions).sum(axis=(1, 2))
   return Acceptance.from_counts(int(drafted.sum()), int(accepted[live].sum()), int(live.sum()),
                                 tuple(int(c) for c in offered), tuple(int(c) for c in taken))

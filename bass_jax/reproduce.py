@@ -39,6 +39,12 @@ CONFIGS: dict[str, tuple[str, Any, str]] = {
     "bass_pad_l6": ("bass", 6, "pad"),
     "bass_pad_l8": ("bass", 8, "pad"),
 }
+# Token-tree configurations (latency's draft_tree): every step verifies the tree, or goodput chooses
+# per step among plain steps, chains and the tree shapes (docs/design.md, "Token trees").
+TREE_CONFIGS: dict[str, tuple[str, Any, str]] = {
+    "bass_pad_tree": ("bass", "dynamic", "pad"),
+    "bass_pad_goodput_trees": ("bass", "goodput", "pad"),
+}
 SAMPLING = {"greedy": (0.0, 1.0), "t0.2": (0.2, 0.95), "t0.6": (0.6, 0.95)}
 
 
@@ -92,7 +98,7 @@ def measure_peak_flops(dtype: str = "float32", size: int = 2048, repeats: int = 
 def _decode(target: Model, draft: Model, problems: Sequence[Problem], *, method: str, batch: int,
             max_new_tokens: int, temperature: float, top_p: float, kernels: str,
             strategy: str = "pad", draft_len: Any = "dynamic", check: bool = False,
-            distinct_prompts: bool | None = None, continuous: bool = False):
+            distinct_prompts: bool | None = None, continuous: bool = False, draft_tree: Any = None):
   """One ``experiment.run_problems`` as every experiment here runs it (the draft only for BASS; distinct
   prompts per batch at temperature 0 unless ``distinct_prompts`` says otherwise; static batches get an
   untimed warm-up batch first, so a fresh program's costlier first execution is not charged to the
@@ -101,7 +107,7 @@ def _decode(target: Model, draft: Model, problems: Sequence[Problem], *, method:
       target, draft if method == "bass" else None, problems, batch_size=batch, method=method,
       max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, draft_len=draft_len,
       attention_impl=attention_impl(strategy, kernels), check=check, progress=False,
-      distinct_prompts=distinct_prompts, warmup=True, continuous=continuous)
+      distinct_prompts=distinct_prompts, warmup=True, continuous=continuous, draft_tree=draft_tree)
 
 
 Saver = Callable[[dict[str, Any]], None]
@@ -147,20 +153,30 @@ class _Runs:
 def latency(target: Model, draft: Model, problems: Sequence[Problem], *, batch_sizes: Sequence[int],
             configs: Sequence[str], sampling: Sequence[str], max_new_tokens: int,
             kernels: str = "auto", check: bool = True, save: Saver | None = None,
-            log: Callable[[str], None] = _log, earlier: Sequence[dict[str, Any]] = ()
-            ) -> dict[str, Any]:
+            log: Callable[[str], None] = _log, earlier: Sequence[dict[str, Any]] = (),
+            draft_tree: Sequence[str] = ()) -> dict[str, Any]:
   """Tables 1-3: per-token latency First/Last/All, tokens/s, acceptance, raggedness, Pass@Batch, FLOPs.
 
   Every (sampling, batch size, config) is one ``experiment.run_problems`` over ``problems``: greedy
   batches hold distinct prompts (identical rows would measure nothing ragged), sampled batches hold
   B samples of each prompt (the paper's setting). ``save`` receives the result so far after every run.
+  The configs of :data:`TREE_CONFIGS` verify the token-tree shapes of ``draft_tree`` (text such as
+  ``"top_k=4,depth=5,nodes=16"``): ``bass_pad_tree`` every step (one shape),
+  ``bass_pad_goodput_trees`` where goodput chooses them.
 
   Raises:
-    ValueError: an unknown config or sampling name.
+    ValueError: an unknown config or sampling name; a tree config without ``draft_tree``, or
+      ``bass_pad_tree`` with several shapes.
   """
+  draft_tree = list(draft_tree)
   for name in configs:
-    if name not in CONFIGS:
-      raise ValueError(f"unknown config {name!r}; choose from {sorted(CONFIGS)}")
+    if name not in CONFIGS and name not in TREE_CONFIGS:
+      raise ValueError(f"unknown config {name!r}; choose from {sorted(CONFIGS | TREE_CONFIGS)}")
+    if name in TREE_CONFIGS and not draft_tree:
+      raise ValueError(f"config {name!r} verifies token trees: give their shapes (--draft_tree)")
+    if name == "bass_pad_tree" and len(draft_tree) > 1:
+      raise ValueError("config 'bass_pad_tree' verifies one tree shape every step; several shapes "
+                       "need 'bass_pad_goodput_trees'")
   for name in sampling:
     if name not in SAMPLING:
       raise ValueError(f"unknown sampling {name!r}; choose from {sorted(SAMPLING)}")
@@ -174,11 +190,12 @@ def latency(target: Model, draft: Model, problems: Sequence[Problem], *, batch_s
         run_id = f"{sampling_name}/B={batch}/{name}"
         if runs.kept_run(run_id):
           continue
-        method, draft_len, strategy = CONFIGS[name]
+        method, draft_len, strategy = {**CONFIGS, **TREE_CONFIGS}[name]
         summary = _decode(target, draft, problems, method=method, batch=batch,
                           max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                           kernels=kernels, strategy=strategy, draft_len=draft_len or "dynamic",
-                          check=check).summary
+                          check=check,
+                          draft_tree=draft_tree if name in TREE_CONFIGS else None).summary
         summary.update(config=name, sampling=sampling_name)
         runs.add(run_id, summary)
         log(f"{sampling_name} B={batch} {name}: {summary['ms_per_token_all']:.1f} ms/token All, "

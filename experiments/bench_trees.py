@@ -10,7 +10,10 @@ each tree of ``--trees`` (``generate(draft_tree=...)``). Each configuration runs
 the set repeats with the order reversed every other round, so that a machine that slows down mid-run
 slows all alike, and the table pools the rounds. One markdown row per configuration: mean accepted length
 (tokens per step per row, bonus counted), per-token latency All (ms, BASS §4.1) and its ratio to
-regular decoding's in the same rounds. Tuning uses ``--prompts=stdlib-heldout``; HumanEval only
+regular decoding's in the same rounds, and the share of speculative steps that verified a tree, the
+mean real nodes per tree and the share of plain steps. With ``--goodput`` each draft side also runs
+under the goodput policy over chains alone and over chains and every tree of ``--trees`` (the policy
+choosing per step, ``generate(draft_len="goodput", draft_tree=[...])``). Tuning uses ``--prompts=stdlib-heldout``; HumanEval only
 evaluates a choice made there.
 """
 
@@ -28,6 +31,10 @@ _TREES = flags.DEFINE_multi_string("trees", ["top_k=4,depth=5,nodes=16"],
                                    "Tree shapes (repeat the flag for several).")
 _CHAIN_LEN = flags.DEFINE_string("chain_len", "4", "The chains' --draft_len ('dynamic', 'goodput', "
                                  "an int).")
+_GOODPUT = flags.DEFINE_bool("goodput", False, "Also run each draft side under the goodput policy "
+                             "with chains only and with chains and every tree of --trees (one "
+                             "decode choosing per step).")
+_FIXED = flags.DEFINE_bool("fixed_trees", True, "Run each tree of --trees on every step.")
 _PROMPTS = flags.DEFINE_string("prompts", "stdlib-heldout", "Prompt source.")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 8, "Prompts.", lower_bound=1)
 _BATCHES = flags.DEFINE_list("batch_sizes", ["1", "2"], "Batch sizes.")
@@ -51,7 +58,11 @@ def main(argv):
   for spec in drafts:
     configs.append((f"{spec} chain l={_CHAIN_LEN.value}", spec, _io.draft_len_value(_CHAIN_LEN.value),
                     None))
-    configs += [(f"{spec} tree {shape}", spec, "dynamic", shape) for shape in _TREES.value]
+    if _FIXED.value:
+      configs += [(f"{spec} tree {shape}", spec, "dynamic", shape) for shape in _TREES.value]
+    if _GOODPUT.value:
+      configs.append((f"{spec} goodput chains", spec, "goodput", None))
+      configs.append((f"{spec} goodput chains + trees", spec, "goodput", list(_TREES.value)))
   print(f"target {_TARGET.value}; prompts {_PROMPTS.value} x {_NUM_PROMPTS.value}; "
         f"{_MAX_NEW.value} new tokens; {_ROUNDS.value} round(s)", flush=True)
   for temperature in map(float, _TEMPERATURES.value):
@@ -67,11 +78,16 @@ def main(argv):
           results[name].append(run.summary)
       regular = np.mean([s["ms_per_token_all"] for s in results["regular"]])
       print(f"\nT = {temperature}, B = {batch}\n\n| configuration | mean accepted length | "
-            "ms/token All | vs regular |\n|---|---|---|---|")
+            "ms/token All | vs regular | tree steps | nodes per tree | plain steps |\n"
+            "|---|---|---|---|---|---|---|")
       for name, summaries in results.items():
         ms = np.mean([s["ms_per_token_all"] for s in summaries])
         accepted = np.mean([s["mean_accepted_length"] for s in summaries])
-        print(f"| {name} | {accepted:.2f} | {ms:.1f} | {regular / ms:.2f}x |", flush=True)
+        share = lambda key: ("" if summaries[0].get(key) is None
+                             else f"{np.mean([s[key] for s in summaries]):.2f}")
+        print(f"| {name} | {accepted:.2f} | {ms:.1f} | {regular / ms:.2f}x | "
+              f"{share('tree_step_share')} | {share('mean_tree_nodes')} | "
+              f"{share('plain_step_share')} |", flush=True)
 
 
 if __name__ == "__main__":

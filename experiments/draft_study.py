@@ -9,7 +9,7 @@ model, ``ngram``, ``hybrid:<model>``) it writes to ``--output``:
   (both jitted single-position forwards over a half-full cache, median of 5; an n-gram proposer's cost is
   its on-device lookup over the whole token buffer, a hybrid's is both);
 * for each draft-length policy (``--draft_lens``: ``dynamic`` is BASS Algorithm 1, an int a fixed length,
-  ``goodput`` the cost-aware policy) and each temperature: token acceptance rate, mean accepted length
+  ``goodput`` the cost-aware policy, which with ``--draft_tree`` also chooses among token-tree shapes) and each temperature: token acceptance rate, mean accepted length
   (bonus/correction token counted), per-position acceptance alpha_k, the mean draft length and the share
   of plain (0-draft) steps;
 * per-token latency All (ms/token, BASS §4.1) at each batch size against regular decoding.
@@ -62,6 +62,10 @@ _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens per sequence.", lo
 _BATCHES = flags.DEFINE_list("batch_sizes", ["1", "2", "4", "8"], "Batch sizes.")
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "0.2"], "Sampling temperatures (0 = greedy).")
 _TOP_P = flags.DEFINE_float("top_p", 0.95, "Nucleus mass when sampling (BASS §4: 0.95).")
+_DRAFT_TREE = flags.DEFINE_multi_string(
+    "draft_tree", [], "Token-tree shapes (e.g. top_k=4,depth=5,nodes=16; repeat for several): the "
+    "goodput runs then choose per step among plain steps, chains and these shapes; other policies "
+    "stay chains.")
 _RESULTS_DIR = flags.DEFINE_string(
     "results_dir", None, "Directory for draft_study.json (default: a fresh outputs/draft_study-<time>/; "
     "--results_dir=results replaces the committed numbers).")
@@ -146,11 +150,13 @@ def _run_cell(names, policies, temperature: float, batch: int) -> dict:
   cell = {"regular": [run(None, method="regular")["ms_per_token_all"]], "bass": {}}
   for name, draft in zip(names, drafts):
     for pol in policies:
-      s = run(draft, method="bass", draft_len=pol)
+      trees = _DRAFT_TREE.value if pol == "goodput" and _DRAFT_TREE.value else None
+      s = run(draft, method="bass", draft_len=pol, draft_tree=trees)
       cell["bass"][f"{name}|{pol}"] = {k: s[k] for k in (
           "ms_per_token_all", "ms_per_token_first", "ms_per_token_last", "tokens_per_second",
           "draft_acceptance_rate", "mean_accepted_length", "position_acceptance", "acceptance",
-          "mean_draft_len", "plain_step_share", "step_costs", "steps", "compile_seconds")}
+          "mean_draft_len", "plain_step_share", "step_costs", "steps", "compile_seconds",
+          "draft_tree", "tree_step_share", "mean_tree_nodes")}
       print(f"T={temperature:g} B={batch} {name} {pol}: {s['ms_per_token_all']:.1f} ms/token, "
             f"accepted length {s['mean_accepted_length']:.2f}, plain steps "
             f"{s['plain_step_share']:.0%}", flush=True)

@@ -73,10 +73,12 @@ _ACCEPTANCE = flags.DEFINE_enum(
 _DRAFT_LEN = flags.DEFINE_string(
     "draft_len", "dynamic", "'dynamic' (BASS Algorithm 1), 'goodput' (per step the length, 0 = plain "
     "decoding, that maximizes expected tokens per second from measured step costs) or an int >= 1.")
-_DRAFT_TREE = flags.DEFINE_string(
-    "draft_tree", None, "Verify a token tree per row each step instead of a chain (EAGLE-2): "
+_DRAFT_TREE = flags.DEFINE_multi_string(
+    "draft_tree", [], "Verify a token tree per row instead of a chain (EAGLE-2): "
     "'top_k=4,depth=5,nodes=16' (children per expanded node, levels, nodes verified per row, root "
-    "included); absent: chains. --draft_len must then stay at its default.")
+    "included); absent: chains. With --draft_len at its default every step verifies the tree; with "
+    "--draft_len=goodput each step chooses among plain steps, chains and the shapes given (repeat the "
+    "flag for several).")
 _SEED = flags.DEFINE_integer("seed", 0, "PRNG seed (batch i uses seed + i).", lower_bound=0)
 _ATTENTION = flags.DEFINE_string("attention_impl", "reference", "Attention implementation.")
 _CHUNK = flags.DEFINE_integer(
@@ -220,7 +222,7 @@ def main(argv):
         draft_len=_io.draft_len_value(_DRAFT_LEN.value),
         seed=_SEED.value, attention_impl=_ATTENTION.value, distinct_prompts=distinct,
         verify_chunk=_CHUNK.value, on_record=on_record, continuous=_CONTINUOUS.value, done=done,
-        acceptance=_ACCEPTANCE.value, draft_tree=_DRAFT_TREE.value)
+        acceptance=_ACCEPTANCE.value, draft_tree=_DRAFT_TREE.value or None)
   # Every record in plan order, as an uninterrupted run leaves them.
   by_key = {**done, **{experiment.record_key(r): r for r in result.records}}
   records_file.rewrite(by_key[(p.task_id, k)] for batch in plan for p, k in batch)

@@ -53,6 +53,7 @@ import jax.numpy as jnp  # noqa: E402
 import bass_jax as bj  # noqa: E402
 from bass_jax.sampling import costs as costs_lib  # noqa: E402
 from bass_jax.sampling.draft_len import GoodputDraftLen, StepCosts  # noqa: E402
+from bass_jax.sampling.tree import TreeShape  # noqa: E402
 from conftest import tiny_model  # noqa: E402
 
 # Speculation loses at the prior (0.5: E(3) / cost(3) = 1.875 / 2.2 < 1 / plain) but would win with
@@ -90,14 +91,18 @@ def _longest_plain_run(lengths):
 
 
 @pytest.mark.parametrize("k", [4, 16])
-def test_goodput_explores_once_every_k_plain_steps_when_speculation_loses(k):
+def test_goodput_explores_after_k_plain_steps_and_backs_off_when_speculation_loses(k):
   policy = GoodputDraftLen(explore_every=k)
-  lengths = _run_policy(policy, NOT_AT_PRIOR, steps=5 * (k + 1), accept_all=False)
+  lengths = _run_policy(policy, NOT_AT_PRIOR, steps=8 * k + 4 * k + 2 * k + k + 5, accept_all=False)
   assert lengths[0] == 0  # the prior says plain
-  # Nothing is ever accepted, so each exploration is a single step: k plain steps, then one draft.
-  assert _longest_plain_run(lengths) == k
+  # Nothing is ever accepted, so each exploration is a single step and fails: k plain steps, then one
+  # draft; then the wait doubles (2k, 4k, 8k plain steps) and stays at 8k.
   explored = np.flatnonzero(lengths > 0)
-  np.testing.assert_array_equal(explored, np.arange(k, len(lengths), k + 1))
+  expected, at = [], -1
+  for wait in (k, 2 * k, 4 * k, 8 * k):
+    at += wait + 1
+    expected.append(at)
+  np.testing.assert_array_equal(explored, [e for e in expected if e < len(lengths)])
   # The best positive length under the running rates: at the prior, one verification pass's worth
   # (l = 3); later within one pass still, shorter as the failed explorations lower the rates.
   assert lengths[explored[0]] == 3 and set(lengths[explored].tolist()) <= {1, 2, 3}
@@ -203,3 +208,90 @@ def test_time_forwards_threads_one_cache_through_every_forward():
   seconds = costs_lib.time_forwards(model.config, "float32", "reference", model.params, batch=2,
                                     positions=[1, 4], cache_len=32)
   assert len(seconds) == 2 and all(0 < s < 10 for s in seconds)
+
+
+# --- The cost-aware policy with token trees (issue 25) --------------------------------------------------
+
+TREES = (TreeShape(top_k=3, depth=3, nodes=8), TreeShape(top_k=2, depth=5, nodes=12))
+
+
+def _run_tree_policy(policy, costs, steps, chain_accepts, tree_accepts, rows=4):
+  """The kinds of step the policy picks over ``steps`` steps, as the decode calls it: "plain", "chain"
+  or tree j; every row of a chain of l drafts accepts ``min(chain_accepts, l)`` of them, every row of a
+  tree of shape j ``tree_accepts[j]`` levels."""
+  after_step, after_tree_step = jax.jit(policy.after_step), policy.after_tree_step
+  after_plain_step = jax.jit(policy.after_plain_step)
+  length, state = policy.start(costs.as_array())
+  kinds, live = [], jnp.ones(rows, bool)
+  for _ in range(steps):
+    tree = int(policy.tree_choice(state))
+    if int(length) == 0:
+      kinds.append("plain")
+      length, state = after_plain_step(state, length)
+    elif tree < 0:
+      kinds.append("chain")
+      drafts = jnp.full(rows, int(length), jnp.int32)
+      length, state = after_step(state, length, drafts, jnp.minimum(drafts, chain_accepts), live)
+    else:
+      kinds.append(tree)
+      assert int(length) == policy.trees[tree].depth
+      length, state = after_tree_step(state, length, tree, jnp.full(rows, tree_accepts[tree]), live)
+  return kinds
+
+
+def test_goodput_takes_the_tree_whose_acceptance_pays_for_its_nodes():
+  """Chains accept one draft a step; the deep tree accepts four levels and the shallow one two. At a
+  cost of 1.6 verification passes a tree step, the deep tree emits 5 tokens for 1.6 + 0.1 where the
+  best chain emits 2 for 1.25: after exploring each kind, the policy settles on the deep tree, and
+  goes back to each other kind only to explore it (at most once in explore_every + 1 steps)."""
+  policy = GoodputDraftLen(max_len=6, explore_every=8, trees=TREES)
+  costs = StepCosts(plain=1.0, verify_pass=1.2, propose_first=0.05, propose_next=0.05, chunk=4,
+                    tree_steps=(1.7, 1.7))
+  kinds = _run_tree_policy(policy, costs, steps=60, chain_accepts=1, tree_accepts=(2, 4))
+  assert 0 in kinds and "chain" in kinds  # every kind was tried
+  settled = kinds[30:]
+  assert settled.count(1) >= len(settled) - 2 * (-(-len(settled) // 9)), kinds
+  for kind in ("chain", 0):  # explorations only: never two in a row, never closer than 9 steps
+    where = [i for i, k in enumerate(settled) if k == kind]
+    assert all(b - a >= 9 for a, b in zip(where, where[1:])), (kind, kinds)
+
+
+def test_goodput_keeps_chains_where_trees_cost_more_than_they_accept():
+  """Trees accept no more than the chain here (two levels) and cost more: the policy keeps chains,
+  verifying each tree only as an exploration (its full acceptance would beat the chain: 4 / 1.5 and
+  6 / 1.8 tokens per second against 3 / 1.3)."""
+  policy = GoodputDraftLen(max_len=6, explore_every=8, trees=TREES)
+  costs = StepCosts(plain=1.0, verify_pass=1.2, propose_first=0.05, propose_next=0.05, chunk=4,
+                    tree_steps=(1.5, 1.8))
+  kinds = _run_tree_policy(policy, costs, steps=60, chain_accepts=2, tree_accepts=(2, 2))
+  assert kinds.count("chain") >= 60 - 2 * 7 and 0 in kinds and 1 in kinds, kinds
+  for kind in (0, 1):
+    where = [i for i, k in enumerate(kinds) if k == kind]
+    assert all(b - a >= 9 for a, b in zip(where, where[1:])), (kind, kinds)
+
+
+def test_goodput_never_explores_a_tree_that_cannot_beat_the_choice():
+  """A tree whose every level accepted would still emit fewer tokens per second than the chain is
+  expected to is never verified: no evidence could make it the choice."""
+  policy = GoodputDraftLen(max_len=6, explore_every=2, trees=TREES)
+  costs = StepCosts(plain=1.0, verify_pass=1.2, propose_first=0.05, propose_next=0.05, chunk=4,
+                    tree_steps=(40.0, 50.0))
+  kinds = _run_tree_policy(policy, costs, steps=30, chain_accepts=3, tree_accepts=(3, 5))
+  assert set(kinds) == {"chain"}, kinds
+
+
+def test_goodput_tree_rates_start_at_the_chain_rates_and_learn_per_level():
+  policy = GoodputDraftLen(max_len=4, prior=0.5, prior_weight=1.0, decay=1.0, trees=TREES)
+  costs = StepCosts(1.0, 1.2, 0.05, 0.05, 4, tree_steps=(1.5, 1.5))
+  _, state = policy.start(costs.as_array())
+  rates = np.asarray(policy.tree_rates(state))
+  assert rates.shape == (2, 5)
+  np.testing.assert_allclose(rates, 0.5)
+  # Two rows: one accepts two levels of shape 0 (depth 3), one none.
+  _, state = policy.after_tree_step(state, 3, 0, jnp.asarray([2, 0]), jnp.ones(2, bool))
+  rates = np.asarray(policy.tree_rates(state))
+  # Level 1: checked twice, passed once; level 2: checked and passed once; level 3: checked once, failed.
+  np.testing.assert_allclose(rates[0, :3], [(1 + 0.5) / 3, (1 + 0.5) / 2, 0.5 / 2])
+  np.testing.assert_allclose(rates[1], 0.5)  # the other shape learnt nothing
+  with pytest.raises(ValueError, match="GoodputDraftLen.trees"):
+    GoodputDraftLen(trees=("top_k=2,depth=2,nodes=4",))

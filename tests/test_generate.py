@@ -215,11 +215,13 @@ def test_the_persistent_compilation_cache_serves_a_new_process(tmp_path):
 
 @pytest.mark.parametrize("method,temperature,tree", [
     ("bass", 0.0, None), ("bass", 0.7, None), ("regular", 0.0, None),
-    ("bass", 0.7, "top_k=2,depth=3,nodes=6")])
+    ("bass", 0.7, "top_k=2,depth=3,nodes=6"),
+    ("bass", 0.0, ("top_k=2,depth=3,nodes=6", "top_k=2,depth=2,nodes=4"))])
 def test_the_compiled_decode_copies_no_cache(target, method, temperature, tree):
   """Every forward writes its K/V before it reads the cache and nothing writes inside a branch, so XLA
   updates the caches in place: the compiled decode program holds no copy of a cache-shaped array. A
-  tree step's compaction (``cache.keep_path``) gathers the path before it writes, in place too."""
+  tree step's compaction (``cache.keep_path``) gathers the path before it writes, in place too; with
+  goodput choosing among plain steps, chains and two tree shapes, each kind's loop does."""
   import re
 
   from bass_jax.sampling import generate as generate_lib
@@ -228,7 +230,10 @@ def test_the_compiled_decode_copies_no_cache(target, method, temperature, tree):
   draft = noisy_copy(target, 0.4, 5)
   out = bj.generate(target, draft, _prompts(target.config.vocab_size, (3, 9)), method=method,
                     max_new_tokens=8, temperature=temperature,
-                    **({"draft_tree": tree} if tree else {"draft_len": 3}))
+                    **({"draft_tree": tree} if isinstance(tree, str) else
+                       {"draft_tree": tree, "draft_len": bj.GoodputDraftLen(
+                           max_len=3, costs=bj.StepCosts(1.0, 1.2, 0.1, 0.1, 4, (1.3, 1.2)))}
+                       if tree else {"draft_len": 3}))
   assert out.stats.compiled
   (_, decode), = generate_lib._PROGRAMS._programs.values()  # pylint: disable=protected-access
   hlo = decode.as_text()

@@ -102,12 +102,11 @@ def test_shipped_eagle_draft_is_lossless_and_accepted_in_bass(smollm2, smollm2_g
 
 def test_greedy_tree_bass_on_the_real_target_is_regular_decoding(smollm2, smollm2_greedy):
   """Token trees on the real target (``make run``'s draft side, the hybrid of n-gram lookup and the
-  EAGLE draft): greedy tree BASS equals regular decoding, and its trees accept more per step than
-  the same draft side's chains of the tree's depth."""
+  EAGLE draft): greedy tree BASS equals regular decoding, with whole paths of the tree's depth
+  accepted and compacted. (That trees accept more than chains is tests/test_tree_decode.py's, with a
+  tiny model; measured on this target in docs/design.md, "Token trees".)"""
   prompts, regular = smollm2_greedy
   draft = bj.load_draft_spec(f"hybrid:{EAGLE_ALIAS}", smollm2)
   tree = bj.generate(smollm2, draft, prompts, max_new_tokens=32, draft_tree="top_k=3,depth=4,nodes=10")
   assert_lossless(smollm2, prompts, regular, tree)
-  chain = bj.generate(smollm2, draft, prompts, max_new_tokens=32, draft_len=4)
-  mean = lambda out: metrics.acceptance(out.stats.draft_lens, out.stats.accepted).mean_accepted_length
-  assert mean(tree) > mean(chain), (mean(tree), mean(chain))
+  assert tree.stats.accepted.max() == 4, np.bincount(tree.stats.accepted[tree.stats.accepted >= 0])

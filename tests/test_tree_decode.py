@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import bass_jax as bj
+from bass_jax import metrics
 from conftest import noisy_copy, random_eagle_draft, tiny_model
 
 SHAPE = "top_k=3,depth=3,nodes=8"
@@ -75,14 +76,46 @@ def test_trees_accept_more_than_their_first_children(target, prompts):
   assert mean(tree) > mean(chain) + 0.1, (mean(tree), mean(chain))
 
 
+def test_goodput_chooses_among_plain_chains_and_trees_and_stays_exact(target, prompts, regular):
+  """Two compiled tree shapes, chains and plain steps in one decode, chosen per step by goodput (fixed
+  costs under which the trees pay at first; exploration every 2 steps brings chains back): the tokens
+  are regular decoding's, each step's history says which kind it was, and the summary's acceptance
+  per depth counts a tree step's levels, not its nodes."""
+  shapes = ("top_k=3,depth=3,nodes=8", "top_k=2,depth=4,nodes=6")
+  costs = bj.StepCosts(plain=1.0, verify_pass=1.2, propose_first=0.05, propose_next=0.05, chunk=4,
+                       tree_steps=(1.3, 1.35))
+  policy = bj.GoodputDraftLen(max_len=4, explore_every=2, costs=costs)
+  out = bj.generate(target, _draft("hybrid", target), prompts, max_new_tokens=MAX_NEW,
+                    eos_token_id=(), draft_len=policy, draft_tree=shapes)
+  np.testing.assert_array_equal(out.tokens, regular.tokens)
+  stats = out.stats
+  assert stats.draft_trees == shapes
+  assert {-1, 0, 1} <= set(stats.trees.tolist()), stats.trees
+  for j, shape in enumerate(map(bj.TreeShape.parse, shapes)):
+    np.testing.assert_array_equal(stats.verified[stats.trees == j], shape.nodes)
+    np.testing.assert_array_equal(stats.draft_lens[stats.trees == j], shape.depth)
+    assert stats.accepted[stats.trees == j].max() <= shape.depth
+  chains = (stats.trees == -1) & (stats.draft_lens > 0)
+  assert chains.any() and (stats.verified[chains] % 4 == 0).all()
+  acceptance = metrics.acceptance(stats.draft_lens, stats.accepted, stats.drafted)
+  assert len(acceptance.position_offered) == 4  # depth 4 or l = 4 at most, though trees drafted 7
+  assert stats.drafted.max() == 7
+
+
 def test_bad_trees_are_errors_that_name_the_argument(target, prompts):
   draft = _draft("model", target)
   with pytest.raises(ValueError, match="nodes=3 must be at least depth"):
     bj.generate(target, draft, prompts, max_new_tokens=4, draft_tree="top_k=2,depth=5,nodes=3")
   with pytest.raises(ValueError, match="draft_tree top_k"):
     bj.generate(target, draft, prompts, max_new_tokens=4, draft_tree="top_k=0,depth=2,nodes=3")
-  with pytest.raises(ValueError, match="leave draft_len at its default"):
+  with pytest.raises(ValueError, match="leave it at its default"):
     bj.generate(target, draft, prompts, max_new_tokens=4, draft_tree=SHAPE, draft_len=4)
+  with pytest.raises(ValueError, match="choosing among them needs draft_len='goodput'"):
+    bj.generate(target, draft, prompts, max_new_tokens=4, draft_tree=[SHAPE, "top_k=2,depth=2,nodes=4"])
+  with pytest.raises(ValueError, match="repeats a shape"):
+    bj.generate(target, draft, prompts, max_new_tokens=4, draft_tree=[SHAPE, SHAPE], draft_len="goodput")
+  with pytest.raises(ValueError, match="empty sequence"):
+    bj.generate(target, draft, prompts, max_new_tokens=4, draft_tree=[])
   with pytest.raises(ValueError, match="needs method='bass'"):
     bj.generate(target, None, prompts, method="regular", max_new_tokens=4, draft_tree=SHAPE)
   with pytest.raises(ValueError, match="draft_tree must be None, a TreeShape"):

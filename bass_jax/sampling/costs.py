@@ -4,7 +4,9 @@ For one setting (models, dtypes, attention, batch bucket, cache length, chunk) t
 step are timed once per process, each a jitted forward on a donated cache of the decode's shape, and
 remembered: the target scoring 1 position per row (a plain step) and C positions per row (one
 verification pass), and the proposer's first and further forwards of a step
-(``Proposer.forward_costs``: a draft model's catch-up and single-token forwards). A model-free
+(``Proposer.forward_costs``: a draft model's catch-up and single-token forwards), and with token trees
+each shape's step: the proposer's catch-up and growth (``Proposer.tree_costs``) and the target's one
+forward over the tree's nodes under an ancestor mask. A model-free
 proposer costs 0 (an n-gram lookup is a few integer comparisons per token of the buffer, far below a
 forward). Sampling and acceptance arithmetic are not timed: they add a similar amount to every kind of
 step.
@@ -36,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bass_jax.models.common import forward
-from bass_jax.sampling.draft_len import StepCosts
+from bass_jax.sampling.draft_len import GoodputDraftLen, StepCosts
 
 _CACHE: dict[Any, StepCosts] = {}
 _LOCK = threading.Lock()
@@ -87,19 +89,29 @@ def fastest_seconds(calls: Sequence[Callable[[], Any]], repeats: int = _REPEATS,
   return best
 
 
-def cached_forward_calls(forward_fn: Callable[[Any, jax.Array, Any], tuple[Any, Any]], params, cache,
-                         positions: Sequence[int]) -> list[Callable[[], Any]]:
+def cached_forward_calls(forward_fn: Callable[..., tuple[Any, Any]], params, cache,
+                         positions: Sequence[int],
+                         mask_widths: Sequence[int | None] | None = None) -> list[Callable[[], Any]]:
   """One callable per entry of ``positions``: a jitted ``forward_fn(params, tokens i32[B, p], cache) ->
   (outputs, cache)`` over ``cache`` (a :class:`KVCache` whose lengths say how full it is), returning the
   outputs. The calls share the cache: it is donated and threaded from call to call, its lengths set
-  back after each, as in a decode."""
+  back after each, as in a decode.
+
+  ``mask_widths[i]`` (an int M >= p) makes call i a token-tree forward: ``forward_fn`` then also takes
+  ``tree_mask=bool[B, p, M]`` (a chain's causal mask; any ancestor mask costs the same)."""
   state = [cache]  # donated, threaded
   batch = cache.lengths.shape[0]
+  mask_widths = mask_widths or [None] * len(positions)
 
-  def make(p: int) -> Callable[[], Any]:
+  def make(p: int, width: int | None) -> Callable[[], Any]:
+    mask = None
+    if width is not None:
+      mask = jnp.broadcast_to(jnp.tril(jnp.ones((p, width), bool), k=width - p), (batch, p, width))
+
     @functools.partial(jax.jit, donate_argnums=2)
     def step(params, tokens, cache):
-      outputs, cache = forward_fn(params, tokens, cache)
+      extra = {} if mask is None else {"tree_mask": mask}
+      outputs, cache = forward_fn(params, tokens, cache, **extra)
       return outputs, cache.with_lengths(cache.lengths - p)
 
     tokens = jnp.ones((batch, p), jnp.int32)
@@ -110,18 +122,19 @@ def cached_forward_calls(forward_fn: Callable[[Any, jax.Array, Any], tuple[Any, 
 
     return call
 
-  return [make(p) for p in positions]
+  return [make(p, w) for p, w in zip(positions, mask_widths)]
 
 
-def time_cached_forward(forward_fn: Callable[[Any, jax.Array, Any], tuple[Any, Any]], params,
-                        cache, positions: int) -> float:
+def time_cached_forward(forward_fn: Callable[..., tuple[Any, Any]], params, cache, positions: int,
+                        mask_width: int | None = None) -> float:
   """Wall seconds of one jitted ``forward_fn(params, tokens i32[B, positions], cache) -> (outputs,
-  cache)`` over ``cache`` (:func:`cached_forward_calls`).
+  cache)`` over ``cache`` (:func:`cached_forward_calls`; ``mask_width``: a tree forward).
 
   Returns:
     Seconds, the fastest of 7 timed calls after one compiling call (:func:`fastest_seconds`).
   """
-  return fastest_seconds(cached_forward_calls(forward_fn, params, cache, [positions]))[0]
+  return fastest_seconds(cached_forward_calls(forward_fn, params, cache, [positions],
+                                              [mask_width]))[0]
 
 
 def half_full_cache(config, batch: int, cache_len: int, dtype: str):
@@ -132,7 +145,8 @@ def half_full_cache(config, batch: int, cache_len: int, dtype: str):
 
 
 def time_forwards(config, dtype: str, attention_impl: str, params, batch: int,
-                  positions: Sequence[int], cache_len: int, sharding: Any = None) -> list[float]:
+                  positions: Sequence[int], cache_len: int, sharding: Any = None,
+                  mask_widths: Sequence[int | None] | None = None) -> list[float]:
   """Wall seconds of a jitted ``[batch, p]`` forward over a cache half full, for each ``p`` in
   ``positions``, timed interleaved (:func:`fastest_seconds`).
 
@@ -142,16 +156,18 @@ def time_forwards(config, dtype: str, attention_impl: str, params, batch: int,
     batch: rows. positions: tokens scored per row, one entry per forward timed. cache_len: cache slots
       per row (``cache_len // 2`` already filled, so attention reads a realistic length).
     sharding: the model's ``bass_jax.sharding.ShardingPlan`` on a mesh (timed as the decode runs it).
+    mask_widths: per entry, None or the width M of a token-tree mask (a tree forward,
+      :func:`cached_forward_calls`).
 
   Returns:
     Seconds per entry of ``positions``, each the fastest of 7 timed calls after one compiling call.
   """
-  def run(params, tokens, cache):
+  def run(params, tokens, cache, tree_mask=None):
     return forward(config, params, tokens, cache, dtype=dtype, attention_impl=attention_impl,
-                   sharding=sharding)
+                   sharding=sharding, tree_mask=tree_mask)
 
   cache = half_full_cache(config, batch, cache_len, dtype)
-  return fastest_seconds(cached_forward_calls(run, params, cache, positions))
+  return fastest_seconds(cached_forward_calls(run, params, cache, positions, mask_widths))
 
 
 def time_forward(config, dtype: str, attention_impl: str, params, batch: int, positions: int,
@@ -172,26 +188,33 @@ def measure_step_costs(spec, target_params: Any, draft_params: Any, batch: int) 
 
   Returns:
     Seconds per piece of a step (:class:`StepCosts`), on this machine: the fastest of 7 timed calls of
-    each forward, the target's plain step and verification pass timed interleaved (module docstring).
+    each forward, the target's plain step, verification pass and tree forwards timed interleaved
+    (module docstring); ``tree_steps`` for the decode's tree shapes when the goodput policy chooses
+    among them.
   """
+  trees = spec.draft_trees if isinstance(spec.draft_len, GoodputDraftLen) else ()
   key = (spec.target, spec.target_dtype, spec.attention_impl, spec.proposer, batch, spec.cache_len,
-         spec.verify_chunk, spec.max_draft, spec.target_sharding)
+         spec.verify_chunk, spec.max_draft, spec.target_sharding, trees)
   with _LOCK:
     if key in _CACHE:
       return _CACHE[key]
-  # The plain step and the verification pass interleaved: their ratio is what the policy weighs.
-  plain, verify_pass = time_forwards(spec.target, spec.target_dtype, spec.attention_impl,
-                                     target_params, batch, [1, spec.verify_chunk],
-                                     cache_len=spec.cache_len, sharding=spec.target_sharding)
+  # The plain step, the verification pass and each tree's verification interleaved: their ratios are
+  # what the policy weighs.
+  nodes = [t.nodes for t in trees]
+  target = time_forwards(spec.target, spec.target_dtype, spec.attention_impl, target_params, batch,
+                         [1, spec.verify_chunk] + nodes, cache_len=spec.cache_len,
+                         sharding=spec.target_sharding, mask_widths=[None, None] + nodes)
   first, nxt = spec.proposer.forward_costs(draft_params, batch, spec.cache_len, spec.max_draft)
-  seconds = np.array([plain, verify_pass, first, nxt])
+  growth = [spec.proposer.tree_costs(draft_params, batch, spec.cache_len, t) for t in trees]
+  seconds = np.array(target[:2] + [first, nxt]
+                     + [first + g + v for g, v in zip(growth, target[2:])])
   if jax.process_count() > 1:  # every process decides draft lengths from process 0's timings
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
 
     seconds = np.asarray(multihost_utils.broadcast_one_to_all(seconds))
   costs = StepCosts(plain=float(seconds[0]), verify_pass=float(seconds[1]),
                     propose_first=float(seconds[2]), propose_next=float(seconds[3]),
-                    chunk=spec.verify_chunk)
+                    chunk=spec.verify_chunk, tree_steps=tuple(map(float, seconds[4:])))
   with _LOCK:
     _CACHE[key] = costs
   return costs

@@ -1,10 +1,13 @@
 """Draft length per step: fixed, the BASS heuristic (paper §3.2, Algorithm 1), or cost-aware (goodput).
 
-Every policy offers the decode loop the same three calls, all traceable (no host sync):
+Every policy offers the decode loop the same calls, all traceable (no host sync):
 ``start(costs) -> (l, state)`` before the first step, ``after_step(state, l, num_drafts, accepted, live)
--> (l, state)`` after a speculative step and ``after_plain_step(state, l) -> (l, state)`` after a plain
-decoding step (no row had a proposal, or the policy chose ``l = 0``). Only :class:`GoodputDraftLen`
-chooses ``l = 0``.
+-> (l, state)`` after a chain step, ``after_tree_step(state, l, tree, accepted, live) -> (l, state)``
+after a token-tree step of shape ``tree`` (an index into the decode's tree shapes),
+``after_plain_step(state, l) -> (l, state)`` after a plain decoding step (no row had a proposal, or the
+policy chose ``l = 0``), and ``tree_choice(state) -> i32[]``, the tree shape of the next speculative
+step (-1 for a chain). Only :class:`GoodputDraftLen` chooses ``l = 0``, and only it chooses between
+chains and tree shapes; the others verify the one tree shape given, every step, when there is one.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bass_jax import _checks
+from bass_jax.sampling.tree import TreeShape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +33,9 @@ class StepCosts:
     propose_first: the proposer's catch-up and first draft (0 for a model-free proposer).
     propose_next: each further draft (0 for a model-free proposer).
     chunk: C, positions per verification pass.
+    tree_steps: seconds of a tree step of each shape the decode may choose (``generate``'s
+      ``draft_tree``, in its order): the proposer's catch-up and growth plus the target's one forward
+      over the tree's nodes under its ancestor mask. Empty without trees.
   """
 
   plain: float
@@ -36,12 +43,14 @@ class StepCosts:
   propose_first: float
   propose_next: float
   chunk: int
+  tree_steps: tuple[float, ...] = ()
 
   def as_array(self) -> jax.Array:
-    """``f32[5]``: plain, verify_pass, propose_first, propose_next (seconds), chunk; the traced form
-    the decode program takes, so new measurements never recompile it."""
+    """``f32[5 + T]``: plain, verify_pass, propose_first, propose_next (seconds), chunk, then each tree
+    step's seconds; the traced form the decode program takes, so new measurements never recompile
+    it."""
     return jnp.asarray([self.plain, self.verify_pass, self.propose_first, self.propose_next,
-                        self.chunk], jnp.float32)
+                        self.chunk, *self.tree_steps], jnp.float32)
 
 
 class _MaxAcceptedPolicy:
@@ -63,6 +72,16 @@ class _MaxAcceptedPolicy:
 
   def after_plain_step(self, state, draft_len):
     return draft_len, state
+
+  def after_tree_step(self, state, draft_len, tree, accepted, live):
+    """A tree step changes nothing: the tree's shape is fixed (only goodput chooses among shapes)."""
+    del tree, accepted, live
+    return draft_len, state
+
+  def tree_choice(self, state) -> jax.Array:
+    """``i32[]``: the tree shape of the next speculative step; always the one given (index 0)."""
+    del state
+    return jnp.zeros((), jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,22 +167,36 @@ class GoodputState:
   """Running acceptance statistics of :class:`GoodputDraftLen`.
 
   Attributes:
-    tried: ``f32[L]`` decayed count of steps in which draft position i + 1 was checked.
+    tried: ``f32[L]`` decayed count of chain steps in which draft position i + 1 was checked.
     accepted: ``f32[L]`` decayed count of those in which it was accepted.
-    costs: ``f32[5]`` :meth:`StepCosts.as_array`.
-    plain_run: ``i32[]`` plain steps since the last speculative step (the exploration clock).
+    costs: ``f32[5 + T]`` :meth:`StepCosts.as_array`.
+    since: ``i32[1 + T]`` (or a scalar for all) steps since a chain (entry 0) and each tree shape
+      (entry 1 + j) was last verified: the exploration clocks.
+    tree_tried, tree_accepted: ``f32[T, D]`` the same counts for each tree shape's level d + 1
+      (D the deepest shape's depth); None without trees.
+    tree: ``i32[]`` the tree shape the next speculative step verifies, -1 for a chain.
+    backoff: ``i32[1 + T]`` (or a scalar for all) explorations of each kind since the policy last chose
+      it on its own: the next waits ``explore_every * 2**backoff`` steps (at most ``2**MAX_BACKOFF``).
   """
 
   tried: jax.Array
   accepted: jax.Array
   costs: jax.Array
-  plain_run: jax.Array = 0
+  since: jax.Array = 0
+  tree_tried: jax.Array | None = None
+  tree_accepted: jax.Array | None = None
+  tree: jax.Array = -1
+  backoff: jax.Array = 0
+
+
+MAX_BACKOFF = 3  # an exploration that fails waits at most 2**3 = 8 times explore_every
 
 
 @dataclasses.dataclass(frozen=True)
 class GoodputDraftLen:
   """Cost-aware draft length: each step, the ``l`` in ``0 … max_len`` that maximizes expected emitted
-  tokens per second (the goodput of SmartSpec, Liu et al. 2024, and TurboSpec).
+  tokens per second (the goodput of SmartSpec, Liu et al. 2024, and TurboSpec), or, with token trees,
+  the tree shape that does.
 
   With ``a_i`` the running rate at which draft position i is accepted given that positions ``1 … i-1``
   were, a row emits ``E(l) = 1 + sum_{i<=l} prod_{j<=i} a_j`` tokens per step, and the step costs
@@ -175,31 +208,45 @@ class GoodputDraftLen:
   towards ``prior`` with weight ``prior_weight``: after a stretch of plain steps the estimate drifts back
   to the prior, and speculation is tried again if the prior says it would pay.
 
-  **Exploration.** The rates learn only from speculative steps, and the costs are measured once, before
-  the decode (no clock runs inside the jitted loop, and the host regains control only when a row
-  finishes, so costs cannot be re-measured as the decode goes). If the measurement was unlucky (a busy
-  machine inflating the verification pass) or the prior is pessimistic, the argmax can be 0 at the prior
-  itself, and then nothing the decode sees can ever change it: a whole run of plain steps, whatever the
-  draft would have achieved. So after ``explore_every`` plain steps in a row the policy takes the best
-  ``l >= 1`` (the argmax of ``E(l) / cost(l)`` over ``1 … L``) for one step, and the rates then say
-  whether to go on. It does so only if speculation *could* pay under the measured costs, i.e. a draft
-  accepted in full beats a plain step (``max_l (l + 1) / cost(l) > 1 / plain``); where even that loses,
-  no evidence could change the choice and every step stays plain. The price is bounded: at most one step
-  in ``explore_every + 1`` is an exploration, which costs ``cost(l) - plain`` more than a plain step and
-  still emits at least the token a plain step would: with ``explore_every = 16``, a one-pass draft whose
-  verification costs 2x a plain step and a negligible proposer, 1/17 (6 %) more time if not a single
-  draft were accepted.
+  **Token trees** (``trees``, set by ``generate`` from its ``draft_tree``; docs/design.md "Token
+  trees"). Each tree shape j is one more option: it emits ``E_j = 1 + sum_{d<=depth_j} prod_{i<=d}
+  t_{j,i}`` tokens per step, with ``t_{j,d}`` the running rate at which a row that accepted d - 1 levels
+  of shape j's trees accepts level d (counted like the chain's, from tree steps), and costs
+  ``StepCosts.tree_steps[j]``. Before any evidence a level's rate is the chain's at the same depth (a
+  tree holds a chain's candidates and more), so a tree starts no better than a chain at a higher cost,
+  and is first tried by exploration (below). The policy thus picks plain, a chain length or a tree,
+  whichever has the most expected tokens per second: trees where their extra acceptance pays for their
+  extra nodes (small batches), chains where it does not.
+
+  **Exploration.** The rates learn only from the steps that verify them, and the costs are measured
+  once, before the decode (no clock runs inside the jitted loop, and the host regains control only when
+  a row finishes, so costs cannot be re-measured as the decode goes). If the measurement was unlucky (a
+  busy machine inflating the verification pass) or the prior is pessimistic, the argmax can be plain at
+  the prior itself, and then nothing the decode sees can ever change it. So after ``explore_every``
+  steps without a chain (or without a given tree shape) the policy verifies that kind once (the chain's
+  best ``l >= 1``), and the rates then say whether to go on. It does so only if that kind *could* beat
+  the current choice under the measured costs, i.e. if its drafts accepted in full would (``(l + 1) /
+  cost(l)``, ``(depth_j + 1) / cost_j``, against the chosen option's expected goodput; against a plain
+  step, ``1 / plain``): where even that loses, no evidence could change the choice. An exploration
+  after which the policy does not choose that kind on its own doubles the wait before the next one
+  (exponential backoff, up to ``2**MAX_BACKOFF = 8`` times ``explore_every``; choosing the kind resets
+  it), so a kind that keeps losing costs less and less: with ``explore_every = 16``, a one-pass draft
+  whose verification costs 2x a plain step and a negligible proposer, the first exploration is one
+  step in 17 (6 % more time if not a single draft were accepted), and in the long run one in 129
+  (under 1 %). Each exploration still emits at least one token per row.
 
   Sampling stays exact: like the rest of the policy, exploration chooses a step's length from earlier
-  steps only (the count of plain steps, the rates), never from the step's own draws, and every length
+  steps only (the step counts, the rates), never from the step's own draws, and every length and tree
   is verified by the same lossless acceptance.
 
   Attributes:
     max_len: the longest draft (L). decay: per-step decay of the counts, in (0, 1].
     prior: the acceptance rate assumed before any evidence, in (0, 1).
     prior_weight: pseudo-count of the prior, > 0.
-    explore_every: after this many plain steps in a row, one speculative step (above); 0 never explores.
+    explore_every: steps without a kind of step before it is tried once (above, with its backoff); 0
+      never explores.
     costs: :class:`StepCosts`; None measures them for the call's setting (``bass_jax.sampling.costs``).
+    trees: the tree shapes to choose among (``tree.TreeShape``); empty: chains and plain steps only.
 
   Raises:
     ValueError: from the constructor, for a parameter out of range (named).
@@ -212,6 +259,7 @@ class GoodputDraftLen:
   prior_weight: float = 1.0
   explore_every: int = 16
   costs: StepCosts | None = dataclasses.field(default=None, compare=False)
+  trees: tuple[TreeShape, ...] = ()
 
   def __post_init__(self):
     object.__setattr__(self, "max_len", _checks.as_int("GoodputDraftLen.max_len", self.max_len,
@@ -228,11 +276,29 @@ class GoodputDraftLen:
     object.__setattr__(self, "prior_weight", weight)
     object.__setattr__(self, "explore_every", _checks.as_int("GoodputDraftLen.explore_every",
                                                              self.explore_every, min_value=0))
+    trees = tuple(self.trees)
+    if not all(isinstance(t, TreeShape) for t in trees):
+      raise ValueError(f"GoodputDraftLen.trees must hold TreeShape values, got {self.trees!r}")
+    object.__setattr__(self, "trees", trees)
+
+  @property
+  def max_depth(self) -> int:
+    """D: the deepest tree shape's depth (0 without trees)."""
+    return max((t.depth for t in self.trees), default=0)
 
   def rates(self, state: GoodputState) -> jax.Array:
-    """``f32[L]`` smoothed conditional acceptance rate of each draft position."""
+    """``f32[L]`` smoothed conditional acceptance rate of each draft position of a chain."""
     return ((state.accepted + self.prior * self.prior_weight)
             / (state.tried + self.prior_weight))
+
+  def tree_rates(self, state: GoodputState) -> jax.Array:
+    """``f32[T, D]`` smoothed conditional acceptance rate of each level of each tree shape, smoothed
+    towards the chain's rate at the same depth (``prior`` past the chain's longest draft)."""
+    chain = jnp.concatenate([self.rates(state),
+                             jnp.full(max(self.max_depth - self.max_len, 0), self.prior)])
+    prior = chain[:self.max_depth]
+    return ((state.tree_accepted + prior * self.prior_weight)
+            / (state.tree_tried + self.prior_weight))
 
   def _step_cost(self, costs: jax.Array) -> jax.Array:
     """``f32[L + 1]`` seconds of a step of length ``l = 0 … L``; ``costs`` is
@@ -242,50 +308,129 @@ class GoodputDraftLen:
     passes = jnp.ceil((lengths + 1) / chunk)
     return jnp.where(lengths == 0, plain, first + (lengths - 1) * nxt + passes * verify_pass)
 
+  def _option_cost(self, costs: jax.Array) -> jax.Array:
+    """``f32[L + 1 + T]`` seconds of each option: plain, chains ``l = 1 … L``, each tree shape."""
+    return jnp.concatenate([self._step_cost(costs), costs[5:5 + len(self.trees)]])
+
+  def _depths(self) -> jax.Array:
+    """``f32[L + T]`` the most drafts each speculative option can accept: ``l``, or a tree's depth."""
+    return jnp.asarray(list(range(1, self.max_len + 1)) + [t.depth for t in self.trees], jnp.float32)
+
   def goodput(self, state: GoodputState) -> jax.Array:
-    """``f32[L + 1]`` expected emitted tokens per second per row for ``l = 0 … L``."""
-    expected = 1.0 + jnp.concatenate([jnp.zeros(1), jnp.cumsum(jnp.cumprod(self.rates(state)))])
-    return expected / self._step_cost(state.costs)
+    """``f32[L + 1 + T]`` expected emitted tokens per second per row of each option: a plain step, a
+    chain of ``l = 1 … L`` drafts, each tree shape (none without trees)."""
+    expected = [jnp.ones(1), 1.0 + jnp.cumsum(jnp.cumprod(self.rates(state)))]
+    if self.trees:
+      levels = jnp.arange(1, self.max_depth + 1)
+      depths = jnp.asarray([t.depth for t in self.trees])[:, None]
+      reach = jnp.where(levels <= depths, jnp.cumprod(self.tree_rates(state), axis=1), 0.0)
+      expected.append(1.0 + jnp.sum(reach, axis=1))
+    return jnp.concatenate(expected) / self._option_cost(state.costs)
 
   def could_pay(self, costs: jax.Array) -> jax.Array:
-    """``bool[]``: whether some ``l >= 1`` beats a plain step when every draft is accepted, i.e.
-    ``max_l (l + 1) / cost(l) > 1 / plain``; if not, no acceptance can make speculation pay."""
-    cost = self._step_cost(costs)
-    best_case = jnp.arange(1, self.max_len + 1, dtype=jnp.float32) + 1.0
-    return jnp.max(best_case / cost[1:]) > 1.0 / cost[0]
+    """``bool[]``: whether some speculative option beats a plain step when every draft is accepted,
+    i.e. ``max (drafts + 1) / cost > 1 / plain``; if not, no acceptance can make speculation pay."""
+    cost = self._option_cost(costs)
+    return jnp.max((self._depths() + 1.0) / cost[1:]) > 1.0 / cost[0]
 
-  def choose(self, state: GoodputState) -> jax.Array:
-    """The step's length: the argmax of :meth:`goodput`, or the best ``l >= 1`` when it is 0 and the
-    policy is due to explore (``plain_run >= explore_every > 0`` and :meth:`could_pay`)."""
+  def _option(self, state: GoodputState):
+    """``(option i32[], state)``: the chosen option's index into :meth:`goodput`, an exploration's
+    (class docstring) when one is due, and the state with its backoff updated."""
     goodput = self.goodput(state)
     best = jnp.argmax(goodput).astype(jnp.int32)
+    num_l, num_trees = self.max_len, len(self.trees)
+    upper = (self._depths() + 1.0) / self._option_cost(state.costs)[1:]
+    # Per kind of step (the chain, each tree shape): its best option, and the most it could achieve.
+    kind_best = jnp.concatenate([jnp.argmax(goodput[1:num_l + 1], keepdims=True) + 1,
+                                 num_l + 1 + jnp.arange(num_trees)]).astype(jnp.int32)
+    kind_upper = jnp.concatenate([jnp.max(upper[:num_l], keepdims=True), upper[num_l:]])
+    kind_of_best = jnp.where(best > num_l, best - num_l, jnp.where(best > 0, 0, -1))
+    since = jnp.broadcast_to(jnp.asarray(state.since, jnp.int32), (1 + num_trees,))
+    backoff = jnp.broadcast_to(jnp.asarray(state.backoff, jnp.int32), (1 + num_trees,))
+    kinds = jnp.arange(1 + num_trees)
+    stale = ((since >= self.explore_every * 2**backoff) & (kind_upper > goodput[best])
+             & (kinds != kind_of_best))
+    explore = jnp.argmax(jnp.where(stale, since, -1))
+    # The backoff: reset for the kind chosen on its own merits, raised for the kind explored.
+    backoff = jnp.where(kinds == kind_of_best, 0, backoff)
+    backoff = jnp.where(jnp.any(stale) & (kinds == explore),
+                        jnp.minimum(backoff + 1, MAX_BACKOFF), backoff)
+    return jnp.where(jnp.any(stale), kind_best[explore], best), state.replace(backoff=backoff)
+
+  def _decide(self, state: GoodputState):
+    """``(l, state)``: the next step's draft length (a chosen tree's depth) with ``state.tree`` set."""
     if self.explore_every == 0:
-      return best
-    best_draft = (1 + jnp.argmax(goodput[1:])).astype(jnp.int32)
-    explore = (state.plain_run >= self.explore_every) & self.could_pay(state.costs)
-    return jnp.where(explore & (best == 0), best_draft, best)
+      option = jnp.argmax(self.goodput(state)).astype(jnp.int32)
+    else:
+      option, state = self._option(state)
+    is_tree = option > self.max_len
+    depths = jnp.asarray([0] + [t.depth for t in self.trees], jnp.int32)
+    length = jnp.where(is_tree, depths[jnp.maximum(option - self.max_len, 0)], option)
+    return length.astype(jnp.int32), state.replace(
+        tree=jnp.where(is_tree, option - self.max_len - 1, -1).astype(jnp.int32))
+
+  def choose(self, state: GoodputState) -> jax.Array:
+    """The step's length: the argmax of :meth:`goodput` (a tree's depth if a tree wins; then
+    :meth:`tree_choice` says which), or an exploration (class docstring)."""
+    return self._decide(state)[0]
+
+  def tree_choice(self, state: GoodputState) -> jax.Array:
+    """``i32[]``: the tree shape the next speculative step verifies (index into ``trees``), -1 for a
+    chain."""
+    return state.tree
 
   def start(self, costs: jax.Array):
-    state = GoodputState(tried=jnp.zeros(self.max_len, jnp.float32),
-                         accepted=jnp.zeros(self.max_len, jnp.float32), costs=costs,
-                         plain_run=jnp.zeros((), jnp.int32))
-    return self.choose(state), state
+    num_trees, depth = len(self.trees), self.max_depth
+    state = GoodputState(
+        tried=jnp.zeros(self.max_len, jnp.float32), accepted=jnp.zeros(self.max_len, jnp.float32),
+        costs=costs, since=jnp.zeros(1 + num_trees, jnp.int32),
+        tree_tried=jnp.zeros((num_trees, depth), jnp.float32) if num_trees else None,
+        tree_accepted=jnp.zeros((num_trees, depth), jnp.float32) if num_trees else None,
+        tree=jnp.asarray(-1, jnp.int32), backoff=jnp.zeros(1 + num_trees, jnp.int32))
+    return self._decide(state)
+
+  def _decayed(self, state: GoodputState, verified: int | None) -> GoodputState:
+    """Every count decayed one step; the exploration clocks advanced, ``verified``'s (0 the chain,
+    1 + j tree j, None a plain step) reset."""
+    since = jnp.broadcast_to(jnp.asarray(state.since, jnp.int32), (1 + len(self.trees),)) + 1
+    if verified is not None:
+      since = since.at[verified].set(0)
+    state = state.replace(tried=self.decay * state.tried, accepted=self.decay * state.accepted,
+                          since=since)
+    if self.trees:
+      state = state.replace(tree_tried=self.decay * state.tree_tried,
+                            tree_accepted=self.decay * state.tree_accepted)
+    return state
+
+  @staticmethod
+  def _counts(width: int, num_drafts, accepted, live):
+    """``(checked, passed)``: ``f32[width]`` live rows whose position i + 1 was checked (the drafts up
+    to the first rejection) and passed."""
+    positions = jnp.arange(1, width + 1)[None, :]
+    checked = live[:, None] & (positions <= jnp.minimum(accepted + 1, num_drafts)[:, None])
+    passed = live[:, None] & (positions <= accepted[:, None])
+    return jnp.sum(checked, axis=0), jnp.sum(passed, axis=0)
 
   def after_step(self, state, draft_len, num_drafts, accepted, live):
     del draft_len
-    positions = jnp.arange(1, self.max_len + 1)[None, :]
-    checked = live[:, None] & (positions <= jnp.minimum(accepted + 1, num_drafts)[:, None])
-    passed = live[:, None] & (positions <= accepted[:, None])
-    state = state.replace(tried=self.decay * state.tried + jnp.sum(checked, axis=0),
-                          accepted=self.decay * state.accepted + jnp.sum(passed, axis=0),
-                          plain_run=jnp.zeros((), jnp.int32))
-    return self.choose(state), state
+    state = self._decayed(state, 0)
+    checked, passed = self._counts(self.max_len, num_drafts, accepted, live)
+    return self._decide(state.replace(tried=state.tried + checked,
+                                      accepted=state.accepted + passed))
+
+  def after_tree_step(self, state, draft_len, tree, accepted, live):
+    """After a step that verified tree shape ``tree`` (a static int): its level counts learn from
+    the rows' accepted depths ``accepted: i32[B]``."""
+    del draft_len
+    state = self._decayed(state, 1 + tree)
+    depth = jnp.full_like(accepted, self.trees[tree].depth)
+    checked, passed = self._counts(self.max_depth, depth, accepted, live)
+    return self._decide(state.replace(tree_tried=state.tree_tried.at[tree].add(checked),
+                                      tree_accepted=state.tree_accepted.at[tree].add(passed)))
 
   def after_plain_step(self, state, draft_len):
     del draft_len
-    state = state.replace(tried=self.decay * state.tried, accepted=self.decay * state.accepted,
-                          plain_run=jnp.asarray(state.plain_run, jnp.int32) + 1)
-    return self.choose(state), state
+    return self._decide(self._decayed(state, None))
 
 
 def break_even_acceptance(costs: StepCosts, max_len: int) -> tuple[float, int]:

@@ -22,7 +22,7 @@ import numpy as np
 
 from bass_jax import _checks
 from bass_jax import sharding as sharding_lib
-from bass_jax.loading import Model, check_same_tokenizer, load_draft
+from bass_jax.loading import Model
 from bass_jax.models import attention as attention_lib
 from bass_jax.sampling import costs as costs_lib
 from bass_jax.sampling import state as state_lib
@@ -36,10 +36,11 @@ from bass_jax.sampling.programs import (clear_compile_cache,  # pylint: disable=
                                         set_compile_cache_size)
 from bass_jax.sampling.draft_len import DraftLenPolicy, GoodputDraftLen, as_policy
 from bass_jax.sampling.tree import TreeShape
-from bass_jax.models import eagle
-from bass_jax.preflight import parse_draft_spec
-from bass_jax.sampling.proposers import (EagleProposer, HybridProposer, ModelProposer, NGramProposer,
-                                         Proposer)
+# The draft side and the outputs live in their own modules; their names stay importable from here.
+from bass_jax.sampling.drafts import (Hybrid, load_draft_spec,  # pylint: disable=unused-import
+                                      resolve_draft)
+from bass_jax.sampling.outputs import FinishedPrompt, GenerateOutput, GenerateStats
+from bass_jax.sampling.proposers import NGramProposer
 
 PAD_TOKEN = -1  # fills ``GenerateOutput.tokens`` past each row's length; never a real token id
 _MIN_PROMPT_BUCKET = 16
@@ -47,140 +48,6 @@ _OUTPUT_BUCKET = 32  # the output buffer holds a multiple of this many tokens
 _MAX_EOS_IDS = 8  # EOS ids are a traced array of this many slots (padded with -1)
 DEFAULT_VERIFY_CHUNK = 4  # best with the shipped draft on the tuning prompts (docs/design.md)
 ACCEPTANCE_RULES = ("rejection", "gumbel")  # generate's acceptance= (state.DecodeSpec.acceptance)
-
-
-@dataclasses.dataclass(frozen=True)
-class GenerateStats:
-  """What a decode did and how long it took.
-
-  Attributes:
-    steps: decode steps (BASS: draft + verify rounds and plain steps; regular: tokens).
-    draft_lens: ``i32[steps]`` l_draft of each step, 0 for a plain step (empty for regular decoding).
-    drafted: ``i32[steps, B]`` drafts proposed per row per step (a model-free proposer may propose
-      fewer than l_draft, or none; empty for regular decoding).
-    verified: ``i32[steps]`` positions the target scored per row in each step, the padding of its last
-      verification chunk included (empty for regular decoding).
-    accepted: ``i32[steps, B]`` accepted drafts per row per step, bonus/correction not counted; -1 where
-      the row was already done (empty for regular decoding).
-    finish_seconds: ``f64[B]`` per prompt, wall seconds from the start of the call (the prefill; every
-      prompt arrives then) until the decode returned with the prompt done (the loop returns to the
-      host whenever a row finishes). NaN with ``time_prompts=False``.
-    admit_seconds: ``f64[B]`` per prompt, the wait before admission: seconds from the call's start
-      until the decode call that prefilled its row began (0 for the prompts of the first rows, which
-      the call's prefill admits; NaN for the others with ``time_prompts=False``).
-    first_token_seconds: ``f64[B]`` per prompt, time to first token: seconds from the call's start
-      until the decode returned with the prompt's first token emitted (its wait included; NaN with
-      ``time_prompts=False``).
-    wall_seconds: prefill plus decode, compilation excluded (at least the largest ``finish_seconds``:
-      a continuous decode returns once more after its last finish, to retire that prompt).
-    compile_seconds: time spent compiling in this call (0 when the programs were cached).
-    compiled: whether this call compiled (False: it reused programs of an earlier call).
-    prompt_bucket: P, the length prompts were padded to for the prefill.
-    batch_bucket: the number of rows the programs ran (B plus inert padding rows).
-    verify_chunk: positions per verification forward (0 for regular decoding).
-    proposer: the draft side's name (empty for regular decoding).
-    step_costs: the ``StepCosts`` a cost-aware draft length used (None otherwise).
-    mesh: ``{"data": d, "model": m}`` of the mesh the decode ran on (empty on one device).
-    batch_size: rows decoding at once (the number of prompts for a static batch).
-    continuous: whether finished rows took waiting prompts (``generate(..., batch_size=)``). The
-      per-step histories (``drafted``, ``accepted``) are then per *row*, and a row serves several
-      prompts in turn: prompt i ran in row ``prompt_rows[i]`` from step ``prompt_start_steps[i]`` until
-      that row's next prompt started.
-    prompt_rows: ``i32[B]`` the row each prompt ran in. prompt_start_steps: ``i32[B]`` the step count
-      when it was admitted.
-    prompt_steps: ``i32[B]`` steps in which each prompt was live (regular decoding: its tokens).
-    prompt_drafted: ``i32[B]`` drafts proposed to each prompt (0 for regular decoding).
-    prompt_accepted: ``i32[B]`` drafts each prompt accepted (0 for regular decoding).
-  """
-
-  steps: int
-  draft_lens: np.ndarray
-  accepted: np.ndarray
-  finish_seconds: np.ndarray
-  wall_seconds: float
-  compile_seconds: float
-  compiled: bool = False
-  prompt_bucket: int = 0
-  batch_bucket: int = 0
-  verify_chunk: int = 0
-  verified: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
-  drafted: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), np.int32))
-  proposer: str = ""
-  step_costs: Any = None
-  mesh: dict = dataclasses.field(default_factory=dict)
-  admit_seconds: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,)))
-  first_token_seconds: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,)))
-  batch_size: int = 0
-  continuous: bool = False
-  prompt_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
-  prompt_start_steps: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
-  prompt_steps: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
-  prompt_drafted: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
-  prompt_accepted: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
-
-
-@dataclasses.dataclass(frozen=True)
-class GenerateOutput:
-  """Result of :func:`generate`.
-
-  Attributes:
-    tokens: ``i32[B, max_new_tokens]`` emitted tokens, ``PAD_TOKEN`` (-1) past ``lengths[b]``.
-    lengths: ``i32[B]`` tokens emitted per row (an EOS token, when emitted, is the last one counted).
-    logprobs: ``f32[B, max_new_tokens]`` log-probability of each emitted token under the target's own
-      distribution (temperature 1, no top-p); 0 past ``lengths[b]``.
-    finished: ``bool[B]`` the row ended with an EOS token (else it hit ``max_new_tokens``).
-    stats: :class:`GenerateStats`.
-  """
-
-  tokens: np.ndarray
-  lengths: np.ndarray
-  logprobs: np.ndarray
-  finished: np.ndarray
-  stats: GenerateStats
-
-  def sequences(self) -> list[list[int]]:
-    """Each row's emitted tokens, without padding."""
-    return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
-
-  def prompt(self, index: int) -> "FinishedPrompt":
-    """Prompt ``index``'s output and per-prompt statistics as one :class:`FinishedPrompt`."""
-    s, n = self.stats, int(self.lengths[index])
-    return FinishedPrompt(
-        index=index, tokens=self.tokens[index, :n].copy(), logprobs=self.logprobs[index, :n].copy(),
-        finished=bool(self.finished[index]), row=int(s.prompt_rows[index]),
-        admit_seconds=float(s.admit_seconds[index]),
-        first_token_seconds=float(s.first_token_seconds[index]),
-        finish_seconds=float(s.finish_seconds[index]), steps=int(s.prompt_steps[index]),
-        drafted=int(s.prompt_drafted[index]), accepted=int(s.prompt_accepted[index]))
-
-
-@dataclasses.dataclass(frozen=True)
-class FinishedPrompt:
-  """One prompt's output, handed to ``generate(..., on_finish=)`` as soon as the prompt is complete.
-
-  Attributes:
-    index: the prompt's position in ``prompts``.
-    tokens: ``i32[n]`` its emitted tokens (an EOS, when emitted, is the last). logprobs: ``f32[n]``
-      the target's log-probability of each (temperature 1, no top-p).
-    finished: it ended with an EOS token (else it reached ``max_new_tokens``).
-    row: the batch row it ran in.
-    admit_seconds, first_token_seconds, finish_seconds: wall seconds from the call's start (NaN with
-      ``time_prompts=False``), as in :class:`GenerateStats`.
-    steps, drafted, accepted: decode steps it was live in, drafts proposed to it, drafts it accepted
-      (0 drafts for regular decoding, whose ``steps`` are its tokens).
-  """
-
-  index: int
-  tokens: np.ndarray
-  logprobs: np.ndarray
-  finished: bool
-  row: int
-  admit_seconds: float
-  first_token_seconds: float
-  finish_seconds: float
-  steps: int
-  drafted: int
-  accepted: int
 
 
 def prompt_bucket(length: int) -> int:
@@ -201,90 +68,6 @@ def output_bucket(max_new_tokens: int) -> int:
   return -(-max_new_tokens // _OUTPUT_BUCKET) * _OUTPUT_BUCKET
 
 
-@dataclasses.dataclass(frozen=True)
-class Hybrid:
-  """The hybrid draft side for :func:`generate`: n-gram lookup where a row matches, ``model`` elsewhere
-  (``proposers.HybridProposer``).
-
-  Attributes:
-    model: the draft model. ngram: the lookup's settings.
-  """
-
-  model: Model
-  ngram: NGramProposer = NGramProposer()
-
-  @property
-  def name(self) -> str:
-    """``hybrid(ngram(4-2), <model name>)``, as in results files."""
-    return f"hybrid({self.ngram.name}, {self.model.name})"
-
-
-def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any = None,
-                  draft_sharding: str = "replicated") -> tuple[Proposer, Any, list[Model]]:
-  """``(proposer, its weights, its models)`` from what :func:`generate` accepts as ``draft``.
-
-  With a ``mesh``, the proposer of a draft model carries the plan of the rules ``draft_sharding`` names
-  (``bass_jax.sharding.RULES``); ``generate`` places the weights by it.
-
-  Raises:
-    ValueError: anything else, or a draft model whose tokenizer differs from the target's; sharding
-      rules the draft's shapes do not allow (``bass_jax.sharding.plan``).
-  """
-  def model_proposer(model):
-    """An independent draft model's proposer and weights, or an EAGLE draft's with the target's head."""
-    if not isinstance(model, Model):
-      raise ValueError(f"a draft model must be a bass_jax.Model, got {type(model).__name__}")
-    check_same_tokenizer(target, model)
-    dtype = jnp.dtype(model.dtype).name
-    plan = None if mesh is None else sharding_lib.plan(model.config, mesh, draft_sharding,
-                                                        name="the draft")
-    if isinstance(model.config, eagle.EagleConfig):
-      params = eagle.bind(model.params["draft"], model.params["vocab_ids"], target.config,
-                          target.params, model.config.draft_vocab_size)
-      return EagleProposer(model.config, dtype, attention_impl, sharding=plan), params
-    return ModelProposer(model.config, dtype, attention_impl, sharding=plan), model.params
-
-  if isinstance(draft, Model):
-    proposer, params = model_proposer(draft)
-    return proposer, params, [draft]
-  if isinstance(draft, NGramProposer):
-    return draft, None, []
-  if isinstance(draft, Hybrid):
-    if not isinstance(draft.ngram, NGramProposer):
-      raise ValueError(f"Hybrid.ngram must be an NGramProposer, got {type(draft.ngram).__name__}")
-    proposer, params = model_proposer(draft.model)
-    return HybridProposer(draft.ngram, proposer), params, [draft.model]
-  raise ValueError(
-      "draft must be a bass_jax.Model (a draft model), a bass_jax.NGramProposer (model-free prompt "
-      f"lookup) or a bass_jax.Hybrid(model, ngram); got {type(draft).__name__} (scripts take a spec "
-      "string: see bass_jax.load_draft_spec)")
-
-
-def load_draft_spec(spec: str, target: Model, *, num_layers: int | None = None, dtype: Any = None
-                    ) -> Model | NGramProposer | Hybrid:
-  """The draft side named by a spec string (the scripts' ``--draft``), loading models as needed.
-
-  Specs:
-    * ``ngram`` or ``ngram:max_n=4,min_n=2``: model-free prompt lookup (:class:`NGramProposer`);
-    * ``hybrid:<model spec>`` or ``hybrid:<model spec>:max_n=4,min_n=2``: n-gram where a row matches,
-      the draft model elsewhere (:class:`Hybrid`);
-    * anything else: a draft model spec for ``bass_jax.load_draft`` (an alias, a ``.gguf`` file, a
-      checkpoint directory; the target's own name with ``num_layers`` for a placeholder).
-
-  ``num_layers`` and ``dtype`` apply to the draft model, as in ``load_draft``.
-
-  Raises:
-    ValueError: a malformed n-gram setting (names the key and the accepted form); whatever
-      ``load_draft`` raises for the model.
-  """
-  model_spec, ngram = parse_draft_spec(spec)
-  lookup = None if ngram is None else NGramProposer(**ngram)
-  if model_spec is None:
-    return lookup
-  model = load_draft(model_spec, target, num_layers=num_layers, dtype=dtype)
-  return model if lookup is None else Hybrid(model, lookup)
-
-
 def _eos_ids(eos_token_id, target: Model) -> tuple[int, ...]:
   if eos_token_id is None:
     eos_token_id = target.config.eos_token_id
@@ -292,6 +75,34 @@ def _eos_ids(eos_token_id, target: Model) -> tuple[int, ...]:
     return ()
   return _checks.as_int_tuple("eos_token_id", eos_token_id, min_value=0,
                               max_value=target.config.vocab_size - 1)
+
+
+def _tree_shapes(draft_tree: Any) -> tuple[TreeShape, ...]:
+  """``generate``'s ``draft_tree`` as distinct :class:`TreeShape` s (empty for None).
+
+  Raises:
+    ValueError: a value that is not a shape or its text, an empty sequence, or a repeated shape.
+  """
+  if draft_tree is None:
+    return ()
+  items = [draft_tree] if isinstance(draft_tree, (str, TreeShape)) else draft_tree
+  try:
+    items = list(items)
+  except TypeError:
+    items = [draft_tree]
+  shapes = []
+  for item in items:
+    if isinstance(item, str):
+      item = TreeShape.parse(item)
+    if not isinstance(item, TreeShape):
+      raise ValueError(f"draft_tree must be None, a TreeShape, text such as 'top_k=4,depth=5,nodes=16' "
+                       f"or a sequence of those, got {draft_tree!r}")
+    shapes.append(item)
+  if not shapes:
+    raise ValueError("draft_tree is an empty sequence; pass None for chains")
+  if len(set(shapes)) < len(shapes):
+    raise ValueError(f"draft_tree repeats a shape: {[str(t) for t in shapes]}")
+  return tuple(shapes)
 
 
 def _validate_prompts(prompts: Any, vocab_size: int) -> list[np.ndarray]:
@@ -382,7 +193,7 @@ def generate(
     on_finish: Callable[[FinishedPrompt], None] | None = None,
     acceptance: str = "rejection",
     sequence_ids: Sequence[int] | None = None,
-    draft_tree: str | TreeShape | None = None,
+    draft_tree: str | TreeShape | Sequence[str | TreeShape] | None = None,
 ) -> GenerateOutput:
   """Decodes a batch of prompts with batched speculative sampling (BASS) or regular decoding.
 
@@ -475,7 +286,10 @@ def generate(
       for ``depth`` levels, keep the ``nodes - 1`` best drafts), a hybrid puts its n-gram
       continuation in first, and the target scores all ``nodes`` positions of a row in one forward;
       each row accepts the longest path the acceptance rule allows, exactly as for chains (greedy,
-      ``"rejection"`` with top-k children, ``"gumbel"``). ``draft_len`` must then stay at its default.
+      ``"rejection"`` with top-k children, ``"gumbel"``). With ``draft_len`` at its default every
+      step verifies the tree; with ``draft_len="goodput"`` (or a ``GoodputDraftLen``) each step
+      chooses among a plain step, chains and the tree shapes given (a sequence of shapes compiles
+      each as a static variant), by measured cost and running acceptance.
 
   Returns:
     :class:`GenerateOutput` with tokens ``i32[B, N]``, lengths ``i32[B]``, target log-probs
@@ -491,9 +305,10 @@ def generate(
       whose ``model`` size divides neither the heads nor the MLP (``bass_jax.sharding.plan``); a mesh
       with ``jax_threefry_partitionable`` off; ``batch_size < 1``; continuous batching on a mesh whose
       ``data`` axis is larger than 1; an unknown ``acceptance``; ``sequence_ids`` of the wrong length,
-      out of range or repeated; a bad ``draft_tree`` (``TreeShape``'s errors), or one with
-      ``method="regular"``, a ``draft_len`` other than the default, or a sliding-window target on an
-      attention implementation other than ``"reference"``.
+      out of range or repeated; a bad ``draft_tree`` (``TreeShape``'s errors, a repeated shape), or
+      one with ``method="regular"``, a ``draft_len`` other than the default or goodput, several
+      shapes without goodput, or a sliding-window target on an attention implementation other than
+      ``"reference"``.
   """
   if not isinstance(target, Model):
     raise ValueError(f"target must be a bass_jax.Model (see bass_jax.load_model), got "
@@ -527,21 +342,24 @@ def generate(
   if max_cache_len is not None:
     max_cache_len = _checks.as_int("max_cache_len", max_cache_len, min_value=1)
   policy = as_policy(draft_len) if bass else None
-  if draft_tree is not None:
-    if isinstance(draft_tree, str):
-      draft_tree = TreeShape.parse(draft_tree)
-    if not isinstance(draft_tree, TreeShape):
-      raise ValueError(f"draft_tree must be None, a TreeShape or text such as "
-                       f"'top_k=4,depth=5,nodes=16', got {draft_tree!r}")
+  trees = _tree_shapes(draft_tree)
+  if trees:
     if not bass:
       raise ValueError("draft_tree needs method='bass': regular decoding drafts nothing")
-    if not (isinstance(draft_len, str) and draft_len == "dynamic"):
-      raise ValueError(f"draft_len={draft_len!r} chooses chain lengths; with draft_tree every step "
-                       "verifies a tree of that shape: leave draft_len at its default")
     if getattr(target.config, "sliding_window", None) is not None and attention_impl != "reference":
       raise ValueError("draft_tree with a sliding-window target runs on attention_impl='reference' "
                        "only (the kernels place a query by slot, a tree node by depth)")
-    policy = as_policy(draft_tree.depth)
+    if isinstance(policy, GoodputDraftLen):
+      policy = dataclasses.replace(policy, trees=trees)
+    elif not (isinstance(draft_len, str) and draft_len == "dynamic"):
+      raise ValueError(f"draft_len={draft_len!r} chooses chain lengths; with draft_tree leave it at its "
+                       "default (every step verifies the tree) or pass 'goodput' (each step chooses "
+                       "among plain steps, chains and the tree shapes)")
+    elif len(trees) > 1:
+      raise ValueError(f"draft_tree has {len(trees)} shapes; choosing among them needs "
+                       "draft_len='goodput'")
+    else:
+      policy = as_policy(trees[0].depth)
   chunk = 0
   if bass:
     chunk = (DEFAULT_VERIFY_CHUNK if verify_chunk is None
@@ -589,7 +407,7 @@ def generate(
       max_new_bucket=max_new_bucket, greedy=temperature == 0,
       draft_len=policy, verify_chunk=chunk, target_sharding=target_plan, queue_len=queue_len,
       history_len=history_len, acceptance="rejection" if temperature == 0 else acceptance,
-      draft_tree=draft_tree)
+      draft_trees=trees)
   if max_cache_len is not None and spec.cache_len > max_cache_len:
     raise ValueError(
         f"the decode needs {spec.cache_len} cache slots per row (prompt padded to {spec.prompt_len} + "
@@ -708,6 +526,8 @@ def generate(
       verify_chunk=spec.verify_chunk,
       verified=host(state.verified_history)[:steps] if bass else np.zeros((0,), np.int32),
       drafted=drafted,
+      trees=host(state.tree_history)[:steps] if bass else np.zeros((0,), np.int32),
+      draft_trees=tuple(map(str, spec.draft_trees)),
       proposer=proposer.name if bass else "",
       step_costs=step_costs,
       mesh={} if mesh is None else dict(mesh.shape),

@@ -31,8 +31,10 @@ Invariants between steps (for every live row):
 
 A step is speculative (propose, verify, accept) when the policy's ``l_draft`` is at least 1 and some live
 row has a proposal; otherwise it is a plain decoding step (one target position per row, exactly regular
-decoding's step). The loop runs the two kinds as two inner ``while_loop`` s, never as branches of a
-``cond``, so that each updates the caches in place.
+decoding's step). A speculative step verifies a chain (``step.bass_step``) or, with token trees, a tree
+of one of ``DecodeSpec.draft_trees`` (``step.tree_step``; the goodput policy chooses the kind per step).
+The loop runs each kind as its own inner ``while_loop``, never as branches of a ``cond``, so that each
+updates the caches in place.
 
 Each forward writes its new tokens' K/V into the cache before attending over it: XLA then updates
 the cache in place, where reading it first and writing after would make it copy every layer's cache
@@ -108,6 +110,7 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any,
       draft_len_history=jnp.zeros((h,), jnp.int32),
       drafted_history=jnp.zeros((h, batch), jnp.int32),
       verified_history=jnp.zeros((h,), jnp.int32),
+      tree_history=jnp.full((h,), -1, jnp.int32),
       accepted_history=jnp.full((h, batch), -1, jnp.int32),
       key=inputs.key,
       queue=queue,
@@ -138,22 +141,34 @@ def _steps(spec: DecodeSpec, target_params: Any, draft_params: Any, temperature:
     return jax.lax.while_loop(
         running, functools.partial(regular_step, spec, target_params, temperature, top_p), state)
 
-  step = tree_step if spec.draft_tree is not None else bass_step
-  bass = functools.partial(step, spec, target_params, draft_params, temperature, top_p)
-  if spec.proposer.always_proposes and not spec.draft_len.may_choose_zero:
-    return jax.lax.while_loop(running, bass, state)  # no plain step can occur: none is compiled
+  def step_of(kind):  # a chain step (None) or a tree step of shape draft_trees[kind]
+    step = bass_step if kind is None else functools.partial(tree_step, tree=kind)
+    return functools.partial(step, spec, target_params, draft_params, temperature, top_p)
+
+  kinds = spec.step_kinds
+  if len(kinds) == 1 and spec.proposer.always_proposes and not spec.draft_len.may_choose_zero:
+    return jax.lax.while_loop(running, step_of(kinds[0]), state)  # no plain step can occur
 
   def speculate(s: DecodeState):
     ctx = step_context(s, s.key, temperature, top_p)
     return (s.draft_len > 0) & spec.proposer.can_propose(ctx)
 
+  def chosen(kind):  # whether the policy's next speculative step is of this kind
+    if len(kinds) == 1:
+      return lambda s: speculate(s)
+    index = -1 if kind is None else kind
+    return lambda s: speculate(s) & (spec.draft_len.tree_choice(s.policy_state) == index)
+
   plain = functools.partial(plain_step, spec, target_params, temperature, top_p)
 
   def body(s: DecodeState):
-    # Plain steps while speculation is off, then speculative steps while it is on: two loops rather than
-    # a cond, so that both update the caches in place (module docstring).
+    # Plain steps while speculation is off, then each kind of speculative step (chains, each tree
+    # shape) while the policy chooses it: loops rather than a switch, so that every step updates the
+    # caches in place (module docstring). Each pass makes progress: some loop's condition holds.
     s = jax.lax.while_loop(lambda s: running(s) & ~speculate(s), plain, s)
-    return jax.lax.while_loop(lambda s: running(s) & speculate(s), bass, s)
+    for kind in kinds:
+      s = jax.lax.while_loop(lambda s, kind=kind: running(s) & chosen(kind)(s), step_of(kind), s)
+    return s
 
   return jax.lax.while_loop(running, body, state)
 

@@ -18,7 +18,7 @@ from bass_jax import sharding as sharding_lib
 from bass_jax.cache import KVCache
 from bass_jax.models.attention import CACHE_ALIGNMENT
 from bass_jax.models.common import DecoderConfig
-from bass_jax.sampling.draft_len import DraftLenPolicy
+from bass_jax.sampling.draft_len import DraftLenPolicy, GoodputDraftLen
 from bass_jax.sampling.proposers import Proposer
 from bass_jax.sampling.tree import TreeShape
 
@@ -47,8 +47,10 @@ class DecodeSpec:
     acceptance: ``"rejection"`` (speculative rejection sampling, Leviathan et al. 2023) or ``"gumbel"``
       (drafter-invariant: every token is the target's Gumbel-max draw with per-sequence, per-position
       noise, ``acceptance.coupled_accept_chunk``). Greedy decoding ignores it.
-    draft_tree: a :class:`tree.TreeShape`: every speculative step verifies a token tree of that shape
-      per row (``step.tree_step``) instead of a chain; None: chains.
+    draft_trees: :class:`tree.TreeShape` s: a speculative step may verify a token tree of one of these
+      shapes per row (``step.tree_step``) instead of a chain. With a :class:`GoodputDraftLen` (whose
+      ``trees`` must be these) the policy chooses per step among plain steps, chains and the shapes;
+      with another policy there is one shape and every speculative step verifies it. Empty: chains.
   """
 
   method: str
@@ -65,7 +67,28 @@ class DecodeSpec:
   queue_len: int = 0
   history_len: int = 0
   acceptance: str = "rejection"
-  draft_tree: TreeShape | None = None
+  draft_trees: tuple[TreeShape, ...] = ()
+
+  def __post_init__(self):
+    trees = tuple(self.draft_trees)
+    object.__setattr__(self, "draft_trees", trees)
+    if isinstance(self.draft_len, GoodputDraftLen):
+      if self.draft_len.trees != trees:
+        raise ValueError(f"GoodputDraftLen.trees {self.draft_len.trees} must be the decode's "
+                         f"draft_trees {trees}")
+    elif len(trees) > 1:
+      raise ValueError(f"{len(trees)} tree shapes need the goodput draft length to choose among "
+                       f"them; {type(self.draft_len).__name__} verifies one")
+
+  @property
+  def step_kinds(self) -> tuple[int | None, ...]:
+    """The speculative steps the decode compiles: None for a chain step, j for a tree step of
+    ``draft_trees[j]``."""
+    if not self.draft_trees:
+      return (None,)
+    if isinstance(self.draft_len, GoodputDraftLen):
+      return (None,) + tuple(range(len(self.draft_trees)))
+    return (0,)
 
   @property
   def coupled(self) -> bool:
@@ -88,9 +111,7 @@ class DecodeSpec:
     tree step's verification and draft growth need (``TreeShape.look_ahead``)."""
     if self.method != "bass":
       return 0
-    if self.draft_tree is not None:
-      return self.draft_tree.look_ahead - 1
-    return self.draft_len.max_len
+    return max([self.draft_len.max_len] + [t.look_ahead - 1 for t in self.draft_trees])
 
   @property
   def keeps_features(self) -> bool:
@@ -171,6 +192,8 @@ class DecodeState:
     drafted_history: ``i32[H, B]`` drafts proposed per row per step (0 past ``step``).
     verified_history: ``i32[H]`` positions the target scored per row in each step, padding of the last
       chunk included (0 past ``step``).
+    tree_history: ``i32[H]`` the tree shape each step verified (index into ``DecodeSpec.draft_trees``),
+      -1 for chain and plain steps and past ``step``.
     accepted_history: ``i32[H, B]`` accepted drafts per row per step (bonus/correction not counted; -1
       for a row that was already done, and past ``step``).
     key: PRNG key.
@@ -197,6 +220,7 @@ class DecodeState:
   draft_len_history: jax.Array
   drafted_history: jax.Array
   verified_history: jax.Array
+  tree_history: jax.Array
   accepted_history: jax.Array
   key: jax.Array
   queue: Queue | None = None
@@ -272,6 +296,7 @@ def state_shardings(spec: DecodeSpec, state: DecodeState) -> DecodeState:
       logprobs=rows, done=rows, eos=rows, max_new=replicated, step_limit=replicated,
       eos_ids=replicated, step=replicated, draft_len=replicated,
       policy_state=every(state.policy_state), draft_len_history=replicated,
-      drafted_history=replicated, verified_history=replicated, accepted_history=replicated,
+      drafted_history=replicated, verified_history=replicated, tree_history=replicated,
+      accepted_history=replicated,
       key=replicated, queue=None if state.queue is None else every(state.queue).replace(
           slot=rows, row_prompt=rows), row_keys=None if state.row_keys is None else rows)

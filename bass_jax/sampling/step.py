@@ -225,13 +225,14 @@ def bass_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
 
 
 def _advance(spec: DecodeSpec, state: DecodeState, emitted, emitted_logprobs, accepted, target_cache,
-             features, proposer_state, key, *, draft_len, drafted, verified) -> DecodeState:
+             features, proposer_state, key, *, draft_len, drafted, verified,
+             tree: int = -1) -> DecodeState:
   """The end of a speculative step, chain or tree: each live row emits ``emitted[b, :accepted[b] +
   1]`` (``i32[B, E]``, with the target's log-probs ``f32[B, E]``), the target cache keeps the text
   (rejected drafts are dropped by resetting lengths; their K/V stay in place, masked, to be
   overwritten), the proposer rolls back, and the step is recorded in the histories: the draft length
   ``draft_len: i32[]``, ``drafted: i32[B]`` drafts per row, ``verified: i32[]`` positions scored per
-  row and the accepted counts (-1 for rows that were done)."""
+  row, the tree shape ``tree`` (-1 for a chain) and the accepted counts (-1 for rows that were done)."""
   live = ~state.done
   old_seq_len = state.seq_len
   state = _emit(state, emitted, emitted_logprobs, accepted + 1)
@@ -244,43 +245,45 @@ def _advance(spec: DecodeSpec, state: DecodeState, emitted, emitted_logprobs, ac
       draft_len_history=state.draft_len_history.at[state.step].set(draft_len),
       drafted_history=state.drafted_history.at[state.step].set(drafted),
       verified_history=state.verified_history.at[state.step].set(verified),
+      tree_history=state.tree_history.at[state.step].set(tree),
       accepted_history=state.accepted_history.at[state.step].set(jnp.where(live, accepted, -1)),
       key=key,
   )
 
 
 def tree_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
-              state: DecodeState) -> DecodeState:
+              state: DecodeState, *, tree: int = 0) -> DecodeState:
   """One tree step for the whole batch (EAGLE-2, Li et al. 2024; SpecInfer, Miao et al. 2024;
-  docs/design.md "Token trees"): the proposer drafts a tree of ``spec.draft_tree.nodes`` nodes per
-  row, the target scores every node in one forward under the tree's ancestor mask, each row accepts
-  one root-to-node path (``tree.greedy_accept_tree``, ``coupled_accept_tree`` or
+  docs/design.md "Token trees"): the proposer drafts a tree of shape ``spec.draft_trees[tree]`` (a
+  static index) per row, the target scores every node in one forward under the tree's ancestor mask,
+  each row accepts one root-to-node path (``tree.greedy_accept_tree``, ``coupled_accept_tree`` or
   ``speculative_accept_tree``) and emits it and one more token, and the path's K/V (and features)
   move into consecutive slots (``cache.keep_path``), so the next step sees an ordinary ragged cache.
+  The draft-length policy learns from the accepted depths and chooses the next step's kind.
   """
-  shape = spec.draft_tree
+  shape = spec.draft_trees[tree]
   key, draft_key, accept_key = jax.random.split(state.key, 3)
   live = ~state.done
   rows = jnp.arange(state.tokens.shape[0])
   ctx = step_context(state, draft_key, temperature, top_p)
-  proposer_state, tree = spec.proposer.propose_tree(draft_params, state.proposer_state, ctx,
-                                                    shape=shape)
-  logits, target_cache, features = _target_forward(spec, target_params, tree.tokens,
+  proposer_state, draft = spec.proposer.propose_tree(draft_params, state.proposer_state, ctx,
+                                                     shape=shape)
+  logits, target_cache, features = _target_forward(spec, target_params, draft.tokens,
                                                    state.target_cache, state.features,
-                                                   tree_lib.ancestor_mask(tree))
+                                                   tree_lib.ancestor_mask(draft))
   if spec.greedy:
-    result = tree_lib.greedy_accept_tree(tree, logits)
+    result = tree_lib.greedy_accept_tree(draft, logits)
   elif spec.coupled:
-    result = tree_lib.coupled_accept_tree(tree, warped_log_probs(logits, temperature, top_p),
+    result = tree_lib.coupled_accept_tree(draft, warped_log_probs(logits, temperature, top_p),
                                           state.row_keys, state.seq_len)
   else:
-    result = tree_lib.speculative_accept_tree(accept_key, tree,
+    result = tree_lib.speculative_accept_tree(accept_key, draft,
                                               warped_log_probs(logits, temperature, top_p))
   accepted = jnp.where(live, result.num_accepted, 0)
   # Emitted: the path's draft tokens, then next_token at slot num_accepted.
   path = jnp.maximum(result.path, 0)
   slots = jnp.arange(shape.nodes)[None, :]
-  on_path = jnp.take_along_axis(tree.tokens, jnp.roll(path, -1, axis=1), axis=1)
+  on_path = jnp.take_along_axis(draft.tokens, jnp.roll(path, -1, axis=1), axis=1)
   emitted = jnp.where(slots == result.num_accepted[:, None], result.next_token[:, None], on_path)
   raw = jax.nn.log_softmax(logits, axis=-1)
   emitted_logprobs = raw[rows[:, None], path, emitted]  # the target's, at the emitting node
@@ -289,10 +292,13 @@ def tree_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
   target_cache = target_cache.keep_path(base, result.path)
   if features is not None:
     features = keep_path(features, base, result.path, axis=1)
-  drafted = jnp.where(live, tree.num_nodes - 1, 0)
-  return _advance(spec, state, emitted, emitted_logprobs, accepted, target_cache, features,
-                  proposer_state, key, draft_len=jnp.int32(shape.depth), drafted=drafted,
-                  verified=jnp.int32(shape.nodes))
+  drafted = jnp.where(live, draft.num_nodes - 1, 0)
+  next_len, policy_state = spec.draft_len.after_tree_step(state.policy_state, state.draft_len, tree,
+                                                          accepted, live)
+  state = _advance(spec, state, emitted, emitted_logprobs, accepted, target_cache, features,
+                   proposer_state, key, draft_len=jnp.int32(shape.depth), drafted=drafted,
+                   verified=jnp.int32(shape.nodes), tree=tree)
+  return state.replace(draft_len=jnp.asarray(next_len, jnp.int32), policy_state=policy_state)
 
 
 def step_context(state: DecodeState, key, temperature, top_p) -> StepContext:

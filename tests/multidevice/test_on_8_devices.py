@@ -91,10 +91,10 @@ def family(request):
                                                              max_new_tokens=12)
 
 
-# (8, 1) splits rows only, the family-independent part: the Llama family runs it, every family the
-# meshes that split its weights.
+# (8, 1) splits rows only and (1, 8) replicates Llama's KV heads: the family-independent parts, which
+# the Llama family runs; every family runs (2, 4), which splits rows and its weights.
 @pytest.mark.parametrize("family,shape", [(f, m) for f in sorted(_configs()) for m in MESHES
-                                          if f == "llama" or m[1] > 1], indirect=["family"])
+                                          if f == "llama" or m == (2, 4)], indirect=["family"])
 def test_greedy_bass_on_a_mesh_emits_the_single_device_tokens_with_caches_split_by_rule(family,
                                                                                         shape):
   name, target, draft, prompts, single = family
@@ -194,6 +194,22 @@ def test_the_pallas_kernel_runs_per_shard():
   out = bj.generate(target, draft, prompts, max_new_tokens=6, attention_impl="pallas_pad",
                     mesh=sharding.make_mesh(2, 4))
   np.testing.assert_array_equal(out.tokens, single.tokens)
+
+
+def test_token_trees_on_a_mesh_emit_the_single_device_tokens():
+  """Tree steps per shard: the Pallas kernel's prefix merged with the tree's dense attention in every
+  shard, and the accepted paths' K/V compacted in caches split by row and KV head. The target drafts
+  for itself, so whole paths are accepted and moved; goodput with fixed costs also runs chains."""
+  target, _ = _pair("llama")
+  prompts = _prompts(4, seed=5)
+  single = bj.generate(target, None, prompts, method="regular", max_new_tokens=10)
+  costs = bj.StepCosts(plain=1.0, verify_pass=1.2, propose_first=0.05, propose_next=0.05, chunk=4,
+                       tree_steps=(1.3,))
+  out = bj.generate(target, target, prompts, max_new_tokens=10, attention_impl="pallas_pad",
+                    mesh=sharding.make_mesh(2, 4), draft_tree="top_k=2,depth=3,nodes=6",
+                    draft_len=bj.GoodputDraftLen(max_len=3, explore_every=2, costs=costs))
+  np.testing.assert_array_equal(out.tokens, single.tokens)
+  assert (out.stats.trees == 0).any() and out.stats.accepted[out.stats.trees == 0].max() == 3
 
 
 def _specs(tree):

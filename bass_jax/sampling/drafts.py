@@ -1,0 +1,101 @@
+"""What ``generate`` accepts as its draft side, and how it becomes a proposer: :class:`Hybrid`,
+:func:`resolve_draft` (a model, an n-gram lookup or a hybrid to a ``Proposer`` and its weights) and
+:func:`load_draft_spec` (the scripts' ``--draft`` strings)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+from bass_jax import sharding as sharding_lib
+from bass_jax.loading import Model, check_same_tokenizer, load_draft
+from bass_jax.models import eagle
+from bass_jax.preflight import parse_draft_spec
+from bass_jax.sampling.proposers import (EagleProposer, HybridProposer, ModelProposer, NGramProposer,
+                                         Proposer)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hybrid:
+  """The hybrid draft side for :func:`generate`: n-gram lookup where a row matches, ``model`` elsewhere
+  (``proposers.HybridProposer``).
+
+  Attributes:
+    model: the draft model. ngram: the lookup's settings.
+  """
+
+  model: Model
+  ngram: NGramProposer = NGramProposer()
+
+  @property
+  def name(self) -> str:
+    """``hybrid(ngram(4-2), <model name>)``, as in results files."""
+    return f"hybrid({self.ngram.name}, {self.model.name})"
+
+
+def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any = None,
+                  draft_sharding: str = "replicated") -> tuple[Proposer, Any, list[Model]]:
+  """``(proposer, its weights, its models)`` from what :func:`generate` accepts as ``draft``.
+
+  With a ``mesh``, the proposer of a draft model carries the plan of the rules ``draft_sharding`` names
+  (``bass_jax.sharding.RULES``); ``generate`` places the weights by it.
+
+  Raises:
+    ValueError: anything else, or a draft model whose tokenizer differs from the target's; sharding
+      rules the draft's shapes do not allow (``bass_jax.sharding.plan``).
+  """
+  def model_proposer(model):
+    """An independent draft model's proposer and weights, or an EAGLE draft's with the target's head."""
+    if not isinstance(model, Model):
+      raise ValueError(f"a draft model must be a bass_jax.Model, got {type(model).__name__}")
+    check_same_tokenizer(target, model)
+    dtype = jnp.dtype(model.dtype).name
+    plan = None if mesh is None else sharding_lib.plan(model.config, mesh, draft_sharding,
+                                                        name="the draft")
+    if isinstance(model.config, eagle.EagleConfig):
+      params = eagle.bind(model.params["draft"], model.params["vocab_ids"], target.config,
+                          target.params, model.config.draft_vocab_size)
+      return EagleProposer(model.config, dtype, attention_impl, sharding=plan), params
+    return ModelProposer(model.config, dtype, attention_impl, sharding=plan), model.params
+
+  if isinstance(draft, Model):
+    proposer, params = model_proposer(draft)
+    return proposer, params, [draft]
+  if isinstance(draft, NGramProposer):
+    return draft, None, []
+  if isinstance(draft, Hybrid):
+    if not isinstance(draft.ngram, NGramProposer):
+      raise ValueError(f"Hybrid.ngram must be an NGramProposer, got {type(draft.ngram).__name__}")
+    proposer, params = model_proposer(draft.model)
+    return HybridProposer(draft.ngram, proposer), params, [draft.model]
+  raise ValueError(
+      "draft must be a bass_jax.Model (a draft model), a bass_jax.NGramProposer (model-free prompt "
+      f"lookup) or a bass_jax.Hybrid(model, ngram); got {type(draft).__name__} (scripts take a spec "
+      "string: see bass_jax.load_draft_spec)")
+
+
+def load_draft_spec(spec: str, target: Model, *, num_layers: int | None = None, dtype: Any = None
+                    ) -> Model | NGramProposer | Hybrid:
+  """The draft side named by a spec string (the scripts' ``--draft``), loading models as needed.
+
+  Specs:
+    * ``ngram`` or ``ngram:max_n=4,min_n=2``: model-free prompt lookup (:class:`NGramProposer`);
+    * ``hybrid:<model spec>`` or ``hybrid:<model spec>:max_n=4,min_n=2``: n-gram where a row matches,
+      the draft model elsewhere (:class:`Hybrid`);
+    * anything else: a draft model spec for ``bass_jax.load_draft`` (an alias, a ``.gguf`` file, a
+      checkpoint directory; the target's own name with ``num_layers`` for a placeholder).
+
+  ``num_layers`` and ``dtype`` apply to the draft model, as in ``load_draft``.
+
+  Raises:
+    ValueError: a malformed n-gram setting (names the key and the accepted form); whatever
+      ``load_draft`` raises for the model.
+  """
+  model_spec, ngram = parse_draft_spec(spec)
+  lookup = None if ngram is None else NGramProposer(**ngram)
+  if model_spec is None:
+    return lookup
+  model = load_draft(model_spec, target, num_layers=num_layers, dtype=dtype)
+  return model if lookup is None else Hybrid(model, lookup)

@@ -1,0 +1,48 @@
+"""The draft side of BASS as proposers: a draft model, model-free n-gram lookup, and their hybrid.
+
+The decode loop (``bass_jax.sampling.loop``) talks to the draft side only through this interface, the
+one vLLM and SGLang give their speculators (docs/bass.md, "Proposers"). A proposer is a static, hashable
+description (part of the compiled program's key) whose weights, if any, travel as a separate pytree;
+each step it
+
+1. **proposes** up to ``l`` tokens per row (:class:`Proposal`: the drafts, how many of them are real
+   for each row, and their per-position distributions ``q``, or None for a deterministic proposer,
+   whose ``q`` is one-hot at its draft, which keeps rejection sampling exact: Leviathan et al. 2023,
+   §3.5 holds for any ``q``);
+2. **rolls back** after acceptance: its state is brought in line with the text each row now has.
+
+With continuous batching the loop also restarts one row of the state on a new prompt
+(:meth:`Proposer.admit`; by default :meth:`Proposer.init_state` for that row, written into it), so an
+``init_state`` must take the ``prefill_chunk`` keyword (and may ignore it).
+
+Its state (a ragged draft cache, or nothing) lives in ``DecodeState.proposer_state``. A proposer also
+says whether it could propose anything at all this step (:meth:`Proposer.can_propose`): when no row
+can, the loop runs a plain decoding step instead of a verification (``loop.decode``).
+
+Implementations, one module each:
+
+* :class:`ModelProposer` (``draft_model``): an independent draft model, the paper's method, autoregressive over a ragged
+  cache that it brings up to date (catch-up) before drafting.
+* :class:`NGramProposer` (``ngram``): prompt lookup decoding (Saxena 2023; vLLM's ``ngram``
+  speculator): match the row's last n tokens, longest n first, against its own prompt and output so
+  far and propose what followed the most recent match. No weights, no state, one-hot ``q``.
+* :class:`EagleProposer` (``eagle_draft``): an EAGLE-style feature draft (``bass_jax.models.eagle``)
+  that reads the target's own features, which the loop keeps for it (``needs_features``).
+* :class:`HybridProposer` (``hybrid``): n-gram where a row matches, a draft model (independent or
+  EAGLE) elsewhere.
+
+The interface, :class:`StepContext`, :class:`Proposal` and the drafting loop the model drafts share are
+in ``base``.
+
+Axes: B batch, T token buffer (prompt bucket + output bucket), L max draft length, C verification
+chunk, V vocabulary, E the target's feature size.
+"""
+
+from bass_jax.sampling.proposers.base import Proposal, Proposer, StepContext, draft_autoregressively
+from bass_jax.sampling.proposers.draft_model import DraftCacheState, ModelProposer
+from bass_jax.sampling.proposers.eagle_draft import EagleProposer, EagleState
+from bass_jax.sampling.proposers.hybrid import HybridProposer
+from bass_jax.sampling.proposers.ngram import NGramProposer
+
+__all__ = ["DraftCacheState", "EagleProposer", "EagleState", "HybridProposer", "ModelProposer",
+           "NGramProposer", "Proposal", "Proposer", "StepContext", "draft_autoregressively"]

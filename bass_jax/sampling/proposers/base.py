@@ -1,0 +1,222 @@
+"""The proposer interface (what the decode loop asks of a draft side each step), what a proposer may
+read of the decode (:class:`StepContext`), what it returns (:class:`Proposal`), and the autoregressive
+drafting loop the model drafts share (:func:`draft_autoregressively`). The package docstring
+(``bass_jax.sampling.proposers``) describes the protocol."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from bass_jax.cache import write_row
+from bass_jax.sampling import tree as tree_lib
+from bass_jax.sampling.warp import categorical, coupled_choice
+
+
+@flax.struct.dataclass
+class StepContext:
+  """What a proposer may read of the decode at the start of a step.
+
+  Attributes:
+    tokens: ``i32[B, T]`` each row's prompt then its output; ``tokens[b, :seq_len[b]]`` is the text.
+    seq_len: ``i32[B]`` text length per row.
+    live: ``bool[B]`` rows still decoding.
+    draft_len: ``i32[]`` l, the step's draft length chosen by the policy (``1 <= l <= L``).
+    key: PRNG key of the proposal.
+    temperature: ``f32[]``. top_p: ``f32[]``.
+    features: ``[B, T, E]`` the target's feature at every text position it has scored
+      (``features[b, i]`` for ``i < seq_len[b] - 1`` are valid; the rest is stale), or None unless the
+      proposer ``needs_features``.
+    row_keys: ``u32[B, 2]`` each row's sequence key data when acceptance is drafter-invariant
+      (``acceptance="gumbel"``): a sampled draft must then be drawn with :meth:`draw`, which uses the
+      noise the target will use at the same text position; None for rejection sampling.
+  """
+
+  tokens: jax.Array
+  seq_len: jax.Array
+  live: jax.Array
+  draft_len: jax.Array
+  key: jax.Array
+  temperature: jax.Array
+  top_p: jax.Array
+  features: jax.Array | None = None
+  row_keys: jax.Array | None = None
+
+  def draw(self, log_q: jax.Array, i) -> jax.Array:
+    """Draws draft ``i`` (0-based: the token at text position ``seq_len + i``) of every row from its
+    warped ``log_q: f32[B, V]`` -> ``i32[B]`` indices into ``log_q``'s last axis.
+
+    Rejection sampling: an independent draw keyed by ``fold_in(key, i)``. Drafter-invariant acceptance
+    (``row_keys`` set): the Gumbel-max draw with the row's noise at that text position
+    (``warp.coupled_choice``), which must then range over the target's whole vocabulary.
+    """
+    if self.row_keys is None:
+      return categorical(jax.random.fold_in(self.key, i), log_q)
+    return coupled_choice(log_q, self.row_keys, self.seq_len + i)
+
+
+@flax.struct.dataclass
+class Proposal:
+  """One step's drafts.
+
+  Attributes:
+    drafts: ``i32[B, L]`` proposed tokens ``d_1 … d_L``; slots ``>= num_drafts[b]`` are padding.
+    num_drafts: ``i32[B]`` real drafts per row, ``0 <= num_drafts[b] <= l`` (0: the row proposes
+      nothing and its step is a plain decoding step inside the verification).
+    log_q: ``f32[B, L + C, V]`` warped log-probabilities of the distribution each draft was drawn from
+      (padded by C positions so that a verification chunk's slice never runs off the end), or None when
+      every draft is deterministic (one-hot ``q``) or decoding is greedy.
+  """
+
+  drafts: jax.Array
+  num_drafts: jax.Array
+  log_q: jax.Array | None
+
+
+class Proposer(abc.ABC):
+  """A static, hashable draft-side strategy (subclasses are frozen dataclasses)."""
+
+  @property
+  def name(self) -> str:
+    """A short description for logs and result files."""
+    return type(self).__name__
+
+  # Static: True when the proposer reads the target's features (``StepContext.features``); the loop then
+  # keeps a feature buffer, written by every target forward.
+  needs_features = False
+  # Static: the draft model's placement on a mesh (``bass_jax.sharding.ShardingPlan``); None on one device
+  # or without a model.
+  sharding = None
+
+  def init_state(self, params: Any, prompts: jax.Array, prompt_len: jax.Array, *, cache_len: int,
+                 max_len: int, features: jax.Array | None = None,
+                 prefill_chunk: int | None = None) -> Any:
+    """The proposer's state after the prefill (default: none).
+
+    Args:
+      params: the proposer's weights (None for a model-free proposer).
+      prompts: ``i32[B, P]`` right-padded prompts. prompt_len: ``i32[B]``.
+      cache_len: S, the slots a ragged cache must hold. max_len: L, the most drafts per step.
+      features: ``[B, P, E]`` the target's features over the prompts (when ``needs_features``).
+      prefill_chunk: a draft model may prefill in chunks of this many positions, up to the true
+        prompt length (``models.common.prefill_cache``'s ``chunk``); None: one pass over all P.
+    """
+    del params, prompts, prompt_len, cache_len, max_len, features, prefill_chunk
+    return None
+
+  def admit(self, params: Any, state: Any, row: jax.Array, prompt: jax.Array, prompt_len: jax.Array,
+            *, cache_len: int, max_len: int, features: jax.Array | None = None,
+            prefill_chunk: int | None = None) -> Any:
+    """The state with row ``row`` restarted on a new prompt (continuous batching, ``loop.decode``): the
+    other rows are untouched.
+
+    The default builds :meth:`init_state` for the one row and writes it into ``row``
+    (``bass_jax.cache.write_row``): per-row leaves (batch-leading) are replaced, scalar leaves, which
+    are the batch's, kept. A proposer whose state holds more than that overrides it.
+
+    Args:
+      row: ``i32[]``. prompt: ``i32[1, P]`` right-padded. prompt_len: ``i32[1]``.
+      features: ``[1, P, E]`` the target's features over the prompt (when ``needs_features``).
+      prefill_chunk: as in :meth:`init_state`.
+    """
+    fresh = self.init_state(params, prompt, prompt_len, cache_len=cache_len, max_len=max_len,
+                            features=features, prefill_chunk=prefill_chunk)
+    return write_row(state, fresh, row)
+
+  def forward_costs(self, params: Any, batch: int, cache_len: int, max_len: int) -> tuple[float, float]:
+    """Measured seconds of the proposer's first forward of a step (catch-up and first draft) and of each
+    further draft, at ``batch`` rows (``bass_jax.sampling.costs``; default 0, 0: no forward)."""
+    del params, batch, cache_len, max_len
+    return 0.0, 0.0
+
+  def tree_costs(self, params: Any, batch: int, cache_len: int, shape: tree_lib.TreeShape) -> float:
+    """Measured seconds of growing a tree of ``shape`` after the first forward of a step (the levels
+    below the first), at ``batch`` rows (``bass_jax.sampling.costs``; default 0: no forward)."""
+    del params, batch, cache_len, shape
+    return 0.0
+
+  # Static: False when some step may have nothing to propose (then the loop compiles plain steps).
+  always_proposes = True
+
+  def can_propose(self, ctx: StepContext) -> jax.Array:
+    """``bool[]``: whether any live row would get at least one draft this step (default: True)."""
+    del ctx
+    return jnp.bool_(True)
+
+  @abc.abstractmethod
+  def propose(self, params: Any, state: Any, ctx: StepContext, *, max_len: int, chunk: int,
+              greedy: bool) -> tuple[Any, Proposal]:
+    """Drafts up to ``ctx.draft_len`` tokens per row.
+
+    Args:
+      max_len: L, the static width of ``Proposal.drafts``. chunk: C, the padding of ``log_q``.
+      greedy: temperature 0 (then ``log_q`` is None).
+
+    Returns:
+      ``(state, proposal)``.
+    """
+
+  def propose_tree(self, params: Any, state: Any, ctx: StepContext, *,
+                   shape: tree_lib.TreeShape) -> tuple[Any, tree_lib.DraftTree]:
+    """Drafts a token tree per row (a tree step, docs/design.md "Token trees"): ``shape.nodes`` nodes,
+    node 0 the row's last token. Every node must be a deterministic function of the draft's state
+    (one-hot ``q``), so that tree acceptance is exact at every temperature.
+
+    The default is the proposer's own chain (:meth:`propose`, greedy, ``shape.nodes - 1`` drafts at
+    most) as a tree, with unused nodes as padding; draft models override it with EAGLE-2's growth.
+    The state's rollback after a tree step is :meth:`rollback`, as after a chain.
+    """
+    ctx = ctx.replace(draft_len=jnp.asarray(shape.nodes - 1, jnp.int32))
+    state, proposal = self.propose(params, state, ctx, max_len=shape.nodes - 1, chunk=1, greedy=True)
+    last = ctx.tokens[jnp.arange(ctx.tokens.shape[0]), ctx.seq_len - 1]
+    return state, tree_lib.chain_tree(last, proposal.drafts, proposal.num_drafts)
+
+  def rollback(self, state: Any, tokens: jax.Array, old_seq_len: jax.Array,
+               new_seq_len: jax.Array) -> Any:
+    """The state after acceptance: rows now hold ``tokens[b, :new_seq_len[b]]``, of which the step
+    emitted ``tokens[b, old_seq_len[b]:new_seq_len[b]]`` (default: stateless)."""
+    del tokens, old_seq_len, new_seq_len
+    return state
+
+
+def draft_autoregressively(step, carry: Any, first: tuple[jax.Array, jax.Array | None],
+                           ctx: StepContext, *, max_len: int, chunk: int,
+                           vocab_size: int) -> tuple[Any, Proposal]:
+  """Drafts ``ctx.draft_len`` tokens per row, each from the last: the loop a draft model's proposal runs.
+
+  Args:
+    step: ``(carry, previous i32[B, 1], i) -> (carry, token i32[B], log_q f32[B, V] | None)``: feeds
+      the previous draft and draws draft ``i`` (0-based, with ``ctx.draw``; ``log_q`` None when greedy).
+    carry: the model's state (its cache, and whatever else it feeds itself).
+    first: ``(token i32[B], log_q f32[B, V] | None)``, draft 0.
+    max_len: L, the static width of the drafts. chunk: C, the padding of ``log_q``. vocab_size: V.
+
+  Returns:
+    ``(carry, proposal)``: every row proposes ``ctx.draft_len`` drafts; ``proposal.log_q`` is
+    ``f32[B, L + C, V]`` when sampling.
+  """
+  token, log_q = first
+  batch = token.shape[0]
+  drafts = jnp.zeros((batch, max_len), jnp.int32).at[:, 0].set(token)
+  draft_log_probs = None
+  if log_q is not None:
+    draft_log_probs = jnp.zeros((batch, max_len + chunk, vocab_size), jnp.float32).at[:, 0].set(log_q)
+
+  def body(i, loop_carry):
+    carry, drafts, draft_log_probs = loop_carry
+    previous = jax.lax.dynamic_slice_in_dim(drafts, i - 1, 1, axis=1)
+    carry, token, log_q = step(carry, previous, i)
+    drafts = jax.lax.dynamic_update_slice_in_dim(drafts, token[:, None], i, axis=1)
+    if draft_log_probs is not None:
+      draft_log_probs = jax.lax.dynamic_update_slice_in_dim(draft_log_probs, log_q[:, None], i,
+                                                            axis=1)
+    return carry, drafts, draft_log_probs
+
+  carry, drafts, draft_log_probs = jax.lax.fori_loop(1, ctx.draft_len, body,
+                                                     (carry, drafts, draft_log_probs))
+  num_drafts = jnp.broadcast_to(ctx.draft_len, (batch,)).astype(jnp.int32)
+  return carry, Proposal(drafts=drafts, num_drafts=num_drafts, log_q=draft_log_probs)
