@@ -389,3 +389,26 @@ def test_a_resumed_run_decodes_only_what_is_missing_and_equals_an_uninterrupted_
   with pytest.raises(ValueError, match="does not plan"):
     experiment.run_problems(target, draft, problems[:2], done={("p4", 0): full.records[4]},
                             **kwargs)
+
+
+def test_tree_runs_report_their_shapes_and_tree_steps_and_latency_checks_its_tree_configs(tiny_pair):
+  """run_problems with several tree shapes under goodput: the summary names the shapes and counts the
+  tree steps and their nodes from the stats; the latency experiment's tree configs need shapes."""
+  from bass_jax import reproduce  # pylint: disable=g-import-not-at-top
+
+  target, draft = tiny_pair
+  shapes = ["top_k=2,depth=3,nodes=6", "top_k=2,depth=2,nodes=4"]
+  costs = bj.StepCosts(1.0, 1.2, 0.05, 0.05, 4, tree_steps=(1.25, 1.2))
+  result = experiment.run_problems(
+      target, draft, [bj_problem(i) for i in range(2)], batch_size=2, max_new_tokens=12,
+      draft_len=bj.GoodputDraftLen(max_len=3, explore_every=2, costs=costs), draft_tree=shapes,
+      progress=False)
+  s = result.summary
+  assert s["draft_tree"] == "; ".join(shapes)
+  assert 0 < s["tree_step_share"] <= 1 and 1 < s["mean_tree_nodes"] <= 6
+  with pytest.raises(ValueError, match="give their shapes"):
+    reproduce.latency(target, draft, [], batch_sizes=[1], configs=["bass_pad_tree"],
+                      sampling=["greedy"], max_new_tokens=4)
+  with pytest.raises(ValueError, match="several shapes need 'bass_pad_goodput_trees'"):
+    reproduce.latency(target, draft, [], batch_sizes=[1], configs=["bass_pad_tree"],
+                      sampling=["greedy"], max_new_tokens=4, draft_tree=shapes)

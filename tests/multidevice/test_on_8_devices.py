@@ -204,12 +204,14 @@ def test_token_trees_on_a_mesh_emit_the_single_device_tokens():
   prompts = _prompts(4, seed=5)
   single = bj.generate(target, None, prompts, method="regular", max_new_tokens=10)
   costs = bj.StepCosts(plain=1.0, verify_pass=1.2, propose_first=0.05, propose_next=0.05, chunk=4,
-                       tree_steps=(1.3,))
+                       tree_steps=(1.1,))
+  # Every candidate kept (1 + 2 + 4 nodes), so the target's own greedy path is in each tree; the tree
+  # costs less than a chain of 2 here, so goodput starts with it.
   out = bj.generate(target, target, prompts, max_new_tokens=10, attention_impl="pallas_pad",
-                    mesh=sharding.make_mesh(2, 4), draft_tree="top_k=2,depth=3,nodes=6",
-                    draft_len=bj.GoodputDraftLen(max_len=3, explore_every=2, costs=costs))
+                    mesh=sharding.make_mesh(2, 4), draft_tree="top_k=2,depth=2,nodes=7",
+                    draft_len=bj.GoodputDraftLen(max_len=2, explore_every=2, costs=costs))
   np.testing.assert_array_equal(out.tokens, single.tokens)
-  assert (out.stats.trees == 0).any() and out.stats.accepted[out.stats.trees == 0].max() == 3
+  assert (out.stats.trees == 0).any() and out.stats.accepted[out.stats.trees == 0].max() == 2
 
 
 def _specs(tree):
@@ -287,16 +289,17 @@ def test_load_model_places_every_smollm2_tensor_on_its_shards(smollm2_on_mesh):
   assert set(q.sharding.mesh.devices.flat) == set(mesh.devices.flat)
 
 
-def test_smollm2_greedy_on_a_mesh_of_model_3(smollm2_on_mesh):
-  """Greedy BASS (the shipped draft, replicated) and regular decoding on (2, 3) both emit one device's
-  regular greedy tokens."""
-  mesh, target = smollm2_on_mesh
-  single = bj.Model(target.config, jax.device_put(target.params, jax.devices()[0]), target.tokenizer)
-  draft = bj.load_model("smollm2-135m-draft")
-  prompts = [target.tokenizer(p).input_ids for p in
-             ("def fibonacci(n):", "import os\n\ndef list_python_files(root):",
-              "class Stack:\n    def push(self, item):")]
-  want = bj.generate(single, None, prompts, method="regular", max_new_tokens=16).tokens
+def test_greedy_on_a_mesh_of_model_3_with_smollm2s_head_counts():
+  """SmolLM2's 9 query heads and 3 KV heads on a model axis of 3 (a tiny Llama with those counts; the
+  real weights' placement is the test above): greedy BASS and regular decoding on (2, 3) both emit one
+  device's regular greedy tokens."""
+  config = bj.LlamaConfig(vocab_size=VOCAB, hidden_size=72, intermediate_size=96, num_hidden_layers=2,
+                          num_attention_heads=9, num_key_value_heads=3, head_dim=8, eos_token_id=None)
+  target = bj.Model(config, bj.init_params(config, jax.random.key(4)), name="tiny-9-heads")
+  draft = bj.Model(config, bj.init_params(config, jax.random.key(5)), name="tiny-9-heads-draft")
+  mesh = sharding.make_mesh(2, 3)
+  prompts = _prompts(3, seed=9)
+  want = bj.generate(target, None, prompts, method="regular", max_new_tokens=16).tokens
   for method in ("bass", "regular"):
     got = bj.generate(target, draft, prompts, method=method, max_new_tokens=16, mesh=mesh)
     np.testing.assert_array_equal(got.tokens, want, err_msg=method)
