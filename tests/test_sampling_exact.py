@@ -478,12 +478,15 @@ def test_gumbel_couples_the_draft_to_the_target():
 @pytest.mark.parametrize("kind,shape,temperature,top_p,seed", [
     ("model", "top_k=2,depth=2,nodes=5", 1.0, 1.0, 61),
     ("eagle", "top_k=3,depth=2,nodes=6", 0.6, 0.9, 62),
-    ("hybrid", "top_k=2,depth=3,nodes=6", 1.0, 1.0, 63)])
+    ("hybrid", "top_k=2,depth=3,nodes=6", 1.0, 1.0, 63),
+    ("ngram", "top_k=3,depth=2,nodes=6", 0.6, 0.9, 65)])
 def test_tree_bass_matches_exact_target_distribution(kind, shape, temperature, top_p, seed):
   """Tree steps (deterministic top-k children; a hybrid's n-gram chain beside the draft's nodes, so
-  sibling tokens repeat) keep the law exact; children past the first were accepted."""
+  sibling tokens repeat; n-gram lookup's several matches as branches) keep the law exact; paths were
+  accepted and rejected."""
   target, far = _models()
-  draft = {"model": far, "eagle": _eagle_draft(6), "hybrid": _proposer("hybrid")}[kind]
+  draft = {"model": far, "eagle": _eagle_draft(6), "hybrid": _proposer("hybrid"),
+           "ngram": _proposer("ngram")}[kind]
   out = bj.generate(target, draft, [list(PROMPT)] * NUM_ROWS, max_new_tokens=NUM_TOKENS,
                     temperature=temperature, top_p=top_p, seed=seed, eos_token_id=(),
                     draft_tree=shape)

@@ -123,3 +123,25 @@ def test_bad_trees_are_errors_that_name_the_argument(target, prompts):
   with pytest.raises(ValueError, match="more than max_cache_len"):
     bj.generate(target, draft, [[1, 2]], max_new_tokens=60, max_cache_len=64,
                 draft_tree="top_k=4,depth=4,nodes=17")
+
+
+def test_ngram_lookup_drafts_several_matches_as_branches():
+  """Row 0: the suffix (5, 6) occurs four times before the end with continuations starting 1, 3, 2
+  and 1 (most recent first); the tree holds the three distinct ones, most recent first, each a chain
+  of at most depth tokens, until the nodes run out. Row 1: the second most recent continuation starts
+  like the most recent one and is left out. Row 2 has no match and drafts nothing."""
+  from bass_jax.sampling.proposers import StepContext  # pylint: disable=g-import-not-at-top
+
+  rows = [[5, 6, 1, 5, 6, 2, 5, 6, 3, 9, 5, 6, 1, 7, 5, 6],
+          [5, 6, 1, 5, 6, 2, 5, 6, 1, 9, 5, 6, 1, 7, 5, 6], list(range(20, 36))]
+  tokens = np.array([r + [0] * 4 for r in rows], np.int32)
+  ctx = StepContext(tokens=tokens, seq_len=np.array([16] * 3), live=np.array([True] * 3),
+                    draft_len=np.int32(3), key=None, temperature=np.float32(1), top_p=np.float32(1))
+  shape = bj.TreeShape(top_k=3, depth=3, nodes=8)
+  _, tree = bj.NGramProposer(max_n=3, min_n=2).propose_tree(None, None, ctx, shape=shape)
+  np.testing.assert_array_equal(tree.num_nodes, [8, 7, 1])
+  np.testing.assert_array_equal(tree.tokens[0], [6, 1, 7, 5, 3, 9, 5, 2])
+  np.testing.assert_array_equal(tree.parents[0], [-1, 0, 1, 2, 0, 4, 5, 0])
+  np.testing.assert_array_equal(tree.tokens[1, :7], [6, 1, 7, 5, 2, 5, 6])
+  np.testing.assert_array_equal(tree.parents[1, :7], [-1, 0, 1, 2, 0, 4, 5])
+  assert tree.tokens[2, 0] == 35

@@ -166,11 +166,12 @@ class Proposer(abc.ABC):
     node 0 the row's last token. Every node must be a deterministic function of the draft's state
     (one-hot ``q``), so that tree acceptance is exact at every temperature.
 
-    The default is the proposer's own chain (:meth:`propose`, greedy, ``shape.nodes - 1`` drafts at
-    most) as a tree, with unused nodes as padding; draft models override it with EAGLE-2's growth.
-    The state's rollback after a tree step is :meth:`rollback`, as after a chain.
+    The default is the proposer's own chain (:meth:`propose`, greedy, ``shape.depth`` drafts at most)
+    as a tree, with unused nodes as padding; draft models override it with EAGLE-2's growth, n-gram
+    lookup with several matches as branches. The state's rollback after a tree step is
+    :meth:`rollback`, as after a chain.
     """
-    ctx = ctx.replace(draft_len=jnp.asarray(shape.nodes - 1, jnp.int32))
+    ctx = ctx.replace(draft_len=jnp.asarray(shape.depth, jnp.int32))
     state, proposal = self.propose(params, state, ctx, max_len=shape.nodes - 1, chunk=1, greedy=True)
     last = ctx.tokens[jnp.arange(ctx.tokens.shape[0]), ctx.seq_len - 1]
     return state, tree_lib.chain_tree(last, proposal.drafts, proposal.num_drafts)

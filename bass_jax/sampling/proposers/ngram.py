@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from bass_jax import _checks
+from bass_jax.sampling import tree as tree_lib
 from bass_jax.sampling.proposers.base import Proposal, Proposer
 
 
@@ -44,21 +45,15 @@ class NGramProposer(Proposer):
   def name(self) -> str:
     return f"ngram({self.max_n}-{self.min_n})"
 
-  def lookup(self, tokens: jax.Array, seq_len: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Finds each row's continuation.
-
-    Args:
-      tokens: ``i32[B, T]``. seq_len: ``i32[B]``.
-
-    Returns:
-      ``(start i32[B], available i32[B])``: the proposal is ``tokens[b, start : start + available]``
-      (``available = 0`` where no suffix of length ``min_n … max_n`` occurs earlier).
-    """
+  def _matches(self, tokens: jax.Array, seq_len: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(match bool[B, T], n i32[B])``: for each row the longest suffix length n in ``min_n … max_n``
+    that occurs earlier in the row's text, and every earlier occurrence ``j`` of it (``tokens[b, j :
+    j + n]`` equals the suffix and ``j + n < seq_len``: its continuation is known); no match, n = 0."""
     batch, width = tokens.shape
     rows = jnp.arange(batch)[:, None]
     starts = jnp.arange(width)[None, :]
-    found = jnp.zeros((batch,), bool)
-    start = jnp.zeros((batch,), jnp.int32)
+    best = jnp.zeros((batch, width), bool)
+    best_n = jnp.zeros((batch,), jnp.int32)
     for n in range(self.max_n, self.min_n - 1, -1):
       suffix = tokens[rows, jnp.clip(seq_len[:, None] - n + jnp.arange(n), 0, width - 1)]  # [B, n]
       match = jnp.ones((batch, width), bool)
@@ -68,12 +63,27 @@ class NGramProposer(Proposer):
       # An occurrence at j must end before the suffix starts' continuation: j + n < seq_len, j + n is
       # then a known token; j = seq_len - n is the suffix itself and is excluded.
       match &= (starts + n < seq_len[:, None]) & (seq_len[:, None] >= n + 1)
-      last = jnp.max(jnp.where(match, starts, -1), axis=1)
-      hit = ~found & (last >= 0)
-      start = jnp.where(hit, last + n, start)
-      found |= hit
-    available = jnp.where(found, seq_len - start, 0)
-    return start, available
+      hit = (best_n == 0) & jnp.any(match, axis=1)
+      best = jnp.where(hit[:, None], match, best)
+      best_n = jnp.where(hit, n, best_n)
+    return best, best_n
+
+  def lookup(self, tokens: jax.Array, seq_len: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Finds each row's continuation: what followed the most recent occurrence of its longest
+    matching suffix.
+
+    Args:
+      tokens: ``i32[B, T]``. seq_len: ``i32[B]``.
+
+    Returns:
+      ``(start i32[B], available i32[B])``: the proposal is ``tokens[b, start : start + available]``
+      (``available = 0`` where no suffix of length ``min_n … max_n`` occurs earlier).
+    """
+    match, n = self._matches(tokens, seq_len)
+    last = jnp.max(jnp.where(match, jnp.arange(tokens.shape[1])[None, :], -1), axis=1)
+    found = last >= 0
+    start = jnp.where(found, last + n, 0)
+    return start, jnp.where(found, seq_len - start, 0)
 
   def can_propose(self, ctx):
     _, available = self.lookup(ctx.tokens, ctx.seq_len)
@@ -87,3 +97,45 @@ class NGramProposer(Proposer):
     num_drafts = jnp.minimum(available, ctx.draft_len).astype(jnp.int32)
     drafts = jnp.where(jnp.arange(max_len) < num_drafts[:, None], ctx.tokens[rows, pos], 0)
     return state, Proposal(drafts=drafts.astype(jnp.int32), num_drafts=num_drafts, log_q=None)
+
+  def propose_tree(self, params, state, ctx, *, shape):
+    """Several matches as several branches: the continuations of the ``shape.top_k`` most recent
+    occurrences of the row's longest matching suffix whose first tokens differ (a later occurrence
+    with the same first token as a more recent one would repeat its branch), each a chain of at most
+    ``shape.depth`` tokens under the root, most recent first, until ``shape.nodes - 1`` drafts are
+    placed. One branch is the chain :meth:`propose` drafts; deterministic, so ``q`` stays one-hot."""
+    del params
+    tokens, seq_len = ctx.tokens, ctx.seq_len
+    batch, width = tokens.shape
+    rows = jnp.arange(batch)
+    starts = jnp.arange(width)[None, :]
+    match, n = self._matches(tokens, seq_len)
+    after = jnp.clip(starts + n[:, None], 0, width - 1)  # where each occurrence's continuation starts
+    first = jnp.take_along_axis(tokens, after, axis=1)
+    branch_start, branch_len = [], []
+    for _ in range(shape.top_k):
+      last = jnp.max(jnp.where(match, starts, -1), axis=1)
+      found = ctx.live & (last >= 0)
+      start = jnp.where(found, last + n, 0)
+      branch_start.append(start)
+      branch_len.append(jnp.where(found, jnp.minimum(seq_len - start, shape.depth), 0))
+      match &= first != jnp.take_along_axis(first, jnp.maximum(last, 0)[:, None], axis=1)
+    branch_start, branch_len = jnp.stack(branch_start, 1), jnp.stack(branch_len, 1)  # [B, k]
+    # Branch i takes the node slots from offset[i] on, as many as remain below N.
+    offset = 1 + jnp.cumsum(branch_len, axis=1) - branch_len
+    branch_len = jnp.clip(shape.nodes - offset, 0, branch_len)
+    slots = jnp.arange(shape.nodes)[None, :, None]  # [1, N, 1]
+    inside = (slots >= offset[:, None]) & (slots < (offset + branch_len)[:, None])  # [B, N, k]
+    branch = jnp.argmax(inside, axis=2)
+    real = jnp.any(inside, axis=2)  # slot 0 (the root) and unused slots are not in a branch
+    depth = jnp.arange(shape.nodes)[None, :] - jnp.take_along_axis(offset, branch, axis=1)
+    source = jnp.take_along_axis(branch_start, branch, axis=1) + depth
+    root = tokens[rows, seq_len - 1]
+    node_tokens = jnp.where(real, tokens[rows[:, None], jnp.clip(source, 0, width - 1)], 0)
+    node_tokens = node_tokens.at[:, 0].set(root)
+    parents = jnp.where(real & (depth > 0), jnp.arange(shape.nodes)[None, :] - 1, 0)
+    parents = parents.at[:, 0].set(-1)
+    num_nodes = 1 + jnp.sum(branch_len, axis=1)
+    return state, tree_lib.DraftTree(tokens=node_tokens.astype(jnp.int32),
+                                     parents=parents.astype(jnp.int32),
+                                     num_nodes=num_nodes.astype(jnp.int32))
