@@ -10,8 +10,9 @@ copies cost as much as the attention itself; ``docs/design.md``). Within a layer
 
 A row's cache holds valid entries at slots ``0 … lengths[b] - 1``; everything past that is stale (a
 rejected draft, prompt padding) or never written, and attention masks it. Rejecting draft tokens is
-therefore only a change of ``lengths`` (BASS §3.1, Fig. 3): nothing is copied or compacted, and the next
-forward overwrites the stale slots.
+therefore only a change of ``lengths`` (BASS §3.1, Fig. 3): nothing is copied, and the next forward
+overwrites the stale slots. A token-tree step is the one exception: its accepted path lies at scattered
+slots and is moved to consecutive ones (:func:`keep_path`) before the lengths are reset.
 
 A forward pass writes its new tokens' K/V at each row's own slots and then attends over the cache
 (``models.common.cached_attention``); a forward without a cache returns the new K/V as a
@@ -136,7 +137,19 @@ def keep_path(buffer: jax.Array, base: jax.Array, path: jax.Array, axis: int) ->
 
   ``path: i32[B, N]`` is ``tree.TreeAcceptance.path`` (increasing, -1 after the path), so an entry
   only ever moves to a lower or equal slot; the N entries are gathered before any is written. Entries
-  past the path are left as they are; under ``jit`` the buffer is updated in place.
+  past the path are left as they are; under ``jit`` with the buffer donated or carried, XLA updates it
+  in place (the no-copy test in ``tests/test_generate.py``).
+
+  Args:
+    buffer: ``[B, S, ...]`` (axis 1: the EAGLE feature buffer) or ``[B, K, S, H]`` (axis 2: one
+      layer's cache), any dtype. base: ``i32[B]`` the tree root's slot. path: as above.
+    axis: the slot axis, 1 or 2.
+
+  Returns:
+    ``buffer`` with the path's entries at ``base + 1 … base + len(path) - 1``.
+
+  Raises:
+    ValueError: an ``axis`` other than 1 or 2.
   """
   rows = jnp.arange(buffer.shape[0])[:, None]
   slots = jnp.arange(path.shape[1])[None, :]

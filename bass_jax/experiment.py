@@ -16,7 +16,7 @@ import numpy as np
 from bass_jax import _checks, humaneval, metrics, text
 from bass_jax.data import Problem
 from bass_jax.loading import Model
-from bass_jax.sampling.generate import generate
+from bass_jax.sampling.generate import generate, tree_shapes
 
 # Order of the summary table: the paper's latency metrics first.
 SUMMARY_KEYS = (
@@ -101,15 +101,6 @@ def check_done(plan: Sequence[Sequence[tuple[Problem, int]]],
 def record_key(record: dict[str, Any]) -> tuple[str, int]:
   """``(task_id, sample_index)``: the sequence a record belongs to (:func:`sequence_plan`)."""
   return str(record["task_id"]), int(record["sample_index"])
-
-
-def _tree_text(draft_tree) -> str | None:
-  """``draft_tree`` (None, a shape or several) as one line of text: shapes joined by ``"; "``."""
-  if draft_tree is None:
-    return None
-  if isinstance(draft_tree, str) or not hasattr(draft_tree, "__iter__"):
-    return str(draft_tree)
-  return "; ".join(map(str, draft_tree))
 
 
 def run_problems(
@@ -305,16 +296,15 @@ def run_problems(
                                        stats.accepted if method == "bass" else None))
     if method == "bass":
       accept_parts.append(metrics.acceptance(stats.draft_lens, stats.accepted, stats.drafted))
+      is_tree = stats.trees >= 0
+      tree_steps += int(is_tree.sum())
+      tree_nodes.append((stats.drafted + 1)[is_tree][stats.accepted[is_tree] >= 0])
     flops = metrics.decode_flops(target, draft, prompt_lengths, out, method=method)
     useful_flops += flops.useful
     executed_flops += flops.executed
     steps += stats.steps
     draft_len_sum += int(stats.draft_lens.sum())
     plain_steps += int((stats.draft_lens == 0).sum())
-    if method == "bass":
-      is_tree = stats.trees >= 0
-      tree_steps += int(is_tree.sum())
-      tree_nodes.append((stats.drafted + 1)[is_tree][stats.accepted[is_tree] >= 0])
     verified_sum += int(stats.verified.sum())
     tokens += int(out.lengths.sum())
     wall += stats.wall_seconds
@@ -337,6 +327,7 @@ def run_problems(
     pass_at_batch = float(np.mean([
         metrics.pass_at_batch([r["passed"] for r in records if r["task_id"] == t]) for t in task_ids]))
   accept = metrics.Acceptance.pooled(accept_parts) if accept_parts else None
+  nodes = np.concatenate(tree_nodes) if tree_nodes else np.zeros(0)
   mean = lambda values: float(np.mean(values)) if len(values) else None
   bass = method == "bass" and steps > 0
   device = jax.devices()[0]
@@ -351,7 +342,8 @@ def run_problems(
       "top_p": top_p,
       "acceptance_rule": acceptance if temperature > 0 else None,
       "draft_len": str(draft_len) if method == "bass" else None,
-      "draft_tree": _tree_text(draft_tree) if method == "bass" else None,
+      "draft_tree": ("; ".join(map(str, tree_shapes(draft_tree)))
+                     if method == "bass" and draft_tree is not None else None),
       "continuous": was_continuous,
       "ms_per_token_first": None if was_continuous else mean([l.first for l in latencies]),
       "ms_per_token_last": None if was_continuous else mean([l.last for l in latencies]),
@@ -372,8 +364,7 @@ def run_problems(
       "speculative_steps": steps - plain_steps if bass else None,
       "plain_step_share": plain_steps / steps if bass else None,
       "tree_step_share": tree_steps / (steps - plain_steps) if bass and steps > plain_steps else None,
-      "mean_tree_nodes": (float(np.concatenate(tree_nodes).mean())
-                          if bass and tree_steps and np.concatenate(tree_nodes).size else None),
+      "mean_tree_nodes": float(np.mean(nodes)) if bass and nodes.size else None,
       "step_costs": dataclasses.asdict(step_costs) if step_costs is not None else None,
       "mean_verified": verified_sum / steps if bass else None,
       "wall_seconds": wall,

@@ -45,6 +45,7 @@ TREE_CONFIGS: dict[str, tuple[str, Any, str]] = {
     "bass_pad_tree": ("bass", "dynamic", "pad"),
     "bass_pad_goodput_trees": ("bass", "goodput", "pad"),
 }
+_ALL_CONFIGS = CONFIGS | TREE_CONFIGS
 SAMPLING = {"greedy": (0.0, 1.0), "t0.2": (0.2, 0.95), "t0.6": (0.6, 0.95)}
 
 
@@ -170,8 +171,8 @@ def latency(target: Model, draft: Model, problems: Sequence[Problem], *, batch_s
   """
   draft_tree = list(draft_tree)
   for name in configs:
-    if name not in CONFIGS and name not in TREE_CONFIGS:
-      raise ValueError(f"unknown config {name!r}; choose from {sorted(CONFIGS | TREE_CONFIGS)}")
+    if name not in _ALL_CONFIGS:
+      raise ValueError(f"unknown config {name!r}; choose from {sorted(_ALL_CONFIGS)}")
     if name in TREE_CONFIGS and not draft_tree:
       raise ValueError(f"config {name!r} verifies token trees: give their shapes (--draft_tree)")
     if name == "bass_pad_tree" and len(draft_tree) > 1:
@@ -190,7 +191,7 @@ def latency(target: Model, draft: Model, problems: Sequence[Problem], *, batch_s
         run_id = f"{sampling_name}/B={batch}/{name}"
         if runs.kept_run(run_id):
           continue
-        method, draft_len, strategy = {**CONFIGS, **TREE_CONFIGS}[name]
+        method, draft_len, strategy = _ALL_CONFIGS[name]
         summary = _decode(target, draft, problems, method=method, batch=batch,
                           max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                           kernels=kernels, strategy=strategy, draft_len=draft_len or "dynamic",

@@ -456,7 +456,7 @@ class ShardedAttention:
     """``write_and_attend`` (``common.cached_attention``'s: ``(q [B, T, N, H], k, v [B, T, K, H],
     k_cache, v_cache [B, K, S, H], cache_lengths i32[B], *row_extras) -> (out [B, T, N, H], k_cache,
     v_cache)``) run on every device over its own rows, and heads where the plan splits them;
-    ``row_extras`` (a tree mask ``bool[B, T, T]``) split over rows like the lengths.
+    ``row_extras`` (a tree mask ``bool[B, T, M]``) split over rows like the lengths.
 
     The returned function raises ValueError when B does not split over the data axis
     (:func:`check_rows`).

@@ -41,10 +41,15 @@ _BATCHES = flags.DEFINE_list("batch_sizes", ["1", "2"], "Batch sizes.")
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "0.2"], "Temperatures (top-p 0.95 when > 0).")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per sequence at most.", lower_bound=1)
 _ROUNDS = flags.DEFINE_integer("rounds", 1, "Repetitions of the whole set.", lower_bound=1)
+_WARMUP = flags.DEFINE_bool("warmup", True, "Decode each run's first batch once, untimed, first "
+                            "(run_problems(warmup=True)): a fresh program's first execution costs "
+                            "more. The tables of 2026-11-24 in docs/design.md ran before this flag "
+                            "existed, as --nowarmup does.")
 
 
 def main(argv):
   del argv
+  _io.init_script()
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   import bass_jax as bj  # pylint: disable=g-import-not-at-top
@@ -74,7 +79,8 @@ def main(argv):
               target, drafts.get(spec), problems, batch_size=batch,
               method="regular" if spec is None else "bass", max_new_tokens=_MAX_NEW.value,
               temperature=temperature, top_p=0.95 if temperature > 0 else 1.0,
-              draft_len=draft_len or "dynamic", draft_tree=tree, progress=False)
+              draft_len=draft_len or "dynamic", draft_tree=tree, progress=False,
+              warmup=_WARMUP.value)
           results[name].append(run.summary)
       regular = np.mean([s["ms_per_token_all"] for s in results["regular"]])
       print(f"\nT = {temperature}, B = {batch}\n\n| configuration | mean accepted length | "

@@ -329,7 +329,8 @@ def ragged_attention(
     kv_lengths: ``i32[B]`` valid slots per row, if they end before ``lengths``: for a caller that
       attends the new tokens apart (two segments) and merges with ``return_residuals``;
       ``0 <= kv_lengths[b] <= min(lengths[b], S)``, and a row with none outputs 0 with ``l = 0``.
-      bass_jax's models write the new K/V into the cache first and do not use it.
+      bass_jax's token-tree attention uses it (``bass_jax.models.attention.merged_tree_attention``);
+      its chain steps write the new K/V into the cache first and do not.
     variant: ``"pad"`` (walk to the batch's longest row) or ``"split"`` (walk only the own row).
     sm_scale: softmax scale, default ``1 / sqrt(H)``.
     sliding_window: if set (Mistral), a query at position p also ignores slots ``<= p - sliding_window``;

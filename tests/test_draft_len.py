@@ -235,7 +235,9 @@ def _run_tree_policy(policy, costs, steps, chain_accepts, tree_accepts, rows=4):
     else:
       kinds.append(tree)
       assert int(length) == policy.trees[tree].depth
-      length, state = after_tree_step(state, length, tree, jnp.full(rows, tree_accepts[tree]), live)
+      depth = jnp.full(rows, policy.trees[tree].depth)
+      length, state = after_tree_step(state, length, tree, depth, jnp.full(rows, tree_accepts[tree]),
+                                      live)
   return kinds
 
 
@@ -288,10 +290,35 @@ def test_goodput_tree_rates_start_at_the_chain_rates_and_learn_per_level():
   assert rates.shape == (2, 5)
   np.testing.assert_allclose(rates, 0.5)
   # Two rows: one accepts two levels of shape 0 (depth 3), one none.
-  _, state = policy.after_tree_step(state, 3, 0, jnp.asarray([2, 0]), jnp.ones(2, bool))
+  _, state = policy.after_tree_step(state, 3, 0, jnp.asarray([3, 3]), jnp.asarray([2, 0]),
+                                    jnp.ones(2, bool))
   rates = np.asarray(policy.tree_rates(state))
   # Level 1: checked twice, passed once; level 2: checked and passed once; level 3: checked once, failed.
   np.testing.assert_allclose(rates[0, :3], [(1 + 0.5) / 3, (1 + 0.5) / 2, 0.5 / 2])
   np.testing.assert_allclose(rates[1], 0.5)  # the other shape learnt nothing
+  # A row whose tree reached depth 1 only (an n-gram branch) and accepted it is not counted at level 2.
+  _, state = policy.after_tree_step(state, 3, 0, jnp.asarray([1]), jnp.asarray([1]), jnp.ones(1, bool))
+  np.testing.assert_allclose(np.asarray(policy.tree_rates(state))[0, :2],
+                             [(2 + 0.5) / 4, (1 + 0.5) / 2])
   with pytest.raises(ValueError, match="GoodputDraftLen.trees"):
     GoodputDraftLen(trees=("top_k=2,depth=2,nodes=4",))
+
+
+def test_an_exploration_that_runs_plainly_does_not_back_off():
+  """The backoff rises when an explored step is verified, not when it is chosen: a step the policy
+  wanted to explore but that ran plainly (no row had a proposal) leaves the next exploration due."""
+  policy = GoodputDraftLen(explore_every=2)
+  length, state = policy.start(NOT_AT_PRIOR.as_array())
+  for _ in range(2):
+    length, state = policy.after_plain_step(state, length)
+  assert int(length) > 0 and int(state.explored) == 0  # due
+  length, state = policy.after_plain_step(state, length)  # ran plainly instead
+  assert int(state.backoff[0]) == 0 and int(length) > 0  # still due
+  length, state = policy.after_step(state, length, jnp.full(4, int(length)), jnp.zeros(4, jnp.int32),
+                                    jnp.ones(4, bool))
+  assert int(state.backoff[0]) == 1  # verified and lost: the wait doubles
+
+
+def test_goodput_costs_need_one_cost_per_tree_shape():
+  with pytest.raises(ValueError, match="tree_steps one cost"):
+    GoodputDraftLen(trees=TREES, costs=StepCosts(1.0, 1.2, 0.0, 0.0, 4, tree_steps=(1.5,)))

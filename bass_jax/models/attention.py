@@ -133,8 +133,8 @@ def reference_tree_attention(
   attends to its row's whole prefix (slots below ``lengths[b] - M``) and to the tree slots
   ``tree_mask[b, t]`` marks, its own ancestors and itself (``bass_jax.sampling.tree.ancestor_mask``),
   never to its siblings' branches. Positions follow depth, not slots: query t sits at position
-  ``lengths[b] - M + depth(t)`` with ``depth(t) = sum(tree_mask[b, t]) - 1``, which is what a sliding
-  window compares (RoPE takes the same positions from the caller). With the causal mask of a chain
+  ``lengths[b] - M + depth(t)`` (:func:`mask_depths`), which is what a sliding window compares (RoPE
+  takes the same positions from the caller). With M == T and the causal mask of a chain
   (``tree_mask[t, j] = j <= t``) this is :func:`reference_attention`.
 
   Args:
@@ -161,15 +161,22 @@ def reference_tree_attention(
   base = lengths - num_tree  # [B]: the tree's first slot
   node = jnp.clip(slots[None, :] - base[:, None], 0, num_tree - 1)  # [B, S]: the node a slot holds
   is_new = (slots[None, :] >= base[:, None]) & (slots[None, :] < lengths[:, None])  # [B, S]
-  depth = jnp.sum(tree_mask, axis=-1) - 1  # [B, T]
   sees_node = jnp.take_along_axis(tree_mask, jnp.broadcast_to(node[:, None, :], (batch, num_q, max_len)),
                                   axis=2)  # [B, T, S]: node t sees the node in slot s
   visible = (slots[None, None, :] < base[:, None, None]) | (is_new[:, None, :] & sees_node)
   if sliding_window is not None:
+    depth = mask_depths(tree_mask)
     q_pos = base[:, None] + depth  # [B, T]
     slot_pos = jnp.where(is_new, base[:, None] + jnp.take_along_axis(depth, node, axis=1), slots)
     visible &= slot_pos[:, None, :] > q_pos[:, :, None] - sliding_window
   return _attend_visible(q, k_cache, v_cache, lengths, visible, sm_scale)
+
+
+def mask_depths(tree_mask: jax.Array) -> jax.Array:
+  """``i32[B, T]`` each query's depth in its token tree: the number of its ancestors, i.e.
+  ``sum(tree_mask[b, t]) - 1`` for ``tree_mask: bool[B, T, M]`` (which marks the node itself and its
+  ancestors); 0 for a padding node, whose row is all False."""
+  return jnp.maximum(jnp.sum(tree_mask, axis=-1, dtype=jnp.int32) - 1, 0)
 
 
 def merged_tree_attention(prefix: Callable[..., tuple], q: jax.Array, k_cache: jax.Array,
@@ -179,10 +186,21 @@ def merged_tree_attention(prefix: Callable[..., tuple], q: jax.Array, k_cache: j
   densely, merged by their softmax statistics (the flash-decoding merge; FlashInfer's cascade).
 
   ``prefix`` is a ragged attention that takes ``kv_lengths`` and ``return_residuals``
-  (``pallas_kernels.ragged_attention``, :func:`blocked_attention`): it reads slots ``< lengths - M``
-  only, where every node sees every slot, so its causal mask never cuts. The tree's K/V (M slots per
-  row, read once) go through a dense ``[T, M]`` attention under ``tree_mask``. The result equals
-  :func:`reference_tree_attention` (same arguments) up to float rounding.
+  (``pallas_kernels.ragged_attention``, :func:`blocked_attention`; it returns ``(out, (m, l))``, the
+  softmax's row maxima and sums): it reads slots ``< lengths - M`` only, where every node sees every
+  slot, so its causal mask never cuts. The tree's K/V (M slots per row, gathered once per layer and
+  repeated over each KV head's query group, in f32) go through a dense ``[T, M]`` attention under
+  ``tree_mask``. The result equals :func:`reference_tree_attention` (same arguments) up to float
+  rounding.
+
+  Args:
+    prefix: the ragged attention of the prefix (above).
+    q: ``[B, T, N, H]``. k_cache, v_cache: ``[B, K, S, H]`` with the tree's K/V at slots
+      ``lengths - M … lengths - 1``. lengths: ``i32[B]``, tree slots included.
+    tree_mask: ``bool[B, T, M]`` as :func:`reference_tree_attention`. sm_scale: as there.
+
+  Returns:
+    ``[B, T, N, H]`` in q's dtype.
 
   Raises:
     ValueError: a ``sliding_window``: the kernels place queries by slot, a tree by depth (use
@@ -360,28 +378,17 @@ _IMPLEMENTATIONS: dict[str, Callable[[], AttentionFn]] = {
 }
 
 
-# Tree attention (``bass_jax.sampling.tree``) per implementation: the reference walks every slot under
-# the tree's mask; the kernels attend the prefix and merge the nodes in (:func:`merged_tree_attention`).
-_TREE_IMPLEMENTATIONS: dict[str, Callable[[], Callable[..., jax.Array]]] = {
-    "reference": lambda: reference_tree_attention,
-    "pallas_pad": lambda: functools.partial(merged_tree_attention, _pallas("pad")),
-    "pallas_split": lambda: functools.partial(merged_tree_attention, _pallas("split")),
-    "blocked_pad": lambda: functools.partial(
-        merged_tree_attention, functools.partial(blocked_attention, variant="pad")),
-    "blocked_split": lambda: functools.partial(
-        merged_tree_attention, functools.partial(blocked_attention, variant="split")),
-}
-
-
 def get_tree_attention(name: str) -> Callable[..., jax.Array]:
-  """The tree attention of implementation ``name``: the signature of
-  :func:`reference_tree_attention`.
+  """The tree attention of implementation ``name``, with :func:`reference_tree_attention`'s
+  signature: the reference itself, or the implementation's ragged attention of the prefix merged
+  with the tree's nodes (:func:`merged_tree_attention`, which refuses a ``sliding_window``).
 
   Raises:
     ValueError: if no implementation has that name.
   """
-  get_attention(name)  # the same names, and the same error
-  return _TREE_IMPLEMENTATIONS[name]()
+  attend = get_attention(name)
+  return (reference_tree_attention if name == "reference"
+          else functools.partial(merged_tree_attention, attend))
 
 
 def attention_implementations() -> tuple[str, ...]:

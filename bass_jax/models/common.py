@@ -285,13 +285,6 @@ def forward(config: DecoderConfig, params: Any, tokens: jax.Array, cache: KVCach
       ``return_features``, out of range, or of a family that does not sow them; a ``tree_mask``
       without a cache or not of shape ``[B, T, M >= T]``.
   """
-  if tree_mask is not None:
-    shape = tuple(tree_mask.shape)
-    if (cache is None or len(shape) != 3 or shape[:2] != tokens.shape or shape[2] < tokens.shape[1]
-        or tree_mask.dtype != jnp.bool_):
-      raise ValueError(f"forward: tree_mask must be bool{list(tokens.shape)} + [M >= "
-                       f"{tokens.shape[1]}] over a cache, got {tree_mask.dtype}{list(shape)} with "
-                       f"cache={cache is not None}")
   if hidden_layers and not return_features:
     raise ValueError("forward: hidden_layers needs return_features=True")
   if any(not 0 <= i < config.num_layers for i in hidden_layers):
@@ -370,10 +363,30 @@ def prefill_cache(config: DecoderConfig, params: Any, prompts: jax.Array, prompt
 
 def positions_of(tokens: jax.Array, cache: KVCache | None,
                  tree_mask: jax.Array | None = None) -> jax.Array:
-  """``i32[B, T]``: token t of row b sits at ``cache.lengths[b] + t`` (``t`` without a cache); with a
-  ``tree_mask: bool[B, T, M]`` at ``cache.lengths[b] - (M - T) + depth(t)`` (:func:`forward`)."""
+  """The tokens' positions, which every family and the EAGLE draft take from here (RoPE, learned
+  positions, sliding windows).
+
+  Args:
+    tokens: ``i32[B, T]``. cache: the cache they extend, or None (a forward from position 0).
+    tree_mask: ``bool[B, T, M]``, ``M >= T``: the tokens are the newest T nodes of a token tree per
+      row (:func:`forward`); needs a cache.
+
+  Returns:
+    ``i32[B, T]``: token t of row b at ``cache.lengths[b] + t``; ``i32[1, T]`` (``t``) without a
+    cache; with a tree, node t at ``cache.lengths[b] - (M - T) + depth(t)``
+    (``attention.mask_depths``: a padding node's 0).
+
+  Raises:
+    ValueError: a ``tree_mask`` without a cache, or not ``bool`` of shape ``[B, T, M >= T]``.
+  """
   if tree_mask is not None:
-    depth = jnp.maximum(jnp.sum(tree_mask, axis=-1, dtype=jnp.int32) - 1, 0)
+    shape = tuple(tree_mask.shape)
+    if (cache is None or len(shape) != 3 or shape[:2] != tokens.shape or shape[2] < tokens.shape[1]
+        or tree_mask.dtype != jnp.bool_):
+      raise ValueError(f"forward: tree_mask must be bool{list(tokens.shape)} + [M >= "
+                       f"{tokens.shape[1]}] over a cache, got {tree_mask.dtype}{list(shape)} with "
+                       f"cache={cache is not None}")
+    depth = attention_lib.mask_depths(tree_mask)
     return cache.lengths[:, None] - (tree_mask.shape[2] - tree_mask.shape[1]) + depth
   offsets = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None, :]
   return offsets if cache is None else cache.lengths[:, None] + offsets

@@ -5,9 +5,9 @@ Every policy offers the decode loop the same calls, all traceable (no host sync)
 -> (l, state)`` after a chain step, ``after_tree_step(state, l, tree, accepted, live) -> (l, state)``
 after a token-tree step of shape ``tree`` (an index into the decode's tree shapes),
 ``after_plain_step(state, l) -> (l, state)`` after a plain decoding step (no row had a proposal, or the
-policy chose ``l = 0``), and ``tree_choice(state) -> i32[]``, the tree shape of the next speculative
-step (-1 for a chain). Only :class:`GoodputDraftLen` chooses ``l = 0``, and only it chooses between
-chains and tree shapes; the others verify the one tree shape given, every step, when there is one.
+policy chose ``l = 0``). Only :class:`GoodputDraftLen` chooses ``l = 0``, and only it chooses between
+chains and tree shapes (its ``tree_choice(state) -> i32[]``, the tree shape of the next speculative
+step or -1 for a chain); the others verify the one tree shape given, every step, when there is one.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ class StepCosts:
 
 
 class _MaxAcceptedPolicy:
-  """``start/after_step/after_plain_step`` for policies that adapt from the largest number of drafts a
-  live row accepted (their state is Algorithm 1's ``s``)."""
+  """``start/after_step/after_tree_step/after_plain_step`` for policies that adapt from the largest
+  number of drafts a live row accepted (their state is Algorithm 1's ``s``)."""
 
   may_choose_zero = False  # never picks l = 0 (plain steps come only from a proposer without drafts)
 
@@ -73,15 +73,10 @@ class _MaxAcceptedPolicy:
   def after_plain_step(self, state, draft_len):
     return draft_len, state
 
-  def after_tree_step(self, state, draft_len, tree, accepted, live):
+  def after_tree_step(self, state, draft_len, tree, num_drafts, accepted, live):
     """A tree step changes nothing: the tree's shape is fixed (only goodput chooses among shapes)."""
-    del tree, accepted, live
+    del tree, num_drafts, accepted, live
     return draft_len, state
-
-  def tree_choice(self, state) -> jax.Array:
-    """``i32[]``: the tree shape of the next speculative step; always the one given (index 0)."""
-    del state
-    return jnp.zeros((), jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,8 +170,11 @@ class GoodputState:
     tree_tried, tree_accepted: ``f32[T, D]`` the same counts for each tree shape's level d + 1
       (D the deepest shape's depth); None without trees.
     tree: ``i32[]`` the tree shape the next speculative step verifies, -1 for a chain.
-    backoff: ``i32[1 + T]`` (or a scalar for all) explorations of each kind since the policy last chose
-      it on its own: the next waits ``explore_every * 2**backoff`` steps (at most ``2**MAX_BACKOFF``).
+    backoff: ``i32[1 + T]`` (or a scalar for all) explorations of each kind verified since the policy
+      last chose it on its own: the next waits ``explore_every * 2**backoff`` steps (at most
+      ``2**MAX_BACKOFF``).
+    explored: ``i32[]`` the kind the next step explores (0 the chain, 1 + j tree j), -1 for none; its
+      backoff rises only once that step is verified (a step with nothing to propose runs plainly).
   """
 
   tried: jax.Array
@@ -187,6 +185,7 @@ class GoodputState:
   tree_accepted: jax.Array | None = None
   tree: jax.Array = -1
   backoff: jax.Array = 0
+  explored: jax.Array = -1
 
 
 MAX_BACKOFF = 3  # an exploration that fails waits at most 2**3 = 8 times explore_every
@@ -249,7 +248,8 @@ class GoodputDraftLen:
     trees: the tree shapes to choose among (``tree.TreeShape``); empty: chains and plain steps only.
 
   Raises:
-    ValueError: from the constructor, for a parameter out of range (named).
+    ValueError: from the constructor, for a parameter out of range (named), or ``costs`` whose
+      ``tree_steps`` do not give one cost per tree shape.
   """
 
   may_choose_zero = True  # class attribute, not a field
@@ -280,25 +280,30 @@ class GoodputDraftLen:
     if not all(isinstance(t, TreeShape) for t in trees):
       raise ValueError(f"GoodputDraftLen.trees must hold TreeShape values, got {self.trees!r}")
     object.__setattr__(self, "trees", trees)
+    if self.costs is not None and trees and len(self.costs.tree_steps) != len(trees):
+      raise ValueError(f"GoodputDraftLen.costs has {len(self.costs.tree_steps)} tree_steps for "
+                       f"{len(trees)} tree shapes: give StepCosts.tree_steps one cost (seconds) per "
+                       "shape, in draft_tree's order, or costs=None to measure them")
 
   @property
   def max_depth(self) -> int:
     """D: the deepest tree shape's depth (0 without trees)."""
     return max((t.depth for t in self.trees), default=0)
 
+  def _smoothed(self, accepted, tried, prior):
+    """Acceptance counts smoothed towards ``prior`` with weight ``prior_weight``."""
+    return (accepted + prior * self.prior_weight) / (tried + self.prior_weight)
+
   def rates(self, state: GoodputState) -> jax.Array:
     """``f32[L]`` smoothed conditional acceptance rate of each draft position of a chain."""
-    return ((state.accepted + self.prior * self.prior_weight)
-            / (state.tried + self.prior_weight))
+    return self._smoothed(state.accepted, state.tried, self.prior)
 
   def tree_rates(self, state: GoodputState) -> jax.Array:
     """``f32[T, D]`` smoothed conditional acceptance rate of each level of each tree shape, smoothed
     towards the chain's rate at the same depth (``prior`` past the chain's longest draft)."""
     chain = jnp.concatenate([self.rates(state),
                              jnp.full(max(self.max_depth - self.max_len, 0), self.prior)])
-    prior = chain[:self.max_depth]
-    return ((state.tree_accepted + prior * self.prior_weight)
-            / (state.tree_tried + self.prior_weight))
+    return self._smoothed(state.tree_accepted, state.tree_tried, chain[:self.max_depth])
 
   def _step_cost(self, costs: jax.Array) -> jax.Array:
     """``f32[L + 1]`` seconds of a step of length ``l = 0 … L``; ``costs`` is
@@ -312,9 +317,10 @@ class GoodputDraftLen:
     """``f32[L + 1 + T]`` seconds of each option: plain, chains ``l = 1 … L``, each tree shape."""
     return jnp.concatenate([self._step_cost(costs), costs[5:5 + len(self.trees)]])
 
-  def _depths(self) -> jax.Array:
-    """``f32[L + T]`` the most drafts each speculative option can accept: ``l``, or a tree's depth."""
-    return jnp.asarray(list(range(1, self.max_len + 1)) + [t.depth for t in self.trees], jnp.float32)
+  def _lengths(self) -> jax.Array:
+    """``i32[L + 1 + T]`` the most drafts each option can accept: 0 (plain), ``l``, or a tree's
+    depth; also the draft length the decode records for it."""
+    return jnp.asarray(list(range(self.max_len + 1)) + [t.depth for t in self.trees], jnp.int32)
 
   def goodput(self, state: GoodputState) -> jax.Array:
     """``f32[L + 1 + T]`` expected emitted tokens per second per row of each option: a plain step, a
@@ -322,7 +328,7 @@ class GoodputDraftLen:
     expected = [jnp.ones(1), 1.0 + jnp.cumsum(jnp.cumprod(self.rates(state)))]
     if self.trees:
       levels = jnp.arange(1, self.max_depth + 1)
-      depths = jnp.asarray([t.depth for t in self.trees])[:, None]
+      depths = self._lengths()[self.max_len + 1:, None]
       reach = jnp.where(levels <= depths, jnp.cumprod(self.tree_rates(state), axis=1), 0.0)
       expected.append(1.0 + jnp.sum(reach, axis=1))
     return jnp.concatenate(expected) / self._option_cost(state.costs)
@@ -330,16 +336,17 @@ class GoodputDraftLen:
   def could_pay(self, costs: jax.Array) -> jax.Array:
     """``bool[]``: whether some speculative option beats a plain step when every draft is accepted,
     i.e. ``max (drafts + 1) / cost > 1 / plain``; if not, no acceptance can make speculation pay."""
-    cost = self._option_cost(costs)
-    return jnp.max((self._depths() + 1.0) / cost[1:]) > 1.0 / cost[0]
+    upper = (self._lengths() + 1.0) / self._option_cost(costs)
+    return jnp.max(upper[1:]) > upper[0]
 
   def _option(self, state: GoodputState):
     """``(option i32[], state)``: the chosen option's index into :meth:`goodput`, an exploration's
-    (class docstring) when one is due, and the state with its backoff updated."""
+    (class docstring) when one is due, and the state with the kind explored and the backoff of the
+    kind that wins on its merits updated."""
     goodput = self.goodput(state)
     best = jnp.argmax(goodput).astype(jnp.int32)
     num_l, num_trees = self.max_len, len(self.trees)
-    upper = (self._depths() + 1.0) / self._option_cost(state.costs)[1:]
+    upper = ((self._lengths() + 1.0) / self._option_cost(state.costs))[1:]
     # Per kind of step (the chain, each tree shape): its best option, and the most it could achieve.
     kind_best = jnp.concatenate([jnp.argmax(goodput[1:num_l + 1], keepdims=True) + 1,
                                  num_l + 1 + jnp.arange(num_trees)]).astype(jnp.int32)
@@ -350,12 +357,12 @@ class GoodputDraftLen:
     kinds = jnp.arange(1 + num_trees)
     stale = ((since >= self.explore_every * 2**backoff) & (kind_upper > goodput[best])
              & (kinds != kind_of_best))
-    explore = jnp.argmax(jnp.where(stale, since, -1))
-    # The backoff: reset for the kind chosen on its own merits, raised for the kind explored.
-    backoff = jnp.where(kinds == kind_of_best, 0, backoff)
-    backoff = jnp.where(jnp.any(stale) & (kinds == explore),
-                        jnp.minimum(backoff + 1, MAX_BACKOFF), backoff)
-    return jnp.where(jnp.any(stale), kind_best[explore], best), state.replace(backoff=backoff)
+    explore = jnp.argmax(jnp.where(stale, since, -1)).astype(jnp.int32)
+    # The backoff resets for the kind that wins on its merits; the explored kind's rises once its
+    # step is verified (_decayed).
+    state = state.replace(backoff=jnp.where(kinds == kind_of_best, 0, backoff),
+                          explored=jnp.where(jnp.any(stale), explore, -1))
+    return jnp.where(jnp.any(stale), kind_best[explore], best), state
 
   def _decide(self, state: GoodputState):
     """``(l, state)``: the next step's draft length (a chosen tree's depth) with ``state.tree`` set."""
@@ -363,14 +370,11 @@ class GoodputDraftLen:
       option = jnp.argmax(self.goodput(state)).astype(jnp.int32)
     else:
       option, state = self._option(state)
-    is_tree = option > self.max_len
-    depths = jnp.asarray([0] + [t.depth for t in self.trees], jnp.int32)
-    length = jnp.where(is_tree, depths[jnp.maximum(option - self.max_len, 0)], option)
-    return length.astype(jnp.int32), state.replace(
-        tree=jnp.where(is_tree, option - self.max_len - 1, -1).astype(jnp.int32))
+    tree = jnp.where(option > self.max_len, option - self.max_len - 1, -1)
+    return self._lengths()[option], state.replace(tree=tree.astype(jnp.int32))
 
   def choose(self, state: GoodputState) -> jax.Array:
-    """The step's length: the argmax of :meth:`goodput` (a tree's depth if a tree wins; then
+    """``i32[]``, the step's length: the argmax of :meth:`goodput` (a tree's depth if a tree wins; then
     :meth:`tree_choice` says which), or an exploration (class docstring)."""
     return self._decide(state)[0]
 
@@ -386,17 +390,23 @@ class GoodputDraftLen:
         costs=costs, since=jnp.zeros(1 + num_trees, jnp.int32),
         tree_tried=jnp.zeros((num_trees, depth), jnp.float32) if num_trees else None,
         tree_accepted=jnp.zeros((num_trees, depth), jnp.float32) if num_trees else None,
-        tree=jnp.asarray(-1, jnp.int32), backoff=jnp.zeros(1 + num_trees, jnp.int32))
+        tree=jnp.asarray(-1, jnp.int32), backoff=jnp.zeros(1 + num_trees, jnp.int32),
+        explored=jnp.asarray(-1, jnp.int32))
     return self._decide(state)
 
   def _decayed(self, state: GoodputState, verified: int | None) -> GoodputState:
     """Every count decayed one step; the exploration clocks advanced, ``verified``'s (0 the chain,
-    1 + j tree j, None a plain step) reset."""
-    since = jnp.broadcast_to(jnp.asarray(state.since, jnp.int32), (1 + len(self.trees),)) + 1
+    1 + j tree j, None a plain step) reset, and its backoff raised if the step explored it."""
+    kinds = 1 + len(self.trees)
+    since = jnp.broadcast_to(jnp.asarray(state.since, jnp.int32), (kinds,)) + 1
+    backoff = jnp.broadcast_to(jnp.asarray(state.backoff, jnp.int32), (kinds,))
     if verified is not None:
       since = since.at[verified].set(0)
+      raised = jnp.minimum(backoff[verified] + 1, MAX_BACKOFF)
+      backoff = backoff.at[verified].set(
+          jnp.where(state.explored == verified, raised, backoff[verified]))
     state = state.replace(tried=self.decay * state.tried, accepted=self.decay * state.accepted,
-                          since=since)
+                          since=since, backoff=backoff)
     if self.trees:
       state = state.replace(tree_tried=self.decay * state.tree_tried,
                             tree_accepted=self.decay * state.tree_accepted)
@@ -418,13 +428,21 @@ class GoodputDraftLen:
     return self._decide(state.replace(tried=state.tried + checked,
                                       accepted=state.accepted + passed))
 
-  def after_tree_step(self, state, draft_len, tree, accepted, live):
+  def after_tree_step(self, state, draft_len, tree, num_drafts, accepted, live):
     """After a step that verified tree shape ``tree`` (a static int): its level counts learn from
-    the rows' accepted depths ``accepted: i32[B]``."""
+    each live row's path, as a chain's do.
+
+    Args:
+      num_drafts: ``i32[B]`` the depth of each row's tree (a row whose tree is shorter than the shape,
+        or empty, is not counted at the levels it lacks). accepted: ``i32[B]`` drafts each row
+        accepted. live: ``bool[B]``.
+
+    Returns:
+      ``(l i32[], state)`` for the next step.
+    """
     del draft_len
     state = self._decayed(state, 1 + tree)
-    depth = jnp.full_like(accepted, self.trees[tree].depth)
-    checked, passed = self._counts(self.max_depth, depth, accepted, live)
+    checked, passed = self._counts(self.max_depth, num_drafts, accepted, live)
     return self._decide(state.replace(tree_tried=state.tree_tried.at[tree].add(checked),
                                       tree_accepted=state.tree_accepted.at[tree].add(passed)))
 

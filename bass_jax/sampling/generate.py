@@ -77,7 +77,7 @@ def _eos_ids(eos_token_id, target: Model) -> tuple[int, ...]:
                               max_value=target.config.vocab_size - 1)
 
 
-def _tree_shapes(draft_tree: Any) -> tuple[TreeShape, ...]:
+def tree_shapes(draft_tree: Any) -> tuple[TreeShape, ...]:
   """``generate``'s ``draft_tree`` as distinct :class:`TreeShape` s (empty for None).
 
   Raises:
@@ -342,7 +342,7 @@ def generate(
   if max_cache_len is not None:
     max_cache_len = _checks.as_int("max_cache_len", max_cache_len, min_value=1)
   policy = as_policy(draft_len) if bass else None
-  trees = _tree_shapes(draft_tree)
+  trees = tree_shapes(draft_tree)
   if trees:
     if not bass:
       raise ValueError("draft_tree needs method='bass': regular decoding drafts nothing")
@@ -355,10 +355,7 @@ def generate(
       raise ValueError(f"draft_len={draft_len!r} chooses chain lengths; with draft_tree leave it at its "
                        "default (every step verifies the tree) or pass 'goodput' (each step chooses "
                        "among plain steps, chains and the tree shapes)")
-    elif len(trees) > 1:
-      raise ValueError(f"draft_tree has {len(trees)} shapes; choosing among them needs "
-                       "draft_len='goodput'")
-    else:
+    else:  # several shapes without goodput: state.DecodeSpec refuses them
       policy = as_policy(trees[0].depth)
   chunk = 0
   if bass:

@@ -77,8 +77,8 @@ class DecodeSpec:
         raise ValueError(f"GoodputDraftLen.trees {self.draft_len.trees} must be the decode's "
                          f"draft_trees {trees}")
     elif len(trees) > 1:
-      raise ValueError(f"{len(trees)} tree shapes need the goodput draft length to choose among "
-                       f"them; {type(self.draft_len).__name__} verifies one")
+      raise ValueError(f"draft_tree has {len(trees)} shapes; choosing among them needs "
+                       f"draft_len='goodput' ({type(self.draft_len).__name__} verifies one)")
 
   @property
   def step_kinds(self) -> tuple[int | None, ...]:
@@ -107,11 +107,13 @@ class DecodeSpec:
 
   @property
   def max_draft(self) -> int:
-    """The slots past the last emitted token a step may write, less one: the longest chain, or what a
-    tree step's verification and draft growth need (``TreeShape.look_ahead``)."""
+    """The slots past the last emitted token a step may write, less one: the longest chain (when chain
+    steps are compiled), or what a tree step's verification and draft growth need
+    (``TreeShape.look_ahead``)."""
     if self.method != "bass":
       return 0
-    return max([self.draft_len.max_len] + [t.look_ahead - 1 for t in self.draft_trees])
+    chains = [self.draft_len.max_len] if None in self.step_kinds else []
+    return max(chains + [t.look_ahead - 1 for t in self.draft_trees])
 
   @property
   def keeps_features(self) -> bool:

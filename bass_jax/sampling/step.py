@@ -1,5 +1,6 @@
-"""One decoding step for the whole batch: regular decoding's step (also BASS's plain step) and the BASS
-step (propose, verify in chunks, accept per row, emit, roll the proposer back, adapt l_draft).
+"""One decoding step for the whole batch: regular decoding's step (also BASS's plain step), the BASS
+chain step (propose, verify in chunks, accept per row, emit, roll the proposer back, adapt l_draft) and
+the token-tree step (draft a tree per row, verify it in one forward, accept a path, compact it).
 
 Implements BASS §3 (docs/bass.md, "One step for the whole batch"); ``bass_jax.sampling.loop`` runs these
 steps in its ``while_loop`` and states the invariants they keep between steps.
@@ -14,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from bass_jax.cache import KVCache, keep_path
+from bass_jax.models.attention import mask_depths
 from bass_jax.models.common import forward
 from bass_jax.sampling import acceptance
 from bass_jax.sampling import tree as tree_lib
@@ -260,6 +262,15 @@ def tree_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
   ``speculative_accept_tree``) and emits it and one more token, and the path's K/V (and features)
   move into consecutive slots (``cache.keep_path``), so the next step sees an ordinary ragged cache.
   The draft-length policy learns from the accepted depths and chooses the next step's kind.
+
+  Args:
+    temperature: ``f32[]`` (> 0 unless ``spec.greedy``). top_p: ``f32[]`` in ``(0, 1]``.
+    state: the decode's state; its ``target_cache`` lags the text by one token (``loop``'s invariants).
+    tree: static index into ``spec.draft_trees``.
+
+  Returns:
+    The state after the step: up to ``depth + 1`` new tokens per live row, the caches compacted, the
+    histories recorded (``draft_len_history``: the shape's depth; ``tree_history``: ``tree``).
   """
   shape = spec.draft_trees[tree]
   key, draft_key, accept_key = jax.random.split(state.key, 3)
@@ -268,9 +279,9 @@ def tree_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
   ctx = step_context(state, draft_key, temperature, top_p)
   proposer_state, draft = spec.proposer.propose_tree(draft_params, state.proposer_state, ctx,
                                                      shape=shape)
+  mask = tree_lib.ancestor_mask(draft)
   logits, target_cache, features = _target_forward(spec, target_params, draft.tokens,
-                                                   state.target_cache, state.features,
-                                                   tree_lib.ancestor_mask(draft))
+                                                   state.target_cache, state.features, mask)
   if spec.greedy:
     result = tree_lib.greedy_accept_tree(draft, logits)
   elif spec.coupled:
@@ -285,16 +296,19 @@ def tree_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
   slots = jnp.arange(shape.nodes)[None, :]
   on_path = jnp.take_along_axis(draft.tokens, jnp.roll(path, -1, axis=1), axis=1)
   emitted = jnp.where(slots == result.num_accepted[:, None], result.next_token[:, None], on_path)
-  raw = jax.nn.log_softmax(logits, axis=-1)
-  emitted_logprobs = raw[rows[:, None], path, emitted]  # the target's, at the emitting node
+  # The target's log-probability of each emitted token, at its emitting node (N values per row: no
+  # [B, N, V] log-softmax).
+  emitted_logprobs = (logits[rows[:, None], path, emitted]
+                      - jax.nn.logsumexp(logits, axis=-1)[rows[:, None], path]).astype(jnp.float32)
 
   base = state.seq_len - 1  # the root's slot: the cache lags the text by one token
   target_cache = target_cache.keep_path(base, result.path)
   if features is not None:
     features = keep_path(features, base, result.path, axis=1)
   drafted = jnp.where(live, draft.num_nodes - 1, 0)
+  depth = jnp.max(mask_depths(mask), axis=-1)  # each row's deepest node (0: no drafts)
   next_len, policy_state = spec.draft_len.after_tree_step(state.policy_state, state.draft_len, tree,
-                                                          accepted, live)
+                                                          depth, accepted, live)
   state = _advance(spec, state, emitted, emitted_logprobs, accepted, target_cache, features,
                    proposer_state, key, draft_len=jnp.int32(shape.depth), drafted=drafted,
                    verified=jnp.int32(shape.nodes), tree=tree)

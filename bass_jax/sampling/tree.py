@@ -1,10 +1,13 @@
-"""Acceptance of a token tree per row: greedy, speculative (SpecInfer) and drafter-invariant.
+"""Token trees: their static shape (:class:`TreeShape`), EAGLE-2's growth (:func:`grow_tree`), the
+ancestor mask, and the acceptance of one tree per row: greedy, speculative (SpecInfer) and
+drafter-invariant.
 
 A tree step (EAGLE-2, Li et al. 2024; SpecInfer, Miao et al. 2024) generalizes the chain of drafts
 that :mod:`bass_jax.sampling.acceptance` verifies: each row proposes a tree of candidate tokens
 rooted at its last emitted token, the target scores every node in one pass (attending along
 :func:`ancestor_mask`), and the row accepts one root-to-node path of the tree and then emits one
-more token. This module is only the acceptance math, as pure functions with static shapes.
+more token. Everything here is a pure function of static shapes; the decode step that uses it is
+``bass_jax.sampling.step.tree_step``.
 
 Axes: B rows, N nodes per row (static), V vocabulary. Node 0 of a row is its root (the last emitted
 token, already in the text); nodes ``1 .. num_nodes - 1`` are drafts, each with a parent of smaller
@@ -30,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from bass_jax import _checks
+from bass_jax.models.attention import mask_depths
 from bass_jax.sampling import acceptance
 from bass_jax.sampling import warp
 
@@ -186,8 +190,7 @@ def ancestor_mask(tree: DraftTree) -> jax.Array:
 
 def node_depths(tree: DraftTree) -> jax.Array:
   """``i32[B, N]`` each real node's depth (the root 0, its children 1, ...); padding nodes 0."""
-  depth = jnp.sum(ancestor_mask(tree), axis=-1, dtype=jnp.int32) - 1
-  return jnp.where(tree.is_real(), depth, 0)
+  return mask_depths(ancestor_mask(tree))  # a padding node's mask row is all False: depth 0
 
 
 # A child test of :func:`_walk`: ``(c, node, candidate, state) -> (accepted, state)`` for node index
@@ -378,6 +381,8 @@ def grow_tree(root: jax.Array, first_log_q: jax.Array, expand: Expand, carry: An
     expand: one level of growth (:data:`Expand`). carry: its state (a draft cache).
     shape: the static :class:`TreeShape`.
     token_of: maps the draft's indices ``[0, V')`` to token ids (an EAGLE draft's smaller vocabulary).
+    prior: ``(tokens i32[B, L], count i32[B])`` or None: a chain ranked before every drafted node
+      (above).
 
   Returns:
     ``(carry, tree)``: the tree has ``shape.nodes`` nodes per row, all real, in topological order

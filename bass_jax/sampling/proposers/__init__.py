@@ -8,8 +8,12 @@ each step it
 1. **proposes** up to ``l`` tokens per row (:class:`Proposal`: the drafts, how many of them are real
    for each row, and their per-position distributions ``q``, or None for a deterministic proposer,
    whose ``q`` is one-hot at its draft, which keeps rejection sampling exact: Leviathan et al. 2023,
-   §3.5 holds for any ``q``);
+   §3.5 holds for any ``q``), or, in a token-tree step, a tree of candidates per row
+   (:meth:`Proposer.propose_tree`: deterministic nodes, one-hot ``q``);
 2. **rolls back** after acceptance: its state is brought in line with the text each row now has.
+
+For the cost-aware draft length it also times its forwards (:meth:`Proposer.forward_costs`,
+:meth:`Proposer.tree_costs`).
 
 With continuous batching the loop also restarts one row of the state on a new prompt
 (:meth:`Proposer.admit`; by default :meth:`Proposer.init_state` for that row, written into it), so an
@@ -25,7 +29,8 @@ Implementations, one module each:
   cache that it brings up to date (catch-up) before drafting.
 * :class:`NGramProposer` (``ngram``): prompt lookup decoding (Saxena 2023; vLLM's ``ngram``
   speculator): match the row's last n tokens, longest n first, against its own prompt and output so
-  far and propose what followed the most recent match. No weights, no state, one-hot ``q``.
+  far and propose what followed the most recent match (in a tree step, several matches as
+  branches). No weights, no state, one-hot ``q``.
 * :class:`EagleProposer` (``eagle_draft``): an EAGLE-style feature draft (``bass_jax.models.eagle``)
   that reads the target's own features, which the loop keeps for it (``needs_features``).
 * :class:`HybridProposer` (``hybrid``): n-gram where a row matches, a draft model (independent or

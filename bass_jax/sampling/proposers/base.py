@@ -134,8 +134,17 @@ class Proposer(abc.ABC):
     return 0.0, 0.0
 
   def tree_costs(self, params: Any, batch: int, cache_len: int, shape: tree_lib.TreeShape) -> float:
-    """Measured seconds of growing a tree of ``shape`` after the first forward of a step (the levels
-    below the first), at ``batch`` rows (``bass_jax.sampling.costs``; default 0: no forward)."""
+    """Measured seconds of growing a tree of ``shape`` after the first forward of a step (the
+    ``depth - 1`` levels below the first, each :meth:`tree_level_cost`; a slight overestimate, since
+    each level is timed at the widest level's mask), at ``batch`` rows (``bass_jax.sampling.costs``)."""
+    if shape.depth == 1:
+      return 0.0
+    return (shape.depth - 1) * self.tree_level_cost(params, batch, cache_len, shape)
+
+  def tree_level_cost(self, params: Any, batch: int, cache_len: int,
+                      shape: tree_lib.TreeShape) -> float:
+    """Measured seconds of one level of tree growth (a forward of ``shape.top_k`` nodes under their
+    ancestor mask) at ``batch`` rows; default 0: a model-free proposer grows with no forward."""
     del params, batch, cache_len, shape
     return 0.0
 
@@ -163,13 +172,23 @@ class Proposer(abc.ABC):
   def propose_tree(self, params: Any, state: Any, ctx: StepContext, *,
                    shape: tree_lib.TreeShape) -> tuple[Any, tree_lib.DraftTree]:
     """Drafts a token tree per row (a tree step, docs/design.md "Token trees"): ``shape.nodes`` nodes,
-    node 0 the row's last token. Every node must be a deterministic function of the draft's state
-    (one-hot ``q``), so that tree acceptance is exact at every temperature.
+    node 0 the row's last token, no path deeper than ``shape.depth``. Every node must be a
+    deterministic function of the draft's state (one-hot ``q``), so that tree acceptance is exact at
+    every temperature (Miao et al. 2024, SpecInfer; Li et al. 2024, EAGLE-2).
 
     The default is the proposer's own chain (:meth:`propose`, greedy, ``shape.depth`` drafts at most)
     as a tree, with unused nodes as padding; draft models override it with EAGLE-2's growth, n-gram
     lookup with several matches as branches. The state's rollback after a tree step is
     :meth:`rollback`, as after a chain.
+
+    Args:
+      params: the proposer's weights (None for a model-free one). state: its state.
+      ctx: the step's :class:`StepContext`. shape: the tree's static ``tree.TreeShape``.
+
+    Returns:
+      ``(state, tree)``: a ``tree.DraftTree`` with ``tokens i32[B, N]``, ``parents i32[B, N]``
+      (topological, ``-1`` at the root) and ``num_nodes i32[B]`` (1 for a row with no drafts),
+      N = ``shape.nodes``.
     """
     ctx = ctx.replace(draft_len=jnp.asarray(shape.depth, jnp.int32))
     state, proposal = self.propose(params, state, ctx, max_len=shape.nodes - 1, chunk=1, greedy=True)

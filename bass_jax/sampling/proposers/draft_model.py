@@ -66,15 +66,11 @@ class ModelProposer(Proposer):
                                 params, batch, cache_len=cache_len, sharding=self.sharding)
     return forward(positions=2), forward(positions=1)
 
-  def tree_costs(self, params, batch, cache_len, shape):
-    """``depth - 1`` level forwards of ``top_k`` nodes, each timed at the widest level's mask (a slight
-    overestimate)."""
-    if shape.depth == 1:
-      return 0.0
-    level = costs.time_forwards(self.config, self.dtype, self.attention_impl, params, batch,
-                                [shape.top_k], cache_len=cache_len, sharding=self.sharding,
-                                mask_widths=[shape.draft_slots])[0]
-    return (shape.depth - 1) * level
+  def tree_level_cost(self, params, batch, cache_len, shape):
+    """One level's forward of ``top_k`` nodes, timed at the widest level's mask."""
+    return costs.time_forwards(self.config, self.dtype, self.attention_impl, params, batch,
+                               [shape.top_k], cache_len=cache_len, sharding=self.sharding,
+                               mask_widths=[shape.draft_slots])[0]
 
   def init_state(self, params, prompts, prompt_len, *, cache_len, max_len, features=None,
                  prefill_chunk=None):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import flax.struct
@@ -94,34 +95,28 @@ class EagleProposer(Proposer):
       cache = cache.append(update)
     return EagleState(cache=cache.with_lengths(jnp.maximum(prompt_len - 1, 0)))
 
-  def forward_costs(self, params, batch, cache_len, max_len):
+  def _time_forward(self, params, batch: int, cache_len: int, positions: int,
+                    mask_width: int | None = None) -> float:
+    """Seconds of one forward of ``positions`` pairs (placeholder features) and the head on the last
+    one, or on every one of a tree level's (``mask_width``: a tree forward)."""
     e = self.config.feature_size
 
-    def run(params, tokens, cache):  # pairs with placeholder features, and the head on the last one
-      features = jnp.ones(tokens.shape + (e,), jnp.dtype(self.dtype))
-      predicted, cache = self._forward(params, tokens, features, cache)
-      return eagle.draft_logits(params, predicted[:, -1]), cache
-
-    timed = lambda positions: costs.time_cached_forward(
-        run, params, costs.half_full_cache(self.config, batch, cache_len, self.dtype), positions)
-    return timed(min(max_len + 1, self.catch_up_width)), timed(1)
-
-  def tree_costs(self, params, batch, cache_len, shape):
-    """``depth - 1`` level forwards of ``top_k`` pairs and their heads, each timed at the widest level's
-    mask (a slight overestimate)."""
-    if shape.depth == 1:
-      return 0.0
-    e = self.config.feature_size
-
-    def run(params, tokens, cache, tree_mask):
+    def run(params, tokens, cache, tree_mask=None):
       features = jnp.ones(tokens.shape + (e,), jnp.dtype(self.dtype))
       predicted, cache = self._forward(params, tokens, features, cache, tree_mask=tree_mask)
-      return eagle.draft_logits(params, predicted), cache
+      return eagle.draft_logits(params, predicted if tree_mask is not None else predicted[:, -1]), cache
 
-    level = costs.time_cached_forward(
-        run, params, costs.half_full_cache(self.config, batch, cache_len, self.dtype), shape.top_k,
-        mask_width=shape.draft_slots)
-    return (shape.depth - 1) * level
+    return costs.time_cached_forward(
+        run, params, costs.half_full_cache(self.config, batch, cache_len, self.dtype), positions,
+        mask_width=mask_width)
+
+  def forward_costs(self, params, batch, cache_len, max_len):
+    timed = functools.partial(self._time_forward, params, batch, cache_len)
+    return timed(min(max_len + 1, self.catch_up_width)), timed(1)
+
+  def tree_level_cost(self, params, batch, cache_len, shape):
+    """One level's forward of ``top_k`` pairs and their heads, timed at the widest level's mask."""
+    return self._time_forward(params, batch, cache_len, shape.top_k, mask_width=shape.draft_slots)
 
   def _catch_up(self, params, state, ctx, max_len):
     """The draft's cache over every pair of the text (the target's features), and the predicted

@@ -42,8 +42,8 @@ class HybridProposer(Proposer):
   def forward_costs(self, params, batch, cache_len, max_len):
     return self.model.forward_costs(params, batch, cache_len, max_len)
 
-  def tree_costs(self, params, batch, cache_len, shape):
-    return self.model.tree_costs(params, batch, cache_len, shape)
+  def tree_level_cost(self, params, batch, cache_len, shape):
+    return self.model.tree_level_cost(params, batch, cache_len, shape)
 
   def init_state(self, params, prompts, prompt_len, *, cache_len, max_len, features=None,
                  prefill_chunk=None):
@@ -65,8 +65,9 @@ class HybridProposer(Proposer):
     return state, Proposal(drafts=drafts, num_drafts=num_drafts, log_q=log_q)
 
   def propose_tree(self, params, state, ctx, *, shape):
-    """One tree per row: the row's n-gram continuation (if any) as a chain from the root, kept whole,
-    and the model's best EAGLE-2 nodes in the rest (``tree.grow_tree``'s ``prior``)."""
+    """One tree per row (:meth:`Proposer.propose_tree`'s shapes): the row's n-gram continuation (if
+    any, at most ``shape.depth`` tokens) as a chain from the root, kept whole, and the model's best
+    EAGLE-2 nodes in the rest (``tree.grow_tree``'s ``prior``)."""
     width = min(shape.nodes - 1, shape.depth)
     _, chain = self.ngram.propose(None, None, ctx.replace(draft_len=jnp.asarray(width, jnp.int32)),
                                   max_len=width, chunk=1, greedy=True)

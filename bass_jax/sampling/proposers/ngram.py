@@ -45,28 +45,41 @@ class NGramProposer(Proposer):
   def name(self) -> str:
     return f"ngram({self.max_n}-{self.min_n})"
 
-  def _matches(self, tokens: jax.Array, seq_len: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``(match bool[B, T], n i32[B])``: for each row the longest suffix length n in ``min_n … max_n``
-    that occurs earlier in the row's text, and every earlier occurrence ``j`` of it (``tokens[b, j :
-    j + n]`` equals the suffix and ``j + n < seq_len``: its continuation is known); no match, n = 0."""
+  @staticmethod
+  def _occurrences(tokens: jax.Array, seq_len: jax.Array, n: int) -> jax.Array:
+    """``bool[B, T]``: the earlier occurrences ``j`` of each row's last ``n`` tokens whose
+    continuation is known (``tokens[b, j : j + n]`` equals the suffix and ``j + n < seq_len``; the
+    suffix itself, ``j = seq_len - n``, is excluded)."""
     batch, width = tokens.shape
     rows = jnp.arange(batch)[:, None]
-    starts = jnp.arange(width)[None, :]
+    suffix = tokens[rows, jnp.clip(seq_len[:, None] - n + jnp.arange(n), 0, width - 1)]  # [B, n]
+    match = jnp.ones((batch, width), bool)
+    for i in range(n):
+      shifted = jnp.pad(tokens[:, i:], ((0, 0), (0, i)), constant_values=-1)  # tokens[b, j + i]
+      match &= shifted == suffix[:, i:i + 1]
+    return match & (jnp.arange(width)[None, :] + n < seq_len[:, None]) & (seq_len[:, None] >= n + 1)
+
+  def _matches(self, tokens: jax.Array, seq_len: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(match bool[B, T], n i32[B])``: for each row the longest suffix length n in ``min_n … max_n``
+    that occurs earlier in the row's text, and every earlier occurrence of it
+    (:meth:`_occurrences`); no match, n = 0."""
+    batch, width = tokens.shape
     best = jnp.zeros((batch, width), bool)
     best_n = jnp.zeros((batch,), jnp.int32)
     for n in range(self.max_n, self.min_n - 1, -1):
-      suffix = tokens[rows, jnp.clip(seq_len[:, None] - n + jnp.arange(n), 0, width - 1)]  # [B, n]
-      match = jnp.ones((batch, width), bool)
-      for i in range(n):
-        shifted = jnp.pad(tokens[:, i:], ((0, 0), (0, i)), constant_values=-1)  # tokens[b, j + i]
-        match &= shifted == suffix[:, i:i + 1]
-      # An occurrence at j must end before the suffix starts' continuation: j + n < seq_len, j + n is
-      # then a known token; j = seq_len - n is the suffix itself and is excluded.
-      match &= (starts + n < seq_len[:, None]) & (seq_len[:, None] >= n + 1)
+      match = self._occurrences(tokens, seq_len, n)
       hit = (best_n == 0) & jnp.any(match, axis=1)
       best = jnp.where(hit[:, None], match, best)
       best_n = jnp.where(hit, n, best_n)
     return best, best_n
+
+  @staticmethod
+  def _latest(match: jax.Array, n: jax.Array, seq_len: jax.Array):
+    """``(last, start, available)``, each ``i32[B]``: the most recent occurrence in ``match`` (-1 for
+    none), where its continuation starts and how many tokens of it the text holds (0 for none)."""
+    last = jnp.max(jnp.where(match, jnp.arange(match.shape[1])[None, :], -1), axis=1)
+    start = jnp.where(last >= 0, last + n, 0)
+    return last, start, jnp.where(last >= 0, seq_len - start, 0)
 
   def lookup(self, tokens: jax.Array, seq_len: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Finds each row's continuation: what followed the most recent occurrence of its longest
@@ -80,14 +93,13 @@ class NGramProposer(Proposer):
       (``available = 0`` where no suffix of length ``min_n … max_n`` occurs earlier).
     """
     match, n = self._matches(tokens, seq_len)
-    last = jnp.max(jnp.where(match, jnp.arange(tokens.shape[1])[None, :], -1), axis=1)
-    found = last >= 0
-    start = jnp.where(found, last + n, 0)
-    return start, jnp.where(found, seq_len - start, 0)
+    _, start, available = self._latest(match, n, seq_len)
+    return start, available
 
   def can_propose(self, ctx):
-    _, available = self.lookup(ctx.tokens, ctx.seq_len)
-    return jnp.any(ctx.live & (available > 0))
+    # A longer suffix that occurs earlier contains the min_n suffix occurring earlier too (its last
+    # min_n tokens, ending at the same known continuation), so min_n alone decides.
+    return jnp.any(ctx.live & jnp.any(self._occurrences(ctx.tokens, ctx.seq_len, self.min_n), axis=1))
 
   def propose(self, params, state, ctx, *, max_len, chunk, greedy):
     del params, chunk, greedy
@@ -103,22 +115,25 @@ class NGramProposer(Proposer):
     occurrences of the row's longest matching suffix whose first tokens differ (a later occurrence
     with the same first token as a more recent one would repeat its branch), each a chain of at most
     ``shape.depth`` tokens under the root, most recent first, until ``shape.nodes - 1`` drafts are
-    placed. One branch is the chain :meth:`propose` drafts; deterministic, so ``q`` stays one-hot."""
+    placed. One branch is the chain :meth:`propose` drafts; deterministic, so ``q`` stays one-hot.
+
+    Returns:
+      ``(state, tree)``: :meth:`Proposer.propose_tree`'s shapes; a row with no match, or not live,
+      has ``num_nodes = 1`` (the root alone).
+    """
     del params
     tokens, seq_len = ctx.tokens, ctx.seq_len
     batch, width = tokens.shape
     rows = jnp.arange(batch)
-    starts = jnp.arange(width)[None, :]
     match, n = self._matches(tokens, seq_len)
-    after = jnp.clip(starts + n[:, None], 0, width - 1)  # where each occurrence's continuation starts
-    first = jnp.take_along_axis(tokens, after, axis=1)
+    match &= ctx.live[:, None]
+    after = jnp.clip(jnp.arange(width)[None, :] + n[:, None], 0, width - 1)
+    first = jnp.take_along_axis(tokens, after, axis=1)  # each occurrence's first continuation token
     branch_start, branch_len = [], []
     for _ in range(shape.top_k):
-      last = jnp.max(jnp.where(match, starts, -1), axis=1)
-      found = ctx.live & (last >= 0)
-      start = jnp.where(found, last + n, 0)
+      last, start, available = self._latest(match, n, seq_len)
       branch_start.append(start)
-      branch_len.append(jnp.where(found, jnp.minimum(seq_len - start, shape.depth), 0))
+      branch_len.append(jnp.minimum(available, shape.depth))
       match &= first != jnp.take_along_axis(first, jnp.maximum(last, 0)[:, None], axis=1)
     branch_start, branch_len = jnp.stack(branch_start, 1), jnp.stack(branch_len, 1)  # [B, k]
     # Branch i takes the node slots from offset[i] on, as many as remain below N.
