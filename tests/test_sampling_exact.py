@@ -481,7 +481,7 @@ def test_gumbel_couples_the_draft_to_the_target():
     ("hybrid", "top_k=2,depth=3,nodes=6", 1.0, 1.0, 63),
     ("ngram", "top_k=3,depth=2,nodes=6", 0.6, 0.9, 65)])
 def test_tree_bass_matches_exact_target_distribution(kind, shape, temperature, top_p, seed):
-  """Tree steps (deterministic top-k children; a hybrid's n-gram chain beside the draft's nodes, so
+  """Tree steps (deterministic top-k children; a hybrid's n-gram branches beside the draft's nodes, so
   sibling tokens repeat; n-gram lookup's several matches as branches) keep the law exact; paths were
   accepted and rejected."""
   target, far = _models()

@@ -89,22 +89,27 @@ def test_growth_keeps_the_best_paths_of_eagle2(shape):
     assert _paths_of(tree, b) == _brute_force(shape, b)
 
 
-def test_a_prior_chain_is_kept_whole_and_the_draft_fills_the_rest():
-  shape = tree_lib.TreeShape(top_k=2, depth=3, nodes=6)
+def test_a_prior_tree_is_kept_whole_and_the_draft_fills_the_rest():
+  """A hybrid's prior (n-gram branches): every real prior node is kept, in its own tree shape, and the
+  draft's best paths fill the remaining slots."""
+  shape = tree_lib.TreeShape(top_k=2, depth=3, nodes=7)
   root = jnp.arange(B, dtype=jnp.int32)
   first = jnp.asarray(np.stack([_log_q((), b) for b in range(B)]).astype(np.float32))
-  # Tokens the fake draft never drafts (>= V), so that every path is either the chain's or the draft's.
-  chain = jnp.asarray([[27, 28, 29, 30], [25, 25, 25, 25], [21, 22, 23, 24]], jnp.int32)
-  count = jnp.asarray([3, 0, 4], jnp.int32)
+  # Tokens the fake draft never drafts (>= V), so that every path is either the prior's or the draft's.
+  # Row 0: two branches (27 28 29 | 40); row 1: nothing; row 2: a chain of 4 and a branch at depth 2.
+  prior = tree_lib.DraftTree(
+      tokens=jnp.asarray([[0, 27, 28, 29, 40, 99, 99], [1, 99, 99, 99, 99, 99, 99],
+                          [2, 21, 22, 23, 24, 33, 99]], jnp.int32),
+      parents=jnp.asarray([[-1, 0, 1, 2, 0, 0, 0], [-1, 0, 0, 0, 0, 0, 0],
+                           [-1, 0, 1, 2, 3, 1, 0]], jnp.int32),
+      num_nodes=jnp.asarray([5, 1, 6], jnp.int32))
+  expected = [{(27,), (27, 28), (27, 28, 29), (40,)}, set(),
+              {(21,), (21, 22), (21, 22, 23), (21, 22, 23, 24), (21, 33)}]
   _, tree = tree_lib.grow_tree(root, first, _fake_expand(), jnp.zeros((B, 0), jnp.int32), shape,
-                               prior=(chain, count))
+                               prior=prior)
   for b in range(B):
-    paths = _paths_of(tree, b)
-    c = int(count[b])
-    chain_paths = {tuple(int(x) for x in np.asarray(chain[b, :i]))
-                   for i in range(1, min(c, shape.nodes - 1) + 1)}
-    c = min(c, shape.nodes - 1)
-    assert paths == chain_paths | _brute_force(shape, b, keep=shape.nodes - 1 - c)
+    kept = expected[b]
+    assert _paths_of(tree, b) == kept | _brute_force(shape, b, keep=shape.nodes - 1 - len(kept))
 
 
 def test_tree_shapes_are_checked_and_parsed():

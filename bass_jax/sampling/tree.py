@@ -357,7 +357,7 @@ Expand = Callable[[Any, jax.Array, jax.Array, jax.Array], tuple[Any, jax.Array]]
 
 def grow_tree(root: jax.Array, first_log_q: jax.Array, expand: Expand, carry: Any, shape: TreeShape,
               token_of: Callable[[jax.Array], jax.Array] = lambda ids: ids,
-              prior: tuple[jax.Array, jax.Array] | None = None) -> tuple[Any, DraftTree]:
+              prior: DraftTree | None = None) -> tuple[Any, DraftTree]:
   """EAGLE-2's dynamic draft tree (Li et al. 2024, §4), per row, at a static shape.
 
   Expansion: the root's ``top_k`` most likely children form level 1; at each further level the
@@ -367,9 +367,10 @@ def grow_tree(root: jax.Array, first_log_q: jax.Array, expand: Expand, carry: An
   ``nodes - 1`` of highest path score form the tree. A child's score is at most its parent's, and
   ties go to the lower (earlier) candidate, so the kept set contains every kept node's parent.
 
-  ``prior`` (a hybrid's deterministic chain, e.g. n-gram lookup: ``(tokens i32[B, L], count
-  i32[B])``) enters the candidates first with scores above any draft's: the row's chain is kept
-  whole (its first ``min(count, nodes - 1)`` tokens) and the model's best nodes fill the rest.
+  ``prior`` (a hybrid's deterministic tree, e.g. n-gram lookup's branches) enters the candidates
+  first with scores above any draft's, in its node order: each row's prior tree is kept whole (its
+  real nodes below the root, at most ``nodes - 1`` of them, a topological prefix) and the model's
+  best nodes fill the rest.
 
   Every node is a deterministic function of the draft's distributions, so
   :func:`speculative_accept_tree` accepts it with ``draft_log_probs=None`` (exact at any
@@ -381,8 +382,8 @@ def grow_tree(root: jax.Array, first_log_q: jax.Array, expand: Expand, carry: An
     expand: one level of growth (:data:`Expand`). carry: its state (a draft cache).
     shape: the static :class:`TreeShape`.
     token_of: maps the draft's indices ``[0, V')`` to token ids (an EAGLE draft's smaller vocabulary).
-    prior: ``(tokens i32[B, L], count i32[B])`` or None: a chain ranked before every drafted node
-      (above).
+    prior: a :class:`DraftTree` (``i32[B, M]``, ``M <= nodes``, the same root) or None: a tree
+      ranked before every drafted node (above).
 
   Returns:
     ``(carry, tree)``: the tree has ``shape.nodes`` nodes per row, all real, in topological order
@@ -393,14 +394,14 @@ def grow_tree(root: jax.Array, first_log_q: jax.Array, expand: Expand, carry: An
   rows = jnp.arange(batch)[:, None]
   pool_tokens, pool_scores, pool_parents = [], [], []  # candidates, in drafting order
   offset = 0
-  if prior is not None:
-    chain, count = prior
-    length = min(chain.shape[1], nodes - 1)
+  if prior is not None:  # its nodes 1 .. M - 1 are candidates 0 .. M - 2; its root is ours
+    length = min(prior.tokens.shape[1], nodes) - 1
     slots = jnp.arange(length)
-    pool_tokens.append(chain[:, :length].astype(jnp.int32))
-    # 0 ranks above every log-prob; the tiny decrements keep each chain node above its successor.
-    pool_scores.append(jnp.where(slots < count[:, None], -1e-6 * slots.astype(jnp.float32), -jnp.inf))
-    pool_parents.append(jnp.broadcast_to(slots - 1, (batch, length)).astype(jnp.int32))
+    pool_tokens.append(prior.tokens[:, 1:length + 1].astype(jnp.int32))
+    # 0 ranks above every log-prob; the tiny decrements keep each prior node above its successors.
+    pool_scores.append(jnp.where(slots < prior.num_nodes[:, None] - 1,
+                                 -1e-6 * slots.astype(jnp.float32), -jnp.inf))
+    pool_parents.append(prior.parents[:, 1:length + 1].astype(jnp.int32) - 1)
     offset = length
   score, index = jax.lax.top_k(first_log_q, k)  # level 1: [B, k]
   tokens = token_of(index).astype(jnp.int32)

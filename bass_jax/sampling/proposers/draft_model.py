@@ -135,8 +135,8 @@ class ModelProposer(Proposer):
   def propose_tree(self, params, state, ctx, *, shape, prior=None):
     """EAGLE-2's growth (``tree.grow_tree``) with this model: each level is one forward of the
     expanded nodes under their ancestor mask. Nothing drafted stays in the cache: the rollback keeps
-    the text, and the next catch-up feeds the accepted tokens. ``prior``: a hybrid's chain, ranked
-    first (``grow_tree``'s)."""
+    the text, and the next catch-up feeds the accepted tokens. ``prior``: a hybrid's tree (n-gram
+    branches), ranked first (``grow_tree``'s)."""
     forward = self._forward(params)
     cache, logits = self._catch_up(params, state, ctx)
 

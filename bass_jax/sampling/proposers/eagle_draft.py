@@ -173,7 +173,7 @@ class EagleProposer(Proposer):
     """EAGLE-2's growth (``tree.grow_tree``): each level forwards the pairs ``(f̂ of the parent,
     token)`` of its expanded nodes under their ancestor mask, whose predicted features score their
     children and feed the next level. The rollback drops every drafted pair, as after a chain.
-    ``prior``: a hybrid's chain, ranked first (``grow_tree``'s)."""
+    ``prior``: a hybrid's tree (n-gram branches), ranked first (``grow_tree``'s)."""
     cache, feature = self._catch_up(params, state, ctx, shape.depth)
 
     def expand(carry, tokens, parent, mask):

@@ -65,14 +65,12 @@ class HybridProposer(Proposer):
     return state, Proposal(drafts=drafts, num_drafts=num_drafts, log_q=log_q)
 
   def propose_tree(self, params, state, ctx, *, shape):
-    """One tree per row (:meth:`Proposer.propose_tree`'s shapes): the row's n-gram continuation (if
-    any, at most ``shape.depth`` tokens) as a chain from the root, kept whole, and the model's best
-    EAGLE-2 nodes in the rest (``tree.grow_tree``'s ``prior``)."""
-    width = min(shape.nodes - 1, shape.depth)
-    _, chain = self.ngram.propose(None, None, ctx.replace(draft_len=jnp.asarray(width, jnp.int32)),
-                                  max_len=width, chunk=1, greedy=True)
-    return self.model.propose_tree(params, state, ctx, shape=shape,
-                                   prior=(chain.drafts, chain.num_drafts))
+    """One tree per row (:meth:`Proposer.propose_tree`'s shapes): the row's n-gram branches
+    (:meth:`NGramProposer.propose_tree`: the continuations of up to ``shape.top_k`` earlier matches,
+    each at most ``shape.depth`` tokens), kept whole, and the model's best EAGLE-2 nodes in the rest
+    (``tree.grow_tree``'s ``prior``). A row with no match is the model's tree alone."""
+    _, branches = self.ngram.propose_tree(None, None, ctx, shape=shape)
+    return self.model.propose_tree(params, state, ctx, shape=shape, prior=branches)
 
   def rollback(self, state, tokens, old_seq_len, new_seq_len):
     return self.model.rollback(state, tokens, old_seq_len, new_seq_len)
