@@ -359,6 +359,50 @@ def test_greedy_on_chains_equals_greedy_accept_chunk():
   assert len(set(np.asarray(matched).tolist())) == length + 1  # every acceptance length occurred
 
 
+@pytest.mark.parametrize("one_hot_q", [True, False])
+def test_a_chain_is_the_parents_i_minus_1_tree_draw_for_draw(one_hot_q):
+  """Chains and trees are one acceptance rule: speculative (deterministic drafts or drafts sampled
+  from q) and drafter-invariant acceptance of a chain, in one chunk or in two, make the very draws
+  that tree acceptance makes on the same chain as a tree (``parents[i] = i - 1``)."""
+  rng = np.random.default_rng(11)
+  rows, length, vocab = 600, 5, 4
+  key = jax.random.PRNGKey(5)
+  log_p = jax.nn.log_softmax(jnp.asarray(rng.normal(size=(rows, length + 1, vocab)) * 3.0), -1)
+  log_q = None if one_hot_q else jax.nn.log_softmax(
+      jnp.asarray(rng.normal(size=(rows, length + 1, vocab)) * 1.5), -1)
+  # Drafts that the target often takes: its own likeliest token three times in four.
+  likely = np.asarray(jnp.argmax(log_p[:, :-1], -1))
+  drafts = jnp.asarray(np.where(rng.random((rows, length)) < 0.75, likely,
+                                rng.integers(0, vocab, (rows, length))), jnp.int32)
+  num_drafts = jnp.asarray(rng.integers(0, length + 1, rows), jnp.int32)
+  tree = tree_lib.chain_tree(jnp.zeros(rows, jnp.int32), drafts, num_drafts)
+  as_tree = tree_lib.speculative_accept_tree(key, tree, log_p, log_q)
+  next_drafts = jnp.concatenate([drafts, jnp.zeros((rows, 1), jnp.int32)], 1)
+
+  def chunk(lo, hi):
+    return acceptance.speculative_accept_chunk(
+        key, log_p[:, lo:hi], None if log_q is None else log_q[:, lo:hi], next_drafts[:, lo:hi],
+        jnp.arange(lo, hi), num_drafts)
+
+  matched, next_token = chunk(0, length + 1)
+  np.testing.assert_array_equal(as_tree.num_accepted, matched)
+  np.testing.assert_array_equal(as_tree.next_token, next_token)
+  first, first_next = chunk(0, 3)  # as the loop verifies with C = 3: rows that matched all go on
+  second, second_next = chunk(3, length + 1)
+  np.testing.assert_array_equal(np.where(first == 3, 3 + second, first), matched)
+  np.testing.assert_array_equal(np.where(first == 3, second_next, first_next), next_token)
+  counts = np.bincount(np.asarray(matched), minlength=length + 1)
+  assert (counts >= 10).all(), counts  # every acceptance length occurred
+
+  row_keys = jnp.asarray(rng.integers(0, 2**32, (rows, 2), dtype=np.uint64).astype(np.uint32))
+  seq_len = jnp.asarray(rng.integers(3, 40, rows), jnp.int32)
+  coupled = tree_lib.coupled_accept_tree(tree, log_p, row_keys, seq_len)
+  c_matched, c_next = acceptance.coupled_accept_chunk(log_p, row_keys, seq_len, next_drafts,
+                                                      jnp.arange(length + 1), num_drafts)
+  np.testing.assert_array_equal(coupled.num_accepted, c_matched)
+  np.testing.assert_array_equal(coupled.next_token, c_next)
+
+
 # -- exactness of speculative_accept_tree ---------------------------------------------------
 
 

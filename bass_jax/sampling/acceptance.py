@@ -106,8 +106,13 @@ def speculative_accept_chunk(key: jax.Array, target_log_probs: jax.Array, draft_
                              num_drafts: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Speculative rejection sampling over one chunk of positions.
 
-  Position ``i`` accepts ``d_{i+1}`` with probability ``min(1, p_i(d) / q_i(d))``; the uniform draw of
-  position i is keyed by ``i`` itself, so chunking the positions differently changes no decision.
+  Position ``i`` accepts ``d_{i+1}`` with probability ``min(1, p_i(d) / q_i(d))``. Randomness is keyed
+  as :func:`tree.speculative_accept_tree` keys a chain's nodes (``d_{i+1}`` is node ``i + 1`` of
+  ``tree.chain_tree``), so chunking the positions differently changes no decision, and a chain
+  accepted here and as a tree makes the same draws (``tests/test_tree_acceptance.py``): with
+  ``accept_key, residual_key = split(key)``, the uniform of position i is row b of
+  ``uniform(fold_in(accept_key, i + 1), (B,))``, and a correction drawn at position n uses the key
+  ``fold_in(fold_in(residual_key, n), b)``.
 
   Args:
     key: PRNG key of the whole step's acceptance.
@@ -124,7 +129,8 @@ def speculative_accept_chunk(key: jax.Array, target_log_probs: jax.Array, draft_
   """
   batch, chunk = next_drafts.shape
   accept_key, residual_key = jax.random.split(key)
-  u = jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(accept_key, i), (batch,)))(positions).T
+  u = jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(accept_key, i + 1), (batch,)))(
+      positions).T
   log_p = jnp.take_along_axis(target_log_probs, next_drafts[..., None], axis=-1)[..., 0]
   if draft_log_probs is None:
     log_q = jnp.zeros_like(log_p)
@@ -142,5 +148,7 @@ def speculative_accept_chunk(key: jax.Array, target_log_probs: jax.Array, draft_
   real_at = jnp.broadcast_to(_real(positions, num_drafts), (batch, chunk))[rows, at]
   q_n = jnp.where(real_at[:, None], q_at, 0.0)
   residual = correction_distribution(p_n, q_n)
-  next_token = warp.categorical(jax.random.fold_in(residual_key, positions[0]), jnp.log(residual))
+  fold = lambda n, b: jax.random.fold_in(jax.random.fold_in(residual_key, n), b)
+  keys = jax.vmap(fold)(positions[at], rows)
+  next_token = jax.vmap(warp.categorical)(keys, jnp.log(residual))
   return matched, next_token
