@@ -103,15 +103,24 @@ def _decode(target: Model, draft: Model, problems: Sequence[Problem], *, method:
   """One ``experiment.run_problems`` as every experiment here runs it (the draft only for BASS; distinct
   prompts per batch at temperature 0 unless ``distinct_prompts`` says otherwise; static batches get an
   untimed warm-up batch first, so a fresh program's costlier first execution is not charged to the
-  first batch; ``continuous`` decodes every sequence in one continuous batch)."""
+  first batch; ``continuous`` decodes every sequence in one continuous batch; ``draft_len`` and
+  ``draft_tree`` as ``generate`` takes them, for BASS only)."""
   return experiment.run_problems(
       target, draft if method == "bass" else None, problems, batch_size=batch, method=method,
       max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, draft_len=draft_len,
       attention_impl=attention_impl(strategy, kernels), check=check, progress=False,
-      distinct_prompts=distinct_prompts, warmup=True, continuous=continuous, draft_tree=draft_tree)
+      distinct_prompts=distinct_prompts, warmup=True, continuous=continuous,
+      draft_tree=draft_tree if method == "bass" else None)
 
 
 Saver = Callable[[dict[str, Any]], None]
+
+
+def _speculation(draft_len: Any, draft_tree: Any) -> dict[str, Any]:
+  """A result header's record of BASS's draft-length policy and tree shapes (text; [] for chains)."""
+  from bass_jax.sampling.generate import tree_shapes  # pylint: disable=g-import-not-at-top
+
+  return {"draft_len": str(draft_len), "draft_tree": [str(t) for t in tree_shapes(draft_tree)]}
 
 
 def _log(line: str) -> None:
@@ -207,18 +216,21 @@ def latency(target: Model, draft: Model, problems: Sequence[Problem], *, batch_s
 def utilization(target: Model, draft: Model, problems: Sequence[Problem], *,
                 batch_sizes: Sequence[int], max_new_tokens: int, temperature: float = 0.2,
                 top_p: float = 0.95, kernels: str = "auto", save: Saver | None = None,
-                log: Callable[[str], None] = _log, earlier: Sequence[dict[str, Any]] = ()
-                ) -> dict[str, Any]:
+                log: Callable[[str], None] = _log, earlier: Sequence[dict[str, Any]] = (),
+                draft_len: Any = "dynamic", draft_tree: Any = None) -> dict[str, Any]:
   """Fig. 1: achieved FLOP/s over the device's measured peak, useful and executed, against latency.
 
   Regular decoding and BASS (dynamic draft length, PAD) at every batch size; BASS at batch 1 is
   single-sequence speculative decoding. ``save`` receives the result so far after every run.
+  ``draft_len`` and ``draft_tree`` choose BASS's speculation as ``generate`` takes them (default:
+  Algorithm 1 over chains, the paper's); they are recorded in the result's header.
   """
   peak = measure_peak_flops()
   log(f"peak: {peak / 1e9:.1f} GFLOP/s (f32 matrix product)")
   header = {"experiment": "utilization", **machine(), "peak_flops": peak,
             "num_prompts": len(problems), "max_new_tokens": max_new_tokens,
-            "temperature": temperature, "top_p": top_p, "target": target.name, "draft": draft.name}
+            "temperature": temperature, "top_p": top_p, "target": target.name, "draft": draft.name,
+            **_speculation(draft_len, draft_tree)}
   runs = _Runs(header, save, earlier)
   for batch in batch_sizes:
     for method in ("regular", "bass"):
@@ -227,7 +239,7 @@ def utilization(target: Model, draft: Model, problems: Sequence[Problem], *,
         continue
       summary = _decode(target, draft, problems, method=method, batch=batch,
                         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                        kernels=kernels).summary
+                        kernels=kernels, draft_len=draft_len, draft_tree=draft_tree).summary
       for kind in ("useful", "executed"):
         summary[f"{kind}_utilization"] = summary[f"{kind}_flops"] / summary["wall_seconds"] / peak
       runs.add(run_id, summary)
@@ -261,7 +273,8 @@ def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_si
            temperatures: Sequence[float], max_new_tokens: int, budget_fraction: float,
            top_p: float = 0.95, kernels: str = "auto", continuous: bool = False,
            save: Saver | None = None, log: Callable[[str], None] = _log,
-           earlier: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+           earlier: Sequence[dict[str, Any]] = (), draft_len: Any = "dynamic",
+           draft_tree: Any = None) -> dict[str, Any]:
   """Fig. 5: Pass@First and Pass@Finished within a wall-clock budget per prompt.
 
   Every batch holds ``B`` samples of one prompt (Pass@First ranks them), at every temperature: the
@@ -277,10 +290,13 @@ def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_si
   budget is ``budget_fraction`` times regular decoding's median time per prompt at batch 1 for the
   full ``max_new_tokens`` (measured here first), so that regular decoding cannot produce a full-length
   sequence within it, as in the paper. Pass rates are also computed on a grid of budgets for the plot.
+  ``draft_len`` and ``draft_tree`` choose BASS's speculation as ``generate`` takes them (default:
+  Algorithm 1 over chains, the paper's); they are recorded in the result's header.
   """
   header = {"experiment": "budget", **machine(), "budget_fraction": budget_fraction,
             "num_prompts": len(problems), "max_new_tokens": max_new_tokens, "top_p": top_p,
-            "continuous": continuous, "target": target.name, "draft": draft.name}
+            "continuous": continuous, "target": target.name, "draft": draft.name,
+            **_speculation(draft_len, draft_tree)}
   runs = _Runs(header, save, earlier)
   for temperature in temperatures:
     for batch in batch_sizes:
@@ -291,7 +307,7 @@ def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_si
         result = _decode(target, draft, problems, method=method, batch=batch,
                          max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                          kernels=kernels, check=True, distinct_prompts=False,
-                         continuous=continuous)
+                         continuous=continuous, draft_len=draft_len, draft_tree=draft_tree)
         # The budget needs every run's sequences: kept with the run, so a resumed run has them too.
         records = [{k: r[k] for k in ("task_id", "finish_seconds", "num_tokens", "passed",
                                       "mean_logprob")} for r in result.records]
@@ -316,8 +332,8 @@ def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_si
 def throughput(target: Model, draft: Any, problems: Sequence[Problem], *, batch_sizes: Sequence[int],
                temperatures: Sequence[float], max_new_tokens: int, top_p: float = 0.95,
                kernels: str = "auto", save: Saver | None = None,
-               log: Callable[[str], None] = _log, earlier: Sequence[dict[str, Any]] = ()
-               ) -> dict[str, Any]:
+               log: Callable[[str], None] = _log, earlier: Sequence[dict[str, Any]] = (),
+               draft_len: Any = "dynamic", draft_tree: Any = None) -> dict[str, Any]:
   """Static batches against continuous batching, for BASS and regular decoding, side by side.
 
   Every prompt is decoded once (distinct prompts at every temperature: the question is the throughput
@@ -328,10 +344,12 @@ def throughput(target: Model, draft: Any, problems: Sequence[Problem], *, batch_
   carry tokens/s, per-token latency All, the wall time of the whole set (compilation excluded; for
   static batches the host's work between batches too), the mean wait before a prompt's decoding
   starts and the mean time to its first token. ``save`` receives the result so far after every run.
+  ``draft_len`` and ``draft_tree`` choose BASS's speculation as ``generate`` takes them (default:
+  Algorithm 1 over chains, the paper's); they are recorded in the result's header.
   """
   header = {"experiment": "throughput", **machine(), "num_prompts": len(problems),
             "max_new_tokens": max_new_tokens, "top_p": top_p, "target": target.name,
-            "draft": draft.name}
+            "draft": draft.name, **_speculation(draft_len, draft_tree)}
   runs = _Runs(header, save, earlier)
   for temperature in temperatures:
     for batch in batch_sizes:
@@ -343,7 +361,8 @@ def throughput(target: Model, draft: Any, problems: Sequence[Problem], *, batch_
           summary = _decode(target, draft, problems, method=method, batch=batch,
                             max_new_tokens=max_new_tokens, temperature=temperature,
                             top_p=top_p if temperature else 1.0, kernels=kernels,
-                            distinct_prompts=True, continuous=continuous).summary
+                            distinct_prompts=True, continuous=continuous, draft_len=draft_len,
+                            draft_tree=draft_tree).summary
           # As asked (a set no larger than B runs static anyway).
           summary["batching"] = "continuous" if continuous else "static"
           runs.add(run_id, summary)
@@ -381,7 +400,7 @@ def baselines(target: Model, draft: Model, problems: Sequence[Problem], *, hf_ta
         continue
       summary = _decode(target, draft, problems, method=method, batch=batch,
                         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                        kernels=kernels).summary
+                        kernels=kernels, draft_len=draft_len, draft_tree=draft_tree).summary
       runs.add(f"B={batch}/bass-jax {method}", {
           "system": f"bass-jax {method}", "batch_size": batch,
           "ms_per_token_last": summary["ms_per_token_last"],

@@ -27,12 +27,24 @@ MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens per sequence.", low
 BATCHES = flags.DEFINE_list("batch_sizes", ["1", "2", "4", "8", "16"], "Batch sizes.")
 KERNELS = flags.DEFINE_enum("kernels", "auto", ["auto", "pallas", "blocked"],
                             "PAD/SPLIT attention: Pallas kernels (GPU) or their plain-JAX versions.")
+DRAFT_LEN = flags.DEFINE_string(
+    "draft_len", "dynamic", "BASS's draft-length policy in budget, throughput and utilization: "
+    "'dynamic' (Algorithm 1, the paper's), 'goodput' (per step the kind and length that maximize "
+    "expected tokens per second) or an int >= 1. Latency's --configs name their own.")
+DRAFT_TREE = flags.DEFINE_multi_string(
+    "draft_tree", [], "Token-tree shapes, e.g. top_k=4,depth=5,nodes=16 (repeat for several). Budget, "
+    "throughput, utilization: BASS verifies the one shape on every step, or with --draft_len=goodput "
+    "chooses per step among plain steps, chains and the shapes. Latency: the shapes of its configs "
+    "bass_pad_tree and bass_pad_goodput_trees. Absent: chains.")
 RESULTS_DIR = flags.DEFINE_string(
     "results_dir", None, "Directory for <experiment>_<setting>.json. Default: a fresh "
     "outputs/<experiment>-<time>/; pass --results_dir=results to replace the committed results that "
     "experiments.report renders.")
 
 _io.require_positive_ints("batch_sizes")
+flags.register_validator(
+    "draft_len", lambda v: v in ("dynamic", "goodput") or (v.isdigit() and int(v) >= 1),
+    message="--draft_len must be 'dynamic', 'goodput' or an int >= 1")
 
 _RUN_DIR: pathlib.Path | None = None
 _EARLIER: list[dict[str, Any]] = []
@@ -56,6 +68,7 @@ def prepare(experiment: str, *, greedy: bool = False) -> pathlib.Path:
   """
   global _RUN_DIR, _EARLIER
   _io.init_script()
+  _check_speculation(experiment)
   if greedy and NUM_PROMPTS.value < max(batch_sizes()):
     raise app.UsageError(
         f"greedy batches hold distinct prompts: --num_prompts={NUM_PROMPTS.value} is fewer than the "
@@ -74,6 +87,29 @@ def prepare(experiment: str, *, greedy: bool = False) -> pathlib.Path:
     raise app.UsageError(str(e)) from e
   _io.inspect_models(TARGET.value, DRAFT.value)  # the specs resolve (configs read, no weights)
   return path
+
+
+def _check_speculation(experiment: str) -> None:
+  """``--draft_len`` and ``--draft_tree`` make sense together and for this experiment."""
+  from bass_jax.sampling.generate import tree_shapes  # pylint: disable=g-import-not-at-top
+
+  try:
+    shapes = tree_shapes(DRAFT_TREE.value or None)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e  # it names draft_tree
+  if experiment == "latency":
+    if DRAFT_LEN.present:
+      raise app.UsageError("--draft_len: latency's --configs name their draft lengths (bass_pad, "
+                           "bass_pad_l4, ..., bass_pad_goodput_trees); drop --draft_len")
+  elif len(shapes) > 1 and DRAFT_LEN.value != "goodput":
+    raise app.UsageError(f"--draft_tree names {len(shapes)} shapes: choosing among them per step "
+                         "needs --draft_len=goodput (or give one shape)")
+
+
+def speculation() -> dict[str, Any]:
+  """``{"draft_len", "draft_tree"}`` for ``reproduce``'s BASS runs, from ``--draft_len`` and
+  ``--draft_tree`` (None: chains)."""
+  return {"draft_len": _io.draft_len_value(DRAFT_LEN.value), "draft_tree": DRAFT_TREE.value or None}
 
 
 def settings() -> dict[str, Any]:

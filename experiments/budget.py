@@ -31,7 +31,8 @@ def main(argv):
       target, draft, problems, batch_sizes=batches,
       temperatures=[float(t) for t in _TEMPERATURES.value], max_new_tokens=_common.MAX_NEW.value,
       budget_fraction=_FRACTION.value, kernels=_common.KERNELS.value, continuous=_CONTINUOUS.value,
-      save=_common.saver(path), earlier=_common.earlier_runs()))
+      save=_common.saver(path), earlier=_common.earlier_runs(),
+      **_common.speculation()))
 
 
 if __name__ == "__main__":

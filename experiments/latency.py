@@ -18,10 +18,6 @@ from experiments import _io
 _CONFIGS = flags.DEFINE_list("configs", list(reproduce.CONFIGS), "Configurations to run.")
 _SAMPLING = flags.DEFINE_list("sampling", ["greedy", "t0.2"], "Sampling settings.")
 _CHECK = flags.DEFINE_bool("check", True, "Run HumanEval's tests (Pass@Batch).")
-_DRAFT_TREE = flags.DEFINE_multi_string(
-    "draft_tree", [], "Token-tree shapes for the configs bass_pad_tree (one shape, every step) and "
-    "bass_pad_goodput_trees (goodput chooses among plain steps, chains and the shapes), e.g. "
-    "--configs=regular,bass_pad_l4,bass_pad_goodput_trees --draft_tree=top_k=4,depth=5,nodes=16.")
 
 
 def main(argv):
@@ -31,7 +27,7 @@ def main(argv):
   _common.finish(path, reproduce.latency(
       target, draft, problems, batch_sizes=batches, configs=_CONFIGS.value, sampling=_SAMPLING.value,
       max_new_tokens=_common.MAX_NEW.value, kernels=_common.KERNELS.value, check=_CHECK.value,
-      save=_common.saver(path), earlier=_common.earlier_runs(), draft_tree=_DRAFT_TREE.value))
+      save=_common.saver(path), earlier=_common.earlier_runs(), draft_tree=_common.DRAFT_TREE.value))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ def main(argv):
   _common.finish(path, reproduce.throughput(
       target, draft, problems, batch_sizes=batches,
       temperatures=[float(t) for t in _TEMPERATURES.value], max_new_tokens=_common.MAX_NEW.value,
-      kernels=_common.KERNELS.value, save=_common.saver(path), earlier=_common.earlier_runs()))
+      kernels=_common.KERNELS.value, save=_common.saver(path), earlier=_common.earlier_runs(),
+      **_common.speculation()))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ def main(argv):
   _common.finish(path, reproduce.utilization(
       target, draft, problems, batch_sizes=batches, max_new_tokens=_common.MAX_NEW.value,
       temperature=_TEMPERATURE.value, top_p=_TOP_P.value, kernels=_common.KERNELS.value,
-      save=_common.saver(path), earlier=_common.earlier_runs()))
+      save=_common.saver(path), earlier=_common.earlier_runs(),
+      **_common.speculation()))
 
 
 if __name__ == "__main__":

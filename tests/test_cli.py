@@ -132,16 +132,21 @@ def test_an_interrupted_run_keeps_every_finished_batch(setup, tmp_path, sig):
   assert json.loads(summary.read_text())["complete"] is False  # progress, never a finished summary
 
 
-def test_a_greedy_experiment_with_too_few_prompts_fails_before_loading(tmp_path):
-  """Greedy batches hold distinct prompts: the paper's experiments check --num_prompts up front."""
+@pytest.mark.parametrize("args,message", [
+    # Greedy batches hold distinct prompts: --num_prompts is checked up front.
+    (["latency", "--num_prompts=2", "--batch_sizes=1,4", "--sampling=greedy"],
+     "--num_prompts=2 is fewer than the largest of --batch_sizes=1,4"),
+    (["throughput", "--draft_tree=top_k=2,depth=2,nodes=4", "--draft_tree=top_k=2,depth=3,nodes=6"],
+     "needs --draft_len=goodput"),
+    (["budget", "--draft_tree=depth=3,nodes=3"], "draft_tree nodes=3 must be at least depth + 1"),
+    (["latency", "--draft_len=4"], "latency's --configs name their draft lengths")])
+def test_the_paper_experiments_check_their_flags_before_loading(tmp_path, args, message):
   start = time.perf_counter()
-  result = subprocess.run(
-      [sys.executable, "-m", "experiments.latency", "--num_prompts=2", "--batch_sizes=1,4",
-       "--sampling=greedy", f"--results_dir={tmp_path}"],
-      cwd=REPO, capture_output=True, text=True, timeout=120, env=ENV)
+  result = subprocess.run([sys.executable, "-m", f"experiments.{args[0]}", *args[1:],
+                           f"--results_dir={tmp_path}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, env=ENV)
   assert result.returncode != 0
-  assert "--num_prompts=2 is fewer than the largest of --batch_sizes=1,4" in result.stderr, \
-      result.stderr[-2000:]
+  assert message in result.stderr, result.stderr[-2000:]
   assert "Traceback" not in result.stderr and time.perf_counter() - start < 5.0
 
 

@@ -393,7 +393,8 @@ def test_a_resumed_run_decodes_only_what_is_missing_and_equals_an_uninterrupted_
 
 def test_tree_runs_report_their_shapes_and_tree_steps_and_latency_checks_its_tree_configs(tiny_pair):
   """run_problems with several tree shapes under goodput: the summary names the shapes and counts the
-  tree steps and their nodes from the stats; the latency experiment's tree configs need shapes."""
+  tree steps and their nodes from the stats; the throughput experiment (like budget and utilization)
+  passes them to BASS's runs; the latency experiment's tree configs need shapes."""
   from bass_jax import reproduce  # pylint: disable=g-import-not-at-top
 
   target, draft = tiny_pair
@@ -406,6 +407,16 @@ def test_tree_runs_report_their_shapes_and_tree_steps_and_latency_checks_its_tre
   s = result.summary
   assert s["draft_tree"] == "; ".join(shapes)
   assert 0 < s["tree_step_share"] <= 1 and 1 < s["mean_tree_nodes"] <= 6
+  # The paper's other experiments take the same speculation for BASS (regular decoding ignores it).
+  thr = reproduce.throughput(
+      target, draft, [bj_problem(i) for i in range(2)], batch_sizes=[2], temperatures=[0.0],
+      max_new_tokens=12, draft_len=bj.GoodputDraftLen(max_len=3, explore_every=2, costs=costs),
+      draft_tree=shapes, log=lambda line: None)
+  assert thr["draft_tree"] == shapes
+  by_method = {(r["method"], r["batching"]): r for r in thr["runs"]}
+  assert by_method["bass", "static"]["tree_step_share"] > 0
+  assert by_method["bass", "continuous"]["tree_step_share"] > 0
+  assert by_method["regular", "static"]["draft_tree"] is None
   with pytest.raises(ValueError, match="give their shapes"):
     reproduce.latency(target, draft, [], batch_sizes=[1], configs=["bass_pad_tree"],
                       sampling=["greedy"], max_new_tokens=4)
