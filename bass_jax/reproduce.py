@@ -400,7 +400,7 @@ def baselines(target: Model, draft: Model, problems: Sequence[Problem], *, hf_ta
         continue
       summary = _decode(target, draft, problems, method=method, batch=batch,
                         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                        kernels=kernels, draft_len=draft_len, draft_tree=draft_tree).summary
+                        kernels=kernels).summary
       runs.add(f"B={batch}/bass-jax {method}", {
           "system": f"bass-jax {method}", "batch_size": batch,
           "ms_per_token_last": summary["ms_per_token_last"],
