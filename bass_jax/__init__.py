@@ -21,14 +21,14 @@ from bass_jax.sampling.generate import (PAD_TOKEN, GenerateOutput, GenerateStats
                                         clear_compile_cache, enable_persistent_compilation_cache,
                                         generate, load_draft_spec, set_compile_cache_size)
 from bass_jax.sampling.generate import FinishedPrompt
-from bass_jax.sampling.proposers import NGramProposer
+from bass_jax.sampling.proposers import NGramProposer, SiblingProposer
 from bass_jax.sampling.tree import TreeShape
 from bass_jax.text import generate_text
 
 __all__ = [
     "ALIASES", "CodeGenConfig", "DynamicDraftLen", "FinishedPrompt", "FixedDraftLen", "GPT2Config", "GenerateOutput",
     "GenerateStats", "GoodputDraftLen", "Hybrid", "KVCache", "Llama", "LlamaConfig", "Model",
-    "NGramProposer", "OPTConfig", "PAD_TOKEN", "StepCosts", "TreeShape",
+    "NGramProposer", "OPTConfig", "PAD_TOKEN", "SiblingProposer", "StepCosts", "TreeShape",
     "abstract_params", "attention_implementations", "check_same_tokenizer", "clear_compile_cache",
     "default_dtype",
     "enable_persistent_compilation_cache", "generate", "generate_text", "init_params", "load_draft",

@@ -17,6 +17,7 @@ from bass_jax import _checks, humaneval, metrics, text
 from bass_jax.data import Problem
 from bass_jax.loading import Model
 from bass_jax.sampling.generate import generate, tree_shapes
+from bass_jax.sampling.proposers import DRAFT_SOURCES
 
 # Order of the summary table: the paper's latency metrics first.
 SUMMARY_KEYS = (
@@ -38,22 +39,29 @@ class RunResult:
   summary: dict[str, Any]
 
 
-def make_batches(problems: Sequence[Problem], batch_size: int,
-                 distinct_prompts: bool) -> list[list[Problem]]:
+def make_batches(problems: Sequence[Problem], batch_size: int, distinct_prompts: bool,
+                 samples_per_prompt: int | None = None) -> list[list[Problem]]:
   """The batches a run decodes, one list of problems (one per row) each.
 
   ``distinct_prompts``: consecutive groups of ``batch_size`` different problems, one sequence each (the
   last group is smaller when ``batch_size`` does not divide the number of problems); otherwise one batch
   of ``batch_size`` copies per problem (the paper's B samples per prompt, which only diverge when
-  sampling).
+  sampling). ``samples_per_prompt`` s, when given, overrides it: every problem s times in a row,
+  cut into consecutive batches of ``batch_size`` (s = 1 is distinct prompts without their minimum,
+  s = ``batch_size`` one prompt per batch; s = 8 at B = 4 spreads a prompt's samples over two
+  batches, and over the rows of a continuous batch).
 
   Raises:
-    ValueError: no problems, ``batch_size < 1``, or distinct prompts with fewer problems than
-      ``batch_size`` (a batch of distinct prompts needs that many).
+    ValueError: no problems, ``batch_size < 1`` or ``samples_per_prompt < 1``, or distinct prompts
+      with fewer problems than ``batch_size`` (a batch of distinct prompts needs that many).
   """
   batch_size = _checks.as_int("batch_size", batch_size, min_value=1)
   if not problems:
     raise ValueError("no problems to decode")
+  if samples_per_prompt is not None:
+    samples = _checks.as_int("samples_per_prompt", samples_per_prompt, min_value=1)
+    rows = [p for p in problems for _ in range(samples)]
+    return [rows[i:i + batch_size] for i in range(0, len(rows), batch_size)]
   if not distinct_prompts:
     return [[p] * batch_size for p in problems]
   if len(problems) < batch_size:
@@ -63,8 +71,8 @@ def make_batches(problems: Sequence[Problem], batch_size: int,
   return [list(problems[i:i + batch_size]) for i in range(0, len(problems), batch_size)]
 
 
-def sequence_plan(problems: Sequence[Problem], batch_size: int,
-                  distinct_prompts: bool) -> list[list[tuple[Problem, int]]]:
+def sequence_plan(problems: Sequence[Problem], batch_size: int, distinct_prompts: bool,
+                  samples_per_prompt: int | None = None) -> list[list[tuple[Problem, int]]]:
   """:func:`make_batches` with each sequence's ``sample_index`` (its count among the sequences of the
   same ``task_id``, in batch order): ``(task_id, sample_index)`` names a sequence across runs, which is
   how a resumed run finds the records it already has.
@@ -74,7 +82,7 @@ def sequence_plan(problems: Sequence[Problem], batch_size: int,
   """
   counts: dict[str, int] = {}
   plan = []
-  for batch in make_batches(problems, batch_size, distinct_prompts):
+  for batch in make_batches(problems, batch_size, distinct_prompts, samples_per_prompt):
     rows = []
     for problem in batch:
       rows.append((problem, counts.get(problem.task_id, 0)))
@@ -118,6 +126,7 @@ def run_problems(
     attention_impl: str = "reference",
     verify_chunk: int | None = None,
     distinct_prompts: bool | None = None,
+    samples_per_prompt: int | None = None,
     check: bool = False,
     progress: bool = True,
     warmup: bool = False,
@@ -162,6 +171,8 @@ def run_problems(
       ``batch_size`` sequences of one prompt. None (default) means distinct at temperature 0, where
       copies of one prompt would be identical rows (nothing ragged, First = Last), and samples per
       prompt otherwise (the paper's setting).
+    samples_per_prompt: s sequences of every prompt, consecutive, cut into batches of ``batch_size``
+      (:func:`make_batches`); overrides ``distinct_prompts``, which must then be None.
     check: run HumanEval's unit tests on every completion (``bass_jax.humaneval``, outside this
       process, once per batch): records get ``passed``, the summary ``pass_at_batch`` (share of
       problems where some sequence passes, over this call's records).
@@ -198,6 +209,9 @@ def run_problems(
     and ``plain_step_share`` (steps whose draft length was 0, e.g. chosen by the cost-aware policy);
     with token trees ``tree_step_share`` (speculative steps that verified a tree) and
     ``mean_tree_nodes`` (real nodes per live row in a tree step, root included);
+    ``draft_source_share`` and ``accepted_source_share`` (per draft source, ``model``, ``ngram`` or
+    ``siblings``: its share of the drafted and of the accepted tokens; a hybrid tree's nodes all count
+    for its lookup where one matched);
     analytic ``useful_flops`` / ``executed_flops`` (``metrics.decode_flops``); ``decoded_records``,
     ``resumed_records``; the models, attention implementation, device and JAX version).
 
@@ -205,9 +219,13 @@ def run_problems(
     ValueError: ``batch_size < 1``, no problems, too few problems for distinct batches, no tokenizer,
       ``done`` holding a sequence this run does not plan; and whatever ``generate`` rejects.
   """
+  if samples_per_prompt is not None and distinct_prompts is not None:
+    raise ValueError("give distinct_prompts or samples_per_prompt, not both (samples_per_prompt=1 is "
+                     "distinct prompts)")
   if distinct_prompts is None:
-    distinct_prompts = temperature == 0
-  plan = sequence_plan(problems, batch_size, _checks.as_bool("distinct_prompts", distinct_prompts))
+    distinct_prompts = temperature == 0 if samples_per_prompt is None else samples_per_prompt == 1
+  plan = sequence_plan(problems, batch_size, _checks.as_bool("distinct_prompts", distinct_prompts),
+                       samples_per_prompt)
   num_batches = len(plan)
   continuous = _checks.as_bool("continuous", continuous)
   if continuous:
@@ -224,6 +242,7 @@ def run_problems(
   accept_parts: list[metrics.Acceptance] = []
   steps = tokens = draft_len_sum = verified_sum = plain_steps = tree_steps = 0
   tree_nodes: list[np.ndarray] = []  # real nodes per live row in each tree step
+  by_source = np.zeros((2, len(DRAFT_SOURCES)), np.int64)  # drafted and accepted tokens per source
   wall = compile_seconds = useful_flops = executed_flops = 0.0
   step_costs, was_continuous = None, False
   import tqdm  # pylint: disable=g-import-not-at-top  (the [experiments] extra)
@@ -299,6 +318,9 @@ def run_problems(
       is_tree = stats.trees >= 0
       tree_steps += int(is_tree.sum())
       tree_nodes.append((stats.drafted + 1)[is_tree][stats.accepted[is_tree] >= 0])
+      for code in range(len(DRAFT_SOURCES)):
+        mine = (stats.sources == code) & (stats.accepted >= 0)
+        by_source[:, code] += (int(stats.drafted[mine].sum()), int(stats.accepted[mine].sum()))
     flops = metrics.decode_flops(target, draft, prompt_lengths, out, method=method)
     useful_flops += flops.useful
     executed_flops += flops.executed
@@ -336,6 +358,7 @@ def run_problems(
       "batch_size": batch_size,
       "num_prompts": len(problems),
       "distinct_prompts": distinct_prompts,
+      "samples_per_prompt": samples_per_prompt,
       "num_batches": num_batches,
       "max_new_tokens": max_new_tokens,
       "temperature": temperature,
@@ -365,6 +388,13 @@ def run_problems(
       "plain_step_share": plain_steps / steps if bass else None,
       "tree_step_share": tree_steps / (steps - plain_steps) if bass and steps > plain_steps else None,
       "mean_tree_nodes": float(np.mean(nodes)) if bass and nodes.size else None,
+      # Per draft source (proposers.DRAFT_SOURCES) its share of the drafted and of the accepted tokens.
+      "draft_source_share": ({name: float(by_source[0, i] / by_source[0].sum())
+                              for i, name in enumerate(DRAFT_SOURCES)}
+                             if bass and by_source[0].sum() else None),
+      "accepted_source_share": ({name: float(by_source[1, i] / by_source[1].sum())
+                                 for i, name in enumerate(DRAFT_SOURCES)}
+                                if bass and by_source[1].sum() else None),
       "step_costs": dataclasses.asdict(step_costs) if step_costs is not None else None,
       "mean_verified": verified_sum / steps if bass else None,
       "wall_seconds": wall,

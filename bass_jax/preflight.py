@@ -16,6 +16,8 @@ from typing import Any
 from bass_jax.checkpoints import hf as hf_ckpt
 
 _NGRAM_KEYS = ("max_n", "min_n")
+_SIBLING_KEYS = ("max_n", "min_n", "pool", "max_matches", "min_agreement")
+_FLOAT_KEYS = ("min_agreement",)
 _N_POSITIONS_FAMILIES = ("gpt2", "codegen")  # whose context field is ``n_positions``
 
 
@@ -84,55 +86,70 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
   return ModelSource(name, path, kind, context, int(vocab or 0), has_tokenizer)
 
 
-def parse_draft_spec(spec: str) -> tuple[str | None, dict[str, int] | None]:
+def parse_draft_spec(spec: str) -> tuple[str | None, dict[str, int] | None, dict[str, Any] | None]:
   """The parts of a draft spec (``bass_jax.load_draft_spec``): ``(model spec or None, n-gram settings
-  or None)``. ``ngram[:max_n=4,min_n=2]`` is lookup alone, ``hybrid:<model>[:max_n=..,min_n=..]`` both,
-  anything else a model alone.
+  or None, sibling-lookup settings or None)``.
+
+  ``ngram[:max_n=4,min_n=2]`` is n-gram lookup alone; ``siblings[:max_n=8,min_n=2,pool=8,
+  max_matches=32,min_agreement=0.1]`` sibling lookup alone; ``hybrid:<model>[:max_n=..,min_n=..]``
+  n-gram lookup and a model; ``hybrid:siblings,<model>[:max_n=..,min_n=..]`` sibling lookup (at its
+  defaults), then n-gram lookup, then the model; anything else a model alone.
 
   Raises:
-    ValueError: a malformed n-gram setting or an empty hybrid (the accepted form named).
+    ValueError: a malformed setting or an empty hybrid (the accepted form named).
   """
   spec = str(spec)
 
-  def ngram(settings: str) -> dict[str, int]:
+  def settings(text: str, keys: tuple[str, ...], form: str) -> dict[str, Any]:
     kwargs = {}
-    for item in filter(None, settings.split(",")):
+    for item in filter(None, text.split(",")):
       key, _, value = item.partition("=")
-      if key not in _NGRAM_KEYS or not value.strip().isdigit():
-        raise ValueError(f"draft spec {spec!r}: n-gram settings are max_n=<int>,min_n=<int>, got "
-                         f"{item!r}")
-      kwargs[key] = int(value)
+      value = value.strip()
+      number = value.isdigit() or (key in _FLOAT_KEYS and value.replace(".", "", 1).isdigit())
+      if key not in keys or not number:
+        raise ValueError(f"draft spec {spec!r}: settings are {form}, got {item!r}")
+      kwargs[key] = float(value) if key in _FLOAT_KEYS else int(value)
     return kwargs
+
+  def ngram(text: str) -> dict[str, int]:
+    return settings(text, _NGRAM_KEYS, "max_n=<int>,min_n=<int>")
 
   kind, _, rest = spec.partition(":")
   if kind == "ngram":
-    return None, ngram(rest)
+    return None, ngram(rest), None
+  if kind == "siblings":
+    return None, None, settings(rest, _SIBLING_KEYS, "max_n=<int>,min_n=<int>,pool=<int>,"
+                                "max_matches=<int>,min_agreement=<float>")
   if kind == "hybrid":
+    siblings = None
+    if rest.startswith("siblings,"):
+      siblings, rest = {}, rest[len("siblings,"):]
     if not rest:
-      raise ValueError(f"draft spec {spec!r}: write hybrid:<model spec>[:max_n=4,min_n=2]")
-    model_spec, _, settings = rest.rpartition(":") if "=" in rest else (rest, "", "")
-    return model_spec, ngram(settings)
+      raise ValueError(f"draft spec {spec!r}: write hybrid:[siblings,]<model spec>[:max_n=4,min_n=2]")
+    model_spec, _, text = rest.rpartition(":") if "=" in rest else (rest, "", "")
+    return model_spec, ngram(text), siblings
   if not spec:
-    raise ValueError("draft spec is empty: give a model, 'ngram' or 'hybrid:<model>'")
-  return spec, None
+    raise ValueError("draft spec is empty: give a model, 'ngram', 'siblings' or 'hybrid:<model>'")
+  return spec, None, None
 
 
 def inspect_draft_spec(spec: str) -> ModelSource | None:
   """Checks a draft spec without loading it: its grammar, the n-gram settings' ranges, and the model it
-  names (:func:`inspect_model`). Returns the model's source, or None for n-gram lookup alone.
+  names (:func:`inspect_model`). Returns the model's source, or None for a lookup alone.
 
   Raises:
     FileNotFoundError, ValueError: as :func:`parse_draft_spec` and :func:`inspect_model`, the spec
       named.
   """
-  from bass_jax.sampling.proposers import NGramProposer  # pylint: disable=g-import-not-at-top
+  from bass_jax.sampling.proposers import NGramProposer, SiblingProposer  # pylint: disable=g-import-not-at-top
 
-  model_spec, settings = parse_draft_spec(spec)
-  if settings is not None:
-    try:
-      NGramProposer(**settings)
-    except ValueError as e:
-      raise ValueError(f"draft spec {spec!r}: {e}") from e
+  model_spec, ngram, siblings = parse_draft_spec(spec)
+  for kind, settings in ((NGramProposer, ngram), (SiblingProposer, siblings)):
+    if settings is not None:
+      try:
+        kind(**settings)
+      except ValueError as e:
+        raise ValueError(f"draft spec {spec!r}: {e}") from e
   if model_spec is None:
     return None
   try:

@@ -6,18 +6,23 @@ For each proposer (``--proposers``: draft specs as ``bass_jax.load_draft_spec`` 
 model, ``ngram``, ``hybrid:<model>``) it writes to ``--output``:
 
 * parameters, and the draft cost per proposed token against one target forward at the same batch size
-  (both jitted single-position forwards over a half-full cache, median of 5; an n-gram proposer's cost is
-  its on-device lookup over the whole token buffer, a hybrid's is both);
+  (both jitted single-position forwards over a half-full cache, median of 5; a lookup's cost is its
+  on-device lookup per step over the whole token buffer, a hybrid's is the model's and its lookups'),
+  and each lookup's own cost;
 * for each draft-length policy (``--draft_lens``: ``dynamic`` is BASS Algorithm 1, an int a fixed length,
-  ``goodput`` the cost-aware policy, which with ``--draft_tree`` also chooses among token-tree shapes) and each temperature: token acceptance rate, mean accepted length
-  (bonus/correction token counted), per-position acceptance alpha_k, the mean draft length and the share
-  of plain (0-draft) steps;
+  ``goodput`` the cost-aware policy, which with ``--draft_tree`` also chooses among token-tree
+  shapes), each temperature and each ``--samples_per_prompt`` (a sampled temperature gets a section
+  per s): token acceptance rate, mean accepted length (bonus/correction token counted), per-position
+  acceptance alpha_k, the mean draft length, the share of plain (0-draft) steps, and where the drafts
+  came from (model, n-gram or sibling lookup);
 * per-token latency All (ms/token, BASS §4.1) at each batch size against regular decoding.
 
 Each run decodes its first batch once, untimed, before the measured ones (``run_problems(warmup=True)``):
-a fresh program's first execution costs more than later ones on this CPU. Every batch holds
-distinct prompts, at every temperature, so each column decodes the same sequences and rows differ (a
-batch of copies of one prompt is not ragged at T = 0). Regular decoding is timed before and after each
+a fresh program's first execution costs more than later ones on this CPU. With
+``--samples_per_prompt=1`` (the default) every batch holds distinct prompts, at every temperature, so
+each column decodes the same sequences and rows differ (a batch of copies of one prompt is not ragged
+at T = 0); an s > 1 section decodes s samples of each prompt in a row, cut into batches (sampled
+temperatures only). Regular decoding is timed before and after each
 cell's BASS runs, and the speed-ups are taken against the faster of the two (conservative: the first run
 of a process stays slower for a while, even after its warm-up batch). Each (temperature, batch size)
 cell runs in a fresh child process: one process that compiles dozens of decode programs runs out of
@@ -62,6 +67,10 @@ _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens per sequence.", lo
 _BATCHES = flags.DEFINE_list("batch_sizes", ["1", "2", "4", "8"], "Batch sizes.")
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "0.2"], "Sampling temperatures (0 = greedy).")
 _TOP_P = flags.DEFINE_float("top_p", 0.95, "Nucleus mass when sampling (BASS §4: 0.95).")
+_SAMPLES = flags.DEFINE_list(
+    "samples_per_prompt", ["1"], "Samples of each prompt: 1 means every batch holds distinct "
+    "prompts; s > 1 decodes each prompt s times in a row, cut into batches (a section of its own per "
+    "sampled temperature; at T = 0 the samples would be identical rows, so only s = 1 runs there).")
 _DRAFT_TREE = flags.DEFINE_multi_string(
     "draft_tree", [], "Token-tree shapes (e.g. top_k=4,depth=5,nodes=16; repeat for several): the "
     "goodput runs then choose per step among plain steps, chains and these shapes; other policies "
@@ -81,13 +90,14 @@ def _is_temperature(value: str) -> bool:
 
 
 _io.require_positive_ints("batch_sizes")
+_io.require_positive_ints("samples_per_prompt")
 flags.register_validator("temperatures", lambda v: bool(v) and all(map(_is_temperature, v)),
                          message="--temperatures must be a comma-separated list of numbers >= 0")
 
 _RESUME = flags.DEFINE_bool(
     "resume", False, "Keep the (temperature, batch size) cells already in <results_dir>/draft_study.json "
     "(written with the same settings) and run only the missing ones.")
-_CELL = flags.DEFINE_string("cell", None, "Internal: run one cell 'T,B' in this process.")
+_CELL = flags.DEFINE_string("cell", None, "Internal: run one cell 'T,B,samples' in this process.")
 _CELL_OUTPUT = flags.DEFINE_string("cell_output", None, "Internal: where --cell writes its JSON.")
 
 _READING = "## Reading"
@@ -101,17 +111,37 @@ def _lookup_seconds(ngram, batch: int, width: int) -> float:
   return costs.median_seconds(lambda: lookup(tokens, seq_len))
 
 
+def _sibling_seconds(siblings, batch: int, width: int) -> float:
+  """Median seconds of the jitted sibling lookup (a whole proposal of 8 drafts) over ``i32[batch,
+  width]`` random tokens, half full, every row a sample of one prompt (the most siblings)."""
+  from bass_jax.sampling.proposers import StepContext  # pylint: disable=g-import-not-at-top
+
+  tokens = jax.random.randint(jax.random.key(0), (batch, width), 0, 64, jnp.int32)
+  ctx = StepContext(tokens=tokens, seq_len=jnp.full((batch,), width // 2, jnp.int32),
+                    live=jnp.ones((batch,), bool), draft_len=jnp.int32(8), key=None,
+                    temperature=jnp.float32(1), top_p=jnp.float32(1),
+                    group=jnp.zeros((batch,), jnp.int32))
+  propose = jax.jit(lambda c: siblings.propose(None, None, c, max_len=8, chunk=1, greedy=False)[1])
+  return costs.median_seconds(lambda: propose(ctx))
+
+
 def _proposal_cost(draft, target, batch: int, cache_len: int) -> dict[str, float]:
   """Seconds of one target forward and of proposing one token (a draft model's further-draft forward,
-  ``Proposer.forward_costs``, plus an n-gram lookup), at ``batch`` rows."""
+  ``Proposer.forward_costs``, plus an n-gram lookup and a sibling lookup, each per step), at ``batch``
+  rows; the lookups' own seconds too."""
   proposer, params, _ = generate_lib.resolve_draft(draft, target, "reference")
   _, seconds = proposer.forward_costs(params, batch, cache_len, 4)
+  lookups = {}
   ngram = draft if isinstance(draft, bass_jax.NGramProposer) else getattr(draft, "ngram", None)
   if ngram is not None:
-    seconds += _lookup_seconds(ngram, batch, cache_len)
+    lookups["ngram_lookup_s"] = _lookup_seconds(ngram, batch, cache_len)
+  siblings = draft if isinstance(draft, bass_jax.SiblingProposer) else getattr(draft, "siblings", None)
+  if siblings is not None:
+    lookups["sibling_lookup_s"] = _sibling_seconds(siblings, batch, cache_len)
+  seconds += sum(lookups.values())
   target_forward = costs.time_forward(target.config, jnp.dtype(target.dtype).name, "reference",
                                       target.params, batch, positions=1, cache_len=cache_len)
-  return {"target_forward_s": target_forward, "propose_token_s": seconds}
+  return {"target_forward_s": target_forward, "propose_token_s": seconds, **lookups}
 
 
 def _problems_and_target():
@@ -136,8 +166,9 @@ def _proposer_table(names, batches) -> dict:
   return table
 
 
-def _run_cell(names, policies, temperature: float, batch: int) -> dict:
-  """Regular decoding, every proposer under every policy, regular decoding again: one cell."""
+def _run_cell(names, policies, temperature: float, batch: int, samples: int) -> dict:
+  """Regular decoding, every proposer under every policy, regular decoding again: one cell (``samples``
+  of each prompt, ``run_problems``' ``samples_per_prompt``)."""
   target, problems = _problems_and_target()
   drafts = [bass_jax.load_draft_spec(spec, target) for spec in _PROPOSERS.value]
 
@@ -145,7 +176,7 @@ def _run_cell(names, policies, temperature: float, batch: int) -> dict:
     return experiment.run_problems(
         target, draft, problems, batch_size=batch, max_new_tokens=_MAX_NEW.value,
         temperature=temperature, top_p=_TOP_P.value if temperature > 0 else 1.0,
-        distinct_prompts=True, progress=False, warmup=True, **kw).summary
+        samples_per_prompt=samples, progress=False, warmup=True, **kw).summary
 
   cell = {"regular": [run(None, method="regular")["ms_per_token_all"]], "bass": {}}
   for name, draft in zip(names, drafts):
@@ -156,13 +187,26 @@ def _run_cell(names, policies, temperature: float, batch: int) -> dict:
           "ms_per_token_all", "ms_per_token_first", "ms_per_token_last", "tokens_per_second",
           "draft_acceptance_rate", "mean_accepted_length", "position_acceptance", "acceptance",
           "mean_draft_len", "plain_step_share", "step_costs", "steps", "compile_seconds",
-          "draft_tree", "tree_step_share", "mean_tree_nodes")}
-      print(f"T={temperature:g} B={batch} {name} {pol}: {s['ms_per_token_all']:.1f} ms/token, "
-            f"accepted length {s['mean_accepted_length']:.2f}, plain steps "
+          "draft_tree", "tree_step_share", "mean_tree_nodes", "draft_source_share",
+          "accepted_source_share")}
+      print(f"T={temperature:g} B={batch} s={samples} {name} {pol}: {s['ms_per_token_all']:.1f} "
+            f"ms/token, accepted length {s['mean_accepted_length']:.2f}, plain steps "
             f"{s['plain_step_share']:.0%}", flush=True)
   cell["regular"].append(run(None, method="regular")["ms_per_token_all"])
   print(f"T={temperature:g} B={batch} regular before / after: {cell['regular']}", flush=True)
   return cell
+
+
+def _sections() -> list[tuple[str, float, int]]:
+  """``(key, temperature, samples per prompt)`` of each section of the study, in order: every
+  temperature with distinct prompts (key: the temperature as given), then each sampled temperature
+  with each ``--samples_per_prompt`` s > 1 (key ``<T>x<s>``)."""
+  out = []
+  for t in _TEMPERATURES.value:
+    for s in map(int, _SAMPLES.value):
+      if s == 1 or float(t) > 0:
+        out.append((t if s == 1 else f"{t}x{s}", float(t), s))
+  return out
 
 
 def _cell(ms: float, regular: float, best: bool) -> str:
@@ -170,7 +214,7 @@ def _cell(ms: float, regular: float, best: bool) -> str:
   return f"**{value}**" if best else value
 
 
-def _cost_table(raw, names, batches, temperatures) -> list[str]:
+def _cost_table(raw, names, batches, sections) -> list[str]:
   """What each goodput run measured (``run_problems``' ``step_costs``): a verification pass over a
   plain step, and the break-even acceptance (``draft_len.break_even_acceptance``)."""
   lines = ["", "## What the cost-aware policy measured", "",
@@ -180,7 +224,7 @@ def _cost_table(raw, names, batches, temperatures) -> list[str]:
            "| T | proposer | " + " | ".join(f"B={b}" for b in batches) + " |",
            "|---|---|" + "---|" * len(batches)]
   max_len = GoodputDraftLen().max_len
-  for t in temperatures:
+  for t, _, _ in sections:
     for name in names:
       cells = []
       for b in batches:
@@ -196,7 +240,7 @@ def _cost_table(raw, names, batches, temperatures) -> list[str]:
   return lines
 
 
-def _render(raw, names, policies, batches, temperatures) -> str:
+def _render(raw, names, policies, batches, sections) -> str:
   device = jax.devices()[0]
   settings = raw["settings"]
   commands = raw["commands"]
@@ -213,7 +257,7 @@ def _render(raw, names, policies, batches, temperatures) -> str:
       "",
       f"Target {settings['target']}; first {settings['num_prompts']} prompts of "
       f"`{settings['prompts']}`, {settings['max_new_tokens']} new tokens each; every batch holds "
-      f"distinct prompts. Sampling: top-p {settings['top_p']} at T > 0. Latency is per-token latency "
+      f"distinct prompts unless its section decodes several samples of each prompt. Sampling: top-p {settings['top_p']} at T > 0. Latency is per-token latency "
       "All (ms/token, mean over the sequences, compilation and a warm-up batch excluded, BASS §4.1); in "
       "parentheses the speed-up over regular decoding, timed just before and just after each cell's "
       "BASS runs, against the faster of the two (both are in the last row; the first is usually the "
@@ -233,9 +277,23 @@ def _render(raw, names, policies, batches, temperatures) -> str:
     lines.append(f"| {name} | {p['params'] / 1e6:.1f} M | " + " | ".join(
         f"{p['cost'][str(b)]['propose_token_s'] / p['cost'][str(b)]['target_forward_s']:.3f}"
         for b in batches) + " |")
-  for t in temperatures:
+  lookups = [(name, kind) for name in names for kind in ("ngram_lookup_s", "sibling_lookup_s")
+             if kind in raw["proposers"][name]["cost"][str(batches[0])]]
+  if lookups:
+    lines += ["", "Of that, each lookup's cost per step (n-gram: over the row's own text; siblings: "
+              "every row a sample of one prompt, the most siblings), as a fraction of one target "
+              "forward:", "",
+              "| proposer | lookup | " + " | ".join(f"B={b}" for b in batches) + " |",
+              "|---|---|" + "---|" * len(batches)]
+    for name, kind in lookups:
+      cost = raw["proposers"][name]["cost"]
+      lines.append(f"| {name} | {kind.split('_')[0]} | " + " | ".join(
+          f"{cost[str(b)][kind] / cost[str(b)]['target_forward_s']:.3f}" for b in batches) + " |")
+  for t, temperature, samples in sections:
     runs = raw["runs"][t]
-    lines += ["", f"## T = {t}" + (" (greedy)" if float(t) == 0 else ""), "",
+    heading = f"## T = {temperature:g}" + (" (greedy)" if temperature == 0 else "") + (
+        f", {samples} samples of each prompt" if samples > 1 else "")
+    lines += ["", heading, "",
               "Per-token latency All, ms/token (speed-up over regular decoding):", "",
               "| proposer | draft length | " + " | ".join(f"B={b}" for b in batches) + " |",
               "|---|---|" + "---|" * len(batches)]
@@ -272,7 +330,7 @@ def _render(raw, names, policies, batches, temperatures) -> str:
             + "/".join(f"{s['plain_step_share']:.0%}" for s in summaries) + " |")
   lines += ["", "alpha_k: of the steps where a row's draft k was tested (drafts 1..k-1 accepted), the "
             "share that accepted it; positions tested fewer than 20 times are left out."]
-  lines += _cost_table(raw, names, batches, temperatures)
+  lines += _cost_table(raw, names, batches, sections)
   return "\n".join(lines) + "\n"
 
 
@@ -280,7 +338,7 @@ def main(argv):
   del argv
   _io.init_script()
   batches = [int(b) for b in _BATCHES.value]
-  temperatures = list(_TEMPERATURES.value)
+  sections = _sections()
   policies = [_io.draft_len_value(v) for v in _DRAFT_LENS.value]
   names = _NAMES.value or _PROPOSERS.value
   if len(names) != len(_PROPOSERS.value):
@@ -290,7 +348,7 @@ def main(argv):
       as_policy(pol)
   except ValueError as e:
     raise app.UsageError(f"--draft_lens: {e}") from e
-  if _NUM_PROMPTS.value < max(batches):
+  if any(s == 1 for _, _, s in sections) and _NUM_PROMPTS.value < max(batches):
     raise app.UsageError(f"every batch holds distinct prompts: --num_prompts={_NUM_PROMPTS.value} is "
                          f"fewer than the largest batch size {max(batches)}")
   try:
@@ -303,9 +361,11 @@ def main(argv):
   settings = {"target": _TARGET.value, "prompts": _PROMPTS.value, "num_prompts": _NUM_PROMPTS.value,
               "max_new_tokens": _MAX_NEW.value, "top_p": _TOP_P.value,
               "proposers": dict(zip(names, _PROPOSERS.value)), "draft_lens": _DRAFT_LENS.value}
+  if _SAMPLES.value != ["1"]:  # absent from studies made before the flag
+    settings["samples_per_prompt"] = _SAMPLES.value
   if _CELL.value:  # a child: one (temperature, batch size) cell, written to --cell_output
-    t, b = _CELL.value.split(",")
-    _io.write_json_atomic(_CELL_OUTPUT.value, _run_cell(names, policies, float(t), int(b)))
+    t, b, s = _CELL.value.split(",")
+    _io.write_json_atomic(_CELL_OUTPUT.value, _run_cell(names, policies, float(t), int(b), int(s)))
     return
   raw = {"settings": settings, "proposers": {}, "runs": {}, "commands": [], "complete": False}
   if _RESUME.value and json_path.exists():
@@ -319,7 +379,7 @@ def main(argv):
   if set(raw["proposers"]) != set(names):
     raw["proposers"] = _proposer_table(names, batches)
     _io.write_json_atomic(json_path, raw)
-  for t in temperatures:
+  for t, temperature, samples in sections:
     for b in batches:
       if str(b) in raw["runs"].get(t, {}):
         print(f"T={t} B={b}: already in {json_path}, kept", flush=True)
@@ -328,13 +388,14 @@ def main(argv):
       # exhausts the kernel's memory-map limit in XLA:CPU's JIT (vm.max_map_count).
       cell_path = run_dir / f"draft_study_cell_{t}_{b}.json"
       subprocess.run([sys.executable, "-m", "experiments.draft_study", *sys.argv[1:],
-                      f"--cell={t},{b}", f"--cell_output={cell_path}"], check=True)
+                      f"--cell={temperature},{b},{samples}", f"--cell_output={cell_path}"],
+                     check=True)
       raw["runs"].setdefault(t, {})[str(b)] = json.loads(cell_path.read_text())
       cell_path.unlink()
       _io.write_json_atomic(json_path, raw)
 
   raw["complete"] = True
-  body = _render(raw, names, policies, batches, temperatures)
+  body = _render(raw, names, policies, batches, sections)
   reading = ""
   if output.exists() and _READING in output.read_text():
     reading = output.read_text()[output.read_text().index(_READING):]

@@ -257,6 +257,15 @@ def test_batches_hold_distinct_prompts_or_samples_of_one():
     experiment.make_batches(problems, 8, True)
   with pytest.raises(ValueError, match="batch_size must be >= 1"):
     experiment.make_batches(problems, 0, False)
+  # s samples of each prompt in a row, cut into batches: here 3 samples into batches of 2.
+  spread = experiment.sequence_plan(problems[:2], 2, False, samples_per_prompt=3)
+  assert [[(p.task_id, i) for p, i in b] for b in spread] == [
+      [("p0", 0), ("p0", 1)], [("p0", 2), ("p1", 0)], [("p1", 1), ("p1", 2)]]
+  with pytest.raises(ValueError, match="samples_per_prompt must be >= 1"):
+    experiment.make_batches(problems, 2, False, samples_per_prompt=0)
+  with pytest.raises(ValueError, match="not both"):
+    experiment.run_problems(None, None, problems, batch_size=2, distinct_prompts=True,
+                            samples_per_prompt=2)
 
 
 def bj_problem(i):

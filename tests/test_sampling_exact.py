@@ -356,32 +356,44 @@ def test_draft_equal_to_target_accepts_every_draft(draft_len):
 # -- model-free and hybrid proposers (one-hot q) ---------------------------------------------------------
 
 
+# Every row serves the same prompt, so every row is every other's sibling: a few of them are looked up
+# (the batch is large) with short suffixes (the texts are), and the rest of the settings at defaults.
+SIBLINGS = bj.SiblingProposer(max_n=2, min_n=1, max_siblings=3, max_matches=8)
+
+
 def _proposer(kind: str):
   ngram = bj.NGramProposer(max_n=2, min_n=1)  # min_n = 1: with V = 8 most rows find a match
-  return ngram if kind == "ngram" else bj.Hybrid(_models()[1], ngram)
+  return {"ngram": ngram, "siblings": SIBLINGS, "hybrid": bj.Hybrid(_models()[1], ngram),
+          "hybrid_siblings": bj.Hybrid(_models()[1], ngram, SIBLINGS)}[kind]
 
 
 @pytest.mark.parametrize("kind,temperature,top_p,seed", [("ngram", 1.0, 0.8, 31),
-                                                         ("hybrid", 0.6, 0.9, 32)])
-def test_ngram_and_hybrid_proposers_match_exact_target_distribution(kind, temperature, top_p, seed):
-  """Deterministic drafts (one-hot q, no draft distribution at all for n-gram rows) keep the law exact;
-  n-gram drafts were both accepted and rejected, and some rows had none to propose."""
+                                                         ("hybrid", 0.6, 0.9, 32),
+                                                         ("siblings", 1.0, 0.8, 34),
+                                                         ("hybrid_siblings", 0.6, 0.9, 35)])
+def test_lookup_and_hybrid_proposers_match_exact_target_distribution(kind, temperature, top_p, seed):
+  """Deterministic drafts (one-hot q, no draft distribution at all for lookup rows: n-gram lookup in
+  the row's own text, or sibling lookup in the other rows') keep the law exact; lookup drafts were
+  both accepted and rejected, and some rows had none to propose."""
   target, _ = _models()
   out = _generate(target, _proposer(kind), "bass", temperature, top_p, seed, draft_len=3)
   drafted, accepted = out.stats.drafted, out.stats.accepted
   live = accepted >= 0
   assert (live & (drafted > 0) & (accepted > 0)).sum() > 100
   assert (live & (drafted > 0) & (accepted < drafted)).sum() > 100
-  if kind == "ngram":
+  if kind in ("ngram", "siblings"):
     assert (live & (drafted == 0)).sum() > 100
+  if kind == "hybrid_siblings":  # each source drafted for some rows
+    assert {0, 1, 2} <= set(np.unique(out.stats.sources[live & (drafted > 0)]).tolist())
   assert_fits_target(out, temperature, top_p)
 
 
-def test_mutant_correction_with_one_hot_q_is_detected(monkeypatch, fresh_programs):
-  """Power of the n-gram path: a correction drawn from ``p`` (not ``p`` without the rejected draft)."""
+@pytest.mark.parametrize("kind", ["ngram", "siblings"])
+def test_mutant_correction_with_one_hot_q_is_detected(monkeypatch, fresh_programs, kind):
+  """Power of the lookup paths: a correction drawn from ``p`` (not ``p`` without the rejected draft)."""
   monkeypatch.setattr(acceptance, "correction_distribution", lambda p, q: p)
   target, _ = _models()
-  out = _generate(target, _proposer("ngram"), "bass", 1.0, 1.0, seed=33, draft_len=3)
+  out = _generate(target, _proposer(kind), "bass", 1.0, 1.0, seed=33, draft_len=3)
   p_value = chisquare_p_value(out.tokens[:, :NUM_TOKENS], _target_joint(1.0, 1.0))
   assert p_value < REJECT_P_VALUE, p_value
 
@@ -479,14 +491,14 @@ def test_gumbel_couples_the_draft_to_the_target():
     ("model", "top_k=2,depth=2,nodes=5", 1.0, 1.0, 61),
     ("eagle", "top_k=3,depth=2,nodes=6", 0.6, 0.9, 62),
     ("hybrid", "top_k=2,depth=3,nodes=6", 1.0, 1.0, 63),
-    ("ngram", "top_k=3,depth=2,nodes=6", 0.6, 0.9, 65)])
+    ("ngram", "top_k=3,depth=2,nodes=6", 0.6, 0.9, 65),
+    ("siblings", "top_k=2,depth=2,nodes=5", 1.0, 0.8, 66)])
 def test_tree_bass_matches_exact_target_distribution(kind, shape, temperature, top_p, seed):
   """Tree steps (deterministic top-k children; a hybrid's n-gram branches beside the draft's nodes, so
-  sibling tokens repeat; n-gram lookup's several matches as branches) keep the law exact; paths were
-  accepted and rejected."""
+  sibling tokens repeat; n-gram and sibling lookup's several continuations as branches) keep the law
+  exact; paths were accepted and rejected."""
   target, far = _models()
-  draft = {"model": far, "eagle": _eagle_draft(6), "hybrid": _proposer("hybrid"),
-           "ngram": _proposer("ngram")}[kind]
+  draft = {"model": far, "eagle": _eagle_draft(6)}.get(kind) or _proposer(kind)
   out = bj.generate(target, draft, [list(PROMPT)] * NUM_ROWS, max_new_tokens=NUM_TOKENS,
                     temperature=temperature, top_p=top_p, seed=seed, eos_token_id=(),
                     draft_tree=shape)

@@ -30,7 +30,7 @@ def start_queue(spec: DecodeSpec, inputs: DecodeInputs) -> Queue:
       prompt_row=jnp.where(ids < started, ids, -1), start_step=jnp.zeros((q,), jnp.int32),
       tokens=jnp.zeros((q, n), jnp.int32), logprobs=jnp.zeros((q, n), jnp.float32),
       lengths=jnp.zeros((q,), jnp.int32), eos=jnp.zeros((q,), bool),
-      keys=inputs.queue_keys if spec.coupled else None)
+      keys=inputs.queue_keys if spec.coupled else None, group=inputs.queue_group)
 
 
 def _retire(spec: DecodeSpec, state: DecodeState) -> DecodeState:
@@ -91,6 +91,7 @@ def _admit(spec: DecodeSpec, target_params: Any, draft_params: Any,
       done=state.done.at[row].set(False),
       eos=state.eos.at[row].set(False),
       row_keys=None if queue.keys is None else state.row_keys.at[row].set(queue.keys[index]),
+      group=None if queue.group is None else state.group.at[row].set(queue.group[index]),
       queue=queue.replace(next=index + 1, row_prompt=queue.row_prompt.at[row].set(index),
                           prompt_row=queue.prompt_row.at[index].set(row),
                           start_step=queue.start_step.at[index].set(state.step)),

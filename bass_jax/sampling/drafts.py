@@ -1,5 +1,5 @@
 """What ``generate`` accepts as its draft side, and how it becomes a proposer: :class:`Hybrid`,
-:func:`resolve_draft` (a model, an n-gram lookup or a hybrid to a ``Proposer`` and its weights) and
+:func:`resolve_draft` (a model, a lookup or a hybrid to a ``Proposer`` and its weights) and
 :func:`load_draft_spec` (the scripts' ``--draft`` strings)."""
 
 from __future__ import annotations
@@ -14,25 +14,29 @@ from bass_jax.loading import Model, check_same_tokenizer, load_draft
 from bass_jax.models import eagle
 from bass_jax.preflight import parse_draft_spec
 from bass_jax.sampling.proposers import (EagleProposer, HybridProposer, ModelProposer, NGramProposer,
-                                         Proposer)
+                                         Proposer, SiblingProposer)
 
 
 @dataclasses.dataclass(frozen=True)
 class Hybrid:
-  """The hybrid draft side for :func:`generate`: n-gram lookup where a row matches, ``model`` elsewhere
+  """The hybrid draft side for :func:`generate`: per row, sibling lookup where the row's siblings match
+  (when ``siblings`` is given), else n-gram lookup where the row's own text matches, else ``model``
   (``proposers.HybridProposer``).
 
   Attributes:
-    model: the draft model. ngram: the lookup's settings.
+    model: the draft model. ngram: the n-gram lookup's settings.
+    siblings: the sibling lookup's settings, or None for none.
   """
 
   model: Model
   ngram: NGramProposer = NGramProposer()
+  siblings: SiblingProposer | None = None
 
   @property
   def name(self) -> str:
-    """``hybrid(ngram(4-2), <model name>)``, as in results files."""
-    return f"hybrid({self.ngram.name}, {self.model.name})"
+    """``hybrid([siblings(8-2), ]ngram(4-2), <model name>)``, as in results files."""
+    lookups = ([self.siblings.name] if self.siblings is not None else []) + [self.ngram.name]
+    return f"hybrid({', '.join(lookups)}, {self.model.name})"
 
 
 def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any = None,
@@ -63,27 +67,34 @@ def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any =
   if isinstance(draft, Model):
     proposer, params = model_proposer(draft)
     return proposer, params, [draft]
-  if isinstance(draft, NGramProposer):
+  if isinstance(draft, (NGramProposer, SiblingProposer)):
     return draft, None, []
   if isinstance(draft, Hybrid):
     if not isinstance(draft.ngram, NGramProposer):
       raise ValueError(f"Hybrid.ngram must be an NGramProposer, got {type(draft.ngram).__name__}")
+    if draft.siblings is not None and not isinstance(draft.siblings, SiblingProposer):
+      raise ValueError(f"Hybrid.siblings must be None or a SiblingProposer, got "
+                       f"{type(draft.siblings).__name__}")
     proposer, params = model_proposer(draft.model)
-    return HybridProposer(draft.ngram, proposer), params, [draft.model]
+    return HybridProposer(draft.ngram, proposer, draft.siblings), params, [draft.model]
   raise ValueError(
       "draft must be a bass_jax.Model (a draft model), a bass_jax.NGramProposer (model-free prompt "
-      f"lookup) or a bass_jax.Hybrid(model, ngram); got {type(draft).__name__} (scripts take a spec "
+      "lookup), a bass_jax.SiblingProposer (model-free lookup in the other samples of the prompt) or "
+      f"a bass_jax.Hybrid(model, ngram, siblings); got {type(draft).__name__} (scripts take a spec "
       "string: see bass_jax.load_draft_spec)")
 
 
 def load_draft_spec(spec: str, target: Model, *, num_layers: int | None = None, dtype: Any = None
-                    ) -> Model | NGramProposer | Hybrid:
+                    ) -> Model | NGramProposer | SiblingProposer | Hybrid:
   """The draft side named by a spec string (the scripts' ``--draft``), loading models as needed.
 
   Specs:
     * ``ngram`` or ``ngram:max_n=4,min_n=2``: model-free prompt lookup (:class:`NGramProposer`);
+    * ``siblings`` or ``siblings:max_n=8,min_n=2,pool=8,max_matches=32,min_agreement=0.1``: model-free
+      lookup in the other samples of each row's prompt (:class:`SiblingProposer`);
     * ``hybrid:<model spec>`` or ``hybrid:<model spec>:max_n=4,min_n=2``: n-gram where a row matches,
-      the draft model elsewhere (:class:`Hybrid`);
+      the draft model elsewhere (:class:`Hybrid`); ``hybrid:siblings,<model spec>[:...]`` puts sibling
+      lookup (at its defaults) before the n-gram lookup;
     * anything else: a draft model spec for ``bass_jax.load_draft`` (an alias, a ``.gguf`` file, a
       checkpoint directory; the target's own name with ``num_layers`` for a placeholder).
 
@@ -93,9 +104,10 @@ def load_draft_spec(spec: str, target: Model, *, num_layers: int | None = None, 
     ValueError: a malformed n-gram setting (names the key and the accepted form); whatever
       ``load_draft`` raises for the model.
   """
-  model_spec, ngram = parse_draft_spec(spec)
+  model_spec, ngram, siblings = parse_draft_spec(spec)
   lookup = None if ngram is None else NGramProposer(**ngram)
+  from_siblings = None if siblings is None else SiblingProposer(**siblings)
   if model_spec is None:
-    return lookup
+    return lookup or from_siblings
   model = load_draft(model_spec, target, num_layers=num_layers, dtype=dtype)
-  return model if lookup is None else Hybrid(model, lookup)
+  return model if lookup is None else Hybrid(model, lookup, from_siblings)

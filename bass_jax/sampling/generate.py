@@ -40,7 +40,7 @@ from bass_jax.sampling.tree import TreeShape
 from bass_jax.sampling.drafts import (Hybrid, load_draft_spec,  # pylint: disable=unused-import
                                       resolve_draft)
 from bass_jax.sampling.outputs import FinishedPrompt, GenerateOutput, GenerateStats
-from bass_jax.sampling.proposers import NGramProposer
+from bass_jax.sampling.proposers import NGramProposer, SiblingProposer
 
 PAD_TOKEN = -1  # fills ``GenerateOutput.tokens`` past each row's length; never a real token id
 _MIN_PROMPT_BUCKET = 16
@@ -173,7 +173,7 @@ def prng_key(seed: int) -> jax.Array:
 
 def generate(
     target: Model,
-    draft: Model | NGramProposer | Hybrid | None,
+    draft: Model | NGramProposer | SiblingProposer | Hybrid | None,
     prompts: Sequence[Sequence[int]] | np.ndarray | jax.Array,
     *,
     method: str = "bass",
@@ -219,7 +219,9 @@ def generate(
     target: the model whose distribution is sampled.
     draft: the draft side (``bass_jax.sampling.proposers``): a draft model sharing the target's
       tokenizer (same vocabulary size and special token ids, and the same vocabulary when both carry
-      tokenizers); an ``NGramProposer`` (model-free prompt lookup); or ``Hybrid(model, ngram)``.
+      tokenizers); an ``NGramProposer`` (model-free prompt lookup); a ``SiblingProposer`` (model-free
+      lookup in the other samples of each row's prompt: rows with identical prompts are siblings);
+      or ``Hybrid(model, ngram, siblings=None)``.
       Ignored (may be None) for ``method="regular"``.
     prompts: B token-id lists of any lengths, each non-empty; or an integer array ``[B, T]`` of B
       prompts of equal length. Ints may be Python or NumPy integers.
@@ -332,7 +334,8 @@ def generate(
   proposer, draft_params, draft_models = None, None, []
   if bass:
     if draft is None:
-      raise ValueError("method='bass' needs a draft: a draft model, an NGramProposer or a Hybrid")
+      raise ValueError("method='bass' needs a draft: a draft model, an NGramProposer, a "
+                       "SiblingProposer or a Hybrid")
     proposer, draft_params, draft_models = resolve_draft(draft, target, attention_impl, mesh=mesh,
                                                          draft_sharding=draft_sharding)
   max_new_tokens = _checks.as_int("max_new_tokens", max_new_tokens, min_value=1)
@@ -421,6 +424,12 @@ def generate(
   queued_keys = np.zeros((len(queued), 2), np.uint32)
   if spec.coupled:
     queued_keys[:num_prompts] = warp.sequence_keys(key, sequence_ids)
+  # Rows of identical prompts are siblings (a proposer may draft from each other's text); padding
+  # prompts are groups of their own.
+  first_of = {}
+  queued_group = -1 - np.arange(len(queued), dtype=np.int32)
+  for i, a in enumerate(arrays):
+    queued_group[i] = first_of.setdefault(a.tobytes(), i)
   inert = np.arange(rows) >= slots
   padded = np.where(inert[:, None], 0, queued[:rows])
   prompt_len = np.where(inert, 1, queued_len[:rows]).astype(np.int32)
@@ -436,12 +445,14 @@ def generate(
     step_costs = policy.costs or costs_lib.measure_step_costs(spec, target_params, draft_params, rows)
   inputs = state_lib.DecodeInputs(
       prompts=padded, prompt_len=prompt_len, inert=inert, row_keys=queued_keys[:rows],
+      group=np.where(inert, -1 - np.arange(rows), queued_group[:rows]).astype(np.int32),
       max_new=np.int32(max_new_tokens), eos_ids=eos_array, key=key,
       step_costs=step_costs.as_array() if step_costs else np.zeros(5, np.float32))
   if continuous:
     inputs = inputs.replace(
         queue_prompts=queued[:queue_len], queue_prompt_len=queued_len[:queue_len],
-        queue_keys=queued_keys[:queue_len], num_prompts=np.int32(num_prompts),
+        queue_keys=queued_keys[:queue_len], queue_group=queued_group[:queue_len],
+        num_prompts=np.int32(num_prompts),
         step_limit=np.int32(-(-num_prompts * max_new_tokens // slots) + max_new_tokens))
   scalars = (np.float32(max(temperature, 1e-6)), np.float32(top_p), np.bool_(time_prompts))
   if mesh is None:
@@ -525,6 +536,8 @@ def generate(
       drafted=drafted,
       trees=host(state.tree_history)[:steps] if bass else np.zeros((0,), np.int32),
       draft_trees=tuple(map(str, spec.draft_trees)),
+      sources=(host(state.source_history)[:steps, :slots] if bass
+               else np.zeros((0, slots), np.int32)),
       proposer=proposer.name if bass else "",
       step_costs=step_costs,
       mesh={} if mesh is None else dict(mesh.shape),

@@ -109,12 +109,14 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any,
       policy_state=policy_state,
       draft_len_history=jnp.zeros((h,), jnp.int32),
       drafted_history=jnp.zeros((h, batch), jnp.int32),
+      source_history=jnp.full((h, batch), -1, jnp.int32),
       verified_history=jnp.zeros((h,), jnp.int32),
       tree_history=jnp.full((h,), -1, jnp.int32),
       accepted_history=jnp.full((h, batch), -1, jnp.int32),
       key=inputs.key,
       queue=queue,
       row_keys=inputs.row_keys if spec.coupled else None,
+      group=inputs.group,
   )
 
 

@@ -25,6 +25,9 @@ class GenerateStats:
       for chain and plain steps (empty for regular decoding). Tree steps record the tree's depth in
       ``draft_lens`` and its real nodes less the root in ``drafted``.
     draft_trees: the tree shapes the decode could verify (``generate``'s ``draft_tree``, as text).
+    sources: ``i32[steps, B]`` where each row's drafts came from (an index into
+      ``proposers.DRAFT_SOURCES``: ``model``, ``ngram``, ``siblings``; for a hybrid's tree, its lookup
+      where one matched), -1 where the row drafted nothing (empty for regular decoding).
     accepted: ``i32[steps, B]`` accepted drafts per row per step, bonus/correction not counted; -1 where
       the row was already done (empty for regular decoding).
     finish_seconds: ``f64[B]`` per prompt, wall seconds from the start of the call (the prefill; every
@@ -72,6 +75,7 @@ class GenerateStats:
   drafted: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), np.int32))
   trees: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
   draft_trees: tuple[str, ...] = ()
+  sources: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), np.int32))
   proposer: str = ""
   step_costs: Any = None
   mesh: dict = dataclasses.field(default_factory=dict)

@@ -147,6 +147,7 @@ class Queue:
     logprobs: ``f32[Q, N]`` their target log-probabilities (``DecodeState.logprobs``).
     lengths: ``i32[Q]`` tokens emitted. eos: ``bool[Q]`` ended by an EOS token.
     keys: ``u32[Q, 2]`` each prompt's sequence key data (``DecodeSpec.coupled``), else None.
+    group: ``i32[Q]`` each prompt's group (:attr:`DecodeState.group`), or None.
   """
 
   prompts: jax.Array
@@ -162,6 +163,7 @@ class Queue:
   lengths: jax.Array
   eos: jax.Array
   keys: jax.Array | None = None
+  group: jax.Array | None = None
 
   def pending(self) -> jax.Array:
     """``bool[]``: a prompt is waiting or a row still serves one (decoding, or done and not retired)."""
@@ -196,12 +198,17 @@ class DecodeState:
       chunk included (0 past ``step``).
     tree_history: ``i32[H]`` the tree shape each step verified (index into ``DecodeSpec.draft_trees``),
       -1 for chain and plain steps and past ``step``.
+    source_history: ``i32[H, B]`` where each row's drafts came from in each step (an index into
+      ``proposers.DRAFT_SOURCES``: a hybrid's lookups or its model), -1 for no drafts.
     accepted_history: ``i32[H, B]`` accepted drafts per row per step (bonus/correction not counted; -1
       for a row that was already done, and past ``step``).
     key: PRNG key.
     queue: the continuous batch's :class:`Queue`, or None for a static batch.
     row_keys: ``u32[B, 2]`` the sequence key data of each row's prompt (``DecodeSpec.coupled``: its
       noise, ``warp.gumbel_noise``), else None.
+    group: ``i32[B]`` the prompt group each row serves: rows (and queued prompts) whose prompts are
+      identical share a group, the index of the first of them in the input; padding has a group of
+      its own (negative). Samples of one prompt are siblings (``proposers.SiblingProposer``).
   """
 
   tokens: jax.Array
@@ -223,10 +230,12 @@ class DecodeState:
   drafted_history: jax.Array
   verified_history: jax.Array
   tree_history: jax.Array
+  source_history: jax.Array
   accepted_history: jax.Array
   key: jax.Array
   queue: Queue | None = None
   row_keys: jax.Array | None = None
+  group: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -245,6 +254,8 @@ class DecodeInputs:
     queue_prompts: ``i32[Q, P]`` every prompt of a continuous batch (``spec.continuous``; None for a
       static one), of which the live rows of ``prompts`` are the first. queue_prompt_len: ``i32[Q]``.
     queue_keys: ``u32[Q, 2]`` their sequence key data (of which ``row_keys`` are the first).
+    group: ``i32[B]`` each row's prompt group (:attr:`DecodeState.group`). queue_group: ``i32[Q]``
+      the queued prompts' groups.
     num_prompts: ``i32[]`` the real prompts among the Q.
     step_limit: ``i32[]`` :attr:`DecodeState.step_limit` of a continuous batch (None: ``max_new``).
   """
@@ -261,13 +272,16 @@ class DecodeInputs:
   queue_prompt_len: jax.Array | None = None
   queue_keys: jax.Array | None = None
   num_prompts: jax.Array | None = None
+  group: jax.Array | None = None
+  queue_group: jax.Array | None = None
   step_limit: jax.Array | None = None
 
   def placed(self, rows: Any, replicated: Any) -> "DecodeInputs":
     """The same fields with per-row arrays given ``rows`` and the rest ``replicated``: the inputs' layout
     on a mesh (pass shardings), or any two values per field kind."""
     everything = jax.tree_util.tree_map(lambda _: replicated, self)
-    return everything.replace(prompts=rows, prompt_len=rows, inert=rows, row_keys=rows)
+    return everything.replace(prompts=rows, prompt_len=rows, inert=rows, row_keys=rows,
+                              group=None if self.group is None else rows)
 
 
 def state_shardings(spec: DecodeSpec, state: DecodeState) -> DecodeState:
@@ -299,6 +313,8 @@ def state_shardings(spec: DecodeSpec, state: DecodeState) -> DecodeState:
       eos_ids=replicated, step=replicated, draft_len=replicated,
       policy_state=every(state.policy_state), draft_len_history=replicated,
       drafted_history=replicated, verified_history=replicated, tree_history=replicated,
+      source_history=replicated,
       accepted_history=replicated,
       key=replicated, queue=None if state.queue is None else every(state.queue).replace(
-          slot=rows, row_prompt=rows), row_keys=None if state.row_keys is None else rows)
+          slot=rows, row_prompt=rows), row_keys=None if state.row_keys is None else rows,
+      group=None if state.group is None else rows)

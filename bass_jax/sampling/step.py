@@ -19,7 +19,7 @@ from bass_jax.models.attention import mask_depths
 from bass_jax.models.common import forward
 from bass_jax.sampling import acceptance
 from bass_jax.sampling import tree as tree_lib
-from bass_jax.sampling.proposers import StepContext
+from bass_jax.sampling.proposers import DRAFT_SOURCES, StepContext
 from bass_jax.sampling.state import DecodeSpec, DecodeState
 from bass_jax.sampling.warp import coupled_choice, sample, warped_log_probs
 
@@ -222,20 +222,25 @@ def bass_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
   next_len, policy_state = spec.draft_len.after_step(state.policy_state, draft_len, num_drafts,
                                                      accepted, live)
   state = _advance(spec, state, emitted, emitted_logprobs, accepted, target_cache, features,
-                   proposer_state, key, draft_len=draft_len, drafted=num_drafts, verified=verified)
+                   proposer_state, key, draft_len=draft_len, drafted=num_drafts, verified=verified,
+                   source=proposal.source)
   return state.replace(draft_len=jnp.asarray(next_len, jnp.int32), policy_state=policy_state)
 
 
 def _advance(spec: DecodeSpec, state: DecodeState, emitted, emitted_logprobs, accepted, target_cache,
-             features, proposer_state, key, *, draft_len, drafted, verified,
+             features, proposer_state, key, *, draft_len, drafted, verified, source,
              tree: int = -1) -> DecodeState:
   """The end of a speculative step, chain or tree: each live row emits ``emitted[b, :accepted[b] +
   1]`` (``i32[B, E]``, with the target's log-probs ``f32[B, E]``), the target cache keeps the text
   (rejected drafts are dropped by resetting lengths; their K/V stay in place, masked, to be
   overwritten), the proposer rolls back, and the step is recorded in the histories: the draft length
   ``draft_len: i32[]``, ``drafted: i32[B]`` drafts per row, ``verified: i32[]`` positions scored per
-  row, the tree shape ``tree`` (-1 for a chain) and the accepted counts (-1 for rows that were done)."""
+  row, the tree shape ``tree`` (-1 for a chain), where each row's drafts came from (``source:
+  i32[B]`` or None for the proposer's own, ``proposers.DRAFT_SOURCES``) and the accepted counts (-1
+  for rows that were done)."""
   live = ~state.done
+  if source is None:
+    source = jnp.full(drafted.shape, DRAFT_SOURCES.index(spec.proposer.source), jnp.int32)
   old_seq_len = state.seq_len
   state = _emit(state, emitted, emitted_logprobs, accepted + 1)
   proposer_state = spec.proposer.rollback(proposer_state, state.tokens, old_seq_len, state.seq_len)
@@ -248,6 +253,7 @@ def _advance(spec: DecodeSpec, state: DecodeState, emitted, emitted_logprobs, ac
       drafted_history=state.drafted_history.at[state.step].set(drafted),
       verified_history=state.verified_history.at[state.step].set(verified),
       tree_history=state.tree_history.at[state.step].set(tree),
+      source_history=state.source_history.at[state.step].set(jnp.where(drafted > 0, source, -1)),
       accepted_history=state.accepted_history.at[state.step].set(jnp.where(live, accepted, -1)),
       key=key,
   )
@@ -311,13 +317,18 @@ def tree_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
                                                           depth, accepted, live)
   state = _advance(spec, state, emitted, emitted_logprobs, accepted, target_cache, features,
                    proposer_state, key, draft_len=jnp.int32(shape.depth), drafted=drafted,
-                   verified=jnp.int32(shape.nodes), tree=tree)
+                   verified=jnp.int32(shape.nodes), source=draft.source, tree=tree)
   return state.replace(draft_len=jnp.asarray(next_len, jnp.int32), policy_state=policy_state)
 
 
 def step_context(state: DecodeState, key, temperature, top_p) -> StepContext:
   """What the proposer may read of ``state`` this step (:class:`StepContext`), with the proposal's
   PRNG ``key`` and the warp's ``temperature, top_p: f32[]``."""
+  queue = state.queue
+  finished = None if queue is None or queue.group is None else (queue.tokens, queue.lengths,
+                                                                  queue.group)
   return StepContext(tokens=state.tokens, seq_len=state.seq_len, live=~state.done,
                      draft_len=state.draft_len, key=key, temperature=temperature, top_p=top_p,
-                     features=state.features, row_keys=state.row_keys)
+                     features=state.features, row_keys=state.row_keys,
+                     group=(jnp.arange(state.tokens.shape[0]) if state.group is None
+                            else state.group), finished=finished)

@@ -120,11 +120,14 @@ class DraftTree:
       ``0 <= parents[b, i] < i`` (topological order). Not validated.
     num_nodes: ``i32[B]`` real nodes per row, ``1 <= num_nodes <= N``; nodes ``>= num_nodes`` are
       padding, with any tokens and parents.
+    source: ``i32[B]`` where each row's tree came from (``proposers.DRAFT_SOURCES``; a hybrid's
+      lookup where one matched), or None: the proposer's own.
   """
 
   tokens: jax.Array
   parents: jax.Array
   num_nodes: jax.Array
+  source: jax.Array | None = None
 
   def is_real(self) -> jax.Array:
     """``bool[B, N]``: node i of row b is real (``i < num_nodes[b]``)."""
@@ -165,6 +168,39 @@ def chain_tree(last: jax.Array, drafts: jax.Array, num_drafts: jax.Array) -> Dra
   parents = jnp.broadcast_to(jnp.arange(num_slots + 1, dtype=jnp.int32) - 1, tokens.shape)
   num_nodes = jnp.broadcast_to(jnp.asarray(num_drafts, jnp.int32) + 1, (batch,))
   return DraftTree(tokens=tokens, parents=parents, num_nodes=num_nodes)
+
+
+def branch_tree(root: jax.Array, branches: jax.Array, lengths: jax.Array, nodes: int) -> DraftTree:
+  """Chains under one root as a tree (a lookup's several continuations): branch i of row b is the
+  chain of its first ``lengths[b, i]`` tokens of ``branches[b, i]``, hanging from the root; branches
+  take the node slots in order, each as many as remain below ``nodes`` (a branch that does not fit
+  is cut, later ones dropped).
+
+  Args:
+    root: ``i32[B]`` each row's last emitted token. branches: ``i32[B, k, D]``.
+    lengths: ``i32[B, k]`` real tokens per branch, ``0 <= lengths <= D``. nodes: N, static.
+
+  Returns:
+    A :class:`DraftTree` of N nodes: node 0 the root, then branch 0's chain, branch 1's, ...;
+    ``num_nodes = 1 + `` the tokens placed.
+  """
+  k = branches.shape[1]
+  # Branch i takes the node slots from offset[i] on, as many as remain below N.
+  offset = 1 + jnp.cumsum(lengths, axis=1) - lengths
+  lengths = jnp.clip(nodes - offset, 0, lengths)
+  slots = jnp.arange(nodes)[None, :, None]  # [1, N, 1]
+  inside = (slots >= offset[:, None]) & (slots < (offset + lengths)[:, None])  # [B, N, k]
+  branch = jnp.argmax(inside, axis=2)
+  real = jnp.any(inside, axis=2)  # slot 0 (the root) and unused slots are not in a branch
+  depth = jnp.arange(nodes)[None, :] - jnp.take_along_axis(offset, branch, axis=1)
+  flat = branches.reshape(branches.shape[0], -1)  # [B, k * D]
+  index = branch * branches.shape[2] + jnp.clip(depth, 0, branches.shape[2] - 1)
+  tokens = jnp.where(real, jnp.take_along_axis(flat, jnp.minimum(index, k * branches.shape[2] - 1),
+                                               axis=1), 0)
+  tokens = tokens.at[:, 0].set(root)
+  parents = jnp.where(real & (depth > 0), jnp.arange(nodes)[None, :] - 1, 0).at[:, 0].set(-1)
+  return DraftTree(tokens=tokens.astype(jnp.int32), parents=parents.astype(jnp.int32),
+                   num_nodes=(1 + jnp.sum(lengths, axis=1)).astype(jnp.int32))
 
 
 def ancestor_mask(tree: DraftTree) -> jax.Array:

@@ -33,8 +33,12 @@ Implementations, one module each:
   branches). No weights, no state, one-hot ``q``.
 * :class:`EagleProposer` (``eagle_draft``): an EAGLE-style feature draft (``bass_jax.models.eagle``)
   that reads the target's own features, which the loop keeps for it (``needs_features``).
-* :class:`HybridProposer` (``hybrid``): n-gram where a row matches, a draft model (independent or
-  EAGLE) elsewhere.
+* :class:`SiblingProposer` (``siblings``): batch-shared suffix lookup (SuffixDecoding's idea, on
+  device): match the row's last tokens against the text of the other samples of its prompt (rows of
+  the batch, and a continuous batch's finished samples) and propose the continuation most of the
+  matches agree on, as far as they agree. No weights, no state, one-hot ``q``.
+* :class:`HybridProposer` (``hybrid``): per row, sibling lookup (if given), else n-gram lookup, else a
+  draft model (independent or EAGLE).
 
 The interface, :class:`StepContext`, :class:`Proposal` and the drafting loop the model drafts share are
 in ``base``.
@@ -43,11 +47,14 @@ Axes: B batch, T token buffer (prompt bucket + output bucket), L max draft lengt
 chunk, V vocabulary, E the target's feature size.
 """
 
-from bass_jax.sampling.proposers.base import Proposal, Proposer, StepContext, draft_autoregressively
+from bass_jax.sampling.proposers.base import (DRAFT_SOURCES, Proposal, Proposer, StepContext,
+                                              draft_autoregressively)
 from bass_jax.sampling.proposers.draft_model import DraftCacheState, ModelProposer
 from bass_jax.sampling.proposers.eagle_draft import EagleProposer, EagleState
 from bass_jax.sampling.proposers.hybrid import HybridProposer
 from bass_jax.sampling.proposers.ngram import NGramProposer
+from bass_jax.sampling.proposers.siblings import SiblingProposer
 
-__all__ = ["DraftCacheState", "EagleProposer", "EagleState", "HybridProposer", "ModelProposer",
-           "NGramProposer", "Proposal", "Proposer", "StepContext", "draft_autoregressively"]
+__all__ = ["DRAFT_SOURCES", "DraftCacheState", "EagleProposer", "EagleState", "HybridProposer", "ModelProposer",
+           "NGramProposer", "Proposal", "Proposer", "SiblingProposer", "StepContext",
+           "draft_autoregressively"]

@@ -34,6 +34,11 @@ class StepContext:
     row_keys: ``u32[B, 2]`` each row's sequence key data when acceptance is drafter-invariant
       (``acceptance="gumbel"``): a sampled draft must then be drawn with :meth:`draw`, which uses the
       noise the target will use at the same text position; None for rejection sampling.
+    group: ``i32[B]`` each row's prompt group (``DecodeState.group``): rows with identical prompts
+      share one.
+    finished: continuous batching's retired samples, ``(tokens i32[Q, N], lengths i32[Q], group
+      i32[Q])`` (the queue's outputs: ``tokens[q, :lengths[q]]``, 0 for none yet); None for a static
+      batch, whose finished rows keep their text in ``tokens``.
   """
 
   tokens: jax.Array
@@ -45,6 +50,8 @@ class StepContext:
   top_p: jax.Array
   features: jax.Array | None = None
   row_keys: jax.Array | None = None
+  group: jax.Array | None = None
+  finished: tuple[jax.Array, jax.Array, jax.Array] | None = None
 
   def draw(self, log_q: jax.Array, i) -> jax.Array:
     """Draws draft ``i`` (0-based: the token at text position ``seq_len + i``) of every row from its
@@ -59,6 +66,11 @@ class StepContext:
     return coupled_choice(log_q, self.row_keys, self.seq_len + i)
 
 
+# Where a row's drafts came from (``DecodeState.source_history``, ``GenerateStats.sources``): an index
+# into this tuple; -1 for a row with no drafts that step.
+DRAFT_SOURCES = ("model", "ngram", "siblings")
+
+
 @flax.struct.dataclass
 class Proposal:
   """One step's drafts.
@@ -70,11 +82,14 @@ class Proposal:
     log_q: ``f32[B, L + C, V]`` warped log-probabilities of the distribution each draft was drawn from
       (padded by C positions so that a verification chunk's slice never runs off the end), or None when
       every draft is deterministic (one-hot ``q``) or decoding is greedy.
+    source: ``i32[B]`` where each row's drafts came from (an index into :data:`DRAFT_SOURCES`), or
+      None: all from the proposer's own :attr:`Proposer.source`.
   """
 
   drafts: jax.Array
   num_drafts: jax.Array
   log_q: jax.Array | None
+  source: jax.Array | None = None
 
 
 class Proposer(abc.ABC):
@@ -91,6 +106,8 @@ class Proposer(abc.ABC):
   # Static: the draft model's placement on a mesh (``bass_jax.sharding.ShardingPlan``); None on one device
   # or without a model.
   sharding = None
+  # Static: where this proposer's drafts come from (one of DRAFT_SOURCES), for the statistics.
+  source = "model"
 
   def init_state(self, params: Any, prompts: jax.Array, prompt_len: jax.Array, *, cache_len: int,
                  max_len: int, features: jax.Array | None = None,

@@ -1,35 +1,46 @@
-"""N-gram lookup where a row matches, a draft model elsewhere: :class:`HybridProposer`."""
+"""Lookups where a row matches, a draft model elsewhere: :class:`HybridProposer`."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 
-from bass_jax.sampling.proposers.base import Proposal, Proposer
+from bass_jax.sampling.proposers.base import DRAFT_SOURCES, Proposal, Proposer
 from bass_jax.sampling.proposers.draft_model import ModelProposer
 from bass_jax.sampling.proposers.eagle_draft import EagleProposer
 from bass_jax.sampling.proposers.ngram import NGramProposer
+from bass_jax.sampling.proposers.siblings import SiblingProposer
 
 
 @dataclasses.dataclass(frozen=True)
 class HybridProposer(Proposer):
-  """N-gram lookup where a row matches, the draft model elsewhere (per row, every step).
+  """Per row, every step: sibling lookup where the row's siblings match (when ``siblings`` is
+  given), else n-gram lookup where the row's own text matches, else the draft model.
 
   The draft model runs every step (its cost is paid whatever matches), so the hybrid gains over the
-  model alone where n-gram continuations are accepted longer, e.g. in code that repeats its own
-  identifiers. Rows that took n-gram drafts keep only the draft-model K/V the text confirms.
+  model alone where lookup continuations are accepted longer, e.g. in code that repeats its own
+  identifiers, or text a sibling sample already wrote. Rows that took lookup drafts keep only the
+  draft-model K/V the text confirms.
 
   Attributes:
-    ngram: the lookup. model: the draft model (independent or EAGLE).
+    ngram: the n-gram lookup. model: the draft model (independent or EAGLE).
+    siblings: the sibling lookup, or None.
   """
 
   ngram: NGramProposer
   model: "ModelProposer | EagleProposer"
+  siblings: SiblingProposer | None = None
+
+  @property
+  def lookups(self) -> tuple[Proposer, ...]:
+    """The model-free lookups, first choice first."""
+    return tuple(p for p in (self.siblings, self.ngram) if p is not None)
 
   @property
   def name(self) -> str:
-    return f"hybrid({self.ngram.name}, {self.model.name})"
+    return f"hybrid({', '.join(p.name for p in self.lookups + (self.model,))})"
 
   @property
   def needs_features(self) -> bool:
@@ -53,24 +64,41 @@ class HybridProposer(Proposer):
   def propose(self, params, state, ctx, *, max_len, chunk, greedy):
     state, by_model = self.model.propose(params, state, ctx, max_len=max_len, chunk=chunk,
                                          greedy=greedy)
-    _, by_ngram = self.ngram.propose(None, None, ctx, max_len=max_len, chunk=chunk, greedy=greedy)
-    use_ngram = by_ngram.num_drafts > 0
-    drafts = jnp.where(use_ngram[:, None], by_ngram.drafts, by_model.drafts)
-    num_drafts = jnp.where(use_ngram, by_ngram.num_drafts, by_model.num_drafts)
+    drafts, num_drafts = by_model.drafts, by_model.num_drafts
+    source = jnp.full(num_drafts.shape, DRAFT_SOURCES.index(self.model.source), jnp.int32)
+    for lookup in reversed(self.lookups):  # the first choice applied last
+      _, found = lookup.propose(None, None, ctx, max_len=max_len, chunk=chunk, greedy=greedy)
+      hit = found.num_drafts > 0
+      drafts = jnp.where(hit[:, None], found.drafts, drafts)
+      num_drafts = jnp.where(hit, found.num_drafts, num_drafts)
+      source = jnp.where(hit, DRAFT_SOURCES.index(lookup.source), source)
+    looked_up = source != DRAFT_SOURCES.index(self.model.source)
     log_q = by_model.log_q
-    if log_q is not None:  # one-hot q for the n-gram rows
+    if log_q is not None:  # one-hot q for the looked-up rows
       padded = jnp.pad(drafts, ((0, 0), (0, log_q.shape[1] - max_len)))
       one_hot = jnp.where(jnp.arange(log_q.shape[2]) == padded[..., None], 0.0, -jnp.inf)
-      log_q = jnp.where(use_ngram[:, None, None], one_hot, log_q)
-    return state, Proposal(drafts=drafts, num_drafts=num_drafts, log_q=log_q)
+      log_q = jnp.where(looked_up[:, None, None], one_hot, log_q)
+    return state, Proposal(drafts=drafts, num_drafts=num_drafts, log_q=log_q, source=source)
 
   def propose_tree(self, params, state, ctx, *, shape):
-    """One tree per row (:meth:`Proposer.propose_tree`'s shapes): the row's n-gram branches
-    (:meth:`NGramProposer.propose_tree`: the continuations of up to ``shape.top_k`` earlier matches,
-    each at most ``shape.depth`` tokens), kept whole, and the model's best EAGLE-2 nodes in the rest
-    (``tree.grow_tree``'s ``prior``). A row with no match is the model's tree alone."""
-    _, branches = self.ngram.propose_tree(None, None, ctx, shape=shape)
-    return self.model.propose_tree(params, state, ctx, shape=shape, prior=branches)
+    """One tree per row (:meth:`Proposer.propose_tree`'s shapes): the branches of the row's first
+    lookup that found any (:meth:`SiblingProposer.propose_tree`, :meth:`NGramProposer.propose_tree`:
+    up to ``shape.top_k`` continuations, each at most ``shape.depth`` tokens), kept whole, and the
+    model's best EAGLE-2 nodes in the rest (``tree.grow_tree``'s ``prior``). A row that no lookup
+    matches is the model's tree alone. The tree's ``source`` is the lookup's where one matched."""
+    prior, source = None, None
+    for lookup in reversed(self.lookups):
+      _, found = lookup.propose_tree(None, None, ctx, shape=shape)
+      hit = found.num_nodes > 1
+      code = DRAFT_SOURCES.index(lookup.source)
+      if prior is not None:
+        found = jax.tree_util.tree_map(
+            lambda a, b: jnp.where(hit.reshape(hit.shape + (1,) * (a.ndim - 1)), a, b), found, prior)
+      source = jnp.where(hit, code, DRAFT_SOURCES.index(self.model.source) if source is None
+                         else source)
+      prior = found
+    state, tree = self.model.propose_tree(params, state, ctx, shape=shape, prior=prior)
+    return state, tree.replace(source=source)
 
   def rollback(self, state, tokens, old_seq_len, new_seq_len):
     return self.model.rollback(state, tokens, old_seq_len, new_seq_len)

@@ -33,6 +33,7 @@ class NGramProposer(Proposer):
   max_n: int = 4
   min_n: int = 2
   always_proposes = False
+  source = "ngram"
 
   def __post_init__(self):
     object.__setattr__(self, "max_n", _checks.as_int("NGramProposer.max_n", self.max_n, min_value=1))
@@ -136,21 +137,7 @@ class NGramProposer(Proposer):
       branch_len.append(jnp.minimum(available, shape.depth))
       match &= first != jnp.take_along_axis(first, jnp.maximum(last, 0)[:, None], axis=1)
     branch_start, branch_len = jnp.stack(branch_start, 1), jnp.stack(branch_len, 1)  # [B, k]
-    # Branch i takes the node slots from offset[i] on, as many as remain below N.
-    offset = 1 + jnp.cumsum(branch_len, axis=1) - branch_len
-    branch_len = jnp.clip(shape.nodes - offset, 0, branch_len)
-    slots = jnp.arange(shape.nodes)[None, :, None]  # [1, N, 1]
-    inside = (slots >= offset[:, None]) & (slots < (offset + branch_len)[:, None])  # [B, N, k]
-    branch = jnp.argmax(inside, axis=2)
-    real = jnp.any(inside, axis=2)  # slot 0 (the root) and unused slots are not in a branch
-    depth = jnp.arange(shape.nodes)[None, :] - jnp.take_along_axis(offset, branch, axis=1)
-    source = jnp.take_along_axis(branch_start, branch, axis=1) + depth
-    root = tokens[rows, seq_len - 1]
-    node_tokens = jnp.where(real, tokens[rows[:, None], jnp.clip(source, 0, width - 1)], 0)
-    node_tokens = node_tokens.at[:, 0].set(root)
-    parents = jnp.where(real & (depth > 0), jnp.arange(shape.nodes)[None, :] - 1, 0)
-    parents = parents.at[:, 0].set(-1)
-    num_nodes = 1 + jnp.sum(branch_len, axis=1)
-    return state, tree_lib.DraftTree(tokens=node_tokens.astype(jnp.int32),
-                                     parents=parents.astype(jnp.int32),
-                                     num_nodes=num_nodes.astype(jnp.int32))
+    source = branch_start[..., None] + jnp.arange(shape.depth)  # [B, k, depth]
+    branches = jnp.take_along_axis(tokens, jnp.clip(source, 0, width - 1).reshape(batch, -1),
+                                   axis=1).reshape(source.shape)
+    return state, tree_lib.branch_tree(tokens[rows, seq_len - 1], branches, branch_len, shape.nodes)
