@@ -16,7 +16,7 @@ from typing import Any
 from bass_jax.checkpoints import hf as hf_ckpt
 
 _NGRAM_KEYS = ("max_n", "min_n")
-_SIBLING_KEYS = ("max_n", "min_n", "pool", "max_matches", "min_agreement")
+_SIBLING_KEYS = ("max_n", "min_n", "pool", "max_matches", "max_siblings", "min_agreement")
 _FLOAT_KEYS = ("min_agreement",)
 _N_POSITIONS_FAMILIES = ("gpt2", "codegen")  # whose context field is ``n_positions``
 
@@ -91,12 +91,13 @@ def parse_draft_spec(spec: str) -> tuple[str | None, dict[str, int] | None, dict
   or None, sibling-lookup settings or None)``.
 
   ``ngram[:max_n=4,min_n=2]`` is n-gram lookup alone; ``siblings[:max_n=8,min_n=2,pool=8,
-  max_matches=32,min_agreement=0.1]`` sibling lookup alone; ``hybrid:<model>[:max_n=..,min_n=..]``
+  max_matches=32,max_siblings=15,min_agreement=0.1]`` sibling lookup alone; ``hybrid:<model>[:max_n=..,min_n=..]``
   n-gram lookup and a model; ``hybrid:siblings,<model>[:max_n=..,min_n=..]`` sibling lookup (at its
   defaults), then n-gram lookup, then the model; anything else a model alone.
 
   Raises:
-    ValueError: a malformed setting or an empty hybrid (the accepted form named).
+    ValueError: a malformed setting, an empty hybrid or one without a model (the accepted form
+      named).
   """
   spec = str(spec)
 
@@ -107,23 +108,27 @@ def parse_draft_spec(spec: str) -> tuple[str | None, dict[str, int] | None, dict
       value = value.strip()
       number = value.isdigit() or (key in _FLOAT_KEYS and value.replace(".", "", 1).isdigit())
       if key not in keys or not number:
-        raise ValueError(f"draft spec {spec!r}: settings are {form}, got {item!r}")
+        raise ValueError(f"draft spec {spec!r}: {form}, got {item!r}")
       kwargs[key] = float(value) if key in _FLOAT_KEYS else int(value)
     return kwargs
 
   def ngram(text: str) -> dict[str, int]:
-    return settings(text, _NGRAM_KEYS, "max_n=<int>,min_n=<int>")
+    return settings(text, _NGRAM_KEYS, "n-gram settings are max_n=<int>,min_n=<int>")
 
   kind, _, rest = spec.partition(":")
   if kind == "ngram":
     return None, ngram(rest), None
   if kind == "siblings":
-    return None, None, settings(rest, _SIBLING_KEYS, "max_n=<int>,min_n=<int>,pool=<int>,"
-                                "max_matches=<int>,min_agreement=<float>")
+    return None, None, settings(rest, _SIBLING_KEYS, "sibling settings are max_n=<int>,min_n=<int>,"
+                                "pool=<int>,max_matches=<int>,max_siblings=<int>,"
+                                "min_agreement=<float>")
   if kind == "hybrid":
     siblings = None
     if rest.startswith("siblings,"):
       siblings, rest = {}, rest[len("siblings,"):]
+    elif rest == "siblings" or rest.startswith("siblings:"):
+      raise ValueError(f"draft spec {spec!r}: a hybrid needs a model after its lookups: write "
+                       "hybrid:siblings,<model spec> (or siblings for the lookup alone)")
     if not rest:
       raise ValueError(f"draft spec {spec!r}: write hybrid:[siblings,]<model spec>[:max_n=4,min_n=2]")
     model_spec, _, text = rest.rpartition(":") if "=" in rest else (rest, "", "")

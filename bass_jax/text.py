@@ -64,8 +64,8 @@ def generate_text(target: Model, draft: Any, prompts: Sequence[str], *, chat: bo
 
   Args:
     target: the target model; it must carry a tokenizer (``load_model`` loads it with the checkpoint).
-    draft: the draft side as ``generate`` takes it (a draft model, an ``NGramProposer`` or a
-      ``Hybrid``; None with ``method="regular"``).
+    draft: the draft side as ``generate`` takes it (a draft model, an ``NGramProposer``, a
+      ``SiblingProposer`` or a ``Hybrid``; None with ``method="regular"``).
     prompts: B strings.
     chat: wrap each prompt as one user turn of the tokenizer's chat template with the assistant's
       generation prompt (for Instruct models such as SmolLM2-135M-Instruct).

@@ -96,7 +96,8 @@ flags.register_validator("temperatures", lambda v: bool(v) and all(map(_is_tempe
 
 _RESUME = flags.DEFINE_bool(
     "resume", False, "Keep the (temperature, batch size) cells already in <results_dir>/draft_study.json "
-    "(written with the same settings) and run only the missing ones.")
+    "(written with the same settings, --samples_per_prompt included: a study cannot gain sections by "
+    "resuming) and run only the missing ones.")
 _CELL = flags.DEFINE_string("cell", None, "Internal: run one cell 'T,B,samples' in this process.")
 _CELL_OUTPUT = flags.DEFINE_string("cell_output", None, "Internal: where --cell writes its JSON.")
 
@@ -197,10 +198,28 @@ def _run_cell(names, policies, temperature: float, batch: int, samples: int) -> 
   return cell
 
 
+def _sources(summaries) -> str:
+  """Each draft source's share of the drafted tokens, pooled over runs (weighted by their drafts);
+  ``-`` for runs made before the summaries recorded sources."""
+  shares = [s.get("draft_source_share") for s in summaries]
+  if not all(shares):
+    return "-"
+  weights = [s["acceptance"]["drafted"] for s in summaries]
+  total = sum(weights)
+  return "/".join(f"{sum(w * sh[k] for w, sh in zip(weights, shares)) / total:.0%}"
+                  for k in ("model", "ngram", "siblings"))
+
+
+def _label(key: str) -> str:
+  """A section key as text: ``0.2`` or ``0.2, 8 samples``."""
+  t, _, s = key.partition("x")
+  return f"{t}, {s} samples" if s else t
+
+
 def _sections() -> list[tuple[str, float, int]]:
-  """``(key, temperature, samples per prompt)`` of each section of the study, in order: every
-  temperature with distinct prompts (key: the temperature as given), then each sampled temperature
-  with each ``--samples_per_prompt`` s > 1 (key ``<T>x<s>``)."""
+  """``(key, temperature, samples per prompt)`` of each section of the study, in order: per
+  temperature, distinct prompts (key: the temperature as given), then each ``--samples_per_prompt``
+  s > 1 when it samples (key ``<T>x<s>``)."""
   out = []
   for t in _TEMPERATURES.value:
     for s in map(int, _SAMPLES.value):
@@ -236,7 +255,7 @@ def _cost_table(raw, names, batches, sections) -> list[str]:
         alpha, _ = break_even_acceptance(c, max_len)
         cells.append(f"{c.verify_pass / c.plain:.2f}x, alpha* {alpha:.2f}")
       if any(cell != "-" for cell in cells):
-        lines.append(f"| {t} | {name} | " + " | ".join(cells) + " |")
+        lines.append(f"| {_label(t)} | {name} | " + " | ".join(cells) + " |")
   return lines
 
 
@@ -291,7 +310,7 @@ def _render(raw, names, policies, batches, sections) -> str:
           f"{cost[str(b)][kind] / cost[str(b)]['target_forward_s']:.3f}" for b in batches) + " |")
   for t, temperature, samples in sections:
     runs = raw["runs"][t]
-    heading = f"## T = {temperature:g}" + (" (greedy)" if temperature == 0 else "") + (
+    heading = f"## T = {t.partition('x')[0]}" + (" (greedy)" if temperature == 0 else "") + (
         f", {samples} samples of each prompt" if samples > 1 else "")
     lines += ["", heading, "",
               "Per-token latency All, ms/token (speed-up over regular decoding):", "",
@@ -315,8 +334,8 @@ def _render(raw, names, policies, batches, sections) -> str:
               "per batch size:", "",
               "| proposer | draft length | acceptance rate | mean accepted length | alpha_1..alpha_k | "
               "mean l_draft " + "/".join(f"B={b}" for b in batches) + " | plain steps " +
-              "/".join(f"B={b}" for b in batches) + " |",
-              "|---|---|---|---|---|---|---|"]
+              "/".join(f"B={b}" for b in batches) + " | drafts from model/n-gram/siblings |",
+              "|---|---|---|---|---|---|---|---|"]
     for name in names:
       for pol in policies:
         summaries = [runs[str(b)]["bass"][f"{name}|{pol}"] for b in batches]
@@ -327,9 +346,12 @@ def _render(raw, names, policies, batches, sections) -> str:
             f"| {name} | {pol} | {pooled.draft_acceptance_rate:.3f} | "
             f"{pooled.mean_accepted_length:.2f} | {alphas or '-'} | "
             + "/".join(f"{s['mean_draft_len']:.1f}" for s in summaries) + " | "
-            + "/".join(f"{s['plain_step_share']:.0%}" for s in summaries) + " |")
+            + "/".join(f"{s['plain_step_share']:.0%}" for s in summaries) + " | "
+            + _sources(summaries) + " |")
   lines += ["", "alpha_k: of the steps where a row's draft k was tested (drafts 1..k-1 accepted), the "
-            "share that accepted it; positions tested fewer than 20 times are left out."]
+            "share that accepted it; positions tested fewer than 20 times are left out. Drafts from: "
+            "each source's share of the drafted tokens (a hybrid's per row and step: sibling lookup, "
+            "else n-gram lookup, else the model), pooled over the batch sizes."]
   lines += _cost_table(raw, names, batches, sections)
   return "\n".join(lines) + "\n"
 
@@ -339,6 +361,9 @@ def main(argv):
   _io.init_script()
   batches = [int(b) for b in _BATCHES.value]
   sections = _sections()
+  if not sections:
+    raise app.UsageError("--samples_per_prompt > 1 runs at sampled temperatures only (greedy samples "
+                         "of one prompt are identical rows): add 1 or a temperature > 0")
   policies = [_io.draft_len_value(v) for v in _DRAFT_LENS.value]
   names = _NAMES.value or _PROPOSERS.value
   if len(names) != len(_PROPOSERS.value):

@@ -9,27 +9,40 @@ trees). The exact law of sampled steps is tested in ``tests/test_sampling_exact.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import bass_jax as bj
-from bass_jax.sampling.proposers import StepContext
+from bass_jax.sampling.proposers import FinishedSamples, StepContext
 from conftest import noisy_copy, tiny_model
 
 MAX_NEW = 24
 
 
 def _brute_occurrences(p: bj.SiblingProposer, tokens, seq_len, group, live, finished, depth):
-  """Per row, the kept occurrences in vote order: [(run, continuation with None where unknown)]."""
+  """Per row, the kept occurrences in vote order: [(run, continuation with None where unknown)].
+
+  Ranked by source (the pool's most recently admitted sample first, then the batch's rows, nearest
+  first), then by position (latest first); a pool sample's text is its prompt's last max_n tokens
+  (-2 where the prompt is shorter) and its output."""
   batch, width = tokens.shape
   count = min(p.max_siblings, batch - 1)
+  pool_texts = []
+  if finished is not None and p.pool:
+    prompts, prompt_len, outputs, lengths, groups = finished
+    for q in range(len(lengths)):
+      tail = [int(prompts[q, prompt_len[q] - p.max_n + i]) if prompt_len[q] - p.max_n + i >= 0 else -2
+              for i in range(p.max_n)]
+      pool_texts.append((np.array(tail + list(outputs[q])), p.max_n + lengths[q]))
+  span = max([width] + [len(t) for t, _ in pool_texts]) + 1
   out = []
   for b in range(batch):
     suffix = [tokens[b, seq_len[b] - 1 - i] for i in range(p.max_n) if seq_len[b] - 1 - i >= 0]
-    found = []  # (flat index, run, continuation)
+    found = []  # (rank key, run, continuation)
 
-    def scan(text, length, flat0):
+    def scan(text, length, rank):
       for j in range(len(text)):
         if j + 1 >= length:
           continue
@@ -37,18 +50,18 @@ def _brute_occurrences(p: bj.SiblingProposer, tokens, seq_len, group, live, fini
         while run < len(suffix) and j - run >= 0 and text[j - run] == suffix[run]:
           run += 1
         if run >= p.min_n:
-          found.append((flat0 + j, run, [int(text[j + 1 + d]) if j + 1 + d < length else None
-                                         for d in range(depth)]))
+          found.append((rank * span + j, run, [int(text[j + 1 + d]) if j + 1 + d < length else None
+                                               for d in range(depth)]))
 
     for s in range(count):
       c = (b + 1 + s) % batch
       if group[c] == group[b]:
-        scan(tokens[c], seq_len[c], s * width)
-    if finished is not None and p.pool:
-      texts, lengths, groups = finished
-      mine = [q for q in range(len(lengths)) if lengths[q] > 0 and groups[q] == group[b]]
-      for e, q in enumerate(sorted(mine, reverse=True)[:p.pool]):
-        scan(texts[q], lengths[q], count * width + e * texts.shape[1])
+        scan(tokens[c], seq_len[c], count - s)
+    if pool_texts:
+      mine = [q for q in range(len(pool_texts)) if lengths[q] > 0 and groups[q] == group[b]]
+      k = min(p.pool, len(pool_texts))
+      for e, q in enumerate(sorted(mine, reverse=True)[:k]):
+        scan(*pool_texts[q], count + k - e)
     if not live[b] or not found:
       out.append([])
       continue
@@ -87,13 +100,16 @@ def _random_context(seed, *, batch=6, width=30, vocab=3, pool=None):
   live = np.array([True, True, True, False, True, True][:batch])
   finished = None
   if pool:
-    texts = rng.integers(0, vocab, (pool, 12)).astype(np.int32)
-    lengths = rng.integers(0, 13, pool).astype(np.int32)
-    finished = (texts, lengths, rng.integers(0, 3, pool).astype(np.int32))
+    finished = (rng.integers(0, vocab, (pool, 5)).astype(np.int32),  # prompts
+                rng.integers(1, 6, pool).astype(np.int32),  # prompt_len
+                rng.integers(0, vocab, (pool, 12)).astype(np.int32),  # outputs
+                rng.integers(0, 13, pool).astype(np.int32),  # lengths
+                rng.integers(0, 3, pool).astype(np.int32))  # group
   ctx = StepContext(tokens=jnp.asarray(tokens), seq_len=jnp.asarray(seq_len), live=jnp.asarray(live),
                     draft_len=jnp.int32(6), key=None, temperature=jnp.float32(1),
                     top_p=jnp.float32(1), group=jnp.asarray(group),
-                    finished=None if finished is None else tuple(map(jnp.asarray, finished)))
+                    finished=None if finished is None else FinishedSamples(*map(jnp.asarray,
+                                                                                finished)))
   return ctx, (tokens, seq_len, group, live, finished)
 
 
@@ -118,6 +134,11 @@ def test_the_lookup_matches_a_brute_force(seed, pool, settings):
   assert proposal.log_q is None
   assert 0 in lengths and any(0 < n < max_len for n in lengths), lengths  # drafting stopped early
   assert bool(proposer.can_propose(ctx)) == any(lengths)
+  single = jax.tree_util.tree_map(lambda a: a[:1] if getattr(a, "ndim", 0) and a.shape[0] == 6 else a,
+                                  ctx)  # a lone row: no sibling in the batch
+  _, alone = proposer.propose(None, None, single.replace(finished=None), max_len=max_len, chunk=1,
+                              greedy=False)
+  assert int(alone.num_drafts[0]) == 0
 
   shape = bj.TreeShape(top_k=2, depth=3, nodes=7)
   _, tree = proposer.propose_tree(None, None, ctx, shape=shape)
@@ -157,8 +178,10 @@ def test_settings_are_checked_and_the_spec_parses(target):
     bj.SiblingProposer(pool=-1)
   assert bj.load_draft_spec("siblings:max_n=6,min_agreement=0.25", target) == bj.SiblingProposer(
       max_n=6, min_agreement=0.25)
-  with pytest.raises(ValueError, match="settings are max_n=<int>"):
+  with pytest.raises(ValueError, match="sibling settings are max_n=<int>"):
     bj.load_draft_spec("siblings:depth=3", target)
+  with pytest.raises(ValueError, match="write hybrid:siblings,<model spec>"):
+    bj.load_draft_spec("hybrid:siblings", target)
 
 
 @pytest.fixture(scope="module")

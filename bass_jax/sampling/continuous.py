@@ -46,7 +46,12 @@ def _retire(spec: DecodeSpec, state: DecodeState) -> DecodeState:
       lengths=queue.lengths.at[dest].set(state.seq_len - state.prompt_len, mode="drop"),
       eos=queue.eos.at[dest].set(state.eos, mode="drop"),
       row_prompt=jnp.where(retiring, -1, queue.row_prompt))
-  return state.replace(queue=queue)
+  # A retired row serves no prompt until it is admitted another: no sibling reads its text twice
+  # (there and in the queue).
+  group = state.group
+  if group is not None:
+    group = jnp.where(retiring, -1 - jnp.arange(group.shape[0], dtype=group.dtype), group)
+  return state.replace(queue=queue, group=group)
 
 
 # Positions per forward of an admitted row's prefill (``prefill_cache``'s chunk): the work follows the

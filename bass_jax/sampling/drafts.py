@@ -90,7 +90,8 @@ def load_draft_spec(spec: str, target: Model, *, num_layers: int | None = None, 
 
   Specs:
     * ``ngram`` or ``ngram:max_n=4,min_n=2``: model-free prompt lookup (:class:`NGramProposer`);
-    * ``siblings`` or ``siblings:max_n=8,min_n=2,pool=8,max_matches=32,min_agreement=0.1``: model-free
+    * ``siblings`` or ``siblings:max_n=8,min_n=2,pool=8,max_matches=32,max_siblings=15,
+      min_agreement=0.1``: model-free
       lookup in the other samples of each row's prompt (:class:`SiblingProposer`);
     * ``hybrid:<model spec>`` or ``hybrid:<model spec>:max_n=4,min_n=2``: n-gram where a row matches,
       the draft model elsewhere (:class:`Hybrid`); ``hybrid:siblings,<model spec>[:...]`` puts sibling
@@ -101,8 +102,8 @@ def load_draft_spec(spec: str, target: Model, *, num_layers: int | None = None, 
   ``num_layers`` and ``dtype`` apply to the draft model, as in ``load_draft``.
 
   Raises:
-    ValueError: a malformed n-gram setting (names the key and the accepted form); whatever
-      ``load_draft`` raises for the model.
+    ValueError: a malformed lookup setting or spec (names the key and the accepted form);
+      whatever ``load_draft`` raises for the model.
   """
   model_spec, ngram, siblings = parse_draft_spec(spec)
   lookup = None if ngram is None else NGramProposer(**ngram)

@@ -19,7 +19,7 @@ from bass_jax.models.attention import mask_depths
 from bass_jax.models.common import forward
 from bass_jax.sampling import acceptance
 from bass_jax.sampling import tree as tree_lib
-from bass_jax.sampling.proposers import DRAFT_SOURCES, StepContext
+from bass_jax.sampling.proposers import DRAFT_SOURCES, FinishedSamples, StepContext
 from bass_jax.sampling.state import DecodeSpec, DecodeState
 from bass_jax.sampling.warp import coupled_choice, sample, warped_log_probs
 
@@ -325,8 +325,10 @@ def step_context(state: DecodeState, key, temperature, top_p) -> StepContext:
   """What the proposer may read of ``state`` this step (:class:`StepContext`), with the proposal's
   PRNG ``key`` and the warp's ``temperature, top_p: f32[]``."""
   queue = state.queue
-  finished = None if queue is None or queue.group is None else (queue.tokens, queue.lengths,
-                                                                  queue.group)
+  finished = None
+  if queue is not None and queue.group is not None:
+    finished = FinishedSamples(prompts=queue.prompts, prompt_len=queue.prompt_len,
+                               tokens=queue.tokens, lengths=queue.lengths, group=queue.group)
   return StepContext(tokens=state.tokens, seq_len=state.seq_len, live=~state.done,
                      draft_len=state.draft_len, key=key, temperature=temperature, top_p=top_p,
                      features=state.features, row_keys=state.row_keys,

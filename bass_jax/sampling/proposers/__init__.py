@@ -47,14 +47,14 @@ Axes: B batch, T token buffer (prompt bucket + output bucket), L max draft lengt
 chunk, V vocabulary, E the target's feature size.
 """
 
-from bass_jax.sampling.proposers.base import (DRAFT_SOURCES, Proposal, Proposer, StepContext,
-                                              draft_autoregressively)
+from bass_jax.sampling.proposers.base import (DRAFT_SOURCES, FinishedSamples, Proposal, Proposer,
+                                              StepContext, draft_autoregressively)
 from bass_jax.sampling.proposers.draft_model import DraftCacheState, ModelProposer
 from bass_jax.sampling.proposers.eagle_draft import EagleProposer, EagleState
 from bass_jax.sampling.proposers.hybrid import HybridProposer
 from bass_jax.sampling.proposers.ngram import NGramProposer
 from bass_jax.sampling.proposers.siblings import SiblingProposer
 
-__all__ = ["DRAFT_SOURCES", "DraftCacheState", "EagleProposer", "EagleState", "HybridProposer", "ModelProposer",
+__all__ = ["DRAFT_SOURCES", "DraftCacheState", "FinishedSamples", "EagleProposer", "EagleState", "HybridProposer", "ModelProposer",
            "NGramProposer", "Proposal", "Proposer", "SiblingProposer", "StepContext",
            "draft_autoregressively"]

@@ -18,6 +18,25 @@ from bass_jax.sampling.warp import categorical, coupled_choice
 
 
 @flax.struct.dataclass
+class FinishedSamples:
+  """A continuous batch's retired samples, as its queue keeps them (``state.Queue``): what sibling
+  lookup reads of the samples that left the batch.
+
+  Attributes:
+    prompts: ``i32[Q, P]`` every queued prompt, right-padded. prompt_len: ``i32[Q]``.
+    tokens: ``i32[Q, N]`` each retired sample's output (valid below ``lengths``).
+    lengths: ``i32[Q]`` tokens emitted; 0 for a prompt not retired yet.
+    group: ``i32[Q]`` each prompt's group (``DecodeState.group``).
+  """
+
+  prompts: jax.Array
+  prompt_len: jax.Array
+  tokens: jax.Array
+  lengths: jax.Array
+  group: jax.Array
+
+
+@flax.struct.dataclass
 class StepContext:
   """What a proposer may read of the decode at the start of a step.
 
@@ -36,8 +55,7 @@ class StepContext:
       noise the target will use at the same text position; None for rejection sampling.
     group: ``i32[B]`` each row's prompt group (``DecodeState.group``): rows with identical prompts
       share one.
-    finished: continuous batching's retired samples, ``(tokens i32[Q, N], lengths i32[Q], group
-      i32[Q])`` (the queue's outputs: ``tokens[q, :lengths[q]]``, 0 for none yet); None for a static
+    finished: continuous batching's retired samples (:class:`FinishedSamples`); None for a static
       batch, whose finished rows keep their text in ``tokens``.
   """
 
@@ -51,7 +69,7 @@ class StepContext:
   features: jax.Array | None = None
   row_keys: jax.Array | None = None
   group: jax.Array | None = None
-  finished: tuple[jax.Array, jax.Array, jax.Array] | None = None
+  finished: FinishedSamples | None = None
 
   def draw(self, log_q: jax.Array, i) -> jax.Array:
     """Draws draft ``i`` (0-based: the token at text position ``seq_len + i``) of every row from its

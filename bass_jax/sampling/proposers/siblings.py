@@ -25,16 +25,21 @@ from bass_jax.sampling.proposers.base import Proposal, Proposer, StepContext
 class SiblingProposer(Proposer):
   """Propose, for each row, the continuation its siblings agree on after the row's last tokens.
 
-  A row's *siblings* are the other rows that serve the same prompt (``StepContext.group``: rows of
-  identical prompts share a group; a static batch of B samples of one prompt is one group; distinct
-  prompts are groups of one and never propose; a row that finished keeps its text in a static batch)
-  and, in continuous batching, the ``pool`` most recent finished samples of that prompt
-  (``StepContext.finished``, the queue's retired outputs). Per step and row:
+  A row's *siblings* are the rows that serve the same prompt (``StepContext.group``: rows of identical
+  prompts share a group; a static batch of B samples of one prompt is one group; distinct prompts are
+  groups of one and never propose; a row that finished keeps its text in a static batch) among the
+  next ``max_siblings`` rows of the batch, cyclically (every row of a batch of up to
+  ``max_siblings + 1``; beyond that, rows whose samples sit next to each other, as
+  ``experiment.make_batches`` places them), and, in continuous batching, the ``pool`` most recently
+  admitted finished samples of that prompt (``StepContext.finished``: the queue's outputs, each with
+  the last ``max_n`` tokens of its prompt, so that a row that just started matches too). Per step
+  and row:
 
   1. **Match.** Every position of a sibling's text where the row's suffix ends is an occurrence; its
      length is how many of the row's last tokens (up to ``max_n``) it matches. The occurrences of the
-     longest suffix (at least ``min_n``) are kept, at most ``max_matches`` of them (the finished pool's
-     first, then the latest positions), each with the continuation its sibling wrote after it.
+     longest suffix (at least ``min_n``) are kept, at most ``max_matches`` of them, ranked by source
+     (the pool's most recently admitted sample first, then the batch's nearest row) and within a text
+     by position (the latest first), each with the continuation its sibling wrote after it.
   2. **Vote** (SuffixDecoding's frequency-based confidence). At each depth the draft takes the token
      most of the still-agreeing occurrences continue with; the confidence, the product over depths of
      the share that agreed, must stay at least ``min_agreement``, and the occurrences that disagreed
@@ -44,8 +49,10 @@ class SiblingProposer(Proposer):
      in 2 (:meth:`propose_tree`).
 
   Deterministic (one-hot ``q``), so rejection sampling stays exact at any temperature. All on device
-  with static shapes: per row ``max_siblings x T`` row positions and ``pool x N`` finished positions
-  are matched (``max_n`` comparisons each), and the vote is over ``max_matches`` occurrences.
+  with static shapes: per row ``max_siblings x T`` row positions and ``pool x (max_n + N)`` finished
+  positions are matched (``max_n`` comparisons each, over gathered copies of those texts), and the
+  vote is over ``max_matches`` occurrences. :meth:`can_propose` runs the lookup to depth 1, and the
+  loop's conditions call it once per kind of step per pass.
 
   Greedy rows with identical prompts decode identical text: in a static batch in lockstep (nothing
   to draft), in a continuous batch a later sample drafts the whole text from a finished one, which is
@@ -56,8 +63,9 @@ class SiblingProposer(Proposer):
     min_agreement: the least confidence a draft may have, in (0, 1] (SuffixDecoding's minimum token
       probability; its default 0.1).
     max_matches: occurrences voted on per row (>= 1).
-    max_siblings: rows looked up per row (>= 1): the next ones in the batch, cyclically, that serve
-      the same prompt (at the default 15, every row of a batch of up to 16).
+    max_siblings: rows looked up per row (>= 1): the next ones in the batch, cyclically, of which
+      those that serve the same prompt are siblings (at the default 15, every row of a batch of up to
+      16).
     pool: finished samples per row looked up in continuous batching (>= 0).
 
   Raises:
@@ -112,58 +120,71 @@ class SiblingProposer(Proposer):
       same = shifted == suffix[:, None, None, :]
       return jnp.sum(jnp.cumprod(same.astype(jnp.int32), axis=-1), axis=-1)
 
-    # Sources: the next max_siblings rows (cyclically) that serve the row's prompt, then its pool.
+    # Sources: the next max_siblings rows of the batch (cyclically) that serve the row's prompt, then
+    # its pool. Each is ([B, S_i, W_i] runs, [B or 1, S_i] rank, gather); higher ranks vote first.
     count = min(self.max_siblings, batch - 1)
     sib = (rows[:, None] + 1 + jnp.arange(count)) % batch  # [B, S]
     sibling = group[sib] == group[:, None]
     run = runs(tokens[sib])  # [B, S, T]
     run = jnp.where(sibling[..., None] & (jnp.arange(width) + 1 < seq_len[sib][..., None]), run, 0)
-    run = run.reshape(batch, -1)  # [B, S * T]: candidate s * T + j
 
-    def continuation(index):  # i32[B, R] row candidates -> their tokens and knownness [B, R, D]
+    def continuation(index):  # i32[B, R] flat row candidates -> tokens and knownness [B, R, D]
       c, j = jnp.take_along_axis(sib, index // width, axis=1), index % width
       at = j[..., None] + 1 + jnp.arange(depth)
       return (tokens[c[..., None], jnp.minimum(at, width - 1)], at < seq_len[c][..., None])
 
-    sources = [(run, continuation)]
+    sources = [(run, count - jnp.arange(count)[None, :], continuation)]  # the nearest row first
     finished = ctx.finished
     if finished is not None and self.pool > 0:
-      texts, lengths, groups = finished
-      size, out = texts.shape
+      size = finished.tokens.shape[0]
       k = min(self.pool, size)
-      mine = (lengths[None, :] > 0) & (groups[None, :] == group[:, None])  # [B, Q]
+      mine = (finished.lengths[None, :] > 0) & (finished.group[None, :] == group[:, None])  # [B, Q]
+      # The most recently admitted finished samples (the queue is in admission order).
       recency, picked = jax.lax.top_k(jnp.where(mine, jnp.arange(size)[None, :], -1), k)
-      pool_texts, pool_len = texts[picked], jnp.where(recency >= 0, lengths[picked], 0)  # [B, k, N]
-      pool_run = runs(pool_texts)
+      # Each as the last max_n tokens of its prompt (-2 where the prompt is shorter) and its output,
+      # so that a row's suffix that spans the end of its prompt matches too.
+      tail = finished.prompt_len[:, None] - self.max_n + ahead  # [Q, n]
+      tail = jnp.where(tail >= 0, jnp.take_along_axis(finished.prompts, jnp.maximum(tail, 0), axis=1),
+                       -2)
+      texts = jnp.concatenate([tail, finished.tokens], axis=1)[picked]  # [B, k, n + N]
+      pool_len = jnp.where(recency >= 0, self.max_n + finished.lengths[picked], 0)
+      out = texts.shape[2]
+      pool_run = runs(texts)
       pool_run = jnp.where(jnp.arange(out) + 1 < pool_len[..., None], pool_run, 0)
 
       def from_pool(index):
         e, j = index // out, index % out
         at = j[..., None] + 1 + jnp.arange(depth)
-        text = pool_texts[rows[:, None], e]  # [B, R, N]
+        text = texts[rows[:, None], e]  # [B, R, n + N]
         return (jnp.take_along_axis(text, jnp.minimum(at, out - 1), axis=-1),
                 at < jnp.take_along_axis(pool_len, e, axis=1)[..., None])
 
-      sources.append((pool_run.reshape(batch, -1), from_pool))
+      sources.append((pool_run, count + k - jnp.arange(k)[None, :], from_pool))  # most recent first
 
-    run = jnp.concatenate([r for r, _ in sources] + [jnp.zeros((batch, 1), jnp.int32)],
-                          axis=1)  # [B, M + 1]: one empty column, so that a lone row has one
+    # Rank every occurrence: by its source's rank, then by position (the latest first).
+    span = max(r.shape[2] for r, _, _ in sources) + 1
+    run = jnp.concatenate([r.reshape(batch, -1) for r, _, _ in sources], axis=1)  # [B, M]
+    key = jnp.concatenate([jnp.broadcast_to(rank[..., None] * span + jnp.arange(r.shape[2]),
+                                            r.shape).reshape(batch, -1)
+                           for r, rank, _ in sources], axis=1)
+    if run.shape[1] == 0:  # a lone row without a pool: one empty candidate
+      run, key = jnp.zeros((batch, 1), jnp.int32), jnp.zeros((batch, 1), jnp.int32)
     run = jnp.where(ctx.live[:, None] & (run >= self.min_n), run, 0)
     longest = jnp.max(run, axis=1, keepdims=True)
-    # Keep the longest suffix's occurrences, the latest positions first (flat index breaks ties).
-    flat = jnp.arange(run.shape[1])
-    score = jnp.where((run > 0) & (run == longest), flat, -1)
+    # Keep the longest suffix's occurrences, the highest ranked first.
+    score = jnp.where((run > 0) & (run == longest), key, -1)
     score, picked = jax.lax.top_k(score, min(self.max_matches, run.shape[1]))
     kept = score >= 0
     cont = jnp.zeros(picked.shape + (depth,), jnp.int32)
     known = jnp.zeros(picked.shape + (depth,), bool)
     start = 0
-    for source_run, gather in sources:
-      inside = (picked >= start) & (picked < start + source_run.shape[1])
-      t, k_ = gather(jnp.clip(picked - start, 0, source_run.shape[1] - 1))
+    for source_run, _, gather in sources:
+      size = source_run.shape[1] * source_run.shape[2]
+      inside = (picked >= start) & (picked < start + size)
+      t, k_ = gather(jnp.clip(picked - start, 0, max(size - 1, 0)))
       cont = jnp.where(inside[..., None], t, cont)
       known = jnp.where(inside[..., None], k_, known)
-      start += source_run.shape[1]
+      start += size
     return jnp.where(kept, jnp.take_along_axis(run, picked, axis=1), 0), cont, known & kept[..., None]
 
   def _follow(self, cont, known, alive, confidence):
@@ -183,8 +204,9 @@ class SiblingProposer(Proposer):
     return jnp.stack(drafts, axis=1), length
 
   def can_propose(self, ctx):
-    run, _, _ = self._occurrences(ctx, 1)
-    return jnp.any(run > 0)
+    run, cont, known = self._occurrences(ctx, 1)
+    _, length = self._follow(cont, known, run > 0, jnp.ones(run.shape[:1], jnp.float32))
+    return jnp.any(length > 0)
 
   def propose(self, params, state, ctx, *, max_len, chunk, greedy):
     del params, chunk, greedy
@@ -224,8 +246,8 @@ class SiblingProposer(Proposer):
 
 
 def _vote(tokens: jax.Array, voting: jax.Array):
-  """The most common of ``tokens: i32[B, R]`` among ``voting: bool[B, R]`` (ties: the earliest
-  occurrence), its count and the number voting: ``(i32[B], i32[B], i32[B])``."""
+  """The most common of ``tokens: i32[B, R]`` among ``voting: bool[B, R]`` (ties: the token of the
+  first occurrence in rank order), its count and the number voting: ``(i32[B], i32[B], i32[B])``."""
   agree = (tokens[:, :, None] == tokens[:, None, :]) & voting[:, None, :]
   counts = jnp.where(voting, jnp.sum(agree, axis=2), 0)
   best = jnp.argmax(counts, axis=1)
