@@ -92,8 +92,9 @@ def parse_draft_spec(spec: str) -> tuple[str | None, dict[str, int] | None, dict
 
   ``ngram[:max_n=4,min_n=2]`` is n-gram lookup alone; ``siblings[:max_n=8,min_n=2,pool=8,
   max_matches=32,max_siblings=15,min_agreement=0.1]`` sibling lookup alone; ``hybrid:<model>[:max_n=..,min_n=..]``
-  n-gram lookup and a model; ``hybrid:siblings,<model>[:max_n=..,min_n=..]`` sibling lookup (at its
-  defaults), then n-gram lookup, then the model; anything else a model alone.
+  n-gram lookup and a model; ``hybrid+siblings:<model>[:max_n=..,min_n=..]`` sibling lookup (at its
+  defaults), then n-gram lookup, then the model; anything else a model alone. (No commas outside
+  settings: scripts take lists of specs.)
 
   Raises:
     ValueError: a malformed setting, an empty hybrid or one without a model (the accepted form
@@ -122,17 +123,14 @@ def parse_draft_spec(spec: str) -> tuple[str | None, dict[str, int] | None, dict
     return None, None, settings(rest, _SIBLING_KEYS, "sibling settings are max_n=<int>,min_n=<int>,"
                                 "pool=<int>,max_matches=<int>,max_siblings=<int>,"
                                 "min_agreement=<float>")
-  if kind == "hybrid":
-    siblings = None
-    if rest.startswith("siblings,"):
-      siblings, rest = {}, rest[len("siblings,"):]
-    elif rest == "siblings" or rest.startswith("siblings:"):
-      raise ValueError(f"draft spec {spec!r}: a hybrid needs a model after its lookups: write "
-                       "hybrid:siblings,<model spec> (or siblings for the lookup alone)")
+  if kind in ("hybrid", "hybrid+siblings"):
+    if rest == "siblings" or rest.startswith(("siblings,", "siblings:", "siblings+")):
+      raise ValueError(f"draft spec {spec!r}: sibling lookup in a hybrid is written "
+                       "hybrid+siblings:<model spec>[:max_n=4,min_n=2]")
     if not rest:
-      raise ValueError(f"draft spec {spec!r}: write hybrid:[siblings,]<model spec>[:max_n=4,min_n=2]")
+      raise ValueError(f"draft spec {spec!r}: write {kind}:<model spec>[:max_n=4,min_n=2]")
     model_spec, _, text = rest.rpartition(":") if "=" in rest else (rest, "", "")
-    return model_spec, ngram(text), siblings
+    return model_spec, ngram(text), ({} if kind == "hybrid+siblings" else None)
   if not spec:
     raise ValueError("draft spec is empty: give a model, 'ngram', 'siblings' or 'hybrid:<model>'")
   return spec, None, None

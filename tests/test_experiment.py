@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import jax
 import numpy as np
@@ -247,6 +248,40 @@ def test_report_renders_every_experiment(tmp_path):
   assert "Best bass Pass@Finished within the budget: 1.00" in text
 
 
+def test_the_paper_experiments_pass_their_speculation_to_bass_runs(monkeypatch):
+  """budget, throughput and utilization hand draft_len and draft_tree to every BASS run (and
+  run_problems gets no tree for regular decoding), and record them in their headers."""
+  from bass_jax import reproduce  # pylint: disable=g-import-not-at-top
+
+  calls = []
+
+  def fake_run_problems(target, draft, problems, **kwargs):
+    calls.append(kwargs)
+    summary = dict(tokens_per_second=1.0, ms_per_token_all=1.0, wall_seconds=1.0, useful_flops=1.0,
+                   executed_flops=1.0, pass_at_batch=0.0, method=kwargs["method"],
+                   batch_size=kwargs["batch_size"])
+    records = [dict(task_id=p.task_id, finish_seconds=1.0, num_tokens=4, passed=False,
+                    mean_logprob=-1.0) for p in problems]
+    return experiment.RunResult(records=records, summary=summary)
+
+  monkeypatch.setattr(experiment, "run_problems", fake_run_problems)
+  monkeypatch.setattr(reproduce, "measure_peak_flops", lambda: 1e9)
+  named = types.SimpleNamespace(name="m")
+  shapes = ["top_k=2,depth=3,nodes=6", "top_k=2,depth=2,nodes=4"]
+  kw = dict(batch_sizes=[2], max_new_tokens=4, draft_len="goodput", draft_tree=shapes,
+            log=lambda line: None)
+  results = [
+      reproduce.throughput(named, named, [bj_problem(0)], temperatures=[0.0], **kw),
+      reproduce.utilization(named, named, [bj_problem(0)], **kw),
+      reproduce.budget(named, named, [bj_problem(0)], temperatures=[0.2], budget_fraction=0.5, **kw)]
+  for result in results:
+    assert result["draft_len"] == "goodput" and result["draft_tree"] == shapes
+  assert {c["method"] for c in calls} == {"regular", "bass"}
+  for c in calls:
+    assert c["draft_len"] == "goodput"
+    assert c["draft_tree"] == (shapes if c["method"] == "bass" else None)
+
+
 def test_batches_hold_distinct_prompts_or_samples_of_one():
   problems = [bj_problem(i) for i in range(5)]
   distinct = experiment.make_batches(problems, 2, True)
@@ -402,8 +437,7 @@ def test_a_resumed_run_decodes_only_what_is_missing_and_equals_an_uninterrupted_
 
 def test_tree_runs_report_their_shapes_and_tree_steps_and_latency_checks_its_tree_configs(tiny_pair):
   """run_problems with several tree shapes under goodput: the summary names the shapes and counts the
-  tree steps and their nodes from the stats; the throughput experiment (like budget and utilization)
-  passes them to BASS's runs; the latency experiment's tree configs need shapes."""
+  tree steps and their nodes from the stats; the latency experiment's tree configs need shapes."""
   from bass_jax import reproduce  # pylint: disable=g-import-not-at-top
 
   target, draft = tiny_pair
@@ -416,16 +450,6 @@ def test_tree_runs_report_their_shapes_and_tree_steps_and_latency_checks_its_tre
   s = result.summary
   assert s["draft_tree"] == "; ".join(shapes)
   assert 0 < s["tree_step_share"] <= 1 and 1 < s["mean_tree_nodes"] <= 6
-  # The paper's other experiments take the same speculation for BASS (regular decoding ignores it).
-  thr = reproduce.throughput(
-      target, draft, [bj_problem(i) for i in range(2)], batch_sizes=[2], temperatures=[0.0],
-      max_new_tokens=12, draft_len=bj.GoodputDraftLen(max_len=3, explore_every=2, costs=costs),
-      draft_tree=shapes, log=lambda line: None)
-  assert thr["draft_tree"] == shapes
-  by_method = {(r["method"], r["batching"]): r for r in thr["runs"]}
-  assert by_method["bass", "static"]["tree_step_share"] > 0
-  assert by_method["bass", "continuous"]["tree_step_share"] > 0
-  assert by_method["regular", "static"]["draft_tree"] is None
   with pytest.raises(ValueError, match="give their shapes"):
     reproduce.latency(target, draft, [], batch_sizes=[1], configs=["bass_pad_tree"],
                       sampling=["greedy"], max_new_tokens=4)

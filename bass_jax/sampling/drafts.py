@@ -94,7 +94,7 @@ def load_draft_spec(spec: str, target: Model, *, num_layers: int | None = None, 
       min_agreement=0.1``: model-free
       lookup in the other samples of each row's prompt (:class:`SiblingProposer`);
     * ``hybrid:<model spec>`` or ``hybrid:<model spec>:max_n=4,min_n=2``: n-gram where a row matches,
-      the draft model elsewhere (:class:`Hybrid`); ``hybrid:siblings,<model spec>[:...]`` puts sibling
+      the draft model elsewhere (:class:`Hybrid`); ``hybrid+siblings:<model spec>[:...]`` puts sibling
       lookup (at its defaults) before the n-gram lookup;
     * anything else: a draft model spec for ``bass_jax.load_draft`` (an alias, a ``.gguf`` file, a
       checkpoint directory; the target's own name with ``num_layers`` for a placeholder).
