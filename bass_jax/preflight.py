@@ -91,8 +91,8 @@ def parse_draft_spec(spec: str) -> tuple[str | None, dict[str, int] | None, dict
   or None, sibling-lookup settings or None)``.
 
   ``ngram[:max_n=4,min_n=2]`` is n-gram lookup alone; ``siblings[:max_n=8,min_n=2,pool=8,
-  max_matches=32,max_siblings=15,min_agreement=0.1]`` sibling lookup alone; ``hybrid:<model>[:max_n=..,min_n=..]``
-  n-gram lookup and a model; ``hybrid+siblings:<model>[:max_n=..,min_n=..]`` sibling lookup (at its
+  max_matches=32,max_siblings=15,min_agreement=0.1]`` sibling lookup alone;
+  ``hybrid:<model>[:max_n=..,min_n=..]`` n-gram lookup and a model; ``hybrid+siblings:<model>[:max_n=..,min_n=..]`` sibling lookup (at its
   defaults), then n-gram lookup, then the model; anything else a model alone. (No commas outside
   settings: scripts take lists of specs.)
 

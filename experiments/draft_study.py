@@ -276,7 +276,8 @@ def _render(raw, names, policies, batches, sections) -> str:
       "",
       f"Target {settings['target']}; first {settings['num_prompts']} prompts of "
       f"`{settings['prompts']}`, {settings['max_new_tokens']} new tokens each; every batch holds "
-      f"distinct prompts unless its section decodes several samples of each prompt. Sampling: top-p {settings['top_p']} at T > 0. Latency is per-token latency "
+      "distinct prompts unless its section decodes several samples of each prompt. Sampling: top-p "
+      f"{settings['top_p']} at T > 0. Latency is per-token latency "
       "All (ms/token, mean over the sequences, compilation and a warm-up batch excluded, BASS §4.1); in "
       "parentheses the speed-up over regular decoding, timed just before and just after each cell's "
       "BASS runs, against the faster of the two (both are in the last row; the first is usually the "

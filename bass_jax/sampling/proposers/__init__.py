@@ -55,6 +55,6 @@ from bass_jax.sampling.proposers.hybrid import HybridProposer
 from bass_jax.sampling.proposers.ngram import NGramProposer
 from bass_jax.sampling.proposers.siblings import SiblingProposer
 
-__all__ = ["DRAFT_SOURCES", "DraftCacheState", "FinishedSamples", "EagleProposer", "EagleState", "HybridProposer", "ModelProposer",
-           "NGramProposer", "Proposal", "Proposer", "SiblingProposer", "StepContext",
-           "draft_autoregressively"]
+__all__ = ["DRAFT_SOURCES", "DraftCacheState", "EagleProposer", "EagleState", "FinishedSamples",
+           "HybridProposer", "ModelProposer", "NGramProposer", "Proposal", "Proposer",
+           "SiblingProposer", "StepContext", "draft_autoregressively"]

@@ -120,8 +120,9 @@ class SiblingProposer(Proposer):
       same = shifted == suffix[:, None, None, :]
       return jnp.sum(jnp.cumprod(same.astype(jnp.int32), axis=-1), axis=-1)
 
-    # Sources: the next max_siblings rows of the batch (cyclically) that serve the row's prompt, then
-    # its pool. Each is ([B, S_i, W_i] runs, [B or 1, S_i] rank, gather); higher ranks vote first.
+    # Sources: those of the next max_siblings rows of the batch (cyclically) that serve the row's
+    # prompt, then its pool. Each is ([B, S_i, W_i] runs, [B or 1, S_i] rank, gather); higher ranks
+    # vote first.
     count = min(self.max_siblings, batch - 1)
     sib = (rows[:, None] + 1 + jnp.arange(count)) % batch  # [B, S]
     sibling = group[sib] == group[:, None]
