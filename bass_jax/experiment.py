@@ -352,6 +352,9 @@ def run_problems(
   nodes = np.concatenate(tree_nodes) if tree_nodes else np.zeros(0)
   mean = lambda values: float(np.mean(values)) if len(values) else None
   bass = method == "bass" and steps > 0
+  # Per draft source (proposers.DRAFT_SOURCES), its share of some tokens; None without tokens.
+  shares = lambda counts: ({name: float(c / counts.sum()) for name, c in zip(DRAFT_SOURCES, counts)}
+                           if bass and counts.sum() else None)
   device = jax.devices()[0]
   summary = {
       "method": method,
@@ -388,13 +391,8 @@ def run_problems(
       "plain_step_share": plain_steps / steps if bass else None,
       "tree_step_share": tree_steps / (steps - plain_steps) if bass and steps > plain_steps else None,
       "mean_tree_nodes": float(np.mean(nodes)) if bass and nodes.size else None,
-      # Per draft source (proposers.DRAFT_SOURCES) its share of the drafted and of the accepted tokens.
-      "draft_source_share": ({name: float(by_source[0, i] / by_source[0].sum())
-                              for i, name in enumerate(DRAFT_SOURCES)}
-                             if bass and by_source[0].sum() else None),
-      "accepted_source_share": ({name: float(by_source[1, i] / by_source[1].sum())
-                                 for i, name in enumerate(DRAFT_SOURCES)}
-                                if bass and by_source[1].sum() else None),
+      "draft_source_share": shares(by_source[0]),
+      "accepted_source_share": shares(by_source[1]),
       "step_costs": dataclasses.asdict(step_costs) if step_costs is not None else None,
       "mean_verified": verified_sum / steps if bass else None,
       "wall_seconds": wall,

@@ -92,8 +92,9 @@ def parse_draft_spec(spec: str) -> tuple[str | None, dict[str, int] | None, dict
 
   ``ngram[:max_n=4,min_n=2]`` is n-gram lookup alone; ``siblings[:max_n=8,min_n=2,pool=8,
   max_matches=32,max_siblings=15,min_agreement=0.1]`` sibling lookup alone;
-  ``hybrid:<model>[:max_n=..,min_n=..]`` n-gram lookup and a model; ``hybrid+siblings:<model>[:max_n=..,min_n=..]`` sibling lookup (at its
-  defaults), then n-gram lookup, then the model; anything else a model alone. (No commas outside
+  ``hybrid:<model>[:max_n=..,min_n=..]`` n-gram lookup and a model;
+  ``hybrid+siblings:<model>[:max_n=..,min_n=..]`` sibling lookup (at its defaults), then n-gram
+  lookup, then the model; anything else a model alone. (No commas outside
   settings: scripts take lists of specs.)
 
   Raises:
@@ -144,7 +145,8 @@ def inspect_draft_spec(spec: str) -> ModelSource | None:
     FileNotFoundError, ValueError: as :func:`parse_draft_spec` and :func:`inspect_model`, the spec
       named.
   """
-  from bass_jax.sampling.proposers import NGramProposer, SiblingProposer  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from bass_jax.sampling.proposers import NGramProposer, SiblingProposer
 
   model_spec, ngram, siblings = parse_draft_spec(spec)
   for kind, settings in ((NGramProposer, ngram), (SiblingProposer, siblings)):

@@ -28,6 +28,7 @@ import numpy as np
 from bass_jax import experiment, metrics, sharding, text
 from bass_jax.data import Problem
 from bass_jax.loading import Model
+from bass_jax.sampling.generate import tree_shapes
 
 # name -> (method, draft_len, attention strategy); "pad"/"split" resolve to the Pallas kernels on a GPU
 # and to their plain-JAX counterparts elsewhere (bass_jax.models.attention).
@@ -118,8 +119,6 @@ Saver = Callable[[dict[str, Any]], None]
 
 def _speculation(draft_len: Any, draft_tree: Any) -> dict[str, Any]:
   """A result header's record of BASS's draft-length policy and tree shapes (text; [] for chains)."""
-  from bass_jax.sampling.generate import tree_shapes  # pylint: disable=g-import-not-at-top
-
   return {"draft_len": str(draft_len), "draft_tree": [str(t) for t in tree_shapes(draft_tree)]}
 
 

@@ -42,9 +42,7 @@ RESULTS_DIR = flags.DEFINE_string(
     "experiments.report renders.")
 
 _io.require_positive_ints("batch_sizes")
-flags.register_validator(
-    "draft_len", lambda v: v in ("dynamic", "goodput") or (v.isdigit() and int(v) >= 1),
-    message="--draft_len must be 'dynamic', 'goodput' or an int >= 1")
+_io.require_draft_len()
 
 _RUN_DIR: pathlib.Path | None = None
 _EARLIER: list[dict[str, Any]] = []

@@ -75,6 +75,14 @@ def require_positive_ints(flag_name: str) -> None:
       message=f"--{flag_name} must be a comma-separated list of ints >= 1")
 
 
+def require_draft_len(flag_name: str = "draft_len") -> None:
+  """Registers a validator: the flag ``flag_name`` is a draft-length policy, ``dynamic``, ``goodput``
+  or an int >= 1 (what :func:`draft_len_value` turns into ``generate``'s ``draft_len``)."""
+  flags.register_validator(
+      flag_name, lambda v: v in ("dynamic", "goodput") or (v.isdigit() and int(v) >= 1),
+      message=f"--{flag_name} must be 'dynamic', 'goodput' or an int >= 1")
+
+
 def draft_len_value(text: str) -> int | str:
   """A ``--draft_len`` flag's text as ``generate`` takes it: digits become the fixed length, anything
   else (``dynamic``, ``goodput``) stays a name; ``generate`` rejects what it does not know."""

@@ -50,6 +50,7 @@ from bass_jax.data import load_problems
 from bass_jax.sampling import costs
 from bass_jax.sampling import generate as generate_lib
 from bass_jax.sampling.draft_len import GoodputDraftLen, StepCosts, as_policy, break_even_acceptance
+from bass_jax.sampling.proposers import DRAFT_SOURCES
 from experiments import _io
 
 _PROPOSERS = flags.DEFINE_list(
@@ -207,24 +208,18 @@ def _sources(summaries) -> str:
   weights = [s["acceptance"]["drafted"] for s in summaries]
   total = sum(weights)
   return "/".join(f"{sum(w * sh[k] for w, sh in zip(weights, shares)) / total:.0%}"
-                  for k in ("model", "ngram", "siblings"))
+                  for k in DRAFT_SOURCES)
 
 
-def _label(key: str) -> str:
-  """A section key as text: ``0.2`` or ``0.2, 8 samples``."""
-  t, _, s = key.partition("x")
-  return f"{t}, {s} samples" if s else t
-
-
-def _sections() -> list[tuple[str, float, int]]:
-  """``(key, temperature, samples per prompt)`` of each section of the study, in order: per
-  temperature, distinct prompts (key: the temperature as given), then each ``--samples_per_prompt``
-  s > 1 when it samples (key ``<T>x<s>``)."""
+def _sections() -> list[tuple[str, str, int]]:
+  """``(key, temperature as given, samples per prompt)`` of each section of the study, in order: per
+  temperature, distinct prompts (key: the temperature), then each ``--samples_per_prompt`` s > 1
+  when it samples (key ``<T>x<s>``)."""
   out = []
   for t in _TEMPERATURES.value:
     for s in map(int, _SAMPLES.value):
       if s == 1 or float(t) > 0:
-        out.append((t if s == 1 else f"{t}x{s}", float(t), s))
+        out.append((t if s == 1 else f"{t}x{s}", t, s))
   return out
 
 
@@ -243,11 +238,11 @@ def _cost_table(raw, names, batches, sections) -> list[str]:
            "| T | proposer | " + " | ".join(f"B={b}" for b in batches) + " |",
            "|---|---|" + "---|" * len(batches)]
   max_len = GoodputDraftLen().max_len
-  for t, _, _ in sections:
+  for key, t, samples in sections:
     for name in names:
       cells = []
       for b in batches:
-        run = raw["runs"][t][str(b)]["bass"].get(f"{name}|goodput") or {}
+        run = raw["runs"][key][str(b)]["bass"].get(f"{name}|goodput") or {}
         if not run.get("step_costs"):
           cells.append("-")
           continue
@@ -255,7 +250,8 @@ def _cost_table(raw, names, batches, sections) -> list[str]:
         alpha, _ = break_even_acceptance(c, max_len)
         cells.append(f"{c.verify_pass / c.plain:.2f}x, alpha* {alpha:.2f}")
       if any(cell != "-" for cell in cells):
-        lines.append(f"| {_label(t)} | {name} | " + " | ".join(cells) + " |")
+        label = t if samples == 1 else f"{t}, {samples} samples"
+        lines.append(f"| {label} | {name} | " + " | ".join(cells) + " |")
   return lines
 
 
@@ -309,9 +305,9 @@ def _render(raw, names, policies, batches, sections) -> str:
       cost = raw["proposers"][name]["cost"]
       lines.append(f"| {name} | {kind.split('_')[0]} | " + " | ".join(
           f"{cost[str(b)][kind] / cost[str(b)]['target_forward_s']:.3f}" for b in batches) + " |")
-  for t, temperature, samples in sections:
-    runs = raw["runs"][t]
-    heading = f"## T = {t.partition('x')[0]}" + (" (greedy)" if temperature == 0 else "") + (
+  for key, t, samples in sections:
+    runs = raw["runs"][key]
+    heading = f"## T = {t}" + (" (greedy)" if float(t) == 0 else "") + (
         f", {samples} samples of each prompt" if samples > 1 else "")
     lines += ["", heading, "",
               "Per-token latency All, ms/token (speed-up over regular decoding):", "",
@@ -405,18 +401,18 @@ def main(argv):
   if set(raw["proposers"]) != set(names):
     raw["proposers"] = _proposer_table(names, batches)
     _io.write_json_atomic(json_path, raw)
-  for t, temperature, samples in sections:
+  for key, t, samples in sections:
     for b in batches:
-      if str(b) in raw["runs"].get(t, {}):
-        print(f"T={t} B={b}: already in {json_path}, kept", flush=True)
+      if str(b) in raw["runs"].get(key, {}):
+        print(f"T={t} B={b} s={samples}: already in {json_path}, kept", flush=True)
         continue
       # Each cell runs in a fresh process: a long process that compiles dozens of decode programs
       # exhausts the kernel's memory-map limit in XLA:CPU's JIT (vm.max_map_count).
-      cell_path = run_dir / f"draft_study_cell_{t}_{b}.json"
+      cell_path = run_dir / f"draft_study_cell_{key}_{b}.json"
       subprocess.run([sys.executable, "-m", "experiments.draft_study", *sys.argv[1:],
-                      f"--cell={temperature},{b},{samples}", f"--cell_output={cell_path}"],
+                      f"--cell={t},{b},{samples}", f"--cell_output={cell_path}"],
                      check=True)
-      raw["runs"].setdefault(t, {})[str(b)] = json.loads(cell_path.read_text())
+      raw["runs"].setdefault(key, {})[str(b)] = json.loads(cell_path.read_text())
       cell_path.unlink()
       _io.write_json_atomic(json_path, raw)
 

@@ -100,9 +100,7 @@ flags.register_validator("temperature", math.isfinite, message="--temperature mu
                          "number >= 0 (0 = greedy)")
 flags.register_validator("top_p", lambda v: math.isfinite(v) and v > 0,
                          message="--top_p must be in (0, 1]")
-flags.register_validator(
-    "draft_len", lambda v: v in ("dynamic", "goodput") or (v.isdigit() and int(v) >= 1),
-    message="--draft_len must be 'dynamic', 'goodput' or an int >= 1")
+_io.require_draft_len()
 
 
 def _outputs() -> tuple[pathlib.Path, pathlib.Path]:

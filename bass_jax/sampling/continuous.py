@@ -48,9 +48,8 @@ def _retire(spec: DecodeSpec, state: DecodeState) -> DecodeState:
       row_prompt=jnp.where(retiring, -1, queue.row_prompt))
   # A retired row serves no prompt until it is admitted another: no sibling reads its text twice
   # (there and in the queue).
-  group = state.group
-  if group is not None:
-    group = jnp.where(retiring, -1 - jnp.arange(group.shape[0], dtype=group.dtype), group)
+  group = jnp.where(retiring, -1 - jnp.arange(state.group.shape[0], dtype=state.group.dtype),
+                    state.group)
   return state.replace(queue=queue, group=group)
 
 
@@ -96,7 +95,7 @@ def _admit(spec: DecodeSpec, target_params: Any, draft_params: Any,
       done=state.done.at[row].set(False),
       eos=state.eos.at[row].set(False),
       row_keys=None if queue.keys is None else state.row_keys.at[row].set(queue.keys[index]),
-      group=None if queue.group is None else state.group.at[row].set(queue.group[index]),
+      group=state.group.at[row].set(queue.group[index]),
       queue=queue.replace(next=index + 1, row_prompt=queue.row_prompt.at[row].set(index),
                           prompt_row=queue.prompt_row.at[index].set(row),
                           start_step=queue.start_step.at[index].set(state.step)),

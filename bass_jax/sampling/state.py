@@ -146,8 +146,8 @@ class Queue:
     tokens: ``i32[Q, N]`` each retired prompt's output (valid below ``lengths``).
     logprobs: ``f32[Q, N]`` their target log-probabilities (``DecodeState.logprobs``).
     lengths: ``i32[Q]`` tokens emitted. eos: ``bool[Q]`` ended by an EOS token.
+    group: ``i32[Q]`` each prompt's group (:attr:`DecodeState.group`).
     keys: ``u32[Q, 2]`` each prompt's sequence key data (``DecodeSpec.coupled``), else None.
-    group: ``i32[Q]`` each prompt's group (:attr:`DecodeState.group`), or None.
   """
 
   prompts: jax.Array
@@ -162,8 +162,8 @@ class Queue:
   logprobs: jax.Array
   lengths: jax.Array
   eos: jax.Array
+  group: jax.Array
   keys: jax.Array | None = None
-  group: jax.Array | None = None
 
   def pending(self) -> jax.Array:
     """``bool[]``: a prompt is waiting or a row still serves one (decoding, or done and not retired)."""
@@ -203,12 +203,13 @@ class DecodeState:
     accepted_history: ``i32[H, B]`` accepted drafts per row per step (bonus/correction not counted; -1
       for a row that was already done, and past ``step``).
     key: PRNG key.
+    group: ``i32[B]`` the prompt group each row serves: rows (and queued prompts) whose prompts are
+      identical share a group, the index of the first of them in the input; padding, and a
+      continuous batch's row between its retirement and its next admission, has a group of its own
+      (negative). Samples of one prompt are siblings (``proposers.SiblingProposer``).
     queue: the continuous batch's :class:`Queue`, or None for a static batch.
     row_keys: ``u32[B, 2]`` the sequence key data of each row's prompt (``DecodeSpec.coupled``: its
       noise, ``warp.gumbel_noise``), else None.
-    group: ``i32[B]`` the prompt group each row serves: rows (and queued prompts) whose prompts are
-      identical share a group, the index of the first of them in the input; padding has a group of
-      its own (negative). Samples of one prompt are siblings (``proposers.SiblingProposer``).
   """
 
   tokens: jax.Array
@@ -233,9 +234,9 @@ class DecodeState:
   source_history: jax.Array
   accepted_history: jax.Array
   key: jax.Array
+  group: jax.Array
   queue: Queue | None = None
   row_keys: jax.Array | None = None
-  group: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -251,11 +252,11 @@ class DecodeInputs:
     eos_ids: ``i32[E]`` EOS ids padded with -1.
     key: PRNG key for the whole decode.
     step_costs: ``f32[5]`` ``StepCosts.as_array()`` for a cost-aware policy (ignored by others).
+    group: ``i32[B]`` each row's prompt group (:attr:`DecodeState.group`).
     queue_prompts: ``i32[Q, P]`` every prompt of a continuous batch (``spec.continuous``; None for a
       static one), of which the live rows of ``prompts`` are the first. queue_prompt_len: ``i32[Q]``.
     queue_keys: ``u32[Q, 2]`` their sequence key data (of which ``row_keys`` are the first).
-    group: ``i32[B]`` each row's prompt group (:attr:`DecodeState.group`). queue_group: ``i32[Q]``
-      the queued prompts' groups.
+    queue_group: ``i32[Q]`` the queued prompts' groups (of which ``group`` are the first).
     num_prompts: ``i32[]`` the real prompts among the Q.
     step_limit: ``i32[]`` :attr:`DecodeState.step_limit` of a continuous batch (None: ``max_new``).
   """
@@ -268,11 +269,11 @@ class DecodeInputs:
   eos_ids: jax.Array
   key: jax.Array
   step_costs: jax.Array
+  group: jax.Array
   queue_prompts: jax.Array | None = None
   queue_prompt_len: jax.Array | None = None
   queue_keys: jax.Array | None = None
   num_prompts: jax.Array | None = None
-  group: jax.Array | None = None
   queue_group: jax.Array | None = None
   step_limit: jax.Array | None = None
 
@@ -280,8 +281,7 @@ class DecodeInputs:
     """The same fields with per-row arrays given ``rows`` and the rest ``replicated``: the inputs' layout
     on a mesh (pass shardings), or any two values per field kind."""
     everything = jax.tree_util.tree_map(lambda _: replicated, self)
-    return everything.replace(prompts=rows, prompt_len=rows, inert=rows, row_keys=rows,
-                              group=None if self.group is None else rows)
+    return everything.replace(prompts=rows, prompt_len=rows, inert=rows, row_keys=rows, group=rows)
 
 
 def state_shardings(spec: DecodeSpec, state: DecodeState) -> DecodeState:
@@ -317,4 +317,4 @@ def state_shardings(spec: DecodeSpec, state: DecodeState) -> DecodeState:
       accepted_history=replicated,
       key=replicated, queue=None if state.queue is None else every(state.queue).replace(
           slot=rows, row_prompt=rows), row_keys=None if state.row_keys is None else rows,
-      group=None if state.group is None else rows)
+      group=rows)

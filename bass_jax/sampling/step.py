@@ -19,7 +19,7 @@ from bass_jax.models.attention import mask_depths
 from bass_jax.models.common import forward
 from bass_jax.sampling import acceptance
 from bass_jax.sampling import tree as tree_lib
-from bass_jax.sampling.proposers import DRAFT_SOURCES, FinishedSamples, StepContext
+from bass_jax.sampling.proposers import FinishedSamples, StepContext
 from bass_jax.sampling.state import DecodeSpec, DecodeState
 from bass_jax.sampling.warp import coupled_choice, sample, warped_log_probs
 
@@ -240,7 +240,7 @@ def _advance(spec: DecodeSpec, state: DecodeState, emitted, emitted_logprobs, ac
   for rows that were done)."""
   live = ~state.done
   if source is None:
-    source = jnp.full(drafted.shape, DRAFT_SOURCES.index(spec.proposer.source), jnp.int32)
+    source = jnp.full(drafted.shape, spec.proposer.source_index, jnp.int32)
   old_seq_len = state.seq_len
   state = _emit(state, emitted, emitted_logprobs, accepted + 1)
   proposer_state = spec.proposer.rollback(proposer_state, state.tokens, old_seq_len, state.seq_len)
@@ -326,11 +326,10 @@ def step_context(state: DecodeState, key, temperature, top_p) -> StepContext:
   PRNG ``key`` and the warp's ``temperature, top_p: f32[]``."""
   queue = state.queue
   finished = None
-  if queue is not None and queue.group is not None:
+  if queue is not None:
     finished = FinishedSamples(prompts=queue.prompts, prompt_len=queue.prompt_len,
                                tokens=queue.tokens, lengths=queue.lengths, group=queue.group)
   return StepContext(tokens=state.tokens, seq_len=state.seq_len, live=~state.done,
                      draft_len=state.draft_len, key=key, temperature=temperature, top_p=top_p,
-                     features=state.features, row_keys=state.row_keys,
-                     group=(jnp.arange(state.tokens.shape[0]) if state.group is None
-                            else state.group), finished=finished)
+                     features=state.features, row_keys=state.row_keys, group=state.group,
+                     finished=finished)

@@ -133,6 +133,11 @@ class DraftTree:
     """``bool[B, N]``: node i of row b is real (``i < num_nodes[b]``)."""
     return jnp.arange(self.tokens.shape[1]) < self.num_nodes[:, None]
 
+  def where(self, take: jax.Array, other: "DraftTree") -> "DraftTree":
+    """Row by row, this tree where ``take: bool[B]``, ``other`` (of the same N) elsewhere."""
+    return jax.tree_util.tree_map(
+        lambda a, b: jnp.where(take.reshape(take.shape + (1,) * (a.ndim - 1)), a, b), self, other)
+
 
 @flax.struct.dataclass
 class TreeAcceptance:
@@ -184,7 +189,6 @@ def branch_tree(root: jax.Array, branches: jax.Array, lengths: jax.Array, nodes:
     A :class:`DraftTree` of N nodes: node 0 the root, then branch 0's chain, branch 1's, ...;
     ``num_nodes = 1 + `` the tokens placed.
   """
-  k = branches.shape[1]
   # Branch i takes the node slots from offset[i] on, as many as remain below N.
   offset = 1 + jnp.cumsum(lengths, axis=1) - lengths
   lengths = jnp.clip(nodes - offset, 0, lengths)
@@ -195,8 +199,7 @@ def branch_tree(root: jax.Array, branches: jax.Array, lengths: jax.Array, nodes:
   depth = jnp.arange(nodes)[None, :] - jnp.take_along_axis(offset, branch, axis=1)
   flat = branches.reshape(branches.shape[0], -1)  # [B, k * D]
   index = branch * branches.shape[2] + jnp.clip(depth, 0, branches.shape[2] - 1)
-  tokens = jnp.where(real, jnp.take_along_axis(flat, jnp.minimum(index, k * branches.shape[2] - 1),
-                                               axis=1), 0)
+  tokens = jnp.where(real, jnp.take_along_axis(flat, index, axis=1), 0)
   tokens = tokens.at[:, 0].set(root)
   parents = jnp.where(real & (depth > 0), jnp.arange(nodes)[None, :] - 1, 0).at[:, 0].set(-1)
   return DraftTree(tokens=tokens.astype(jnp.int32), parents=parents.astype(jnp.int32),

@@ -54,7 +54,7 @@ class StepContext:
       (``acceptance="gumbel"``): a sampled draft must then be drawn with :meth:`draw`, which uses the
       noise the target will use at the same text position; None for rejection sampling.
     group: ``i32[B]`` each row's prompt group (``DecodeState.group``): rows with identical prompts
-      share one.
+      share one; None (a context built by hand) means every row is its own group.
     finished: continuous batching's retired samples (:class:`FinishedSamples`); None for a static
       batch, whose finished rows keep their text in ``tokens``.
   """
@@ -126,6 +126,11 @@ class Proposer(abc.ABC):
   sharding = None
   # Static: where this proposer's drafts come from (one of DRAFT_SOURCES), for the statistics.
   source = "model"
+
+  @property
+  def source_index(self) -> int:
+    """:attr:`source` as its index into :data:`DRAFT_SOURCES` (what the histories record)."""
+    return DRAFT_SOURCES.index(self.source)
 
   def init_state(self, params: Any, prompts: jax.Array, prompt_len: jax.Array, *, cache_len: int,
                  max_len: int, features: jax.Array | None = None,

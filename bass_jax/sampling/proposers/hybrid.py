@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 
-from bass_jax.sampling.proposers.base import DRAFT_SOURCES, Proposal, Proposer
+from bass_jax.sampling.proposers.base import Proposal, Proposer
 from bass_jax.sampling.proposers.draft_model import ModelProposer
 from bass_jax.sampling.proposers.eagle_draft import EagleProposer
 from bass_jax.sampling.proposers.ngram import NGramProposer
@@ -65,14 +64,14 @@ class HybridProposer(Proposer):
     state, by_model = self.model.propose(params, state, ctx, max_len=max_len, chunk=chunk,
                                          greedy=greedy)
     drafts, num_drafts = by_model.drafts, by_model.num_drafts
-    source = jnp.full(num_drafts.shape, DRAFT_SOURCES.index(self.model.source), jnp.int32)
+    source = jnp.full(num_drafts.shape, self.model.source_index, jnp.int32)
     for lookup in reversed(self.lookups):  # the first choice applied last
       _, found = lookup.propose(None, None, ctx, max_len=max_len, chunk=chunk, greedy=greedy)
       hit = found.num_drafts > 0
       drafts = jnp.where(hit[:, None], found.drafts, drafts)
       num_drafts = jnp.where(hit, found.num_drafts, num_drafts)
-      source = jnp.where(hit, DRAFT_SOURCES.index(lookup.source), source)
-    looked_up = source != DRAFT_SOURCES.index(self.model.source)
+      source = jnp.where(hit, lookup.source_index, source)
+    looked_up = source != self.model.source_index
     log_q = by_model.log_q
     if log_q is not None:  # one-hot q for the looked-up rows
       padded = jnp.pad(drafts, ((0, 0), (0, log_q.shape[1] - max_len)))
@@ -86,17 +85,13 @@ class HybridProposer(Proposer):
     up to ``shape.top_k`` continuations, each at most ``shape.depth`` tokens), kept whole, and the
     model's best EAGLE-2 nodes in the rest (``tree.grow_tree``'s ``prior``). A row that no lookup
     matches is the model's tree alone. The tree's ``source`` is the lookup's where one matched."""
-    prior, source = None, None
-    for lookup in reversed(self.lookups):
+    prior = None
+    source = jnp.full(ctx.seq_len.shape, self.model.source_index, jnp.int32)
+    for lookup in reversed(self.lookups):  # the first choice applied last
       _, found = lookup.propose_tree(None, None, ctx, shape=shape)
       hit = found.num_nodes > 1
-      code = DRAFT_SOURCES.index(lookup.source)
-      if prior is not None:
-        found = jax.tree_util.tree_map(
-            lambda a, b: jnp.where(hit.reshape(hit.shape + (1,) * (a.ndim - 1)), a, b), found, prior)
-      source = jnp.where(hit, code, DRAFT_SOURCES.index(self.model.source) if source is None
-                         else source)
-      prior = found
+      prior = found if prior is None else found.where(hit, prior)
+      source = jnp.where(hit, lookup.source_index, source)
     state, tree = self.model.propose_tree(params, state, ctx, shape=shape, prior=prior)
     return state, tree.replace(source=source)
 
