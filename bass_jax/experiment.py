@@ -39,8 +39,12 @@ class RunResult:
   summary: dict[str, Any]
 
 
+SAMPLE_ORDERS = ("grouped", "interleaved")
+
+
 def make_batches(problems: Sequence[Problem], batch_size: int, distinct_prompts: bool,
-                 samples_per_prompt: int | None = None) -> list[list[Problem]]:
+                 samples_per_prompt: int | None = None,
+                 sample_order: str = "grouped") -> list[list[Problem]]:
   """The batches a run decodes, one list of problems (one per row) each.
 
   ``distinct_prompts``: consecutive groups of ``batch_size`` different problems, one sequence each (the
@@ -49,18 +53,32 @@ def make_batches(problems: Sequence[Problem], batch_size: int, distinct_prompts:
   sampling). ``samples_per_prompt`` s, when given, overrides it: every problem s times in a row,
   cut into consecutive batches of ``batch_size`` (s = 1 is distinct prompts without their minimum,
   s = ``batch_size`` one prompt per batch; s = 8 at B = 4 spreads a prompt's samples over two
-  batches, and over the rows of a continuous batch).
+  batches, and over the rows of a continuous batch). ``sample_order`` places those samples:
+  ``"grouped"`` (a problem's s samples in a row, as above) or ``"interleaved"`` (round robin over the
+  problems: every problem's first sample, then every problem's second, and so on). Interleaved, the
+  queue of a continuous batch admits a problem's later samples after its earlier ones finished, so
+  that sibling lookup (``SiblingProposer``'s pool) drafts them from finished text instead of from
+  siblings decoding in lockstep; grouped, the siblings decode side by side.
 
   Raises:
-    ValueError: no problems, ``batch_size < 1`` or ``samples_per_prompt < 1``, or distinct prompts
-      with fewer problems than ``batch_size`` (a batch of distinct prompts needs that many).
+    ValueError: no problems, ``batch_size < 1`` or ``samples_per_prompt < 1``, distinct prompts with
+      fewer problems than ``batch_size`` (a batch of distinct prompts needs that many), or a
+      ``sample_order`` other than those above (or ``"interleaved"`` without ``samples_per_prompt``).
   """
   batch_size = _checks.as_int("batch_size", batch_size, min_value=1)
   if not problems:
     raise ValueError("no problems to decode")
+  if sample_order not in SAMPLE_ORDERS:
+    raise ValueError(f"sample_order must be one of {SAMPLE_ORDERS}, got {sample_order!r}")
+  if sample_order != "grouped" and samples_per_prompt is None:
+    raise ValueError(f"sample_order={sample_order!r} orders several samples of each prompt: give "
+                     "samples_per_prompt too")
   if samples_per_prompt is not None:
     samples = _checks.as_int("samples_per_prompt", samples_per_prompt, min_value=1)
-    rows = [p for p in problems for _ in range(samples)]
+    if sample_order == "grouped":
+      rows = [p for p in problems for _ in range(samples)]
+    else:
+      rows = [p for _ in range(samples) for p in problems]
     return [rows[i:i + batch_size] for i in range(0, len(rows), batch_size)]
   if not distinct_prompts:
     return [[p] * batch_size for p in problems]
@@ -72,7 +90,8 @@ def make_batches(problems: Sequence[Problem], batch_size: int, distinct_prompts:
 
 
 def sequence_plan(problems: Sequence[Problem], batch_size: int, distinct_prompts: bool,
-                  samples_per_prompt: int | None = None) -> list[list[tuple[Problem, int]]]:
+                  samples_per_prompt: int | None = None,
+                  sample_order: str = "grouped") -> list[list[tuple[Problem, int]]]:
   """:func:`make_batches` with each sequence's ``sample_index`` (its count among the sequences of the
   same ``task_id``, in batch order): ``(task_id, sample_index)`` names a sequence across runs, which is
   how a resumed run finds the records it already has.
@@ -82,7 +101,7 @@ def sequence_plan(problems: Sequence[Problem], batch_size: int, distinct_prompts
   """
   counts: dict[str, int] = {}
   plan = []
-  for batch in make_batches(problems, batch_size, distinct_prompts, samples_per_prompt):
+  for batch in make_batches(problems, batch_size, distinct_prompts, samples_per_prompt, sample_order):
     rows = []
     for problem in batch:
       rows.append((problem, counts.get(problem.task_id, 0)))
@@ -127,6 +146,7 @@ def run_problems(
     verify_chunk: int | None = None,
     distinct_prompts: bool | None = None,
     samples_per_prompt: int | None = None,
+    sample_order: str = "grouped",
     check: bool = False,
     progress: bool = True,
     warmup: bool = False,
@@ -173,6 +193,8 @@ def run_problems(
       prompt otherwise (the paper's setting).
     samples_per_prompt: s sequences of every prompt, consecutive, cut into batches of ``batch_size``
       (:func:`make_batches`); overrides ``distinct_prompts``, which must then be None.
+    sample_order: ``"grouped"`` or ``"interleaved"`` (round robin over the prompts), the order of
+      those samples in the batches and in a continuous batch's queue (:func:`make_batches`).
     check: run HumanEval's unit tests on every completion (``bass_jax.humaneval``, outside this
       process, once per batch): records get ``passed``, the summary ``pass_at_batch`` (share of
       problems where some sequence passes, over this call's records).
@@ -225,7 +247,7 @@ def run_problems(
   if distinct_prompts is None:
     distinct_prompts = temperature == 0 if samples_per_prompt is None else samples_per_prompt == 1
   plan = sequence_plan(problems, batch_size, _checks.as_bool("distinct_prompts", distinct_prompts),
-                       samples_per_prompt)
+                       samples_per_prompt, sample_order)
   num_batches = len(plan)
   continuous = _checks.as_bool("continuous", continuous)
   if continuous:
@@ -362,6 +384,7 @@ def run_problems(
       "num_prompts": len(problems),
       "distinct_prompts": distinct_prompts,
       "samples_per_prompt": samples_per_prompt,
+      "sample_order": sample_order,
       "num_batches": num_batches,
       "max_new_tokens": max_new_tokens,
       "temperature": temperature,

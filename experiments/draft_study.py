@@ -72,6 +72,14 @@ _SAMPLES = flags.DEFINE_list(
     "samples_per_prompt", ["1"], "Samples of each prompt: 1 means every batch holds distinct "
     "prompts; s > 1 decodes each prompt s times in a row, cut into batches (a section of its own per "
     "sampled temperature; at T = 0 the samples would be identical rows, so only s = 1 runs there).")
+_CONTINUOUS = flags.DEFINE_bool(
+    "continuous", False, "Continuous batching: each run decodes its sequences as one queue, B rows at "
+    "a time, a finished row taking the next sequence (run_problems(continuous=True)); latency All "
+    "then runs from each sequence's admission. Default: static batches.")
+_SAMPLE_ORDER = flags.DEFINE_enum(
+    "sample_order", "grouped", experiment.SAMPLE_ORDERS, "Order of the samples of each prompt "
+    "(experiment.make_batches): grouped (a prompt's samples in a row) or interleaved (round robin over "
+    "the prompts; with --continuous a prompt's later samples start after its earlier ones finished).")
 _DRAFT_TREE = flags.DEFINE_multi_string(
     "draft_tree", [], "Token-tree shapes (e.g. top_k=4,depth=5,nodes=16; repeat for several): the "
     "goodput runs then choose per step among plain steps, chains and these shapes; other policies "
@@ -178,7 +186,8 @@ def _run_cell(names, policies, temperature: float, batch: int, samples: int) -> 
     return experiment.run_problems(
         target, draft, problems, batch_size=batch, max_new_tokens=_MAX_NEW.value,
         temperature=temperature, top_p=_TOP_P.value if temperature > 0 else 1.0,
-        samples_per_prompt=samples, progress=False, warmup=True, **kw).summary
+        samples_per_prompt=samples, sample_order=_SAMPLE_ORDER.value, continuous=_CONTINUOUS.value,
+        progress=False, warmup=True, **kw).summary
 
   cell = {"regular": [run(None, method="regular")["ms_per_token_all"]], "bass": {}}
   for name, draft in zip(names, drafts):
@@ -272,7 +281,13 @@ def _render(raw, names, policies, batches, sections) -> str:
       "",
       f"Target {settings['target']}; first {settings['num_prompts']} prompts of "
       f"`{settings['prompts']}`, {settings['max_new_tokens']} new tokens each; every batch holds "
-      "distinct prompts unless its section decodes several samples of each prompt. Sampling: top-p "
+      "distinct prompts unless its section decodes several samples of each prompt" + (
+          f" ({settings.get('sample_order', 'grouped')}: "
+          + ("round robin over the prompts" if settings.get("sample_order") == "interleaved" else
+             "a prompt's samples in a row") + ")" if "samples_per_prompt" in settings else "") + (
+          "; continuous batching: each run is one queue decoded B rows at a time, a sequence's "
+          "latency running from its admission" if settings.get("continuous") else
+          "; static batches") + ". Sampling: top-p "
       f"{settings['top_p']} at T > 0. Latency is per-token latency "
       "All (ms/token, mean over the sequences, compilation and a warm-up batch excluded, BASS §4.1); in "
       "parentheses the speed-up over regular decoding, timed just before and just after each cell's "
@@ -385,6 +400,10 @@ def main(argv):
               "proposers": dict(zip(names, _PROPOSERS.value)), "draft_lens": _DRAFT_LENS.value}
   if _SAMPLES.value != ["1"]:  # absent from studies made before the flag
     settings["samples_per_prompt"] = _SAMPLES.value
+  if _CONTINUOUS.value:  # absent from studies made before the flags, or with their defaults
+    settings["continuous"] = True
+  if _SAMPLE_ORDER.value != "grouped":
+    settings["sample_order"] = _SAMPLE_ORDER.value
   if _CELL.value:  # a child: one (temperature, batch size) cell, written to --cell_output
     t, b, s = _CELL.value.split(",")
     _io.write_json_atomic(_CELL_OUTPUT.value, _run_cell(names, policies, float(t), int(b), int(s)))

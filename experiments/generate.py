@@ -5,7 +5,8 @@ r"""Main job: decode HumanEval (or a JSONL prompt file) with BASS or regular dec
 
 At temperature 0 each batch holds ``--batch_size`` *different* prompts (copies of one prompt would be
 identical rows); when sampling, ``--batch_size`` samples of each prompt (the paper's setting);
-``--distinct_prompts`` overrides either. By default the sequences of all batches form one queue that
+``--distinct_prompts`` overrides either, and ``--samples_per_prompt`` replaces both (each prompt that
+many times, grouped or, with ``--sample_order=interleaved``, round robin over the prompts). By default the sequences of all batches form one queue that
 ``--batch_size`` rows decode with continuous batching (a finished row takes the next sequence at once);
 ``--nocontinuous`` decodes the batches one after the other. Per-token latency per sequence (All, and
 First / Last of each static batch, BASS paper §4.1) is the wall time from the start of its decoding
@@ -61,6 +62,15 @@ _DISTINCT = flags.DEFINE_bool(
     "distinct_prompts", None, "Each batch holds batch_size different prompts, one sequence each "
     "(default at temperature 0); --nodistinct_prompts decodes batch_size samples of each prompt "
     "(default when sampling).")
+_SAMPLES = flags.DEFINE_integer(
+    "samples_per_prompt", None, "Decode each prompt this many times (overrides --distinct_prompts and "
+    "its default), in the order --sample_order gives, cut into batches of --batch_size or queued.",
+    lower_bound=1)
+_SAMPLE_ORDER = flags.DEFINE_enum(
+    "sample_order", "grouped", ["grouped", "interleaved"], "With --samples_per_prompt: grouped (a "
+    "prompt's samples in a row) or interleaved (round robin over the prompts: with continuous "
+    "batching a prompt's later samples start once its earlier ones finished, which sibling lookup "
+    "drafts from; bass_jax.experiment.make_batches).")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per sequence at most.", lower_bound=1)
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 = greedy.",
                                   lower_bound=0.0)
@@ -101,6 +111,12 @@ flags.register_validator("temperature", math.isfinite, message="--temperature mu
 flags.register_validator("top_p", lambda v: math.isfinite(v) and v > 0,
                          message="--top_p must be in (0, 1]")
 _io.require_draft_len()
+flags.register_multi_flags_validator(
+    ["samples_per_prompt", "sample_order", "distinct_prompts"],
+    lambda f: (f["sample_order"] == "grouped" or f["samples_per_prompt"] is not None)
+    and (f["samples_per_prompt"] is None or f["distinct_prompts"] is None),
+    message="--samples_per_prompt replaces --distinct_prompts (give one of them), and "
+    "--sample_order=interleaved orders several samples of each prompt (give --samples_per_prompt)")
 
 
 def _outputs() -> tuple[pathlib.Path, pathlib.Path]:
@@ -178,7 +194,10 @@ def main(argv):
   try:
     problems = load_problems(_PROMPTS.value, _NUM_PROMPTS.value or None)
     distinct = _DISTINCT.value if _DISTINCT.value is not None else _TEMPERATURE.value == 0
-    plan = experiment.sequence_plan(problems, _BATCH.value, distinct)
+    if _SAMPLES.value is not None:
+      distinct = None  # run_problems' rule: samples_per_prompt decides
+    plan = experiment.sequence_plan(problems, _BATCH.value, bool(distinct), _SAMPLES.value,
+                                    _SAMPLE_ORDER.value)
     experiment.check_done(plan, done)
   except (FileNotFoundError, ValueError) as e:
     raise _io.Refusal(f"--resume: {output}: {e}" if done else str(e)) from e
@@ -219,6 +238,7 @@ def main(argv):
         max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
         draft_len=_io.draft_len_value(_DRAFT_LEN.value),
         seed=_SEED.value, attention_impl=_ATTENTION.value, distinct_prompts=distinct,
+        samples_per_prompt=_SAMPLES.value, sample_order=_SAMPLE_ORDER.value,
         verify_chunk=_CHUNK.value, on_record=on_record, continuous=_CONTINUOUS.value, done=done,
         acceptance=_ACCEPTANCE.value, draft_tree=_DRAFT_TREE.value or None)
   # Every record in plan order, as an uninterrupted run leaves them.

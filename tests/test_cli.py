@@ -88,6 +88,8 @@ def _signal_after(command, out: pathlib.Path, *, lines: int, sig) -> subprocess.
     ("--prompts={dir}/broken.jsonl", "broken.jsonl:1: not valid JSON"),
     ("--prompts={dir}/long.jsonl --num_prompts=1 --batch_size=1", "prompt 'long' has"),
     ("--num_prompts=40 --batch_size=50", "distinct_prompts needs at least batch_size=50"),
+    ("--sample_order=interleaved", "--sample_order=interleaved orders several samples"),
+    ("--samples_per_prompt=2 --distinct_prompts", "--samples_per_prompt replaces --distinct_prompts"),
 ])
 def test_bad_flags_fail_in_seconds_before_loading_a_model(setup, tmp_path, flag, message):
   """Each bad input: one line on stderr naming it, exit status 2, before any model loads."""
@@ -108,7 +110,8 @@ def test_bad_flags_fail_in_seconds_before_loading_a_model(setup, tmp_path, flag,
   assert message in result.stderr, result.stderr[-2000:]
   assert len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
   assert "loading target" not in result.stderr and "Traceback" not in result.stderr
-  assert elapsed < 15.0, f"took {elapsed:.1f} s"  # under a loaded CI; the goal is 3 s quiet
+  # A ceiling that only a model load (or a hung check) reaches on a loaded 2-core CI; about 3 s quiet.
+  assert elapsed < 30.0, f"took {elapsed:.1f} s"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])

@@ -298,6 +298,15 @@ def test_batches_hold_distinct_prompts_or_samples_of_one():
       [("p0", 0), ("p0", 1)], [("p0", 2), ("p1", 0)], [("p1", 1), ("p1", 2)]]
   with pytest.raises(ValueError, match="samples_per_prompt must be >= 1"):
     experiment.make_batches(problems, 2, False, samples_per_prompt=0)
+  # Interleaved: round robin over the prompts, each sample still numbered within its prompt.
+  rounds = experiment.sequence_plan(problems[:2], 2, False, samples_per_prompt=3,
+                                    sample_order="interleaved")
+  assert [[(p.task_id, i) for p, i in b] for b in rounds] == [
+      [("p0", 0), ("p1", 0)], [("p0", 1), ("p1", 1)], [("p0", 2), ("p1", 2)]]
+  with pytest.raises(ValueError, match="give samples_per_prompt too"):
+    experiment.make_batches(problems, 2, False, sample_order="interleaved")
+  with pytest.raises(ValueError, match="sample_order must be one of"):
+    experiment.make_batches(problems, 2, False, samples_per_prompt=2, sample_order="shuffled")
   with pytest.raises(ValueError, match="not both"):
     experiment.run_problems(None, None, problems, batch_size=2, distinct_prompts=True,
                             samples_per_prompt=2)
