@@ -100,18 +100,21 @@ def measure_peak_flops(dtype: str = "float32", size: int = 2048, repeats: int = 
 def _decode(target: Model, draft: Model, problems: Sequence[Problem], *, method: str, batch: int,
             max_new_tokens: int, temperature: float, top_p: float, kernels: str,
             strategy: str = "pad", draft_len: Any = "dynamic", check: bool = False,
-            distinct_prompts: bool | None = None, continuous: bool = False, draft_tree: Any = None):
+            distinct_prompts: bool | None = None, continuous: bool = False, draft_tree: Any = None,
+            samples_per_prompt: int | None = None, sample_order: str = "grouped"):
   """One ``experiment.run_problems`` as every experiment here runs it (the draft only for BASS; distinct
   prompts per batch at temperature 0 unless ``distinct_prompts`` says otherwise; static batches get an
   untimed warm-up batch first, so a fresh program's costlier first execution is not charged to the
   first batch; ``continuous`` decodes every sequence in one continuous batch; ``draft_len`` and
-  ``draft_tree`` as ``generate`` takes them, for BASS only)."""
+  ``draft_tree`` as ``generate`` takes them, for BASS only; ``samples_per_prompt`` and
+  ``sample_order`` as ``run_problems`` takes them)."""
   return experiment.run_problems(
       target, draft if method == "bass" else None, problems, batch_size=batch, method=method,
       max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, draft_len=draft_len,
       attention_impl=attention_impl(strategy, kernels), check=check, progress=False,
       distinct_prompts=distinct_prompts, warmup=True, continuous=continuous,
-      draft_tree=draft_tree if method == "bass" else None)
+      draft_tree=draft_tree if method == "bass" else None, samples_per_prompt=samples_per_prompt,
+      sample_order=sample_order)
 
 
 Saver = Callable[[dict[str, Any]], None]
@@ -255,25 +258,28 @@ def pass_rates_within(records: Sequence[dict[str, Any]], budget_seconds: float) 
       ``finish_seconds`` from the start of each sample's own decoding.
 
   Returns:
-    ``{"pass_at_first": share of problems, "pass_at_finished": share of problems}``.
+    ``{"pass_at_first": share of problems, "pass_at_finished": share of problems,
+    "finished_share": share of the sequences (all problems' samples) complete within the budget}``.
   """
   task_ids = list(dict.fromkeys(r["task_id"] for r in records))
   first = finished = 0
+  complete = metrics.finished_within(np.array([r["finish_seconds"] for r in records]), budget_seconds)
   for task_id in task_ids:
     rows = [r for r in records if r["task_id"] == task_id]
     passed = np.array([r["passed"] for r in rows])
     within = metrics.finished_within(np.array([r["finish_seconds"] for r in rows]), budget_seconds)
     first += metrics.pass_at_first(passed, np.array([r["mean_logprob"] for r in rows]), within)
     finished += metrics.pass_at_finished(passed, within)
-  return {"pass_at_first": first / len(task_ids), "pass_at_finished": finished / len(task_ids)}
+  return {"pass_at_first": first / len(task_ids), "pass_at_finished": finished / len(task_ids),
+          "finished_share": float(np.mean(complete))}
 
 
 def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_sizes: Sequence[int],
            temperatures: Sequence[float], max_new_tokens: int, budget_fraction: float,
            top_p: float = 0.95, kernels: str = "auto", continuous: bool = False,
-           save: Saver | None = None, log: Callable[[str], None] = _log,
-           earlier: Sequence[dict[str, Any]] = (), draft_len: Any = "dynamic",
-           draft_tree: Any = None) -> dict[str, Any]:
+           sample_order: str = "grouped", save: Saver | None = None,
+           log: Callable[[str], None] = _log, earlier: Sequence[dict[str, Any]] = (),
+           draft_len: Any = "dynamic", draft_tree: Any = None) -> dict[str, Any]:
   """Fig. 5: Pass@First and Pass@Finished within a wall-clock budget per prompt.
 
   Every batch holds ``B`` samples of one prompt (Pass@First ranks them), at every temperature: the
@@ -281,7 +287,13 @@ def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_si
   the samples of all prompts form one queue decoded ``B`` rows at a time (both methods refill), and a
   sample's time runs from its own admission; the budget then bounds each sample's latency inside a
   full batch, not a prompt's (its samples start at different times), which is why it is not the
-  default.
+  default. ``sample_order="interleaved"`` (with ``continuous``) queues the samples round robin over
+  the prompts (``experiment.make_batches``), so that a prompt's later samples start after its
+  earlier ones finished, which sibling lookup drafts from.
+
+  Raises:
+    ValueError: ``sample_order="interleaved"`` without ``continuous`` (static batches hold B samples
+      of one prompt here), or an unknown ``sample_order``.
   ``save`` receives the runs so far after every run (without the budget, which needs them all).
 
   Every sequence of every (method, temperature, batch size) is checked against HumanEval's tests; a
@@ -292,9 +304,15 @@ def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_si
   ``draft_len`` and ``draft_tree`` choose BASS's speculation as ``generate`` takes them (default:
   Algorithm 1 over chains, the paper's); they are recorded in the result's header.
   """
+  if sample_order not in experiment.SAMPLE_ORDERS:
+    raise ValueError(f"sample_order must be one of {experiment.SAMPLE_ORDERS}, got {sample_order!r}")
+  if sample_order != "grouped" and not continuous:
+    raise ValueError(f"sample_order={sample_order!r} orders a continuous batch's queue: pass "
+                     "continuous=True (static batches hold the B samples of one prompt)")
   header = {"experiment": "budget", **machine(), "budget_fraction": budget_fraction,
             "num_prompts": len(problems), "max_new_tokens": max_new_tokens, "top_p": top_p,
-            "continuous": continuous, "target": target.name, "draft": draft.name,
+            "continuous": continuous, "sample_order": sample_order, "target": target.name,
+            "draft": draft.name,
             **_speculation(draft_len, draft_tree)}
   runs = _Runs(header, save, earlier)
   for temperature in temperatures:
@@ -305,8 +323,9 @@ def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_si
           continue
         result = _decode(target, draft, problems, method=method, batch=batch,
                          max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                         kernels=kernels, check=True, distinct_prompts=False,
-                         continuous=continuous, draft_len=draft_len, draft_tree=draft_tree)
+                         kernels=kernels, check=True, samples_per_prompt=batch,
+                         sample_order=sample_order, continuous=continuous, draft_len=draft_len,
+                         draft_tree=draft_tree)
         # The budget needs every run's sequences: kept with the run, so a resumed run has them too.
         records = [{k: r[k] for k in ("task_id", "finish_seconds", "num_tokens", "passed",
                                       "mean_logprob")} for r in result.records]

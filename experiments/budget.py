@@ -18,9 +18,17 @@ _CONTINUOUS = flags.DEFINE_bool(
     "queue that B rows decode, a finished row taking the next sample at once, and each sample's time "
     "runs from its own admission. Off by default: the budget is per prompt, whose B samples then no "
     "longer start together (bass_jax.reproduce.budget).")
+_SAMPLE_ORDER = flags.DEFINE_enum(
+    "sample_order", "grouped", ["grouped", "interleaved"], "With --continuous, the queue's order: "
+    "grouped (a prompt's B samples in a row) or interleaved (round robin over the prompts, so that a "
+    "prompt's later samples start after its earlier ones finished, which sibling lookup drafts from).")
 _FRACTION = flags.DEFINE_float("budget_fraction", 0.7,
                                "Budget as a fraction of regular decoding's time for a full-length "
                                "sequence at the smallest batch (below 1: regular cannot finish one).")
+
+flags.register_multi_flags_validator(
+    ["sample_order", "continuous"], lambda f: f["sample_order"] == "grouped" or f["continuous"],
+    message="--sample_order=interleaved orders a continuous batch's queue: add --continuous")
 
 
 def main(argv):
@@ -31,6 +39,7 @@ def main(argv):
       target, draft, problems, batch_sizes=batches,
       temperatures=[float(t) for t in _TEMPERATURES.value], max_new_tokens=_common.MAX_NEW.value,
       budget_fraction=_FRACTION.value, kernels=_common.KERNELS.value, continuous=_CONTINUOUS.value,
+      sample_order=_SAMPLE_ORDER.value,
       save=_common.saver(path), earlier=_common.earlier_runs(),
       **_common.speculation()))
 

@@ -220,7 +220,9 @@ def _budget(result, figures: pathlib.Path) -> list[str]:
   curves = [v for r in runs for k in ("pass_at_first", "pass_at_finished") for v in r["pass_curve"][k]]
   lines += [f"Budget: {result['budget_seconds']:.2f} s per prompt = {result['budget_fraction']} x regular "
             "decoding's time for a full-length sequence at the smallest batch, so regular decoding cannot "
-            "finish a full-length sequence within it. Pass@First: the finished sequence with the highest "
+            "finish a full-length sequence within it. Samples finished: the share of all sequences "
+            "complete (EOS or the token limit) within the budget. Pass@First: the finished sequence "
+            "with the highest "
             "mean log-probability passes; Pass@Finished: any finished sequence passes. "
             + ("Continuous batching: the samples of all prompts form one queue that B rows decode, and a "
                "sample's time runs from its admission." if result.get("continuous") else
@@ -256,10 +258,12 @@ def _budget(result, figures: pathlib.Path) -> list[str]:
                    f"{top['pass_at_budget']['pass_at_finished']:.2f} (T = {top['temperature']}, "
                    f"B = {top['batch_size']}).")
     lines += ["", f"![pass rates against the budget]({_save_figure(fig, image)})", ""]
-  lines += ["| T | method | B | ms/token All | Pass@First | Pass@Finished | Pass@Batch (no budget) |",
-            "|---|---|---|---|---|---|---|"]
+  lines += ["| T | method | B | ms/token All | samples finished | Pass@First | Pass@Finished | "
+            "Pass@Batch (no budget) |", "|---|---|---|---|---|---|---|---|"]
   for r in runs:
+    share = r["pass_at_budget"].get("finished_share")  # absent from runs made before it was recorded
     lines.append(f"| {r['temperature']} | {r['method']} | {r['batch_size']} | {r['ms_per_token_all']:.1f} | "
+                 f"{'-' if share is None else f'{share:.0%}'} | "
                  f"{r['pass_at_budget']['pass_at_first']:.2f} | "
                  f"{r['pass_at_budget']['pass_at_finished']:.2f} | {r['pass_at_batch']:.2f} |")
   return lines + [""]

@@ -195,10 +195,12 @@ def test_pass_rates_within_a_budget_over_problems():
                                                        mean_logprob=logprob, finish_seconds=seconds)
   records = [record("a", True, -0.5, 1.0), record("a", False, -0.1, 2.0),   # a: pass ranked 2nd
              record("b", False, -0.3, 0.5), record("b", True, -0.9, 3.0)]   # b: pass finishes late
-  assert pass_rates_within(records, 1.5) == {"pass_at_first": 0.5, "pass_at_finished": 0.5}
-  assert pass_rates_within(records, 2.5) == {"pass_at_first": 0.0, "pass_at_finished": 0.5}
-  assert pass_rates_within(records, 5.0) == {"pass_at_first": 0.0, "pass_at_finished": 1.0}
-  assert pass_rates_within(records, 0.1) == {"pass_at_first": 0.0, "pass_at_finished": 0.0}
+  rates = lambda first, finished, share: dict(pass_at_first=first, pass_at_finished=finished,
+                                              finished_share=share)
+  assert pass_rates_within(records, 1.5) == rates(0.5, 0.5, 0.5)
+  assert pass_rates_within(records, 2.5) == rates(0.0, 0.5, 0.75)
+  assert pass_rates_within(records, 5.0) == rates(0.0, 1.0, 1.0)
+  assert pass_rates_within(records, 0.1) == rates(0.0, 0.0, 0.0)
 
 
 def test_report_renders_every_experiment(tmp_path):
@@ -220,7 +222,8 @@ def test_report_renders_every_experiment(tmp_path):
                                                    for m in ("regular", "bass")]),
       "budget_t.json": dict(common, experiment="budget", budget_seconds=1.0, budget_fraction=0.7,
                             top_p=0.95, runs=[dict(run, method=m, pass_at_budget=dict(
-                                pass_at_first=0.0, pass_at_finished=1.0), pass_curve=dict(
+                                pass_at_first=0.0, pass_at_finished=1.0,
+                                finished_share=0.25 if m == "regular" else 0.75), pass_curve=dict(
                                     budget_seconds=[0.5, 1.0], pass_at_first=[0, 0],
                                     pass_at_finished=[0, 1])) for m in ("regular", "bass")]),
       "baselines_t.json": dict(common, experiment="baselines", temperature=0.0, top_p=1.0, runs=[
@@ -246,6 +249,7 @@ def test_report_renders_every_experiment(tmp_path):
   assert "B = 1: BASS-PAD (dynamic) 2.00x" in text
   assert "BASS-PAD (dynamic) is faster than regular decoding at every batch size (B = 1)" in text
   assert "Best bass Pass@Finished within the budget: 1.00" in text
+  assert "| 0.2 | bass | 1 | 10.0 | 75% | 0.00 | 1.00 | 0.50 |" in text  # samples finished
 
 
 def test_the_paper_experiments_pass_their_speculation_to_bass_runs(monkeypatch):
@@ -280,6 +284,15 @@ def test_the_paper_experiments_pass_their_speculation_to_bass_runs(monkeypatch):
   for c in calls:
     assert c["draft_len"] == "goodput"
     assert c["draft_tree"] == (shapes if c["method"] == "bass" else None)
+  # The budget decodes B samples of each prompt, its queue interleaved when asked.
+  calls.clear()
+  reproduce.budget(named, named, [bj_problem(0)], temperatures=[0.2], budget_fraction=0.5,
+                   continuous=True, sample_order="interleaved", **kw)
+  assert {(c["samples_per_prompt"], c["sample_order"], c["continuous"]) for c in calls} == {
+      (2, "interleaved", True)}
+  with pytest.raises(ValueError, match="pass continuous=True"):
+    reproduce.budget(named, named, [bj_problem(0)], temperatures=[0.2], budget_fraction=0.5,
+                     sample_order="interleaved", **kw)
 
 
 def test_batches_hold_distinct_prompts_or_samples_of_one():
