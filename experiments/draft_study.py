@@ -220,6 +220,19 @@ def _sources(summaries) -> str:
                   for k in DRAFT_SOURCES)
 
 
+def _batching(settings) -> str:
+  """How the study's runs batched their sequences, as text after the sentence on distinct prompts."""
+  order = ""
+  if "samples_per_prompt" in settings:
+    order = (" (interleaved: round robin over the prompts)"
+             if settings.get("sample_order") == "interleaved" else
+             " (grouped: a prompt's samples in a row)")
+  if settings.get("continuous"):
+    return (order + "; continuous batching: each run is one queue decoded B rows at a time, a "
+            "sequence's latency running from its admission")
+  return order + "; static batches"
+
+
 def _sections() -> list[tuple[str, str, int]]:
   """``(key, temperature as given, samples per prompt)`` of each section of the study, in order: per
   temperature, distinct prompts (key: the temperature), then each ``--samples_per_prompt`` s > 1
@@ -281,13 +294,8 @@ def _render(raw, names, policies, batches, sections) -> str:
       "",
       f"Target {settings['target']}; first {settings['num_prompts']} prompts of "
       f"`{settings['prompts']}`, {settings['max_new_tokens']} new tokens each; every batch holds "
-      "distinct prompts unless its section decodes several samples of each prompt" + (
-          f" ({settings.get('sample_order', 'grouped')}: "
-          + ("round robin over the prompts" if settings.get("sample_order") == "interleaved" else
-             "a prompt's samples in a row") + ")" if "samples_per_prompt" in settings else "") + (
-          "; continuous batching: each run is one queue decoded B rows at a time, a sequence's "
-          "latency running from its admission" if settings.get("continuous") else
-          "; static batches") + ". Sampling: top-p "
+      f"distinct prompts unless its section decodes several samples of each prompt{_batching(settings)}"
+      ". Sampling: top-p "
       f"{settings['top_p']} at T > 0. Latency is per-token latency "
       "All (ms/token, mean over the sequences, compilation and a warm-up batch excluded, BASS §4.1); in "
       "parentheses the speed-up over regular decoding, timed just before and just after each cell's "

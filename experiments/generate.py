@@ -6,8 +6,8 @@ r"""Main job: decode HumanEval (or a JSONL prompt file) with BASS or regular dec
 At temperature 0 each batch holds ``--batch_size`` *different* prompts (copies of one prompt would be
 identical rows); when sampling, ``--batch_size`` samples of each prompt (the paper's setting);
 ``--distinct_prompts`` overrides either, and ``--samples_per_prompt`` replaces both (each prompt that
-many times, grouped or, with ``--sample_order=interleaved``, round robin over the prompts). By default the sequences of all batches form one queue that
-``--batch_size`` rows decode with continuous batching (a finished row takes the next sequence at once);
+many times, grouped or, with ``--sample_order=interleaved``, round robin over the prompts). By
+default the sequences of all batches form one queue that ``--batch_size`` rows decode with continuous batching (a finished row takes the next sequence at once);
 ``--nocontinuous`` decodes the batches one after the other. Per-token latency per sequence (All, and
 First / Last of each static batch, BASS paper §4.1) is the wall time from the start of its decoding
 (its batch's start, or its admission) until it was complete, over its token count; compilation is
@@ -67,6 +67,7 @@ _SAMPLES = flags.DEFINE_integer(
     "its default), in the order --sample_order gives, cut into batches of --batch_size or queued.",
     lower_bound=1)
 _SAMPLE_ORDER = flags.DEFINE_enum(
+    # experiment.SAMPLE_ORDERS, spelled out: bass_jax loads only after the flags are checked.
     "sample_order", "grouped", ["grouped", "interleaved"], "With --samples_per_prompt: grouped (a "
     "prompt's samples in a row) or interleaved (round robin over the prompts: with continuous "
     "batching a prompt's later samples start once its earlier ones finished, which sibling lookup "
@@ -193,9 +194,9 @@ def main(argv):
 
   try:
     problems = load_problems(_PROMPTS.value, _NUM_PROMPTS.value or None)
-    distinct = _DISTINCT.value if _DISTINCT.value is not None else _TEMPERATURE.value == 0
-    if _SAMPLES.value is not None:
-      distinct = None  # run_problems' rule: samples_per_prompt decides
+    # run_problems' rule: samples_per_prompt, when given, decides alone (distinct_prompts None).
+    distinct = (None if _SAMPLES.value is not None else
+                _DISTINCT.value if _DISTINCT.value is not None else _TEMPERATURE.value == 0)
     plan = experiment.sequence_plan(problems, _BATCH.value, bool(distinct), _SAMPLES.value,
                                     _SAMPLE_ORDER.value)
     experiment.check_done(plan, done)
