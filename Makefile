@@ -18,7 +18,7 @@ RUN_FLAGS ?= --flagfile=configs/humaneval_quick.flags
 # 18.8 on this project's 2-core machine (2026-11-22). TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 
-.PHONY: venv run test clean
+.PHONY: venv run test bench-gpu clean
 
 venv: $(STAMP)
 
@@ -37,6 +37,11 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile tests
+
+# On a GPU machine: kernel tests compiled, attention and forward benchmarks, the decode census, latency
+# and utilization at B = 1-16 (experiments/bench_gpu.py); results and logs in outputs/bench_gpu-<time>/.
+bench-gpu: $(STAMP)
+	$(PY) -m experiments.bench_gpu $(BENCH_GPU_FLAGS)
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

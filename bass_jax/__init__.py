@@ -21,12 +21,13 @@ from bass_jax.sampling.generate import (PAD_TOKEN, GenerateOutput, GenerateStats
                                         clear_compile_cache, enable_persistent_compilation_cache,
                                         generate, load_draft_spec, set_compile_cache_size)
 from bass_jax.sampling.generate import FinishedPrompt
+from bass_jax.sampling.profiles import BackendProfile
 from bass_jax.sampling.proposers import NGramProposer, SiblingProposer
 from bass_jax.sampling.tree import TreeShape
 from bass_jax.text import generate_text
 
 __all__ = [
-    "ALIASES", "CodeGenConfig", "DynamicDraftLen", "FinishedPrompt", "FixedDraftLen", "GPT2Config", "GenerateOutput",
+    "ALIASES", "BackendProfile", "CodeGenConfig", "DynamicDraftLen", "FinishedPrompt", "FixedDraftLen", "GPT2Config", "GenerateOutput",
     "GenerateStats", "GoodputDraftLen", "Hybrid", "KVCache", "Llama", "LlamaConfig", "Model",
     "NGramProposer", "OPTConfig", "PAD_TOKEN", "SiblingProposer", "StepCosts", "TreeShape",
     "abstract_params", "attention_implementations", "check_same_tokenizer", "clear_compile_cache",

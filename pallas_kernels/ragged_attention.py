@@ -82,6 +82,36 @@ class BlockSizes:
       raise ValueError(f"BlockSizes.num_splits must be >= 1, got {self.num_splits}")
 
 
+def split_count(batch: int, num_kv_heads: int, num_q: int, group: int, max_len: int, *,
+                sm_count: int, block_sizes: BlockSizes = BlockSizes()) -> int:
+  """Flash-decoding's split-K: how many partitions of the cache fill a GPU at this shape.
+
+  The grid has ``B * K * ceil(T * G / block_r)`` programs per split. When that is fewer than the SMs
+  (SmolLM2 at B = 1: 3 programs on a 132-SM H100), splitting the cache multiplies the programs; this
+  returns the smallest power of two whose grid covers ``sm_count`` SMs, but no more splits than leave
+  each one at least two blocks of ``block_k`` slots (``S / num_splits`` a multiple of 16 too), since
+  every split adds a merge of its partial result. 1 when the grid already fills the device.
+
+  Args:
+    batch, num_kv_heads: B and K. num_q: T, query positions per row. group: G, query heads per KV
+      head. max_len: S, the cache's slots. sm_count: the device's streaming multiprocessors.
+    block_sizes: the tiling (``block_r``, ``block_k``) the kernel will run with.
+
+  Returns:
+    ``num_splits >= 1`` for :class:`BlockSizes`.
+  """
+  rows = num_q * group
+  block_r = min(block_sizes.block_r, max(_MIN_BLOCK, pl.next_power_of_2(rows)))
+  programs = batch * num_kv_heads * pl.cdiv(rows, block_r)
+  splits = 1
+  while programs * splits < sm_count:
+    more = 2 * splits
+    if max_len % more or (max_len // more) % _MIN_BLOCK or max_len // more < 2 * block_sizes.block_k:
+      break
+    splits = more
+  return splits
+
+
 def _ragged_attention_kernel(
     lengths_ref,  # i32[]: end position of this row's queries (query t sits at lengths - T + t)
     kv_lengths_ref,  # i32[]: valid key slots of this row (slots at or past it are never read)

@@ -141,8 +141,9 @@ def test_smollm2_greedy_bass_equals_regular(smollm2, smollm2_greedy):
 
 
 def test_calls_within_the_same_buckets_share_programs(target):
-  """Batch, prompt length and max_new_tokens inside their buckets, EOS ids, temperature, top_p and
-  seed are traced or padded: a second call reuses the first one's programs; the LRU is bounded."""
+  """Batch, prompt length and max_new_tokens inside their buckets, EOS ids, temperature, top_p below 1
+  and seed are traced or padded: a second call reuses the first one's programs; whether there is a
+  nucleus at all (top_p < 1) is compiled in; the LRU is bounded."""
   from bass_jax.sampling import generate as generate_lib
 
   bj.clear_compile_cache()
@@ -152,9 +153,11 @@ def test_calls_within_the_same_buckets_share_programs(target):
                       top_p=0.9, seed=1, **kw)
   assert first.stats.compiled and first.stats.batch_bucket == 4
   again = bj.generate(target, draft, _prompts(target.config.vocab_size, (14, 2, 7, 11), seed=3),
-                      max_new_tokens=29, top_p=1.0, seed=2, eos_token_id=[5, 6], **kw)
+                      max_new_tokens=29, top_p=0.6, seed=2, eos_token_id=[5, 6], **kw)
   assert not again.stats.compiled and again.stats.compile_seconds == 0
   assert again.tokens.shape == (4, 29) and (again.lengths <= 29).all()
+  assert bj.generate(target, draft, _prompts(target.config.vocab_size, (3, 9, 5)), max_new_tokens=20,
+                     top_p=1.0, **kw).stats.compiled  # no nucleus: a program without one
   assert bj.generate(target, draft, _prompts(target.config.vocab_size, (3,)), max_new_tokens=20,
                      **kw).stats.compiled  # batch bucket 1: a new program
   bj.set_compile_cache_size(1)

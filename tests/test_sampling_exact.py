@@ -43,6 +43,7 @@ from scipy import stats
 import bass_jax as bj
 from bass_jax.sampling import acceptance
 from bass_jax.sampling import generate as generate_lib
+from bass_jax.sampling.profiles import BackendProfile
 from bass_jax.sampling.warp import warped_log_probs
 
 VOCAB = 8
@@ -110,7 +111,8 @@ def exact_joint(model: bj.Model, prompt, num_tokens: int, temperature: float,
   prefixes = prefixes.reshape(vocab ** (num_tokens - 1), num_tokens - 1)
   sequences = np.concatenate([np.tile(np.asarray(prompt, np.int32), (len(prefixes), 1)), prefixes], 1)
   logits = model.logits(sequences)[:, len(prompt) - 1:]  # [prefixes, num_tokens, V]
-  log_probs = warped_log_probs(logits, jnp.float32(temperature), jnp.float32(top_p))
+  log_probs = warped_log_probs(logits, jnp.float32(temperature),
+                              None if top_p == 1 else jnp.float32(top_p))
   conditionals = np.exp(np.asarray(log_probs, np.float64))
   reference = reference_warp(np.asarray(logits), temperature, top_p)
   np.testing.assert_array_equal(conditionals > 0, reference > 0)
@@ -171,6 +173,7 @@ class Case:
   top_p: float
   draft_len: object  # int, "dynamic" or a DynamicDraftLen
   seed: int
+  profile: object = None  # generate's profile (None: this machine's)
 
 
 # A small Algorithm-1 policy: starts at 2 drafts (so the bonus token of a fully accepted first step is
@@ -182,6 +185,10 @@ CASES = [
     Case("t1_top_p0.8_fixed3", temperature=1.0, top_p=0.8, draft_len=3, seed=12),
     Case("t0.6_top_p0.9_dynamic", temperature=0.6, top_p=0.9, draft_len=SMALL_DYNAMIC, seed=13),
     Case("t1_fixed2", temperature=1.0, top_p=1.0, draft_len=2, seed=14),
+    # The GPU profile's program (static-length draft loop, one verification pass of L + 1, no
+    # nucleus branch) with the jnp attention: the same law.
+    Case("t0.6_top_p0.9_dynamic_branch_free", temperature=0.6, top_p=0.9, draft_len=SMALL_DYNAMIC,
+         seed=15, profile=BackendProfile("branch-free", "reference", None, True)),
 ]
 SETTINGS = sorted({(c.temperature, c.top_p) for c in CASES})  # the distinct warped distributions
 
@@ -196,10 +203,11 @@ def _draft_joint(temperature: float, top_p: float) -> np.ndarray:
   return exact_joint(_models()[1], PROMPT, NUM_TOKENS, temperature, top_p)
 
 
-def _generate(target, draft, method, temperature, top_p, seed, draft_len=1, rows=NUM_ROWS):
+def _generate(target, draft, method, temperature, top_p, seed, draft_len=1, rows=NUM_ROWS,
+              profile=None):
   out = bj.generate(target, draft, [list(PROMPT)] * rows, method=method, max_new_tokens=NUM_TOKENS,
                     temperature=temperature, top_p=top_p, draft_len=draft_len, seed=seed,
-                    eos_token_id=())
+                    eos_token_id=(), profile=profile)
   assert (out.lengths == NUM_TOKENS).all() and not out.finished.any()
   return out
 
@@ -207,7 +215,8 @@ def _generate(target, draft, method, temperature, top_p, seed, draft_len=1, rows
 @functools.lru_cache(maxsize=None)
 def _bass(case: Case) -> bj.GenerateOutput:
   target, draft = _models()
-  return _generate(target, draft, "bass", case.temperature, case.top_p, case.seed, case.draft_len)
+  return _generate(target, draft, "bass", case.temperature, case.top_p, case.seed, case.draft_len,
+                   profile=case.profile)
 
 
 def assert_fits_target(out: bj.GenerateOutput, temperature: float, top_p: float) -> None:

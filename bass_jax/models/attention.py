@@ -29,7 +29,9 @@ forward, training) :func:`causal_attention` attends the new tokens among themsel
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 from typing import Callable, Protocol
 
 import jax
@@ -357,12 +359,61 @@ def blocked_attention(
   return out, (unfold(m), unfold(l))
 
 
+GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+H100_SM_COUNT = 132  # the SMs assumed when lowering for a GPU on a machine that has none
+_compile_target = threading.local()
+
+
+@contextlib.contextmanager
+def compiling_for(platform: str, *, sm_count: int = H100_SM_COUNT):
+  """Traces the models as for ``platform`` (``"cuda"``, ``"cpu"``) within the block, whatever the
+  default backend: the Pallas kernels lower natively for a GPU platform (interpreted for any other)
+  and their cache splits assume ``sm_count`` SMs, and ``bass_jax.generate``'s default profile is
+  that platform's. For lowering a GPU program on a machine without one (``jax.export`` with
+  ``platforms=[platform]``, ``experiments.lower_decode``); the programs are not runnable here.
+  """
+  previous = getattr(_compile_target, "value", None)
+  _compile_target.value = (platform, sm_count)
+  try:
+    yield
+  finally:
+    _compile_target.value = previous
+
+
+def compile_platform() -> str:
+  """The platform programs are traced for: :func:`compiling_for`'s, else ``jax.default_backend()``."""
+  target = getattr(_compile_target, "value", None)
+  return jax.default_backend() if target is None else target[0]
+
+
+def _sm_count() -> int:
+  """The SMs of the GPU the kernels are compiled for (:func:`compiling_for`'s, else device 0's)."""
+  target = getattr(_compile_target, "value", None)
+  if target is not None:
+    return target[1]
+  return getattr(jax.devices()[0], "core_count", None) or H100_SM_COUNT
+
+
 def _pallas(variant: str) -> AttentionFn:
-  """The Pallas ragged-attention kernel; interpreted unless the default backend is a GPU."""
+  """The Pallas ragged-attention kernel: native on a GPU, with flash-decoding splits of the cache
+  chosen from the shape and the SM count (``ragged_attention.split_count``); interpreted, unsplit,
+  on any other platform (:func:`compile_platform`)."""
   from pallas_kernels import ragged_attention  # pylint: disable=g-import-not-at-top
 
-  interpret = jax.default_backend() not in ("gpu", "cuda", "rocm")
-  return functools.partial(ragged_attention.ragged_attention, variant=variant, interpret=interpret)
+  if compile_platform() not in GPU_PLATFORMS:
+    return functools.partial(ragged_attention.ragged_attention, variant=variant, interpret=True)
+  sm_count = _sm_count()
+
+  def attend(q, k_cache, v_cache, lengths, **kwargs):
+    batch, num_q, num_heads, _ = q.shape
+    num_kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
+    splits = ragged_attention.split_count(batch, num_kv_heads, num_q, num_heads // num_kv_heads,
+                                          max_len, sm_count=sm_count)
+    return ragged_attention.ragged_attention(
+        q, k_cache, v_cache, lengths, variant=variant,
+        block_sizes=ragged_attention.BlockSizes(num_splits=splits), **kwargs)
+
+  return attend
 
 
 # Caches used with the Pallas implementations must have a multiple of this many slots.

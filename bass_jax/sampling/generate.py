@@ -25,6 +25,8 @@ from bass_jax import sharding as sharding_lib
 from bass_jax.loading import Model
 from bass_jax.models import attention as attention_lib
 from bass_jax.sampling import costs as costs_lib
+from bass_jax.sampling import loop
+from bass_jax.sampling import profiles
 from bass_jax.sampling import state as state_lib
 from bass_jax.sampling import warp
 # The compiled programs' LRU (tests read _PROGRAMS and patch _compiled here); the public names stay
@@ -40,14 +42,41 @@ from bass_jax.sampling.tree import TreeShape
 from bass_jax.sampling.drafts import (Hybrid, load_draft_spec,  # pylint: disable=unused-import
                                       resolve_draft)
 from bass_jax.sampling.outputs import FinishedPrompt, GenerateOutput, GenerateStats
+from bass_jax.sampling.profiles import BackendProfile
 from bass_jax.sampling.proposers import NGramProposer, SiblingProposer
 
 PAD_TOKEN = -1  # fills ``GenerateOutput.tokens`` past each row's length; never a real token id
 _MIN_PROMPT_BUCKET = 16
 _OUTPUT_BUCKET = 32  # the output buffer holds a multiple of this many tokens
 _MAX_EOS_IDS = 8  # EOS ids are a traced array of this many slots (padded with -1)
-DEFAULT_VERIFY_CHUNK = 4  # best with the shipped draft on the tuning prompts (docs/design.md)
+TRITON_CUSTOM_CALL = "__gpu$xla.gpu.triton"  # a Pallas Triton kernel in lowered StableHLO (JAX 0.10)
 ACCEPTANCE_RULES = ("rejection", "gumbel")  # generate's acceptance= (state.DecodeSpec.acceptance)
+
+
+@dataclasses.dataclass
+class _Call:
+  """What :func:`_prepare` builds for one ``generate`` call: its spec, the programs' arguments, and
+  what the host needs to run them and read the results."""
+
+  spec: state_lib.DecodeSpec
+  args_prefill: tuple
+  args_tail: tuple
+  bass: bool
+  continuous: bool
+  num_prompts: int
+  slots: int
+  rows: int
+  inert: np.ndarray
+  lengths: np.ndarray
+  max_new_tokens: int
+  time_prompts: bool
+  on_finish: Any
+  host: Callable
+  proposer: Any
+  step_costs: Any
+  mesh: Any
+  profile: str
+
 
 
 def prompt_bucket(length: int) -> int:
@@ -183,7 +212,7 @@ def generate(
     draft_len: int | str | DraftLenPolicy = "dynamic",
     seed: int = 0,
     eos_token_id: int | Sequence[int] | None = None,
-    attention_impl: str = "reference",
+    attention_impl: str | None = None,
     verify_chunk: int | None = None,
     max_cache_len: int | None = None,
     mesh: jax.sharding.Mesh | None = None,
@@ -194,6 +223,7 @@ def generate(
     acceptance: str = "rejection",
     sequence_ids: Sequence[int] | None = None,
     draft_tree: str | TreeShape | Sequence[str | TreeShape] | None = None,
+    profile: str | BackendProfile | None = None,
 ) -> GenerateOutput:
   """Decodes a batch of prompts with batched speculative sampling (BASS) or regular decoding.
 
@@ -236,11 +266,13 @@ def generate(
     seed: PRNG seed, an int in ``[0, 2**63)`` (all 64 bits used; unused when greedy).
     eos_token_id: an id or a sequence of at most 8 ids that end a row; None takes the target config's;
       ``()`` disables stopping.
-    attention_impl: attention implementation for both models (see ``attention_implementations()``).
-    verify_chunk: C, the positions one verification forward scores (compiled once; default
-      ``DEFAULT_VERIFY_CHUNK``): a step with ``l_draft`` drafts scores its ``l_draft + 1`` positions
-      in passes of C, and stops once every row has rejected. A larger C suits drafts that are
-      accepted often; a smaller one wastes less on padding.
+    attention_impl: attention implementation for both models (see ``attention_implementations()``);
+      None takes the profile's (``"reference"`` on a CPU, ``"pallas_split"`` on a GPU).
+    verify_chunk: C, the positions one verification forward scores (compiled once): a step with
+      ``l_draft`` drafts scores its ``l_draft + 1`` positions in passes of C, and stops once every
+      row has rejected. A larger C suits drafts that are accepted often; a smaller one wastes less
+      on padding. None takes the profile's: 4 on a CPU; on a GPU ``L + 1`` (the longest chain and
+      its bonus position), one pass and no verification loop.
     max_cache_len: if given, the most cache slots per row this call may allocate.
     mesh: a ``jax.sharding.Mesh`` with axes ``"data"`` and ``"model"`` (``bass_jax.sharding``): the
       rows (tokens, decode state, caches) split over ``data``, padded with inert rows to a multiple of
@@ -292,6 +324,10 @@ def generate(
       step verifies the tree; with ``draft_len="goodput"`` (or a ``GoodputDraftLen``) each step
       chooses among a plain step, chains and the tree shapes given (a sequence of shapes compiles
       each as a static variant), by measured cost and running acceptance.
+    profile: the backend profile whose defaults fill ``attention_impl`` and ``verify_chunk`` when
+      they are None and say whether the program is branch-free (``sampling.profiles``): ``"cpu"``,
+      ``"gpu"``, a :class:`BackendProfile`, or None for the profile of the platform the decode is
+      compiled for (``jax.default_backend()``).
 
   Returns:
     :class:`GenerateOutput` with tokens ``i32[B, N]``, lengths ``i32[B]``, target log-probs
@@ -310,162 +346,21 @@ def generate(
       out of range or repeated; a bad ``draft_tree`` (``TreeShape``'s errors, a repeated shape), or
       one with ``method="regular"``, a ``draft_len`` other than the default or goodput, several
       shapes without goodput, or a sliding-window target on an attention implementation other than
-      ``"reference"``.
+      ``"reference"``; an unknown ``profile``.
   """
-  if not isinstance(target, Model):
-    raise ValueError(f"target must be a bass_jax.Model (see bass_jax.load_model), got "
-                     f"{type(target).__name__}")
-  if not isinstance(method, str) or method not in ("bass", "regular"):
-    raise ValueError(f"method must be 'bass' or 'regular', got {method!r}")
-  if not isinstance(attention_impl, str):
-    raise ValueError(f"attention_impl must be a name, one of {attention_lib.attention_implementations()}")
-  attention_lib.get_attention(attention_impl)  # raises for an unknown name
-  bass = method == "bass"
-  mesh = sharding_lib.resolve_mesh(mesh) or sharding_lib.mesh_of(target.params)
-  if draft_sharding not in sharding_lib.RULES:
-    raise ValueError(f"draft_sharding must be one of {sorted(sharding_lib.RULES)}, got "
-                     f"{draft_sharding!r}")
-  target_plan = None
-  if mesh is not None:
-    if not jax.config.jax_threefry_partitionable:
-      raise ValueError("generate on a mesh needs jax.config.update('jax_threefry_partitionable', True) "
-                       "(JAX's default), so that random draws do not depend on how arrays are split")
-    target_plan = sharding_lib.plan(target.config, mesh, "tensor_parallel", name="the target")
-  proposer, draft_params, draft_models = None, None, []
-  if bass:
-    if draft is None:
-      raise ValueError("method='bass' needs a draft: a draft model, an NGramProposer, a "
-                       "SiblingProposer or a Hybrid")
-    proposer, draft_params, draft_models = resolve_draft(draft, target, attention_impl, mesh=mesh,
-                                                         draft_sharding=draft_sharding)
-  max_new_tokens = _checks.as_int("max_new_tokens", max_new_tokens, min_value=1)
-  temperature = _checks.as_float("temperature", temperature, min_value=0.0)
-  top_p = _checks.as_float("top_p", top_p, min_value=0.0, min_exclusive=True, max_value=1.0)
-  key = prng_key(seed)
-  if max_cache_len is not None:
-    max_cache_len = _checks.as_int("max_cache_len", max_cache_len, min_value=1)
-  policy = as_policy(draft_len) if bass else None
-  trees = tree_shapes(draft_tree)
-  if trees:
-    if not bass:
-      raise ValueError("draft_tree needs method='bass': regular decoding drafts nothing")
-    if getattr(target.config, "sliding_window", None) is not None and attention_impl != "reference":
-      raise ValueError("draft_tree with a sliding-window target runs on attention_impl='reference' "
-                       "only (the kernels place a query by slot, a tree node by depth)")
-    if isinstance(policy, GoodputDraftLen):
-      policy = dataclasses.replace(policy, trees=trees)
-    elif not (isinstance(draft_len, str) and draft_len == "dynamic"):
-      raise ValueError(f"draft_len={draft_len!r} chooses chain lengths; with draft_tree leave it at its "
-                       "default (every step verifies the tree) or pass 'goodput' (each step chooses "
-                       "among plain steps, chains and the tree shapes)")
-    else:  # several shapes without goodput: state.DecodeSpec refuses them
-      policy = as_policy(trees[0].depth)
-  chunk = 0
-  if bass:
-    chunk = (DEFAULT_VERIFY_CHUNK if verify_chunk is None
-             else _checks.as_int("verify_chunk", verify_chunk, min_value=1))
-  if batch_size is not None:
-    batch_size = _checks.as_int("batch_size", batch_size, min_value=1)
-  time_prompts = _checks.as_bool("time_prompts", time_prompts)
-  if acceptance not in ACCEPTANCE_RULES:
-    raise ValueError(f"acceptance must be one of {ACCEPTANCE_RULES}, got {acceptance!r}")
-  if on_finish is not None and not callable(on_finish):
-    raise ValueError(f"on_finish must be callable or None, got {type(on_finish).__name__}")
-  eos_ids = _eos_ids(eos_token_id, target)
-  if len(eos_ids) > _MAX_EOS_IDS:
-    raise ValueError(f"eos_token_id has {len(eos_ids)} ids; at most {_MAX_EOS_IDS} are supported")
-
-  arrays = _validate_prompts(prompts, target.config.vocab_size)
-  lengths = np.array([len(a) for a in arrays], np.int32)
-  sequence_ids = _sequence_ids(sequence_ids, len(arrays))
-  context = min(m.config.max_positions for m in [target] + draft_models)
-  if lengths.max() + max_new_tokens > context:
-    raise ValueError(
-        f"longest prompt ({lengths.max()} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
-        f"models' context of {context} positions; shorten the prompt or lower max_new_tokens")
-
-  num_prompts = len(arrays)
-  continuous = batch_size is not None and batch_size < num_prompts
-  slots = batch_size if continuous else num_prompts  # rows decoding at once
-  rows = batch_bucket(slots)
-  queue_len = batch_bucket(num_prompts) if continuous else 0
-  max_new_bucket = output_bucket(max_new_tokens)
-  history_len = 0
-  if continuous:
-    if mesh is not None and mesh.shape[sharding_lib.DATA] > 1:
-      raise ValueError(
-          f"continuous batching (batch_size={batch_size} < {num_prompts} prompts) runs its one-row "
-          f"prefill unsplit over rows, so it needs a mesh whose data axis has size 1, got "
-          f"{dict(mesh.shape)}; use a mesh of shape (1, n), or batch_size=None for static batches")
-    # state.DecodeState.step_limit at the bucket's sizes; any batch_size of this bucket fills >= rows/2.
-    history_len = -(-queue_len * max_new_bucket // -(-rows // 2)) + max_new_bucket
-
-  spec = state_lib.DecodeSpec(
-      method=method, target=target.config, proposer=proposer,
-      target_dtype=jnp.dtype(target.dtype).name,
-      attention_impl=attention_impl, prompt_len=prompt_bucket(int(lengths.max())),
-      max_new_bucket=max_new_bucket, greedy=temperature == 0,
-      draft_len=policy, verify_chunk=chunk, target_sharding=target_plan, queue_len=queue_len,
-      history_len=history_len, acceptance="rejection" if temperature == 0 else acceptance,
-      draft_trees=trees)
-  if max_cache_len is not None and spec.cache_len > max_cache_len:
-    raise ValueError(
-        f"the decode needs {spec.cache_len} cache slots per row (prompt padded to {spec.prompt_len} + "
-        f"{spec.max_new_bucket} output slots + {spec.max_draft + 1} verification look-ahead), more "
-        f"than max_cache_len={max_cache_len}")
-
-  if mesh is not None:  # inert rows up to a multiple of the data axis
-    rows = -(-rows // mesh.shape[sharding_lib.DATA]) * mesh.shape[sharding_lib.DATA]
-  queued = np.zeros((max(rows, queue_len), spec.prompt_len), np.int32)
-  for i, a in enumerate(arrays):
-    queued[i, :len(a)] = a
-  queued_len = np.ones(len(queued), np.int32)  # padding: a one-token prompt, never decoded
-  queued_len[:num_prompts] = lengths
-  queued_keys = np.zeros((len(queued), 2), np.uint32)
-  if spec.coupled:
-    queued_keys[:num_prompts] = warp.sequence_keys(key, sequence_ids)
-  # Rows of identical prompts are siblings (a proposer may draft from each other's text); padding
-  # prompts are groups of their own.
-  first_of = {}
-  queued_group = -1 - np.arange(len(queued), dtype=np.int32)
-  for i, a in enumerate(arrays):
-    queued_group[i] = first_of.setdefault(a.tobytes(), i)
-  inert = np.arange(rows) >= slots
-  padded = np.where(inert[:, None], 0, queued[:rows])
-  prompt_len = np.where(inert, 1, queued_len[:rows]).astype(np.int32)
-  eos_array = np.full(_MAX_EOS_IDS, -1, np.int32)
-  eos_array[:len(eos_ids)] = eos_ids
-  target_params = target.params
-  if mesh is not None:  # after every check: a bad argument copies no weights
-    target_params = sharding_lib.shard_params(target_params, target_plan)
-    if draft_params is not None:
-      draft_params = sharding_lib.shard_params(draft_params, proposer.sharding)
-  step_costs = None
-  if isinstance(policy, GoodputDraftLen):
-    step_costs = policy.costs or costs_lib.measure_step_costs(spec, target_params, draft_params, rows)
-  inputs = state_lib.DecodeInputs(
-      prompts=padded, prompt_len=prompt_len, inert=inert, row_keys=queued_keys[:rows],
-      group=np.where(inert, -1 - np.arange(rows), queued_group[:rows]).astype(np.int32),
-      max_new=np.int32(max_new_tokens), eos_ids=eos_array, key=key,
-      step_costs=step_costs.as_array() if step_costs else np.zeros(5, np.float32))
-  if continuous:
-    inputs = inputs.replace(
-        queue_prompts=queued[:queue_len], queue_prompt_len=queued_len[:queue_len],
-        queue_keys=queued_keys[:queue_len], queue_group=queued_group[:queue_len],
-        num_prompts=np.int32(num_prompts),
-        step_limit=np.int32(-(-num_prompts * max_new_tokens // slots) + max_new_tokens))
-  scalars = (np.float32(max(temperature, 1e-6)), np.float32(top_p), np.bool_(time_prompts))
-  if mesh is None:
-    inputs = jax.tree_util.tree_map(jnp.asarray, inputs)
-    scalars = tuple(map(jnp.asarray, scalars))
-    host = np.asarray
-  else:  # rows over data, the rest replicated
-    inputs = jax.tree_util.tree_map(sharding_lib.put, inputs,
-                                    inputs.placed(target_plan.rows, target_plan.replicate))
-    scalars = tuple(sharding_lib.put(a, target_plan.replicate) for a in scalars)
-    host = sharding_lib.to_host
-  args_prefill = (target_params, draft_params, inputs)
-  args_tail = (target_params, draft_params, *scalars)
+  call = _prepare(target, draft, prompts, method=method, max_new_tokens=max_new_tokens,
+                  temperature=temperature, top_p=top_p, draft_len=draft_len, seed=seed,
+                  eos_token_id=eos_token_id, attention_impl=attention_impl, verify_chunk=verify_chunk,
+                  max_cache_len=max_cache_len, mesh=mesh, draft_sharding=draft_sharding,
+                  batch_size=batch_size, time_prompts=time_prompts, on_finish=on_finish,
+                  acceptance=acceptance, sequence_ids=sequence_ids, draft_tree=draft_tree,
+                  profile=profile)
+  spec, args_prefill, args_tail = call.spec, call.args_prefill, call.args_tail
+  bass, continuous, num_prompts, slots, rows = (call.bass, call.continuous, call.num_prompts,
+                                                call.slots, call.rows)
+  inert, lengths, max_new_tokens, host = call.inert, call.lengths, call.max_new_tokens, call.host
+  time_prompts, on_finish, proposer, step_costs, mesh = (call.time_prompts, call.on_finish,
+                                                         call.proposer, call.step_costs, call.mesh)
   (prefill, decode), compile_seconds = _compiled(spec, args_prefill, args_tail)
 
   clock = _PromptClock(num_prompts, started=min(slots, num_prompts))
@@ -532,6 +427,8 @@ def generate(
       prompt_bucket=spec.prompt_len,
       batch_bucket=rows,
       verify_chunk=spec.verify_chunk,
+      attention_impl=spec.attention_impl,
+      profile=call.profile,
       verified=host(state.verified_history)[:steps] if bass else np.zeros((0,), np.int32),
       drafted=drafted,
       trees=host(state.tree_history)[:steps] if bass else np.zeros((0,), np.int32),
@@ -557,6 +454,286 @@ def generate(
     for i in np.flatnonzero(~reported):
       on_finish(output.prompt(int(i)))
   return output
+
+
+def _prepare(
+    target: Model,
+    draft: Model | NGramProposer | SiblingProposer | Hybrid | None,
+    prompts: Sequence[Sequence[int]] | np.ndarray | jax.Array,
+    *,
+    method: str = "bass",
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    draft_len: int | str | DraftLenPolicy = "dynamic",
+    seed: int = 0,
+    eos_token_id: int | Sequence[int] | None = None,
+    attention_impl: str | None = None,
+    verify_chunk: int | None = None,
+    max_cache_len: int | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    draft_sharding: str = "replicated",
+    batch_size: int | None = None,
+    time_prompts: bool = True,
+    on_finish: Callable[[FinishedPrompt], None] | None = None,
+    acceptance: str = "rejection",
+    sequence_ids: Sequence[int] | None = None,
+    draft_tree: str | TreeShape | Sequence[str | TreeShape] | None = None,
+    profile: str | BackendProfile | None = None,
+) -> "_Call":
+  """Validates ``generate``'s arguments and builds the decode's spec and program arguments (no device
+  work but placing the inputs and, for a cost-aware draft length, measuring the step costs)."""
+  if not isinstance(target, Model):
+    raise ValueError(f"target must be a bass_jax.Model (see bass_jax.load_model), got "
+                     f"{type(target).__name__}")
+  if not isinstance(method, str) or method not in ("bass", "regular"):
+    raise ValueError(f"method must be 'bass' or 'regular', got {method!r}")
+  profile = profiles.backend_profile(profile)
+  if attention_impl is None:
+    attention_impl = profile.attention_impl
+  if not isinstance(attention_impl, str):
+    raise ValueError(f"attention_impl must be a name, one of {attention_lib.attention_implementations()}")
+  attention_lib.get_attention(attention_impl)  # raises for an unknown name
+  bass = method == "bass"
+  mesh = sharding_lib.resolve_mesh(mesh) or sharding_lib.mesh_of(target.params)
+  if draft_sharding not in sharding_lib.RULES:
+    raise ValueError(f"draft_sharding must be one of {sorted(sharding_lib.RULES)}, got "
+                     f"{draft_sharding!r}")
+  target_plan = None
+  if mesh is not None:
+    if not jax.config.jax_threefry_partitionable:
+      raise ValueError("generate on a mesh needs jax.config.update('jax_threefry_partitionable', True) "
+                       "(JAX's default), so that random draws do not depend on how arrays are split")
+    target_plan = sharding_lib.plan(target.config, mesh, "tensor_parallel", name="the target")
+  proposer, draft_params, draft_models = None, None, []
+  if bass:
+    if draft is None:
+      raise ValueError("method='bass' needs a draft: a draft model, an NGramProposer, a "
+                       "SiblingProposer or a Hybrid")
+    proposer, draft_params, draft_models = resolve_draft(draft, target, attention_impl, mesh=mesh,
+                                                         draft_sharding=draft_sharding)
+  max_new_tokens = _checks.as_int("max_new_tokens", max_new_tokens, min_value=1)
+  temperature = _checks.as_float("temperature", temperature, min_value=0.0)
+  top_p = _checks.as_float("top_p", top_p, min_value=0.0, min_exclusive=True, max_value=1.0)
+  key = prng_key(seed)
+  if max_cache_len is not None:
+    max_cache_len = _checks.as_int("max_cache_len", max_cache_len, min_value=1)
+  policy = as_policy(draft_len) if bass else None
+  trees = tree_shapes(draft_tree)
+  if trees:
+    if not bass:
+      raise ValueError("draft_tree needs method='bass': regular decoding drafts nothing")
+    if getattr(target.config, "sliding_window", None) is not None and attention_impl != "reference":
+      raise ValueError("draft_tree with a sliding-window target runs on attention_impl='reference' "
+                       "only (the kernels place a query by slot, a tree node by depth)")
+    if isinstance(policy, GoodputDraftLen):
+      policy = dataclasses.replace(policy, trees=trees)
+    elif not (isinstance(draft_len, str) and draft_len == "dynamic"):
+      raise ValueError(f"draft_len={draft_len!r} chooses chain lengths; with draft_tree leave it at its "
+                       "default (every step verifies the tree) or pass 'goodput' (each step chooses "
+                       "among plain steps, chains and the tree shapes)")
+    else:  # several shapes without goodput: state.DecodeSpec refuses them
+      policy = as_policy(trees[0].depth)
+  chunk = 0  # for bass, None until the spec knows L: one pass of L + 1 (profiles.BackendProfile)
+  if bass:
+    chunk = (profile.verify_chunk if verify_chunk is None
+             else _checks.as_int("verify_chunk", verify_chunk, min_value=1))
+  if batch_size is not None:
+    batch_size = _checks.as_int("batch_size", batch_size, min_value=1)
+  time_prompts = _checks.as_bool("time_prompts", time_prompts)
+  if acceptance not in ACCEPTANCE_RULES:
+    raise ValueError(f"acceptance must be one of {ACCEPTANCE_RULES}, got {acceptance!r}")
+  if on_finish is not None and not callable(on_finish):
+    raise ValueError(f"on_finish must be callable or None, got {type(on_finish).__name__}")
+  eos_ids = _eos_ids(eos_token_id, target)
+  if len(eos_ids) > _MAX_EOS_IDS:
+    raise ValueError(f"eos_token_id has {len(eos_ids)} ids; at most {_MAX_EOS_IDS} are supported")
+
+  arrays = _validate_prompts(prompts, target.config.vocab_size)
+  lengths = np.array([len(a) for a in arrays], np.int32)
+  sequence_ids = _sequence_ids(sequence_ids, len(arrays))
+  context = min(m.config.max_positions for m in [target] + draft_models)
+  if lengths.max() + max_new_tokens > context:
+    raise ValueError(
+        f"longest prompt ({lengths.max()} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+        f"models' context of {context} positions; shorten the prompt or lower max_new_tokens")
+
+  num_prompts = len(arrays)
+  continuous = batch_size is not None and batch_size < num_prompts
+  slots = batch_size if continuous else num_prompts  # rows decoding at once
+  rows = batch_bucket(slots)
+  queue_len = batch_bucket(num_prompts) if continuous else 0
+  max_new_bucket = output_bucket(max_new_tokens)
+  history_len = 0
+  if continuous:
+    if mesh is not None and mesh.shape[sharding_lib.DATA] > 1:
+      raise ValueError(
+          f"continuous batching (batch_size={batch_size} < {num_prompts} prompts) runs its one-row "
+          f"prefill unsplit over rows, so it needs a mesh whose data axis has size 1, got "
+          f"{dict(mesh.shape)}; use a mesh of shape (1, n), or batch_size=None for static batches")
+    # state.DecodeState.step_limit at the bucket's sizes; any batch_size of this bucket fills >= rows/2.
+    history_len = -(-queue_len * max_new_bucket // -(-rows // 2)) + max_new_bucket
+
+  spec = state_lib.DecodeSpec(
+      method=method, target=target.config, proposer=proposer,
+      target_dtype=jnp.dtype(target.dtype).name,
+      attention_impl=attention_impl, prompt_len=prompt_bucket(int(lengths.max())),
+      max_new_bucket=max_new_bucket, greedy=temperature == 0,
+      draft_len=policy, verify_chunk=chunk or 0, target_sharding=target_plan, queue_len=queue_len,
+      history_len=history_len, acceptance="rejection" if temperature == 0 else acceptance,
+      draft_trees=trees, branch_free=profile.branch_free)
+  if bass and chunk is None:
+    spec = dataclasses.replace(spec, verify_chunk=spec.max_draft + 1)
+  if max_cache_len is not None and spec.cache_len > max_cache_len:
+    raise ValueError(
+        f"the decode needs {spec.cache_len} cache slots per row (prompt padded to {spec.prompt_len} + "
+        f"{spec.max_new_bucket} output slots + {spec.max_draft + 1} verification look-ahead), more "
+        f"than max_cache_len={max_cache_len}")
+
+  if mesh is not None:  # inert rows up to a multiple of the data axis
+    rows = -(-rows // mesh.shape[sharding_lib.DATA]) * mesh.shape[sharding_lib.DATA]
+  queued = np.zeros((max(rows, queue_len), spec.prompt_len), np.int32)
+  for i, a in enumerate(arrays):
+    queued[i, :len(a)] = a
+  queued_len = np.ones(len(queued), np.int32)  # padding: a one-token prompt, never decoded
+  queued_len[:num_prompts] = lengths
+  queued_keys = np.zeros((len(queued), 2), np.uint32)
+  if spec.coupled:
+    queued_keys[:num_prompts] = warp.sequence_keys(key, sequence_ids)
+  # Rows of identical prompts are siblings (a proposer may draft from each other's text); padding
+  # prompts are groups of their own.
+  first_of = {}
+  queued_group = -1 - np.arange(len(queued), dtype=np.int32)
+  for i, a in enumerate(arrays):
+    queued_group[i] = first_of.setdefault(a.tobytes(), i)
+  inert = np.arange(rows) >= slots
+  padded = np.where(inert[:, None], 0, queued[:rows])
+  prompt_len = np.where(inert, 1, queued_len[:rows]).astype(np.int32)
+  eos_array = np.full(_MAX_EOS_IDS, -1, np.int32)
+  eos_array[:len(eos_ids)] = eos_ids
+  target_params = target.params
+  if mesh is not None:  # after every check: a bad argument copies no weights
+    target_params = sharding_lib.shard_params(target_params, target_plan)
+    if draft_params is not None:
+      draft_params = sharding_lib.shard_params(draft_params, proposer.sharding)
+  step_costs = None
+  if isinstance(policy, GoodputDraftLen):
+    step_costs = policy.costs or costs_lib.measure_step_costs(spec, target_params, draft_params, rows)
+  inputs = state_lib.DecodeInputs(
+      prompts=padded, prompt_len=prompt_len, inert=inert, row_keys=queued_keys[:rows],
+      group=np.where(inert, -1 - np.arange(rows), queued_group[:rows]).astype(np.int32),
+      max_new=np.int32(max_new_tokens), eos_ids=eos_array, key=key,
+      step_costs=step_costs.as_array() if step_costs else np.zeros(5, np.float32))
+  if continuous:
+    inputs = inputs.replace(
+        queue_prompts=queued[:queue_len], queue_prompt_len=queued_len[:queue_len],
+        queue_keys=queued_keys[:queue_len], queue_group=queued_group[:queue_len],
+        num_prompts=np.int32(num_prompts),
+        step_limit=np.int32(-(-num_prompts * max_new_tokens // slots) + max_new_tokens))
+  # top_p = 1 is None: no nucleus, decided when compiling (warp.warped_log_probs).
+  scalars = (np.float32(max(temperature, 1e-6)), None if top_p == 1 else np.float32(top_p),
+             np.bool_(time_prompts))
+  if mesh is None:
+    inputs = jax.tree_util.tree_map(jnp.asarray, inputs)
+    scalars = jax.tree_util.tree_map(jnp.asarray, scalars)
+    host = np.asarray
+  else:  # rows over data, the rest replicated
+    inputs = jax.tree_util.tree_map(sharding_lib.put, inputs,
+                                    inputs.placed(target_plan.rows, target_plan.replicate))
+    scalars = jax.tree_util.tree_map(lambda a: sharding_lib.put(a, target_plan.replicate), scalars)
+    host = sharding_lib.to_host
+  args_prefill = (target_params, draft_params, inputs)
+  args_tail = (target_params, draft_params, *scalars)
+  return _Call(spec=spec, args_prefill=args_prefill, args_tail=args_tail, bass=bass,
+               continuous=continuous, num_prompts=num_prompts, slots=slots, rows=rows, inert=inert,
+               lengths=lengths, max_new_tokens=max_new_tokens, time_prompts=time_prompts,
+               on_finish=on_finish, host=host, proposer=proposer, step_costs=step_costs, mesh=mesh,
+               profile=profile.name)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoweredDecode:
+  """What :func:`lower` returns.
+
+  Attributes:
+    prefill, decode: ``jax.export.Exported`` programs (``.mlir_module()`` is their StableHLO).
+    spec: the decode's :class:`state.DecodeSpec`.
+    cache_arrays: the shapes of every KV cache array of the decode state (target and draft) and of
+      the EAGLE feature buffer, as ``"f32[B,K,S,H]"`` (``hlo_census`` spells shapes so).
+    host_decode_hlo: with ``compile_on_host``, the decode compiled for this machine from the same
+      settings and profile, the jnp reference attention standing in for a kernel (XLA's optimized
+      HLO text, where copy insertion has run); else None.
+  """
+
+  prefill: Any
+  decode: Any
+  spec: state_lib.DecodeSpec
+  cache_arrays: tuple[str, ...]
+  host_decode_hlo: str | None = None
+
+
+def lower(target: Model, draft: Any, prompts: Any, *, platform: str,
+          sm_count: int = attention_lib.H100_SM_COUNT, compile_on_host: bool = False,
+          **kwargs) -> LoweredDecode:
+  """Lowers the programs a :func:`generate` call would run, for ``platform``, without running them:
+  ``jax.export`` of the prefill and of the decode (Pallas kernels included), on any machine.
+
+  Args:
+    target, draft, prompts: as for :func:`generate`.
+    platform: ``"cuda"``, ``"rocm"`` or ``"cpu"``: the programs are traced as for it
+      (``models.attention.compiling_for``), and the default profile is its.
+    sm_count: the SMs the Pallas kernels' cache splits assume on a GPU platform.
+    compile_on_host: also compile the decode of the same settings (the same profile) for this
+      machine, for what only a compiler shows (copies of the caches). The jnp reference attention
+      stands in for a Pallas kernel there: the kernel is a custom call that reads the cache as the
+      reference's ops do, while the Pallas interpreter would copy its operands into state.
+    **kwargs: :func:`generate`'s keyword arguments. A cost-aware draft length without costs gets
+      placeholders: the step costs are a traced input (``StepCosts.as_array``), so any values
+      lower the same program, and measuring them would run programs.
+
+  Returns:
+    A :class:`LoweredDecode`.
+
+  Raises:
+    ValueError: as :func:`generate`.
+  """
+  from jax import export  # pylint: disable=g-import-not-at-top
+
+  policy = kwargs.get("draft_len")
+  if (isinstance(policy, str) and policy == "goodput") or (isinstance(policy, GoodputDraftLen)
+                                                           and policy.costs is None):
+    trees = tree_shapes(kwargs.get("draft_tree"))
+    kwargs["draft_len"] = dataclasses.replace(
+        as_policy(policy), costs=costs_lib.StepCosts(1.0, 1.0, 0.0, 0.0, 1, (1.0,) * len(trees)))
+  # A Pallas Triton kernel lowers to a custom call that export does not vouch for by default.
+  checks = [export.DisabledSafetyCheck.custom_call(TRITON_CUSTOM_CALL)]
+  with attention_lib.compiling_for(platform, sm_count=sm_count):
+    call = _prepare(target, draft, prompts, **kwargs)
+    spec = call.spec
+    state = jax.eval_shape(lambda *a: loop.prefill(spec, *a), *call.args_prefill)
+    prefill = export.export(jax.jit(lambda *a: loop.prefill(spec, *a)), platforms=[platform],
+                            disabled_checks=checks)(*call.args_prefill)
+    decode = export.export(jax.jit(lambda *a: loop.decode(spec, *a), donate_argnums=0),
+                           platforms=[platform], disabled_checks=checks)(state, *call.args_tail)
+  caches = [leaf for cache in (state.target_cache, state.proposer_state)
+            for leaf in jax.tree_util.tree_leaves(cache) if leaf.ndim == 4]
+  caches += [] if state.features is None else [state.features]
+  cache_arrays = tuple(sorted({f"{jnp.dtype(x.dtype).name.replace('float', 'f')}"
+                               f"[{','.join(map(str, x.shape))}]" for x in caches}))
+  host_hlo = None
+  if compile_on_host:
+    with attention_lib.compiling_for(jax.default_backend()):
+      # The jnp reference stands in for a Pallas kernel: XLA sees a kernel (a custom call) read the
+      # cache as it sees the reference's ops read it, where the Pallas interpreter would copy its
+      # operands into state, copies no GPU program makes.
+      profile = profiles.backend_profile(kwargs.get("profile")
+                                         or profiles.platform_profile(platform))
+      host = _prepare(target, draft, prompts,
+                      **{**kwargs, "profile": profile, "attention_impl": "reference"})
+      (_, host_decode), _ = _compiled(host.spec, host.args_prefill, host.args_tail)
+    host_hlo = host_decode.as_text()
+  return LoweredDecode(prefill=prefill, decode=decode, spec=spec, cache_arrays=cache_arrays,
+                       host_decode_hlo=host_hlo)
 
 
 class _PromptClock:

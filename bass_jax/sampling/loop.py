@@ -127,6 +127,15 @@ def unfinished(spec: DecodeSpec, state: DecodeState) -> jax.Array:
   return left & (state.step < state.step_limit)
 
 
+def _outlined(fn, name: str):
+  """``fn`` as a nested jit named ``name``: a lowered decode holds each kind of step as its own
+  function (``func.func @name``), so that ``experiments.lower_decode`` finds where a step begins.
+  XLA inlines the call when it compiles, so the program is unchanged."""
+  step = lambda state: fn(state)
+  step.__name__ = name
+  return jax.jit(step)
+
+
 def _steps(spec: DecodeSpec, target_params: Any, draft_params: Any, temperature: jax.Array,
            top_p: jax.Array, observe: jax.Array, state: DecodeState) -> DecodeState:
   """Runs steps until at least one more row finishes (or all are done, or the step limit), and with
@@ -140,19 +149,21 @@ def _steps(spec: DecodeSpec, target_params: Any, draft_params: Any, temperature:
             & ~(observe & (waiting(s) != waiting_at_entry)))
 
   if spec.method == "regular":
-    return jax.lax.while_loop(
-        running, functools.partial(regular_step, spec, target_params, temperature, top_p), state)
+    step = functools.partial(regular_step, spec, target_params, temperature, top_p)
+    return jax.lax.while_loop(running, _outlined(step, "regular_step"), state)
 
   def step_of(kind):  # a chain step (None) or a tree step of shape draft_trees[kind]
     step = bass_step if kind is None else functools.partial(tree_step, tree=kind)
-    return functools.partial(step, spec, target_params, draft_params, temperature, top_p)
+    name = "bass_step" if kind is None else f"tree_step_{kind}"
+    return _outlined(functools.partial(step, spec, target_params, draft_params, temperature, top_p),
+                     name)
 
   kinds = spec.step_kinds
   if len(kinds) == 1 and spec.proposer.always_proposes and not spec.draft_len.may_choose_zero:
     return jax.lax.while_loop(running, step_of(kinds[0]), state)  # no plain step can occur
 
   def speculate(s: DecodeState):
-    ctx = step_context(s, s.key, temperature, top_p)
+    ctx = step_context(s, s.key, temperature, top_p, branch_free=spec.branch_free)
     return (s.draft_len > 0) & spec.proposer.can_propose(ctx)
 
   def chosen(kind):  # whether the policy's next speculative step is of this kind
@@ -161,7 +172,8 @@ def _steps(spec: DecodeSpec, target_params: Any, draft_params: Any, temperature:
     index = -1 if kind is None else kind
     return lambda s: speculate(s) & (spec.draft_len.tree_choice(s.policy_state) == index)
 
-  plain = functools.partial(plain_step, spec, target_params, temperature, top_p)
+  plain = _outlined(functools.partial(plain_step, spec, target_params, temperature, top_p),
+                    "plain_step")
 
   def body(s: DecodeState):
     # Plain steps while speculation is off, then each kind of speculative step (chains, each tree
@@ -189,7 +201,8 @@ def decode(spec: DecodeSpec, state: DecodeState, target_params: Any, draft_param
   per step; the host passes nothing back in, and calls again while :func:`unfinished`.
 
   Args:
-    temperature: ``f32[]``, > 0 unless ``spec.greedy``. top_p: ``f32[]`` in ``(0, 1]``.
+    temperature: ``f32[]``, > 0 unless ``spec.greedy``. top_p: ``f32[]`` in ``(0, 1)``, or None for
+      no nucleus (static: ``warp.warped_log_probs``).
     observe: ``bool[]``, return at every event.
   """
   steps = functools.partial(_steps, spec, target_params, draft_params, temperature, top_p, observe)

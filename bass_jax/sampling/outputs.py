@@ -46,6 +46,8 @@ class GenerateStats:
     prompt_bucket: P, the length prompts were padded to for the prefill.
     batch_bucket: the number of rows the programs ran (B plus inert padding rows).
     verify_chunk: positions per verification forward (0 for regular decoding).
+    attention_impl: the attention implementation both models ran.
+    profile: the backend profile whose defaults the call took (``sampling.profiles``).
     proposer: the draft side's name (empty for regular decoding).
     step_costs: the ``StepCosts`` a cost-aware draft length used (None otherwise).
     mesh: ``{"data": d, "model": m}`` of the mesh the decode ran on (empty on one device).
@@ -71,6 +73,8 @@ class GenerateStats:
   prompt_bucket: int = 0
   batch_bucket: int = 0
   verify_chunk: int = 0
+  attention_impl: str = ""
+  profile: str = ""
   verified: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
   drafted: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), np.int32))
   trees: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))

@@ -47,6 +47,9 @@ class DecodeSpec:
     acceptance: ``"rejection"`` (speculative rejection sampling, Leviathan et al. 2023) or ``"gumbel"``
       (drafter-invariant: every token is the target's Gumbel-max draw with per-sequence, per-position
       noise, ``acceptance.coupled_accept_chunk``). Greedy decoding ignores it.
+    branch_free: no device-side decision where work can replace it (the GPU profile,
+      ``sampling.profiles``): the draft loop runs its static L iterations, the nucleus bisection runs
+      for every row; with ``verify_chunk >= L + 1`` verification is one pass, never a loop.
     draft_trees: :class:`tree.TreeShape` s: a speculative step may verify a token tree of one of these
       shapes per row (``step.tree_step``) instead of a chain. With a :class:`GoodputDraftLen` (whose
       ``trees`` must be these) the policy chooses per step among plain steps, chains and the shapes;
@@ -68,6 +71,7 @@ class DecodeSpec:
   history_len: int = 0
   acceptance: str = "rejection"
   draft_trees: tuple[TreeShape, ...] = ()
+  branch_free: bool = False
 
   def __post_init__(self):
     trees = tuple(self.draft_trees)

@@ -88,10 +88,11 @@ def regular_step(spec: DecodeSpec, target_params, temperature, top_p,
                                             state.features)
   logits = logits[:, 0]
   if spec.coupled:  # the token at text position seq_len: the same draw as a verification's there
-    token = coupled_choice(warped_log_probs(logits, temperature, top_p), state.row_keys,
+    token = coupled_choice(warped_log_probs(logits, temperature, top_p, branch_free=spec.branch_free), state.row_keys,
                            state.seq_len)
   else:
-    token, _ = sample(logits, sample_key, greedy=spec.greedy, temperature=temperature, top_p=top_p)
+    token, _ = sample(logits, sample_key, greedy=spec.greedy, temperature=temperature, top_p=top_p,
+                      branch_free=spec.branch_free)
   logprob = jax.nn.log_softmax(logits, axis=-1)[rows, token]
   state = _emit(state, token[:, None], logprob[:, None], jnp.ones((batch,), jnp.int32))
   return state.replace(target_cache=cache.with_lengths(state.seq_len - 1), features=features,
@@ -135,13 +136,13 @@ def _verify_chunk(spec: DecodeSpec, target_params, temperature, top_p, state: De
     matched, next_token = acceptance.greedy_accept_chunk(logits, next_drafts, positions, num_drafts)
   elif spec.coupled:
     matched, next_token = acceptance.coupled_accept_chunk(
-        warped_log_probs(logits, temperature, top_p), state.row_keys, state.seq_len, next_drafts,
+        warped_log_probs(logits, temperature, top_p, branch_free=spec.branch_free), state.row_keys, state.seq_len, next_drafts,
         positions, num_drafts)
   else:
     log_q = (None if draft_log_probs is None
              else jax.lax.dynamic_slice_in_dim(draft_log_probs, start, chunk, axis=1))
     matched, next_token = acceptance.speculative_accept_chunk(
-        key, warped_log_probs(logits, temperature, top_p), log_q, next_drafts, positions, num_drafts)
+        key, warped_log_probs(logits, temperature, top_p, branch_free=spec.branch_free), log_q, next_drafts, positions, num_drafts)
   raw = jax.nn.log_softmax(logits, axis=-1)
   of_draft = jnp.take_along_axis(raw, next_drafts[..., None], axis=-1)[..., 0]
   of_next = jnp.take_along_axis(raw, jnp.broadcast_to(next_token[:, None, None], raw.shape[:2] + (1,)),
@@ -158,7 +159,8 @@ def _verify(spec: DecodeSpec, target_params, temperature, top_p, state: DecodeSt
   ``q`` (a deterministic proposer) or greedy decoding.
 
   Each pass writes its chunk's K/V into the target cache and attends; the loop stops once every live
-  row's acceptance has ended (or all ``l + 1`` positions are scored).
+  row's acceptance has ended (or all ``l + 1`` positions are scored). When one pass covers the
+  longest chain (``C >= L + 1``, the GPU profile) it runs once, with no loop around it.
 
   Returns:
     ``(num_accepted: i32[B], emitted: i32[B, L + 1], emitted_logprobs: f32[B, L + 1], target_cache,
@@ -197,7 +199,11 @@ def _verify(spec: DecodeSpec, target_params, temperature, top_p, state: DecodeSt
   init = (jnp.zeros((), jnp.int32), state.target_cache, state.features,
           jnp.zeros((batch,), jnp.int32), ~state.done, jnp.zeros((batch,), jnp.int32),
           jnp.zeros((batch, max_draft + 1 + chunk), jnp.float32))
-  verified, cache, features, accepted, _, next_token, logprobs = jax.lax.while_loop(cond, body, init)
+  if chunk >= max_draft + 1:  # one pass scores every position: no device-side loop condition
+    verified, cache, features, accepted, _, next_token, logprobs = body(init)
+  else:
+    verified, cache, features, accepted, _, next_token, logprobs = jax.lax.while_loop(cond, body,
+                                                                                      init)
   emitted = jnp.concatenate([drafts, jnp.zeros((batch, 1), jnp.int32)], axis=1)
   emitted = emitted.at[rows, accepted].set(next_token)
   return accepted, emitted, logprobs[:, :max_draft + 1], cache, features, verified
@@ -210,7 +216,7 @@ def bass_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
   key, draft_key, accept_key = jax.random.split(state.key, 3)
   live = ~state.done
   draft_len = state.draft_len
-  ctx = step_context(state, draft_key, temperature, top_p)
+  ctx = step_context(state, draft_key, temperature, top_p, branch_free=spec.branch_free)
   proposer_state, proposal = spec.proposer.propose(
       draft_params, state.proposer_state, ctx, max_len=spec.max_draft, chunk=spec.verify_chunk,
       greedy=spec.greedy)
@@ -282,7 +288,7 @@ def tree_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
   key, draft_key, accept_key = jax.random.split(state.key, 3)
   live = ~state.done
   rows = jnp.arange(state.tokens.shape[0])
-  ctx = step_context(state, draft_key, temperature, top_p)
+  ctx = step_context(state, draft_key, temperature, top_p, branch_free=spec.branch_free)
   proposer_state, draft = spec.proposer.propose_tree(draft_params, state.proposer_state, ctx,
                                                      shape=shape)
   mask = tree_lib.ancestor_mask(draft)
@@ -291,11 +297,11 @@ def tree_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
   if spec.greedy:
     result = tree_lib.greedy_accept_tree(draft, logits)
   elif spec.coupled:
-    result = tree_lib.coupled_accept_tree(draft, warped_log_probs(logits, temperature, top_p),
+    result = tree_lib.coupled_accept_tree(draft, warped_log_probs(logits, temperature, top_p, branch_free=spec.branch_free),
                                           state.row_keys, state.seq_len)
   else:
     result = tree_lib.speculative_accept_tree(accept_key, draft,
-                                              warped_log_probs(logits, temperature, top_p))
+                                              warped_log_probs(logits, temperature, top_p, branch_free=spec.branch_free))
   accepted = jnp.where(live, result.num_accepted, 0)
   # Emitted: the path's draft tokens, then next_token at slot num_accepted.
   path = jnp.maximum(result.path, 0)
@@ -321,9 +327,11 @@ def tree_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
   return state.replace(draft_len=jnp.asarray(next_len, jnp.int32), policy_state=policy_state)
 
 
-def step_context(state: DecodeState, key, temperature, top_p) -> StepContext:
+def step_context(state: DecodeState, key, temperature, top_p, *,
+                 branch_free: bool = False) -> StepContext:
   """What the proposer may read of ``state`` this step (:class:`StepContext`), with the proposal's
-  PRNG ``key`` and the warp's ``temperature, top_p: f32[]``."""
+  PRNG ``key``, the warp's ``temperature: f32[]`` and ``top_p: f32[] | None``, and the spec's
+  static ``branch_free``."""
   queue = state.queue
   finished = None
   if queue is not None:
@@ -332,4 +340,4 @@ def step_context(state: DecodeState, key, temperature, top_p) -> StepContext:
   return StepContext(tokens=state.tokens, seq_len=state.seq_len, live=~state.done,
                      draft_len=state.draft_len, key=key, temperature=temperature, top_p=top_p,
                      features=state.features, row_keys=state.row_keys, group=state.group,
-                     finished=finished)
+                     finished=finished, branch_free=branch_free)

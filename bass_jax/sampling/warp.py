@@ -44,12 +44,15 @@ def _bisect_threshold(probs: jax.Array, top_p: jax.Array) -> jax.Array:
   return hi
 
 
-def top_p_filter(log_probs: jax.Array, top_p: jax.Array) -> jax.Array:
+def top_p_filter(log_probs: jax.Array, top_p: jax.Array, *, branch_free: bool = False) -> jax.Array:
   """Restricts a distribution to its nucleus (module docstring) and renormalizes.
 
   Args:
     log_probs: ``f32[..., V]`` normalized log-probabilities.
     top_p: scalar in ``(0, 1]``.
+    branch_free: run the bisection for every row and select, rather than under a ``lax.cond`` on
+      whether any row's nucleus is wider than the top-k fast path (a host round trip on XLA:GPU;
+      ``sampling.profiles``).
 
   Returns:
     ``f32[..., V]`` log-probabilities, ``-inf`` outside the nucleus.
@@ -62,34 +65,44 @@ def top_p_filter(log_probs: jax.Array, top_p: jax.Array) -> jax.Array:
   fast = jnp.min(jnp.where(kept, _keys(top_probs), jnp.iinfo(jnp.int32).max), axis=-1)
   # The nucleus lies inside the top k unless all k tokens are kept (and the vocabulary is larger).
   wider = kept[..., -1] & (k < log_probs.shape[-1])
-  threshold = jax.lax.cond(
-      jnp.any(wider),
-      lambda: jnp.where(wider, _bisect_threshold(probs, top_p), fast),
-      lambda: fast)
+  if branch_free:
+    threshold = jnp.where(wider, _bisect_threshold(probs, top_p), fast)
+  else:
+    threshold = jax.lax.cond(
+        jnp.any(wider),
+        lambda: jnp.where(wider, _bisect_threshold(probs, top_p), fast),
+        lambda: fast)
   filtered = jnp.where(_keys(probs) >= threshold[..., None], log_probs, -jnp.inf)
   return jax.nn.log_softmax(filtered, axis=-1)
 
 
-def warped_log_probs(logits: jax.Array, temperature: jax.Array, top_p: jax.Array) -> jax.Array:
-  """``log softmax(logits / temperature)``, then the top-p nucleus when ``top_p < 1``.
+def warped_log_probs(logits: jax.Array, temperature: jax.Array, top_p: jax.Array | None, *,
+                     branch_free: bool = False) -> jax.Array:
+  """``log softmax(logits / temperature)``, then the top-p nucleus unless ``top_p`` is None.
 
-  The nucleus is skipped at run time (``lax.cond``) when ``top_p == 1``, so one compiled program serves
-  every ``top_p``.
+  Whether there is a nucleus is a static property of the program (``bass_jax.generate`` passes None
+  for ``top_p == 1``): a run-time ``lax.cond`` on ``top_p < 1`` would cost a host round trip per call
+  on XLA:GPU, where a ``cond``'s branch index is read by the host (docs/design.md, "Backend
+  profiles"). Calls that differ in ``top_p < 1`` compile two programs; the value of ``top_p`` itself
+  stays traced.
 
   Args:
     logits: ``f32[..., V]``.
     temperature: scalar > 0 (temperature 0 is greedy decoding and never reaches this function).
-    top_p: scalar in ``(0, 1]``.
+    top_p: scalar in ``(0, 1]``, or None for no nucleus.
+    branch_free: as in :func:`top_p_filter`.
 
   Returns:
     ``f32[..., V]`` normalized log-probabilities (``-inf`` for excluded tokens).
   """
   log_probs = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
-  return jax.lax.cond(top_p < 1, lambda lp: top_p_filter(lp, top_p), lambda lp: lp, log_probs)
+  if top_p is None:
+    return log_probs
+  return top_p_filter(log_probs, top_p, branch_free=branch_free)
 
 
 def sample(logits: jax.Array, key: jax.Array, *, greedy: bool, temperature: jax.Array,
-           top_p: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+           top_p: jax.Array | None, branch_free: bool = False) -> tuple[jax.Array, jax.Array | None]:
   """Draws one token per row from ``logits: f32[B, V]``: argmax when ``greedy`` (static), else from
   :func:`warped_log_probs`.
 
@@ -99,7 +112,7 @@ def sample(logits: jax.Array, key: jax.Array, *, greedy: bool, temperature: jax.
   """
   if greedy:
     return first_argmax(logits), None
-  log_probs = warped_log_probs(logits, temperature, top_p)
+  log_probs = warped_log_probs(logits, temperature, top_p, branch_free=branch_free)
   return categorical(key, log_probs), log_probs
 
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from bass_jax.cache import write_row
 from bass_jax.sampling import tree as tree_lib
-from bass_jax.sampling.warp import categorical, coupled_choice
+from bass_jax.sampling.warp import categorical, coupled_choice, warped_log_probs
 
 
 @flax.struct.dataclass
@@ -46,7 +46,8 @@ class StepContext:
     live: ``bool[B]`` rows still decoding.
     draft_len: ``i32[]`` l, the step's draft length chosen by the policy (``1 <= l <= L``).
     key: PRNG key of the proposal.
-    temperature: ``f32[]``. top_p: ``f32[]``.
+    temperature: ``f32[]``. top_p: ``f32[]``, or None when there is no nucleus (``top_p = 1``, a static
+      property of the program: ``warp.warped_log_probs``).
     features: ``[B, T, E]`` the target's feature at every text position it has scored
       (``features[b, i]`` for ``i < seq_len[b] - 1`` are valid; the rest is stale), or None unless the
       proposer ``needs_features``.
@@ -57,6 +58,8 @@ class StepContext:
       share one; None (a context built by hand) means every row is its own group.
     finished: continuous batching's retired samples (:class:`FinishedSamples`); None for a static
       batch, whose finished rows keep their text in ``tokens``.
+    branch_free: static; draft loops run their static ``L`` iterations and warps compute both sides
+      of a branch (``DecodeSpec.branch_free``, ``sampling.profiles``).
   """
 
   tokens: jax.Array
@@ -70,6 +73,12 @@ class StepContext:
   row_keys: jax.Array | None = None
   group: jax.Array | None = None
   finished: FinishedSamples | None = None
+  branch_free: bool = flax.struct.field(pytree_node=False, default=False)
+
+  def warp(self, logits: jax.Array) -> jax.Array:
+    """``logits: f32[..., V]`` warped by the step's temperature and nucleus
+    (``warp.warped_log_probs``)."""
+    return warped_log_probs(logits, self.temperature, self.top_p, branch_free=self.branch_free)
 
   def draw(self, log_q: jax.Array, i) -> jax.Array:
     """Draws draft ``i`` (0-based: the token at text position ``seq_len + i``) of every row from its
@@ -257,7 +266,8 @@ def draft_autoregressively(step, carry: Any, first: tuple[jax.Array, jax.Array |
 
   Returns:
     ``(carry, proposal)``: every row proposes ``ctx.draft_len`` drafts; ``proposal.log_q`` is
-    ``f32[B, L + C, V]`` when sampling.
+    ``f32[B, L + C, V]`` when sampling. With ``ctx.branch_free`` the loop runs all ``L - 1`` steps
+    (a static trip count: no device-side loop condition); the drafts past ``l`` are padding.
   """
   token, log_q = first
   batch = token.shape[0]
@@ -276,7 +286,7 @@ def draft_autoregressively(step, carry: Any, first: tuple[jax.Array, jax.Array |
                                                             axis=1)
     return carry, drafts, draft_log_probs
 
-  carry, drafts, draft_log_probs = jax.lax.fori_loop(1, ctx.draft_len, body,
-                                                     (carry, drafts, draft_log_probs))
+  stop = max_len if ctx.branch_free else ctx.draft_len
+  carry, drafts, draft_log_probs = jax.lax.fori_loop(1, stop, body, (carry, drafts, draft_log_probs))
   num_drafts = jnp.broadcast_to(ctx.draft_len, (batch,)).astype(jnp.int32)
   return carry, Proposal(drafts=drafts, num_drafts=num_drafts, log_q=draft_log_probs)

@@ -16,7 +16,7 @@ from bass_jax.models.common import forward as model_forward
 from bass_jax.sampling import costs
 from bass_jax.sampling import tree as tree_lib
 from bass_jax.sampling.acceptance import leading_true
-from bass_jax.sampling.warp import first_argmax, warped_log_probs
+from bass_jax.sampling.warp import first_argmax
 from bass_jax.sampling.proposers.base import Proposer, draft_autoregressively
 
 
@@ -120,7 +120,7 @@ class ModelProposer(Proposer):
     def draw(logits, i):  # draft i: token i32[B] and its q f32[B, V] (None when greedy)
       if greedy:
         return first_argmax(logits), None
-      log_q = warped_log_probs(logits, ctx.temperature, ctx.top_p)
+      log_q = ctx.warp(logits)
       return ctx.draw(log_q, i), log_q
 
     def step(cache, previous, i):

@@ -14,7 +14,7 @@ from bass_jax.cache import KVCache
 from bass_jax.models import eagle
 from bass_jax.sampling import costs
 from bass_jax.sampling import tree as tree_lib
-from bass_jax.sampling.warp import first_argmax, warped_log_probs
+from bass_jax.sampling.warp import first_argmax
 from bass_jax.sampling.proposers.base import Proposer, draft_autoregressively
 
 
@@ -153,7 +153,7 @@ class EagleProposer(Proposer):
       logits = eagle.draft_logits(params, feature)
       if greedy:
         return vocab_ids[first_argmax(logits)], None
-      log_q = warped_log_probs(logits, ctx.temperature, ctx.top_p)  # over the draft vocabulary
+      log_q = ctx.warp(logits)  # over the draft vocabulary
       full = eagle.to_full_vocab(log_q, vocab_ids, self.config.vocab_size)
       if ctx.row_keys is None:
         return vocab_ids[ctx.draw(log_q, i)], full

@@ -1,0 +1,91 @@
+"""Backend profiles: the decode's defaults for the machine it is compiled for, in one place.
+
+A CPU and a GPU want different decode programs (docs/design.md, "Backend profiles"):
+
+* **Verification width.** On a CPU a target forward is bound by arithmetic, so scoring 8 positions
+  costs about twice 4, and verification runs in passes of ``C = 4`` that stop once every row has
+  rejected (measured: docs/design.md, "Verification in chunks"). On a GPU a forward is bound by weight
+  reads until ``B x T`` reaches a few hundred tokens, so a pass of ``l + 1`` positions costs about one
+  of 4: the GPU profile verifies a step's drafts in one pass of ``L + 1`` positions, with no loop.
+* **Device-side decisions.** On XLA:GPU the host reads a ``while_loop``'s predicate (and a ``cond``'s
+  branch index) before it launches the next iteration: each is a round trip and exposes the launch gap
+  of the next body. A CPU pays nothing for them and saves the work they skip. ``branch_free`` replaces
+  them by work on the GPU: the draft loop runs its static ``L`` iterations (the drafts past ``l`` are
+  padding the verification ignores), and the nucleus's wide-row bisection runs for every row instead
+  of under a ``cond``.
+* **Attention.** The jnp reference is XLA:CPU's fastest; on a GPU the Pallas kernel (BASS-SPLIT) reads
+  each row's own blocks only, with flash-decoding splits of the cache chosen from the batch, the KV
+  heads and the SM count (``pallas_kernels.ragged_attention.split_count``).
+
+Every field is a default: ``bass_jax.generate``'s own arguments (``attention_impl``, ``verify_chunk``)
+override it, argument by argument. ``generate(profile=None)`` takes the profile of the backend the
+program is compiled for (``jax.default_backend()``, or the platform of
+``models.attention.compiling_for``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bass_jax.models import attention as attention_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendProfile:
+  """The decode's defaults for one kind of machine.
+
+  Attributes:
+    name: the profile's name (``"cpu"``, ``"gpu"``).
+    attention_impl: the attention implementation (``models.attention.attention_implementations()``).
+    verify_chunk: C, the positions one verification pass scores; None: one pass of ``L + 1`` (the
+      step's longest chain and its bonus position), which needs no verification loop.
+    branch_free: run the draft loop for its static ``L`` iterations and the nucleus bisection for
+      every row, rather than a loop whose trip count is the traced ``l`` and a ``cond`` on the rows'
+      nucleus width: no device-side decision in either, at the price of the work they would skip.
+  """
+
+  name: str
+  attention_impl: str
+  verify_chunk: int | None
+  branch_free: bool
+
+  def __post_init__(self):
+    attention_lib.get_attention(self.attention_impl)  # raises for an unknown name
+    if self.verify_chunk is not None and (not isinstance(self.verify_chunk, int)
+                                          or self.verify_chunk < 1):
+      raise ValueError(f"BackendProfile.verify_chunk must be None or an int >= 1, got "
+                       f"{self.verify_chunk!r}")
+
+
+PROFILES = {
+    # What the CPU measurements chose (docs/design.md): the reference attention, passes of 4.
+    "cpu": BackendProfile(name="cpu", attention_impl="reference", verify_chunk=4, branch_free=False),
+    "gpu": BackendProfile(name="gpu", attention_impl="pallas_split", verify_chunk=None,
+                          branch_free=True),
+}
+_PLATFORM_PROFILES = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu"}
+
+
+def backend_profile(profile: str | BackendProfile | None = None) -> BackendProfile:
+  """The profile named ``profile``, ``profile`` itself, or (None) the profile of the platform the
+  decode is compiled for: ``models.attention.compiling_for``'s, else ``jax.default_backend()``; a
+  platform without a profile of its own (a TPU) takes the CPU's.
+
+  Raises:
+    ValueError: an unknown profile name, or a value that is neither a name nor a BackendProfile.
+  """
+  if isinstance(profile, BackendProfile):
+    return profile
+  if profile is None:
+    return PROFILES[platform_profile(attention_lib.compile_platform())]
+  if not isinstance(profile, str) or profile not in PROFILES:
+    raise ValueError(f"profile must be None, a BackendProfile or one of {sorted(PROFILES)}, got "
+                     f"{profile!r}")
+  return PROFILES[profile]
+
+
+
+def platform_profile(platform: str) -> str:
+  """The name of the profile a platform (``"cpu"``, ``"cuda"``, ``"rocm"``, ``"gpu"``, …) takes by
+  default: ``"gpu"`` for a GPU, ``"cpu"`` for anything else."""
+  return _PLATFORM_PROFILES.get(platform, "cpu")

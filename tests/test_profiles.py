@@ -1,0 +1,150 @@
+"""Backend profiles (``bass_jax.sampling.profiles``) and the census of a decode lowered for CUDA
+(``bass_jax.hlo_census``, ``generate.lower``): the GPU profile's program decodes what the CPU's does,
+and, lowered for CUDA on this CPU, a BASS step reads at most 3 device values and copies no cache."""
+
+import numpy as np
+import pytest
+
+import bass_jax as bj
+from bass_jax import hlo_census
+from bass_jax.models import attention as attention_lib
+from bass_jax.sampling import generate as generate_lib
+from bass_jax.sampling import profiles
+from conftest import noisy_copy, random_eagle_draft, tiny_model
+from pallas_kernels.ragged_attention import split_count
+
+# The GPU profile's decode program with the jnp attention (the Pallas kernel runs interpreted on a
+# CPU, slowly): static-length draft loop, one verification pass, no nucleus branch.
+BRANCH_FREE = profiles.BackendProfile("branch-free", "reference", None, True)
+
+
+def _prompts(vocab, lengths, seed=0):
+  rng = np.random.default_rng(seed)
+  return [rng.integers(0, vocab, n).tolist() for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def models():
+  target = tiny_model(0, head_dim=16)  # the Pallas kernels take head dims >= 16
+  return target, noisy_copy(target, 0.4, 1), random_eagle_draft(target)
+
+
+def test_profiles_resolve_by_name_platform_and_value():
+  assert profiles.backend_profile(None) == profiles.PROFILES["cpu"]  # this machine
+  with attention_lib.compiling_for("cuda"):
+    assert profiles.backend_profile(None) == profiles.PROFILES["gpu"]
+  assert profiles.backend_profile("gpu").verify_chunk is None
+  assert profiles.backend_profile(BRANCH_FREE) is BRANCH_FREE
+  assert profiles.platform_profile("rocm") == "gpu" and profiles.platform_profile("tpu") == "cpu"
+  with pytest.raises(ValueError, match="profile must be"):
+    profiles.backend_profile("h100")
+  with pytest.raises(ValueError, match="verify_chunk"):
+    profiles.BackendProfile("x", "reference", 0, False)
+  with pytest.raises(ValueError, match="unknown attention_impl"):
+    profiles.BackendProfile("x", "flash", None, False)
+
+
+def test_split_count_fills_the_sms_and_keeps_two_blocks_per_split():
+  # SmolLM2 (3 KV heads, G = 3) at B = 1 verifying 5 positions: 3 programs on 132 SMs.
+  assert split_count(1, 3, 5, 3, 512, sm_count=132) == 4  # 512 / 4 = 128 slots: two blocks of 64
+  assert split_count(1, 3, 5, 3, 8192, sm_count=132) == 64  # 3 x 64 = 192 >= 132
+  assert split_count(1, 3, 5, 3, 4096, sm_count=132) == 32  # 64 would leave one block per split
+  assert split_count(64, 3, 1, 3, 4096, sm_count=132) == 1  # 192 programs already
+  assert split_count(8, 3, 1, 3, 192, sm_count=132) == 1  # 192 / 2 = 96 < two blocks
+
+
+@pytest.mark.parametrize("draft_kind", ["model", "eagle_hybrid"])
+def test_branch_free_one_pass_decode_equals_the_cpu_profile(models, draft_kind):
+  """Greedy: the GPU profile's program (one verification pass of L + 1, a draft loop of L
+  iterations, drafts past l as padding) emits exactly the CPU profile's tokens, step for step."""
+  target, draft, eagle = models
+  draft = draft if draft_kind == "model" else bj.Hybrid(eagle, bj.NGramProposer())
+  prompts = _prompts(target.config.vocab_size, (5, 12, 8), seed=3)
+  kw = dict(max_new_tokens=24, draft_len=bj.DynamicDraftLen(l0=2, l_incre=1, l_mod=2, l_limit=5))
+  cpu = bj.generate(target, draft, prompts, **kw)
+  free = bj.generate(target, draft, prompts, profile=BRANCH_FREE, **kw)
+  np.testing.assert_array_equal(free.tokens, cpu.tokens)
+  np.testing.assert_array_equal(free.stats.accepted, cpu.stats.accepted)
+  assert cpu.stats.profile == "cpu" and cpu.stats.verify_chunk == 4
+  assert free.stats.profile == "branch-free" and free.stats.verify_chunk == 6  # L + 1
+  assert (free.stats.verified == 6).all()  # one pass per step
+  assert len(set(cpu.stats.draft_lens.tolist())) >= 2  # l changed under a static-length draft loop
+
+
+def test_a_nucleus_is_compiled_in_only_below_one(models):
+  target, draft, _ = models
+  prompts = _prompts(target.config.vocab_size, (4, 9))
+  with_nucleus = generate_lib.lower(target, draft, prompts, platform="cpu", temperature=0.7,
+                                    top_p=0.9, max_new_tokens=8, draft_len=2)
+  without = generate_lib.lower(target, draft, prompts, platform="cpu", temperature=0.7, top_p=1.0,
+                               max_new_tokens=8, draft_len=2)
+  count = lambda lowered: hlo_census.census(lowered.decode.mlir_module())["while_ops"]
+  assert count(with_nucleus) > count(without)  # the nucleus's bisection loops exist only with one
+
+
+@pytest.mark.parametrize("setting", [
+    dict(temperature=0.7, top_p=0.9, draft_len=4),  # sampled, nucleus, a model draft
+    dict(temperature=0.0, draft_len="goodput", eagle=True),  # plain and chain steps, features
+    dict(temperature=0.7, top_p=0.9, draft_len=3, eagle=True, batch_size=2),  # continuous
+])
+def test_the_gpu_profile_lowered_for_cuda_meets_the_census_goals(models, setting):
+  """Lowered for CUDA on this CPU (Triton kernels included): a BASS step evaluates at most 3
+  data-dependent while/conditional ops (its loop's condition and the draft's catch-up loop), no host
+  callback, and, compiled for this machine with the same profile, no copy of a KV cache or of the
+  EAGLE feature buffer; the CPU profile's step needs more."""
+  target, draft, eagle = models
+  setting = dict(setting)
+  if setting.pop("eagle", False):
+    draft = bj.Hybrid(eagle, bj.NGramProposer())
+  prompts = _prompts(target.config.vocab_size, (5, 9, 7, 3), seed=1)
+  gpu = generate_lib.lower(target, draft, prompts, platform="cuda", compile_on_host=True,
+                           max_new_tokens=16, **setting)
+  census = hlo_census.census(gpu.decode.mlir_module())
+  assert gpu.spec.branch_free and gpu.spec.attention_impl == "pallas_split"
+  assert census["custom_calls"].get(generate_lib.TRITON_CUSTOM_CALL, 0) >= 1, census["custom_calls"]
+  assert "bass_step" in census["steps"], census["steps"]
+  assert census["data_dependent_control_flow_per_step"] <= 3, census["steps"]
+  assert census["host_callbacks"] == 0
+  kept = list(gpu.cache_arrays)
+  if gpu.spec.keeps_features:
+    assert any(len(a.split(",")) == 3 for a in kept), kept  # the feature buffer is counted
+  assert hlo_census.cache_copies(gpu.host_decode_hlo, kept) == []
+  cpu = generate_lib.lower(target, draft, prompts, platform="cuda", profile="cpu",
+                           max_new_tokens=16, **setting)
+  cpu_steps = hlo_census.census(cpu.decode.mlir_module())["steps"]["bass_step"]
+  assert (cpu_steps["data_dependent_control_flow"]
+          > census["steps"]["bass_step"]["data_dependent_control_flow"])
+
+
+def test_census_refuses_text_without_main():
+  with pytest.raises(ValueError, match="main function"):
+    hlo_census.census("module {}")
+
+
+def test_bench_gpu_quick_mode_runs_every_step_on_this_cpu(tmp_path):
+  """``make bench-gpu``'s script in its quick mode: every step (attention and forward benchmarks, the
+  CUDA census, latency and utilization for regular decoding and BASS) exits 0 and leaves its results
+  file; the record names device, JAX version and date, and the report section lists the files."""
+  import json
+  import pathlib
+  import subprocess
+  import sys
+
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  run = subprocess.run([sys.executable, "-m", "experiments.bench_gpu", "--quick",
+                        f"--results_dir={tmp_path}"], cwd=repo, capture_output=True, text=True,
+                       timeout=900)
+  assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:])
+  record = json.loads((tmp_path / "bench_gpu.json").read_text())
+  assert record["device"].startswith("cpu") and record["jax_version"] and record["date"]
+  assert {n: s["returncode"] for n, s in record["steps"].items()} == {
+      "bench_attention": 0, "bench_forward": 0, "lower_decode": 0, "latency": 0, "utilization": 0}
+  for name in ("latency_gpu_quick.json", "utilization_gpu_quick.json", "lower_decode_cuda.json",
+               "bench_forward_gpu_quick.json"):
+    assert (tmp_path / name).exists(), name
+    assert f"`{name}`" in (tmp_path / "bench_gpu.md").read_text()
+  census = json.loads((tmp_path / "lower_decode_cuda.json").read_text())
+  assert census["settings"]["profile"] == "gpu"
+  assert census["data_dependent_control_flow_per_step"] <= 3
+  latency = json.loads((tmp_path / "latency_gpu_quick.json").read_text())
+  assert {r["config"] for r in latency["runs"]} >= {"regular", "bass_split"}, latency["runs"][:1]
