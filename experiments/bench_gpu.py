@@ -44,7 +44,7 @@ def steps(results: pathlib.Path, quick: bool, draft: str) -> dict[str, list[str]
   py = [sys.executable, "-m"]
   common = [f"--results_dir={results}", f"--draft={draft}", "--nocheck"]
   if quick:
-    decode = ["--setting=gpu_quick", "--num_prompts=1", "--max_new_tokens=8", "--batch_sizes=1,2"]
+    decode = ["--setting=gpu_quick", "--num_prompts=2", "--max_new_tokens=8", "--batch_sizes=2"]
     return {
         "bench_attention": py + ["experiments.bench_attention", "--quick"],
         "bench_forward": py + ["experiments.bench_forward", "--quick", "--notorch",

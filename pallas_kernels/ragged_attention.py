@@ -25,7 +25,8 @@ can also return (``return_residuals``) for merges done by a caller.
 Backend. The kernel uses the Triton-lowered Pallas GPU backend (``jax.experimental.pallas.triton``:
 ``load``/``store`` with masks, ``dot``): the same source runs compiled on NVIDIA GPUs and, with
 ``interpret=True``, on a CPU, which is how the tests check it. Its API is unchanged from JAX 0.10 to
-0.11. JAX's newer GPU backend, Mosaic GPU (``jax.experimental.pallas.mosaic_gpu``), targets Hopper and
+0.11 (0.11 deprecates the backend, and exporting for CUDA on a host without a GPU then needs an
+abstract GPU device: docs/kernels.md). JAX's newer GPU backend, Mosaic GPU (``jax.experimental.pallas.mosaic_gpu``), targets Hopper and
 later with warpgroup matmuls and TMA copies and is where JAX's own GPU attention kernels are moving;
 the Triton backend is deprecated there in its favour. Migrating means re-expressing this kernel's loop
 over K/V blocks as an ``emit_pipeline`` of TMA copies into shared memory and its two products as

@@ -50,7 +50,11 @@ class BackendProfile:
   branch_free: bool
 
   def __post_init__(self):
-    attention_lib.get_attention(self.attention_impl)  # raises for an unknown name
+    # By name only: building a Pallas implementation reads the backend, which importing this module
+    # must not initialize (jax.distributed.initialize has to come first).
+    if self.attention_impl not in attention_lib.attention_implementations():
+      raise ValueError(f"unknown attention_impl {self.attention_impl!r}; choose one of "
+                       f"{attention_lib.attention_implementations()}")
     if self.verify_chunk is not None and (not isinstance(self.verify_chunk, int)
                                           or self.verify_chunk < 1):
       raise ValueError(f"BackendProfile.verify_chunk must be None or an int >= 1, got "
