@@ -3,7 +3,7 @@ decode census, and the latency and utilization experiments at B = 1-16 for regul
 with the EAGLE hybrid, each step's results and log in one directory.
 
     make bench-gpu                                    # = python -m experiments.bench_gpu
-    python -m experiments.bench_gpu --quick --results_dir=/tmp/q   # CPU smoke run (the test suite's)
+    python -m experiments.bench_gpu --quick       # CPU smoke run (the test suite's)
 
 Each step runs as its own process, one after another (never two benchmarks at once), and a step that
 fails is recorded and the next one runs: on a new JAX (0.11 on the GPU machines) an API difference in
@@ -77,13 +77,6 @@ def steps(results: pathlib.Path, quick: bool, draft: str) -> dict[str, list[str]
   }
 
 
-def _device() -> str:
-  import jax  # pylint: disable=g-import-not-at-top
-
-  device = jax.devices()[0]
-  return f"{device.platform}:{device.device_kind}"
-
-
 def main(argv):
   del argv
   _io.init_script()
@@ -97,7 +90,8 @@ def main(argv):
     plan = {name: cmd for name, cmd in plan.items() if name in _STEPS.value}
   import jax  # pylint: disable=g-import-not-at-top
 
-  record = {"device": _device(), "jax_version": jax.__version__, "quick": _QUICK.value,
+  device = jax.devices()[0]
+  record = {"device": f"{device.platform}:{device.device_kind}", "jax_version": jax.__version__, "quick": _QUICK.value,
             "date": datetime.date.today().isoformat(), "draft": _DRAFT.value, "steps": {}}
   for name, command in plan.items():
     log = results / f"{name}.log"

@@ -71,6 +71,7 @@ def main(argv):
   json_path = _io.check_output_file(_JSON.value, flag="json")
   _io.inspect_models(_TARGET.value, _DRAFT.value if _METHOD.value == "bass" else None)
 
+  import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   import bass_jax  # pylint: disable=g-import-not-at-top
@@ -99,7 +100,7 @@ def main(argv):
       "draft_len": _DRAFT_LEN.value, "draft_tree": _DRAFT_TREE.value, "platform": _PLATFORM.value,
       "profile": profile, "sm_count": _SM_COUNT.value, "attention_impl": spec.attention_impl,
       "verify_chunk": spec.verify_chunk, "branch_free": spec.branch_free,
-      "jax_version": __import__("jax").__version__}
+      "jax_version": jax.__version__}
   result["cache_arrays"] = list(lowered.cache_arrays)
   copies = None
   if lowered.host_decode_hlo is not None:

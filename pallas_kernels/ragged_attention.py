@@ -54,6 +54,9 @@ _MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)  # finite: no inf - inf in 
 _MIN_BLOCK = 16  # Triton's dot needs every dimension >= 16
 
 
+# The custom call a Pallas Triton kernel lowers to in StableHLO (JAX 0.10), e.g. in ``jax.export``.
+TRITON_CUSTOM_CALL = "__gpu$xla.gpu.triton"
+
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
   """Tiling of the kernel; tune per device.

@@ -11,7 +11,7 @@ from bass_jax.models import attention as attention_lib
 from bass_jax.sampling import generate as generate_lib
 from bass_jax.sampling import profiles
 from conftest import noisy_copy, random_eagle_draft, tiny_model
-from pallas_kernels.ragged_attention import split_count
+from pallas_kernels.ragged_attention import TRITON_CUSTOM_CALL, split_count
 
 # The GPU profile's decode program with the jnp attention (the Pallas kernel runs interpreted on a
 # CPU, slowly): static-length draft loop, one verification pass, no nucleus branch.
@@ -101,7 +101,7 @@ def test_the_gpu_profile_lowered_for_cuda_meets_the_census_goals(models, setting
                            max_new_tokens=16, **setting)
   census = hlo_census.census(gpu.decode.mlir_module())
   assert gpu.spec.branch_free and gpu.spec.attention_impl == "pallas_split"
-  assert census["custom_calls"].get(generate_lib.TRITON_CUSTOM_CALL, 0) >= 1, census["custom_calls"]
+  assert census["custom_calls"].get(TRITON_CUSTOM_CALL, 0) >= 1, census["custom_calls"]
   assert "bass_step" in census["steps"], census["steps"]
   assert census["data_dependent_control_flow_per_step"] <= 3, census["steps"]
   assert census["host_callbacks"] == 0

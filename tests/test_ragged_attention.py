@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from bass_jax.models.attention import reference_attention
-from pallas_kernels.ragged_attention import BlockSizes, ragged_attention, ragged_attention_reference
+from pallas_kernels.ragged_attention import (TRITON_CUSTOM_CALL, BlockSizes, ragged_attention,
+                                             ragged_attention_reference)
 
 ON_GPU = jax.default_backend() in ("gpu", "cuda", "rocm")
 TOLERANCE = {jnp.float32: dict(atol=2e-5, rtol=1e-5), jnp.bfloat16: dict(atol=3e-2, rtol=2e-2)}
@@ -77,7 +78,7 @@ def test_kernel_lowers_through_triton_for_cuda(batch, num_q, ratio, head_dim, dt
   lengths = jax.ShapeDtypeStruct((batch,), jnp.int32)
   fn = jax.jit(lambda q, k, v, l: ragged_attention(q, k, v, l, variant=variant,
                                                    block_sizes=BlockSizes(num_splits=2)))
-  triton = "__gpu$xla.gpu.triton"
+  triton = TRITON_CUSTOM_CALL
   exported = export.export(fn, platforms=["cuda"],
                            disabled_checks=[export.DisabledSafetyCheck.custom_call(triton)])(
                                q, kv, kv, lengths)

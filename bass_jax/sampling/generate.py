@@ -13,6 +13,7 @@ persistent compilation cache (:func:`enable_persistent_compilation_cache`, or th
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
 from typing import Any, Callable, Sequence
 
@@ -49,7 +50,6 @@ PAD_TOKEN = -1  # fills ``GenerateOutput.tokens`` past each row's length; never 
 _MIN_PROMPT_BUCKET = 16
 _OUTPUT_BUCKET = 32  # the output buffer holds a multiple of this many tokens
 _MAX_EOS_IDS = 8  # EOS ids are a traced array of this many slots (padded with -1)
-TRITON_CUSTOM_CALL = "__gpu$xla.gpu.triton"  # a Pallas Triton kernel in lowered StableHLO (JAX 0.10)
 ACCEPTANCE_RULES = ("rejection", "gumbel")  # generate's acceptance= (state.DecodeSpec.acceptance)
 
 
@@ -348,13 +348,7 @@ def generate(
       shapes without goodput, or a sliding-window target on an attention implementation other than
       ``"reference"``; an unknown ``profile``.
   """
-  call = _prepare(target, draft, prompts, method=method, max_new_tokens=max_new_tokens,
-                  temperature=temperature, top_p=top_p, draft_len=draft_len, seed=seed,
-                  eos_token_id=eos_token_id, attention_impl=attention_impl, verify_chunk=verify_chunk,
-                  max_cache_len=max_cache_len, mesh=mesh, draft_sharding=draft_sharding,
-                  batch_size=batch_size, time_prompts=time_prompts, on_finish=on_finish,
-                  acceptance=acceptance, sequence_ids=sequence_ids, draft_tree=draft_tree,
-                  profile=profile)
+  call = _prepare(**locals())  # the first statement: locals() are exactly the arguments
   spec, args_prefill, args_tail = call.spec, call.args_prefill, call.args_tail
   bass, continuous, num_prompts, slots, rows = (call.bass, call.continuous, call.num_prompts,
                                                 call.slots, call.rows)
@@ -456,33 +450,13 @@ def generate(
   return output
 
 
-def _prepare(
-    target: Model,
-    draft: Model | NGramProposer | SiblingProposer | Hybrid | None,
-    prompts: Sequence[Sequence[int]] | np.ndarray | jax.Array,
-    *,
-    method: str = "bass",
-    max_new_tokens: int = 128,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    draft_len: int | str | DraftLenPolicy = "dynamic",
-    seed: int = 0,
-    eos_token_id: int | Sequence[int] | None = None,
-    attention_impl: str | None = None,
-    verify_chunk: int | None = None,
-    max_cache_len: int | None = None,
-    mesh: jax.sharding.Mesh | None = None,
-    draft_sharding: str = "replicated",
-    batch_size: int | None = None,
-    time_prompts: bool = True,
-    on_finish: Callable[[FinishedPrompt], None] | None = None,
-    acceptance: str = "rejection",
-    sequence_ids: Sequence[int] | None = None,
-    draft_tree: str | TreeShape | Sequence[str | TreeShape] | None = None,
-    profile: str | BackendProfile | None = None,
-) -> "_Call":
-  """Validates ``generate``'s arguments and builds the decode's spec and program arguments (no device
-  work but placing the inputs and, for a cost-aware draft length, measuring the step costs)."""
+def _prepare(target, draft, prompts, *, method, max_new_tokens, temperature, top_p, draft_len, seed,
+             eos_token_id, attention_impl, verify_chunk, max_cache_len, mesh, draft_sharding,
+             batch_size, time_prompts, on_finish, acceptance, sequence_ids, draft_tree,
+             profile) -> "_Call":
+  """Validates :func:`generate`'s arguments (all of them, defaults filled: :func:`_arguments`) and
+  builds the decode's spec and program arguments (no device work but placing the inputs and, for a
+  cost-aware draft length, measuring the step costs)."""
   if not isinstance(target, Model):
     raise ValueError(f"target must be a bass_jax.Model (see bass_jax.load_model), got "
                      f"{type(target).__name__}")
@@ -672,6 +646,17 @@ class LoweredDecode:
   host_decode_hlo: str | None = None
 
 
+def _arguments(target, draft, prompts, **kwargs) -> dict[str, Any]:
+  """Every argument of :func:`generate` by name, its defaults filled in (what :func:`_prepare` takes).
+
+  Raises:
+    TypeError: a keyword :func:`generate` does not take.
+  """
+  bound = inspect.signature(generate).bind(target, draft, prompts, **kwargs)
+  bound.apply_defaults()
+  return bound.arguments
+
+
 def lower(target: Model, draft: Any, prompts: Any, *, platform: str,
           sm_count: int = attention_lib.H100_SM_COUNT, compile_on_host: bool = False,
           **kwargs) -> LoweredDecode:
@@ -699,6 +684,8 @@ def lower(target: Model, draft: Any, prompts: Any, *, platform: str,
   """
   from jax import export  # pylint: disable=g-import-not-at-top
 
+  from pallas_kernels.ragged_attention import TRITON_CUSTOM_CALL  # pylint: disable=g-import-not-at-top
+
   policy = kwargs.get("draft_len")
   if (isinstance(policy, str) and policy == "goodput") or (isinstance(policy, GoodputDraftLen)
                                                            and policy.costs is None):
@@ -708,7 +695,7 @@ def lower(target: Model, draft: Any, prompts: Any, *, platform: str,
   # A Pallas Triton kernel lowers to a custom call that export does not vouch for by default.
   checks = [export.DisabledSafetyCheck.custom_call(TRITON_CUSTOM_CALL)]
   with attention_lib.compiling_for(platform, sm_count=sm_count):
-    call = _prepare(target, draft, prompts, **kwargs)
+    call = _prepare(**_arguments(target, draft, prompts, **kwargs))
     spec = call.spec
     state = jax.eval_shape(lambda *a: loop.prefill(spec, *a), *call.args_prefill)
     prefill = export.export(jax.jit(lambda *a: loop.prefill(spec, *a)), platforms=[platform],
@@ -728,8 +715,8 @@ def lower(target: Model, draft: Any, prompts: Any, *, platform: str,
       # operands into state, copies no GPU program makes.
       profile = profiles.backend_profile(kwargs.get("profile")
                                          or profiles.platform_profile(platform))
-      host = _prepare(target, draft, prompts,
-                      **{**kwargs, "profile": profile, "attention_impl": "reference"})
+      host = _prepare(**_arguments(target, draft, prompts, **{**kwargs, "profile": profile,
+                                                              "attention_impl": "reference"}))
       (_, host_decode), _ = _compiled(host.spec, host.args_prefill, host.args_tail)
     host_hlo = host_decode.as_text()
   return LoweredDecode(prefill=prefill, decode=decode, spec=spec, cache_arrays=cache_arrays,

@@ -4,7 +4,7 @@ A CPU and a GPU want different decode programs (docs/design.md, "Backend profile
 
 * **Verification width.** On a CPU a target forward is bound by arithmetic, so scoring 8 positions
   costs about twice 4, and verification runs in passes of ``C = 4`` that stop once every row has
-  rejected (measured: docs/design.md, "Verification in chunks"). On a GPU a forward is bound by weight
+  rejected (measured: docs/design.md, "The changing `l_draft` against static shapes"). On a GPU a forward is bound by weight
   reads until ``B x T`` reaches a few hundred tokens, so a pass of ``l + 1`` positions costs about one
   of 4: the GPU profile verifies a step's drafts in one pass of ``L + 1`` positions, with no loop.
 * **Device-side decisions.** On XLA:GPU the host reads a ``while_loop``'s predicate (and a ``cond``'s

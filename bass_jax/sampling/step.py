@@ -42,6 +42,11 @@ def _target_forward(spec: DecodeSpec, params: Any, tokens: jax.Array, cache: KVC
   return logits, cache_out, features.at[rows, pos].set(new.astype(features.dtype), mode="drop")
 
 
+def _warp(spec: DecodeSpec, logits: jax.Array, temperature, top_p) -> jax.Array:
+  """``warp.warped_log_probs`` of the target's ``logits: f32[..., V]``, branch-free as the spec says."""
+  return warped_log_probs(logits, temperature, top_p, branch_free=spec.branch_free)
+
+
 def _emit(state: DecodeState, new_tokens: jax.Array, new_logprobs: jax.Array,
           count: jax.Array) -> DecodeState:
   """Appends the first ``count[b]`` of ``new_tokens: i32[B, E]`` to each live row.
@@ -77,7 +82,7 @@ def regular_step(spec: DecodeSpec, target_params, temperature, top_p,
                  state: DecodeState) -> DecodeState:
   """One token per live row from the target alone: the optimized baseline, and BASS's plain step.
 
-  ``temperature: f32[]`` (> 0 unless ``spec.greedy``) and ``top_p: f32[]`` warp the draw; with
+  ``temperature: f32[]`` (> 0 unless ``spec.greedy``) and ``top_p: f32[] | None`` warp the draw; with
   ``spec.coupled`` the token is the Gumbel-max draw of the row's noise at text position ``seq_len``,
   the draw a verification would make there."""
   batch = state.tokens.shape[0]
@@ -88,8 +93,7 @@ def regular_step(spec: DecodeSpec, target_params, temperature, top_p,
                                             state.features)
   logits = logits[:, 0]
   if spec.coupled:  # the token at text position seq_len: the same draw as a verification's there
-    token = coupled_choice(warped_log_probs(logits, temperature, top_p, branch_free=spec.branch_free), state.row_keys,
-                           state.seq_len)
+    token = coupled_choice(_warp(spec, logits, temperature, top_p), state.row_keys, state.seq_len)
   else:
     token, _ = sample(logits, sample_key, greedy=spec.greedy, temperature=temperature, top_p=top_p,
                       branch_free=spec.branch_free)
@@ -136,13 +140,13 @@ def _verify_chunk(spec: DecodeSpec, target_params, temperature, top_p, state: De
     matched, next_token = acceptance.greedy_accept_chunk(logits, next_drafts, positions, num_drafts)
   elif spec.coupled:
     matched, next_token = acceptance.coupled_accept_chunk(
-        warped_log_probs(logits, temperature, top_p, branch_free=spec.branch_free), state.row_keys, state.seq_len, next_drafts,
+        _warp(spec, logits, temperature, top_p), state.row_keys, state.seq_len, next_drafts,
         positions, num_drafts)
   else:
     log_q = (None if draft_log_probs is None
              else jax.lax.dynamic_slice_in_dim(draft_log_probs, start, chunk, axis=1))
     matched, next_token = acceptance.speculative_accept_chunk(
-        key, warped_log_probs(logits, temperature, top_p, branch_free=spec.branch_free), log_q, next_drafts, positions, num_drafts)
+        key, _warp(spec, logits, temperature, top_p), log_q, next_drafts, positions, num_drafts)
   raw = jax.nn.log_softmax(logits, axis=-1)
   of_draft = jnp.take_along_axis(raw, next_drafts[..., None], axis=-1)[..., 0]
   of_next = jnp.take_along_axis(raw, jnp.broadcast_to(next_token[:, None, None], raw.shape[:2] + (1,)),
@@ -276,7 +280,8 @@ def tree_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
   The draft-length policy learns from the accepted depths and chooses the next step's kind.
 
   Args:
-    temperature: ``f32[]`` (> 0 unless ``spec.greedy``). top_p: ``f32[]`` in ``(0, 1]``.
+    temperature: ``f32[]`` (> 0 unless ``spec.greedy``). top_p: ``f32[]`` in ``(0, 1)``, or None
+      for no nucleus (static).
     state: the decode's state; its ``target_cache`` lags the text by one token (``loop``'s invariants).
     tree: static index into ``spec.draft_trees``.
 
@@ -297,11 +302,11 @@ def tree_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
   if spec.greedy:
     result = tree_lib.greedy_accept_tree(draft, logits)
   elif spec.coupled:
-    result = tree_lib.coupled_accept_tree(draft, warped_log_probs(logits, temperature, top_p, branch_free=spec.branch_free),
+    result = tree_lib.coupled_accept_tree(draft, _warp(spec, logits, temperature, top_p),
                                           state.row_keys, state.seq_len)
   else:
     result = tree_lib.speculative_accept_tree(accept_key, draft,
-                                              warped_log_probs(logits, temperature, top_p, branch_free=spec.branch_free))
+                                              _warp(spec, logits, temperature, top_p))
   accepted = jnp.where(live, result.num_accepted, 0)
   # Emitted: the path's draft tokens, then next_token at slot num_accepted.
   path = jnp.maximum(result.path, 0)
