@@ -142,7 +142,7 @@ def run_problems(
     top_p: float = 1.0,
     draft_len: int | str = "dynamic",
     seed: int = 0,
-    attention_impl: str = "reference",
+    attention_impl: str | None = None,
     verify_chunk: int | None = None,
     distinct_prompts: bool | None = None,
     samples_per_prompt: int | None = None,
@@ -185,7 +185,7 @@ def run_problems(
     problems: prompts.
     batch_size: rows per batch, >= 1.
     method, max_new_tokens, temperature, top_p, draft_len, attention_impl, verify_chunk: as in
-      ``generate``.
+      ``generate`` (None: the backend profile's; the summary records what ran).
     seed: batch i uses seed ``seed + i`` (a continuous run: ``seed``).
     distinct_prompts: each batch holds ``batch_size`` different prompts, one sequence each; else
       ``batch_size`` sequences of one prompt. None (default) means distinct at temperature 0, where
@@ -428,8 +428,10 @@ def run_problems(
       "resumed_records": len(done),
       "target": target.name,
       "draft": draft.name if method == "bass" else None,
-      "attention_impl": attention_impl,
-      "verify_chunk": verify_chunk or "default",
+      # What ran (the backend profile's choice where the call left them None).
+      "attention_impl": stats.attention_impl if work else attention_impl,
+      "verify_chunk": (stats.verify_chunk or None) if work else verify_chunk,
+      "profile": stats.profile if work else None,
       "device": f"{device.platform}:{device.device_kind}",
       # The mesh generate ran on (None: one device, or nothing decoded).
       "mesh": (stats.mesh or None) if work else None,

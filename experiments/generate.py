@@ -91,10 +91,13 @@ _DRAFT_TREE = flags.DEFINE_multi_string(
     "--draft_len=goodput each step chooses among plain steps, chains and the shapes given (repeat the "
     "flag for several).")
 _SEED = flags.DEFINE_integer("seed", 0, "PRNG seed (batch i uses seed + i).", lower_bound=0)
-_ATTENTION = flags.DEFINE_string("attention_impl", "reference", "Attention implementation.")
+_ATTENTION = flags.DEFINE_string(
+    "attention_impl", None, "Attention implementation (bass_jax.attention_implementations()); "
+    "default: the backend profile's (the jnp reference on a CPU, pallas_split on a GPU).")
 _CHUNK = flags.DEFINE_integer(
-    "verify_chunk", None, "Positions one verification forward scores (compiled once; default: "
-    "bass_jax's DEFAULT_VERIFY_CHUNK); a step scores its l_draft + 1 positions in passes.",
+    "verify_chunk", None, "Positions one verification forward scores (compiled once; default: the "
+    "backend profile's, 4 on a CPU, one pass of L + 1 on a GPU); a step scores its l_draft + 1 "
+    "positions in passes.",
     lower_bound=1)
 _DTYPE = flags.DEFINE_enum("dtype", "auto", ["auto", "float32", "bfloat16"],
                            "Parameter/compute dtype; auto: float32 on a CPU, bfloat16 on a GPU.")
@@ -142,7 +145,8 @@ def _preflight(problems):
   from bass_jax import preflight  # pylint: disable=g-import-not-at-top
   from bass_jax.models import attention  # pylint: disable=g-import-not-at-top
 
-  if _ATTENTION.value not in attention.attention_implementations():
+  if (_ATTENTION.value is not None
+      and _ATTENTION.value not in attention.attention_implementations()):
     raise _io.Refusal(f"--attention_impl={_ATTENTION.value!r} is not one of "
                       f"{', '.join(attention.attention_implementations())}")
   target, draft = _io.inspect_models(_TARGET.value,

@@ -134,6 +134,9 @@ def test_main_job_end_to_end(tmp_path, smollm2):
     s = json.loads(summary.read_text())
     assert set(experiment.SUMMARY_KEYS) <= set(s) and s["method"] == method
     assert s["batch_size"] == 3 and s["num_prompts"] == 2 and s["continuous"] == continuous
+    # No --attention_impl or --verify_chunk: the CPU profile's, recorded as what ran.
+    assert (s["profile"], s["attention_impl"]) == ("cpu", "reference")
+    assert s["verify_chunk"] == (4 if method == "bass" else None)
     if continuous:  # no batches: All only; the later sequences waited for a row
       assert s["ms_per_token_first"] is None and s["ms_per_token_last"] is None
       assert s["ms_per_token_all"] > 0 and max(r["wait_seconds"] for r in records) > 0
