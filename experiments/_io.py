@@ -247,6 +247,27 @@ def inspect_models(target: str, draft: str | None = None) -> tuple[Any, Any]:
     raise Refusal(f"--target: {e}") from e
 
 
+def models_and_prompts(target: str, draft: str, prompts: str, num_prompts: int,
+                       batches: Iterable[int]) -> tuple[Any, Any, list[list[int]]]:
+  """``(target Model, draft side, token ids of each prompt)`` for a script that times settings at
+  several batch sizes: the ``--target`` and ``--draft`` specs loaded (``bass_jax.load_draft_spec``) and
+  the first ``num_prompts`` prompts of the set ``prompts`` encoded with the target's tokenizer.
+
+  Raises:
+    Refusal: ``num_prompts`` is fewer than the largest batch size (checked before loading).
+  """
+  import bass_jax  # pylint: disable=g-import-not-at-top
+  from bass_jax import text  # pylint: disable=g-import-not-at-top
+  from bass_jax.data import load_problems  # pylint: disable=g-import-not-at-top
+
+  if num_prompts < max(batches):
+    raise Refusal(f"--num_prompts={num_prompts} is fewer than the largest batch size")
+  model = bass_jax.load_model(target)
+  draft_side = bass_jax.load_draft_spec(draft, model)
+  problems = load_problems(prompts, num_prompts)
+  return model, draft_side, text.encode_prompts(model.tokenizer, [p.prompt for p in problems])
+
+
 class Refusal(ValueError):
   """Input a script refuses before it starts its work; :func:`run` prints it as one line."""
 

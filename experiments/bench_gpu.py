@@ -35,17 +35,19 @@ _RESULTS = flags.DEFINE_string("results_dir", None, "Directory for every step's 
                                "default a fresh outputs/bench_gpu-<time>/.")
 _QUICK = flags.DEFINE_bool("quick", False, "Smoke run of every step (CPU, the test suite).")
 _STEPS = flags.DEFINE_list("steps", None, "Run only these steps (default: all).")
-_DRAFT = flags.DEFINE_string("draft", "hybrid:smollm2-135m-eagle", "BASS's draft side.")
+_DRAFT = flags.DEFINE_string("draft", "hybrid:smollm2-135m-eagle",
+                             "BASS's draft side in the full run (--quick decodes tiny models).")
 
 _BATCHES = "1,2,4,8,16"
+QUICK_DRAFT = "smollm2-135m-draft"  # --quick's target and (its first layer) draft, whatever --draft
 
 
 def steps(results: pathlib.Path, quick: bool, draft: str) -> dict[str, list[str]]:
   """Each step's command line (``python -m …``), in the order they run."""
   py = [sys.executable, "-m"]
   common = [f"--results_dir={results}", f"--draft={draft}", "--nocheck"]
-  if quick:  # the mechanics only: SmolLM2's 135M draft as the target, its first layer as the draft
-    tiny = ["--target=smollm2-135m-draft", "--draft=smollm2-135m-draft"]
+  if quick:  # the mechanics only: SmolLM2's 2-layer draft as the target, its first layer as the draft
+    tiny = ["--target=smollm2-135m-draft", f"--draft={QUICK_DRAFT}"]
     decode = ["--setting=gpu_quick", "--num_prompts=2", "--max_new_tokens=8", "--batch_sizes=2",
               *tiny, "--draft_num_layers=1", f"--results_dir={results}"]
     return {
@@ -93,8 +95,9 @@ def main(argv):
   import jax  # pylint: disable=g-import-not-at-top
 
   device = jax.devices()[0]
-  record = {"device": f"{device.platform}:{device.device_kind}", "jax_version": jax.__version__, "quick": _QUICK.value,
-            "date": datetime.date.today().isoformat(), "draft": _DRAFT.value, "steps": {}}
+  record = {"device": f"{device.platform}:{device.device_kind}", "jax_version": jax.__version__,
+            "quick": _QUICK.value, "date": datetime.date.today().isoformat(),
+            "draft": f"{QUICK_DRAFT} (first layer)" if _QUICK.value else _DRAFT.value, "steps": {}}
   for name, command in plan.items():
     log = results / f"{name}.log"
     start = time.perf_counter()

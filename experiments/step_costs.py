@@ -11,12 +11,9 @@ same at every position) at which some draft length ``l >= 1`` has a higher goodp
 it the cost-aware policy speculates; below it it decodes plainly.
 """
 
-from absl import app
 from absl import flags
 
 import bass_jax
-from bass_jax import text
-from bass_jax.data import load_problems
 from bass_jax.sampling.draft_len import break_even_acceptance
 from experiments import _io
 
@@ -35,12 +32,8 @@ def main(argv):
   del argv
   _io.init_script()
   batches = [int(b) for b in _BATCHES.value]
-  if _NUM_PROMPTS.value < max(batches):
-    raise app.UsageError(f"--num_prompts={_NUM_PROMPTS.value} is fewer than the largest batch size")
-  target = bass_jax.load_model(_TARGET.value)
-  draft = bass_jax.load_draft_spec(_DRAFT.value, target)
-  problems = load_problems(_PROMPTS.value, _NUM_PROMPTS.value)
-  prompts = text.encode_prompts(target.tokenizer, [p.prompt for p in problems])
+  target, draft, prompts = _io.models_and_prompts(_TARGET.value, _DRAFT.value, _PROMPTS.value,
+                                                  _NUM_PROMPTS.value, batches)
   print(f"target {target.name}, draft {_DRAFT.value}; ms per piece of a step (fastest of 7; plain "
         "step and verification pass timed interleaved)\n")
   print("| B | plain step | verify pass (C positions) | C | first draft | next draft | "

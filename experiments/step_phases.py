@@ -12,9 +12,6 @@ verification pass. The table gives milliseconds per step and, in plain steps, th
 
 from absl import flags
 
-import bass_jax
-from bass_jax import text
-from bass_jax.data import load_problems
 from bass_jax.sampling.phases import measure_step_phases
 from experiments import _io
 
@@ -42,12 +39,8 @@ def main(argv):
   del argv
   _io.init_script()
   batches = [int(b) for b in _BATCHES.value]
-  if _NUM_PROMPTS.value < max(batches):
-    raise _io.Refusal(f"--num_prompts={_NUM_PROMPTS.value} is fewer than the largest batch size")
-  target = bass_jax.load_model(_TARGET.value)
-  draft = bass_jax.load_draft_spec(_DRAFT.value, target)
-  problems = load_problems(_PROMPTS.value, _NUM_PROMPTS.value)
-  prompts = text.encode_prompts(target.tokenizer, [p.prompt for p in problems])
+  target, draft, prompts = _io.models_and_prompts(_TARGET.value, _DRAFT.value, _PROMPTS.value,
+                                                  _NUM_PROMPTS.value, batches)
   print(f"target {target.name}, draft {_DRAFT.value}, l = {_DRAFT_LEN.value}, temperature "
         f"{_TEMPERATURE.value}, top-p {_TOP_P.value}; ms per step, fastest of {_REPEATS.value} calls "
         f"of {_STEPS.value} steps after {_WARM.value} warm-up steps; overhead = loop - verify - "

@@ -26,11 +26,12 @@ Backend. The kernel uses the Triton-lowered Pallas GPU backend (``jax.experiment
 ``load``/``store`` with masks, ``dot``): the same source runs compiled on NVIDIA GPUs and, with
 ``interpret=True``, on a CPU, which is how the tests check it. Its API is unchanged from JAX 0.10 to
 0.11 (0.11 deprecates the backend, and exporting for CUDA on a host without a GPU then needs an
-abstract GPU device: docs/kernels.md). JAX's newer GPU backend, Mosaic GPU (``jax.experimental.pallas.mosaic_gpu``), targets Hopper and
-later with warpgroup matmuls and TMA copies and is where JAX's own GPU attention kernels are moving;
-the Triton backend is deprecated there in its favour. Migrating means re-expressing this kernel's loop
-over K/V blocks as an ``emit_pipeline`` of TMA copies into shared memory and its two products as
-``wgmma`` calls, keeping the fold, the masks and the merge as they are (`docs/kernels.md`).
+abstract GPU device: docs/kernels.md). JAX's newer GPU backend, Mosaic GPU
+(``jax.experimental.pallas.mosaic_gpu``), targets Hopper and later with warpgroup matmuls and TMA
+copies and is where JAX's own GPU attention kernels are moving; the Triton backend is deprecated
+there in its favour. Migrating means re-expressing this kernel's loop over K/V blocks as an
+``emit_pipeline`` of TMA copies into shared memory and its two products as ``wgmma`` calls, keeping
+the fold, the masks and the merge as they are (`docs/kernels.md`).
 
 Axes: B batch, T new tokens per row, S cache slots, N query heads, K key/value heads, G = N / K,
 R = T * G folded query rows, H head dim.
@@ -56,6 +57,7 @@ _MIN_BLOCK = 16  # Triton's dot needs every dimension >= 16
 
 # The custom call a Pallas Triton kernel lowers to in StableHLO (JAX 0.10), e.g. in ``jax.export``.
 TRITON_CUSTOM_CALL = "__gpu$xla.gpu.triton"
+
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:

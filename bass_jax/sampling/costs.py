@@ -58,8 +58,9 @@ def median_seconds(call: Callable[[], Any], repeats: int = 5) -> float:
   return statistics.median(times)
 
 
-def fastest_seconds(calls: Sequence[Callable[[], Any]], repeats: int = _REPEATS,
-                    clock: Callable[[], float] = time.perf_counter) -> list[float]:
+def fastest_seconds(calls: Sequence[Callable[..., Any]], repeats: int = _REPEATS,
+                    clock: Callable[[], float] = time.perf_counter, *,
+                    inputs: Callable[[], tuple] | None = None) -> list[float]:
   """The fastest wall seconds of each of ``calls``, timed interleaved.
 
   Each call is made once untimed (compiling), then ``repeats`` rounds each time ``calls[0]``,
@@ -69,22 +70,26 @@ def fastest_seconds(calls: Sequence[Callable[[], Any]], repeats: int = _REPEATS,
   cost-aware policy decides by) close to the unloaded machine's.
 
   Args:
-    calls: callables of no argument, each returning what to wait for.
+    calls: callables returning what to wait for; of no argument, or with ``inputs`` of its results.
     repeats: timed rounds, >= 1.
     clock: seconds (``time.perf_counter``; a test passes a simulated clock).
+    inputs: makes fresh arguments for every call (e.g. copies of a state the call donates), made and
+      waited for before the clock starts; None: the calls take no argument.
 
   Returns:
     One float per call, in order: its fastest timed call, in seconds.
   """
   if repeats < 1:
     raise ValueError(f"fastest_seconds needs repeats >= 1, got {repeats}")
+  arguments = (lambda: ()) if inputs is None else (lambda: jax.block_until_ready(inputs()))
   for call in calls:
-    jax.block_until_ready(call())
+    jax.block_until_ready(call(*arguments()))
   best = [math.inf] * len(calls)
   for _ in range(repeats):
     for i, call in enumerate(calls):
+      args = arguments()
       start = clock()
-      jax.block_until_ready(call())
+      jax.block_until_ready(call(*args))
       best[i] = min(best[i], clock() - start)
   return best
 

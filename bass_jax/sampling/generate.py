@@ -78,7 +78,6 @@ class _Call:
   profile: str
 
 
-
 def prompt_bucket(length: int) -> int:
   """Prompt padding: the next power of two (at least 16), so new prompts rarely recompile."""
   return max(_MIN_PROMPT_BUCKET, 1 << (length - 1).bit_length())

@@ -24,21 +24,20 @@ the part of a step that is neither a target nor a draft forward.
 
 Every program starts from a fresh copy of the same state (made outside the clock) and donates it, so
 caches are updated in place as in a decode. The programs are timed interleaved, each the fastest of
-``repeats`` calls (``costs.fastest_seconds``'s reasoning: interference only adds time, and
-interleaving keeps the ratios).
+``repeats`` calls (``costs.fastest_seconds``: interference only adds time, and interleaving keeps the
+ratios).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-import time
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from bass_jax.sampling import costs
 from bass_jax.sampling import loop as loop_lib
 from bass_jax.sampling.proposers import HybridProposer
 from bass_jax.sampling.step import _target_forward, bass_step, plain_step, step_context
@@ -103,20 +102,6 @@ def _fresh(tree: Any) -> Any:
   return jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), tree)
 
 
-def _timed(programs: Sequence[Any], state: Any, repeats: int) -> list[float]:
-  """The fastest of ``repeats`` interleaved calls of each ``program(fresh copy of state)``, seconds;
-  each program is called once untimed first (compiling). The copy is made outside the clock."""
-  best = [math.inf] * len(programs)
-  for r in range(repeats + 1):
-    for i, program in enumerate(programs):
-      arg = jax.block_until_ready(_fresh(state))
-      start = time.perf_counter()
-      jax.block_until_ready(program(arg))
-      if r:
-        best[i] = min(best[i], time.perf_counter() - start)
-  return best
-
-
 def measure_step_phases(target, draft, prompts, *, warm_steps: int = 4, steps: int = 16,
                         repeats: int = 5, **kwargs) -> StepPhases:
   """Measures the per-phase costs of a BASS chain step in one setting (module docstring).
@@ -162,33 +147,34 @@ def measure_step_phases(target, draft, prompts, *, warm_steps: int = 4, steps: i
   spec = call.spec
   target_params, draft_params, temperature, top_p, _ = call.args_tail
   state = jax.jit(functools.partial(loop_lib.prefill, spec))(*call.args_prefill)
-  decode = jax.jit(lambda s, limit: loop_lib.decode(
+  decode_until = jax.jit(lambda s, limit: loop_lib.decode(
       spec, s.replace(step_limit=limit), target_params, draft_params, temperature, top_p,
       jnp.bool_(False)), donate_argnums=0)
-  state = decode(state, jnp.int32(warm_steps))
+  state = decode_until(state, jnp.int32(warm_steps))
   k = steps
   batch = state.tokens.shape[0]
 
   def repeat(body):  # k repetitions of body(state) -> state, one program, the state donated
     return jax.jit(lambda s: jax.lax.fori_loop(0, k, lambda _, s: body(s), s), donate_argnums=0)
 
-  loop_program = jax.jit(lambda s: loop_lib.decode(
-      spec, s.replace(step_limit=s.step + k), target_params, draft_params, temperature, top_p,
-      jnp.bool_(False)), donate_argnums=0)
-  step_program = repeat(functools.partial(bass_step, spec, target_params, draft_params, temperature,
-                                          top_p))
-  plain_program = repeat(functools.partial(plain_step, spec, target_params, temperature, top_p))
+  loop_program = jax.jit(lambda s: decode_until(s, s.step + k), donate_argnums=0)
+  ran = loop_program(_fresh(state))  # what the timed steps do (the step alone does the same)
+  if int(ran.step - state.step) != k:
+    raise ValueError(f"every row finished within {int(ran.step)} steps, before the {k} timed steps "
+                     f"after {warm_steps} warm-up steps; raise max_new_tokens or use prompts whose "
+                     "answers are longer")
 
   def proposing(proposer):
+    own = proposer is spec.proposer  # else one of a hybrid's lookups, stateless
+
     def body(s):
       ctx = step_context(s, s.key, temperature, top_p, branch_free=spec.branch_free)
-      params = draft_params if proposer is spec.proposer else None
-      proposer_state, proposal = proposer.propose(params, s.proposer_state, ctx,
-                                                  max_len=spec.max_draft, chunk=spec.verify_chunk,
-                                                  greedy=spec.greedy)
-      if proposer is spec.proposer:  # the same text again next time
-        proposer_state = proposer.rollback(proposer_state, s.tokens, s.seq_len, s.seq_len)
-        s = s.replace(proposer_state=proposer_state)
+      proposer_state, proposal = proposer.propose(draft_params if own else None, s.proposer_state,
+                                                  ctx, max_len=spec.max_draft,
+                                                  chunk=spec.verify_chunk, greedy=spec.greedy)
+      if own:  # the same text again next time
+        s = s.replace(proposer_state=proposer.rollback(proposer_state, s.tokens, s.seq_len,
+                                                       s.seq_len))
       # The drafts feed the next repetition's key, so that no repetition is dead code.
       return s.replace(key=jax.random.fold_in(s.key, jnp.sum(proposal.drafts)))
     return repeat(body)
@@ -201,24 +187,21 @@ def measure_step_phases(target, draft, prompts, *, warm_steps: int = 4, steps: i
                      key=jax.random.fold_in(s.key, jnp.sum(logits).astype(jnp.int32)))
 
   lookups = spec.proposer.lookups if isinstance(spec.proposer, HybridProposer) else ()
-  programs = [loop_program, step_program, plain_program, proposing(spec.proposer),
-              repeat(verifying)] + [proposing(p) for p in lookups]
-  seconds = [t / k for t in _timed(programs, state, repeats)]
-  loop_s, step_s, plain_s, propose_s, pass_s, *lookup_s = seconds
+  programs = [loop_program,
+              repeat(functools.partial(bass_step, spec, target_params, draft_params, temperature,
+                                       top_p)),
+              repeat(functools.partial(plain_step, spec, target_params, temperature, top_p)),
+              proposing(spec.proposer), repeat(verifying)] + [proposing(p) for p in lookups]
+  seconds = costs.fastest_seconds(programs, repeats, inputs=lambda: (_fresh(state),))
+  loop_s, step_s, plain_s, propose_s, pass_s, *lookup_s = [t / k for t in seconds]
 
-  ran = loop_program(_fresh(state))
-  if int(ran.step - state.step) != k:
-    raise ValueError(f"every row finished within {int(ran.step)} steps, before the {k} timed steps "
-                     f"after {warm_steps} warm-up steps; raise max_new_tokens or use prompts whose "
-                     "answers are longer")
-  after = step_program(_fresh(state))  # what the timed steps did
   timed = slice(int(state.step), int(state.step) + k)
-  live = after.accepted_history[timed] >= 0
+  live = ran.accepted_history[timed] >= 0
   return StepPhases(
       loop=loop_s, step=step_s, plain=plain_s, propose=propose_s, lookup=sum(lookup_s),
       verify_pass=pass_s,
-      passes=float(jnp.mean(after.verified_history[timed])) / spec.verify_chunk,
+      passes=float(jnp.mean(ran.verified_history[timed])) / spec.verify_chunk,
       chunk=spec.verify_chunk,
-      draft_len=float(jnp.mean(after.draft_len_history[timed])),
-      accepted=float(jnp.sum(jnp.where(live, after.accepted_history[timed], 0)) / jnp.sum(live)),
+      draft_len=float(jnp.mean(ran.draft_len_history[timed])),
+      accepted=float(jnp.sum(jnp.where(live, ran.accepted_history[timed], 0)) / jnp.sum(live)),
       batch=len(prompts), steps=k)

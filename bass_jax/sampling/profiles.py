@@ -4,9 +4,11 @@ A CPU and a GPU want different decode programs (docs/design.md, "Backend profile
 
 * **Verification width.** On a CPU a target forward is bound by arithmetic, so scoring 8 positions
   costs about twice 4, and verification runs in passes of ``C = 4`` that stop once every row has
-  rejected (measured: docs/design.md, "The changing `l_draft` against static shapes"). On a GPU a forward is bound by weight
-  reads until ``B x T`` reaches a few hundred tokens, so a pass of ``l + 1`` positions costs about one
-  of 4: the GPU profile verifies a step's drafts in one pass of ``L + 1`` positions, with no loop.
+  rejected (measured: docs/design.md, "The changing `l_draft` against static shapes"). On a GPU a
+  forward is expected to be bound by weight reads until ``B x T`` reaches a few hundred tokens (not
+  yet measured: no GPU has run this code), so a pass of ``l + 1`` positions should cost about one of
+  4: the GPU profile verifies a step's drafts in one pass of
+  ``L + 1`` positions, with no loop.
 * **Device-side decisions.** On XLA:GPU the host reads a ``while_loop``'s predicate (and a ``cond``'s
   branch index) before it launches the next iteration: each is a round trip and exposes the launch gap
   of the next body. A CPU pays nothing for them and saves the work they skip. ``branch_free`` replaces
@@ -86,7 +88,6 @@ def backend_profile(profile: str | BackendProfile | None = None) -> BackendProfi
     raise ValueError(f"profile must be None, a BackendProfile or one of {sorted(PROFILES)}, got "
                      f"{profile!r}")
   return PROFILES[profile]
-
 
 
 def platform_profile(platform: str) -> str:

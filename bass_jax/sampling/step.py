@@ -203,11 +203,9 @@ def _verify(spec: DecodeSpec, target_params, temperature, top_p, state: DecodeSt
   init = (jnp.zeros((), jnp.int32), state.target_cache, state.features,
           jnp.zeros((batch,), jnp.int32), ~state.done, jnp.zeros((batch,), jnp.int32),
           jnp.zeros((batch, max_draft + 1 + chunk), jnp.float32))
-  if chunk >= max_draft + 1:  # one pass scores every position: no device-side loop condition
-    verified, cache, features, accepted, _, next_token, logprobs = body(init)
-  else:
-    verified, cache, features, accepted, _, next_token, logprobs = jax.lax.while_loop(cond, body,
-                                                                                      init)
+  # One pass scores every position when C >= L + 1: then no device-side loop condition.
+  passes = body if chunk >= max_draft + 1 else functools.partial(jax.lax.while_loop, cond, body)
+  verified, cache, features, accepted, _, next_token, logprobs = passes(init)
   emitted = jnp.concatenate([drafts, jnp.zeros((batch, 1), jnp.int32)], axis=1)
   emitted = emitted.at[rows, accepted].set(next_token)
   return accepted, emitted, logprobs[:, :max_draft + 1], cache, features, verified

@@ -65,13 +65,8 @@ def top_p_filter(log_probs: jax.Array, top_p: jax.Array, *, branch_free: bool = 
   fast = jnp.min(jnp.where(kept, _keys(top_probs), jnp.iinfo(jnp.int32).max), axis=-1)
   # The nucleus lies inside the top k unless all k tokens are kept (and the vocabulary is larger).
   wider = kept[..., -1] & (k < log_probs.shape[-1])
-  if branch_free:
-    threshold = jnp.where(wider, _bisect_threshold(probs, top_p), fast)
-  else:
-    threshold = jax.lax.cond(
-        jnp.any(wider),
-        lambda: jnp.where(wider, _bisect_threshold(probs, top_p), fast),
-        lambda: fast)
+  bisected = lambda: jnp.where(wider, _bisect_threshold(probs, top_p), fast)
+  threshold = bisected() if branch_free else jax.lax.cond(jnp.any(wider), bisected, lambda: fast)
   filtered = jnp.where(_keys(probs) >= threshold[..., None], log_probs, -jnp.inf)
   return jax.nn.log_softmax(filtered, axis=-1)
 
