@@ -1,12 +1,13 @@
 """The models' attention against a per-row, per-head numpy loop written from the definition: over a ragged
 cache (the jnp reference, BASS-PAD and BASS-SPLIT in plain JAX) and without a cache (causal)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bass_jax.models.attention import (blocked_attention, causal_attention, get_attention,
-                                       reference_attention)
+from bass_jax.models.attention import (blocked_attention, causal_attention, causal_implementation,
+                                       compiling_for, get_attention, reference_attention)
 
 
 def _loop_attention(q, k, v, lengths, window=None):
@@ -61,6 +62,48 @@ def test_causal_attention_without_a_cache_matches_definition(window):
   # The same as a cache that holds exactly the 7 tokens.
   want = _loop_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), np.array([7, 7]), window)
   np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
+
+
+def _converts(fn, *args):
+  """The shapes of every array the traced ``fn`` converts from bf16 to f32."""
+  jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
+  return [e.invars[0].aval.shape for e in jaxpr.eqns if e.primitive.name == "convert_element_type"
+          and e.invars[0].aval.dtype == jnp.bfloat16 and e.outvars[0].aval.dtype == jnp.float32]
+
+
+def test_a_bf16_cache_is_read_in_bf16_and_never_copied_to_f32():
+  q, k, v, lengths = _inputs(7, 3, 2, 8, 2, 16, 48)
+  q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
+  lengths = jnp.asarray(lengths, jnp.int32)
+  got = reference_attention(q, k, v, lengths)
+  assert got.dtype == jnp.bfloat16
+  assert k.shape not in _converts(reference_attention, q, k, v, lengths)  # no f32 copy of K or V
+  want = _loop_attention(*(np.asarray(x, np.float32) for x in (q, k, v)), np.asarray(lengths))
+  np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=3e-2, rtol=0)
+  # The same holds without a cache: the new tokens' K/V stay bf16.
+  k_new, v_new = k[:, :, :5].transpose(0, 2, 1, 3), v[:, :, :5].transpose(0, 2, 1, 3)
+  assert k_new.shape not in _converts(causal_attention, q[:, :1].repeat(5, 1), k_new, v_new)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_causal_attention_through_jax_nn_matches_the_jnp_path(window):
+  """``implementation="xla"`` runs ``jax.nn.dot_product_attention``, the call that is cuDNN's flash
+  attention on a GPU (not runnable here): same mask, window and GQA grouping as the jnp path."""
+  rng = np.random.default_rng(6)
+  q, k, v = (jnp.asarray(rng.normal(size=(2, 9, 6, 8)), jnp.float32) if n == 6 else
+             jnp.asarray(rng.normal(size=(2, 9, 2, 8)), jnp.float32) for n in (6, 2, 2))
+  got = causal_attention(q, k, v, sliding_window=window, implementation="xla")
+  want = causal_attention(q, k, v, sliding_window=window, implementation="reference")
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=0)
+  with pytest.raises(ValueError, match="'reference', 'xla' or 'cudnn'"):
+    causal_attention(q, k, v, implementation="flash")
+
+
+def test_prefill_attention_is_cudnn_flash_for_bf16_on_a_gpu_and_the_jnp_path_elsewhere():
+  assert causal_implementation(jnp.bfloat16) == causal_implementation(jnp.float32) == "reference"
+  with compiling_for("cuda"):
+    assert causal_implementation(jnp.bfloat16) == causal_implementation(jnp.float16) == "cudnn"
+    assert causal_implementation(jnp.float32) == "reference"  # cuDNN's kernel takes no f32
 
 
 def test_unknown_implementation_is_named():

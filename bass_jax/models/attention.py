@@ -104,17 +104,20 @@ def _attend_visible(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, length
   group = num_heads // num_kv_heads
   scale = head_dim**-0.5 if sm_scale is None else sm_scale
   # Fold the query heads of a group and the query tokens into one axis R = T * G, so that each (row,
-  # kv head) is one [R, H] x [S, H] product read straight from the cache's [B, K, S, H] layout.
-  q_f = _fold(q.astype(jnp.float32) * scale, num_kv_heads)
-  logits = jnp.einsum("bkrh,bksh->bkrs", q_f, k_cache.astype(jnp.float32))
+  # kv head) is one [R, H] x [S, H] product read straight from the cache's [B, K, S, H] layout. Both
+  # products take the cache in its own dtype and accumulate in f32 (the softmax is f32): a bf16 cache
+  # is never copied to f32, as the Pallas kernels read it.
+  q_f = _fold((q.astype(jnp.float32) * scale).astype(k_cache.dtype), num_kv_heads)
+  logits = jnp.einsum("bkrh,bksh->bkrs", q_f, k_cache, preferred_element_type=jnp.float32)
   visible = jnp.repeat(visible, group, axis=1)  # [B, R, S], rows ordered (t, g) as _fold
   probs = jax.nn.softmax(jnp.where(visible[:, None], logits, -jnp.inf), axis=-1)
   probs = jnp.where(jnp.any(visible, axis=-1)[:, None, :, None], probs, 0.0)
   # A zero probability times a NaN in an invalid slot is still NaN: zero the invalid values too.
   slots = jnp.arange(max_len)
   valid = slots[None, :] < lengths[:, None]  # [B, S]
-  v = jnp.where(valid[:, None, :, None], v_cache.astype(jnp.float32), 0.0)
-  return _unfold(jnp.einsum("bkrs,bksh->bkrh", probs, v), num_q).astype(q.dtype)
+  v = jnp.where(valid[:, None, :, None], v_cache, jnp.zeros((), v_cache.dtype))
+  out = jnp.einsum("bkrs,bksh->bkrh", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+  return _unfold(out, num_q).astype(q.dtype)
 
 
 def reference_tree_attention(
@@ -238,28 +241,56 @@ def merged_tree_attention(prefix: Callable[..., tuple], q: jax.Array, k_cache: j
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, sm_scale: float | None = None,
-                     sliding_window: int | None = None) -> jax.Array:
-  """Causal grouped-query attention among T tokens, without a cache (a full forward, training).
+                     sliding_window: int | None = None, implementation: str | None = None) -> jax.Array:
+  """Causal grouped-query attention among T tokens, without a cache (a prefill, a full forward, training).
 
   Args:
     q: ``[B, T, N, H]``; k, v: ``[B, T, K, H]``; sm_scale, sliding_window: as :func:`reference_attention`.
+    implementation: ``"reference"``: the jnp path here, which materializes ``f32[B, K, T * G, T]``
+      logits (fastest on a CPU). ``"xla"`` or ``"cudnn"``: ``jax.nn.dot_product_attention`` with that
+      implementation (``"cudnn"``: cuDNN's fused flash attention, GPU only, bf16 or f16, never
+      materializing the logits). None: :func:`causal_implementation`'s choice for the platform the
+      program is traced for and q's dtype.
 
   Returns:
     ``[B, T, N, H]`` in q's dtype; token t attends to tokens ``0 … t``.
+
+  Raises:
+    ValueError: an unknown ``implementation``.
   """
+  implementation = implementation or causal_implementation(q.dtype)
   num_q, num_heads, head_dim = q.shape[1:]
+  scale = head_dim**-0.5 if sm_scale is None else sm_scale
+  if implementation in ("xla", "cudnn"):
+    # A query at position p sees p - (w - 1) ... p: a left window of w - 1 tokens, none on the right.
+    window = None if sliding_window is None else (sliding_window - 1, 0)
+    return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True,
+                                        local_window_size=window, implementation=implementation)
+  if implementation != "reference":
+    raise ValueError(f"causal attention implementation must be 'reference', 'xla' or 'cudnn', got "
+                     f"{implementation!r}")
   num_kv_heads = k.shape[2]
   group = num_heads // num_kv_heads
-  scale = head_dim**-0.5 if sm_scale is None else sm_scale
-  q_f = _fold(q.astype(jnp.float32) * scale, num_kv_heads)
-  logits = jnp.einsum("bkrh,btkh->bkrt", q_f, k.astype(jnp.float32))
+  q_f = _fold((q.astype(jnp.float32) * scale).astype(k.dtype), num_kv_heads)
+  logits = jnp.einsum("bkrh,btkh->bkrt", q_f, k, preferred_element_type=jnp.float32)
   t_row = jnp.arange(num_q * group) // group
   t_key = jnp.arange(num_q)
   visible = t_key[None, :] <= t_row[:, None]
   if sliding_window is not None:
     visible &= t_key[None, :] > t_row[:, None] - sliding_window
   probs = jax.nn.softmax(jnp.where(visible, logits, -jnp.inf), axis=-1)
-  return _unfold(jnp.einsum("bkrt,btkh->bkrh", probs, v.astype(jnp.float32)), num_q).astype(q.dtype)
+  out = jnp.einsum("bkrt,btkh->bkrh", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+  return _unfold(out, num_q).astype(q.dtype)
+
+
+def causal_implementation(dtype) -> str:
+  """The causal attention a prefill or full forward runs (:func:`causal_attention`): ``"cudnn"``
+  (flash attention through ``jax.nn.dot_product_attention``) on a GPU platform (:func:`compile_platform`)
+  for bf16 or f16, which cuDNN's fused kernel takes; ``"reference"`` elsewhere, the jnp path, which is
+  the faster one on a CPU and the only one for f32 on a GPU."""
+  if compile_platform() in GPU_PLATFORMS and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+    return "cudnn"
+  return "reference"
 
 
 def blocked_attention(
