@@ -24,6 +24,13 @@ from bass_jax.sampling.state import DecodeSpec, DecodeState
 from bass_jax.sampling.warp import coupled_choice, sample, warped_log_probs
 
 
+# The named scopes of a step's phases (``jax.named_scope``): they lead the op names of the compiled
+# program, so a profiler's trace (jax.profiler, Perfetto, TensorBoard) groups a step's time by phase
+# (``phases.profile_step_scopes``). Everything outside them is loop control and bookkeeping.
+STEP_SCOPES = ("propose", "target_forward", "accept", "advance")
+
+
+@jax.named_scope("target_forward")
 def _target_forward(spec: DecodeSpec, params: Any, tokens: jax.Array, cache: KVCache,
                     features: jax.Array | None, tree_mask: jax.Array | None = None):
   """The target's forward over ``tokens: i32[B, T]`` (a tree's nodes with ``tree_mask``); with a feature
@@ -47,6 +54,7 @@ def _warp(spec: DecodeSpec, logits: jax.Array, temperature, top_p) -> jax.Array:
   return warped_log_probs(logits, temperature, top_p, branch_free=spec.branch_free)
 
 
+@jax.named_scope("advance")
 def _emit(state: DecodeState, new_tokens: jax.Array, new_logprobs: jax.Array,
           count: jax.Array) -> DecodeState:
   """Appends the first ``count[b]`` of ``new_tokens: i32[B, E]`` to each live row.
@@ -136,22 +144,23 @@ def _verify_chunk(spec: DecodeSpec, target_params, temperature, top_p, state: De
   next_drafts = jax.lax.dynamic_slice_in_dim(inputs, start + 1, chunk, axis=1)
   positions = start + jnp.arange(chunk, dtype=jnp.int32)
   logits, cache, features = _target_forward(spec, target_params, tokens, cache, features)
-  if spec.greedy:
-    matched, next_token = acceptance.greedy_accept_chunk(logits, next_drafts, positions, num_drafts)
-  elif spec.coupled:
-    matched, next_token = acceptance.coupled_accept_chunk(
-        _warp(spec, logits, temperature, top_p), state.row_keys, state.seq_len, next_drafts,
-        positions, num_drafts)
-  else:
-    log_q = (None if draft_log_probs is None
-             else jax.lax.dynamic_slice_in_dim(draft_log_probs, start, chunk, axis=1))
-    matched, next_token = acceptance.speculative_accept_chunk(
-        key, _warp(spec, logits, temperature, top_p), log_q, next_drafts, positions, num_drafts)
-  raw = jax.nn.log_softmax(logits, axis=-1)
-  of_draft = jnp.take_along_axis(raw, next_drafts[..., None], axis=-1)[..., 0]
-  of_next = jnp.take_along_axis(raw, jnp.broadcast_to(next_token[:, None, None], raw.shape[:2] + (1,)),
-                                axis=-1)[..., 0]
-  return matched, next_token, jnp.stack([of_draft, of_next], axis=-1), cache, features
+  with jax.named_scope("accept"):
+    if spec.greedy:
+      matched, next_token = acceptance.greedy_accept_chunk(logits, next_drafts, positions, num_drafts)
+    elif spec.coupled:
+      matched, next_token = acceptance.coupled_accept_chunk(
+          _warp(spec, logits, temperature, top_p), state.row_keys, state.seq_len, next_drafts,
+          positions, num_drafts)
+    else:
+      log_q = (None if draft_log_probs is None
+               else jax.lax.dynamic_slice_in_dim(draft_log_probs, start, chunk, axis=1))
+      matched, next_token = acceptance.speculative_accept_chunk(
+          key, _warp(spec, logits, temperature, top_p), log_q, next_drafts, positions, num_drafts)
+    raw = jax.nn.log_softmax(logits, axis=-1)
+    of_draft = jnp.take_along_axis(raw, next_drafts[..., None], axis=-1)[..., 0]
+    of_next = jnp.take_along_axis(raw, jnp.broadcast_to(next_token[:, None, None], raw.shape[:2] + (1,)),
+                                  axis=-1)[..., 0]
+    return matched, next_token, jnp.stack([of_draft, of_next], axis=-1), cache, features
 
 
 def _verify(spec: DecodeSpec, target_params, temperature, top_p, state: DecodeState, drafts,
@@ -219,9 +228,10 @@ def bass_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
   live = ~state.done
   draft_len = state.draft_len
   ctx = step_context(state, draft_key, temperature, top_p, branch_free=spec.branch_free)
-  proposer_state, proposal = spec.proposer.propose(
-      draft_params, state.proposer_state, ctx, max_len=spec.max_draft, chunk=spec.verify_chunk,
-      greedy=spec.greedy)
+  with jax.named_scope("propose"):
+    proposer_state, proposal = spec.proposer.propose(
+        draft_params, state.proposer_state, ctx, max_len=spec.max_draft, chunk=spec.verify_chunk,
+        greedy=spec.greedy)
   num_drafts = jnp.where(live, proposal.num_drafts, 0)
   accepted, emitted, emitted_logprobs, target_cache, features, verified = _verify(
       spec, target_params, temperature, top_p, state, proposal.drafts, num_drafts, proposal.log_q,
@@ -235,6 +245,7 @@ def bass_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
   return state.replace(draft_len=jnp.asarray(next_len, jnp.int32), policy_state=policy_state)
 
 
+@jax.named_scope("advance")
 def _advance(spec: DecodeSpec, state: DecodeState, emitted, emitted_logprobs, accepted, target_cache,
              features, proposer_state, key, *, draft_len, drafted, verified, source,
              tree: int = -1) -> DecodeState:
@@ -292,29 +303,31 @@ def tree_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
   live = ~state.done
   rows = jnp.arange(state.tokens.shape[0])
   ctx = step_context(state, draft_key, temperature, top_p, branch_free=spec.branch_free)
-  proposer_state, draft = spec.proposer.propose_tree(draft_params, state.proposer_state, ctx,
-                                                     shape=shape)
+  with jax.named_scope("propose"):
+    proposer_state, draft = spec.proposer.propose_tree(draft_params, state.proposer_state, ctx,
+                                                       shape=shape)
   mask = tree_lib.ancestor_mask(draft)
   logits, target_cache, features = _target_forward(spec, target_params, draft.tokens,
                                                    state.target_cache, state.features, mask)
-  if spec.greedy:
-    result = tree_lib.greedy_accept_tree(draft, logits)
-  elif spec.coupled:
-    result = tree_lib.coupled_accept_tree(draft, _warp(spec, logits, temperature, top_p),
-                                          state.row_keys, state.seq_len)
-  else:
-    result = tree_lib.speculative_accept_tree(accept_key, draft,
-                                              _warp(spec, logits, temperature, top_p))
-  accepted = jnp.where(live, result.num_accepted, 0)
-  # Emitted: the path's draft tokens, then next_token at slot num_accepted.
-  path = jnp.maximum(result.path, 0)
-  slots = jnp.arange(shape.nodes)[None, :]
-  on_path = jnp.take_along_axis(draft.tokens, jnp.roll(path, -1, axis=1), axis=1)
-  emitted = jnp.where(slots == result.num_accepted[:, None], result.next_token[:, None], on_path)
-  # The target's log-probability of each emitted token, at its emitting node (N values per row: no
-  # [B, N, V] log-softmax).
-  emitted_logprobs = (logits[rows[:, None], path, emitted]
-                      - jax.nn.logsumexp(logits, axis=-1)[rows[:, None], path]).astype(jnp.float32)
+  with jax.named_scope("accept"):
+    if spec.greedy:
+      result = tree_lib.greedy_accept_tree(draft, logits)
+    elif spec.coupled:
+      result = tree_lib.coupled_accept_tree(draft, _warp(spec, logits, temperature, top_p),
+                                            state.row_keys, state.seq_len)
+    else:
+      result = tree_lib.speculative_accept_tree(accept_key, draft,
+                                                _warp(spec, logits, temperature, top_p))
+    accepted = jnp.where(live, result.num_accepted, 0)
+    # Emitted: the path's draft tokens, then next_token at slot num_accepted.
+    path = jnp.maximum(result.path, 0)
+    slots = jnp.arange(shape.nodes)[None, :]
+    on_path = jnp.take_along_axis(draft.tokens, jnp.roll(path, -1, axis=1), axis=1)
+    emitted = jnp.where(slots == result.num_accepted[:, None], result.next_token[:, None], on_path)
+    # The target's log-probability of each emitted token, at its emitting node (N values per row: no
+    # [B, N, V] log-softmax).
+    emitted_logprobs = (logits[rows[:, None], path, emitted]
+                        - jax.nn.logsumexp(logits, axis=-1)[rows[:, None], path]).astype(jnp.float32)
 
   base = state.seq_len - 1  # the root's slot: the cache lags the text by one token
   target_cache = target_cache.keep_path(base, result.path)
