@@ -247,11 +247,12 @@ def inspect_models(target: str, draft: str | None = None) -> tuple[Any, Any]:
     raise Refusal(f"--target: {e}") from e
 
 
-def models_and_prompts(target: str, draft: str, prompts: str, num_prompts: int,
-                       batches: Iterable[int]) -> tuple[Any, Any, list[list[int]]]:
-  """``(target Model, draft side, token ids of each prompt)`` for a script that times settings at
-  several batch sizes: the ``--target`` and ``--draft`` specs loaded (``bass_jax.load_draft_spec``) and
-  the first ``num_prompts`` prompts of the set ``prompts`` encoded with the target's tokenizer.
+def models_and_batches(target: str, draft: str, prompts: str, num_prompts: int,
+                       batches: Iterable[int]) -> tuple[Any, Any, dict[int, list[list[int]]]]:
+  """``(target Model, draft side, {b: token ids of b prompts})`` for a script that times settings at
+  several batch sizes: the ``--target`` and ``--draft`` specs loaded (``bass_jax.load_draft_spec``), the
+  first ``num_prompts`` prompts of the set ``prompts`` encoded with the target's tokenizer, and for
+  each batch size b the b longest of them (distinct rows; the largest prompt bucket of the set).
 
   Raises:
     Refusal: ``num_prompts`` is fewer than the largest batch size (checked before loading).
@@ -265,7 +266,8 @@ def models_and_prompts(target: str, draft: str, prompts: str, num_prompts: int,
   model = bass_jax.load_model(target)
   draft_side = bass_jax.load_draft_spec(draft, model)
   problems = load_problems(prompts, num_prompts)
-  return model, draft_side, text.encode_prompts(model.tokenizer, [p.prompt for p in problems])
+  encoded = sorted(text.encode_prompts(model.tokenizer, [p.prompt for p in problems]), key=len)
+  return model, draft_side, {b: encoded[-b:] for b in batches}
 
 
 class Refusal(ValueError):

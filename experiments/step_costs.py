@@ -32,17 +32,15 @@ def main(argv):
   del argv
   _io.init_script()
   batches = [int(b) for b in _BATCHES.value]
-  target, draft, prompts = _io.models_and_prompts(_TARGET.value, _DRAFT.value, _PROMPTS.value,
-                                                  _NUM_PROMPTS.value, batches)
+  target, draft, by_batch = _io.models_and_batches(_TARGET.value, _DRAFT.value, _PROMPTS.value,
+                                                   _NUM_PROMPTS.value, batches)
   print(f"target {target.name}, draft {_DRAFT.value}; ms per piece of a step (fastest of 7; plain "
         "step and verification pass timed interleaved)\n")
   print("| B | plain step | verify pass (C positions) | C | first draft | next draft | "
         "break-even alpha | at l |")
   print("|---|---|---|---|---|---|---|---|")
   for b in batches:
-    # The b longest prompts, so the prompt bucket is the largest a run of the set uses.
-    batch = sorted(prompts, key=len)[-b:]
-    c = bass_jax.generate(target, draft, batch, max_new_tokens=_MAX_NEW.value,
+    c = bass_jax.generate(target, draft, by_batch[b], max_new_tokens=_MAX_NEW.value,
                           draft_len="goodput").stats.step_costs
     alpha, length = break_even_acceptance(c, max_len=bass_jax.GoodputDraftLen().max_len)
     print(f"| {b} | {1e3 * c.plain:.1f} | {1e3 * c.verify_pass:.1f} | {c.chunk} | "

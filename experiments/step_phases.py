@@ -39,8 +39,8 @@ def main(argv):
   del argv
   _io.init_script()
   batches = [int(b) for b in _BATCHES.value]
-  target, draft, prompts = _io.models_and_prompts(_TARGET.value, _DRAFT.value, _PROMPTS.value,
-                                                  _NUM_PROMPTS.value, batches)
+  target, draft, by_batch = _io.models_and_batches(_TARGET.value, _DRAFT.value, _PROMPTS.value,
+                                                   _NUM_PROMPTS.value, batches)
   print(f"target {target.name}, draft {_DRAFT.value}, l = {_DRAFT_LEN.value}, temperature "
         f"{_TEMPERATURE.value}, top-p {_TOP_P.value}; ms per step, fastest of {_REPEATS.value} calls "
         f"of {_STEPS.value} steps after {_WARM.value} warm-up steps; overhead = loop - verify - "
@@ -49,8 +49,7 @@ def main(argv):
         "accept + commit | control | overhead (plain steps) |")
   print("|---|---|---|---|---|---|---|---|---|---|")
   for b in batches:
-    batch = sorted(prompts, key=len)[-b:]  # the b longest: the largest prompt bucket of the set
-    p = measure_step_phases(target, draft, batch, draft_len=_DRAFT_LEN.value,
+    p = measure_step_phases(target, draft, by_batch[b], draft_len=_DRAFT_LEN.value,
                             temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
                             max_new_tokens=_MAX_NEW.value, warm_steps=_WARM.value,
                             steps=_STEPS.value, repeats=_REPEATS.value)

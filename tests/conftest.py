@@ -5,11 +5,12 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # The suite's programs compile once and mostly run for milliseconds, so the CPU backend's LLVM
-# optimization is nearly all cost: at level 0 `make test` took 20:24 instead of 25:15 on the project's
-# 2-core machine (2026-11-25). Children (CLI runs, the 8-device suite) inherit it; the library's own
-# runs, benchmarks and `make run` keep XLA's default.
-if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+# optimization is nearly all cost: at level 0 the suite, run as `make test` runs it, took 20:24 instead
+# of 25:15 on the project's 2-core machine (2026-11-25). Children (CLI runs, the 8-device suite)
+# inherit it; the library's own runs, benchmarks and `make run` keep XLA's default.
+_FLAGS = os.environ.get("XLA_FLAGS", "")
+if "--xla_backend_optimization_level" not in _FLAGS:
+  os.environ["XLA_FLAGS"] = f"{_FLAGS} --xla_backend_optimization_level=0".strip()
 
 # tests/multidevice needs 8 host devices, which must be set before JAX starts: tests/test_sharding.py
 # runs it in a child process with that set (and MULTIDEVICE_ENV); the suite itself keeps one device.

@@ -246,3 +246,23 @@ def test_the_compiled_decode_copies_no_cache(target, method, temperature, tree):
   copies = [line.strip() for line in hlo.splitlines()
             if re.search(rf"= {shape}\S* copy(-start)?\(", line)]
   assert not copies, copies[:3]
+
+
+def test_the_step_phases_name_the_compiled_decodes_ops(target):
+  """Each of step.STEP_SCOPES leads the op names of the work it traced, so a profiler's trace groups
+  a step's kernels by phase: the target's matmuls under target_forward, the draft's under propose."""
+  import re
+
+  from bass_jax.sampling import generate as generate_lib
+  from bass_jax.sampling.step import STEP_SCOPES
+
+  bj.clear_compile_cache()
+  bj.generate(target, noisy_copy(target, 0.4, 5), _prompts(target.config.vocab_size, (3, 9)),
+              max_new_tokens=8, temperature=0.7, draft_len=3)
+  (_, decode), = generate_lib._PROGRAMS._programs.values()  # pylint: disable=protected-access
+  names = re.findall(r'op_name="([^"]*)"', decode.as_text())
+  for scope in STEP_SCOPES:
+    assert any(f"/{scope}/" in name for name in names), scope
+  dots = [name for name in names if name.endswith("dot_general")]
+  assert dots and all(re.search(r"/(target_forward|propose)/", name) for name in dots
+                      if "/self_attn/" in name or "/mlp/" in name), dots[:5]

@@ -136,14 +136,14 @@ def measure_step_phases(target, draft, prompts, *, warm_steps: int = 4, steps: i
   for name, value in (("warm_steps", warm_steps), ("steps", steps), ("repeats", repeats)):
     if not isinstance(value, int) or value < 1:
       raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-  max_new = kwargs.get("max_new_tokens", 128)
+  if kwargs.pop("method", "bass") != "bass":
+    raise ValueError("measure_step_phases breaks down BASS steps: leave method out or pass 'bass'")
+  arguments = generate_lib._arguments(target, draft, prompts, method="bass", **kwargs)
+  max_new = arguments["max_new_tokens"]  # generate's default where not given
   if warm_steps + steps > max_new:
     raise ValueError(f"warm_steps + steps = {warm_steps + steps} steps need max_new_tokens >= that "
                      f"(a row emits at least one token per step), got {max_new}")
-  if kwargs.pop("method", "bass") != "bass":
-    raise ValueError("measure_step_phases breaks down BASS steps: leave method out or pass 'bass'")
-  call = generate_lib._prepare(**generate_lib._arguments(target, draft, prompts, method="bass",
-                                                          **kwargs))
+  call = generate_lib._prepare(**arguments)
   spec = call.spec
   target_params, draft_params, temperature, top_p, _ = call.args_tail
   state = jax.jit(functools.partial(loop_lib.prefill, spec))(*call.args_prefill)

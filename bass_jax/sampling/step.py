@@ -24,9 +24,9 @@ from bass_jax.sampling.state import DecodeSpec, DecodeState
 from bass_jax.sampling.warp import coupled_choice, sample, warped_log_probs
 
 
-# The named scopes of a step's phases (``jax.named_scope``): they lead the op names of the compiled
-# program, so a profiler's trace (jax.profiler, Perfetto, TensorBoard) groups a step's time by phase
-# (``phases.profile_step_scopes``). Everything outside them is loop control and bookkeeping.
+# The named scopes of a step's phases (``jax.named_scope``): they appear in the op names of the
+# compiled program, so a profiler's trace (jax.profiler, Perfetto, TensorBoard) groups a step's time
+# by phase. Everything outside them is loop control and bookkeeping.
 STEP_SCOPES = ("propose", "target_forward", "accept", "advance")
 
 
@@ -101,10 +101,12 @@ def regular_step(spec: DecodeSpec, target_params, temperature, top_p,
                                             state.features)
   logits = logits[:, 0]
   if spec.coupled:  # the token at text position seq_len: the same draw as a verification's there
-    token = coupled_choice(_warp(spec, logits, temperature, top_p), state.row_keys, state.seq_len)
+    with jax.named_scope("accept"):
+      token = coupled_choice(_warp(spec, logits, temperature, top_p), state.row_keys, state.seq_len)
   else:
-    token, _ = sample(logits, sample_key, greedy=spec.greedy, temperature=temperature, top_p=top_p,
-                      branch_free=spec.branch_free)
+    with jax.named_scope("accept"):
+      token, _ = sample(logits, sample_key, greedy=spec.greedy, temperature=temperature,
+                        top_p=top_p, branch_free=spec.branch_free)
   logprob = jax.nn.log_softmax(logits, axis=-1)[rows, token]
   state = _emit(state, token[:, None], logprob[:, None], jnp.ones((batch,), jnp.int32))
   return state.replace(target_cache=cache.with_lengths(state.seq_len - 1), features=features,
@@ -158,8 +160,8 @@ def _verify_chunk(spec: DecodeSpec, target_params, temperature, top_p, state: De
           key, _warp(spec, logits, temperature, top_p), log_q, next_drafts, positions, num_drafts)
     raw = jax.nn.log_softmax(logits, axis=-1)
     of_draft = jnp.take_along_axis(raw, next_drafts[..., None], axis=-1)[..., 0]
-    of_next = jnp.take_along_axis(raw, jnp.broadcast_to(next_token[:, None, None], raw.shape[:2] + (1,)),
-                                  axis=-1)[..., 0]
+    of_next = jnp.take_along_axis(
+        raw, jnp.broadcast_to(next_token[:, None, None], raw.shape[:2] + (1,)), axis=-1)[..., 0]
     return matched, next_token, jnp.stack([of_draft, of_next], axis=-1), cache, features
 
 
@@ -326,8 +328,8 @@ def tree_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
     emitted = jnp.where(slots == result.num_accepted[:, None], result.next_token[:, None], on_path)
     # The target's log-probability of each emitted token, at its emitting node (N values per row: no
     # [B, N, V] log-softmax).
-    emitted_logprobs = (logits[rows[:, None], path, emitted]
-                        - jax.nn.logsumexp(logits, axis=-1)[rows[:, None], path]).astype(jnp.float32)
+    emitted_logprobs = (logits[rows[:, None], path, emitted] - jax.nn.logsumexp(
+        logits, axis=-1)[rows[:, None], path]).astype(jnp.float32)
 
   base = state.seq_len - 1  # the root's slot: the cache lags the text by one token
   target_cache = target_cache.keep_path(base, result.path)
