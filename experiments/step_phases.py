@@ -8,11 +8,17 @@ length ``--draft_len`` and then times, from that state, ``--steps`` steps of eac
 loop, the chain step alone, a plain step, the proposer's drafts (and a hybrid's lookups alone), one
 verification pass. The table gives milliseconds per step and, in plain steps, the step's overhead
 (loop - verify - propose: acceptance, commit and loop control), whose goal is at most 0.1 plain step.
+
+With ``--profile``, a second table splits the real decode's compiled work by step scope
+(``phases.profile_step_scopes``: a profiler trace of one ``generate`` call at the same setting, its
+events summed by the ``jax.named_scope`` of the step code that traced each instruction), milliseconds
+per step summed over the CPU's threads, and each scope's share of the total.
 """
 
 from absl import flags
 
-from bass_jax.sampling.phases import measure_step_phases
+from bass_jax.sampling.phases import measure_step_phases, profile_step_scopes
+from bass_jax.sampling.step import STEP_SCOPES
 from experiments import _io
 
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target model spec.")
@@ -33,6 +39,7 @@ _WARM = flags.DEFINE_integer("warm_steps", 4, "Steps decoded before the timed st
 _STEPS = flags.DEFINE_integer("steps", 16, "Steps per timed call.", lower_bound=1)
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed calls per program (the fastest counts).",
                                 lower_bound=1)
+_PROFILE = flags.DEFINE_bool("profile", False, "Also split a traced decode's work by step scope.")
 
 
 def main(argv):
@@ -57,6 +64,20 @@ def main(argv):
     print(f"| {b} | {p.accepted:.2f} | {ms(p.plain)} | {ms(p.loop)} | {ms(p.step)} | "
           f"{ms(p.propose)} ({ms(p.lookup)}) | {ms(p.verify)} ({p.passes:.2f} x {p.chunk}) | "
           f"{ms(p.accept_commit)} | {ms(p.control)} | {p.overhead / p.plain:.2f} |", flush=True)
+  if not _PROFILE.value:
+    return
+  scopes = STEP_SCOPES + ("other",)
+  print(f"\nThe traced decode by step scope (max_new_tokens {_MAX_NEW.value}): ms per step summed over "
+        "threads, and each scope's share\n")
+  print("| B | " + " | ".join(scopes) + " |")
+  print("|---|" + "---|" * len(scopes))
+  for b in batches:
+    seconds = profile_step_scopes(target, draft, by_batch[b], method="bass", draft_len=_DRAFT_LEN.value,
+                                  temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
+                                  max_new_tokens=_MAX_NEW.value)
+    total = sum(seconds.values())
+    print(f"| {b} | " + " | ".join(f"{1e3 * seconds[s]:.2f} ({seconds[s] / total:.0%})"
+                                   for s in scopes) + " |", flush=True)
 
 
 if __name__ == "__main__":

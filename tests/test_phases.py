@@ -4,14 +4,19 @@ the fix named. Tiny models: the mechanics, not the figures (those come from the 
 
 import math
 import pathlib
+import re
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import bass_jax as bj
-from bass_jax.sampling.phases import StepPhases, measure_step_phases
+from bass_jax.sampling.phases import (StepPhases, instruction_scopes, measure_step_phases,
+                                     profile_step_scopes)
+from bass_jax.sampling.step import STEP_SCOPES
 from conftest import noisy_copy, random_eagle_draft, tiny_model
 
 
@@ -81,13 +86,51 @@ def test_rows_that_finish_before_the_timed_steps_are_refused(pair):
                         warm_steps=1, steps=3, repeats=1, eos_token_id=eos)
 
 
+def test_every_compiled_instruction_gets_the_scope_of_the_code_that_traced_it():
+  def program(x, w):
+    def body(i, x):
+      with jax.named_scope("propose"):
+        y = jnp.tanh(x @ w)
+      with jax.named_scope("accept"):
+        return y * 2.0 + i
+    return jax.lax.fori_loop(0, 3, body, x)
+
+  rng = np.random.default_rng(0)
+  x, w = (jnp.asarray(rng.normal(size=shape), jnp.float32) for shape in ((4, 8), (8, 8)))
+  text = jax.jit(program).lower(x, w).compile().as_text()
+  scopes = instruction_scopes(text)
+  names = re.findall(r"^\s+(?:ROOT )?%?([\w.\-]+) = ", text, flags=re.M)
+  assert sorted(scopes) == sorted(names)  # every instruction of every computation
+  opcodes = {opcode for opcode, _ in scopes.values()}
+  assert {"dot", "while"} <= opcodes, opcodes
+  # The matmul is the proposal's, wherever XLA put it (and with or without its own metadata); the
+  # loop itself was traced outside both scopes.
+  assert all(scope == "propose" for opcode, scope in scopes.values() if opcode == "dot"), scopes
+  assert all(scope == "other" for opcode, scope in scopes.values() if opcode == "while"), scopes
+  assert {scope for _, scope in scopes.values()} <= set(STEP_SCOPES) | {"other"}
+
+
+def test_a_traced_decode_splits_its_work_by_step_scope(pair):
+  target, prompts = pair
+  seconds = profile_step_scopes(target, noisy_copy(target, 0.05, 1), prompts, draft_len=3,
+                                max_new_tokens=16)
+  assert set(seconds) == set(STEP_SCOPES) | {"other"}
+  # Every phase's compiled ops ran and were found in the trace under its scope (how large each is
+  # on a 61-token model is noise, and not asserted).
+  assert all(0 < seconds[scope] < 1 for scope in STEP_SCOPES), seconds
+  assert seconds["other"] >= 0
+
+
 def test_the_script_prints_a_row_per_batch_size():
   repo = pathlib.Path(__file__).resolve().parents[1]
   run = subprocess.run([sys.executable, "-m", "experiments.step_phases",
                         "--target=smollm2-135m-draft", "--draft=ngram", "--batch_sizes=1",
                         "--num_prompts=1", "--max_new_tokens=8", "--warm_steps=1", "--steps=2",
-                        "--repeats=1"], cwd=repo, capture_output=True, text=True, timeout=600)
+                        "--repeats=1", "--profile"], cwd=repo, capture_output=True, text=True, timeout=600)
   assert run.returncode == 0, run.stderr[-3000:]
   rows = [line.split("|")[1:-1] for line in run.stdout.splitlines() if line.startswith("| 1 |")]
-  assert len(rows) == 1 and len(rows[0]) == 10, run.stdout
+  assert len(rows[0]) == 10, run.stdout
   assert all(float(cell.split()[0]) >= 0 for cell in rows[0][2:5]), rows  # plain, loop, step in ms
+  # --profile: a second row for B = 1, the milliseconds of every scope and "other".
+  assert len(rows) == 2 and len(rows[1]) == len(STEP_SCOPES) + 2, run.stdout
+  assert all(float(cell.split()[0]) >= 0 for cell in rows[1][1:]), rows

@@ -26,12 +26,21 @@ Every program starts from a fresh copy of the same state (made outside the clock
 caches are updated in place as in a decode. The programs are timed interleaved, each the fastest of
 ``repeats`` calls (``costs.fastest_seconds``: interference only adds time, and interleaving keeps the
 ratios).
+
+:func:`profile_step_scopes` answers the same question from the other side: it times the real steps
+inside the real loop, with nothing compiled apart, from a ``jax.profiler`` trace of one decode whose
+events are summed by the step scope (``step.STEP_SCOPES``) of the code that traced each instruction.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import glob
+import gzip
+import json
+import re
+import tempfile
 from typing import Any
 
 import jax
@@ -39,8 +48,10 @@ import jax.numpy as jnp
 
 from bass_jax.sampling import costs
 from bass_jax.sampling import loop as loop_lib
+from bass_jax.sampling import programs
 from bass_jax.sampling.proposers import HybridProposer
-from bass_jax.sampling.step import _target_forward, bass_step, plain_step, step_context
+from bass_jax.sampling.step import (STEP_SCOPES, _target_forward, bass_step, plain_step,
+                                    step_context)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,18 +158,26 @@ def measure_step_phases(target, draft, prompts, *, warm_steps: int = 4, steps: i
   spec = call.spec
   target_params, draft_params, temperature, top_p, _ = call.args_tail
   state = jax.jit(functools.partial(loop_lib.prefill, spec))(*call.args_prefill)
-  decode_until = jax.jit(lambda s, limit: loop_lib.decode(
-      spec, s.replace(step_limit=limit), target_params, draft_params, temperature, top_p,
-      jnp.bool_(False)), donate_argnums=0)
-  state = decode_until(state, jnp.int32(warm_steps))
+  # Every program takes the weights and sampling parameters as arguments, as the decode does: closed
+  # over, they would be constants, which XLA's CPU backend folds and pre-packs for its matmuls (a
+  # SmolLM2 head then costs about half of what it costs in the decode), and the programs would time
+  # a different computation from the one they stand for.
+  weights = (target_params, draft_params, temperature, top_p)
+
+  def decode_until(s, limit, target_params, draft_params, temperature, top_p):
+    return loop_lib.decode(spec, s.replace(step_limit=limit), target_params, draft_params,
+                           temperature, top_p, jnp.bool_(False))
+
+  state = jax.jit(decode_until, donate_argnums=0)(state, jnp.int32(warm_steps), *weights)
   k = steps
   batch = state.tokens.shape[0]
 
-  def repeat(body):  # k repetitions of body(state) -> state, one program, the state donated
-    return jax.jit(lambda s: jax.lax.fori_loop(0, k, lambda _, s: body(s), s), donate_argnums=0)
+  def repeat(body):  # k repetitions of body(weights, state) -> state, one program, the state donated
+    return jax.jit(lambda s, *w: jax.lax.fori_loop(0, k, lambda _, s: body(*w, s), s),
+                   donate_argnums=0)
 
-  loop_program = jax.jit(lambda s: decode_until(s, s.step + k), donate_argnums=0)
-  ran = loop_program(_fresh(state))  # what the timed steps do (the step alone does the same)
+  loop_program = jax.jit(lambda s, *w: decode_until(s, s.step + k, *w), donate_argnums=0)
+  ran = loop_program(_fresh(state), *weights)  # what the timed steps do (the step alone does the same)
   if int(ran.step - state.step) != k:
     raise ValueError(f"every row finished within {int(ran.step)} steps, before the {k} timed steps "
                      f"after {warm_steps} warm-up steps; raise max_new_tokens or use prompts whose "
@@ -167,7 +186,8 @@ def measure_step_phases(target, draft, prompts, *, warm_steps: int = 4, steps: i
   def proposing(proposer):
     own = proposer is spec.proposer  # else one of a hybrid's lookups, stateless
 
-    def body(s):
+    def body(target_params, draft_params, temperature, top_p, s):
+      del target_params
       ctx = step_context(s, s.key, temperature, top_p, branch_free=spec.branch_free)
       proposer_state, proposal = proposer.propose(draft_params if own else None, s.proposer_state,
                                                   ctx, max_len=spec.max_draft,
@@ -179,20 +199,25 @@ def measure_step_phases(target, draft, prompts, *, warm_steps: int = 4, steps: i
       return s.replace(key=jax.random.fold_in(s.key, jnp.sum(proposal.drafts)))
     return repeat(body)
 
-  def verifying(s):
+  def verifying(target_params, draft_params, temperature, top_p, s):
+    del draft_params, temperature, top_p
     tokens = jnp.broadcast_to(s.tokens[:, :1], (batch, spec.verify_chunk))
     logits, cache, features = _target_forward(spec, target_params, tokens, s.target_cache, s.features)
-    # The logits feed the next repetition, or the compiler would drop the head's projection.
+    # The logits feed the next repetition, or the compiler would drop the head's projection. Through
+    # their log-normalizer, as acceptance reads them: a single reduction (a sum, a max) would be
+    # fused into the head's matmul, and a sum rewritten as x @ sum(W), timing a cheaper head.
     return s.replace(target_cache=cache.with_lengths(s.target_cache.lengths), features=features,
-                     key=jax.random.fold_in(s.key, jnp.sum(logits).astype(jnp.int32)))
+                     key=jax.random.fold_in(s.key, jnp.sum(jax.nn.logsumexp(logits, axis=-1))
+                                            .astype(jnp.int32)))
+
+  def plain(target_params, draft_params, temperature, top_p, s):
+    del draft_params
+    return plain_step(spec, target_params, temperature, top_p, s)
 
   lookups = spec.proposer.lookups if isinstance(spec.proposer, HybridProposer) else ()
-  programs = [loop_program,
-              repeat(functools.partial(bass_step, spec, target_params, draft_params, temperature,
-                                       top_p)),
-              repeat(functools.partial(plain_step, spec, target_params, temperature, top_p)),
+  programs = [loop_program, repeat(functools.partial(bass_step, spec)), repeat(plain),
               proposing(spec.proposer), repeat(verifying)] + [proposing(p) for p in lookups]
-  seconds = costs.fastest_seconds(programs, repeats, inputs=lambda: (_fresh(state),))
+  seconds = costs.fastest_seconds(programs, repeats, inputs=lambda: (_fresh(state), *weights))
   loop_s, step_s, plain_s, propose_s, pass_s, *lookup_s = [t / k for t in seconds]
 
   timed = slice(int(state.step), int(state.step) + k)
@@ -205,3 +230,123 @@ def measure_step_phases(target, draft, prompts, *, warm_steps: int = 4, steps: i
       draft_len=float(jnp.mean(ran.draft_len_history[timed])),
       accepted=float(jnp.sum(jnp.where(live, ran.accepted_history[timed], 0)) / jnp.sum(live)),
       batch=len(prompts), steps=k)
+
+_CONTROL_OPCODES = ("while", "conditional", "call")
+
+
+def instruction_scopes(hlo_text: str) -> dict[str, tuple[str, str]]:
+  """Every instruction of a compiled HLO module (``Compiled.as_text()``) with its opcode and step scope.
+
+  An instruction's scope is the first of ``step.STEP_SCOPES`` in its op name (the ``jax.named_scope``
+  of the code that traced it). XLA drops the metadata of some instructions it creates (the outer
+  instruction of a fusion, a dot it splits out, the body of a loop it clones), so an instruction
+  whose op name names no scope takes, in this order, the first scope named inside the computation it
+  fuses, the first named by one of its operands (by its op name or its fusion's), and the scope of
+  the instruction that calls its computation (a loop's body or condition, a call); an instruction of
+  the entry computation with none is ``"other"``.
+
+  Returns:
+    ``{instruction name: (opcode, scope)}``.
+  """
+  computations: dict[str, list[tuple[str, str, str | None, list[str], list[str]]]] = {}
+  entry, current = None, None
+  for line in hlo_text.splitlines():
+    header = re.match(r"(ENTRY )?%?([\w.\-]+) \(.*\{$", line)
+    if header:
+      current = header.group(2)
+      computations[current] = []
+      entry = current if header.group(1) else entry
+      continue
+    found = re.match(r"\s+(?:ROOT )?%?([\w.\-]+) = .*? ([a-z][\w-]*)\((.*)", line)
+    if current is None or not found:
+      continue
+    op_name = re.search(r'op_name="([^"]*)"', line)
+    scope = None if op_name is None else next(
+        (part for part in op_name.group(1).split("/") if part in STEP_SCOPES), None)
+    callees = re.findall(r"(?:calls|body|condition|to_apply)=%?([\w.\-]+)", line)
+    for branches in re.findall(r"branch_computations=\{([^}]*)\}", line):
+      callees += [b.strip().lstrip("%") for b in branches.split(",")]
+    operands = re.findall(r"%([\w.\-]+)", found.group(3).split("), ")[0])
+    computations[current].append((found.group(1), found.group(2), scope, callees, operands))
+
+  def named_inside(computation, seen=()):  # the first scope an op name names in it or its fusions
+    for _, opcode, scope, callees, _ in computations.get(computation, ()):
+      if scope:
+        return scope
+      for callee in callees if opcode == "fusion" and callee not in seen else ():
+        if found := named_inside(callee, seen + (callee,)):
+          return found
+    return None
+
+  named = {}  # instruction -> the scope its op name or its fusion's computation names, or None
+  for instructions in computations.values():
+    for name, opcode, scope, callees, _ in instructions:
+      named[name] = scope or (named_inside(callees[0]) if opcode == "fusion" and callees else None)
+  scopes: dict[str, tuple[str, str]] = {}
+  inherited = {entry: "other"}
+  pending = [entry]
+  while pending:  # callers before callees, each computation once (the first caller's scope)
+    computation = pending.pop()
+    for name, opcode, _, callees, operands in computations.get(computation, ()):
+      scope = (named[name] or next((named[o] for o in operands if named.get(o)), None)
+               or inherited[computation])
+      scopes[name] = (opcode, scope)
+      for callee in callees:
+        if callee not in inherited:
+          inherited[callee] = scope
+          pending.append(callee)
+  return scopes
+
+
+def profile_step_scopes(target, draft, prompts, **kwargs) -> dict[str, float]:
+  """Where a decode's compiled work goes, by step phase: a ``jax.profiler`` trace of one ``generate``
+  call (after one compiling call of the same setting), its events mapped to the decode program's
+  instructions, and each instruction to the first of ``step.STEP_SCOPES`` in its op name (the
+  ``jax.named_scope`` of the step code that traced it), else ``"other"`` (loop control, the random
+  keys, the draft-length policy, bookkeeping).
+
+  Unlike :func:`measure_step_phases` it times the real steps inside the real loop, with nothing
+  compiled apart; the price is that it sums the events' durations: work that runs on several threads
+  at once counts on each, so the values add up to more than the wall time and are read as shares.
+  On the CPU backend, whose events name their HLO module and instruction (a GPU trace names kernels:
+  read the op names in TensorBoard's or Perfetto's view there); only the decode program's events
+  count, not the prefill's.
+
+  Args:
+    target, draft, prompts: as for ``bass_jax.generate``.
+    **kwargs: ``generate``'s keyword arguments.
+
+  Returns:
+    ``{scope: seconds per decode step}`` for each of ``STEP_SCOPES`` and ``"other"``, summed over
+    threads (a control-flow instruction's own event, which spans its body's, is left out).
+
+  Raises:
+    ValueError: not on the CPU backend; and as ``generate``.
+  """
+
+  from bass_jax.sampling import generate as generate_lib  # pylint: disable=g-import-not-at-top
+
+  if jax.default_backend() != "cpu":
+    raise ValueError(f"profile_step_scopes reads the CPU backend's trace; this is "
+                     f"{jax.default_backend()!r} (read the op names in a profiler's view there)")
+  generate_lib.generate(target, draft, prompts, **kwargs)  # compiles, and warms the caches
+  with tempfile.TemporaryDirectory() as trace_dir:
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+      out = generate_lib.generate(target, draft, prompts, **kwargs)
+    path, = glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True)
+    with gzip.open(path) as f:
+      events = json.load(f)
+  events = events["traceEvents"] if isinstance(events, dict) else events
+  call = generate_lib._prepare(**generate_lib._arguments(target, draft, prompts, **kwargs))
+  (_, decode), _ = programs.compiled(call.spec, call.args_prefill, call.args_tail)  # cached
+  text = decode.as_text()
+  module = re.match(r"HloModule ([\w.\-]+)", text).group(1)
+  scope_of = {name: scope for name, (opcode, scope) in instruction_scopes(text).items()
+              if opcode not in _CONTROL_OPCODES}
+  seconds = dict.fromkeys(STEP_SCOPES + ("other",), 0.0)
+  for event in events:
+    args = event.get("args", {})
+    if event.get("ph") == "X" and args.get("hlo_module") == module and args.get("hlo_op") in scope_of:
+      seconds[scope_of[args["hlo_op"]]] += 1e-6 * event.get("dur", 0)
+  steps = max(int(out.stats.steps), 1)
+  return {scope: s / steps for scope, s in seconds.items()}
