@@ -273,8 +273,8 @@ def instruction_scopes(hlo_text: str) -> dict[str, tuple[str, str]]:
     for _, opcode, scope, callees, _ in computations.get(computation, ()):
       if scope:
         return scope
-      for callee in callees if opcode == "fusion" and callee not in seen else ():
-        if found := named_inside(callee, seen + (callee,)):
+      for callee in callees if opcode == "fusion" else ():
+        if callee not in seen and (found := named_inside(callee, seen + (callee,))):
           return found
     return None
 
