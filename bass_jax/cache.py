@@ -179,25 +179,28 @@ class KVUpdate:
     return self.k[0].shape[1]
 
 
-def write_row(state, row_state, row: jax.Array):
-  """Writes a one-row decode state into row ``row`` of a batched one: how continuous batching restarts
-  a row on a new prompt (``bass_jax.sampling.loop``).
+def write_rows(state, rows_state, rows: jax.Array):
+  """Writes an A-row decode state into rows ``rows`` of a batched one, in place: how continuous
+  batching restarts rows on new prompts (``bass_jax.sampling.continuous``).
 
   Args:
     state: a pytree of per-row arrays with the batch as leading axis (``[B, ...]``: a
       :class:`KVCache`'s buffers and lengths, token buffers), and of shared scalars (``[]``).
-    row_state: the same pytree built for one row: every per-row leaf ``[1, ...]``, no larger than
-      ``state``'s in any other axis (a shorter leaf fills the leading part of the row).
-    row: ``i32[]`` the row to overwrite.
+    rows_state: the same pytree built for A rows: every per-row leaf ``[A, ...]``, no larger than
+      ``state``'s in any other axis (a shorter leaf fills the leading part of each row: a prompt's
+      cache slots, the rest of the row left as it was).
+    rows: ``i32[A]`` the rows to overwrite, distinct; an index out of ``[0, B)`` drops its row of
+      ``rows_state`` (how a batched admission pads the rows it does not fill).
 
   Returns:
-    ``state`` with every per-row leaf's row ``row`` replaced (cast to its dtype) and every scalar kept:
-    a scalar is the batch's, not a row's. Under ``jit`` with ``state`` carried, XLA writes in place.
+    ``state`` with every per-row leaf's rows ``rows`` replaced (cast to its dtype) and every scalar
+    kept: a scalar is the batch's, not a row's. Under ``jit`` with ``state`` carried, XLA writes in
+    place (a scatter of the A rows' leading parts).
   """
   def one(batched, fresh):
     if batched.ndim == 0:
       return batched
-    start = (row,) + (0,) * (batched.ndim - 1)
-    return jax.lax.dynamic_update_slice(batched, fresh.astype(batched.dtype), start)
+    index = (rows,) + tuple(slice(0, n) for n in fresh.shape[1:])
+    return batched.at[index].set(fresh.astype(batched.dtype), mode="drop")
 
-  return jax.tree_util.tree_map(one, state, row_state)
+  return jax.tree_util.tree_map(one, state, rows_state)

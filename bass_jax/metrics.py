@@ -7,7 +7,6 @@ import dataclasses
 import numpy as np
 
 from bass_jax.models import eagle
-from bass_jax.sampling import continuous
 
 
 @dataclasses.dataclass(frozen=True)
@@ -364,12 +363,10 @@ def decode_flops(target, draft, prompt_lengths: np.ndarray, output, *, method: s
   mean_context = float(np.mean(prompt_lengths + output.lengths / 2))
   per_pos = lambda config, params, n: forward_flops(config, params, np.full(int(n), mean_context))
   executed = per_pos(tc, tp, batch * stats.prompt_bucket)  # prefill, padding included
-  # Continuous batching: every prompt admitted inside the loop is prefilled alone, in chunks up to its
-  # own length (continuous.ADMIT_CHUNK), by the target and a draft model.
-  admitted = 0
-  if stats.continuous:
-    later = np.asarray(prompt_lengths)[stats.batch_size:] - 1
-    admitted = int(np.sum(-(-later // continuous.ADMIT_CHUNK) * continuous.ADMIT_CHUNK))
+  # Continuous batching: the prompts admitted inside the loop are prefilled in chunks up to the
+  # longest of each admission's rows, spare rows included (GenerateStats.admitted_positions), by the
+  # target and a draft model.
+  admitted = stats.admitted_positions
   executed += per_pos(tc, tp, admitted)
   if method == "regular":
     executed += per_pos(tc, tp, batch * stats.steps)

@@ -1,6 +1,7 @@
 r"""One command for a GPU machine: the kernel tests compiled, the attention and forward benchmarks, the
-decode census, and the latency and utilization experiments at B = 1-16 for regular decoding and BASS
-with the EAGLE hybrid, each step's results and log in one directory.
+decode census, the latency and utilization experiments at B = 1-16 for regular decoding and BASS
+with the EAGLE hybrid, and continuous batching's admission settings (prompts per prefill, chunk:
+``experiments.bench_admission`` on the GPU profile), each step's results and log in one directory.
 
     make bench-gpu                                    # = python -m experiments.bench_gpu
     python -m experiments.bench_gpu --quick       # CPU smoke run (the test suite's)
@@ -78,6 +79,9 @@ def steps(results: pathlib.Path, quick: bool, draft: str) -> dict[str, list[str]
                        "--sampling=greedy,t0.2", *decode, *common],
       "utilization": py + ["experiments.utilization", *decode,
                            *[c for c in common if c != "--nocheck"]],
+      "admission": py + ["experiments.bench_admission", "--profile=gpu", f"--draft={draft}",
+                         "--num_prompts=32", "--batch_size=8", "--admit_rows=1,2,4",
+                         "--admit_chunks=64,512", "--max_new_tokens=128"],
   }
 
 

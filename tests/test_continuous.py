@@ -12,6 +12,10 @@ admitted into refilled rows, against the target's exact law (``test_sampling_exa
 
 from __future__ import annotations
 
+import dataclasses
+import pathlib
+import subprocess
+import sys
 import types
 
 import jax
@@ -21,13 +25,14 @@ import pytest
 
 import bass_jax as bj
 from bass_jax.sampling import generate as generate_lib
-from bass_jax.sampling import continuous
+from bass_jax.sampling import profiles
 from conftest import assert_lossless, assert_reported, noisy_copy, random_eagle_draft, tiny_model
 import test_sampling_exact as exact
 
 # Prompt lengths, one per prompt (all padded to one bucket, 128, in a continuous call): the last, admitted
-# into a refilled row, takes more than one chunk of the admission's prefill (continuous.ADMIT_CHUNK).
+# into a refilled row, takes more than one chunk of the admission's prefill (the CPU profile's admit_chunk).
 LENGTHS = (1, 37, 4, 19, 2, 28, 9, 13, 6, 90)
+ADMIT_CHUNK = profiles.PROFILES["cpu"].admit_chunk
 MAX_NEW = 24
 
 
@@ -107,7 +112,7 @@ def test_greedy_continuous_equals_each_prompt_alone(target, eos, alone, kind, dr
   # Every row served several prompts, one after the other, in input order of admission.
   assert (np.bincount(stats.prompt_rows) >= 2).all() and len(set(stats.prompt_rows)) == batch_size
   assert (np.diff(stats.prompt_start_steps) >= 0).all() and (stats.prompt_start_steps[batch_size:] > 0).all()
-  assert max(LENGTHS[batch_size:]) - 1 > continuous.ADMIT_CHUNK  # a multi-chunk admission happened
+  assert max(LENGTHS[batch_size:]) - 1 > ADMIT_CHUNK  # a multi-chunk admission happened
   assert (stats.admit_seconds <= stats.first_token_seconds).all()
   assert (stats.first_token_seconds <= stats.finish_seconds).all()
   # A prompt was admitted when an earlier one finished: its wait is one of the earlier finish times
@@ -125,6 +130,51 @@ def test_greedy_continuous_equals_each_prompt_alone(target, eos, alone, kind, dr
       assert (stats.draft_lens == 0).any() and (stats.draft_lens > 0).any()
   else:
     np.testing.assert_array_equal(stats.prompt_steps, out.lengths)
+
+
+@pytest.mark.parametrize("kind,draft_len", [("hybrid", "dynamic"), ("eagle", 3)])
+def test_rows_that_free_up_together_are_admitted_in_one_prefill(target, eos, alone, kind, draft_len):
+  """A profile admitting up to 3 rows per prefill in chunks of 16: each prompt still decodes as it
+  would alone (a model draft's cache and an EAGLE feature buffer restarted for several rows at once,
+  over stale slots of longer earlier prompts), and the prefills computed what the grouping implies."""
+  admit_rows, chunk, batch_size = 3, 16, 3
+  profile = dataclasses.replace(profiles.PROFILES["cpu"], admit_rows=admit_rows, admit_chunk=chunk)
+  prompts = _prompts(target.config.vocab_size)
+  out = bj.generate(target, _draft(kind, target), prompts, draft_len=draft_len, max_new_tokens=MAX_NEW,
+                    eos_token_id=eos, batch_size=batch_size, profile=profile)
+  assert assert_lossless(target, prompts, alone, out) == 1.0
+  np.testing.assert_array_equal(out.finished, alone.finished)
+  stats = out.stats
+  assert (stats.admit_rows, stats.admit_chunk) == (admit_rows, chunk)
+  # The later prompts, in admission order, grouped by the step that admitted them: a refill admits
+  # its k prompts in ceil(k / 3) prefills of 3 rows, the spare rows computing the next prompts in the
+  # queue (the last one past its end), each prefill as many chunks as its longest row needs.
+  starts = stats.prompt_start_steps
+  if kind == "hybrid":  # here (greedy, so always) rows free up in one step: a prefill of 2 or 3 rows
+    assert any(np.sum(starts[batch_size:] == step) >= 2 for step in set(starts[batch_size:])), starts
+  expected, i = 0, batch_size
+  while i < len(prompts):
+    n = min(admit_rows, int(np.sum(starts[i:] == starts[i])))
+    longest = max(LENGTHS[min(j, len(prompts) - 1)] for j in range(i, i + admit_rows))
+    expected += admit_rows * -(-(longest - 1) // chunk) * chunk
+    i += n
+  assert stats.admitted_positions == expected
+
+
+def test_the_admission_benchmark_prints_a_row_per_setting():
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  run = subprocess.run([sys.executable, "-m", "experiments.bench_admission",
+                        "--target=smollm2-135m-draft", "--draft=ngram", "--num_prompts=4",
+                        "--batch_size=2", "--admit_rows=1,2", "--admit_chunks=8", "--max_new_tokens=4",
+                        "--repeats=1"], cwd=repo, capture_output=True, text=True, timeout=600)
+  assert run.returncode == 0, run.stderr[-3000:]
+  rows = [line.split("|")[1:-1] for line in run.stdout.splitlines() if line.startswith("| 1 |")
+          or line.startswith("| 2 |")]
+  assert [(int(r[0]), int(r[1])) for r in rows] == [(1, 8), (2, 8)], run.stdout
+  positions = [int(r[4]) for r in rows]
+  # Two prompts wait for two rows: a prefill of 2 computes at least what one-row prefills do (the
+  # exact count is checked in test_rows_that_free_up_together_are_admitted_in_one_prefill).
+  assert 0 < positions[0] <= positions[1], run.stdout
 
 
 def test_batch_size_at_least_the_prompts_is_a_static_batch(target):
@@ -205,7 +255,7 @@ def test_a_real_model_continuous_equals_each_prompt_alone():
   texts = [p.prompt for p in load_problems("stdlib-heldout", 4)]
   texts = ["def add(a, b):", texts[0][:40], texts[3][:30], "\n".join(texts)]
   prompts = [target.tokenizer(t).input_ids for t in texts]
-  assert len(prompts[-1]) - 1 > continuous.ADMIT_CHUNK and len(prompts[-1]) > 6 * min(map(len, prompts))
+  assert len(prompts[-1]) - 1 > ADMIT_CHUNK and len(prompts[-1]) > 6 * min(map(len, prompts))
   indent, = target.tokenizer("\n   ").input_ids  # a newline and an indent: one token
   kwargs = dict(max_new_tokens=16, eos_token_id=indent)
   solo = _solo(target, None, prompts, method="regular", **kwargs)

@@ -321,7 +321,7 @@ def prefill_cache(config: DecoderConfig, params: Any, prompts: jax.Array, prompt
     chunk: None runs one forward over all P positions. An int runs cached forwards of ``chunk``
       positions in a ``lax.while_loop`` until the longest row's ``prompt_len - 1`` tokens are in (a
       chunked prefill): the work then follows the true prompt length, not its padded bucket, which is
-      what a one-row prefill of continuous batching needs. Features at positions from
+      what an admission prefill of continuous batching needs. Features at positions from
       ``prompt_len - 1`` on are then those of padding tokens, or zeros past the last chunk.
 
   Returns:

@@ -1,6 +1,11 @@
 """Continuous batching inside the jitted loop: done rows retire their output into the :class:`Queue` and
-take the next waiting prompts (Orca's iteration-level scheduling, Yu et al. 2022), with a chunked
-one-row prefill into the row's cache slots and the proposer's state restarted for the row.
+take the next waiting prompts (Orca's iteration-level scheduling, Yu et al. 2022).
+
+An admission restarts up to ``DecodeSpec.admit_rows`` free rows at once: one chunked prefill of their
+prompts (``DecodeSpec.admit_chunk`` positions per forward, up to the longest of them, not the padded
+bucket) into a scratch cache of the prompt bucket's P slots, whose entries are then written into those
+rows' first P slots of the batch's cache in place (``cache.write_rows``, one scatter per layer; the
+rows' later slots are stale and masked), and the proposer's state restarted for the rows.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from bass_jax.cache import write_row
+from bass_jax.cache import write_rows
 from bass_jax.models.common import prefill_cache
 from bass_jax.sampling.state import DecodeInputs, DecodeSpec, DecodeState, Queue
 
@@ -30,7 +35,8 @@ def start_queue(spec: DecodeSpec, inputs: DecodeInputs) -> Queue:
       prompt_row=jnp.where(ids < started, ids, -1), start_step=jnp.zeros((q,), jnp.int32),
       tokens=jnp.zeros((q, n), jnp.int32), logprobs=jnp.zeros((q, n), jnp.float32),
       lengths=jnp.zeros((q,), jnp.int32), eos=jnp.zeros((q,), bool),
-      keys=inputs.queue_keys if spec.coupled else None, group=inputs.queue_group)
+      keys=inputs.queue_keys if spec.coupled else None, group=inputs.queue_group,
+      prefilled=jnp.zeros((), jnp.int32))
 
 
 def _retire(spec: DecodeSpec, state: DecodeState) -> DecodeState:
@@ -53,63 +59,74 @@ def _retire(spec: DecodeSpec, state: DecodeState) -> DecodeState:
   return state.replace(queue=queue, group=group)
 
 
-# Positions per forward of an admitted row's prefill (``prefill_cache``'s chunk): the work follows the
-# prompt's true length rather than its padded bucket.
-ADMIT_CHUNK = 64
+def _free_rows(queue) -> jax.Array:
+  """``bool[B]``: rows that take prompts and serve none."""
+  return queue.slot & (queue.row_prompt < 0)
 
 
 def _admit(spec: DecodeSpec, target_params: Any, draft_params: Any,
            state: DecodeState) -> DecodeState:
-  """Restarts the first free row on the next waiting prompt: a one-row prefill written into that row's
-  slots of the target's cache (and feature buffer), the proposer's :meth:`Proposer.admit`, and fresh
-  token, length and output buffers. The caches are ragged, so the row simply restarts at its own
-  length; the other rows are untouched. The draft-length policy's state is the batch's and is kept."""
+  """Restarts the first ``n = min(A, free rows, waiting prompts)`` free rows on the next waiting
+  prompts, in row and queue order (``A = spec.admit_rows``): one chunked prefill of the A prompts
+  into a scratch cache of P slots (the spare ``A - n`` compute the next prompts in the queue and are
+  dropped), written into the rows' first P slots of the target's cache (and feature buffer); the
+  proposer's :meth:`Proposer.admit`, its state built the same way over P slots; fresh token, length
+  and output buffers. The caches are ragged, so a row
+  simply restarts at its own length; the other rows are untouched. The draft-length policy's state
+  is the batch's and is kept."""
   queue = state.queue
-  row = jnp.argmax(queue.slot & (queue.row_prompt < 0)).astype(jnp.int32)
-  index = queue.next
-  prompt = jax.lax.dynamic_slice_in_dim(queue.prompts, index, 1, axis=0)  # [1, P]
-  prompt_len = jax.lax.dynamic_slice_in_dim(queue.prompt_len, index, 1)  # [1]
-  prefilled = prefill_cache(spec.target, target_params, prompt, prompt_len,
-                            cache_len=spec.cache_len, dtype=spec.target_dtype,
+  a, batch, q = spec.admit_rows, state.tokens.shape[0], queue.prompts.shape[0]
+  free = _free_rows(queue)
+  n = jnp.minimum(jnp.minimum(jnp.sum(free), queue.size - queue.next), a)
+  filled = jnp.arange(a) < n
+  rows = jnp.where(filled, jnp.argsort(~free, stable=True)[:a], batch)  # out of range: dropped
+  index = jnp.minimum(queue.next + jnp.arange(a, dtype=jnp.int32), queue.size - 1)
+  prompts, prompt_len = queue.prompts[index], queue.prompt_len[index]  # [A, P], [A]
+  prefilled = prefill_cache(spec.target, target_params, prompts, prompt_len,
+                            cache_len=spec.prompt_len, dtype=spec.target_dtype,
                             attention_impl=spec.attention_impl, return_features=spec.keeps_features,
-                            sharding=spec.target_sharding, chunk=ADMIT_CHUNK)
-  row_cache, prompt_features, features = prefilled, None, state.features
+                            sharding=spec.target_sharding, chunk=spec.admit_chunk)
+  rows_cache, prompt_features, features = prefilled, None, state.features
   if spec.keeps_features:
-    row_cache, prompt_features = prefilled
-    features = write_row(features, prompt_features, row)
+    rows_cache, prompt_features = prefilled
+    features = write_rows(features, prompt_features, rows)
   proposer_state = state.proposer_state
   if spec.method == "bass":
-    proposer_state = spec.proposer.admit(draft_params, proposer_state, row, prompt, prompt_len,
-                                         cache_len=spec.cache_len, max_len=spec.max_draft,
-                                         features=prompt_features, prefill_chunk=ADMIT_CHUNK)
-  text = jnp.concatenate([prompt, jnp.zeros((1, spec.max_new_bucket), jnp.int32)], axis=1)
-  length = prompt_len[0]
+    proposer_state = spec.proposer.admit(draft_params, proposer_state, rows, prompts, prompt_len,
+                                         cache_len=spec.prompt_len, max_len=spec.max_draft,
+                                         features=prompt_features, prefill_chunk=spec.admit_chunk)
+  text = jnp.concatenate([prompts, jnp.zeros((a, spec.max_new_bucket), jnp.int32)], axis=1)
+  set_rows = lambda x, value: x.at[rows].set(value, mode="drop")
+  admitted = jnp.where(filled, index, q)  # out of range: dropped
+  chunks = -(-(jnp.max(prompt_len) - 1) // spec.admit_chunk)  # prefill_cache's loop trips
   return state.replace(
-      tokens=write_row(state.tokens, text, row),
-      prompt_len=state.prompt_len.at[row].set(length),
-      seq_len=state.seq_len.at[row].set(length),
-      target_cache=write_row(state.target_cache, row_cache, row),
+      tokens=write_rows(state.tokens, text, rows),
+      prompt_len=set_rows(state.prompt_len, prompt_len),
+      seq_len=set_rows(state.seq_len, prompt_len),
+      target_cache=write_rows(state.target_cache, rows_cache, rows),
       proposer_state=proposer_state,
       features=features,
-      logprobs=state.logprobs.at[row].set(0.0),
-      done=state.done.at[row].set(False),
-      eos=state.eos.at[row].set(False),
-      row_keys=None if queue.keys is None else state.row_keys.at[row].set(queue.keys[index]),
-      group=state.group.at[row].set(queue.group[index]),
-      queue=queue.replace(next=index + 1, row_prompt=queue.row_prompt.at[row].set(index),
-                          prompt_row=queue.prompt_row.at[index].set(row),
-                          start_step=queue.start_step.at[index].set(state.step)),
+      logprobs=set_rows(state.logprobs, 0.0),
+      done=set_rows(state.done, False),
+      eos=set_rows(state.eos, False),
+      row_keys=None if queue.keys is None else set_rows(state.row_keys, queue.keys[index]),
+      group=set_rows(state.group, queue.group[index]),
+      queue=queue.replace(
+          next=queue.next + n, row_prompt=set_rows(queue.row_prompt, index),
+          prompt_row=queue.prompt_row.at[admitted].set(rows, mode="drop"),
+          start_step=queue.start_step.at[admitted].set(state.step, mode="drop"),
+          prefilled=queue.prefilled + a * chunks * spec.admit_chunk),
   )
 
 
 def refill(spec: DecodeSpec, target_params: Any, draft_params: Any,
            state: DecodeState) -> DecodeState:
-  """Retires the done rows and admits waiting prompts into free rows, one at a time, until no row is
-  free or no prompt waits."""
+  """Retires the done rows and admits waiting prompts into free rows, up to ``spec.admit_rows`` per
+  prefill, until no row is free or no prompt waits."""
   state = _retire(spec, state)
 
   def can_admit(s: DecodeState):
-    return jnp.any(s.queue.slot & (s.queue.row_prompt < 0)) & (s.queue.next < s.queue.size)
+    return jnp.any(_free_rows(s.queue)) & (s.queue.next < s.queue.size)
 
   return jax.lax.while_loop(can_admit,
                             functools.partial(_admit, spec, target_params, draft_params), state)

@@ -239,8 +239,8 @@ def generate(
 
   Continuous batching: with ``batch_size`` smaller than the number of prompts, ``batch_size`` rows
   decode at a time and a row that finishes takes the next waiting prompt inside the jitted loop (a
-  device-side queue, a one-row prefill into that row's cache slots, the proposer's state restarted
-  for the row; ``loop.decode``), as serving systems do (Orca's iteration-level scheduling; vLLM,
+  device-side queue, a chunked prefill of the admitted rows into their cache slots, the proposer's
+  state restarted for them; ``loop.decode``, ``sampling.continuous``), as serving systems do (Orca's iteration-level scheduling; vLLM,
   SGLang). Outputs come back in the order of the prompts, each equal to decoding that prompt alone
   (greedy, up to float near-ties) or distributed as the target's (sampled).
 
@@ -288,7 +288,7 @@ def generate(
       ``"tensor_parallel"`` (like the target).
     batch_size: rows that decode at once (continuous batching, above); None or at least the number
       of prompts decodes them all as one static batch. On a mesh, continuous batching needs a
-      ``data`` axis of size 1 (its one-row prefill does not split over rows).
+      ``data`` axis of size 1 (its admission prefill does not split over rows).
     time_prompts: return to the host at every admission, first token and finish to time each prompt
       (``GenerateStats.admit_seconds``, ``first_token_seconds``, ``finish_seconds``); False runs the
       whole decode as one program call and times only the total.
@@ -324,7 +324,9 @@ def generate(
       chooses among a plain step, chains and the tree shapes given (a sequence of shapes compiles
       each as a static variant), by measured cost and running acceptance.
     profile: the backend profile whose defaults fill ``attention_impl`` and ``verify_chunk`` when
-      they are None and say whether the program is branch-free (``sampling.profiles``): ``"cpu"``,
+      they are None, say whether the program is branch-free, and how a continuous batch prefills
+      the prompts it admits (rows per prefill, positions per forward; ``sampling.profiles``;
+      override them with ``dataclasses.replace`` of a profile): ``"cpu"``,
       ``"gpu"``, a :class:`BackendProfile`, or None for the profile of the platform the decode is
       compiled for (``jax.default_backend()``).
 
@@ -422,6 +424,9 @@ def generate(
       verify_chunk=spec.verify_chunk,
       attention_impl=spec.attention_impl,
       profile=call.profile,
+      admit_rows=spec.admit_rows,
+      admit_chunk=spec.admit_chunk,
+      admitted_positions=int(host(state.queue.prefilled)) if continuous else 0,
       verified=host(state.verified_history)[:steps] if bass else np.zeros((0,), np.int32),
       drafted=drafted,
       trees=host(state.tree_history)[:steps] if bass else np.zeros((0,), np.int32),
@@ -541,7 +546,7 @@ def _prepare(target, draft, prompts, *, method, max_new_tokens, temperature, top
   if continuous:
     if mesh is not None and mesh.shape[sharding_lib.DATA] > 1:
       raise ValueError(
-          f"continuous batching (batch_size={batch_size} < {num_prompts} prompts) runs its one-row "
+          f"continuous batching (batch_size={batch_size} < {num_prompts} prompts) runs its admission "
           f"prefill unsplit over rows, so it needs a mesh whose data axis has size 1, got "
           f"{dict(mesh.shape)}; use a mesh of shape (1, n), or batch_size=None for static batches")
     # state.DecodeState.step_limit at the bucket's sizes; any batch_size of this bucket fills >= rows/2.
@@ -554,7 +559,8 @@ def _prepare(target, draft, prompts, *, method, max_new_tokens, temperature, top
       max_new_bucket=max_new_bucket, greedy=temperature == 0,
       draft_len=policy, verify_chunk=chunk or 0, target_sharding=target_plan, queue_len=queue_len,
       history_len=history_len, acceptance="rejection" if temperature == 0 else acceptance,
-      draft_trees=trees, branch_free=profile.branch_free)
+      draft_trees=trees, branch_free=profile.branch_free,
+      admit_rows=min(profile.admit_rows, rows), admit_chunk=profile.admit_chunk)
   if bass and chunk is None:
     spec = dataclasses.replace(spec, verify_chunk=spec.max_draft + 1)
   if max_cache_len is not None and spec.cache_len > max_cache_len:

@@ -10,8 +10,9 @@ traced values, so calls that differ only in them share a program. Nothing here t
 
 Continuous batching (``DecodeSpec.queue_len > 0``): a row that finishes retires its output into the
 :class:`Queue` and takes the next waiting prompt, all inside the loop (:func:`decode`,
-``continuous.refill``): a chunked one-row prefill written into that row's cache slots, the proposer's
-state restarted for the row, the batch's draft-length policy kept.
+``continuous.refill``): a chunked prefill of the admitted rows (several at once where the profile
+says so) written into their cache slots, the proposer's state restarted for them, the batch's
+draft-length policy kept.
 
 Verification scores the ``l + 1`` positions ``[last emitted, d_1 … d_l]`` in chunks of C positions
 (``DecodeSpec.verify_chunk``): one compiled target forward, run once per chunk, accepting chunk by chunk

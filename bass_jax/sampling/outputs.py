@@ -58,6 +58,10 @@ class GenerateStats:
       that row's next prompt started.
     prompt_rows: ``i32[B]`` the row each prompt ran in. prompt_start_steps: ``i32[B]`` the step count
       when it was admitted.
+    admit_rows, admit_chunk: the most prompts one in-loop admission prefilled together, and its
+      positions per forward (``DecodeSpec``; the profile's). admitted_positions: token positions
+      those prefills computed, per model (rows times chunks times chunk, spare rows included; 0 for
+      a static batch).
     prompt_steps: ``i32[B]`` steps in which each prompt was live (regular decoding: its tokens).
     prompt_drafted: ``i32[B]`` drafts proposed to each prompt (0 for regular decoding).
     prompt_accepted: ``i32[B]`` drafts each prompt accepted (0 for regular decoding).
@@ -75,6 +79,9 @@ class GenerateStats:
   verify_chunk: int = 0
   attention_impl: str = ""
   profile: str = ""
+  admit_rows: int = 0
+  admit_chunk: int = 0
+  admitted_positions: int = 0
   verified: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
   drafted: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), np.int32))
   trees: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))

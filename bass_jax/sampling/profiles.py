@@ -19,6 +19,13 @@ A CPU and a GPU want different decode programs (docs/design.md, "Backend profile
   each row's own blocks only, with flash-decoding splits of the cache chosen from the batch, the KV
   heads and the SM count (``pallas_kernels.ragged_attention.split_count``).
 
+* **Admission.** A continuous batch prefills the prompts it admits inside the loop, several rows in
+  one prefill and in chunks, so that the work follows the true prompt lengths rather than the padded
+  bucket. On a CPU, where a forward costs its arithmetic, one row per prefill in chunks of 64 wastes
+  nothing on padding rows; on a GPU a chunk below a few hundred positions costs about a whole weight
+  read, so the GPU profile prefills up to 4 rows that free up together in chunks of 512 (not yet
+  measured).
+
 Every field is a default: ``bass_jax.generate``'s own arguments (``attention_impl``, ``verify_chunk``)
 override it, argument by argument. ``generate(profile=None)`` takes the profile of the backend the
 program is compiled for (``jax.default_backend()``, or the platform of
@@ -44,12 +51,17 @@ class BackendProfile:
     branch_free: run the draft loop for its static ``L`` iterations and the nucleus bisection for
       every row, rather than a loop whose trip count is the traced ``l`` and a ``cond`` on the rows'
       nucleus width: no device-side decision in either, at the price of the work they would skip.
+    admit_rows: the most prompts a continuous batch admits in one prefill (rows that free up in the
+      same step; a prefill with fewer computes its spare rows and drops them).
+    admit_chunk: the positions per forward of an admission's chunked prefill.
   """
 
   name: str
   attention_impl: str
   verify_chunk: int | None
   branch_free: bool
+  admit_rows: int = 1
+  admit_chunk: int = 64
 
   def __post_init__(self):
     # By name only: building a Pallas implementation reads the backend, which importing this module
@@ -61,13 +73,18 @@ class BackendProfile:
                                           or self.verify_chunk < 1):
       raise ValueError(f"BackendProfile.verify_chunk must be None or an int >= 1, got "
                        f"{self.verify_chunk!r}")
+    for name in ("admit_rows", "admit_chunk"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"BackendProfile.{name} must be an int >= 1, got {value!r}")
 
 
 PROFILES = {
     # What the CPU measurements chose (docs/design.md): the reference attention, passes of 4.
-    "cpu": BackendProfile(name="cpu", attention_impl="reference", verify_chunk=4, branch_free=False),
+    "cpu": BackendProfile(name="cpu", attention_impl="reference", verify_chunk=4, branch_free=False,
+                          admit_rows=1, admit_chunk=64),
     "gpu": BackendProfile(name="gpu", attention_impl="pallas_split", verify_chunk=None,
-                          branch_free=True),
+                          branch_free=True, admit_rows=4, admit_chunk=512),
 }
 _PLATFORM_PROFILES = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu"}
 

@@ -54,6 +54,8 @@ class DecodeSpec:
       shapes per row (``step.tree_step``) instead of a chain. With a :class:`GoodputDraftLen` (whose
       ``trees`` must be these) the policy chooses per step among plain steps, chains and the shapes;
       with another policy there is one shape and every speculative step verifies it. Empty: chains.
+    admit_rows: A, the prompts a continuous batch admits in one prefill at most (``continuous``).
+    admit_chunk: positions per forward of an admission's chunked prefill.
   """
 
   method: str
@@ -72,6 +74,8 @@ class DecodeSpec:
   acceptance: str = "rejection"
   draft_trees: tuple[TreeShape, ...] = ()
   branch_free: bool = False
+  admit_rows: int = 1
+  admit_chunk: int = 64
 
   def __post_init__(self):
     trees = tuple(self.draft_trees)
@@ -152,6 +156,9 @@ class Queue:
     lengths: ``i32[Q]`` tokens emitted. eos: ``bool[Q]`` ended by an EOS token.
     group: ``i32[Q]`` each prompt's group (:attr:`DecodeState.group`).
     keys: ``u32[Q, 2]`` each prompt's sequence key data (``DecodeSpec.coupled``), else None.
+    prefilled: ``i32[]`` token positions the admissions' prefills computed (per model), summed:
+      each adds its rows (``DecodeSpec.admit_rows``, spare ones included) times its chunks times
+      the chunk; for executed-FLOP counts.
   """
 
   prompts: jax.Array
@@ -168,6 +175,7 @@ class Queue:
   eos: jax.Array
   group: jax.Array
   keys: jax.Array | None = None
+  prefilled: jax.Array | None = None
 
   def pending(self) -> jax.Array:
     """``bool[]``: a prompt is waiting or a row still serves one (decoding, or done and not retired)."""

@@ -15,8 +15,8 @@ each step it
 For the cost-aware draft length it also times its forwards (:meth:`Proposer.forward_costs`,
 :meth:`Proposer.tree_costs`).
 
-With continuous batching the loop also restarts one row of the state on a new prompt
-(:meth:`Proposer.admit`; by default :meth:`Proposer.init_state` for that row, written into it), so an
+With continuous batching the loop also restarts rows of the state on new prompts, several at once
+(:meth:`Proposer.admit`; by default :meth:`Proposer.init_state` for those rows, written into them), so an
 ``init_state`` must take the ``prefill_chunk`` keyword (and may ignore it).
 
 Its state (a ragged draft cache, or nothing) lives in ``DecodeState.proposer_state``. A proposer also

@@ -12,7 +12,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from bass_jax.cache import write_row
+from bass_jax.cache import write_rows
 from bass_jax.sampling import tree as tree_lib
 from bass_jax.sampling.warp import categorical, coupled_choice, warped_log_probs
 
@@ -157,24 +157,29 @@ class Proposer(abc.ABC):
     del params, prompts, prompt_len, cache_len, max_len, features, prefill_chunk
     return None
 
-  def admit(self, params: Any, state: Any, row: jax.Array, prompt: jax.Array, prompt_len: jax.Array,
-            *, cache_len: int, max_len: int, features: jax.Array | None = None,
-            prefill_chunk: int | None = None) -> Any:
-    """The state with row ``row`` restarted on a new prompt (continuous batching, ``loop.decode``): the
-    other rows are untouched.
+  def admit(self, params: Any, state: Any, rows: jax.Array, prompts: jax.Array,
+            prompt_len: jax.Array, *, cache_len: int, max_len: int,
+            features: jax.Array | None = None, prefill_chunk: int | None = None) -> Any:
+    """The state with rows ``rows`` restarted on new prompts (continuous batching, ``loop.decode``):
+    the other rows are untouched.
 
-    The default builds :meth:`init_state` for the one row and writes it into ``row``
-    (``bass_jax.cache.write_row``): per-row leaves (batch-leading) are replaced, scalar leaves, which
+    The default builds :meth:`init_state` for the A rows and writes it into them
+    (``bass_jax.cache.write_rows``): per-row leaves (batch-leading) are replaced, scalar leaves, which
     are the batch's, kept. A proposer whose state holds more than that overrides it.
 
     Args:
-      row: ``i32[]``. prompt: ``i32[1, P]`` right-padded. prompt_len: ``i32[1]``.
-      features: ``[1, P, E]`` the target's features over the prompt (when ``needs_features``).
+      rows: ``i32[A]`` distinct rows; an index out of ``[0, B)`` is a padding slot of the admission,
+        whose prompt is computed and dropped. prompts: ``i32[A, P]`` right-padded.
+      prompt_len: ``i32[A]``, each ``>= 1``.
+      cache_len: the slots of the state built for the rows: the prompt bucket P, which holds every
+        prompt (``write_rows`` fills the rows' first P slots; their later slots keep stale entries,
+        past each row's length).
+      features: ``[A, P, E]`` the target's features over the prompts (when ``needs_features``).
       prefill_chunk: as in :meth:`init_state`.
     """
-    fresh = self.init_state(params, prompt, prompt_len, cache_len=cache_len, max_len=max_len,
+    fresh = self.init_state(params, prompts, prompt_len, cache_len=cache_len, max_len=max_len,
                             features=features, prefill_chunk=prefill_chunk)
-    return write_row(state, fresh, row)
+    return write_rows(state, fresh, rows)
 
   def forward_costs(self, params: Any, batch: int, cache_len: int, max_len: int) -> tuple[float, float]:
     """Measured seconds of the proposer's first forward of a step (catch-up and first draft) and of each
