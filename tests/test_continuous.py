@@ -147,15 +147,15 @@ def test_rows_that_free_up_together_are_admitted_in_one_prefill(target, eos, alo
   stats = out.stats
   assert (stats.admit_rows, stats.admit_chunk) == (admit_rows, chunk)
   # The later prompts, in admission order, grouped by the step that admitted them: a refill admits
-  # its k prompts in ceil(k / 3) prefills of 3 rows, the spare rows computing the next prompts in the
-  # queue (the last one past its end), each prefill as many chunks as its longest row needs.
+  # its k prompts in ceil(k / 3) prefills of 3 rows (spare rows included, cut to one token), each as
+  # many chunks as its longest admitted prompt needs.
   starts = stats.prompt_start_steps
   if kind == "hybrid":  # here (greedy, so always) rows free up in one step: a prefill of 2 or 3 rows
     assert any(np.sum(starts[batch_size:] == step) >= 2 for step in set(starts[batch_size:])), starts
   expected, i = 0, batch_size
   while i < len(prompts):
     n = min(admit_rows, int(np.sum(starts[i:] == starts[i])))
-    longest = max(LENGTHS[min(j, len(prompts) - 1)] for j in range(i, i + admit_rows))
+    longest = max(LENGTHS[i:i + n])
     expected += admit_rows * -(-(longest - 1) // chunk) * chunk
     i += n
   assert stats.admitted_positions == expected

@@ -68,8 +68,8 @@ def _admit(spec: DecodeSpec, target_params: Any, draft_params: Any,
            state: DecodeState) -> DecodeState:
   """Restarts the first ``n = min(A, free rows, waiting prompts)`` free rows on the next waiting
   prompts, in row and queue order (``A = spec.admit_rows``): one chunked prefill of the A prompts
-  into a scratch cache of P slots (the spare ``A - n`` compute the next prompts in the queue and are
-  dropped), written into the rows' first P slots of the target's cache (and feature buffer); the
+  into a scratch cache of P slots (the spare ``A - n`` rows, cut to one token so that they add no
+  chunk, are computed and dropped), written into the rows' first P slots of the target's cache (and feature buffer); the
   proposer's :meth:`Proposer.admit`, its state built the same way over P slots; fresh token, length
   and output buffers. The caches are ragged, so a row
   simply restarts at its own length; the other rows are untouched. The draft-length policy's state
@@ -81,7 +81,8 @@ def _admit(spec: DecodeSpec, target_params: Any, draft_params: Any,
   filled = jnp.arange(a) < n
   rows = jnp.where(filled, jnp.argsort(~free, stable=True)[:a], batch)  # out of range: dropped
   index = jnp.minimum(queue.next + jnp.arange(a, dtype=jnp.int32), queue.size - 1)
-  prompts, prompt_len = queue.prompts[index], queue.prompt_len[index]  # [A, P], [A]
+  # A spare slot holds a prompt of the queue cut to its first token: it needs no chunk of its own.
+  prompts, prompt_len = queue.prompts[index], jnp.where(filled, queue.prompt_len[index], 1)
   prefilled = prefill_cache(spec.target, target_params, prompts, prompt_len,
                             cache_len=spec.prompt_len, dtype=spec.target_dtype,
                             attention_impl=spec.attention_impl, return_features=spec.keeps_features,

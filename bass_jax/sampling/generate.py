@@ -560,7 +560,8 @@ def _prepare(target, draft, prompts, *, method, max_new_tokens, temperature, top
       draft_len=policy, verify_chunk=chunk or 0, target_sharding=target_plan, queue_len=queue_len,
       history_len=history_len, acceptance="rejection" if temperature == 0 else acceptance,
       draft_trees=trees, branch_free=profile.branch_free,
-      admit_rows=min(profile.admit_rows, rows), admit_chunk=profile.admit_chunk)
+      admit_rows=min(profile.admit_rows, rows),
+      admit_chunk=min(profile.admit_chunk, prompt_bucket(int(lengths.max()))))
   if bass and chunk is None:
     spec = dataclasses.replace(spec, verify_chunk=spec.max_draft + 1)
   if max_cache_len is not None and spec.cache_len > max_cache_len:

@@ -235,18 +235,24 @@ _CONTROL_OPCODES = ("while", "conditional", "call")
 
 
 def instruction_scopes(hlo_text: str) -> dict[str, tuple[str, str]]:
-  """Every instruction of a compiled HLO module (``Compiled.as_text()``) with its opcode and step scope.
+  """Every instruction of a compiled HLO module with its opcode and step scope.
 
   An instruction's scope is the first of ``step.STEP_SCOPES`` in its op name (the ``jax.named_scope``
-  of the code that traced it). XLA drops the metadata of some instructions it creates (the outer
-  instruction of a fusion, a dot it splits out, the body of a loop it clones), so an instruction
-  whose op name names no scope takes, in this order, the first scope named inside the computation it
-  fuses, the first named by one of its operands (by its op name or its fusion's), and the scope of
-  the instruction that calls its computation (a loop's body or condition, a call); an instruction of
-  the entry computation with none is ``"other"``.
+  of the code that traced it), or ``"other"`` if its op name names none (code outside the step's
+  phases: loop control, keys, the policy). XLA drops the metadata of some instructions it creates
+  (the outer instruction of a fusion, a dot it splits out), so an instruction with no op name at all
+  takes, in this order, the scope of the first instruction with an op name inside the computation it
+  fuses, that of its first operand with one (by op name or fusion), and the scope of the instruction
+  that calls its computation (a loop's body or condition, a call); in the entry computation,
+  ``"other"``.
+
+  Args:
+    hlo_text: a compiled module's text (``jax.stages.Compiled.as_text()``): computations headed
+      ``%name (...) -> ... {``, the entry one ``ENTRY``-prefixed, one instruction per line.
 
   Returns:
-    ``{instruction name: (opcode, scope)}``.
+    ``{instruction name: (opcode, scope)}`` for every instruction of the entry computation and of
+    the computations it reaches; empty for a text without an entry computation.
   """
   computations: dict[str, list[tuple[str, str, str | None, list[str], list[str]]]] = {}
   entry, current = None, None
@@ -262,14 +268,14 @@ def instruction_scopes(hlo_text: str) -> dict[str, tuple[str, str]]:
       continue
     op_name = re.search(r'op_name="([^"]*)"', line)
     scope = None if op_name is None else next(
-        (part for part in op_name.group(1).split("/") if part in STEP_SCOPES), None)
+        (part for part in op_name.group(1).split("/") if part in STEP_SCOPES), "other")
     callees = re.findall(r"(?:calls|body|condition|to_apply)=%?([\w.\-]+)", line)
     for branches in re.findall(r"branch_computations=\{([^}]*)\}", line):
       callees += [b.strip().lstrip("%") for b in branches.split(",")]
     operands = re.findall(r"%([\w.\-]+)", found.group(3).split("), ")[0])
     computations[current].append((found.group(1), found.group(2), scope, callees, operands))
 
-  def named_inside(computation, seen=()):  # the first scope an op name names in it or its fusions
+  def named_inside(computation, seen=()):  # the scope of its first instruction with an op name
     for _, opcode, scope, callees, _ in computations.get(computation, ()):
       if scope:
         return scope
@@ -278,13 +284,13 @@ def instruction_scopes(hlo_text: str) -> dict[str, tuple[str, str]]:
           return found
     return None
 
-  named = {}  # instruction -> the scope its op name or its fusion's computation names, or None
+  named = {}  # instruction -> the scope its op name or its fusion's computation gives, or None
   for instructions in computations.values():
     for name, opcode, scope, callees, _ in instructions:
       named[name] = scope or (named_inside(callees[0]) if opcode == "fusion" and callees else None)
   scopes: dict[str, tuple[str, str]] = {}
   inherited = {entry: "other"}
-  pending = [entry]
+  pending = [entry] if entry is not None else []
   while pending:  # callers before callees, each computation once (the first caller's scope)
     computation = pending.pop()
     for name, opcode, _, callees, operands in computations.get(computation, ()):
@@ -321,7 +327,9 @@ def profile_step_scopes(target, draft, prompts, **kwargs) -> dict[str, float]:
     threads (a control-flow instruction's own event, which spans its body's, is left out).
 
   Raises:
-    ValueError: not on the CPU backend; and as ``generate``.
+    ValueError: not on the CPU backend; the profiler wrote no trace file, or several; and as
+      ``generate`` (the two ``generate`` calls and the compiled program looked up take the same
+      ``**kwargs``).
   """
 
   from bass_jax.sampling import generate as generate_lib  # pylint: disable=g-import-not-at-top
@@ -333,7 +341,10 @@ def profile_step_scopes(target, draft, prompts, **kwargs) -> dict[str, float]:
   with tempfile.TemporaryDirectory() as trace_dir:
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
       out = generate_lib.generate(target, draft, prompts, **kwargs)
-    path, = glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True)
+    paths = glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True)
+    if len(paths) != 1:
+      raise ValueError(f"profile_step_scopes: the profiler wrote {len(paths)} trace files, expected 1")
+    path, = paths
     with gzip.open(path) as f:
       events = json.load(f)
   events = events["traceEvents"] if isinstance(events, dict) else events

@@ -53,7 +53,8 @@ class BackendProfile:
       nucleus width: no device-side decision in either, at the price of the work they would skip.
     admit_rows: the most prompts a continuous batch admits in one prefill (rows that free up in the
       same step; a prefill with fewer computes its spare rows and drops them).
-    admit_chunk: the positions per forward of an admission's chunked prefill.
+    admit_chunk: the positions per forward of an admission's chunked prefill, a power of two (a
+      decode takes at most its prompt bucket's P).
   """
 
   name: str
@@ -77,6 +78,9 @@ class BackendProfile:
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"BackendProfile.{name} must be an int >= 1, got {value!r}")
+    if self.admit_chunk & (self.admit_chunk - 1):
+      raise ValueError(f"BackendProfile.admit_chunk must be a power of two (so that its chunks tile "
+                       f"the prompt bucket, a power of two), got {self.admit_chunk}")
 
 
 PROFILES = {

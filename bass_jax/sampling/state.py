@@ -55,7 +55,7 @@ class DecodeSpec:
       ``trees`` must be these) the policy chooses per step among plain steps, chains and the shapes;
       with another policy there is one shape and every speculative step verifies it. Empty: chains.
     admit_rows: A, the prompts a continuous batch admits in one prefill at most (``continuous``).
-    admit_chunk: positions per forward of an admission's chunked prefill.
+    admit_chunk: positions per forward of an admission's chunked prefill (a power of two, <= P).
   """
 
   method: str

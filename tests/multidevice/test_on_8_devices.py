@@ -340,7 +340,7 @@ def test_a_batch_that_does_not_split_over_data_is_refused_below_generate():
 
 
 def test_continuous_batching_on_a_tensor_parallel_mesh_emits_the_single_device_tokens():
-  """Continuous batching on (1, 8): refilled rows' one-row prefills and cache writes run on a mesh with
+  """Continuous batching on (1, 8): refilled rows' admission prefills and cache writes run on a mesh with
   every weight and KV head split, and give one device's tokens; a data axis above 1 is refused."""
   target, draft = _pair("llama")
   prompts = _prompts(n=7, seed=3)
