@@ -353,7 +353,10 @@ def decode_flops(target, draft, prompt_lengths: np.ndarray, output, *, method: s
     method: ``"bass"`` or ``"regular"``.
 
   Returns:
-    :class:`Flops` of the whole batch's decode (an EAGLE draft's admission prefills not counted), in floating-point operations (multiply-add = 2).
+    :class:`Flops` of the whole batch's decode, in floating-point operations (multiply-add = 2). A
+    draft's admission prefills count at the target's admitted positions: exact for a draft model,
+    which chunks them as the target does; an approximation for an EAGLE draft, which takes each
+    admission's P pairs in one pass.
   """
   prompt_lengths = np.asarray(prompt_lengths)
   stats = output.stats

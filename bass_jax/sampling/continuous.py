@@ -69,11 +69,10 @@ def _admit(spec: DecodeSpec, target_params: Any, draft_params: Any,
   """Restarts the first ``n = min(A, free rows, waiting prompts)`` free rows on the next waiting
   prompts, in row and queue order (``A = spec.admit_rows``): one chunked prefill of the A prompts
   into a scratch cache of P slots (the spare ``A - n`` rows, cut to one token so that they add no
-  chunk, are computed and dropped), written into the rows' first P slots of the target's cache (and feature buffer); the
-  proposer's :meth:`Proposer.admit`, its state built the same way over P slots; fresh token, length
-  and output buffers. The caches are ragged, so a row
-  simply restarts at its own length; the other rows are untouched. The draft-length policy's state
-  is the batch's and is kept."""
+  chunk, are computed and dropped), written into the rows' first P slots of the target's cache (and
+  feature buffer); the proposer's :meth:`Proposer.admit`, its state built the same way over P slots;
+  fresh token, length and output buffers. The caches are ragged, so a row simply restarts at its own
+  length; the other rows are untouched. The draft-length policy's state is the batch's and is kept."""
   queue = state.queue
   a, batch, q = spec.admit_rows, state.tokens.shape[0], queue.prompts.shape[0]
   free = _free_rows(queue)

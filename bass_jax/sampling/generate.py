@@ -240,8 +240,8 @@ def generate(
   Continuous batching: with ``batch_size`` smaller than the number of prompts, ``batch_size`` rows
   decode at a time and a row that finishes takes the next waiting prompt inside the jitted loop (a
   device-side queue, a chunked prefill of the admitted rows into their cache slots, the proposer's
-  state restarted for them; ``loop.decode``, ``sampling.continuous``), as serving systems do (Orca's iteration-level scheduling; vLLM,
-  SGLang). Outputs come back in the order of the prompts, each equal to decoding that prompt alone
+  state restarted for them; ``loop.decode``, ``sampling.continuous``), as serving systems do (Orca's
+  iteration-level scheduling; vLLM, SGLang). Outputs come back in the order of the prompts, each equal to decoding that prompt alone
   (greedy, up to float near-ties) or distributed as the target's (sampled).
 
   Args:
@@ -552,16 +552,17 @@ def _prepare(target, draft, prompts, *, method, max_new_tokens, temperature, top
     # state.DecodeState.step_limit at the bucket's sizes; any batch_size of this bucket fills >= rows/2.
     history_len = -(-queue_len * max_new_bucket // -(-rows // 2)) + max_new_bucket
 
+  bucket = prompt_bucket(int(lengths.max()))  # P; an admission's chunk tiles it
   spec = state_lib.DecodeSpec(
       method=method, target=target.config, proposer=proposer,
       target_dtype=jnp.dtype(target.dtype).name,
-      attention_impl=attention_impl, prompt_len=prompt_bucket(int(lengths.max())),
+      attention_impl=attention_impl, prompt_len=bucket,
       max_new_bucket=max_new_bucket, greedy=temperature == 0,
       draft_len=policy, verify_chunk=chunk or 0, target_sharding=target_plan, queue_len=queue_len,
       history_len=history_len, acceptance="rejection" if temperature == 0 else acceptance,
       draft_trees=trees, branch_free=profile.branch_free,
       admit_rows=min(profile.admit_rows, rows),
-      admit_chunk=min(profile.admit_chunk, prompt_bucket(int(lengths.max()))))
+      admit_chunk=min(profile.admit_chunk, bucket))
   if bass and chunk is None:
     spec = dataclasses.replace(spec, verify_chunk=spec.max_draft + 1)
   if max_cache_len is not None and spec.cache_len > max_cache_len:

@@ -27,7 +27,8 @@ A CPU and a GPU want different decode programs (docs/design.md, "Backend profile
   measured).
 
 Every field is a default: ``bass_jax.generate``'s own arguments (``attention_impl``, ``verify_chunk``)
-override it, argument by argument. ``generate(profile=None)`` takes the profile of the backend the
+override it, argument by argument, and a profile made with ``dataclasses.replace`` overrides any
+field (the admission's, which ``generate`` takes no argument for). ``generate(profile=None)`` takes the profile of the backend the
 program is compiled for (``jax.default_backend()``, or the platform of
 ``models.attention.compiling_for``).
 """
