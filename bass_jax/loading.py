@@ -20,6 +20,7 @@ from bass_jax.checkpoints import atomic
 from bass_jax.checkpoints import gguf as gguf_ckpt
 from bass_jax.checkpoints import hf as hf_ckpt
 from bass_jax.checkpoints import orbax_ckpt
+from bass_jax.models import common
 from bass_jax.models import eagle
 from bass_jax.models.common import forward as model_forward
 from bass_jax.models.common import layer_index
@@ -34,9 +35,6 @@ ALIASES: dict[str, tuple[str, str]] = {
     "smollm2-135m-eagle": ("bass_jax", "drafts/smollm2-135m-eagle"),
 }
 _ORBAX_PARAMS_DIR = "params"
-# The name of the per-layer subtrees (``layers_0``, ``layers_1`` …), per family, as in HF's module tree.
-_LAYERS_KEY = {"llama": "layers", "qwen2": "layers", "mistral": "layers", "opt": "layers",
-               "codegen": "h", "gpt2": "h"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +44,8 @@ class Model:
   Attributes:
     config: the architecture, a family config (``LlamaConfig``, ``OPTConfig``, ``CodeGenConfig``,
       ``GPT2Config``; static and hashable, so jit treats it as a compile-time constant).
-    params: nested dict of arrays, one subtree per layer (``layers_0``, … ; see ``models.common``).
+    params: nested dict of arrays, one subtree per layer (``layers_0``, … ; see ``models.common``), or
+      the layers scanned: one subtree stacked ``[L, ...]`` (``layers``; :attr:`scanned_layers`).
     tokenizer: a transformers tokenizer, or None when the checkpoint has none.
     name: where it came from (alias or path), for logs.
   """
@@ -93,11 +92,37 @@ class Model:
     total = self.config.num_layers
     if not 1 <= num_layers <= total:
       raise ValueError(f"num_layers must be in [1, {total}], got {num_layers}")
-    name = _LAYERS_KEY[self.config.model_type]
+    if self.scanned_layers:
+      return self.with_scanned_layers(False).with_first_layers(num_layers).with_scanned_layers(True)
+    name = common.LAYERS_KEY[self.config.model_type]
     params = {k: v for k, v in self.params.items()
               if (i := layer_index(k, name)) is None or i < num_layers}
     config = self.config.with_num_layers(num_layers)
     return Model(config, params, self.tokenizer, f"{self.name}[:{num_layers} layers]")
+
+
+  @property
+  def scanned_layers(self) -> bool:
+    """Whether the decoder layers are scanned (``models.common.run_layers``): weights stacked ``[L,
+    ...]`` under one key, caches stacked ``[L, B, K, S, H]``; XLA then compiles one layer, not L."""
+    return common.scanned_layers(self.config, self.params)
+
+  def with_scanned_layers(self, scanned: bool = True) -> "Model":
+    """The same model with its layers scanned (weights stacked ``[L, ...]``) or unrolled (one subtree
+    per layer, HF's layout): a copy of the layer weights, unless already in that layout.
+
+    Raises:
+      ValueError: an EAGLE draft (its layers are always unrolled).
+    """
+    scanned = _checks.as_bool("scanned", scanned)
+    if scanned == self.scanned_layers:
+      return self
+    key = common.LAYERS_KEY.get(getattr(self.config, "model_type", None))
+    if key is None:
+      raise ValueError(f"{self.name or 'this model'} ({type(self.config).__name__}) has no scanned "
+                       "layout; only the decoder families (Llama, OPT, CodeGen, GPT-2) have one")
+    convert = common.stack_layers if scanned else common.unstack_layers
+    return dataclasses.replace(self, params=convert(self.params, key, self.config.num_layers))
 
 
 @functools.partial(jax.jit, static_argnames=("config", "dtype"))
@@ -182,7 +207,7 @@ def default_dtype() -> jnp.dtype:
 
 def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | None = None,
                tokenizer: bool = True, mesh: jax.sharding.Mesh | None = None,
-               sharding: str = "tensor_parallel") -> Model:
+               sharding: str = "tensor_parallel", scan_layers: bool | None = None) -> Model:
   """Loads a causal LM from an alias, a GGUF file, an HF checkpoint directory or an orbax directory.
 
   Args:
@@ -205,13 +230,18 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
       axes, else the default device.
     sharding: the rules on a mesh: ``"tensor_parallel"`` (a target: heads, MLP and vocabulary split
       over ``model``) or ``"replicated"`` (a small draft: whole on every device).
+    scan_layers: lay the decoder layers out scanned (:meth:`Model.with_scanned_layers`: one layer
+      compiled, run in a ``lax.scan``) or unrolled; None takes the backend profile's
+      (``sampling.profiles``: unrolled on a CPU, where it runs faster; scanned on a GPU). On a mesh
+      the layers are always unrolled. An EAGLE draft's layers are always unrolled.
 
   Returns:
     A :class:`Model`.
 
   Raises:
     FileNotFoundError: the file, directory or package does not exist.
-    ValueError: an unknown spec or argument (named); a config.json or tokenizer JSON file that is not
+    ValueError: an unknown spec or argument (named); ``scan_layers=True`` with a mesh or for an EAGLE
+      draft; a config.json or tokenizer JSON file that is not
       valid JSON or not a JSON object (the file named; a broken tokenizer file is found before any
       weights are read); an unsupported architecture or config field; weights that do not match the
       config (``CheckpointError``, a ``ValueError``); a directory holding
@@ -224,6 +254,8 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
   if num_layers is not None:
     num_layers = _checks.as_int("num_layers", num_layers, min_value=1)
   tokenizer = _checks.as_bool("tokenizer", tokenizer)
+  if scan_layers is not None:
+    scan_layers = _checks.as_bool("scan_layers", scan_layers)
   name = str(spec)
   if sharding not in sharding_lib.RULES:
     raise ValueError(f"sharding must be one of {sorted(sharding_lib.RULES)}, got {sharding!r}")
@@ -276,7 +308,15 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
   model = Model(config, params, tok, name)
   if num_layers is not None:
     model = model.with_first_layers(num_layers)
-  return model
+  if config.model_type == eagle.MODEL_TYPE or (mesh is not None and scan_layers is None):
+    scan_layers = False if scan_layers is None else scan_layers
+  elif scan_layers is None:
+    from bass_jax.sampling import profiles  # pylint: disable=g-import-not-at-top
+    scan_layers = profiles.backend_profile().scan_layers
+  if scan_layers and mesh is not None:
+    raise ValueError("scan_layers=True with a mesh: scanned layers do not run sharded yet; load "
+                     "with scan_layers=False")
+  return model.with_scanned_layers(scan_layers)
 
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -324,7 +364,7 @@ def weight_formats(path: str | os.PathLike) -> list[str]:
 
 def load_draft(spec: str | os.PathLike, target: Model, *, num_layers: int | None = None,
                dtype: Any = None, mesh: jax.sharding.Mesh | None = None,
-               sharding: str = "replicated") -> Model:
+               sharding: str = "replicated", scan_layers: bool | None = None) -> Model:
   """Loads a draft model; ``spec`` equal to the target's name reuses the target's weights.
 
   Args:
@@ -335,15 +375,20 @@ def load_draft(spec: str | os.PathLike, target: Model, *, num_layers: int | None
     dtype: as in :func:`load_model` (ignored when the target is reused).
     mesh, sharding: as in :func:`load_model`; a draft is replicated over ``model`` by default
       (``generate``'s ``draft_sharding``). Ignored when the target is reused.
+    scan_layers: the draft's layer layout (:func:`load_model`); None follows the target's (an EAGLE
+      draft's layers stay unrolled).
 
   Raises:
     As :func:`load_model`.
   """
   if str(spec) == target.name:
     return target.with_first_layers(num_layers) if num_layers else target
-  draft = load_model(spec, dtype=dtype, num_layers=num_layers, mesh=mesh, sharding=sharding)
+  draft = load_model(spec, dtype=dtype, num_layers=num_layers, mesh=mesh, sharding=sharding,
+                     scan_layers=False)
   check_same_tokenizer(target, draft)
-  return draft
+  if scan_layers is None:
+    scan_layers = target.scanned_layers and draft.config.model_type != eagle.MODEL_TYPE
+  return draft.with_scanned_layers(scan_layers)
 
 
 _SPECIAL_IDS = ("bos_token_id", "eos_token_id")
@@ -429,6 +474,7 @@ def save_model(model: Model, path: str | os.PathLike, *, format: str = "safetens
   if format not in ("safetensors", "orbax"):
     raise ValueError(f"unknown format {format!r}; choose 'safetensors' or 'orbax'")
   overwrite = _checks.as_bool("overwrite", overwrite)
+  model = model.with_scanned_layers(False)  # files keep one subtree per layer, as HF's
   with atomic.replace_directory(path, overwrite=overwrite) as tmp:
     if format == "safetensors":
       hf_ckpt.save_hf_checkpoint(tmp, model.config, model.params)

@@ -50,13 +50,15 @@ _ALL_CONFIGS = CONFIGS | TREE_CONFIGS
 SAMPLING = {"greedy": (0.0, 1.0), "t0.2": (0.2, 0.95), "t0.6": (0.6, 0.95)}
 
 
-def load_pair(target: str, draft: str, draft_num_layers: int | None = None) -> tuple[Model, Any]:
+def load_pair(target: str, draft: str, draft_num_layers: int | None = None,
+              scan_layers: bool | None = None) -> tuple[Model, Any]:
   """The target (with its tokenizer) and the draft side, via ``load_model`` / ``load_draft_spec``
-  (a draft model, ``ngram[:…]`` or ``hybrid:<model>[:…]``)."""
+  (a draft model, ``ngram[:…]`` or ``hybrid:<model>[:…]``). ``scan_layers`` is the target's layer
+  layout (``load_model``; None: the backend profile's); a draft model follows the target's."""
   from bass_jax import loading  # pylint: disable=g-import-not-at-top
   from bass_jax.sampling.generate import load_draft_spec  # pylint: disable=g-import-not-at-top
 
-  target_model = loading.load_model(target)
+  target_model = loading.load_model(target, scan_layers=scan_layers)
   return target_model, load_draft_spec(draft, target_model, num_layers=draft_num_layers)
 
 

@@ -97,9 +97,10 @@ def chunked_logits(model: bj.Model, seqs, prefill, chunk_sizes=(1, 2, 3, 8), max
   ``prefill[b]`` tokens, then chunks of the given sizes, cycling, with random padding where a row has
   fewer tokens left, which is dropped by resetting its length. Unwritten cache slots hold NaN.
 
-  Returns each row's logits ``[len, V]`` at every position.
+  Returns each row's logits ``[len, V]`` at every position. A model with scanned layers decodes
+  through a stacked cache.
   """
-  module = model.config.make_module()
+  module = model.config.make_module(scan_layers=model.scanned_layers)
 
   forward = jax.jit(lambda p, t, c: module.apply({"params": p}, t, c))
 
@@ -107,7 +108,7 @@ def chunked_logits(model: bj.Model, seqs, prefill, chunk_sizes=(1, 2, 3, 8), max
   total = np.array([len(s) for s in seqs])
   batch, vocab = len(seqs), model.config.vocab_size
   max_len = max_len or int(-(-(total.max() + 16) // 64) * 64)
-  cache = model.config.init_cache(batch, max_len, fill_value=np.nan)
+  cache = model.config.init_cache(batch, max_len, fill_value=np.nan, scanned=model.scanned_layers)
   got = [np.full((n, vocab), np.nan, np.float32) for n in total]
   pos = np.zeros(batch, int)
   sizes = [int(max(prefill))] + list(chunk_sizes) * 64

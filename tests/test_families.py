@@ -162,6 +162,30 @@ def test_pytorch_bin_input(tmp_path):
   assert np.abs(got - _torch_logits(hf, tokens)).max() <= 1e-4
 
 
+@pytest.mark.parametrize("family", ["opt-pre-ln-projected", "codegen", "gpt2", "mistral-window-5"])
+def test_scanned_layers_match_transformers_and_save_as_per_layer(family, tmp_path):
+  """load_model(scan_layers=True) runs the layers in a lax.scan over stacked weights and a stacked
+  cache: its logits, in a full forward and decoded through a ragged NaN-padded cache, are
+  transformers'; a save writes Hugging Face's per-layer tensors back; this CPU loads unrolled by
+  default."""
+  hf = _hf_model(family, seed=2)
+  hf.save_pretrained(tmp_path / "hf")
+  model = bj.load_model(tmp_path / "hf", scan_layers=True)
+  assert model.scanned_layers and not bj.load_model(tmp_path / "hf").scanned_layers
+  rng = np.random.default_rng()
+  seqs = [rng.integers(0, VOCAB, n) for n in (19, 7, 26)]
+  np.testing.assert_allclose(np.asarray(model.logits(seqs[0][None]))[0],
+                             _torch_logits(hf, seqs[0][None])[0], atol=1e-4, rtol=0, err_msg=family)
+  for seq, row in zip(seqs, chunked_logits(model, seqs, prefill=[5, 1, 9])):
+    assert np.isfinite(row).all(), family
+    np.testing.assert_allclose(row, _torch_logits(hf, seq[None])[0], atol=1e-4, rtol=0,
+                               err_msg=family)
+  bj.save_model(model, tmp_path / "saved")
+  again = bj.load_model(tmp_path / "saved", scan_layers=False)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, again.params,
+                         model.with_scanned_layers(False).params)
+
+
 @pytest.mark.parametrize("family", ["opt-pre-ln-projected", "codegen"])
 def test_greedy_bass_equals_regular_for_a_family_pair(family, tmp_path):
   """A 2-layer target and a 1-layer draft of the same family and vocabulary, both random."""

@@ -8,6 +8,7 @@ near-tie, and reports the exact-match rate.
 """
 
 
+import jax
 import numpy as np
 import pytest
 
@@ -246,6 +247,41 @@ def test_the_compiled_decode_copies_no_cache(target, method, temperature, tree):
   copies = [line.strip() for line in hlo.splitlines()
             if re.search(rf"= {shape}\S* copy(-start)?\(", line)]
   assert not copies, copies[:3]
+
+
+def test_scanned_layers_decode_what_unrolled_layers_decode(target):
+  """A target and a draft with scanned layers (weights stacked [L, ...], one stacked cache each, a
+  lax.scan over layers) emit the unrolled models' tokens: a chain with a model draft, a continuous
+  batch and a token tree with an EAGLE draft (whose own layers stay unrolled). The compiled chain
+  decode holds no copy of a stacked cache; a mesh is refused."""
+  import re
+
+  from bass_jax.sampling import generate as generate_lib
+  from conftest import random_eagle_draft
+
+  draft, eagle = noisy_copy(target, 0.4, 5), random_eagle_draft(target)
+  scanned, scanned_draft = target.with_scanned_layers(), draft.with_scanned_layers()
+  assert scanned.scanned_layers and scanned.with_scanned_layers(False).scanned_layers is False
+  prompts = _prompts(target.config.vocab_size, (3, 9, 5, 12, 7), seed=4)
+  cases = [((draft, scanned_draft), dict(draft_len=3)),
+           ((eagle, eagle), dict(draft_len=2, batch_size=2)),
+           ((eagle, eagle), dict(draft_tree="top_k=2,depth=3,nodes=6"))]
+  for i, ((unrolled_draft, scanned_side), kwargs) in enumerate(cases):
+    bj.clear_compile_cache()
+    want = bj.generate(target, unrolled_draft, prompts, max_new_tokens=12, **kwargs)
+    got = bj.generate(scanned, scanned_side, prompts, max_new_tokens=12, **kwargs)
+    assert got.sequences() == want.sequences(), kwargs
+    np.testing.assert_array_equal(got.stats.accepted, want.stats.accepted)
+    if i == 0:
+      _, decode = list(generate_lib._PROGRAMS._programs.values())[-1]  # pylint: disable=protected-access
+      hlo, cfg = decode.as_text(), target.config
+      stack = (rf"f32\[{cfg.num_layers},{got.stats.batch_bucket},{cfg.num_key_value_heads},\d+,"
+               rf"{cfg.head_dim}\]")
+      assert re.search(stack, hlo), "the stacked cache pattern matches nothing: fix the test"
+      assert not re.findall(rf"= {stack}\S* copy(-start)?\(", hlo)
+  mesh = jax.make_mesh((1, 1), ("data", "model"))
+  with pytest.raises(ValueError, match="scanned layers do not run sharded"):
+    bj.generate(scanned, scanned_draft, prompts, mesh=mesh, max_new_tokens=4)
 
 
 def test_the_step_phases_name_the_compiled_decodes_ops(target):

@@ -83,7 +83,7 @@ def test_a_nucleus_is_compiled_in_only_below_one(models):
 
 
 @pytest.mark.parametrize("setting", [
-    dict(temperature=0.7, top_p=0.9, draft_len=4),  # sampled, nucleus, a model draft
+    dict(temperature=0.7, top_p=0.9, draft_len=4, scanned=True),  # nucleus; models scanned as on GPU
     dict(temperature=0.0, draft_len="goodput", eagle=True),  # plain and chain steps, features
     dict(temperature=0.7, top_p=0.9, draft_len=3, eagle=True, batch_size=2),  # continuous
 ])
@@ -91,11 +91,14 @@ def test_the_gpu_profile_lowered_for_cuda_meets_the_census_goals(models, setting
   """Lowered for CUDA on this CPU (Triton kernels included): a BASS step evaluates at most 3
   data-dependent while/conditional ops (its loop's condition and the draft's catch-up loop), no host
   callback, and, compiled for this machine with the same profile, no copy of a KV cache or of the
-  EAGLE feature buffer; the CPU profile's step needs more."""
+  EAGLE feature buffer (stacked, with scanned layers); the CPU profile's step needs more."""
   target, draft, eagle = models
   setting = dict(setting)
   if setting.pop("eagle", False):
     draft = bj.Hybrid(eagle, bj.NGramProposer())
+  scanned = setting.pop("scanned", False)
+  if scanned:  # the GPU profile's layout: one layer compiled, a stacked cache
+    target, draft = target.with_scanned_layers(), draft.with_scanned_layers()
   prompts = _prompts(target.config.vocab_size, (5, 9, 7, 3), seed=1)
   gpu = generate_lib.lower(target, draft, prompts, platform="cuda", compile_on_host=True,
                            max_new_tokens=16, **setting)
@@ -108,6 +111,7 @@ def test_the_gpu_profile_lowered_for_cuda_meets_the_census_goals(models, setting
   kept = list(gpu.cache_arrays)
   if gpu.spec.keeps_features:
     assert any(len(a.split(",")) == 3 for a in kept), kept  # the feature buffer is counted
+  assert all(len(a.split(",")) == 5 for a in kept) == scanned, kept  # stacked caches counted
   assert hlo_census.cache_copies(gpu.host_decode_hlo, kept) == []
   cpu = generate_lib.lower(target, draft, prompts, platform="cuda", profile="cpu",
                            max_new_tokens=16, **setting)

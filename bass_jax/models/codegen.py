@@ -86,8 +86,9 @@ class CodeGenConfig(common.CacheFromShape):
   def hf_architecture(self) -> str:
     return "CodeGenForCausalLM"
 
-  def make_module(self, *, attention_impl: str = "reference", dtype: Any = jnp.float32) -> "CodeGen":
-    return CodeGen(self, attention_impl=attention_impl, dtype=dtype)
+  def make_module(self, *, attention_impl: str = "reference", dtype: Any = jnp.float32,
+                  scan_layers: bool = False) -> "CodeGen":
+    return CodeGen(self, attention_impl=attention_impl, dtype=dtype, scan_layers=scan_layers)
 
 
   def with_num_layers(self, num_layers: int) -> "CodeGenConfig":
@@ -169,6 +170,7 @@ class CodeGen(nn.Module):
   config: CodeGenConfig
   attention_impl: str = "reference"
   dtype: Any = jnp.float32
+  scan_layers: bool = False
 
   @nn.compact
   def __call__(self, tokens: jax.Array, cache: KVCache | None = None, compute_logits: bool = True,
@@ -179,7 +181,8 @@ class CodeGen(nn.Module):
     x, update = common.run_layers(
         CodeGenBlock, cfg.n_layer, name="h", x=x, cache=cache,
         positions=common.positions_of(tokens, cache, tree_mask), config=cfg,
-        attention_impl=self.attention_impl, dtype=self.dtype, tree_mask=tree_mask)
+        attention_impl=self.attention_impl, dtype=self.dtype, tree_mask=tree_mask,
+        scan=self.scan_layers)
     x = nn.LayerNorm(cfg.layer_norm_epsilon, dtype=self.dtype, param_dtype=self.dtype, name="ln_f")(x)
     self.sow("intermediates", common.FEATURES, x)
     if not compute_logits and not self.is_initializing():

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from bass_jax import sharding as sharding_lib
-from bass_jax.cache import KVCache, KVUpdate, write_entries
+from bass_jax.cache import KVCache, KVUpdate, LayerSlice, write_entries
 from bass_jax.models import attention as attention_lib
 
 
@@ -46,16 +46,31 @@ class DecoderConfig(Protocol):
   @property
   def max_positions(self) -> int: ...
 
-  def make_module(self, *, attention_impl: str = "reference", dtype: Any = jnp.float32) -> nn.Module: ...
+  def make_module(self, *, attention_impl: str = "reference", dtype: Any = jnp.float32,
+                  scan_layers: bool = False) -> nn.Module: ...
 
   def init_cache(self, batch_size: int, max_len: int, dtype: Any = jnp.float32,
-                 fill_value: float = 0.0) -> KVCache: ...
+                 fill_value: float = 0.0, scanned: bool = False) -> KVCache: ...
 
   def with_num_layers(self, num_layers: int) -> "DecoderConfig": ...
 
   def num_params(self) -> int: ...
 
   def to_hf_config(self) -> Any: ...
+
+
+# The parameter key of each family's decoder layers: ``{key}_{i}`` per layer when unrolled (as Hugging
+# Face's ``model.layers.{i}``), ``{key}`` stacked ``[L, ...]`` when scanned (:func:`run_layers`).
+LAYERS_KEY = {"llama": "layers", "qwen2": "layers", "mistral": "layers", "opt": "layers",
+              "codegen": "h", "gpt2": "h"}
+
+
+def scanned_layers(config: DecoderConfig, params: Any) -> bool:
+  """Whether ``params`` (a family's Flax params tree, without the ``"params"`` wrapper) hold the
+  decoder layers scanned, stacked under :data:`LAYERS_KEY` (:func:`stack_layers`), rather than one
+  subtree per layer. A model's layout is that of its weights; its caches follow it."""
+  key = LAYERS_KEY.get(getattr(config, "model_type", None))
+  return key is not None and key in params
 
 
 # Generic HF bookkeeping that older (4.x) transformers wrote into every config.json next to the
@@ -159,7 +174,8 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, k_cache: jax.A
 
   Args:
     q: ``[B, T, N, H]``; k, v: ``[B, T, K, H]`` (rotary, if any, already applied).
-    k_cache, v_cache: this layer's ``[B, K, S, H]`` cache, or None.
+    k_cache, v_cache: this layer's ``[B, K, S, H]`` cache, a :class:`LayerSlice` of a stacked one (a
+      scanned layer), or None.
     cache_lengths: ``i32[B]`` valid cache slots per row before the new tokens (None without a cache).
     attention_impl: a name in the attention registry, or a :class:`sharding.ShardedAttention` (that
       name run per shard of a mesh, writing and reading each device's part of the cache).
@@ -171,7 +187,11 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, k_cache: jax.A
   Returns:
     ``(out [B, T, N, H], k_out, v_out)``: with a cache, the cache arrays with the new entries written
     at slots ``cache_lengths[b] + t`` (written *before* the cache is read: XLA then updates it in
-    place); without one, the new tokens' ``k``, ``v`` themselves.
+    place; a :class:`LayerSlice` comes back as one, its stack written); without one, the new tokens'
+    ``k``, ``v`` themselves.
+
+  Raises:
+    ValueError: a ``tree_mask`` without a cache; a :class:`LayerSlice` with a sharded attention.
   """
   kwargs = {"sm_scale": sm_scale}
   if sliding_window is not None:
@@ -194,30 +214,56 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, k_cache: jax.A
   if sharded:  # the same on every device, over its own rows (and heads) of the cache
     write_and_attend = attention_impl.per_shard(write_and_attend)
   mask = () if tree_mask is None else (tree_mask,)
+  if isinstance(k_cache, LayerSlice):
+    if sharded:
+      raise ValueError("scanned layers (a stacked cache) do not run sharded; load the model with "
+                       "scan_layers=False to shard it")
+    k_cache, v_cache = k_cache.write(k, cache_lengths), v_cache.write(v, cache_lengths)
+    out = attend(q, k_cache.read(), v_cache.read(), cache_lengths + q.shape[1], *mask, **kwargs)
+    return out, k_cache, v_cache
   return write_and_attend(q, k, v, k_cache, v_cache, cache_lengths, *mask)
 
 
 def run_layers(layer_cls: type[nn.Module], num_layers: int, *, name: str, x: jax.Array,
                cache: KVCache | None, positions: jax.Array, extras: tuple = (),
                on_layer: Callable[[jax.Array], Any] | None = None,
-               tree_mask: jax.Array | None = None,
+               tree_mask: jax.Array | None = None, scan: bool = False,
                **layer_fields) -> tuple[jax.Array, KVCache | KVUpdate]:
-  """Runs ``num_layers`` instances of ``layer_cls`` (named ``{name}_{i}``) in order, each over its own
-  cache arrays. ``x: [B, T, D]`` are the embedded tokens, ``positions: i32[B, T]`` their positions.
+  """Runs ``num_layers`` instances of ``layer_cls`` in order. ``x: [B, T, D]`` are the embedded tokens,
+  ``positions: i32[B, T]`` their positions.
+
+  Unrolled (``scan=False``, the default), layer i is named ``{name}_{i}`` (Hugging Face's
+  ``model.layers.{i}``), has its own parameters and its own cache arrays, and is called under
+  ``nn.jit``. Scanned (``scan=True``, MaxText's ``scan_layers``), one layer named ``{name}`` runs in a
+  ``lax.scan`` (Flax ``nn.scan``) over parameters stacked ``[L, ...]`` and a stacked cache
+  (:attr:`KVCache.scanned`) carried through the scan: XLA compiles one layer instead of L, at the cost
+  of a dynamic slice per layer (of the weights and of the cache that attention reads; a copy on this
+  CPU, ``docs/design.md``). :func:`stack_layers` converts one parameter layout into the other.
 
   The layer's ``__call__(x, k_cache, v_cache, cache_lengths, positions, *extras) -> (x, k, v)`` gets its
-  layer's ``[B, K, S, H]`` cache arrays (None without a cache) and returns what
-  :func:`cached_attention` returns for them; it must be called from inside a compact module method.
-  ``on_layer`` (if given) is called with every layer's output ``[B, T, D]`` in order: a family sows
-  them as :data:`HIDDEN` with it. ``tree_mask`` (``bool[B, T, M]`` or None) goes to every layer as the
-  keyword ``tree_mask``, for :func:`cached_attention`.
+  layer's ``[B, K, S, H]`` cache arrays (a :class:`LayerSlice` when scanned; None without a cache) and
+  returns what :func:`cached_attention` returns for them; it must be called from inside a compact module
+  method. ``on_layer`` (if given) is called with every layer's output ``[B, T, D]`` in order: a family
+  sows them as :data:`HIDDEN` with it. ``tree_mask`` (``bool[B, T, M]`` or None) goes to every layer as
+  the keyword ``tree_mask``, for :func:`cached_attention`.
 
   Returns:
     ``(x [B, T, D], cache_or_update)``: the hidden states after the last layer, and the cache with the new
-    tokens written and ``lengths + T`` or, without a cache, the new tokens' K/V (a :class:`KVUpdate`).
+    tokens written and ``lengths + T`` or, without a cache, the new tokens' K/V (a :class:`KVUpdate`),
+    stacked when scanned.
+
+  Raises:
+    ValueError: a cache whose layout (:attr:`KVCache.scanned`) is not ``scan``'s.
   """
-  layer = nn.jit(layer_cls)
+  if cache is not None and cache.scanned != scan:
+    raise ValueError(f"run_layers: a {'scanned' if cache.scanned else 'per-layer'} cache for "
+                     f"{'scanned' if scan else 'unrolled'} layers; build the cache with the model's "
+                     "layout (config.init_cache(..., scanned=...), common.prefill_cache)")
   lengths = None if cache is None else cache.lengths
+  if scan:
+    return _scan_layers(layer_cls, num_layers, name, x, cache, positions, extras, on_layer,
+                        tree_mask, layer_fields)
+  layer = nn.jit(layer_cls)
   ks, vs = [], []
   for i in range(num_layers):
     k_cache = None if cache is None else cache.k[i]
@@ -231,6 +277,66 @@ def run_layers(layer_cls: type[nn.Module], num_layers: int, *, name: str, x: jax
   if cache is None:
     return x, KVUpdate(k=tuple(ks), v=tuple(vs))
   return x, KVCache(k=tuple(ks), v=tuple(vs), lengths=cache.lengths + x.shape[1])
+
+
+def _scan_layers(layer_cls, num_layers, name, x, cache, positions, extras, on_layer, tree_mask,
+                 layer_fields):
+  """:func:`run_layers`'s scanned path: carry ``(x, layer index, k stack, v stack)``; without a
+  cache the layers' new K/V come out stacked as the scan's outputs."""
+  lengths = None if cache is None else cache.lengths
+
+  def body(layer, carry, _):
+    x, i, k_stack, v_stack = carry
+    if cache is None:
+      x, k, v = layer(x, None, None, None, positions, *extras, tree_mask=tree_mask)
+      return (x, i + 1, k_stack, v_stack), (x, k, v)
+    x, k, v = layer(x, LayerSlice(k_stack, i), LayerSlice(v_stack, i), lengths, positions, *extras,
+                    tree_mask=tree_mask)
+    return (x, i + 1, k.stack, v.stack), (x, None, None)
+
+  scanned = nn.scan(body, variable_axes={"params": 0}, split_rngs={"params": True},
+                    length=num_layers)
+  stacks = (None, None) if cache is None else (cache.k, cache.v)
+  (x, _, k_stack, v_stack), (hidden, ks, vs) = scanned(
+      layer_cls(**layer_fields, name=name), (x, jnp.zeros((), jnp.int32)) + stacks, None)
+  if on_layer is not None:
+    for i in range(num_layers):
+      on_layer(hidden[i])
+  if cache is None:
+    return x, KVUpdate(k=ks, v=vs)
+  return x, KVCache(k=k_stack, v=v_stack, lengths=cache.lengths + x.shape[1])
+
+
+def stack_layers(params: Any, name: str, num_layers: int) -> Any:
+  """Parameters with unrolled layers (``{name}_0 … {name}_{L-1}``) -> scanned (``{name}``, every leaf
+  stacked ``[L, ...]``), the layout :func:`run_layers` reads with ``scan=True``.
+
+  Raises:
+    ValueError: a layer missing, or the tree already scanned.
+  """
+  keys = [f"{name}_{i}" for i in range(num_layers)]
+  missing = [k for k in keys if k not in params]
+  if missing or name in params:
+    raise ValueError(f"stack_layers: expected unrolled layers {keys[0]} … {keys[-1]}; "
+                     f"{'missing ' + str(missing[:3]) if missing else name + ' is already stacked'}")
+  rest = {k: v for k, v in params.items() if k not in keys}
+  return {**rest, name: jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[params[k] for k in keys])}
+
+
+def unstack_layers(params: Any, name: str, num_layers: int) -> Any:
+  """The inverse of :func:`stack_layers`: scanned ``{name}: [L, ...]`` -> ``{name}_0 … {name}_{L-1}``.
+
+  Raises:
+    ValueError: ``name`` missing or its leading axis not ``num_layers``.
+  """
+  if name not in params:
+    raise ValueError(f"unstack_layers: no stacked {name!r} in the parameters (already unrolled?)")
+  lead = {x.shape[0] for x in jax.tree_util.tree_leaves(params[name])}
+  if lead != {num_layers}:
+    raise ValueError(f"unstack_layers: {name!r} leaves lead with {sorted(lead)}, not {num_layers}")
+  rest = {k: v for k, v in params.items() if k != name}
+  return {**rest, **{f"{name}_{i}": jax.tree_util.tree_map(lambda x, i=i: x[i], params[name])
+                     for i in range(num_layers)}}
 
 
 # The name under which every family sows its *features*: the vector its LM head multiplies (after the
@@ -292,7 +398,8 @@ def forward(config: DecoderConfig, params: Any, tokens: jax.Array, cache: KVCach
   if sharding is not None:
     sharding_lib.check_rows(tokens.shape[0], sharding.mesh)
     attention_impl = sharding_lib.ShardedAttention(attention_impl, sharding)
-  module = config.make_module(attention_impl=attention_impl, dtype=jnp.dtype(dtype))
+  module = config.make_module(attention_impl=attention_impl, dtype=jnp.dtype(dtype),
+                              scan_layers=scanned_layers(config, params))
   if not return_features:
     return module.apply({"params": params}, tokens, cache, compute_logits, tree_mask)
   (logits, cache), sown = module.apply({"params": params}, tokens, cache, compute_logits, tree_mask,
@@ -328,7 +435,8 @@ def prefill_cache(config: DecoderConfig, params: Any, prompts: jax.Array, prompt
     The cache with ``lengths = prompt_len - 1`` (the padding's K/V lie past each row's length); with
     ``return_features``, ``(cache, features)``.
   """
-  cache = config.init_cache(prompts.shape[0], cache_len, jnp.dtype(dtype))
+  cache = config.init_cache(prompts.shape[0], cache_len, jnp.dtype(dtype),
+                            scanned=scanned_layers(config, params))
   run = functools.partial(forward, config, params, dtype=dtype, attention_impl=attention_impl,
                           compute_logits=False, return_features=return_features, sharding=sharding)
   if chunk is None:
@@ -409,15 +517,16 @@ class CacheFromShape:
   """
 
   def init_cache(self, batch_size: int, max_len: int, dtype: Any = jnp.float32,
-                 fill_value: float = 0.0) -> KVCache:
-    """An empty ragged cache: L K/V arrays ``dtype[B, K, max_len, H]`` each, lengths ``i32[B]`` zero.
+                 fill_value: float = 0.0, scanned: bool = False) -> KVCache:
+    """An empty ragged cache: L K/V arrays ``dtype[B, K, max_len, H]`` each (``scanned``: one stacked
+    ``[L, B, K, max_len, H]`` array each, for a model with scanned layers), lengths ``i32[B]`` zero.
 
     Raises:
       ValueError: as :meth:`KVCache.zeros` for non-positive sizes.
     """
     return KVCache.zeros(num_layers=self.num_layers, batch_size=batch_size, max_len=max_len,
                          num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=dtype,
-                         fill_value=fill_value)
+                         fill_value=fill_value, scanned=scanned)
 
   def _freeze_eos(self) -> None:
     """HF configs may give ``eos_token_id`` as a list; keep it hashable (a static jit argument)."""

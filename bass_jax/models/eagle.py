@@ -117,8 +117,14 @@ class EagleConfig:
     return self.layer.max_positions
 
   def init_cache(self, batch_size: int, max_len: int, dtype: Any = jnp.float32,
-                 fill_value: float = 0.0) -> KVCache:
-    """The draft's own ragged cache (as :meth:`LlamaConfig.init_cache`)."""
+                 fill_value: float = 0.0, scanned: bool = False) -> KVCache:
+    """The draft's own ragged cache (as :meth:`LlamaConfig.init_cache`; its layers are never scanned).
+
+    Raises:
+      ValueError: ``scanned=True``.
+    """
+    if scanned:
+      raise ValueError("an EAGLE draft's layers are unrolled; its cache cannot be scanned")
     return self.layer.init_cache(batch_size, max_len, dtype, fill_value)
 
   def with_draft_vocab_size(self, size: int) -> "EagleConfig":

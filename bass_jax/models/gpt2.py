@@ -79,8 +79,9 @@ class GPT2Config(common.CacheFromShape):
   def hf_architecture(self) -> str:
     return "GPT2LMHeadModel"
 
-  def make_module(self, *, attention_impl: str = "reference", dtype: Any = jnp.float32) -> "GPT2":
-    return GPT2(self, attention_impl=attention_impl, dtype=dtype)
+  def make_module(self, *, attention_impl: str = "reference", dtype: Any = jnp.float32,
+                  scan_layers: bool = False) -> "GPT2":
+    return GPT2(self, attention_impl=attention_impl, dtype=dtype, scan_layers=scan_layers)
 
 
   def with_num_layers(self, num_layers: int) -> "GPT2Config":
@@ -150,6 +151,7 @@ class GPT2(nn.Module):
   config: GPT2Config
   attention_impl: str = "reference"
   dtype: Any = jnp.float32
+  scan_layers: bool = False
 
   @nn.compact
   def __call__(self, tokens: jax.Array, cache: KVCache | None = None, compute_logits: bool = True,
@@ -162,7 +164,8 @@ class GPT2(nn.Module):
     x = embed(tokens) + position_table(positions)
     x, update = common.run_layers(
         GPT2Block, cfg.n_layer, name="h", x=x, cache=cache, positions=positions,
-        config=cfg, attention_impl=self.attention_impl, dtype=self.dtype, tree_mask=tree_mask)
+        config=cfg, attention_impl=self.attention_impl, dtype=self.dtype, tree_mask=tree_mask,
+        scan=self.scan_layers)
     x = nn.LayerNorm(cfg.layer_norm_epsilon, dtype=self.dtype, param_dtype=self.dtype, name="ln_f")(x)
     self.sow("intermediates", common.FEATURES, x)
     if not compute_logits and not self.is_initializing():

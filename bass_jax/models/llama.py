@@ -10,8 +10,9 @@ heads, H head dim, V vocabulary.
 
 The module knows nothing of speculation: it maps ``tokens: i32[B, T]`` and a :class:`KVCache` to
 ``logits: f32[B, T, V]`` and the cache with the T new entries written at each row's own offset
-``cache.lengths[b]``. The layers are unrolled, each with its own parameters
-(``layers_{i}``) and cache arrays (``models.common.run_layers``).
+``cache.lengths[b]``. The layers are unrolled, each with its own parameters (``layers_{i}``) and cache
+arrays, or scanned (``scan_layers``: ``layers`` stacked ``[L, ...]``, a stacked cache;
+``models.common.run_layers``).
 """
 
 from __future__ import annotations
@@ -103,9 +104,10 @@ class LlamaConfig(common.CacheFromShape):
   def max_positions(self) -> int:
     return self.max_position_embeddings
 
-  def make_module(self, *, attention_impl: str = "reference", dtype: Any = jnp.float32) -> "Llama":
+  def make_module(self, *, attention_impl: str = "reference", dtype: Any = jnp.float32,
+                  scan_layers: bool = False) -> "Llama":
     """The Flax module for this config; ``attention_impl`` names an entry of the attention registry."""
-    return Llama(self, attention_impl=attention_impl, dtype=dtype)
+    return Llama(self, attention_impl=attention_impl, dtype=dtype, scan_layers=scan_layers)
 
 
   def with_num_layers(self, num_layers: int) -> "LlamaConfig":
@@ -340,6 +342,7 @@ class Llama(nn.Module):
   config: LlamaConfig
   attention_impl: str = "reference"
   dtype: Any = jnp.float32
+  scan_layers: bool = False
 
   @nn.compact
   def __call__(self, tokens: jax.Array, cache: KVCache | None = None, compute_logits: bool = True,
@@ -353,8 +356,9 @@ class Llama(nn.Module):
     x, update = common.run_layers(
         LlamaDecoderLayer, cfg.num_hidden_layers, name="layers", x=x, cache=cache,
         positions=positions, extras=(sin, cos), config=cfg, attention_impl=self.attention_impl,
-        dtype=self.dtype, on_layer=lambda h: self.sow("intermediates", common.HIDDEN, h),
-        tree_mask=tree_mask)
+        dtype=self.dtype, tree_mask=tree_mask, scan=self.scan_layers,
+        on_layer=(lambda h: self.sow("intermediates", common.HIDDEN, h))
+        if self.is_mutable_collection("intermediates") else None)
 
     x = RMSNorm(cfg.rms_norm_eps, self.dtype, name="norm")(x)
     self.sow("intermediates", common.FEATURES, x)

@@ -94,8 +94,9 @@ class OPTConfig(common.CacheFromShape):
   def hf_architecture(self) -> str:
     return "OPTForCausalLM"
 
-  def make_module(self, *, attention_impl: str = "reference", dtype: Any = jnp.float32) -> "OPT":
-    return OPT(self, attention_impl=attention_impl, dtype=dtype)
+  def make_module(self, *, attention_impl: str = "reference", dtype: Any = jnp.float32,
+                  scan_layers: bool = False) -> "OPT":
+    return OPT(self, attention_impl=attention_impl, dtype=dtype, scan_layers=scan_layers)
 
 
   def with_num_layers(self, num_layers: int) -> "OPTConfig":
@@ -179,6 +180,7 @@ class OPT(nn.Module):
   config: OPTConfig
   attention_impl: str = "reference"
   dtype: Any = jnp.float32
+  scan_layers: bool = False
 
   @nn.compact
   def __call__(self, tokens: jax.Array, cache: KVCache | None = None, compute_logits: bool = True,
@@ -197,7 +199,7 @@ class OPT(nn.Module):
     x, update = common.run_layers(
         OPTDecoderLayer, cfg.num_hidden_layers, name="layers", x=x, cache=cache,
         positions=positions, config=cfg, attention_impl=self.attention_impl, dtype=self.dtype,
-        tree_mask=tree_mask)
+        tree_mask=tree_mask, scan=self.scan_layers)
     if cfg.final_layer_norm:
       x = nn.LayerNorm(1e-5, dtype=self.dtype, param_dtype=self.dtype, name="final_layer_norm",
                        use_scale=cfg.layer_norm_elementwise_affine,

@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bass_jax.models import common
 from bass_jax.models.common import forward
 from bass_jax.sampling.draft_len import GoodputDraftLen, StepCosts
 
@@ -142,10 +143,10 @@ def time_cached_forward(forward_fn: Callable[..., tuple[Any, Any]], params, cach
                                               [mask_width]))[0]
 
 
-def half_full_cache(config, batch: int, cache_len: int, dtype: str):
+def half_full_cache(config, batch: int, cache_len: int, dtype: str, scanned: bool = False):
   """``config``'s cache of ``cache_len`` slots per row, ``cache_len // 2`` of them counted as filled
-  (attention then reads a realistic length)."""
-  cache = config.init_cache(batch, cache_len, jnp.dtype(dtype))
+  (attention then reads a realistic length); ``scanned``: stacked, for a model with scanned layers."""
+  cache = config.init_cache(batch, cache_len, jnp.dtype(dtype), scanned=scanned)
   return cache.with_lengths(jnp.full((batch,), cache_len // 2, jnp.int32))
 
 
@@ -171,7 +172,8 @@ def time_forwards(config, dtype: str, attention_impl: str, params, batch: int,
     return forward(config, params, tokens, cache, dtype=dtype, attention_impl=attention_impl,
                    sharding=sharding, tree_mask=tree_mask)
 
-  cache = half_full_cache(config, batch, cache_len, dtype)
+  cache = half_full_cache(config, batch, cache_len, dtype,
+                          scanned=common.scanned_layers(config, params))
   return fastest_seconds(cached_forward_calls(run, params, cache, positions, mask_widths))
 
 

@@ -342,7 +342,8 @@ def generate(
       outside the vocabulary; a bad draft length or chunk size; prompt + ``max_new_tokens`` beyond the
       models' context or beyond ``max_cache_len``; a mesh without the axes ``data`` and ``model``, or
       whose ``model`` size divides neither the heads nor the MLP (``bass_jax.sharding.plan``); a mesh
-      with ``jax_threefry_partitionable`` off; ``batch_size < 1``; continuous batching on a mesh whose
+      with ``jax_threefry_partitionable`` off, or with a model whose layers are scanned;
+      ``batch_size < 1``; continuous batching on a mesh whose
       ``data`` axis is larger than 1; an unknown ``acceptance``; ``sequence_ids`` of the wrong length,
       out of range or repeated; a bad ``draft_tree`` (``TreeShape``'s errors, a repeated shape), or
       one with ``method="regular"``, a ``draft_len`` other than the default or goodput, several
@@ -490,6 +491,10 @@ def _prepare(target, draft, prompts, *, method, max_new_tokens, temperature, top
                        "SiblingProposer or a Hybrid")
     proposer, draft_params, draft_models = resolve_draft(draft, target, attention_impl, mesh=mesh,
                                                          draft_sharding=draft_sharding)
+  if mesh is not None and any(m.scanned_layers for m in [target, *draft_models]):
+    raise ValueError("generate on a mesh needs models with unrolled layers (scanned layers do not run "
+                     "sharded yet): load them with scan_layers=False or convert with "
+                     "model.with_scanned_layers(False)")
   max_new_tokens = _checks.as_int("max_new_tokens", max_new_tokens, min_value=1)
   temperature = _checks.as_float("temperature", temperature, min_value=0.0)
   top_p = _checks.as_float("top_p", top_p, min_value=0.0, min_exclusive=True, max_value=1.0)
@@ -640,7 +645,8 @@ class LoweredDecode:
     prefill, decode: ``jax.export.Exported`` programs (``.mlir_module()`` is their StableHLO).
     spec: the decode's :class:`state.DecodeSpec`.
     cache_arrays: the shapes of every KV cache array of the decode state (target and draft) and of
-      the EAGLE feature buffer, as ``"f32[B,K,S,H]"`` (``hlo_census`` spells shapes so).
+      the EAGLE feature buffer, as ``"f32[B,K,S,H]"`` (``"f32[L,B,K,S,H]"`` for a model with scanned
+      layers; ``hlo_census`` spells shapes so).
     host_decode_hlo: with ``compile_on_host``, the decode compiled for this machine from the same
       settings and profile, the jnp reference attention standing in for a kernel (XLA's optimized
       HLO text, where copy insertion has run); else None.
@@ -709,8 +715,8 @@ def lower(target: Model, draft: Any, prompts: Any, *, platform: str,
                             disabled_checks=checks)(*call.args_prefill)
     decode = export.export(jax.jit(lambda *a: loop.decode(spec, *a), donate_argnums=0),
                            platforms=[platform], disabled_checks=checks)(state, *call.args_tail)
-  caches = [leaf for cache in (state.target_cache, state.proposer_state)
-            for leaf in jax.tree_util.tree_leaves(cache) if leaf.ndim == 4]
+  caches = [leaf for cache in (state.target_cache, state.proposer_state)  # [B, K, S, H] per layer,
+            for leaf in jax.tree_util.tree_leaves(cache) if leaf.ndim in (4, 5)]  # or [L, ...] scanned
   caches += [] if state.features is None else [state.features]
   cache_arrays = tuple(sorted({f"{jnp.dtype(x.dtype).name.replace('float', 'f')}"
                                f"[{','.join(map(str, x.shape))}]" for x in caches}))

@@ -25,6 +25,11 @@ A CPU and a GPU want different decode programs (docs/design.md, "Backend profile
   nothing on padding rows; on a GPU a chunk below a few hundred positions costs about a whole weight
   read, so the GPU profile prefills up to 4 rows that free up together in chunks of 512 (not yet
   measured).
+* **Layers.** XLA compiles every unrolled layer; a scanned model (``load_model(scan_layers=True)``)
+  compiles one layer and runs it in a ``lax.scan`` over stacked weights and caches, as MaxText does on
+  GPU. On a CPU each layer's dynamic slice of the stacked weights and cache is a copy that costs run
+  time (docs/design.md, "Scanned layers"), so the CPU loads unrolled and the GPU scanned (not yet
+  measured). The layout is chosen at load time, not by ``generate``: it is the weights' layout.
 
 Every field is a default: ``bass_jax.generate``'s own arguments (``attention_impl``, ``verify_chunk``)
 override it, argument by argument, and a profile made with ``dataclasses.replace`` overrides any
@@ -56,6 +61,10 @@ class BackendProfile:
       same step; a prefill with fewer computes its spare rows and drops them).
     admit_chunk: the positions per forward of an admission's chunked prefill, a power of two (a
       decode takes at most its prompt bucket's P).
+    scan_layers: the layout ``load_model`` gives a model's decoder layers by default: scanned (one
+      layer compiled, run in a ``lax.scan`` over stacked weights and caches) or unrolled. A layout
+      belongs to the weights, so ``generate`` takes each model as it was loaded
+      (``Model.with_scanned_layers`` converts).
   """
 
   name: str
@@ -64,6 +73,7 @@ class BackendProfile:
   branch_free: bool
   admit_rows: int = 1
   admit_chunk: int = 64
+  scan_layers: bool = False
 
   def __post_init__(self):
     # By name only: building a Pallas implementation reads the backend, which importing this module
@@ -87,9 +97,9 @@ class BackendProfile:
 PROFILES = {
     # What the CPU measurements chose (docs/design.md): the reference attention, passes of 4.
     "cpu": BackendProfile(name="cpu", attention_impl="reference", verify_chunk=4, branch_free=False,
-                          admit_rows=1, admit_chunk=64),
+                          admit_rows=1, admit_chunk=64, scan_layers=False),
     "gpu": BackendProfile(name="gpu", attention_impl="pallas_split", verify_chunk=None,
-                          branch_free=True, admit_rows=4, admit_chunk=512),
+                          branch_free=True, admit_rows=4, admit_chunk=512, scan_layers=True),
 }
 _PLATFORM_PROFILES = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu"}
 
