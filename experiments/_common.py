@@ -22,6 +22,10 @@ TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target model sp
 DRAFT = flags.DEFINE_string("draft", "smollm2-135m-draft", "Draft model spec.")
 DRAFT_LAYERS = flags.DEFINE_integer("draft_num_layers", 0, "Keep the draft's first N layers (0 = all).",
                                     lower_bound=0)
+SCAN_LAYERS = flags.DEFINE_bool(
+    "scan_layers", None, "Load the target (and a draft model, which follows it) with scanned layers "
+    "(--scan_layers) or unrolled (--noscan_layers); absent: the backend profile's layout (unrolled "
+    "on a CPU, scanned on a GPU; docs/design.md, 'Scanned layers').")
 NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 2, "First N HumanEval prompts.", lower_bound=1)
 MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens per sequence.", lower_bound=1)
 BATCHES = flags.DEFINE_list("batch_sizes", ["1", "2", "4", "8", "16"], "Batch sizes.")
@@ -131,7 +135,8 @@ def setup():
   from bass_jax.data import load_problems  # pylint: disable=g-import-not-at-top
 
   problems = load_problems("humaneval", NUM_PROMPTS.value)
-  target, draft = reproduce.load_pair(TARGET.value, DRAFT.value, DRAFT_LAYERS.value or None)
+  target, draft = reproduce.load_pair(TARGET.value, DRAFT.value, DRAFT_LAYERS.value or None,
+                                      scan_layers=SCAN_LAYERS.value)
   return target, draft, problems, batch_sizes()
 
 

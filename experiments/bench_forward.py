@@ -9,6 +9,8 @@ taken over --repeats rounds:
 
 * **project**: the model core exactly as `generate` runs it (`config.make_module().apply` under `jit`,
   the cache donated and returned);
+* **scanned**: the same with the layers scanned (`load_model(scan_layers=True)`: weights stacked
+  `[L, ...]`, one stacked cache, one layer compiled and run in a `lax.scan`; `--scanned`);
 * **minimal**: a plain-jnp forward written here with no framework around it: layers unrolled, one
   weight array and one K/V cache array per layer, the new K/V scattered into the cache, the same
   end-aligned causal attention. It is the reference for "no overhead";
@@ -48,6 +50,7 @@ _NUM_NEW = flags.DEFINE_list("num_new", ["1", "5", "9", "17"], "New tokens per r
 _CACHE = flags.DEFINE_list("cache_lens", ["256", "2048"], "Cache slots S.")
 _REPEATS = flags.DEFINE_integer("repeats", 30, "Timed rounds per shape (median).", lower_bound=1)
 _TORCH = flags.DEFINE_bool("torch", True, "Also time transformers' PyTorch forward.")
+_SCANNED = flags.DEFINE_bool("scanned", True, "Also time the project's forward with scanned layers.")
 _QUICK = flags.DEFINE_bool("quick", False, "B = 1, 4; T = 1, 5; S = 256; 5 rounds (smoke run).")
 _DTYPES = flags.DEFINE_list("dtypes", ["float32"], "Parameter/compute dtypes, each a full table "
                             "(float32, bfloat16).")
@@ -163,21 +166,29 @@ def _torch_dtype(dtype):
   return {"float32": torch.float32, "bfloat16": torch.bfloat16}[jnp.dtype(dtype).name]
 
 
-def _bench_model(spec: str, dtype: str, shapes, repeats: int, use_torch: bool, log) -> list[dict]:
+def _bench_model(spec: str, dtype: str, shapes, repeats: int, use_torch: bool, scanned: bool,
+                 log) -> list[dict]:
   import bass_jax  # pylint: disable=g-import-not-at-top
 
-  model = bass_jax.load_model(spec, tokenizer=False, dtype=dtype)
+  model = bass_jax.load_model(spec, tokenizer=False, dtype=dtype, scan_layers=False)
   cfg = model.config
   weights = _split_layers(model.params)
-  module = cfg.make_module()
+  scanned_params = model.with_scanned_layers(True).params if scanned else None
 
-  # The caches are donated and the returned ones fed back, so each forward updates its cache in place
-  # as inside the decode loop (a non-donated cache would be copied whole every call).
-  @functools.partial(jax.jit, donate_argnums=2)
-  def project(params, tokens, cache):
-    logits, new_cache = module.apply({"params": params}, tokens, cache)
-    # Restore the lengths inside the program (no extra dispatch per call).
-    return logits, new_cache.with_lengths(cache.lengths)
+  def forward(scan_layers):
+    module = cfg.make_module(scan_layers=scan_layers)
+
+    # The caches are donated and the returned ones fed back, so each forward updates its cache in
+    # place as inside the decode loop (a non-donated cache would be copied whole every call).
+    @functools.partial(jax.jit, donate_argnums=2)
+    def run(params, tokens, cache):
+      logits, new_cache = module.apply({"params": params}, tokens, cache)
+      # Restore the lengths inside the program (no extra dispatch per call).
+      return logits, new_cache.with_lengths(cache.lengths)
+
+    return run
+
+  project, project_scanned = forward(False), forward(True)
 
   minimal = jax.jit(lambda w, t, ks, vs, lengths: minimal_forward(cfg, w, t, ks, vs, lengths),
                     donate_argnums=(2, 3))
@@ -201,9 +212,16 @@ def _bench_model(spec: str, dtype: str, shapes, repeats: int, use_torch: bool, l
     vs = [jnp.array(v) for v in cache.v]
     x = jnp.asarray(rng.normal(size=(batch * num_new, cfg.hidden_size)), model.dtype)
     state = {"cache": cache, "ks": ks, "vs": vs}
+    if scanned:
+      state["stacked"] = cache.replace(k=jnp.stack(cache.k), v=jnp.stack(cache.v),
+                                       lengths=lengths + 0)  # its own buffers: both are donated
 
     def project_call():
       logits, state["cache"] = project(model.params, tokens, state["cache"])
+      return logits
+
+    def scanned_call():
+      logits, state["stacked"] = project_scanned(scanned_params, tokens, state["stacked"])
       return logits
 
     def minimal_call():
@@ -211,6 +229,8 @@ def _bench_model(spec: str, dtype: str, shapes, repeats: int, use_torch: bool, l
       return logits
 
     calls = {"project": project_call, "minimal": minimal_call, "matmuls": lambda: matmuls(weights, x)}
+    if scanned:
+      calls["scanned"] = scanned_call
     if hf is not None:
       past = _torch_cache(hf, cfg, batch, filled, rng)
       ids = torch.from_numpy(np.asarray(tokens, np.int64)).to(_torch_device())
@@ -252,7 +272,7 @@ def _torch_cache(hf, cfg, batch, length, rng):
   return cache
 
 
-_COLUMNS = ("project", "minimal", "matmuls", "torch")
+_COLUMNS = ("project", "scanned", "minimal", "matmuls", "torch")
 
 
 def _format_row(row) -> str:
@@ -284,9 +304,9 @@ def main(argv):
   caches = [256] if _QUICK.value else [int(s) for s in _CACHE.value]
   repeats = 5 if _QUICK.value else _REPEATS.value
   shapes = [(b, t, s) for s in caches for t in num_new for b in batches]
-  print("| model | dtype | B x T | cache slots | project ms | minimal ms | matmuls ms | torch ms | "
-        "project / minimal |")
-  print("|---|---|---|---|---|---|---|---|---|")
+  print("| model | dtype | B x T | cache slots | project ms | scanned ms | minimal ms | matmuls ms | "
+        "torch ms | project / minimal |")
+  print("|---|---|---|---|---|---|---|---|---|---|")
   rows = []
   device = jax.devices()[0]
 
@@ -305,7 +325,8 @@ def main(argv):
 
   for dtype in _DTYPES.value:
     for spec in _MODELS.value:
-      _bench_model(spec, dtype, shapes, repeats, _TORCH.value and _torch_usable(dtype), log)
+      _bench_model(spec, dtype, shapes, repeats, _TORCH.value and _torch_usable(dtype),
+                   _SCANNED.value, log)
   save(complete=True)
   print(f"wrote {path}")
 

@@ -99,6 +99,10 @@ _CHUNK = flags.DEFINE_integer(
     "backend profile's, 4 on a CPU, one pass of L + 1 on a GPU); a step scores its l_draft + 1 "
     "positions in passes.",
     lower_bound=1)
+_SCAN_LAYERS = flags.DEFINE_bool(
+    "scan_layers", None, "The target's (and a draft model's) layer layout: scanned (--scan_layers, "
+    "one layer compiled) or unrolled (--noscan_layers); absent: the backend profile's (unrolled on "
+    "a CPU, scanned on a GPU).")
 _DTYPE = flags.DEFINE_enum("dtype", "auto", ["auto", "float32", "bfloat16"],
                            "Parameter/compute dtype; auto: float32 on a CPU, bfloat16 on a GPU.")
 _OUTPUT = flags.DEFINE_string("output", None, "JSONL file, one record per sequence, appended as each "
@@ -220,7 +224,7 @@ def main(argv):
 
   dtype = None if _DTYPE.value == "auto" else jnp.dtype(_DTYPE.value)
   logging.info("loading target %s", _TARGET.value)
-  target = bass_jax.load_model(_TARGET.value, dtype=dtype)
+  target = bass_jax.load_model(_TARGET.value, dtype=dtype, scan_layers=_SCAN_LAYERS.value)
   draft = None
   if _METHOD.value == "bass":
     draft = bass_jax.load_draft_spec(_DRAFT.value, target, num_layers=_DRAFT_LAYERS.value or None,

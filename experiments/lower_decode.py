@@ -80,7 +80,9 @@ def main(argv):
   from bass_jax.sampling import profiles  # pylint: disable=g-import-not-at-top
 
   profile = _PROFILE.value or profiles.platform_profile(_PLATFORM.value)
-  target = bass_jax.load_model(_TARGET.value)
+  # The layer layout the platform's machine would load (scanned on a GPU); the draft follows it.
+  target = bass_jax.load_model(_TARGET.value,
+                               scan_layers=profiles.backend_profile(profile).scan_layers)
   draft = bass_jax.load_draft_spec(_DRAFT.value, target) if _METHOD.value == "bass" else None
   rng = np.random.default_rng(0)
   prompts = rng.integers(0, target.config.vocab_size, (_BATCH.value, _PROMPT_LEN.value))
