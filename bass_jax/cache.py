@@ -162,12 +162,10 @@ class KVCache:
     """
     if rows_cache.scanned != self.scanned:
       raise ValueError("KVCache.write_rows: both caches must have the same layout (scanned or not)")
-    write = lambda batched, fresh: _write_leading(batched, fresh, rows, axis=1 if self.scanned else 0)
-    if self.scanned:
-      k, v = write(self.k, rows_cache.k), write(self.v, rows_cache.v)
-    else:
-      k, v = tuple(map(write, self.k, rows_cache.k)), tuple(map(write, self.v, rows_cache.v))
-    return KVCache(k=k, v=v, lengths=_write_leading(self.lengths, rows_cache.lengths, rows, axis=0))
+    write = lambda batched, fresh: _write_leading(batched, fresh, rows)
+    return KVCache(k=self._per_layer(write, self.k, rows_cache.k),
+                   v=self._per_layer(write, self.v, rows_cache.v),
+                   lengths=write(self.lengths, rows_cache.lengths))
 
 
 @flax.struct.dataclass
@@ -283,14 +281,13 @@ def write_rows(state, rows_state, rows: jax.Array):
       return batched.write_rows(fresh, rows)
     if batched.ndim == 0:
       return batched
-    return _write_leading(batched, fresh, rows, axis=0)
+    return _write_leading(batched, fresh, rows)
 
   return jax.tree_util.tree_map(one, state, rows_state, is_leaf=lambda x: isinstance(x, KVCache))
 
 
-def _write_leading(batched: jax.Array, fresh: jax.Array, rows: jax.Array, axis: int) -> jax.Array:
-  """``batched`` with ``fresh``'s rows written at indices ``rows`` of its batch axis ``axis``, into the
-  leading part of every other axis (out-of-range rows dropped)."""
-  index = tuple(slice(0, n) for n in fresh.shape)
-  index = index[:axis] + (rows,) + index[axis + 1:]
+def _write_leading(batched: jax.Array, fresh: jax.Array, rows: jax.Array) -> jax.Array:
+  """``batched [B, ...]`` with ``fresh [A, ...]``'s rows written at rows ``rows``, into the leading part
+  of every other axis (out-of-range rows dropped)."""
+  index = (rows,) + tuple(slice(0, n) for n in fresh.shape[1:])
   return batched.at[index].set(fresh.astype(batched.dtype), mode="drop")

@@ -44,8 +44,9 @@ class Model:
   Attributes:
     config: the architecture, a family config (``LlamaConfig``, ``OPTConfig``, ``CodeGenConfig``,
       ``GPT2Config``; static and hashable, so jit treats it as a compile-time constant).
-    params: nested dict of arrays, one subtree per layer (``layers_0``, … ; see ``models.common``), or
-      the layers scanned: one subtree stacked ``[L, ...]`` (``layers``; :attr:`scanned_layers`).
+    params: nested dict of arrays, one subtree per layer (``layers_0``, … ; ``h_0``, … for CodeGen
+      and GPT-2; see ``models.common``), or the layers scanned: one subtree stacked ``[L, ...]``
+      (``layers`` or ``h``; :attr:`scanned_layers`).
     tokenizer: a transformers tokenizer, or None when the checkpoint has none.
     name: where it came from (alias or path), for logs.
   """
@@ -92,11 +93,13 @@ class Model:
     total = self.config.num_layers
     if not 1 <= num_layers <= total:
       raise ValueError(f"num_layers must be in [1, {total}], got {num_layers}")
-    if self.scanned_layers:
-      return self.with_scanned_layers(False).with_first_layers(num_layers).with_scanned_layers(True)
     name = common.LAYERS_KEY[self.config.model_type]
-    params = {k: v for k, v in self.params.items()
-              if (i := layer_index(k, name)) is None or i < num_layers}
+    if self.scanned_layers:  # the stacked leaves' first num_layers entries
+      params = {**self.params,
+                name: jax.tree_util.tree_map(lambda x: x[:num_layers], self.params[name])}
+    else:
+      params = {k: v for k, v in self.params.items()
+                if (i := layer_index(k, name)) is None or i < num_layers}
     config = self.config.with_num_layers(num_layers)
     return Model(config, params, self.tokenizer, f"{self.name}[:{num_layers} layers]")
 
@@ -120,7 +123,8 @@ class Model:
     key = common.LAYERS_KEY.get(getattr(self.config, "model_type", None))
     if key is None:
       raise ValueError(f"{self.name or 'this model'} ({type(self.config).__name__}) has no scanned "
-                       "layout; only the decoder families (Llama, OPT, CodeGen, GPT-2) have one")
+                       "layout (only the decoder families Llama, OPT, CodeGen and GPT-2 have one); "
+                       "load it with scan_layers=False")
     convert = common.stack_layers if scanned else common.unstack_layers
     return dataclasses.replace(self, params=convert(self.params, key, self.config.num_layers))
 
@@ -256,6 +260,9 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
   tokenizer = _checks.as_bool("tokenizer", tokenizer)
   if scan_layers is not None:
     scan_layers = _checks.as_bool("scan_layers", scan_layers)
+  if scan_layers and mesh is not None:
+    raise ValueError("scan_layers=True with a mesh: scanned layers do not run sharded yet; load "
+                     "with scan_layers=False")
   name = str(spec)
   if sharding not in sharding_lib.RULES:
     raise ValueError(f"sharding must be one of {sorted(sharding_lib.RULES)}, got {sharding!r}")
@@ -280,6 +287,9 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
   elif path.is_dir() and _is_eagle(path):
     if num_layers is not None:
       raise ValueError(f"{name} is an EAGLE draft; num_layers does not apply to it")
+    if scan_layers:
+      raise ValueError(f"{name} is an EAGLE draft, whose layers are always unrolled; load it with "
+                       "scan_layers=False (or None)")
     config, params = eagle.load_eagle(path, dtype=dtype)
     if mesh is not None:  # a small draft, read whole and then placed
       params = sharding_lib.shard_params(params, sharding_lib.plan(config, mesh, sharding))
@@ -308,14 +318,10 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
   model = Model(config, params, tok, name)
   if num_layers is not None:
     model = model.with_first_layers(num_layers)
-  if config.model_type == eagle.MODEL_TYPE or (mesh is not None and scan_layers is None):
-    scan_layers = False if scan_layers is None else scan_layers
-  elif scan_layers is None:
+  if scan_layers is None:
     from bass_jax.sampling import profiles  # pylint: disable=g-import-not-at-top
-    scan_layers = profiles.backend_profile().scan_layers
-  if scan_layers and mesh is not None:
-    raise ValueError("scan_layers=True with a mesh: scanned layers do not run sharded yet; load "
-                     "with scan_layers=False")
+    scan_layers = (mesh is None and config.model_type != eagle.MODEL_TYPE
+                   and profiles.backend_profile().scan_layers)
   return model.with_scanned_layers(scan_layers)
 
 
@@ -381,13 +387,20 @@ def load_draft(spec: str | os.PathLike, target: Model, *, num_layers: int | None
   Raises:
     As :func:`load_model`.
   """
+  if scan_layers is not None:
+    scan_layers = _checks.as_bool("scan_layers", scan_layers)
+  if scan_layers and mesh is not None:
+    raise ValueError("scan_layers=True with a mesh: scanned layers do not run sharded yet; load "
+                     "with scan_layers=False")
   if str(spec) == target.name:
-    return target.with_first_layers(num_layers) if num_layers else target
+    draft = target.with_first_layers(num_layers) if num_layers else target
+    return draft if scan_layers is None else draft.with_scanned_layers(scan_layers)
   draft = load_model(spec, dtype=dtype, num_layers=num_layers, mesh=mesh, sharding=sharding,
                      scan_layers=False)
   check_same_tokenizer(target, draft)
   if scan_layers is None:
-    scan_layers = target.scanned_layers and draft.config.model_type != eagle.MODEL_TYPE
+    scan_layers = (mesh is None and target.scanned_layers
+                   and draft.config.model_type != eagle.MODEL_TYPE)
   return draft.with_scanned_layers(scan_layers)
 
 

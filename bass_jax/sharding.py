@@ -424,6 +424,9 @@ def state_shardings(tree: Any, plan_: ShardingPlan, batch: int) -> Any:
   from bass_jax.cache import KVCache  # pylint: disable=g-import-not-at-top
 
   def one(leaf):
+    if isinstance(leaf, KVCache) and leaf.scanned:
+      raise ValueError("a stacked cache (a model with scanned layers) has no sharding rules yet; "
+                       "load the model with scan_layers=False to run it on a mesh")
     if isinstance(leaf, KVCache):
       return KVCache(k=tuple(plan_.cache_sharding() for _ in leaf.k),
                      v=tuple(plan_.cache_sharding() for _ in leaf.v), lengths=plan_.rows)

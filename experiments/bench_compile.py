@@ -24,7 +24,7 @@ from bass_jax.data import load_problems
 from experiments import _io
 
 _SCAN_LAYERS = flags.DEFINE_bool("scan_layers", False, "Load the target and the draft with scanned "
-                                  "layers (default: the CPU's layout, unrolled).")
+                                  "layers (default: unrolled, on every backend).")
 _RESULTS_DIR = flags.DEFINE_string("results_dir", None, "Directory for bench_compile.json (default: a "
                                    "fresh outputs/bench_compile-<time>/).")
 

@@ -48,7 +48,7 @@ def main(argv):
   from bass_jax import reproduce, sharding, text  # pylint: disable=g-import-not-at-top
   from bass_jax.data import load_problems  # pylint: disable=g-import-not-at-top
 
-  target = bass_jax.load_model("smollm2-135m-instruct")
+  target = bass_jax.load_model("smollm2-135m-instruct", scan_layers=False)  # a mesh needs unrolled
   draft = bass_jax.load_draft("smollm2-135m-draft", target)
   prompts = text.encode_prompts(target.tokenizer,
                                 [p.prompt for p in load_problems("humaneval", _BATCH.value)])

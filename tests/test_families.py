@@ -166,12 +166,15 @@ def test_pytorch_bin_input(tmp_path):
 def test_scanned_layers_match_transformers_and_save_as_per_layer(family, tmp_path):
   """load_model(scan_layers=True) runs the layers in a lax.scan over stacked weights and a stacked
   cache: its logits, in a full forward and decoded through a ragged NaN-padded cache, are
-  transformers'; a save writes Hugging Face's per-layer tensors back; this CPU loads unrolled by
-  default."""
+  transformers'; a save writes Hugging Face's per-layer tensors back; left out, the layout is the
+  backend profile's."""
+  from bass_jax.sampling import profiles
+
   hf = _hf_model(family, seed=2)
   hf.save_pretrained(tmp_path / "hf")
   model = bj.load_model(tmp_path / "hf", scan_layers=True)
-  assert model.scanned_layers and not bj.load_model(tmp_path / "hf").scanned_layers
+  assert model.scanned_layers
+  assert bj.load_model(tmp_path / "hf").scanned_layers == profiles.backend_profile().scan_layers
   rng = np.random.default_rng()
   seqs = [rng.integers(0, VOCAB, n) for n in (19, 7, 26)]
   np.testing.assert_allclose(np.asarray(model.logits(seqs[0][None]))[0],
@@ -184,6 +187,34 @@ def test_scanned_layers_match_transformers_and_save_as_per_layer(family, tmp_pat
   again = bj.load_model(tmp_path / "saved", scan_layers=False)
   jax.tree_util.tree_map(np.testing.assert_array_equal, again.params,
                          model.with_scanned_layers(False).params)
+
+
+def test_scanned_drafts_cuts_and_hidden_states_follow_the_layout(tmp_path):
+  """load_draft gives a draft its target's layout unless told; with_first_layers cuts a scanned model
+  as an unrolled one; the sown hidden states (EAGLE-3's fused features) are the same in both
+  layouts; a mesh or an EAGLE draft with scan_layers=True is refused before any weight is read."""
+  from bass_jax.models.common import forward
+
+  hf = _hf_model("qwen2", seed=3)
+  hf.save_pretrained(tmp_path / "target")
+  hf.save_pretrained(tmp_path / "draft")
+  unrolled = bj.load_model(tmp_path / "target", scan_layers=False)
+  scanned = bj.load_model(tmp_path / "target", scan_layers=True)
+  assert bj.load_draft(tmp_path / "draft", scanned).scanned_layers
+  assert not bj.load_draft(tmp_path / "draft", scanned, scan_layers=False).scanned_layers
+  assert not bj.load_draft(str(tmp_path / "target"), scanned, scan_layers=False).scanned_layers
+  tokens = np.random.default_rng().integers(0, VOCAB, size=(2, 9))
+  cut = scanned.with_first_layers(1)
+  assert cut.scanned_layers and cut.config.num_layers == 1
+  np.testing.assert_allclose(np.asarray(cut.logits(tokens)),
+                             np.asarray(unrolled.with_first_layers(1).logits(tokens)), atol=1e-5)
+  want = forward(unrolled.config, unrolled.params, tokens, return_features=True, hidden_layers=(0, 1))
+  got = forward(scanned.config, scanned.params, tokens, return_features=True, hidden_layers=(0, 1))
+  for a, b in zip(want[2:], got[2:]):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5)
+  mesh = jax.make_mesh((1, 1), ("data", "model"))
+  with pytest.raises(ValueError, match="scanned layers do not run sharded"):
+    bj.load_model(tmp_path / "nowhere", scan_layers=True, mesh=mesh)  # refused before the path
 
 
 @pytest.mark.parametrize("family", ["opt-pre-ln-projected", "codegen"])

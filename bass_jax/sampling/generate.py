@@ -479,6 +479,10 @@ def _prepare(target, draft, prompts, *, method, max_new_tokens, temperature, top
     raise ValueError(f"draft_sharding must be one of {sorted(sharding_lib.RULES)}, got "
                      f"{draft_sharding!r}")
   target_plan = None
+  if mesh is not None and target.scanned_layers:
+    raise ValueError("generate on a mesh needs models with unrolled layers (scanned layers do not run "
+                     "sharded yet): load them with scan_layers=False or convert with "
+                     "model.with_scanned_layers(False)")
   if mesh is not None:
     if not jax.config.jax_threefry_partitionable:
       raise ValueError("generate on a mesh needs jax.config.update('jax_threefry_partitionable', True) "
@@ -491,7 +495,7 @@ def _prepare(target, draft, prompts, *, method, max_new_tokens, temperature, top
                        "SiblingProposer or a Hybrid")
     proposer, draft_params, draft_models = resolve_draft(draft, target, attention_impl, mesh=mesh,
                                                          draft_sharding=draft_sharding)
-  if mesh is not None and any(m.scanned_layers for m in [target, *draft_models]):
+  if mesh is not None and any(m.scanned_layers for m in draft_models):
     raise ValueError("generate on a mesh needs models with unrolled layers (scanned layers do not run "
                      "sharded yet): load them with scan_layers=False or convert with "
                      "model.with_scanned_layers(False)")

@@ -85,6 +85,8 @@ class BackendProfile:
                                           or self.verify_chunk < 1):
       raise ValueError(f"BackendProfile.verify_chunk must be None or an int >= 1, got "
                        f"{self.verify_chunk!r}")
+    if not isinstance(self.scan_layers, bool):
+      raise ValueError(f"BackendProfile.scan_layers must be a bool, got {self.scan_layers!r}")
     for name in ("admit_rows", "admit_chunk"):
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
