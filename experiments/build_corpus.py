@@ -12,6 +12,14 @@ tokens and labels ~1.5 M).
 
 labels an existing corpus's windows again (same tokens, masks and prompt lengths) instead of building
 one: here with the features plus the outputs of decoder layers 2 and 14 (EAGLE-3's fused features).
+
+    python -m experiments.build_corpus --flagfile=configs/eagle_corpus_v2.flags
+
+builds the docstring-style corpus of issue 28 in two passes: token ids only (``--labels=none``:
+prompts from the standard library and the installed packages in a mix of doctest, docstring and
+chat-instruction prompts, continued by the target; small, compressed shards), then features by
+``--relabel_from`` (the expensive, teacher-forced pass). Every prompt that overlaps HumanEval's
+prompts or solutions is dropped first (``corpus.drop_humaneval_overlap``; counted in the manifest).
 """
 
 import json
@@ -26,16 +34,27 @@ import numpy as np
 import tqdm
 
 import bass_jax
+from bass_jax.data import load_problems
 from bass_jax.training import corpus
 from experiments import _io
 
 _OUT = flags.DEFINE_string("out_dir", "data/distill", "Output directory.")
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Teacher (the BASS target).")
 _WINDOW = flags.DEFINE_integer("window", 256, "Tokens per training example.")
-_LABELS = flags.DEFINE_enum("labels", "topk", ["topk", "features"],
+_LABELS = flags.DEFINE_enum("labels", "topk", ["topk", "features", "none"],
                             "What labels each position: the target's top-k log-probabilities (for an "
-                            "independent draft) or its features, the LM head's input (for an EAGLE "
-                            "draft).")
+                            "independent draft), its features, the LM head's input (for an EAGLE "
+                            "draft), or nothing: token ids only, to label later with --relabel_from.")
+_SOURCES = flags.DEFINE_list("prompt_sources", ["stdlib"], "Where continuation prompts come from: "
+                             "'stdlib' and/or 'packages' (--packages).")
+_PACKAGES = flags.DEFINE_list("packages", list(corpus.DEFAULT_PACKAGES),
+                              "Installed packages whose documented functions become prompts.")
+_MIX = flags.DEFINE_string("mix", "", "Prompt kinds and weights, e.g. 'doctest=0.4,docstring=0.3,"
+                           "instruction=0.3' (corpus.PROMPT_KINDS); empty: every docstring prompt as "
+                           "found, no instructions.")
+_DRAFT = flags.DEFINE_string("draft", "", "Continue the prompts with greedy BASS and this draft spec "
+                             "(lossless: the target's greedy tokens up to float near-ties) instead of "
+                             "regular decoding; empty: regular decoding.")
 _K = flags.DEFINE_integer("k", 16, "Top-k log-probabilities kept per position (--labels=topk).")
 _HIDDEN = flags.DEFINE_list("hidden_layers", [], "With --labels=features: also store these decoder "
                             "layers' outputs (0-based) as `hidden`, for an EAGLE-3 draft.")
@@ -56,6 +75,8 @@ _SEED = flags.DEFINE_integer("seed", 0, "Shuffle seed.")
 
 
 def _label(target, tokens, mask):
+  if _LABELS.value == "none":
+    return dict(tokens=tokens, mask=mask)
   if _LABELS.value == "features":
     hidden_layers = tuple(int(i) for i in _HIDDEN.value)
     parts = list(zip(*corpus.label_features(target, tokens, batch_size=_LABEL_BATCH.value,
@@ -69,17 +90,55 @@ def _label(target, tokens, mask):
               topk_logprobs=np.concatenate(logprobs))
 
 
-def _continue(target, prompts):
+def _continue(target, draft, prompts):
   """Greedy target continuations, prompts batched by length; returns prompt + continuation per prompt."""
   order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
   out = [None] * len(prompts)
   for start in range(0, len(order), _GEN_BATCH.value):
     idx = order[start:start + _GEN_BATCH.value]
-    result = bass_jax.generate(target, None, [prompts[i] for i in idx], method="regular",
+    result = bass_jax.generate(target, draft, [prompts[i] for i in idx],
+                               method="regular" if draft is None else "bass",
                                max_new_tokens=_NEW.value)
     for i, seq in zip(idx, result.sequences()):
       out[i] = list(prompts[i]) + seq
   return out
+
+
+def _choose_prompts(prompts, tok, rng, limit):
+  """The token ids of the prompts to continue, their kinds (indices into ``corpus.PROMPT_KINDS``) and
+  the stage's counts: without ``--mix`` every docstring prompt in a shuffled order; with it, each
+  kind's prompts (an instruction in the target's chat template for ``instruction``) drawn in the
+  mix's proportions. Prompts longer than ``--max_prompt_tokens`` are skipped and counted."""
+  if not _MIX.value:
+    rng.shuffle(prompts)
+    ids = [tok(p.text).input_ids for p in prompts]
+    fits = [(i, corpus.PROMPT_KINDS.index(corpus.prompt_kind(p))) for i, p in zip(ids, prompts)
+            if 1 <= len(i) <= _MAX_PROMPT.value]
+    too_long = len(ids) - len(fits)
+    fits = fits[:limit or None]
+    return [i for i, _ in fits], [k for _, k in fits], {"prompts_too_long": too_long}
+  weights = {}
+  for part in _MIX.value.split(","):
+    kind, _, weight = part.partition("=")
+    weights[kind.strip()] = float(weight)
+  groups = {kind: [] for kind in corpus.PROMPT_KINDS}
+  too_long = 0
+  for prompt in prompts:
+    texts = {corpus.prompt_kind(prompt): prompt.text}
+    if weights.get("instruction") and (task := corpus.instruction(prompt)) is not None:
+      texts["instruction"] = corpus.chat_prompt(tok, task)
+    for kind, text in texts.items():
+      ids = tok(text).input_ids
+      if 1 <= len(ids) <= _MAX_PROMPT.value:
+        groups[kind].append(ids)
+      else:
+        too_long += 1
+  try:
+    chosen, report = corpus.mix(groups, weights, limit, rng)
+  except ValueError as e:
+    raise app.UsageError(f"--mix={_MIX.value}: {e}") from e
+  return ([ids for _, ids in chosen], [corpus.PROMPT_KINDS.index(k) for k, _ in chosen],
+          {"prompts_too_long": too_long, "mix": report})
 
 
 def _relabel(target, source: pathlib.Path, out_dir: pathlib.Path) -> None:
@@ -91,7 +150,7 @@ def _relabel(target, source: pathlib.Path, out_dir: pathlib.Path) -> None:
     if (out_dir / path.name).exists():
       continue
     shard = np.load(path)
-    kept = {k: shard[k] for k in ("prompt_lens",) if k in shard}
+    kept = {k: shard[k] for k in ("prompt_lens", "prompt_kinds") if k in shard}
     corpus.save_shard(out_dir / path.name, **kept, **_label(target, shard["tokens"], shard["mask"]))
   manifest = {"target": _TARGET.value, "relabelled_from": str(source), "labels": _LABELS.value,
               "hidden_layers": [int(i) for i in _HIDDEN.value], "shards": len(paths),
@@ -116,34 +175,45 @@ def main(argv):
   tok = target.tokenizer
   eos = target.config.eos_token_id
   eos = eos[0] if isinstance(eos, tuple) else eos
+  draft = bass_jax.load_draft_spec(_DRAFT.value, target) if _DRAFT.value else None
   files = corpus.stdlib_files()
   split = {name: [f for f in files if corpus.is_held_out(f, _HELD_OUT.value) == (name == "eval")]
            for name in ("train", "eval")}
+  prompt_files = ((files if "stdlib" in _SOURCES.value else [])
+                  + (corpus.package_files(_PACKAGES.value) if "packages" in _SOURCES.value else []))
+  prompt_split = {name: [f for f in prompt_files
+                         if corpus.is_held_out(f, _HELD_OUT.value) == (name == "eval")]
+                  for name in ("train", "eval")}
   manifest = {"target": _TARGET.value, "window": _WINDOW.value, "labels": _LABELS.value, "k": _K.value,
               "hidden_layers": [int(i) for i in _HIDDEN.value],
               "held_out_fraction": _HELD_OUT.value, "max_new_tokens": _NEW.value,
-              "files": {k: len(v) for k, v in split.items()}, "stages": {}}
+              "prompt_sources": _SOURCES.value, "mix": _MIX.value, "draft": _DRAFT.value or None,
+              "packages": (corpus.package_versions(_PACKAGES.value)
+                           if "packages" in _SOURCES.value else {}),
+              "files": {k: len(v) for k, v in split.items()},
+              "prompt_files": {k: len(v) for k, v in prompt_split.items()}, "stages": {}}
   rng = random.Random(_SEED.value)
+  reference = corpus.humaneval_reference(load_problems("humaneval"))
 
   for name, limit in (("train", _PROMPTS.value), ("eval", _EVAL_PROMPTS.value)):
     start = time.time()
-    prompts = corpus.docstring_prompts(split[name])
-    rng.shuffle(prompts)
-    ids = [tok(p.text).input_ids for p in prompts]
-    kept = [i for i in ids if 1 <= len(i) <= _MAX_PROMPT.value]
-    kept = kept[:limit or None]
+    prompts, dropped = corpus.drop_humaneval_overlap(corpus.docstring_prompts(prompt_split[name]),
+                                                      reference)
+    kept, kinds, stage = _choose_prompts(prompts, tok, rng, limit)
     shards = range(0, len(kept), _SHARD.value)
     for n, s in enumerate(tqdm.tqdm(shards, desc=f"continuations/{name}", unit="shard")):
       path = out_dir / f"gen_{name}_{n:04d}.npz"
       if path.exists():
         continue
-      seqs = _continue(target, kept[s:s + _SHARD.value])
+      seqs = _continue(target, draft, kept[s:s + _SHARD.value])
       tokens, mask = corpus.pack(seqs, window=_WINDOW.value, pad_id=eos)
       prompt_lens = np.array([len(p) for p in kept[s:s + _SHARD.value]], np.int32)
-      corpus.save_shard(path, prompt_lens=prompt_lens, **_label(target, tokens, mask))
+      prompt_kinds = np.array(kinds[s:s + _SHARD.value], np.int8)
+      corpus.save_shard(path, compress=_LABELS.value == "none", prompt_lens=prompt_lens,
+                        prompt_kinds=prompt_kinds, **_label(target, tokens, mask))
     manifest["stages"][f"continuations/{name}"] = {
-        "prompts_found": len(prompts), "prompts_too_long": len(ids) - len([i for i in ids if len(i) <= _MAX_PROMPT.value]),
-        "prompts_used": len(kept), "seconds_this_run": round(time.time() - start)}
+        "prompts_found": len(prompts) + len(dropped), "dropped_overlapping_humaneval": len(dropped),
+        **stage, "prompts_used": len(kept), "seconds_this_run": round(time.time() - start)}
 
   for name, limit in (("train", _SOURCE_WINDOWS.value), ("eval", _SOURCE_WINDOWS.value // 16)):
     start = time.time()

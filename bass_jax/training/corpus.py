@@ -4,10 +4,15 @@ Everything comes from this machine, nothing from a hub or from HumanEval (the ev
 
 * **Real text**: the Python standard library's own ``.py`` files (``sysconfig``'s ``stdlib`` path, test
   suites and ``site-packages`` excluded), tokenized, joined with EOS, cut into fixed windows.
-* **Target continuations**: HumanEval-shaped prompts built from the same library, one per documented
-  function: its signature and docstring, dedented, body removed. The target continues each greedily,
-  so the draft learns what the target *does* after such a prompt (the distribution BASS verifies),
-  not only what human code looks like.
+* **Target continuations**: HumanEval-shaped prompts, one per documented function: its signature and
+  docstring, dedented, body removed. They come from the standard library and, for a corpus like the
+  use (:data:`DEFAULT_PACKAGES`), from the installed packages' sources too, in three kinds
+  (:data:`PROMPT_KINDS`): a docstring with doctest examples (``>>>``, as HumanEval's have), a plain
+  docstring, and a natural-language instruction built from the docstring in the target's chat template
+  (:func:`instruction`). Every prompt sharing a 13-word sequence or a function name with HumanEval's
+  prompts and solutions is dropped (:func:`drop_humaneval_overlap`). The target continues each
+  greedily, so the draft learns what the target *does* after such a prompt (the distribution BASS
+  verifies), not only what human code looks like.
 
 Every window is then labelled by one batched target forward, with either the target's top-k
 log-probabilities at each position (the soft labels of distillation, for an independent draft) or its
@@ -20,7 +25,9 @@ Shards are ``.npz`` files with ``tokens i32[N, T]``, ``mask bool[N, T]`` (positi
 ``topk_ids i32[N, T, k]`` and ``topk_logprobs f16[N, T, k]`` (log-softmax of the target's logits at
 temperature 1, so ``1 - sum(exp)`` is the mass outside the top k) or ``features f16[N, T, E]`` (with
 ``hidden f16[N, T, n * D]``, the outputs of n chosen decoder layers, for EAGLE-3's fused features);
-continuation shards also hold ``prompt_lens i32[N]`` (where the target's own tokens start).
+continuation shards also hold ``prompt_lens i32[N]`` (where the target's own tokens start) and
+``prompt_kinds i8[N]`` (indices into :data:`PROMPT_KINDS`). A token-only corpus (``labels=none``) has
+``tokens`` and ``mask`` alone, compressed, for a later labelling pass.
 """
 
 from __future__ import annotations
@@ -28,10 +35,14 @@ from __future__ import annotations
 import ast
 import dataclasses
 import hashlib
+import importlib.metadata
+import importlib.util
 import pathlib
+import random
+import re
 import sysconfig
 import textwrap
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +52,16 @@ from bass_jax.models.common import forward as model_forward
 
 _EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
 HELD_OUT_FRACTION = 0.05  # the share of stdlib files held out of training (build_corpus's default)
+# Installed packages whose documented functions become prompts (build_corpus --prompt_sources=packages):
+# numerical and symbolic code with many doctests, and the ML stack this project runs on. All are
+# installed by `make` (dependencies of the package and its extras); their versions go to the manifest.
+DEFAULT_PACKAGES = ("numpy", "scipy", "sympy", "networkx", "mpmath", "matplotlib", "dateutil", "jax",
+                    "flax", "optax", "transformers", "torch", "fontTools", "packaging", "jinja2",
+                    "click")
+# The kinds of prompt a continuation starts from (module docstring).
+PROMPT_KINDS = ("doctest", "docstring", "instruction")
+# Word n-grams shared with HumanEval that make a prompt overlap it (GPT-3's contamination check, 13).
+OVERLAP_NGRAM = 13
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,14 +81,55 @@ def stdlib_files() -> list[pathlib.Path]:
   return sorted(files)
 
 
-def is_held_out(path: str | pathlib.Path, fraction: float) -> bool:
-  """Deterministic train / held-out split by a hash of the file's name relative to the stdlib."""
+def package_files(packages: Sequence[str]) -> list[pathlib.Path]:
+  """The ``.py`` files of installed packages (found by import name, never imported), sorted, test
+  suites excluded.
+
+  Raises:
+    ValueError: a package that is not installed (named).
+  """
+  files = []
+  for name in packages:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+      raise ValueError(f"package {name!r} is not installed (or is a single module); choose among the "
+                       f"installed ones, e.g. {DEFAULT_PACKAGES}")
+    for root in map(pathlib.Path, spec.submodule_search_locations):
+      files += [p for p in root.rglob("*.py")
+                if not _EXCLUDED_DIRS.intersection(p.relative_to(root).parts)]
+  return sorted(set(files))
+
+
+def package_versions(packages: Sequence[str]) -> dict[str, str]:
+  """``{import name: installed version}`` (what a corpus built from their sources depends on)."""
+  dists = importlib.metadata.packages_distributions()
+  versions = {}
+  for name in packages:
+    dist = (dists.get(name) or [name])[0]
+    try:
+      versions[name] = importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+      versions[name] = "unknown"
+  return versions
+
+
+def split_key(path: str | pathlib.Path) -> str:
+  """The name a file is split by: relative to the standard library, or to the ``site-packages``
+  directory that holds it (``numpy/linalg/_linalg.py``), so the split does not depend on where the
+  interpreter or the virtual environment lives."""
+  path = pathlib.Path(path)
   root = pathlib.Path(sysconfig.get_paths()["stdlib"])
-  try:
-    key = str(pathlib.Path(path).relative_to(root))
-  except ValueError:
-    key = str(path)
-  digest = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
+  if path.is_relative_to(root) and "site-packages" not in path.relative_to(root).parts:
+    return str(path.relative_to(root))
+  parts = path.parts
+  if "site-packages" in parts:
+    return str(pathlib.Path(*parts[len(parts) - parts[::-1].index("site-packages"):]))
+  return str(path)
+
+
+def is_held_out(path: str | pathlib.Path, fraction: float) -> bool:
+  """Deterministic train / held-out split by a hash of the file's :func:`split_key`."""
+  digest = int(hashlib.sha256(split_key(path).encode()).hexdigest()[:8], 16)
   return digest / 0xFFFFFFFF < fraction
 
 
@@ -95,6 +157,107 @@ def docstring_prompts(files: Iterable[pathlib.Path]) -> list[SourcePrompt]:
       text = textwrap.dedent("".join(lines[start:doc.end_lineno]))
       prompts.append(SourcePrompt(str(path), node.name, text))
   return prompts
+
+
+def prompt_kind(prompt: SourcePrompt) -> str:
+  """``"doctest"`` when the docstring holds an interactive example (``>>>``), else ``"docstring"``."""
+  return "doctest" if ">>>" in prompt.text else "docstring"
+
+
+def instruction(prompt: SourcePrompt) -> str | None:
+  """A natural-language task built from a docstring prompt: ``Write a Python function `name(args)`
+  ...`` followed by the docstring's text (its examples included), as a user would ask; None when the
+  prompt does not parse as one function."""
+  try:
+    node = ast.parse(prompt.text + "\n    pass\n").body[0]
+  except (SyntaxError, IndexError):
+    return None
+  if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+    return None
+  doc = ast.get_docstring(node)
+  if not doc:
+    return None
+  returns = f" -> {ast.unparse(node.returns)}" if node.returns is not None else ""
+  return (f"Write a Python function `{node.name}({ast.unparse(node.args)}){returns}`. "
+          f"Its documentation:\n\n{doc}")
+
+
+def chat_prompt(tokenizer, text: str) -> str:
+  """``text`` as one user turn in the tokenizer's chat template, with the assistant's turn opened.
+
+  Raises:
+    ValueError: a tokenizer without a chat template.
+  """
+  if not getattr(tokenizer, "chat_template", None):
+    raise ValueError("instruction prompts need a tokenizer with a chat template; drop 'instruction' "
+                     "from the mix for this target")
+  return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                       add_generation_prompt=True)
+
+
+def _words(text: str) -> list[str]:
+  return re.findall(r"\w+", text.lower())
+
+
+def _ngrams(words: Sequence[str], n: int) -> set[tuple[str, ...]]:
+  return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+def humaneval_reference(problems: Iterable[Any]) -> tuple[set[tuple[str, ...]], set[str]]:
+  """The word n-grams (:data:`OVERLAP_NGRAM`) of HumanEval's prompts and canonical solutions, and its
+  entry-point names: what :func:`drop_humaneval_overlap` checks against. ``problems`` are
+  ``bass_jax.data.Problem`` s of ``load_problems("humaneval")``."""
+  grams, names = set(), set()
+  for problem in problems:
+    fields = getattr(problem, "fields", {}) or {}
+    for text in (problem.prompt, fields.get("canonical_solution", "")):
+      grams |= _ngrams(_words(text), OVERLAP_NGRAM)
+    if fields.get("entry_point"):
+      names.add(fields["entry_point"])
+  return grams, names
+
+
+def drop_humaneval_overlap(prompts: Sequence[SourcePrompt], reference: tuple[set, set]
+                           ) -> tuple[list[SourcePrompt], list[SourcePrompt]]:
+  """Splits ``prompts`` into ``(kept, dropped)``: a prompt is dropped when it shares a word
+  13-gram with HumanEval's prompts or solutions, or its function's name with an entry point
+  (``reference`` from :func:`humaneval_reference`)."""
+  grams, names = reference
+  kept, dropped = [], []
+  for prompt in prompts:
+    overlaps = prompt.name in names or bool(_ngrams(_words(prompt.text), OVERLAP_NGRAM) & grams)
+    (dropped if overlaps else kept).append(prompt)
+  return kept, dropped
+
+
+def mix(groups: Mapping[str, Sequence[Any]], weights: Mapping[str, float], total: int,
+        rng: random.Random) -> tuple[list[tuple[str, Any]], dict[str, dict[str, int]]]:
+  """``total`` items drawn from ``groups`` in the proportions ``weights`` (each group shuffled, then
+  the kinds interleaved in a shuffled order).
+
+  A group with fewer items than its share gives all it has; the shortfall is reported, not refilled
+  from the others, so the mix stays what was asked or says it is not.
+
+  Returns:
+    ``([(kind, item)], {kind: {"asked": n, "used": m, "available": a}})``.
+
+  Raises:
+    ValueError: a weight for a group that does not exist, a negative weight or all weights zero.
+  """
+  unknown = set(weights) - set(groups)
+  if unknown or any(w < 0 for w in weights.values()) or not sum(weights.values()) > 0:
+    raise ValueError(f"mix weights {dict(weights)} must be >= 0, not all zero, over the kinds "
+                     f"{sorted(groups)}")
+  norm = sum(weights.values())
+  chosen, report = [], {}
+  for kind in sorted(weights):
+    items = list(groups[kind])
+    rng.shuffle(items)
+    asked = round(total * weights[kind] / norm)
+    chosen += [(kind, item) for item in items[:asked]]
+    report[kind] = {"asked": asked, "used": min(asked, len(items)), "available": len(items)}
+  rng.shuffle(chosen)
+  return chosen, report
 
 
 def source_windows(files: Iterable[pathlib.Path], tokenizer, *, window: int,
@@ -173,11 +336,12 @@ def label_features(target, tokens: np.ndarray, *, batch_size: int,
     yield tuple(np.asarray(x)[:len(chunk)] for x in out)
 
 
-def save_shard(path: pathlib.Path, **arrays: np.ndarray) -> None:
-  """Writes one shard atomically (a partial file never has the final name)."""
+def save_shard(path: pathlib.Path, compress: bool = False, **arrays: np.ndarray) -> None:
+  """Writes one shard atomically (a partial file never has the final name); ``compress``: zip-deflated
+  (token-id shards, a fraction of their raw size; labels barely compress)."""
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_suffix(".tmp.npz")
-  np.savez(tmp, **arrays)
+  (np.savez_compressed if compress else np.savez)(tmp, **arrays)
   tmp.replace(path)
 
 

@@ -1,0 +1,100 @@
+"""The prompts of the docstring-style draft corpus (issue 28; ``bass_jax.training.corpus``): nothing of
+HumanEval (the evaluation set) enters, the train/held-out split does not depend on where Python or the
+virtual environment lives, and the mix of prompt kinds is what was asked or says it is not."""
+
+import random
+import re
+import sysconfig
+
+import pytest
+
+from bass_jax.data import load_problems
+from bass_jax.training import corpus
+from bass_jax.training.corpus import SourcePrompt
+
+
+@pytest.fixture(scope="module")
+def humaneval():
+  return load_problems("humaneval")
+
+
+def _normalized(text):
+  return " ".join(re.findall(r"\w+", text.lower()))
+
+
+def test_prompts_sharing_text_or_a_name_with_humaneval_are_dropped(humaneval):
+  """A HumanEval prompt under another name, a docstring quoting a canonical solution, and a function
+  named like an entry point are dropped; an unrelated prompt is kept."""
+  first = humaneval[0]
+  renamed = first.prompt.replace(first.fields["entry_point"], "close_pairs")
+  solution = humaneval[81].fields["canonical_solution"]
+  candidates = [
+      SourcePrompt("a.py", "close_pairs", renamed),
+      SourcePrompt("b.py", "grades", f'def grades(g):\n    """{solution}"""\n'),
+      SourcePrompt("c.py", humaneval[5].fields["entry_point"], 'def f(x):\n    """Unrelated."""\n'),
+      SourcePrompt("d.py", "file_size", 'def file_size(path):\n    """Return the size in bytes of '
+                   'the file at path, following symbolic links."""\n'),
+  ]
+  kept, dropped = corpus.drop_humaneval_overlap(candidates, corpus.humaneval_reference(humaneval))
+  assert [p.path for p in kept] == ["d.py"]
+  assert [p.path for p in dropped] == ["a.py", "b.py", "c.py"]
+
+
+def test_real_package_prompts_left_by_the_filter_contain_no_humaneval_13_words(humaneval):
+  """The build's filter over real sources, checked by plain string search: no 13-word window of a
+  kept prompt occurs in a HumanEval prompt or solution, and no kept function has an entry point's
+  name. The filter had work to do (it dropped some)."""
+  prompts = corpus.docstring_prompts(corpus.package_files(["packaging", "jinja2"]))
+  kept, dropped = corpus.drop_humaneval_overlap(prompts, corpus.humaneval_reference(humaneval))
+  assert dropped and len(kept) > 400
+  haystack = "|".join(_normalized(p.prompt) + "|" + _normalized(p.fields["canonical_solution"])
+                      for p in humaneval)
+  haystack = f" {haystack.replace('|', ' | ')} "
+  names = {p.fields["entry_point"] for p in humaneval}
+  n = corpus.OVERLAP_NGRAM
+  for prompt in kept:
+    words = _normalized(prompt.text).split()
+    assert prompt.name not in names
+    assert not any(f" {' '.join(words[i:i + n])} " in haystack
+                   for i in range(len(words) - n + 1)), prompt.name
+
+
+def test_the_split_follows_the_path_inside_site_packages_not_the_environment():
+  a = "/home/u/.venv/lib/python3.11/site-packages/numpy/linalg/_linalg.py"
+  b = "/opt/env/lib/python3.12/site-packages/numpy/linalg/_linalg.py"
+  assert corpus.split_key(a) == corpus.split_key(b) == "numpy/linalg/_linalg.py"
+  stdlib = f"{sysconfig.get_paths()['stdlib']}/json/decoder.py"
+  assert corpus.split_key(stdlib) == "json/decoder.py"
+  keys = [f"/x/site-packages/pkg/m{i}.py" for i in range(2000)]
+  held = [corpus.is_held_out(k, 0.05) for k in keys]
+  assert held == [corpus.is_held_out(k.replace("/x/", "/y/z/"), 0.05) for k in keys]
+  assert 0.03 < sum(held) / len(held) < 0.07
+
+
+def test_the_mix_draws_the_asked_shares_and_reports_a_shortfall():
+  groups = {"doctest": list(range(30)), "docstring": list(range(100, 400)),
+            "instruction": list(range(1000, 1300))}
+  chosen, report = corpus.mix(groups, {"doctest": 0.4, "docstring": 0.3, "instruction": 0.3}, 200,
+                              random.Random(0))
+  kinds = [k for k, _ in chosen]
+  assert report["doctest"] == {"asked": 80, "used": 30, "available": 30}  # all it has, said so
+  assert kinds.count("docstring") == kinds.count("instruction") == 60
+  assert all(item in groups[kind] for kind, item in chosen)
+  assert len(set(chosen)) == len(chosen)
+  with pytest.raises(ValueError, match="over the kinds"):
+    corpus.mix(groups, {"docstrings": 1.0}, 10, random.Random(0))
+
+
+def test_an_instruction_states_the_signature_and_the_documentation():
+  prompt = SourcePrompt("e.py", "clamp", 'def clamp(x: float, lo: float = 0.0) -> float:\n'
+                        '    """Limit x to [lo, 1].\n\n    >>> clamp(2.0)\n    1.0\n    """\n')
+  text = corpus.instruction(prompt)
+  assert text.startswith("Write a Python function `clamp(x: float, lo: float=0.0) -> float`.")
+  assert "Limit x to [lo, 1]." in text and ">>> clamp(2.0)" in text
+  assert corpus.instruction(SourcePrompt("e.py", "C", 'class C:\n    """A class."""\n')) is None
+
+  class NoTemplate:
+    chat_template = None
+
+  with pytest.raises(ValueError, match="chat template"):
+    corpus.chat_prompt(NoTemplate(), text)
