@@ -195,7 +195,8 @@ def main(argv):
   rng = random.Random(_SEED.value)
   reference = corpus.humaneval_reference(load_problems("humaneval"))
 
-  for name, limit in (("train", _PROMPTS.value), ("eval", _EVAL_PROMPTS.value)):
+  # Held out first: a build cut short can already be evaluated on.
+  for name, limit in (("eval", _EVAL_PROMPTS.value), ("train", _PROMPTS.value)):
     start = time.time()
     prompts, dropped = corpus.drop_humaneval_overlap(corpus.docstring_prompts(prompt_split[name]),
                                                       reference)
