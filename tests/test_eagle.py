@@ -340,6 +340,18 @@ def test_held_out_chain_metrics_equal_a_reference():
   for d in range(depth):
     assert got[f"eval_agreement_d{d + 1}"] == pytest.approx(hits[d] / counts[d], abs=1e-9)
   assert got["eval_mean_accepted_length"] == pytest.approx(1 + accepted / starts, abs=1e-9)
+  # With the windows' prompt kinds, the agreement per kind is that of the kind's windows alone.
+  kinds = np.array([0, 2, 0], np.int8)  # corpus.PROMPT_KINDS: doctest, docstring, instruction
+  by_kind = feature_draft.evaluate(bound["draft"], {**data, "prompt_kinds": kinds}, draft.config,
+                                   frozen, full_head, "float32", depth=depth, batch_size=2)
+  for kind, rows in (("doctest", [0, 2]), ("instruction", [1])):
+    alone = feature_draft.evaluate(bound["draft"], {k: v[rows] for k, v in data.items()},
+                                   draft.config, frozen, full_head, "float32", depth=depth,
+                                   batch_size=2)
+    assert by_kind[f"eval_agreement_{kind}"] == pytest.approx(alone["eval_agreement"], abs=1e-12)
+  assert "eval_agreement_docstring" not in by_kind
+  assert by_kind["eval_agreement_doctest"] != by_kind["eval_agreement_instruction"]  # rows told apart
+  assert by_kind["eval_agreement"] == got["eval_agreement"]
 
 
 def test_a_fused_draft_starts_as_the_plain_draft_and_names_bad_widths():

@@ -37,6 +37,7 @@ import numpy as np
 
 from bass_jax.cache import KVCache
 from bass_jax.models import eagle
+from bass_jax.training import corpus
 from bass_jax.training import distill
 
 
@@ -181,9 +182,11 @@ def _evaluate_batch(params, frozen, full_head, batch, *, config, dtype, cls_weig
   greedy = jnp.argmax(jnp.einsum("BTE,VE->BTV", features.astype(jnp.float32),
                                  full_head.astype(jnp.float32)), axis=-1)  # [B, T]
   first = mask[:, 1:]
+  agree = (drafted(predicted) == greedy[:, 1:]) & first
   sums = {"loss": jnp.sum((regression + cls_weight * cross_entropy) * first),
           "regression": jnp.sum(regression * first), "cross_entropy": jnp.sum(cross_entropy * first),
-          "agreement": jnp.sum((drafted(predicted) == greedy[:, 1:]) & first), "count": jnp.sum(first)}
+          "agreement": jnp.sum(agree), "count": jnp.sum(first),
+          "row_agreement": jnp.sum(agree, axis=1), "row_count": jnp.sum(first, axis=1)}
 
   starts = jnp.asarray(chain_starts(tokens.shape[1], depth))
   chains = chained_drafts(config, bound, tokens, predicted, update, starts, depth, dtype)
@@ -221,14 +224,23 @@ def evaluate(params: Any, data: dict[str, np.ndarray], config: eagle.EagleConfig
     * ``eval_mean_accepted_length``: 1 + the drafts greedy BASS with draft length ``depth`` accepts,
       averaged over every start: the leading drafts that equal the target's argmax. A chain is
       followed past draft d only where the window's token is the target's argmax (true of the
-      target's greedy continuations, the corpus's ``gen_*`` windows), so elsewhere it is a lower bound.
+      target's greedy continuations, the corpus's ``gen_*`` windows), so elsewhere it is a lower bound;
+    * ``eval_agreement_<kind>`` when ``data`` holds ``prompt_kinds i8[N]`` (indices into
+      ``corpus.PROMPT_KINDS``): ``eval_agreement`` over the windows of each kind present.
   """
-  sums = None
+  sums, kind_hits, kind_counts = None, {}, {}
+  kinds = data.get("prompt_kinds")
   for start in range(0, len(data["tokens"]), batch_size):
     batch = {k: jnp.asarray(data[k][start:start + batch_size]) for k in fields(config)}
     part = _evaluate_batch(params, frozen, full_head, batch, config=config, dtype=dtype,
                            cls_weight=cls_weight, depth=depth)
     part = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float64), part)
+    row_hits, row_counts = part.pop("row_agreement"), part.pop("row_count")
+    if kinds is not None:
+      for kind, hits, count in zip(kinds[start:start + batch_size], row_hits, row_counts):
+        name = corpus.PROMPT_KINDS[int(kind)]
+        kind_hits[name] = kind_hits.get(name, 0.0) + hits
+        kind_counts[name] = kind_counts.get(name, 0.0) + count
     sums = part if sums is None else jax.tree_util.tree_map(np.add, sums, part)
   count = max(float(sums["count"]), 1.0)
   result = {f"eval_{k}": float(sums[k]) / count
@@ -236,6 +248,8 @@ def evaluate(params: Any, data: dict[str, np.ndarray], config: eagle.EagleConfig
   for d in range(depth):
     result[f"eval_agreement_d{d + 1}"] = float(sums["chain_hits"][d] / max(sums["chain_counts"][d], 1))
   result["eval_mean_accepted_length"] = 1.0 + float(sums["accepted"]) / max(float(sums["starts"]), 1.0)
+  for name in sorted(kind_hits):
+    result[f"eval_agreement_{name}"] = kind_hits[name] / max(kind_counts[name], 1.0)
   return result
 
 
