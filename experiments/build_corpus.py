@@ -22,7 +22,9 @@ chat-instruction prompts, continued by the target; small, compressed shards), th
 prompts or solutions is dropped first (``corpus.drop_humaneval_overlap``; counted in the manifest).
 """
 
+import hashlib
 import json
+import math
 import pathlib
 import random
 import time
@@ -104,12 +106,38 @@ def _continue(target, draft, prompts):
   return out
 
 
-def _choose_prompts(prompts, tok, rng, limit):
-  """The token ids of the prompts to continue, their kinds (indices into ``corpus.PROMPT_KINDS``) and
-  the stage's counts: without ``--mix`` every docstring prompt in a shuffled order; with it, each
-  kind's prompts (an instruction in the target's chat template for ``instruction``) drawn in the
-  mix's proportions. Prompts longer than ``--max_prompt_tokens`` are skipped and counted."""
+def _mix_weights() -> dict[str, float]:
+  """``--mix`` as ``{kind: weight}`` ({} without a mix).
+
+  Raises:
+    app.UsageError: not ``kind=weight,...`` with finite weights >= 0, an unknown kind, or all zero.
+  """
   if not _MIX.value:
+    return {}
+  weights = {}
+  for part in _MIX.value.split(","):
+    kind, sep, weight = part.partition("=")
+    try:
+      value = float(weight)
+    except ValueError:
+      value = float("nan")
+    if not sep or not math.isfinite(value) or value < 0 or kind.strip() not in corpus.PROMPT_KINDS:
+      raise app.UsageError(f"--mix={_MIX.value}: give kind=weight pairs, weights finite and >= 0, "
+                           f"kinds among {corpus.PROMPT_KINDS}, e.g. "
+                           "doctest=0.4,docstring=0.3,instruction=0.3")
+    weights[kind.strip()] = value
+  if not sum(weights.values()) > 0:
+    raise app.UsageError(f"--mix={_MIX.value}: the weights are all zero")
+  return weights
+
+
+def _choose_prompts(prompts, tok, rng, limit, weights):
+  """The token ids of the prompts to continue, their kinds (indices into ``corpus.PROMPT_KINDS``) and
+  the stage's counts: without a mix every docstring prompt in a shuffled order; with one, each
+  kind's prompts (an instruction in the target's chat template for ``instruction``) drawn in the
+  mix's proportions (``limit`` 0: as many as the prompts). Prompts longer than
+  ``--max_prompt_tokens`` are skipped and counted per kind."""
+  if not weights:
     rng.shuffle(prompts)
     ids = [tok(p.text).input_ids for p in prompts]
     fits = [(i, corpus.PROMPT_KINDS.index(corpus.prompt_kind(p))) for i, p in zip(ids, prompts)
@@ -117,32 +145,43 @@ def _choose_prompts(prompts, tok, rng, limit):
     too_long = len(ids) - len(fits)
     fits = fits[:limit or None]
     return [i for i, _ in fits], [k for _, k in fits], {"prompts_too_long": too_long}
-  weights = {}
-  for part in _MIX.value.split(","):
-    kind, _, weight = part.partition("=")
-    weights[kind.strip()] = float(weight)
   groups = {kind: [] for kind in corpus.PROMPT_KINDS}
-  too_long = 0
+  too_long = {kind: 0 for kind in corpus.PROMPT_KINDS}
   for prompt in prompts:
     texts = {corpus.prompt_kind(prompt): prompt.text}
     if weights.get("instruction") and (task := corpus.instruction(prompt)) is not None:
       texts["instruction"] = corpus.chat_prompt(tok, task)
     for kind, text in texts.items():
+      if not weights.get(kind):
+        continue
       ids = tok(text).input_ids
       if 1 <= len(ids) <= _MAX_PROMPT.value:
         groups[kind].append(ids)
       else:
-        too_long += 1
-  try:
-    chosen, report = corpus.mix(groups, weights, limit, rng)
-  except ValueError as e:
-    raise app.UsageError(f"--mix={_MIX.value}: {e}") from e
+        too_long[kind] += 1
+  chosen, report = corpus.mix(groups, weights, limit or len(prompts), rng)
   return ([ids for _, ids in chosen], [corpus.PROMPT_KINDS.index(k) for k, _ in chosen],
           {"prompts_too_long": too_long, "mix": report})
 
 
+def _check_order(out_dir: pathlib.Path, name: str, prompts: list[list[int]]) -> None:
+  """Records a hash of the stage's prompts in order (``prompts_<name>.sha256``) and refuses to resume a
+  build whose shards were made from another order (other flags, seed or package versions).
+
+  Raises:
+    app.UsageError: the stored hash differs.
+  """
+  digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()
+  path = out_dir / f"prompts_{name}.sha256"
+  if path.exists() and path.read_text().strip() != digest:
+    raise app.UsageError(
+        f"{out_dir} holds {name} shards made from another order of prompts (other flags, seed or "
+        "package versions than manifest.json records): rebuild into a new --out_dir")
+  path.write_text(digest + "\n")
+
+
 def _relabel(target, source: pathlib.Path, out_dir: pathlib.Path) -> None:
-  paths = sorted(source.glob("*_*_*.npz"))
+  paths = sorted(p for p in source.glob("*_*_*.npz") if not p.name.endswith(".tmp.npz"))
   if not paths:
     raise app.UsageError(f"--relabel_from={source} holds no corpus shards")
   start = time.time()
@@ -167,6 +206,11 @@ def main(argv):
   out_dir = pathlib.Path(_OUT.value)
   if _RELABEL.value and pathlib.Path(_RELABEL.value).resolve() == out_dir.resolve():
     raise app.UsageError("--relabel_from and --out_dir must differ (shards are written beside)")
+  unknown = set(_SOURCES.value) - {"stdlib", "packages"}
+  if unknown or not _SOURCES.value:
+    raise app.UsageError(f"--prompt_sources={','.join(_SOURCES.value)}: choose 'stdlib' and/or "
+                         f"'packages' ({sorted(unknown)} unknown)")
+  weights = _mix_weights()  # before the model loads: a bad flag fails in a moment
   out_dir.mkdir(parents=True, exist_ok=True)
   target = bass_jax.load_model(_TARGET.value)
   if _RELABEL.value:
@@ -192,7 +236,6 @@ def main(argv):
                            if "packages" in _SOURCES.value else {}),
               "files": {k: len(v) for k, v in split.items()},
               "prompt_files": {k: len(v) for k, v in prompt_split.items()}, "stages": {}}
-  rng = random.Random(_SEED.value)
   reference = corpus.humaneval_reference(load_problems("humaneval"))
 
   # Held out first: a build cut short can already be evaluated on.
@@ -200,7 +243,10 @@ def main(argv):
     start = time.time()
     prompts, dropped = corpus.drop_humaneval_overlap(corpus.docstring_prompts(prompt_split[name]),
                                                       reference)
-    kept, kinds, stage = _choose_prompts(prompts, tok, rng, limit)
+    # Each stage its own generator: a stage's order depends on its own inputs only.
+    kept, kinds, stage = _choose_prompts(prompts, tok, random.Random(f"{_SEED.value}:gen_{name}"),
+                                         limit, weights)
+    _check_order(out_dir, f"gen_{name}", kept)
     shards = range(0, len(kept), _SHARD.value)
     for n, s in enumerate(tqdm.tqdm(shards, desc=f"continuations/{name}", unit="shard")):
       path = out_dir / f"gen_{name}_{n:04d}.npz"
@@ -219,7 +265,7 @@ def main(argv):
   for name, limit in (("train", _SOURCE_WINDOWS.value), ("eval", _SOURCE_WINDOWS.value // 16)):
     start = time.time()
     files_shuffled = list(split[name])
-    rng.shuffle(files_shuffled)
+    random.Random(f"{_SEED.value}:src_{name}").shuffle(files_shuffled)
     windows = corpus.source_windows(files_shuffled, tok, window=_WINDOW.value, eos_id=eos)
     windows = windows[:limit or None]
     for n, s in enumerate(tqdm.tqdm(range(0, len(windows), _SHARD.value), desc=f"source/{name}",
@@ -236,7 +282,7 @@ def main(argv):
 
   for kind in ("gen", "src"):
     for name in ("train", "eval"):
-      paths = sorted(out_dir.glob(f"{kind}_{name}_*.npz"))
+      paths = sorted(p for p in out_dir.glob(f"{kind}_{name}_*.npz") if not p.name.endswith(".tmp.npz"))
       masks = [np.load(p)["mask"] for p in paths]
       manifest[f"{kind}_{name}"] = {"shards": len(paths), "examples": int(sum(len(m) for m in masks)),
                                     "labelled_tokens": int(sum(m.sum() for m in masks))}

@@ -34,10 +34,13 @@ def test_prompts_sharing_text_or_a_name_with_humaneval_are_dropped(humaneval):
       SourcePrompt("c.py", humaneval[5].fields["entry_point"], 'def f(x):\n    """Unrelated."""\n'),
       SourcePrompt("d.py", "file_size", 'def file_size(path):\n    """Return the size in bytes of '
                    'the file at path, following symbolic links."""\n'),
+      # Shorter than 13 words: looked for whole (a line of HumanEval/0's solution).
+      SourcePrompt("e.py", "gap", "distance = abs(elem - elem2)"),
+      SourcePrompt("f.py", "gap", "distance = abs(left - right)"),
   ]
   kept, dropped = corpus.drop_humaneval_overlap(candidates, corpus.humaneval_reference(humaneval))
-  assert [p.path for p in kept] == ["d.py"]
-  assert [p.path for p in dropped] == ["a.py", "b.py", "c.py"]
+  assert [p.path for p in kept] == ["d.py", "f.py"]
+  assert [p.path for p in dropped] == ["a.py", "b.py", "c.py", "e.py"]
 
 
 def test_real_package_prompts_left_by_the_filter_contain_no_humaneval_13_words(humaneval):
@@ -62,7 +65,9 @@ def test_real_package_prompts_left_by_the_filter_contain_no_humaneval_13_words(h
 def test_the_split_follows_the_path_inside_site_packages_not_the_environment():
   a = "/home/u/.venv/lib/python3.11/site-packages/numpy/linalg/_linalg.py"
   b = "/opt/env/lib/python3.12/site-packages/numpy/linalg/_linalg.py"
-  assert corpus.split_key(a) == corpus.split_key(b) == "numpy/linalg/_linalg.py"
+  debian = "/usr/lib/python3/dist-packages/numpy/linalg/_linalg.py"
+  assert corpus.split_key(a) == corpus.split_key(b) == corpus.split_key(debian) == \
+      "numpy/linalg/_linalg.py"
   stdlib = f"{sysconfig.get_paths()['stdlib']}/json/decoder.py"
   assert corpus.split_key(stdlib) == "json/decoder.py"
   keys = [f"/x/site-packages/pkg/m{i}.py" for i in range(2000)]
@@ -83,6 +88,14 @@ def test_the_mix_draws_the_asked_shares_and_reports_a_shortfall():
   assert len(set(chosen)) == len(chosen)
   with pytest.raises(ValueError, match="over the kinds"):
     corpus.mix(groups, {"docstrings": 1.0}, 10, random.Random(0))
+  # Shares rounded by largest remainder add up to the total; one seed, one order.
+  many = {kind: list(range(10_000)) for kind in groups}
+  for total in (8192, 513, 7):
+    drawn, _ = corpus.mix(many, {"doctest": 0.4, "docstring": 0.3, "instruction": 0.3}, total,
+                          random.Random("1:gen_train"))
+    again, _ = corpus.mix(many, {"doctest": 0.4, "docstring": 0.3, "instruction": 0.3}, total,
+                          random.Random("1:gen_train"))
+    assert len(drawn) == total and drawn == again
 
 
 def test_an_instruction_states_the_signature_and_the_documentation():

@@ -114,17 +114,16 @@ def package_versions(packages: Sequence[str]) -> dict[str, str]:
 
 
 def split_key(path: str | pathlib.Path) -> str:
-  """The name a file is split by: relative to the standard library, or to the ``site-packages``
-  directory that holds it (``numpy/linalg/_linalg.py``), so the split does not depend on where the
-  interpreter or the virtual environment lives."""
+  """The name a file is split by: relative to the ``site-packages`` (or Debian's ``dist-packages``)
+  directory that holds it (``numpy/linalg/_linalg.py``), else to the standard library, so the split
+  does not depend on where the interpreter or the virtual environment lives."""
   path = pathlib.Path(path)
-  root = pathlib.Path(sysconfig.get_paths()["stdlib"])
-  if path.is_relative_to(root) and "site-packages" not in path.relative_to(root).parts:
-    return str(path.relative_to(root))
   parts = path.parts
-  if "site-packages" in parts:
-    return str(pathlib.Path(*parts[len(parts) - parts[::-1].index("site-packages"):]))
-  return str(path)
+  for i in range(len(parts) - 1, -1, -1):  # the innermost packages directory
+    if parts[i] in ("site-packages", "dist-packages"):
+      return str(pathlib.Path(*parts[i + 1:]))
+  root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+  return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
 
 
 def is_held_out(path: str | pathlib.Path, fraction: float) -> bool:
@@ -203,37 +202,63 @@ def _ngrams(words: Sequence[str], n: int) -> set[tuple[str, ...]]:
   return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
 
 
-def humaneval_reference(problems: Iterable[Any]) -> tuple[set[tuple[str, ...]], set[str]]:
-  """The word n-grams (:data:`OVERLAP_NGRAM`) of HumanEval's prompts and canonical solutions, and its
-  entry-point names: what :func:`drop_humaneval_overlap` checks against. ``problems`` are
-  ``bass_jax.data.Problem`` s of ``load_problems("humaneval")``."""
-  grams, names = set(), set()
+@dataclasses.dataclass(frozen=True)
+class HumanEvalReference:
+  """What :func:`drop_humaneval_overlap` checks against (:func:`humaneval_reference`).
+
+  Attributes:
+    grams: the word n-grams (:data:`OVERLAP_NGRAM`) of HumanEval's prompts and canonical solutions.
+    text: the same texts' words, lower-cased, one space apart, texts separated by ``" | "`` (where a
+      prompt too short to hold an n-gram is looked for whole).
+    names: the entry points' function names.
+  """
+
+  grams: frozenset
+  text: str
+  names: frozenset
+
+
+def humaneval_reference(problems: Iterable[Any]) -> HumanEvalReference:
+  """:class:`HumanEvalReference` of ``problems``, the ``bass_jax.data.Problem`` s of
+  ``load_problems("humaneval")``."""
+  grams, texts, names = set(), [], set()
   for problem in problems:
     fields = getattr(problem, "fields", {}) or {}
     for text in (problem.prompt, fields.get("canonical_solution", "")):
-      grams |= _ngrams(_words(text), OVERLAP_NGRAM)
+      words = _words(text)
+      grams |= _ngrams(words, OVERLAP_NGRAM)
+      texts.append(" ".join(words))
     if fields.get("entry_point"):
       names.add(fields["entry_point"])
-  return grams, names
+  return HumanEvalReference(frozenset(grams), f" {' | '.join(texts)} ", frozenset(names))
 
 
-def drop_humaneval_overlap(prompts: Sequence[SourcePrompt], reference: tuple[set, set]
+def overlaps_humaneval(text: str, name: str | None, reference: HumanEvalReference) -> bool:
+  """Whether ``text`` shares a word n-gram (:data:`OVERLAP_NGRAM`) with HumanEval, or is shorter than
+  one and occurs in it whole, or ``name`` is an entry point's."""
+  words = _words(text)
+  if name in reference.names:
+    return True
+  if len(words) < OVERLAP_NGRAM:
+    return bool(words) and f" {' '.join(words)} " in reference.text
+  return bool(_ngrams(words, OVERLAP_NGRAM) & reference.grams)
+
+
+def drop_humaneval_overlap(prompts: Sequence[SourcePrompt], reference: HumanEvalReference
                            ) -> tuple[list[SourcePrompt], list[SourcePrompt]]:
-  """Splits ``prompts`` into ``(kept, dropped)``: a prompt is dropped when it shares a word
-  13-gram with HumanEval's prompts or solutions, or its function's name with an entry point
-  (``reference`` from :func:`humaneval_reference`)."""
-  grams, names = reference
+  """Splits ``prompts`` into ``(kept, dropped)``: a prompt is dropped when it overlaps HumanEval's
+  prompts or solutions (:func:`overlaps_humaneval`, on its text and its function's name)."""
   kept, dropped = [], []
   for prompt in prompts:
-    overlaps = prompt.name in names or bool(_ngrams(_words(prompt.text), OVERLAP_NGRAM) & grams)
-    (dropped if overlaps else kept).append(prompt)
+    (dropped if overlaps_humaneval(prompt.text, prompt.name, reference) else kept).append(prompt)
   return kept, dropped
 
 
 def mix(groups: Mapping[str, Sequence[Any]], weights: Mapping[str, float], total: int,
         rng: random.Random) -> tuple[list[tuple[str, Any]], dict[str, dict[str, int]]]:
   """``total`` items drawn from ``groups`` in the proportions ``weights`` (each group shuffled, then
-  the kinds interleaved in a shuffled order).
+  the kinds interleaved in a shuffled order; the shares rounded by largest remainder, so they add up
+  to ``total``).
 
   A group with fewer items than its share gives all it has; the shortfall is reported, not refilled
   from the others, so the mix stays what was asked or says it is not.
@@ -249,11 +274,16 @@ def mix(groups: Mapping[str, Sequence[Any]], weights: Mapping[str, float], total
     raise ValueError(f"mix weights {dict(weights)} must be >= 0, not all zero, over the kinds "
                      f"{sorted(groups)}")
   norm = sum(weights.values())
+  exact = {kind: total * weights[kind] / norm for kind in sorted(weights)}
+  shares = {kind: int(x) for kind, x in exact.items()}
+  by_remainder = sorted(exact, key=lambda kind: (shares[kind] - exact[kind], kind))
+  for kind in by_remainder[:total - sum(shares.values())]:
+    shares[kind] += 1
   chosen, report = [], {}
   for kind in sorted(weights):
     items = list(groups[kind])
     rng.shuffle(items)
-    asked = round(total * weights[kind] / norm)
+    asked = shares[kind]
     chosen += [(kind, item) for item in items[:asked]]
     report[kind] = {"asked": asked, "used": min(asked, len(items)), "available": len(items)}
   rng.shuffle(chosen)
