@@ -82,7 +82,8 @@ def _label(target, tokens, mask):
   if _LABELS.value == "features":
     hidden_layers = tuple(int(i) for i in _HIDDEN.value)
     parts = list(zip(*corpus.label_features(target, tokens, batch_size=_LABEL_BATCH.value,
-                                            hidden_layers=hidden_layers)))
+                                            hidden_layers=hidden_layers,
+                                            lengths=corpus.row_lengths(mask))))
     arrays = dict(tokens=tokens, mask=mask, features=np.concatenate(parts[0]))
     if hidden_layers:
       arrays["hidden"] = np.concatenate(parts[1])

@@ -1,16 +1,20 @@
 """The prompts of the docstring-style draft corpus (issue 28; ``bass_jax.training.corpus``): nothing of
 HumanEval (the evaluation set) enters, the train/held-out split does not depend on where Python or the
-virtual environment lives, and the mix of prompt kinds is what was asked or says it is not."""
+virtual environment lives, and the mix of prompt kinds is what was asked or says it is not; the
+feature labelling, cut to each batch's longest row, equals a full forward of each row."""
 
 import random
 import re
 import sysconfig
 
+import numpy as np
 import pytest
 
 from bass_jax.data import load_problems
+from bass_jax.models import common
 from bass_jax.training import corpus
 from bass_jax.training.corpus import SourcePrompt
+from conftest import tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +115,24 @@ def test_an_instruction_states_the_signature_and_the_documentation():
 
   with pytest.raises(ValueError, match="chat template"):
     corpus.chat_prompt(NoTemplate(), text)
+
+
+def test_labelling_cut_to_the_rows_lengths_equals_a_full_forward_of_each_row():
+  target = tiny_model(seed=3)
+  rng = np.random.default_rng(7)
+  sequences = [rng.integers(1, 61, size=n).tolist() for n in (40, 3, 17, 1, 33, 40, 9)]
+  tokens, mask = corpus.pack(sequences, window=40, pad_id=0)
+  lengths = corpus.row_lengths(mask)
+  np.testing.assert_array_equal(lengths, [40, 3, 17, 0, 33, 40, 9])  # a 1-token row predicts nothing
+  parts = list(corpus.label_features(target, tokens, batch_size=3, hidden_layers=(0,),
+                                     lengths=lengths, bucket=8))
+  features, hidden = (np.concatenate([p[i] for p in parts]) for i in (0, 1))
+  assert features.shape == (7, 40, 32) and hidden.shape == (7, 40, 32)
+  for row, n in enumerate(lengths):
+    out = common.forward(target.config, target.params, tokens[row:row + 1], return_features=True,
+                         hidden_layers=(0,))
+    np.testing.assert_allclose(features[row, :n], out[2][0, :n], atol=2e-3, rtol=2e-3)
+    np.testing.assert_allclose(hidden[row, :n], out[3][0, :n], atol=2e-3, rtol=2e-3)
+    assert not features[row, n:].any() and not hidden[row, n:].any()
+  with pytest.raises(ValueError, match="lengths must be"):
+    next(corpus.label_features(target, tokens, batch_size=3, lengths=lengths[:3]))
