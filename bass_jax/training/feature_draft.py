@@ -273,6 +273,25 @@ def vocab_coverage(vocab_ids: np.ndarray, tokens: np.ndarray, mask: np.ndarray,
   return {int(v): float(np.mean(rank[targets] < v)) for v in sizes if v <= len(vocab_ids)}
 
 
+def frozen_inputs(config: eagle.EagleConfig, target_config: Any, target_params: Any,
+                  vocab_ids: np.ndarray, dtype: Any) -> tuple[dict[str, jax.Array], jax.Array]:
+  """What a feature draft reads of its target, for :func:`feature_loss` and :func:`evaluate`.
+
+  Returns:
+    ``(frozen, full_head)``: the target's embedding and the head rows of
+    ``vocab_ids[:config.draft_vocab_size]`` (with the ids) in ``dtype``, and the target's whole LM
+    head ``[V, E]``.
+
+  Raises:
+    ValueError: a target outside the Llama family (``eagle.bind``).
+  """
+  frozen = eagle.bind(None, vocab_ids, target_config, target_params, config.draft_vocab_size)
+  del frozen["draft"]
+  frozen = jax.tree_util.tree_map(
+      lambda x: x if x.dtype == jnp.int32 else jnp.asarray(x, dtype), frozen)
+  return frozen, eagle.lm_head_matrix(target_config, target_params)
+
+
 def objective(config: eagle.EagleConfig, cfg: distill.TrainConfig, target_config: Any,
               target_params: Any, vocab_ids: np.ndarray, cls_weight: float = 0.1, *,
               ttt_depth: int = 1, ttt_stride: int = 8, eval_depth: int = 4,
@@ -289,11 +308,7 @@ def objective(config: eagle.EagleConfig, cfg: distill.TrainConfig, target_config
   Raises:
     ValueError: a target outside the Llama family.
   """
-  frozen = eagle.bind(None, vocab_ids, target_config, target_params, config.draft_vocab_size)
-  del frozen["draft"]
-  frozen = jax.tree_util.tree_map(
-      lambda x: x if x.dtype == jnp.int32 else jnp.asarray(x, cfg.compute_dtype), frozen)
-  full_head = eagle.lm_head_matrix(target_config, target_params)
+  frozen, full_head = frozen_inputs(config, target_config, target_params, vocab_ids, cfg.compute_dtype)
   return distill.Objective(
       loss=lambda params, frozen, batch: feature_loss(params, batch, config, frozen,
                                                       cfg.compute_dtype, cls_weight,

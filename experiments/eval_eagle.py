@@ -1,0 +1,99 @@
+r"""Held-out metrics of exported EAGLE feature drafts on a corpus, side by side.
+
+    python -m experiments.eval_eagle --drafts=smollm2-135m-eagle,runs/eagle2/export \
+        --names=shipped,eagle2 --corpus=data/eagle2
+
+Evaluates each draft on the corpus's held-out target continuations (``gen_eval_*`` shards with
+features: ``experiments.build_corpus --labels=features``) exactly as ``train_eagle`` does every
+``--eval_every`` steps (``bass_jax.training.feature_draft.evaluate``): the teacher-forced first-draft
+agreement with the target's greedy token (greedy BASS's acceptance of the first draft), split by prompt
+kind when the shards record it, each draft depth's agreement along chains of the draft's own
+features, and the mean accepted length of the greedy BASS those chains simulate at draft length
+``--depth``. A draft keeps its own V' unless ``--draft_vocab_size`` sets one for all.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+from absl import app
+from absl import flags
+from absl import logging
+
+import bass_jax
+from bass_jax import reproduce
+from bass_jax.models import eagle
+from bass_jax.training import corpus, feature_draft
+from experiments import _io
+
+_DRAFTS = flags.DEFINE_list("drafts", ["smollm2-135m-eagle"], "Exported EAGLE drafts: aliases or "
+                            "directories (train_eagle's <workdir>/export).")
+_NAMES = flags.DEFINE_list("names", [], "A name per draft for the table (default: the specs).")
+_TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "The target whose features they read.")
+_CORPUS = flags.DEFINE_string("corpus", "data/eagle2", "Corpus directory with held-out feature shards.")
+_DEPTH = flags.DEFINE_integer("depth", 4, "Drafts per chain (the simulated draft length).",
+                              lower_bound=1)
+_VOCAB = flags.DEFINE_integer("draft_vocab_size", None, "Evaluate every draft at this V' (a prefix of "
+                              "its frequency-sorted vocabulary) instead of its own.", lower_bound=1)
+_RESULTS = flags.DEFINE_string("results_dir", None, "Write eval_eagle.json here (default: a fresh "
+                               "outputs/eval_eagle-<time>/).")
+
+
+def _path(spec: str) -> pathlib.Path:
+  return bass_jax.loading.resolve_alias(spec) if spec in bass_jax.loading.ALIASES else pathlib.Path(spec)
+
+
+def main(argv):
+  del argv
+  _io.init_script()
+  names = _NAMES.value or _DRAFTS.value
+  if len(names) != len(_DRAFTS.value):
+    raise app.UsageError(f"--names gives {len(names)} names for {len(_DRAFTS.value)} --drafts")
+  paths = [_path(spec) for spec in _DRAFTS.value]
+  missing = [str(p) for p in paths if not (p / "config.json").exists()]
+  if missing:
+    raise app.UsageError(f"no exported EAGLE draft (config.json) at {', '.join(missing)}")
+  shards = sorted(p for p in pathlib.Path(_CORPUS.value).glob("gen_eval_*.npz")
+                  if not p.name.endswith(".tmp.npz"))
+  if not shards:
+    raise app.UsageError(f"{_CORPUS.value} holds no gen_eval_*.npz shards: build them with "
+                         "`python -m experiments.build_corpus --labels=features` (or --relabel_from)")
+  out_dir = _io.run_directory(_RESULTS.value, "eval_eagle")
+  data = corpus.load_shards(shards)
+  target = bass_jax.load_model(_TARGET.value, tokenizer=False)
+  rows = {}
+  for name, path in zip(names, paths):
+    config, params = eagle.load_eagle(path)
+    if _VOCAB.value:
+      config = config.with_draft_vocab_size(_VOCAB.value)
+    missing_fields = [f for f in feature_draft.fields(config) if f not in data]
+    if missing_fields:
+      raise app.UsageError(f"{name} reads {missing_fields}, which {_CORPUS.value} lacks (fused "
+                           "layers: relabel with --hidden_layers)")
+    frozen, full_head = feature_draft.frozen_inputs(config, target.config, target.params,
+                                                    params["vocab_ids"], "float32")
+    metrics = feature_draft.evaluate(params["draft"], data, config, frozen, full_head, "float32",
+                                     depth=_DEPTH.value)
+    rows[name] = {"draft": str(path), "draft_vocab_size": config.draft_vocab_size, **metrics}
+    logging.info("%s: %s", name, rows[name])
+  result = {"corpus": _CORPUS.value, "held_out_windows": int(len(data["tokens"])),
+            "held_out_positions": int(data["mask"].sum()), "depth": _DEPTH.value, "drafts": rows,
+            **reproduce.machine()}
+  _io.write_json_atomic(out_dir / "eval_eagle.json", result)
+  kinds = [k for k in corpus.PROMPT_KINDS if any(f"eval_agreement_{k}" in r for r in rows.values())]
+  depths = [f"eval_agreement_d{d}" for d in range(1, _DEPTH.value + 1)]
+  header = (["draft", "V'", "first-draft agreement"] + [f"  {k}" for k in kinds]
+            + [f"depth {d}" for d in range(1, _DEPTH.value + 1)] + ["mean accepted length"])
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  for name, r in rows.items():
+    cells = ([name, str(r["draft_vocab_size"]), f"{r['eval_agreement']:.3f}"]
+             + [f"{r[f'eval_agreement_{k}']:.3f}" if f"eval_agreement_{k}" in r else "-" for k in kinds]
+             + [f"{r[d]:.3f}" for d in depths] + [f"{r['eval_mean_accepted_length']:.3f}"])
+    lines.append("| " + " | ".join(cells) + " |")
+  print(f"{_CORPUS.value}: {result['held_out_windows']} held-out windows, "
+        f"{result['held_out_positions']} positions; {result['device']}, JAX {result['jax_version']}, "
+        f"{result['date']}\n\n" + "\n".join(lines))
+
+
+if __name__ == "__main__":
+  _io.run(main)
