@@ -176,6 +176,16 @@ def resolve_alias(alias: str) -> pathlib.Path:
 _TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
+def model_path(spec: str | os.PathLike) -> pathlib.Path:
+  """The file or directory behind a model spec: an alias's file inside its package
+  (:func:`resolve_alias`), otherwise the path as given (not checked for existence).
+
+  Raises:
+    FileNotFoundError: as :func:`resolve_alias`, for an alias whose package is missing.
+  """
+  return resolve_alias(str(spec)) if str(spec) in ALIASES else pathlib.Path(spec)
+
+
 def has_tokenizer(directory: str | os.PathLike) -> bool:
   """Whether checkpoint directory ``directory`` ships a tokenizer (a GGUF file always does)."""
   return any((pathlib.Path(directory) / f).exists() for f in _TOKENIZER_MARKERS)
@@ -277,7 +287,7 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
         sharding_lib.plan(config, mesh, sharding).param_shardings(abstract))
 
   tok = None
-  path = resolve_alias(name) if name in ALIASES else pathlib.Path(spec)
+  path = model_path(spec)
   if path.suffix == ".gguf" or path.is_file():
     if path.suffix != ".gguf":
       raise ValueError(f"{path}: a model file must be .gguf; for HF checkpoints pass the directory")
@@ -506,4 +516,4 @@ def count_params(params: Any) -> int:
 
 
 __all__ = ["ALIASES", "Model", "abstract_params", "check_same_tokenizer", "count_params", "default_dtype",
-           "init_params", "load_draft", "load_model", "resolve_alias", "save_model", "weight_formats"]
+           "init_params", "load_draft", "load_model", "model_path", "resolve_alias", "save_model", "weight_formats"]

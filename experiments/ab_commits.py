@@ -14,13 +14,22 @@ environment, whose packages they must share: a baseline whose ``experiments.gene
 a setting's flags fails that setting with its own error message.
 
 A settings file holds one setting per line, ``name: flags`` (flags as ``experiments.generate`` takes
-them); ``#`` starts a comment.
+them; a name of letters, digits, ``_``, ``.`` and ``-``); a word that starts with ``#`` starts a
+comment.
+
+Relative paths in the flags (``--flagfile=configs/...``) and the shipped drafts' aliases resolve inside
+each tree, so each side decodes with its own commit's flag files and draft weights. Where those
+differ between the commits the comparison mixes a draft's acceptance into the decode's speed: the
+result names the differing paths under ``differs`` and the log warns. Results are rewritten after
+every setting, so a failed setting keeps the ones before it. A run killed before it cleans up leaves
+a registered worktree in the temporary directory: ``git worktree prune`` forgets it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import pathlib
 import shlex
 import statistics
@@ -45,6 +54,13 @@ _RESULTS = flags.DEFINE_string("results_dir", None, "Write ab_commits.json and a
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+def _words(line: str) -> list[str]:
+  """A line's shell words up to the first one that starts with ``#`` (a ``#`` inside a word, as in
+  ``--prompts=a#b.jsonl``, is kept)."""
+  words = shlex.split(line)
+  return words[:next((i for i, w in enumerate(words) if w.startswith("#")), len(words))]
+
+
 def read_settings(path: pathlib.Path) -> list[tuple[str, list[str]]]:
   """``[(name, flags)]`` from a settings file (module docstring).
 
@@ -54,12 +70,17 @@ def read_settings(path: pathlib.Path) -> list[tuple[str, list[str]]]:
   """
   settings = []
   for number, line in enumerate(path.read_text().splitlines(), 1):
-    line = line.split("#", 1)[0].strip()
-    if not line:
+    if not line.strip() or line.lstrip().startswith("#"):
       continue
+    try:
+      words = _words(line)
+    except ValueError as e:  # shlex: an unclosed quote
+      raise ValueError(f"{path}:{number}: {e}") from e
+    line = shlex.join(words)
     name, sep, rest = line.partition(":")
-    if not sep or not name.strip():
-      raise ValueError(f"{path}:{number}: write a setting as 'name: --flag=value ...', got {line!r}")
+    if not sep or not re.fullmatch(r"[\w.][\w.-]*", name.strip()):
+      raise ValueError(f"{path}:{number}: write a setting as 'name: --flag=value ...' (a name of "
+                       f"letters, digits, _ . -), got {line.strip()!r}")
     args = shlex.split(rest)
     if any(a.startswith(("--output", "--summary_json")) for a in args):
       raise ValueError(f"{path}:{number}: leave --output and --summary_json out; this script sets them")
@@ -75,6 +96,7 @@ def read_settings(path: pathlib.Path) -> list[tuple[str, list[str]]]:
 def _decode(tree: pathlib.Path, args: list[str], scratch: pathlib.Path) -> float:
   """One ``experiments.generate`` process in ``tree``; its All latency in ms/token."""
   summary = scratch / "summary.json"
+  summary.unlink(missing_ok=True)  # a run that writes none must not report the previous run's number
   command = [sys.executable, "-m", "experiments.generate", *args, f"--output={scratch / 'records.jsonl'}",
              f"--summary_json={summary}", "--overwrite"]
   # `python -m` puts the working directory first on sys.path: the tree's own bass_jax is imported,
@@ -112,11 +134,23 @@ def main(argv):
                             check=True).stdout.strip()
   dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=_ROOT,
                               capture_output=True, text=True, check=True).stdout.strip())
-  rows = []
+  inputs = ["bass_jax/drafts"] + [a.split("=", 1)[1] for _, args in settings for a in args
+                                             if a.startswith("--flagfile=")]
+  differs = subprocess.run(["git", "diff", "--name-only", base_rev, "--", *sorted(set(inputs))],
+                           cwd=_ROOT, capture_output=True, text=True, check=False).stdout.split()
+  if differs:
+    logging.warning("the trees' drafts or flag files differ, so each side decodes with its own: %s",
+                    differs)
+  result = {"baseline": base_rev, "head": head_rev, "head_has_uncommitted_changes": dirty,
+            "differs": differs, "repeats": _REPEATS.value, "settings_file": _SETTINGS.value,
+            "rows": [], "complete": False, **reproduce.machine()}
+  rows = result["rows"]
   with tempfile.TemporaryDirectory(prefix="ab_commits-") as tmp:
     worktree = pathlib.Path(tmp) / "baseline"
-    subprocess.run(["git", "worktree", "add", "--detach", str(worktree), base_rev], cwd=_ROOT,
-                   capture_output=True, check=True)
+    added = subprocess.run(["git", "worktree", "add", "--detach", str(worktree), base_rev], cwd=_ROOT,
+                           capture_output=True, text=True, check=False)
+    if added.returncode:
+      raise app.UsageError(f"git worktree add failed: {added.stderr.strip()}")
     try:
       trees = {"baseline": worktree, "head": _ROOT}
       for name, args in settings:
@@ -131,17 +165,18 @@ def main(argv):
                      "ratio_of_medians": statistics.median(times["head"]) /
                                          statistics.median(times["baseline"])})
         print(_table(rows[-1:]).splitlines()[-1], flush=True)
+        _io.write_json_atomic(out_dir / "ab_commits.json", result)
     finally:
       subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=_ROOT,
                      capture_output=True, check=False)
-  result = {"baseline": base_rev, "head": head_rev, "head_has_uncommitted_changes": dirty,
-            "repeats": _REPEATS.value, "settings_file": _SETTINGS.value, "rows": rows,
-            **reproduce.machine()}
+  result["complete"] = True
   _io.write_json_atomic(out_dir / "ab_commits.json", result)
   text = (f"Baseline {base_rev[:10]} against {head_rev[:10]}"
           f"{' (with uncommitted changes)' if dirty else ''}, {_REPEATS.value} alternating runs each, "
           f"`python -m experiments.ab_commits --baseline={_BASELINE.value} --settings={_SETTINGS.value}"
-          f" --repeats={_REPEATS.value}`\n\n{_table(rows)}\n")
+          f" --repeats={_REPEATS.value}`"
+          + (f"; drafts or flag files differ between the trees: {', '.join(differs)}" if differs else "")
+          + f"\n\n{_table(rows)}\n")
   _io.write_text_atomic(out_dir / "ab_commits.md", text)
   print(text)
 

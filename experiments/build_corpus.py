@@ -81,12 +81,11 @@ def _label(target, tokens, mask):
     return dict(tokens=tokens, mask=mask)
   if _LABELS.value == "features":
     hidden_layers = tuple(int(i) for i in _HIDDEN.value)
-    parts = list(zip(*corpus.label_features(target, tokens, batch_size=_LABEL_BATCH.value,
-                                            hidden_layers=hidden_layers,
-                                            lengths=corpus.row_lengths(mask))))
-    arrays = dict(tokens=tokens, mask=mask, features=np.concatenate(parts[0]))
+    labels = corpus.label_features(target, tokens, batch_size=_LABEL_BATCH.value,
+                                   hidden_layers=hidden_layers, lengths=corpus.row_lengths(mask))
+    arrays = dict(tokens=tokens, mask=mask, features=labels[0])
     if hidden_layers:
-      arrays["hidden"] = np.concatenate(parts[1])
+      arrays["hidden"] = labels[1]
     return arrays
   ids, logprobs = zip(*corpus.label_topk(target, tokens, k=_K.value, batch_size=_LABEL_BATCH.value))
   return dict(tokens=tokens, mask=mask, topk_ids=np.concatenate(ids),

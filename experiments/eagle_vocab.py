@@ -52,9 +52,7 @@ def main(argv):
   if not isinstance(draft.config, eagle.EagleConfig):
     raise app.UsageError(f"{_DRAFT.value} is not an EAGLE draft")
   # The whole stored frequency order (the loaded draft keeps only its own V' of it).
-  path = (bass_jax.loading.resolve_alias(_DRAFT.value) if _DRAFT.value in bass_jax.ALIASES
-          else pathlib.Path(_DRAFT.value))
-  full_vocab = eagle.load_vocab_order(path)
+  full_vocab = eagle.load_vocab_order(bass_jax.loading.model_path(_DRAFT.value))
   sizes = list(map(int, _SIZES.value))
   coverage = feature_draft.vocab_coverage(full_vocab, eval_data["tokens"], eval_data["mask"], sizes)
   dtype = np.dtype(draft.dtype).name
@@ -66,8 +64,8 @@ def main(argv):
     if size > len(full_vocab):
       raise app.UsageError(f"V' = {size} exceeds the draft's vocabulary of {len(full_vocab)} tokens")
     config = draft.config.with_draft_vocab_size(size)
-    params = eagle.bind(draft.params["draft"], full_vocab, target.config, target.params, size)
-    frozen = {k: v for k, v in params.items() if k != "draft"}
+    frozen, _ = feature_draft.frozen_inputs(config, target.config, target.params, full_vocab, dtype)
+    params = {"draft": draft.params["draft"], **frozen}  # eagle.bind's layout
     metrics = feature_draft.evaluate(draft.params["draft"], eval_data, config, frozen, head, dtype)
     row = {"vocab_size": size, "coverage": coverage[size],
            "agreement": metrics["eval_agreement"], "costs": {}}

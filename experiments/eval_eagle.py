@@ -30,26 +30,23 @@ _DRAFTS = flags.DEFINE_list("drafts", ["smollm2-135m-eagle"], "Exported EAGLE dr
                             "directories (train_eagle's <workdir>/export).")
 _NAMES = flags.DEFINE_list("names", [], "A name per draft for the table (default: the specs).")
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "The target whose features they read.")
-_CORPUS = flags.DEFINE_string("corpus", "data/eagle2", "Corpus directory with held-out feature shards.")
 _DEPTH = flags.DEFINE_integer("depth", 4, "Drafts per chain (the simulated draft length).",
                               lower_bound=1)
 _VOCAB = flags.DEFINE_integer("draft_vocab_size", None, "Evaluate every draft at this V' (a prefix of "
                               "its frequency-sorted vocabulary) instead of its own.", lower_bound=1)
+_CORPUS = flags.DEFINE_string("corpus", "data/eagle2", "Corpus directory with held-out feature shards.")
 _RESULTS = flags.DEFINE_string("results_dir", None, "Write eval_eagle.json here (default: a fresh "
                                "outputs/eval_eagle-<time>/).")
-
-
-def _path(spec: str) -> pathlib.Path:
-  return bass_jax.loading.resolve_alias(spec) if spec in bass_jax.loading.ALIASES else pathlib.Path(spec)
 
 
 def main(argv):
   del argv
   _io.init_script()
   names = _NAMES.value or _DRAFTS.value
-  if len(names) != len(_DRAFTS.value):
-    raise app.UsageError(f"--names gives {len(names)} names for {len(_DRAFTS.value)} --drafts")
-  paths = [_path(spec) for spec in _DRAFTS.value]
+  if len(names) != len(_DRAFTS.value) or len(set(names)) != len(names):
+    raise app.UsageError(f"--names must give one distinct name per draft: {len(names)} names "
+                         f"({len(set(names))} distinct) for {len(_DRAFTS.value)} --drafts")
+  paths = [bass_jax.loading.model_path(spec) for spec in _DRAFTS.value]
   missing = [str(p) for p in paths if not (p / "config.json").exists()]
   if missing:
     raise app.UsageError(f"no exported EAGLE draft (config.json) at {', '.join(missing)}")
@@ -64,14 +61,18 @@ def main(argv):
   rows = {}
   for name, path in zip(names, paths):
     config, params = eagle.load_eagle(path)
+    vocab_order = eagle.load_vocab_order(path)  # the whole order: a larger V' than the export's own
     if _VOCAB.value:
+      if _VOCAB.value > len(vocab_order):
+        raise app.UsageError(f"--draft_vocab_size={_VOCAB.value} exceeds {name}'s stored vocabulary "
+                             f"of {len(vocab_order)} tokens")
       config = config.with_draft_vocab_size(_VOCAB.value)
-    missing_fields = [f for f in feature_draft.fields(config) if f not in data]
-    if missing_fields:
-      raise app.UsageError(f"{name} reads {missing_fields}, which {_CORPUS.value} lacks (fused "
-                           "layers: relabel with --hidden_layers)")
-    frozen, full_head = feature_draft.frozen_inputs(config, target.config, target.params,
-                                                    params["vocab_ids"], "float32")
+    try:
+      corpus.check_hidden_layers(_CORPUS.value, config.fused_layers)
+    except ValueError as e:
+      raise app.UsageError(f"{name}: {e}") from e
+    frozen, full_head = feature_draft.frozen_inputs(config, target.config, target.params, vocab_order,
+                                                    "float32")
     metrics = feature_draft.evaluate(params["draft"], data, config, frozen, full_head, "float32",
                                      depth=_DEPTH.value)
     rows[name] = {"draft": str(path), "draft_vocab_size": config.draft_vocab_size, **metrics}

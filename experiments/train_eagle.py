@@ -28,7 +28,7 @@ from absl import logging
 
 import bass_jax
 from bass_jax.models import eagle
-from bass_jax.training import distill, feature_draft
+from bass_jax.training import corpus, distill, feature_draft
 from experiments import _io
 from experiments import _training
 
@@ -61,13 +61,10 @@ def main(argv):
   fused = tuple(int(i) for i in _FUSED.value)
   config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=_VOCAB.value,
                                         num_layers=_LAYERS.value, fused_layers=fused)
-  if fused:
-    manifest = pathlib.Path(_training.CORPUS.value) / "manifest.json"
-    stored = json.loads(manifest.read_text()).get("hidden_layers") if manifest.exists() else None
-    if stored != list(fused):
-      raise app.UsageError(f"--fused_layers={_FUSED.value} but {manifest} records hidden_layers "
-                           f"{stored}: relabel with `python -m experiments.build_corpus "
-                           f"--relabel_from=... --labels=features --hidden_layers={','.join(_FUSED.value)}`")
+  try:
+    corpus.check_hidden_layers(_training.CORPUS.value, fused)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
   train_data, eval_data = _training.load_train_and_eval(feature_draft.fields(config),
                                                         labels="features")
   vocab_ids = feature_draft.token_frequencies(train_data["tokens"], train_data["mask"],

@@ -33,3 +33,13 @@ def test_bad_settings_are_named(tmp_path, text, message):
 def test_the_shipped_settings_parse_into_distinct_settings():
   settings = ab_commits.read_settings(ROOT / "configs" / "ab_settings.txt")
   assert len(settings) >= 4 and all(flags for _, flags in settings)
+
+
+def test_a_hash_inside_a_word_is_kept_and_a_nameless_line_with_a_colon_is_refused(tmp_path):
+  path = tmp_path / "s.txt"
+  path.write_text("a: --prompts=x#y.jsonl --draft=hybrid:smollm2-135m-eagle # comment\n")
+  assert ab_commits.read_settings(path) == [
+      ("a", ["--prompts=x#y.jsonl", "--draft=hybrid:smollm2-135m-eagle"])]
+  path.write_text("--draft=hybrid:smollm2-135m-eagle --batch_size=1\n")
+  with pytest.raises(ValueError, match="name: --flag"):
+    ab_commits.read_settings(path)

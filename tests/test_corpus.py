@@ -120,19 +120,29 @@ def test_an_instruction_states_the_signature_and_the_documentation():
 def test_labelling_cut_to_the_rows_lengths_equals_a_full_forward_of_each_row():
   target = tiny_model(seed=3)
   rng = np.random.default_rng(7)
-  sequences = [rng.integers(1, 61, size=n).tolist() for n in (40, 3, 17, 1, 33, 40, 9)]
-  tokens, mask = corpus.pack(sequences, window=40, pad_id=0)
+  # A window that is no multiple of the bucket: the longest rows' cut is the window itself.
+  sequences = [rng.integers(1, 61, size=n).tolist() for n in (44, 3, 17, 1, 33, 41, 9)]
+  tokens, mask = corpus.pack(sequences, window=44, pad_id=0)
   lengths = corpus.row_lengths(mask)
-  np.testing.assert_array_equal(lengths, [40, 3, 17, 0, 33, 40, 9])  # a 1-token row predicts nothing
-  parts = list(corpus.label_features(target, tokens, batch_size=3, hidden_layers=(0,),
-                                     lengths=lengths, bucket=8))
-  features, hidden = (np.concatenate([p[i] for p in parts]) for i in (0, 1))
-  assert features.shape == (7, 40, 32) and hidden.shape == (7, 40, 32)
+  np.testing.assert_array_equal(lengths, [44, 3, 17, 0, 33, 41, 9])  # a 1-token row predicts nothing
+  features, hidden = corpus.label_features(target, tokens, batch_size=3, hidden_layers=(0,),
+                                           lengths=lengths, bucket=8)
+  assert features.shape == (7, 44, 32) and hidden.shape == (7, 44, 32)
   for row, n in enumerate(lengths):
     out = common.forward(target.config, target.params, tokens[row:row + 1], return_features=True,
                          hidden_layers=(0,))
     np.testing.assert_allclose(features[row, :n], out[2][0, :n], atol=2e-3, rtol=2e-3)
     np.testing.assert_allclose(hidden[row, :n], out[3][0, :n], atol=2e-3, rtol=2e-3)
     assert not features[row, n:].any() and not hidden[row, n:].any()
-  with pytest.raises(ValueError, match="lengths must be"):
-    next(corpus.label_features(target, tokens, batch_size=3, lengths=lengths[:3]))
+
+
+@pytest.mark.parametrize("lengths, bucket", [
+    (np.array([3, 4]), 8),                    # not one per row
+    (np.array([3, 4, 45, 1, 1, 1, 1]), 8),    # past the window
+    (np.array([3.0, 4, 5, 1, 1, 1, 1]), 8),   # not integers
+    (np.array([3, 4, 5, 1, 1, 1, 1]), 0),     # no bucket
+])
+def test_bad_labelling_arguments_are_named(lengths, bucket):
+  tokens = np.ones((7, 44), np.int32)
+  with pytest.raises(ValueError, match="lengths must be|bucket must be"):
+    corpus.label_features(tiny_model(), tokens, batch_size=3, lengths=lengths, bucket=bucket)

@@ -277,14 +277,25 @@ def frozen_inputs(config: eagle.EagleConfig, target_config: Any, target_params: 
                   vocab_ids: np.ndarray, dtype: Any) -> tuple[dict[str, jax.Array], jax.Array]:
   """What a feature draft reads of its target, for :func:`feature_loss` and :func:`evaluate`.
 
+  Args:
+    config: the draft's config; its ``draft_vocab_size`` V' picks the head rows.
+    target_config, target_params: the target (a Llama-family model).
+    vocab_ids: ``i32[n]`` the frequency-sorted vocabulary, n >= V' (:func:`token_frequencies`, or a
+      draft's stored order: ``eagle.load_vocab_order``).
+    dtype: the compute dtype of the embedding and head rows.
+
   Returns:
-    ``(frozen, full_head)``: the target's embedding and the head rows of
-    ``vocab_ids[:config.draft_vocab_size]`` (with the ids) in ``dtype``, and the target's whole LM
-    head ``[V, E]``.
+    ``(frozen, full_head)``: ``frozen`` holds ``embedding [V, E]`` and ``head [V', E]`` in ``dtype``
+    and ``vocab_ids i32[V']``; ``full_head [V, E]`` is the target's whole LM head in the target's own
+    dtype (the reference argmax of the agreement metrics).
 
   Raises:
-    ValueError: a target outside the Llama family (``eagle.bind``).
+    ValueError: fewer than V' ``vocab_ids`` (pass the whole stored order), or a target outside the
+      Llama family (``eagle.bind``).
   """
+  if len(vocab_ids) < config.draft_vocab_size:
+    raise ValueError(f"V' = {config.draft_vocab_size} needs as many vocab_ids, got {len(vocab_ids)}: "
+                     "pass the draft's whole stored order (eagle.load_vocab_order)")
   frozen = eagle.bind(None, vocab_ids, target_config, target_params, config.draft_vocab_size)
   del frozen["draft"]
   frozen = jax.tree_util.tree_map(

@@ -1,0 +1,82 @@
+"""experiments.eval_eagle, run as a user runs it: exported EAGLE drafts evaluated on a corpus's held-out
+feature shards, each at its own V' or at one given for all, with the numbers the library's own
+evaluation gives for the same draft, vocabulary and windows; bad requests named before any work."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import bass_jax as bj
+from bass_jax.models import eagle
+from bass_jax.training import corpus, feature_draft
+from conftest import tiny_model
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", JAX_PLATFORMS="cpu")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+  root = tmp_path_factory.mktemp("eval_eagle")
+  target = tiny_model(seed=5)
+  bj.save_model(target, root / "target")
+  target = bj.load_model(root / "target", tokenizer=False)  # what the script reads: the saved weights
+  config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=40)
+  order = np.random.default_rng(0).permutation(61).astype(np.int32)
+  eagle.save_eagle(root / "draft", config, eagle.init_draft_params(config, jax.random.key(2)), order)
+  rng = np.random.default_rng(1)
+  tokens, mask = corpus.pack([rng.integers(1, 61, size=n).tolist() for n in (24, 9, 17, 2, 24, 13)],
+                             window=24, pad_id=0)
+  (features,) = corpus.label_features(target, tokens, batch_size=4, lengths=corpus.row_lengths(mask))
+  corpus.save_shard(root / "corpus" / "gen_eval_0000.npz", tokens=tokens, mask=mask, features=features,
+                    prompt_kinds=np.array([0, 1, 2, 0, 1, 2], np.int8))
+  return root, target
+
+
+def _run(root, *flags):
+  return subprocess.run([sys.executable, "-m", "experiments.eval_eagle", f"--target={root / 'target'}",
+                         f"--corpus={root / 'corpus'}", *flags], cwd=REPO, env=ENV,
+                        capture_output=True, text=True, timeout=300, check=False)
+
+
+def _reference(target, path, vocab_size, data):
+  config, params = eagle.load_eagle(path)
+  config = config.with_draft_vocab_size(vocab_size)
+  order = eagle.load_vocab_order(path)
+  frozen, head = feature_draft.frozen_inputs(config, target.config, target.params, order, "float32")
+  return feature_draft.evaluate(params["draft"], data, config, frozen, head, "float32")
+
+
+def test_each_draft_at_its_own_and_at_a_given_vocabulary_equals_the_librarys_evaluation(setup):
+  root, target = setup
+  data = corpus.load_shards([root / "corpus" / "gen_eval_0000.npz"])
+  for extra, vocab_size in (((), 40), (("--draft_vocab_size=61",), 61)):
+    done = _run(root, f"--drafts={root / 'draft'}", "--names=tiny", f"--results_dir={root / str(vocab_size)}",
+                *extra)
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = json.loads((root / str(vocab_size) / "eval_eagle.json").read_text())["drafts"]["tiny"]
+    assert row["draft_vocab_size"] == vocab_size
+    reference = _reference(target, root / "draft", vocab_size, data)
+    for key in ("eval_agreement", "eval_agreement_doctest", "eval_mean_accepted_length"):
+      assert row[key] == pytest.approx(float(reference[key]), abs=1e-9), key
+    assert f"| tiny | {vocab_size} |" in done.stdout
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--drafts=DRAFT,DRAFT", "--names=a,a"), "one distinct name per draft"),
+    (("--drafts=DRAFT", "--draft_vocab_size=62"), "exceeds tiny's stored vocabulary of 61"),
+    (("--drafts=/nonexistent",), "no exported EAGLE draft"),
+])
+def test_bad_requests_are_named(setup, flags, message):
+  root, _ = setup
+  flags = [f.replace("DRAFT", str(root / "draft")) for f in flags]
+  if not any(f.startswith("--names") for f in flags):
+    flags.append("--names=tiny")
+  done = _run(root, *flags, f"--results_dir={root / 'bad'}")
+  assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
