@@ -14,7 +14,9 @@ V' can be chosen at load time); an existing export is an error, checked before t
 --overwrite is given.
 
 EAGLE-3's training-time test (--ttt_depth=D > 1) also trains drafts 2 … D of chains that read the
-draft's own features; --init_from fine-tunes an exported draft (docs/draft.md, "Training-time test").
+draft's own features; --init_from fine-tunes an exported draft (docs/draft.md, "Training-time test"),
+or grows a deeper one from it (--num_layers above the export's: the new layers start as the
+identity, eagle.grown_params).
 """
 
 import dataclasses
@@ -78,11 +80,15 @@ def main(argv):
   init = None
   if _INIT_FROM.value:
     start_config, start = eagle.load_eagle(_INIT_FROM.value)
-    if start_config.layer != config.layer or start_config.fused_layers not in ((), fused):
-      raise app.UsageError(f"--init_from={_INIT_FROM.value} has another layer shape or fused layers "
-                           f"than --num_layers={_LAYERS.value} --fused_layers={_FUSED.value} give")
-    # A plain draft fine-tuned with fused layers gains the fusion, initialized to pass f through.
-    init = lambda key: {**eagle.init_draft_params(config, key), **start["draft"]}
+    same_layers = dataclasses.replace(config.layer, num_hidden_layers=start_config.num_layers)
+    if (start_config.layer != same_layers or start_config.num_layers > config.num_layers
+        or start_config.fused_layers not in ((), fused)):
+      raise app.UsageError(f"--init_from={_INIT_FROM.value} has another layer shape, more layers or "
+                           f"other fused layers than --num_layers={_LAYERS.value} "
+                           f"--fused_layers={_FUSED.value} give")
+    # A plain draft fine-tuned with fused layers gains the fusion, initialized to pass f through; a
+    # deeper draft grows from a shallower one, its new layers starting as the identity.
+    init = lambda key: eagle.grown_params(config, start["draft"], key)
   cfg = _training.train_config()
   settings = {"target": _TARGET.value, "corpus": _training.CORPUS.value, "draft_vocab_size": _VOCAB.value,
               "num_layers": _LAYERS.value, "fused_layers": list(fused), "cls_weight": _CLS.value,

@@ -34,15 +34,21 @@ def _random_draft(target, seed=1, draft_vocab=DRAFT_VOCAB):
   return bj.Model(config, {"draft": params, "vocab_ids": _vocab_ids()[:draft_vocab]}, name="eagle")
 
 
-def _correlated_draft(target, feature_weight=0.3, draft_vocab=DRAFT_VOCAB):
+def _correlated_draft(target, feature_weight=0.3, draft_vocab=DRAFT_VOCAB, num_layers=1):
   """A draft that predicts a 1-layer target well: its layer is the target's, and ``fc`` passes the
   token's embedding plus ``feature_weight`` times the feature, so it is accepted often but not always,
-  and what it drafts depends on the features it is given."""
-  config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=draft_vocab)
+  and what it drafts depends on the features it is given. A second layer is random, its output
+  projections scaled down: it changes the predictions, not so much that nothing is accepted."""
+  config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=draft_vocab,
+                                        num_layers=num_layers)
   e = config.feature_size
   kernel = jnp.concatenate([jnp.eye(e), feature_weight * jnp.eye(e)], axis=0)
   params = {"fc": {"kernel": kernel, "bias": jnp.zeros((e,))},
             "layers_0": target.params["layers_0"]}
+  if num_layers == 2:
+    layer = eagle.init_draft_params(config, jax.random.key(7))["layers_1"]
+    params["layers_1"] = jax.tree_util.tree_map_with_path(
+        lambda path, x: 0.3 * x if "o_proj" in str(path) or "down_proj" in str(path) else x, layer)
   return bj.Model(config, {"draft": params, "vocab_ids": _vocab_ids()[:draft_vocab]}, name="eagle")
 
 
@@ -116,11 +122,13 @@ def _reference_steps(target, draft, text, prompt_len, draft_len):
   return steps
 
 
-def test_proposals_in_the_loop_equal_a_from_scratch_reference():
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_proposals_in_the_loop_equal_a_from_scratch_reference(num_layers):
   """Every step's accepted count, per row of a ragged batch, equals the reference's: the feature
-  buffer, the catch-up, the autoregressive drafts and the rollback all line up."""
+  buffer, the catch-up, the autoregressive drafts and the rollback all line up, for a one-layer
+  draft (EAGLE's) and a deeper one (each layer its own ragged cache)."""
   target = tiny_model(0, num_hidden_layers=1, scale=2.0)
-  draft = _correlated_draft(target)
+  draft = _correlated_draft(target, num_layers=num_layers)
   rng = np.random.default_rng(5)
   prompts = [rng.integers(0, 61, n).tolist() for n in (2, 9, 5)]
   draft_len = 3
@@ -237,6 +245,29 @@ def test_training_lowers_the_loss_and_raises_agreement(tmp_path):
   after = objective.evaluate(params, data)
   assert after["eval_loss"] < 0.5 * before["eval_loss"]
   assert after["eval_agreement"] > before["eval_agreement"] + 0.3
+
+
+def test_a_deeper_draft_grown_from_a_shallower_one_starts_at_its_predictions():
+  """eagle.grown_params: the new layers are the identity, so a 2-layer draft grown from a 1-layer one
+  predicts the same features (fed the same pairs); the new layers are not all zero (they train); a
+  draft with more layers than the config, or another shape, is refused by name."""
+  target = tiny_model(0)
+  small = _random_draft(target, seed=4)
+  deep_config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=DRAFT_VOCAB, num_layers=2)
+  grown = eagle.grown_params(deep_config, small.params["draft"], jax.random.key(9))
+  assert float(jnp.abs(grown["layers_1"]["self_attn"]["q_proj"]["kernel"]).sum()) > 0
+  rng = np.random.default_rng(3)
+  tokens = jnp.asarray(rng.integers(0, 61, (2, 7)), jnp.int32)
+  features = jnp.asarray(rng.normal(size=(2, 7, 32)), jnp.float32)
+  deep = bj.Model(deep_config, {"draft": grown, "vocab_ids": small.params["vocab_ids"]}, name="eagle")
+  want, _ = eagle.forward(small.config, _bound(target, small), tokens, features)
+  got, _ = eagle.forward(deep_config, _bound(target, deep), tokens, features)
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  with pytest.raises(ValueError, match="lacks"):
+    eagle.grown_params(small.config, grown, jax.random.key(0))
+  wide = eagle.EagleConfig.for_target(tiny_model(0, hidden_size=48).config, draft_vocab_size=DRAFT_VOCAB)
+  with pytest.raises(ValueError, match="has shape"):
+    eagle.grown_params(wide, small.params["draft"], jax.random.key(0))
 
 
 def test_token_frequencies_sort_by_count_then_id():

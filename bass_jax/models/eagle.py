@@ -241,6 +241,45 @@ def init_draft_params(config: EagleConfig, key: jax.Array, dtype: Any = jnp.floa
   return module.init(key, tokens, features, embedding)["params"]
 
 
+def grown_params(config: EagleConfig, start: dict[str, Any], key: jax.Array) -> dict[str, Any]:
+  """A deeper draft's parameters that compute what a shallower draft ``start`` computes.
+
+  ``start``'s layers (``layers_0 … layers_{n-1}``), ``fc`` and fusion are kept; the layers it lacks get
+  Flax's initializers with their attention and MLP output projections (``o_proj``, ``down_proj``) set to
+  0, so each adds nothing to the residual stream and is the identity: training starts from ``start``'s
+  predictions and the new layers learn from there (zero-initialized residual branches, as in ReZero or
+  the "zero-init" of deep residual networks). A fused config's fusion starts as ``init_draft_params``
+  gives it (passing the feature through) when ``start`` has none.
+
+  Args:
+    config: the deeper draft's config (``num_layers`` >= ``start``'s).
+    start: a draft's trainable parameters (``load_eagle(...)[1]["draft"]``).
+
+  Raises:
+    ValueError: ``start`` has more layers than ``config``, or parameters of other shapes.
+  """
+  fresh = init_draft_params(config, key)
+  kept = {k: v for k, v in start.items()}
+  extra = sorted(set(kept) - set(fresh))
+  if extra:
+    raise ValueError(f"the starting draft has {extra}, which a {config.num_layers}-layer draft lacks")
+  for name, value in flax.traverse_util.flatten_dict(kept, sep="/").items():
+    want = flax.traverse_util.flatten_dict(fresh, sep="/").get(name)
+    if want is None or want.shape != value.shape:
+      raise ValueError(f"the starting draft's {name} has shape {value.shape}, the config needs "
+                       f"{None if want is None else want.shape}")
+  grown = {**fresh, **kept}
+  for name in set(fresh) - set(kept):
+    if name.startswith("layers_"):
+      layer = grown[name]
+      grown[name] = {**layer,
+                     "self_attn": {**layer["self_attn"],
+                                   "o_proj": {"kernel": jnp.zeros_like(layer["self_attn"]["o_proj"]["kernel"])}},
+                     "mlp": {**layer["mlp"],
+                             "down_proj": {"kernel": jnp.zeros_like(layer["mlp"]["down_proj"]["kernel"])}}}
+  return grown
+
+
 def lm_head_matrix(target_config: Any, target_params: Any) -> jax.Array:
   """The target's LM head as ``[V, E]`` rows (its embedding when tied).
 
