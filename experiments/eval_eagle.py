@@ -59,7 +59,7 @@ def main(argv):
   data = corpus.load_shards(shards)
   target = bass_jax.load_model(_TARGET.value, tokenizer=False)
   rows = {}
-  for name, path in zip(names, paths):
+  for name, spec, path in zip(names, _DRAFTS.value, paths):
     config, params = eagle.load_eagle(path)
     vocab_order = eagle.load_vocab_order(path)  # the whole order: a larger V' than the export's own
     if _VOCAB.value:
@@ -75,7 +75,7 @@ def main(argv):
                                                     "float32")
     metrics = feature_draft.evaluate(params["draft"], data, config, frozen, full_head, "float32",
                                      depth=_DEPTH.value)
-    rows[name] = {"draft": str(path), "draft_vocab_size": config.draft_vocab_size, **metrics}
+    rows[name] = {"draft": spec, "draft_vocab_size": config.draft_vocab_size, **metrics}
     logging.info("%s: %s", name, rows[name])
   result = {"corpus": _CORPUS.value, "held_out_windows": int(len(data["tokens"])),
             "held_out_positions": int(data["mask"].sum()), "depth": _DEPTH.value, "drafts": rows,

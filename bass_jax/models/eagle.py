@@ -253,23 +253,28 @@ def grown_params(config: EagleConfig, start: dict[str, Any], key: jax.Array) -> 
 
   Args:
     config: the deeper draft's config (``num_layers`` >= ``start``'s).
-    start: a draft's trainable parameters (``load_eagle(...)[1]["draft"]``).
+    start: a draft's trainable parameters (``load_eagle(...)[1]["draft"]``), a nested dict of arrays.
+    key: PRNG key for the new layers' initializers.
+
+  Returns:
+    The deeper draft's trainable parameters, float32 where new, ``start``'s own arrays (and dtypes)
+    where kept.
 
   Raises:
     ValueError: ``start`` has more layers than ``config``, or parameters of other shapes.
   """
   fresh = init_draft_params(config, key)
-  kept = {k: v for k, v in start.items()}
-  extra = sorted(set(kept) - set(fresh))
+  extra = sorted(set(start) - set(fresh))
   if extra:
     raise ValueError(f"the starting draft has {extra}, which a {config.num_layers}-layer draft lacks")
-  for name, value in flax.traverse_util.flatten_dict(kept, sep="/").items():
-    want = flax.traverse_util.flatten_dict(fresh, sep="/").get(name)
+  fresh_flat = flax.traverse_util.flatten_dict(fresh, sep="/")
+  for name, value in flax.traverse_util.flatten_dict(start, sep="/").items():
+    want = fresh_flat.get(name)
     if want is None or want.shape != value.shape:
       raise ValueError(f"the starting draft's {name} has shape {value.shape}, the config needs "
                        f"{None if want is None else want.shape}")
-  grown = {**fresh, **kept}
-  for name in set(fresh) - set(kept):
+  grown = {**fresh, **start}
+  for name in set(fresh) - set(start):
     if name.startswith("layers_"):
       layer = grown[name]
       grown[name] = {**layer,

