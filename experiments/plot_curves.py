@@ -12,7 +12,6 @@ held-out simulated mean accepted length (l = the run's ``eval_depth``). Nothing 
 numbers are the runs' own (``bass_jax.training.distill`` writes them).
 """
 
-import json
 import pathlib
 
 from absl import flags
@@ -21,6 +20,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+from bass_jax.training import distill  # pylint: disable=g-import-not-at-top,wrong-import-position
 from experiments import _io  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _RUNS = flags.DEFINE_multi_string("runs", [], "Comma-separated name=<run directory>@<step offset>.")
@@ -56,16 +56,16 @@ def parse_runs(specs: list[str]) -> list[tuple[str, pathlib.Path, int]]:
 
 def curves(metrics: pathlib.Path, offset: int, smooth: int) -> dict[str, list[tuple[float, float]]]:
   """The run's (step + offset, value) series: ``train`` (agreement, means of ``smooth`` logged rows),
-  ``eval`` (held-out agreement) and ``accepted`` (held-out simulated accepted length)."""
-  rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-  train = [(r["step"] + offset, r["agreement"]) for r in rows
-           if "agreement" in r and "eval_loss" not in r]
+  ``eval`` (held-out agreement) and ``accepted`` (held-out simulated accepted length). Read through
+  ``distill.MetricsLog``, so a resumed run's re-logged steps count once."""
+  records = sorted(distill.MetricsLog(metrics).read().items())
+  train = [(step + offset, r["agreement"]) for step, r in records if "agreement" in r]
   train = [(train[i + len(chunk) - 1][0], sum(v for _, v in chunk) / len(chunk))
            for i in range(0, len(train), smooth) for chunk in [train[i:i + smooth]]]
-  evals = [r for r in rows if "eval_loss" in r]
+  evals = [(step + offset, r) for step, r in records if "eval_agreement" in r]
   return {"train": train,
-          "eval": [(r["step"] + offset, r["eval_agreement"]) for r in evals],
-          "accepted": [(r["step"] + offset, r["eval_mean_accepted_length"]) for r in evals
+          "eval": [(step, r["eval_agreement"]) for step, r in evals],
+          "accepted": [(step, r["eval_mean_accepted_length"]) for step, r in evals
                        if "eval_mean_accepted_length" in r]}
 
 
