@@ -3,7 +3,7 @@ r"""Training curves of chained draft runs (fine-tunes of fine-tunes) on one step
     python -m experiments.plot_curves \
         --runs=stage1=results/eagle2_stage1@0,control=results/eagle2_control@1000 \
         --runs=ttt=results/eagle2_ttt@1000,two_layers=results/eagle2_deep@1400 \
-        --output=docs/figures/eagle2_curves.png
+        --png=docs/figures/eagle2_curves.png
 
 Each run is ``name=<directory holding metrics.jsonl>@<offset>``: the run's step 0 is drawn at
 ``offset`` (the steps of the runs it started from). Left: the training batches' first-draft agreement
@@ -24,7 +24,8 @@ from bass_jax.training import distill  # pylint: disable=g-import-not-at-top,wro
 from experiments import _io  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _RUNS = flags.DEFINE_multi_string("runs", [], "Comma-separated name=<run directory>@<step offset>.")
-_OUTPUT = flags.DEFINE_string("output", None, "PNG to write.", required=True)
+# Not --output: experiments.report defines it, and one test process imports both modules.
+_PNG = flags.DEFINE_string("png", None, "PNG to write.", required=True)
 _SMOOTH = flags.DEFINE_integer("smooth", 5, "Logged training values averaged per point.", lower_bound=1)
 
 
@@ -91,7 +92,7 @@ def main(argv):
     ax.grid(alpha=0.3)
   axes[0].legend()
   fig.tight_layout()
-  out = pathlib.Path(_OUTPUT.value)
+  out = pathlib.Path(_PNG.value)
   out.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(out, dpi=110)
   print(f"wrote {out}")
