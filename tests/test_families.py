@@ -315,3 +315,75 @@ def test_convert_script_round_trip(tmp_path):
   tokens = np.random.default_rng(5).integers(0, VOCAB, size=(1, 9))
   again = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf2").eval()
   np.testing.assert_allclose(_torch_logits(again, tokens), _torch_logits(hf, tokens), atol=1e-5)
+
+
+# -- the context's last position ------------------------------------------------------------------
+
+# One configuration of each family's model_type (the shared list: a family added later gets an entry
+# here too), its context cut to CONTEXT positions; llama is built from transformers' LlamaConfig.
+EDGE_FAMILIES = {"llama": None, "qwen2": "qwen2", "mistral": "mistral-window-5",
+                 "opt": "opt-pre-ln-projected", "codegen": "codegen", "gpt2": "gpt2"}
+CONTEXT = 48
+_CONTEXT_FIELD = {"codegen": ("n_positions", "n_ctx"), "gpt2": ("n_positions",)}
+_LAYERS_FIELD = {"codegen": "n_layer", "gpt2": "n_layer"}
+
+
+def _edge_model(family, seed, num_layers, **overrides):
+  if family == "llama":
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=num_layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+      for p in model.parameters():
+        p.copy_(1.0 + 0.2 * torch.randn_like(p) if p.ndim == 1 else 0.25 * torch.randn_like(p))
+    return model
+  fields = {f: CONTEXT for f in _CONTEXT_FIELD.get(family, ("max_position_embeddings",))}
+  fields[_LAYERS_FIELD.get(family, "num_hidden_layers")] = num_layers
+  return _hf_model(EDGE_FAMILIES[family], seed=seed, **fields, **overrides)
+
+
+@pytest.mark.parametrize("family", sorted(EDGE_FAMILIES))
+def test_bass_decodes_to_the_last_position_of_the_context(family, tmp_path):
+  """Prompt + max_new_tokens equal to the context: every step's look-ahead (a chain of 7, a tree of
+  depth 7) runs past the last position, which a learned position table (GPT-2, OPT) does not have.
+  BASS emits regular decoding's tokens with every draft side: a hybrid of sibling lookup, n-gram
+  lookup and a draft model of the family (chain), the draft model's tree, n-gram trees, and an EAGLE
+  draft where the family takes one; every emitted log-prob is finite."""
+  _edge_model(family, 0, 2).save_pretrained(tmp_path / "target")
+  # A tree grows over a draft model without a sliding window (generate refuses one that has it).
+  window = {"sliding_window": None} if family == "mistral" else {}
+  _edge_model(family, 1, 1, **window).save_pretrained(tmp_path / "draft")
+  target, draft = bj.load_model(tmp_path / "target"), bj.load_model(tmp_path / "draft")
+  assert target.config.max_positions == CONTEXT
+  rng = np.random.default_rng()
+  max_new = 9
+  a, b = (rng.integers(0, VOCAB, CONTEXT - max_new).tolist() for _ in range(2))
+  prompts = [a, b, a]  # rows 0 and 2 are siblings
+  common = dict(max_new_tokens=max_new, eos_token_id=())
+  regular = bj.generate(target, None, prompts, method="regular", **common)
+  assert np.isfinite(regular.logprobs).all()
+  ngram = bj.NGramProposer(max_n=2, min_n=1)
+  sides = {
+      "hybrid chain": (bj.Hybrid(draft, ngram, siblings=bj.SiblingProposer()), dict(draft_len=7)),
+      "model tree": (draft, dict(draft_tree="top_k=2,depth=7,nodes=12")),
+      "n-gram tree": (ngram, dict(draft_tree="top_k=2,depth=7,nodes=10")),
+  }
+  if family in ("llama", "qwen2", "mistral"):
+    from conftest import random_eagle_draft  # pylint: disable=g-import-not-at-top
+
+    eagle = random_eagle_draft(target)
+    sides["eagle chain"] = (eagle, dict(draft_len=7))
+    if family == "mistral":  # its EAGLE draft has the target's window: refused before compiling
+      with pytest.raises(ValueError, match="draft_tree: the draft model eagle has a sliding window"):
+        bj.generate(target, eagle, prompts, draft_tree="top_k=2,depth=7,nodes=12", **common)
+    else:
+      sides["eagle tree"] = (eagle, dict(draft_tree="top_k=2,depth=7,nodes=12"))
+  for name, (side, kwargs) in sides.items():
+    if "tree" in name and family == "mistral":
+      kwargs = {**kwargs, "attention_impl": "reference"}
+    bass = bj.generate(target, side, prompts, **common, **kwargs)
+    assert np.array_equal(bass.tokens, regular.tokens), (family, name)
+    assert np.isfinite(bass.logprobs).all(), (family, name)
+    np.testing.assert_allclose(bass.logprobs, regular.logprobs, atol=1e-4, err_msg=f"{family} {name}")

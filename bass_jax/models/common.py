@@ -471,6 +471,29 @@ def prefill_cache(config: DecoderConfig, params: Any, prompts: jax.Array, prompt
   return (cache, features) if return_features else cache
 
 
+def learned_position_ids(positions: jax.Array, table_size: int, offset: int = 0) -> jax.Array:
+  """Row ids into a learned position table (GPT-2's ``wpe``, OPT's ``embed_positions``) for
+  ``positions: i32[B, T]``: ``positions + offset``, clipped to the table's last row.
+
+  A decode computes positions past the context it never emits: a verification pass of ``l + 1``
+  positions (or a tree of depth ``l``) starting within ``l`` of the end, and the proposers' own
+  look-ahead. ``nn.Embed``'s lookup fills an out-of-range id with NaN, and a NaN value in a slot the
+  same pass wrote reaches every earlier query of that pass (softmax weight 0 times NaN), so it
+  changed emitted tokens and log-probs. Clipping keeps those values finite. It changes nothing
+  emitted: ``generate`` refuses prompt + ``max_new_tokens`` beyond the context, so every emitted
+  token's logits come from a query at a position inside the table, and by causality (chain or tree
+  mask) such a query never reads a slot at a later position.
+
+  Args:
+    positions: ``i32[B, T]`` (or ``[1, T]``), as :func:`positions_of` returns.
+    table_size: rows of the table. offset: the family's row of position 0 (OPT's 2).
+
+  Returns:
+    ``i32`` of ``positions``' shape, in ``[0, table_size)``.
+  """
+  return jnp.minimum(positions + offset, table_size - 1)
+
+
 def positions_of(tokens: jax.Array, cache: KVCache | None,
                  tree_mask: jax.Array | None = None) -> jax.Array:
   """The tokens' positions, which every family and the EAGLE draft take from here (RoPE, learned

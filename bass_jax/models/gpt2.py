@@ -161,7 +161,8 @@ class GPT2(nn.Module):
     positions = common.positions_of(tokens, cache, tree_mask)
     position_table = nn.Embed(cfg.n_positions, cfg.n_embd, dtype=self.dtype, param_dtype=self.dtype,
                               name="wpe")
-    x = embed(tokens) + position_table(positions)
+    x = embed(tokens) + position_table(
+        common.learned_position_ids(positions, cfg.n_positions))
     x, update = common.run_layers(
         GPT2Block, cfg.n_layer, name="h", x=x, cache=cache, positions=positions,
         config=cfg, attention_impl=self.attention_impl, dtype=self.dtype, tree_mask=tree_mask,

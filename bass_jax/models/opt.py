@@ -195,7 +195,8 @@ class OPT(nn.Module):
     positions = common.positions_of(tokens, cache, tree_mask)
     position_table = nn.Embed(cfg.max_position_embeddings + POSITION_OFFSET, cfg.hidden_size,
                               dtype=self.dtype, param_dtype=self.dtype, name="embed_positions")
-    x = x + position_table(positions + POSITION_OFFSET)
+    x = x + position_table(common.learned_position_ids(
+        positions, cfg.max_position_embeddings + POSITION_OFFSET, POSITION_OFFSET))
     x, update = common.run_layers(
         OPTDecoderLayer, cfg.num_hidden_layers, name="layers", x=x, cache=cache,
         positions=positions, config=cfg, attention_impl=self.attention_impl, dtype=self.dtype,

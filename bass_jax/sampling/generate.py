@@ -513,6 +513,12 @@ def _prepare(target, draft, prompts, *, method, max_new_tokens, temperature, top
     if getattr(target.config, "sliding_window", None) is not None and attention_impl != "reference":
       raise ValueError("draft_tree with a sliding-window target runs on attention_impl='reference' "
                        "only (the kernels place a query by slot, a tree node by depth)")
+    windowed = [m.name for m in draft_models  # an EAGLE draft's window is its layer's
+                if getattr(getattr(m.config, "layer", m.config), "sliding_window", None) is not None]
+    if windowed:
+      raise ValueError(f"draft_tree: the draft model {windowed[0]} has a sliding window, and a tree "
+                       "grows its levels as queries over earlier nodes, which a window over a tree "
+                       "does not support; use a draft without a window, n-gram lookup or chains")
     if isinstance(policy, GoodputDraftLen):
       policy = dataclasses.replace(policy, trees=trees)
     elif not (isinstance(draft_len, str) and draft_len == "dynamic"):
