@@ -232,8 +232,9 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
       * a Hugging Face checkpoint directory (``config.json`` + ``*.safetensors`` or ``*.bin``) of a
         supported family: Llama, Qwen2, Mistral, OPT, CodeGen, GPT-2;
       * a directory written by :func:`save_model` in orbax format (``config.json`` + ``params/``);
-      * an EAGLE feature draft written by ``bass_jax.models.eagle.save_eagle`` (its config is an
-        ``EagleConfig``; it drafts only through ``generate``, with the target it was trained for).
+      * an EAGLE feature draft written by ``bass_jax.models.eagle.save_eagle`` or by :func:`save_model`
+        in either format (its config is an ``EagleConfig``; it drafts only through ``generate``, with
+        the target it was trained for).
     dtype: parameter and compute dtype: ``float32``, ``bfloat16`` or ``float16`` (a name or a jnp
       dtype); None takes :func:`default_dtype` (f32 on a CPU, bf16 on an accelerator).
     num_layers: keep only the first ``num_layers`` decoder layers (the placeholder draft), an int >= 1.
@@ -260,7 +261,10 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
       weights are read); an unsupported architecture or config field; weights that do not match the
       config (``CheckpointError``, a ``ValueError``); a directory holding
       weights in two formats (named); a tokenizer with more tokens than the model's vocabulary; a mesh
-      or rules the model's shapes do not allow (``bass_jax.sharding.plan``).
+      or rules the model's shapes do not allow (``bass_jax.sharding.plan``); an orbax checkpoint
+      whose config.json and stored parameters disagree (one line: the first differing parameter, both
+      shapes, and the config field with both values where one field explains it); a damaged or
+      truncated weight file or orbax directory (named).
   """
   if not isinstance(spec, (str, os.PathLike)):
     raise ValueError(f"spec must be an alias, a file or a directory path, got {spec!r}")
@@ -314,7 +318,8 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
     if tokenizer:  # before the weights: a broken tokenizer fails in a moment, not after the load
       tok = _load_tokenizer(path)
     if formats and formats[0].startswith(_ORBAX_PARAMS_DIR):
-      params = orbax_ckpt.restore_params(path / _ORBAX_PARAMS_DIR, expected(config))
+      params = orbax_ckpt.restore_params(path / _ORBAX_PARAMS_DIR, expected(config), config=config,
+                                         shapes_for=lambda c: abstract_params(c, dtype))
     else:
       config, params = hf_ckpt.load_hf_checkpoint(path, expected=expected, dtype=dtype)
   else:
@@ -457,7 +462,7 @@ def _as_id_set(ids) -> frozenset[int]:
 
 
 def save_model(model: Model, path: str | os.PathLike, *, format: str = "safetensors",  # pylint: disable=redefined-builtin
-               overwrite: bool = False) -> None:
+               overwrite: bool = False, dtype: Any = None) -> None:
   """Writes a model that :func:`load_model` (and, for safetensors, transformers) reads back.
 
   The directory is written whole into a temporary sibling (``.<name>.partial-<host>-<pid>-<tag>``) and
@@ -475,20 +480,32 @@ def save_model(model: Model, path: str | os.PathLike, *, format: str = "safetens
   whose process is gone (same host, pid no longer alive); other paths' leftovers and those of a save
   still running are kept.
 
+  An EAGLE draft (config an ``eagle.EagleConfig``, params ``{"draft": …, "vocab_ids": i32[V']}``) is
+  written in its own layouts (``models.eagle.write_files``): ``config.json`` + ``model.safetensors``
+  (what ``eagle.save_eagle`` writes and the shipped draft holds) or ``config.json`` + orbax
+  ``params/``; the stored ``vocab_ids`` are the model's (a loaded draft's are cut to its V', so the
+  rest of a shipped draft's frequency order is not carried over).
+
   Args:
     model: the model (a :class:`Model`); its tokenizer, when set, is written too.
     path: the checkpoint directory to create (or replace, with ``overwrite``).
-    format: ``"safetensors"`` (an HF checkpoint directory of the family) or ``"orbax"`` (config.json
-      plus an orbax parameter checkpoint in ``params/``).
+    format: ``"safetensors"`` (an HF checkpoint directory of the family; an EAGLE draft's own
+      directory) or ``"orbax"`` (config.json plus an orbax parameter checkpoint in ``params/``).
     overwrite: replace an existing checkpoint directory at ``path``.
+    dtype: the stored floating parameters' dtype (``float32``, ``bfloat16``, ``float16``; a name or a
+      jnp dtype); None (the default) stores the model's own. Integer arrays (an EAGLE draft's
+      ``vocab_ids``) stay ``int32``. A family's safetensors file holds f16 or f32 (bfloat16 is written
+      as f32, exactly); an EAGLE draft's and orbax hold bfloat16 as it is.
 
   Raises:
     ValueError: ``model`` not a :class:`Model` or ``path`` not a path (named, with what was passed);
-      unknown format; ``overwrite`` not a bool.
+      unknown format or dtype; ``overwrite`` not a bool; an EAGLE draft whose params are not
+      ``{"draft", "vocab_ids"}``.
     FileExistsError: ``path`` exists and ``overwrite`` is False; ``path`` is a file; or ``path`` is a
       non-empty directory holding files a save does not write (a few named, with their count; never
       deleted: choose an empty or new directory, or remove them). NotADirectoryError: a parent of
-      ``path`` is a file. Nothing is written or removed when any of these is raised.
+      ``path`` is a file. Nothing is written or removed when any of these is raised; whatever a
+      failing write raises (``OSError``: disk full), after removing its temporary directory.
   """
   if not isinstance(model, Model):
     raise ValueError(f"model must be a bass_jax.Model, got {type(model).__name__}")
@@ -497,15 +514,31 @@ def save_model(model: Model, path: str | os.PathLike, *, format: str = "safetens
   if format not in ("safetensors", "orbax"):
     raise ValueError(f"unknown format {format!r}; choose 'safetensors' or 'orbax'")
   overwrite = _checks.as_bool("overwrite", overwrite)
+  if dtype is not None:
+    dtype = _model_dtype(dtype)
+  if isinstance(model.config, eagle.EagleConfig):
+    if not hasattr(model.params, "keys") or set(model.params.keys()) != {"draft", "vocab_ids"}:
+      raise ValueError(f"an EAGLE draft's params must be {{'draft': …, 'vocab_ids': …}} (as load_model "
+                       f"returns), got keys {sorted(getattr(model.params, 'keys', list)())}")
+    with atomic.replace_directory(path, overwrite=overwrite) as tmp:
+      eagle.write_files(tmp, model.config, model.params["draft"], model.params["vocab_ids"],
+                        format=format, dtype=dtype)
+      if model.tokenizer is not None:
+        model.tokenizer.save_pretrained(str(tmp))
+    return
   model = model.with_scanned_layers(False)  # files keep one subtree per layer, as HF's
+  params = model.params
+  if dtype is not None:
+    params = jax.tree_util.tree_map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
   with atomic.replace_directory(path, overwrite=overwrite) as tmp:
     if format == "safetensors":
-      hf_ckpt.save_hf_checkpoint(tmp, model.config, model.params)
+      hf_ckpt.save_hf_checkpoint(tmp, model.config, params)
     else:
       hf_config = model.config.to_hf_config()
       hf_config.architectures = [model.config.hf_architecture]
       hf_config.save_pretrained(str(tmp))
-      orbax_ckpt.save_params(tmp / _ORBAX_PARAMS_DIR, model.params)
+      orbax_ckpt.save_params(tmp / _ORBAX_PARAMS_DIR, params)
     if model.tokenizer is not None:
       model.tokenizer.save_pretrained(str(tmp))
 

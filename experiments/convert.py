@@ -4,9 +4,13 @@ r"""Converts a checkpoint to a bass-jax directory (orbax) or back to a Hugging F
     python -m experiments.convert --from=converted/ --to=hf_again/ --format=safetensors
 
 --from takes anything `bass_jax.load_model` reads (an HF directory of a supported family, a .gguf file,
-an alias, an orbax directory). The conversion is total: a missing, extra or mis-shaped tensor, or a
-config field the port would ignore, stops it with an error that names it. The tokenizer, if the source
-has one, is written too.
+an alias, an orbax directory, an EAGLE draft directory in either layout). The conversion is total: a
+missing, extra or mis-shaped tensor, or a config field the port would ignore, stops it with an error
+that names it. The tokenizer, if the source has one, is written too. An EAGLE draft
+(`--from=smollm2-135m-eagle`) is written in its own layouts: --format=safetensors gives config.json +
+model.safetensors (as `eagle.save_eagle` writes), --format=orbax config.json + params/; its stored
+vocab_ids are the draft's V' (the rest of a shipped draft's frequency order is not carried over).
+The parameters are written in --dtype (the dtype they are loaded in).
 
 --to must not exist unless --overwrite is given; then it is replaced whole. The output is written into
 a temporary sibling directory and renamed into place when complete, so a failed conversion leaves an

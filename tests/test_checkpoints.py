@@ -276,8 +276,10 @@ def test_unreadable_safetensors_raises_checkpoint_error(ckpt, corrupt):
     file.write_bytes(data[:len(data) // 2])
   else:
     file.write_bytes(np.random.default_rng(7).bytes(len(data)))
-  with pytest.raises(CheckpointError, match="cannot read safetensors file"):
+  with pytest.raises(CheckpointError, match="cannot read safetensors file") as error:
     bass_jax.load_model(ckpt)
+  message = str(error.value)  # one line, the file named, and what to do
+  assert "\n" not in message and str(file) in message and "damaged or truncated" in message, message
 
 
 def test_missing_tensor_is_named(ckpt):
@@ -422,3 +424,61 @@ def test_config_round_trip_preserves_architecture(fields):
   assert back.rope_parameters["rope_type"] == "default"
   assert config.head_dim == fields.get("head_dim", fields["hidden_size"] // fields["num_attention_heads"])
   assert LlamaConfig.from_hf_config(back) == config
+
+
+# -- orbax: config.json against the stored parameters, and damaged pieces ----------------------------
+
+
+@pytest.fixture(scope="module")
+def orbax_dir(hf_dir, tmp_path_factory) -> pathlib.Path:
+  """``hf_dir``'s model saved as orbax (config.json + params/); tests that edit it work on a copy."""
+  path = tmp_path_factory.mktemp("orbax") / "ckpt"
+  bass_jax.save_model(bass_jax.load_model(hf_dir), path, format="orbax")
+  return path
+
+
+def _one_line_naming(error: pytest.ExceptionInfo, where: pathlib.Path, *parts: str) -> str:
+  """The error's message, checked to be one line naming ``where`` and ``parts``, short once the path
+  is left out (a path under pytest's tmp_path is long)."""
+  message = str(error.value)
+  assert "\n" not in message, message
+  assert str(where) in message, message
+  for part in parts:
+    assert part in message, (part, message)
+  assert len(message.replace(str(where), "")) < 240, message
+  return message
+
+
+@pytest.mark.parametrize("field", ["hidden_size", "intermediate_size", "vocab_size",
+                                   "num_hidden_layers", "num_key_value_heads"])
+def test_orbax_config_that_disagrees_with_the_stored_params_names_the_field(orbax_dir, tmp_path,
+                                                                             field):
+  ckpt = pathlib.Path(shutil.copytree(orbax_dir, tmp_path / "ckpt"))
+  stored = json.loads((ckpt / "config.json").read_text())[field]
+  choices = {"num_hidden_layers": [1, 3, 4], "num_key_value_heads": [1, 4]}.get(
+      field, list(range(stored // 2, 2 * stored)))
+  value = int(np.random.default_rng().choice([c for c in choices if c != stored]))
+  edit_config(ckpt, **{field: value})
+  with pytest.raises(ValueError) as error:
+    bass_jax.load_model(ckpt)
+  # The field, what config.json says and what the stored tensors were saved with.
+  message = _one_line_naming(error, ckpt, field, str(value), str(stored))
+  assert re.search(rf"\b{field}\b[^;]*\b{value}\b[^;]*\b{stored}\b", message), message
+
+
+@pytest.mark.parametrize("damage", ["metadata-missing", "array-truncated", "params-emptied"])
+def test_a_damaged_orbax_checkpoint_is_named(orbax_dir, tmp_path, damage):
+  ckpt = pathlib.Path(shutil.copytree(orbax_dir, tmp_path / "ckpt"))
+  params = ckpt / "params"
+  if damage == "metadata-missing":
+    (params / "_METADATA").unlink()
+  elif damage == "array-truncated":
+    arrays = [p for p in params.rglob("*") if p.is_file() and p.parent.name == "d"]
+    biggest = max(arrays, key=lambda p: p.stat().st_size)
+    biggest.write_bytes(biggest.read_bytes()[:biggest.stat().st_size // 3])
+  else:
+    shutil.rmtree(params)
+    params.mkdir()
+  with pytest.raises(ValueError) as error:
+    bass_jax.load_model(ckpt)
+  _one_line_naming(error, params, "damaged")

@@ -9,11 +9,16 @@ test_sampling_exact.py.
 """
 
 import functools
+import pathlib
+import subprocess
+import sys
 
+import flax.traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import safetensors.numpy
 
 import bass_jax as bj
 from bass_jax.models import common, eagle
@@ -201,6 +206,88 @@ def test_files_round_trip_and_load_model_reads_them(tmp_path):
   smaller = draft.config.with_draft_vocab_size(8)
   eagle.save_eagle(tmp_path / "small", smaller, draft.params["draft"], vocab)
   assert bj.load_model(tmp_path / "small").params["vocab_ids"].tolist() == vocab[:8].tolist()
+
+
+def _every_leaf_random(draft, seed):
+  """``draft`` with every trained parameter redrawn (biases and norm scales start constant, so a swap
+  of two of them would otherwise go unnoticed)."""
+  rng = np.random.default_rng(seed)
+  params = jax.tree_util.tree_map(lambda x: jnp.asarray(rng.standard_normal(x.shape), x.dtype),
+                                  draft.params["draft"])
+  return bj.Model(draft.config, {**draft.params, "draft": params}, name=draft.name)
+
+
+def _assert_same_draft(loaded, draft):
+  """Config equal, every trained parameter bit-equal (and of the same dtype), vocab_ids equal."""
+  assert loaded.config == draft.config
+  assert loaded.params.keys() == draft.params.keys()
+  want = flax.traverse_util.flatten_dict(draft.params["draft"], sep="/")
+  got = flax.traverse_util.flatten_dict(loaded.params["draft"], sep="/")
+  assert got.keys() == want.keys()
+  for name, value in want.items():
+    assert got[name].dtype == value.dtype, name
+    np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(value), err_msg=name)
+  assert loaded.params["vocab_ids"].dtype == jnp.int32
+  np.testing.assert_array_equal(loaded.params["vocab_ids"], draft.params["vocab_ids"])
+
+
+@pytest.mark.parametrize("fmt, files", [("safetensors", ["config.json", "model.safetensors"]),
+                                        ("orbax", ["config.json", "params"])])
+def test_save_model_writes_an_eagle_draft_that_loads_back_equal(tmp_path, fmt, files):
+  target = tiny_model(0)
+  seed = int(np.random.default_rng().integers(1 << 30))
+  config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=DRAFT_VOCAB, num_layers=2,
+                                        fused_layers=(1,))
+  draft = _every_leaf_random(bj.Model(config, {
+      "draft": eagle.init_draft_params(config, jax.random.key(seed)),
+      "vocab_ids": _vocab_ids(seed=seed)[:DRAFT_VOCAB]}, name="eagle"), seed)
+  bj.save_model(draft, tmp_path / "d", format=fmt)
+  assert sorted(p.name for p in (tmp_path / "d").iterdir()) == files
+  _assert_same_draft(bj.load_model(tmp_path / "d", dtype="float32"), draft)
+  # The draft's own dtype is what is written (bf16 here), unless save_model is told another.
+  half = bj.Model(config, {**draft.params, "draft": jax.tree_util.tree_map(
+      lambda x: x.astype(jnp.bfloat16), draft.params["draft"])}, name="eagle")
+  bj.save_model(half, tmp_path / "bf16", format=fmt)
+  _assert_same_draft(bj.load_model(tmp_path / "bf16", dtype="bfloat16"), half)
+  if fmt == "safetensors":
+    stored = safetensors.numpy.load_file(str(tmp_path / "bf16" / "model.safetensors"))
+    assert {str(v.dtype) for k, v in stored.items() if k != "vocab_ids"} == {"bfloat16"}
+    bj.save_model(half, tmp_path / "f16", format=fmt, dtype="float16")
+    stored = safetensors.numpy.load_file(str(tmp_path / "f16" / "model.safetensors"))
+    assert {str(v.dtype) for k, v in stored.items() if k != "vocab_ids"} == {"float16"}
+    assert stored["vocab_ids"].dtype == np.int32
+
+
+def test_convert_script_converts_an_eagle_draft_both_ways(tmp_path):
+  """experiments.convert: an EAGLE draft directory -> orbax -> safetensors, each loading back equal."""
+  target = tiny_model(0)
+  draft = _every_leaf_random(_random_draft(target, seed=3), int(np.random.default_rng().integers(1 << 30)))
+  bj.save_model(draft, tmp_path / "src")
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  for src, dst, fmt in (("src", "orbax", "orbax"), ("orbax", "st", "safetensors")):
+    result = subprocess.run([sys.executable, "-m", "experiments.convert", f"--from={tmp_path / src}",
+                             f"--to={tmp_path / dst}", f"--format={fmt}"], cwd=repo,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    _assert_same_draft(bj.load_model(tmp_path / dst, dtype="float32"), draft)
+  assert (tmp_path / "orbax" / "params").is_dir() and (tmp_path / "st" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "header-only"])
+def test_a_damaged_draft_file_is_named(tmp_path, damage):
+  target = tiny_model(0)
+  draft = _random_draft(target)
+  bj.save_model(draft, tmp_path / "d")
+  file = tmp_path / "d" / "model.safetensors"
+  data = file.read_bytes()
+  cut = int(np.random.default_rng().integers(9, len(data) - 1)) if damage == "truncated" else 8
+  file.write_bytes(data[:cut])
+  for read in (bj.load_model, eagle.load_vocab_order):
+    with pytest.raises(ValueError) as error:
+      read(tmp_path / "d")
+    message = str(error.value)
+    assert "\n" not in message and str(file) in message, message
+    assert "damaged or truncated" in message and "re-save" in message, message
 
 
 def test_bad_input_is_named(tmp_path):

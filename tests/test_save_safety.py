@@ -247,6 +247,97 @@ def test_overwrite_accepts_every_name_a_save_writes(tmp_path):
   assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors"]
 
 
+# -- EAGLE drafts: the same atomic writer and the same guards ---------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _draft() -> bj.Model:
+  from conftest import random_eagle_draft, tiny_model  # pylint: disable=g-import-not-at-top
+
+  return random_eagle_draft(tiny_model(0))
+
+
+def _eagle_writers():
+  """Every way an EAGLE draft is written: ``(name, write(path, overwrite))``."""
+  from bass_jax.models import eagle  # pylint: disable=g-import-not-at-top
+
+  draft = _draft()
+  return [("save_model-safetensors",
+           lambda p, overwrite: bj.save_model(draft, p, overwrite=overwrite)),
+          ("save_model-orbax",
+           lambda p, overwrite: bj.save_model(draft, p, format="orbax", overwrite=overwrite)),
+          ("save_eagle", lambda p, overwrite: eagle.save_eagle(
+              p, draft.config, draft.params["draft"], np.asarray(draft.params["vocab_ids"]),
+              overwrite=overwrite))]
+
+
+def test_an_eagle_save_refuses_a_directory_with_other_files_and_replaces_its_own_whole(tmp_path):
+  path = tmp_path / "project"
+  _project(path)
+  before, siblings = _snapshot(tmp_path), sorted(os.listdir(tmp_path))
+  for name, write in _eagle_writers():
+    for overwrite in (False, True):
+      with pytest.raises(FileExistsError, match="NOTES.md" if overwrite else "overwrite=True"):
+        write(path, overwrite)
+      assert _snapshot(tmp_path) == before, (name, overwrite)  # config.json too, byte for byte
+      assert sorted(os.listdir(tmp_path)) == siblings, (name, overwrite)
+  # Over an earlier save: refused without overwrite; with it, replaced whole (no params/ beside
+  # model.safetensors, no model.safetensors beside params/).
+  ckpt = tmp_path / "ckpt"
+  expected = {"save_model-safetensors": ["config.json", "model.safetensors"],
+              "save_model-orbax": ["config.json", "params"],
+              "save_eagle": ["config.json", "model.safetensors"]}
+  writers = dict(_eagle_writers())
+  for previous, name in [("save_model-orbax", "save_model-safetensors"),
+                         ("save_model-orbax", "save_eagle"),
+                         ("save_model-safetensors", "save_model-orbax")]:
+    shutil.rmtree(ckpt, ignore_errors=True)
+    writers[previous](ckpt, False)
+    before = _snapshot(ckpt)
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+      writers[name](ckpt, False)
+    assert _snapshot(ckpt) == before, name
+    writers[name](ckpt, True)
+    assert sorted(os.listdir(ckpt)) == expected[name], (previous, name)
+    loaded = bj.load_model(ckpt, dtype="float32")
+    assert loaded.config == _draft().config
+    np.testing.assert_array_equal(loaded.params["vocab_ids"], _draft().params["vocab_ids"])
+  _no_temporaries(tmp_path)
+
+
+def test_a_failed_eagle_save_leaves_no_partial_destination(tmp_path, monkeypatch):
+  from bass_jax.models import eagle  # pylint: disable=g-import-not-at-top
+
+  real_save_file = safetensors.numpy.save_file
+
+  def half_then_crash(tensors, filename, *args, **kwargs):  # a disk that fills midway through
+    real_save_file(tensors, filename, *args, **kwargs)
+    pathlib.Path(filename).write_bytes(pathlib.Path(filename).read_bytes()[:100])
+    raise OSError("disk full")
+
+  def orbax_crash(directory, params):
+    pathlib.Path(directory).mkdir()
+    (pathlib.Path(directory) / "half_written").write_bytes(b"x" * 100)
+    raise OSError("disk full")
+
+  existing = tmp_path / "existing"
+  eagle.save_eagle(existing, _draft().config, _draft().params["draft"],
+                   np.asarray(_draft().params["vocab_ids"]))
+  before = _snapshot(existing)
+  monkeypatch.setattr(safetensors.numpy, "save_file", half_then_crash)
+  monkeypatch.setattr(orbax_ckpt, "save_params", orbax_crash)
+  for name, write in _eagle_writers():
+    with pytest.raises(OSError, match="disk full"):
+      write(tmp_path / "new", False)
+    assert not (tmp_path / "new").exists(), name
+    with pytest.raises(OSError, match="disk full"):
+      write(existing, True)
+    assert _snapshot(existing) == before, name
+    _no_temporaries(tmp_path)
+  monkeypatch.undo()
+  assert bj.load_model(existing).config == _draft().config
+
+
 def _dead_pid() -> int:
   child = subprocess.Popen([sys.executable, "-c", ""])
   child.wait()

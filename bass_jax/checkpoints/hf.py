@@ -220,6 +220,10 @@ def _read_tensors(path: pathlib.Path) -> dict[str, np.ndarray]:
 
   With a ``model.safetensors.index.json`` (a sharded save), exactly the files its weight map names are
   read, as transformers does; other ``*.safetensors`` files are not part of the checkpoint.
+
+  Raises:
+    CheckpointError: a damaged or truncated weight file (one line, the file named); two saves mixed in
+      one directory; an invalid index or one naming missing shards. FileNotFoundError: no weights.
   """
   index = path / _SAFETENSORS_INDEX
   if index.is_file() and (path / "model.safetensors").is_file():
@@ -244,7 +248,9 @@ def _read_tensors(path: pathlib.Path) -> dict[str, np.ndarray]:
       try:
         part = safetensors.numpy.load_file(str(file))
       except Exception as e:  # safetensors raises its own error types for truncated/corrupt files
-        raise CheckpointError(f"{file}: cannot read safetensors file ({e}); re-export it") from e
+        reason = (str(e).splitlines() or [type(e).__name__])[0]
+        raise CheckpointError(f"{file}: cannot read safetensors file: damaged or truncated "
+                              f"({reason}); re-export it, or copy it again") from e
       _merge(tensors, part, file)
     return tensors
   bins = sorted(path.glob("pytorch_model*.bin"))
