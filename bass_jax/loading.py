@@ -412,6 +412,8 @@ def load_draft(spec: str | os.PathLike, target: Model, *, num_layers: int | None
     return draft if scan_layers is None else draft.with_scanned_layers(scan_layers)
   draft = load_model(spec, dtype=dtype, num_layers=num_layers, mesh=mesh, sharding=sharding,
                      scan_layers=False)
+  if isinstance(draft.config, eagle.EagleConfig):
+    eagle.check_pair_configs(draft.config, target.config, name=f"the EAGLE draft {draft.name!r}")
   check_same_tokenizer(target, draft)
   if scan_layers is None:
     scan_layers = (mesh is None and target.scanned_layers

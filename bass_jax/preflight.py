@@ -9,6 +9,7 @@ weights are read. Only metadata is read: a GGUF file's header, a checkpoint's ``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import pathlib
 from typing import Any
@@ -19,6 +20,7 @@ _NGRAM_KEYS = ("max_n", "min_n")
 _SIBLING_KEYS = ("max_n", "min_n", "pool", "max_matches", "max_siblings", "min_agreement")
 _FLOAT_KEYS = ("min_agreement",)
 _N_POSITIONS_FAMILIES = ("gpt2", "codegen")  # whose context field is ``n_positions``
+_SPECIAL_IDS = ("bos_token_id", "eos_token_id")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,8 +31,13 @@ class ModelSource:
     spec: as given. path: the file or directory behind it.
     kind: ``"gguf"``, ``"hf"`` (a Hugging Face directory; orbax saves too) or ``"eagle"``.
     context: positions the architecture supports (``max_positions`` of its config).
-    vocab_size: rows of its embedding (for an EAGLE draft: its target's, unknown here, so 0).
+    vocab_size: rows of its embedding (for an EAGLE draft: the vocabulary of the target it was
+      trained for).
     has_tokenizer: it ships a tokenizer (a GGUF file always does).
+    model_type: the config's (an EAGLE draft's own, ``"eagle"``). hidden_size: its width (an EAGLE
+      draft's: the target features' width it reads). num_layers: decoder layers.
+    special_ids: ``{"bos_token_id": ..., "eos_token_id": ...}`` where the config sets them.
+    fused_layers: an EAGLE draft's fused target layers (empty otherwise).
   """
 
   spec: str
@@ -39,6 +46,11 @@ class ModelSource:
   context: int
   vocab_size: int
   has_tokenizer: bool
+  model_type: str = ""
+  hidden_size: int = 0
+  num_layers: int = 0
+  special_ids: dict[str, Any] = dataclasses.field(default_factory=dict)
+  fused_layers: tuple[int, ...] = ()
 
 
 def inspect_model(spec: str | os.PathLike) -> ModelSource:
@@ -50,7 +62,6 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
       JSON object or names an unsupported architecture (each naming the file).
   """
   from bass_jax import loading  # pylint: disable=g-import-not-at-top
-  from bass_jax.checkpoints import gguf as gguf_ckpt  # pylint: disable=g-import-not-at-top
   from bass_jax.models import eagle  # pylint: disable=g-import-not-at-top
 
   name = str(spec)
@@ -64,8 +75,10 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
   if path.is_file():
     if path.suffix != ".gguf":
       raise ValueError(f"{path}: a model file must be .gguf; for a checkpoint pass its directory")
-    config = gguf_ckpt.read_config(gguf_ckpt._open(path), path)  # pylint: disable=protected-access
-    return ModelSource(name, path, "gguf", config.max_positions, config.vocab_size, True)
+    config = _gguf_config(path)
+    special = {f: getattr(config, f) for f in _SPECIAL_IDS if getattr(config, f, None) is not None}
+    return ModelSource(name, path, "gguf", config.max_positions, config.vocab_size, True,
+                       config.model_type, config.hidden_size, config.num_hidden_layers, special)
   fields = hf_ckpt.read_config_fields(path)
   has_tokenizer = loading.has_tokenizer(path)
   model_type = fields.get("model_type")
@@ -82,8 +95,69 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
   context = fields.get(key) if isinstance(fields, dict) else None
   if not isinstance(context, int) or context < 1:
     raise ValueError(f"{path / 'config.json'}: no positive integer {key!r} (the model's context)")
-  vocab = fields.get("vocab_size", 0) if kind == "hf" else 0
-  return ModelSource(name, path, kind, context, int(vocab or 0), has_tokenizer)
+  width_key, layers_key = (("n_embd", "n_layer") if model_type in _N_POSITIONS_FAMILIES
+                           else ("hidden_size", "num_hidden_layers"))
+  numbers = {}
+  for key in ("vocab_size", width_key, layers_key):
+    value = fields.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      raise ValueError(f"{path / 'config.json'}: no positive integer {key!r}")
+    numbers[key] = value
+  special = {f: fields[f] for f in _SPECIAL_IDS if fields.get(f) is not None}
+  fused = ()
+  if kind == "eagle":
+    outer = hf_ckpt.read_config_fields(path)
+    fused = outer.get("fused_layers") or ()
+    if not isinstance(fused, (list, tuple)) or not all(isinstance(i, int) for i in fused):
+      raise ValueError(f"{path / 'config.json'}: fused_layers must be a list of layer indices")
+  return ModelSource(name, path, kind, context, numbers["vocab_size"], has_tokenizer,
+                     str(model_type), numbers[width_key], numbers[layers_key], special, tuple(fused))
+
+
+def _gguf_config(path: pathlib.Path) -> Any:
+  """A GGUF file's config from its header, remembered by path, size and modification time: the
+  header holds the tokenizer's arrays, whose parse takes seconds, and a process (or a test) checks the
+  same file many times."""
+  stat = path.stat()
+  return _gguf_config_cached(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _gguf_config_cached(path: str, size: int, mtime_ns: int) -> Any:
+  del size, mtime_ns  # the cache key
+  from bass_jax.checkpoints import gguf as gguf_ckpt  # pylint: disable=g-import-not-at-top
+
+  return gguf_ckpt.read_config(gguf_ckpt._open(pathlib.Path(path)), pathlib.Path(path))  # pylint: disable=protected-access
+
+
+def check_pair(target: ModelSource, draft: ModelSource) -> None:
+  """Checks, from the configs alone, that ``draft`` can draft for ``target``: the same vocabulary size
+  and special token ids (where both configs set them), and for an EAGLE draft the target's family,
+  feature width and layers (``eagle.check_pair``). The tokenizers' full vocabularies are compared when
+  the models load (``loading.check_same_tokenizer``).
+
+  Raises:
+    ValueError: the first mismatch, naming both models, the field and both values.
+  """
+  from bass_jax.models import eagle  # pylint: disable=g-import-not-at-top
+
+  where = f"draft {draft.spec!r} and target {target.spec!r}"
+  if draft.kind == "eagle":
+    eagle.check_pair(draft.hidden_size, draft.vocab_size, draft.fused_layers,
+                     target_model_type=target.model_type, target_hidden_size=target.hidden_size,
+                     target_vocab_size=target.vocab_size, target_layers=target.num_layers,
+                     name=f"the EAGLE draft {draft.spec!r}")
+  elif draft.vocab_size != target.vocab_size:
+    raise ValueError(f"{where} have different vocabulary sizes ({draft.vocab_size} vs "
+                     f"{target.vocab_size}); speculative decoding needs the target's tokenizer")
+  for field in _SPECIAL_IDS:
+    a, b = draft.special_ids.get(field), target.special_ids.get(field)
+    if a is not None and b is not None and _id_set(a) != _id_set(b):
+      raise ValueError(f"{where} have different {field} ({a} vs {b}); they do not share a tokenizer")
+
+
+def _id_set(ids: Any) -> frozenset:
+  return frozenset(ids) if isinstance(ids, (list, tuple)) else frozenset([ids])
 
 
 def parse_draft_spec(spec: str) -> tuple[str | None, dict[str, int] | None, dict[str, Any] | None]:
@@ -177,3 +251,79 @@ def load_tokenizer(source: ModelSource) -> Any:
     return transformers.AutoTokenizer.from_pretrained(str(source.path.parent),
                                                       gguf_file=source.path.name)
   return transformers.AutoTokenizer.from_pretrained(str(source.path))
+
+
+MAX_SEED = 2**63 - 1  # generate's seeds: all 64 bits of the threefry key count (generate.prng_key)
+
+
+def check_seed(seed: Any, runs: int = 1) -> int:
+  """Checks a run's seed: an int such that every seed the run derives from it, ``seed .. seed + runs -
+  1`` (a static batch ``i`` decodes with ``seed + i``), lies in ``[0, MAX_SEED]``.
+
+  Returns:
+    The seed as a Python int.
+
+  Raises:
+    ValueError: not an int, negative, or too large for ``runs`` batches (the largest allowed named).
+  """
+  from bass_jax import _checks  # pylint: disable=g-import-not-at-top
+
+  runs = _checks.as_int("runs", runs, min_value=1)
+  return _checks.as_int("seed" if runs == 1 else f"seed (with {runs} batches, seed + {runs - 1})",
+                        seed, min_value=0, max_value=MAX_SEED - (runs - 1))
+
+
+def check_speculation(method: str, draft_len: Any, draft_tree: Any, *, vocab_size: int | None = None,
+                      context: int | None = None) -> tuple[Any, tuple[Any, ...]]:
+  """The speculation settings of a run, checked together: the one place ``generate`` and every script
+  decide them.
+
+  Args:
+    method: ``"bass"`` or ``"regular"``.
+    draft_len: ``"dynamic"``, ``"goodput"``, an int in ``[1, draft_len.MAX_DRAFT_LEN]`` or a policy.
+    draft_tree: None, or shapes as ``tree.tree_shapes`` takes them.
+    vocab_size, context: the models' (when known), which a tree shape must fit
+      (``TreeShape.check_fits``) and a fixed draft length must stay below.
+
+  Returns:
+    ``(policy, trees)``: the draft-length policy (None for regular decoding; with one tree shape and
+    the default policy, a fixed length of its depth; with goodput, the policy choosing among the
+    shapes) and the tree shapes (empty for chains).
+
+  Raises:
+    ValueError: an unknown method, a bad draft length or tree shape (``tree.TreeShape.parse``), a tree
+      with regular decoding, several shapes without ``draft_len="goodput"``, a tree with a fixed
+      length, or a shape or length that does not fit the models.
+  """
+  import dataclasses as dc  # pylint: disable=g-import-not-at-top,reimported
+
+  from bass_jax.sampling import draft_len as draft_len_lib  # pylint: disable=g-import-not-at-top
+  from bass_jax.sampling import tree as tree_lib  # pylint: disable=g-import-not-at-top
+
+  if method not in ("bass", "regular"):
+    raise ValueError(f"method must be 'bass' or 'regular', got {method!r}")
+  trees = tree_lib.tree_shapes(draft_tree)
+  if method == "regular":
+    if trees:
+      raise ValueError("draft_tree needs method='bass': regular decoding drafts nothing")
+    return None, ()
+  policy = draft_len_lib.as_policy(draft_len)
+  if context is not None and isinstance(policy, draft_len_lib.FixedDraftLen):
+    if policy.length >= context:
+      raise ValueError(f"draft_len={policy.length} must be below the models' context of {context} "
+                       "positions")
+  for shape in trees:
+    if vocab_size is not None and context is not None:
+      shape.check_fits(vocab_size=vocab_size, context=context)
+  if not trees:
+    return policy, ()
+  if isinstance(policy, draft_len_lib.GoodputDraftLen):
+    return dc.replace(policy, trees=trees), trees
+  if not (isinstance(draft_len, str) and draft_len == "dynamic"):
+    raise ValueError(f"draft_len={draft_len!r} chooses chain lengths; with draft_tree leave it at its "
+                     "default (every step verifies the tree) or pass 'goodput' (each step chooses "
+                     "among plain steps, chains and the tree shapes)")
+  if len(trees) > 1:
+    raise ValueError(f"draft_tree names {len(trees)} shapes: choosing among them per step needs "
+                     "draft_len='goodput' (or give one shape)")
+  return draft_len_lib.as_policy(trees[0].depth), trees

@@ -113,7 +113,7 @@ def _decode(target: Model, draft: Model, problems: Sequence[Problem], *, method:
   return experiment.run_problems(
       target, draft if method == "bass" else None, problems, batch_size=batch, method=method,
       max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, draft_len=draft_len,
-      attention_impl=attention_impl(strategy, kernels), check=check, progress=False,
+      attention_impl=attention_impl(strategy, kernels), check=check, progress=True,
       distinct_prompts=distinct_prompts, warmup=True, continuous=continuous,
       draft_tree=draft_tree if method == "bass" else None, samples_per_prompt=samples_per_prompt,
       sample_order=sample_order)

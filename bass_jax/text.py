@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from bass_jax import data
 from bass_jax.loading import Model
 from bass_jax.sampling.generate import generate
 
@@ -35,8 +36,8 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[str], *, chat: bool = False
   as one user turn of the tokenizer's chat template followed by the assistant's generation prompt.
 
   Raises:
-    ValueError: ``prompts`` is not a non-empty list of strings; ``chat=True`` with a tokenizer that has
-      no chat template.
+    ValueError: ``prompts`` is not a non-empty list of strings, or one cannot be encoded (a lone
+      surrogate; its index named); ``chat=True`` with a tokenizer that has no chat template.
   """
   if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
     raise ValueError("prompts must be a non-empty list of strings (for one prompt pass [text])")
@@ -44,6 +45,7 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[str], *, chat: bool = False
     if not isinstance(p, str):
       raise ValueError(f"prompt {i} must be a string, got {type(p).__name__}; for token ids use "
                        "bass_jax.generate")
+    data.check_text(p, f"prompt {i}")
   if not chat:
     return [list(tokenizer(p).input_ids) for p in prompts]
   if not getattr(tokenizer, "chat_template", None):

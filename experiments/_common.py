@@ -47,6 +47,7 @@ RESULTS_DIR = flags.DEFINE_string(
 
 _io.require_positive_ints("batch_sizes")
 _io.require_draft_len()
+_io.require_tree_shapes()
 
 _RUN_DIR: pathlib.Path | None = None
 _EARLIER: list[dict[str, Any]] = []
@@ -87,25 +88,29 @@ def prepare(experiment: str, *, greedy: bool = False) -> pathlib.Path:
         _EARLIER = list(earlier.get("runs", []))
   except (_io.OutputError, _runs.RunError) as e:
     raise app.UsageError(str(e)) from e
-  _io.inspect_models(TARGET.value, DRAFT.value)  # the specs resolve (configs read, no weights)
+  # The specs resolve and fit each other (configs read, no weights); the speculation fits them.
+  _check_speculation(experiment, *_io.inspect_models(TARGET.value, DRAFT.value))
   return path
 
 
-def _check_speculation(experiment: str) -> None:
-  """``--draft_len`` and ``--draft_tree`` make sense together and for this experiment."""
-  from bass_jax.sampling.generate import tree_shapes  # pylint: disable=g-import-not-at-top
+def _check_speculation(experiment: str, target: Any = None, draft: Any = None) -> None:
+  """``--draft_len`` and ``--draft_tree`` make sense together, for this experiment and, once the
+  models' configs are read (``target``, ``draft``: ``preflight.ModelSource``), for their vocabulary
+  and context (``bass_jax.preflight.check_speculation``)."""
+  from bass_jax import preflight  # pylint: disable=g-import-not-at-top
 
-  try:
-    shapes = tree_shapes(DRAFT_TREE.value or None)
-  except ValueError as e:
-    raise app.UsageError(str(e)) from e  # it names draft_tree
   if experiment == "latency":
     if DRAFT_LEN.present:
       raise app.UsageError("--draft_len: latency's --configs name their draft lengths (bass_pad, "
                            "bass_pad_l4, ..., bass_pad_goodput_trees); drop --draft_len")
-  elif len(shapes) > 1 and DRAFT_LEN.value != "goodput":
-    raise app.UsageError(f"--draft_tree names {len(shapes)} shapes: choosing among them per step "
-                         "needs --draft_len=goodput (or give one shape)")
+    return
+  context = None if target is None else min(m.context for m in (target, draft) if m is not None)
+  try:
+    preflight.check_speculation("bass", _io.draft_len_value(DRAFT_LEN.value), DRAFT_TREE.value or None,
+                                vocab_size=None if target is None else target.vocab_size,
+                                context=context)
+  except ValueError as e:
+    raise app.UsageError(f"--draft_len/--draft_tree: {e}") from e
 
 
 def speculation() -> dict[str, Any]:

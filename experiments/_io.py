@@ -77,10 +77,49 @@ def require_positive_ints(flag_name: str) -> None:
 
 def require_draft_len(flag_name: str = "draft_len") -> None:
   """Registers a validator: the flag ``flag_name`` is a draft-length policy, ``dynamic``, ``goodput``
-  or an int >= 1 (what :func:`draft_len_value` turns into ``generate``'s ``draft_len``)."""
-  flags.register_validator(
-      flag_name, lambda v: v in ("dynamic", "goodput") or (v.isdigit() and int(v) >= 1),
-      message=f"--{flag_name} must be 'dynamic', 'goodput' or an int >= 1")
+  or an int in ``[1, MAX_DRAFT_LEN]`` (what :func:`draft_len_value` turns into ``generate``'s
+  ``draft_len``)."""
+
+  def check(value: str) -> bool:
+    if value in ("dynamic", "goodput"):
+      return True
+    from bass_jax.sampling.draft_len import MAX_DRAFT_LEN  # pylint: disable=g-import-not-at-top
+
+    if not (value.isascii() and value.isdigit() and 1 <= int(value) <= MAX_DRAFT_LEN):
+      raise flags.ValidationError(f"--{flag_name} must be 'dynamic', 'goodput' or an int in [1, "
+                                  f"{MAX_DRAFT_LEN}], got {value!r}")
+    return True
+
+  flags.register_validator(flag_name, check)
+
+
+def require_tree_shapes(flag_name: str = "draft_tree") -> None:
+  """Registers a validator: the multi-string flag ``flag_name`` holds token-tree shapes, each parsed
+  strictly (``bass_jax.sampling.tree.tree_shapes``: no empty value, no unknown or repeated field,
+  within the documented limits, no shape twice)."""
+
+  def check(values: list[str]) -> bool:
+    if not values:
+      return True
+    from bass_jax.sampling.tree import tree_shapes  # pylint: disable=g-import-not-at-top
+
+    try:
+      tree_shapes(values)
+    except ValueError as e:
+      raise flags.ValidationError(f"--{flag_name}: {e}") from e
+    return True
+
+  flags.register_validator(flag_name, check)
+
+
+def canonical_tree_shapes(values: list[str]) -> list[str]:
+  """``--draft_tree`` values in canonical form (``str(TreeShape)``), so that the same shape written in
+  another field order or spacing is the same setting for ``--resume``."""
+  if not values:
+    return []
+  from bass_jax.sampling.tree import tree_shapes  # pylint: disable=g-import-not-at-top
+
+  return [str(t) for t in tree_shapes(values)]
 
 
 def draft_len_value(text: str) -> int | str:
@@ -225,13 +264,38 @@ def run(main: Callable[[list[str]], Any]) -> None:
   app.run(guarded, flags_parser=parse)
 
 
+def check_argv(argv: list[str], checks: Callable[[], Any]) -> Any:
+  """Parses ``argv`` into the flags (from their defaults: earlier values are forgotten) and runs a
+  script's ``checks``, refusing as :func:`run` does: one line on stderr, status 2. In-process, for the
+  tests of a script's refusals.
+
+  Raises:
+    SystemExit: status 2, for a bad flag, a stray argument or a refusal of ``checks``.
+  """
+  from absl import app  # pylint: disable=g-import-not-at-top
+
+  flags.FLAGS.unparse_flags()
+  try:
+    rest = flags.FLAGS(list(argv))
+  except flags.Error as e:
+    fail(str(e), argv[0])
+  if len(rest) > 1:
+    fail(f"unexpected arguments {rest[1:]}", argv[0])
+  try:
+    return checks()
+  except (app.UsageError, Refusal) as e:
+    fail(str(e), argv[0])
+
+
 def inspect_models(target: str, draft: str | None = None) -> tuple[Any, Any]:
   """``(target, draft)`` as ``bass_jax.preflight.ModelSource`` (the draft None for n-gram lookup alone,
   or when ``draft`` is None): the ``--target`` and ``--draft`` specs resolved and their configs read,
-  no weights loaded.
+  no weights loaded, and the draft checked against the target (``preflight.check_pair``: vocabulary,
+  special tokens, an EAGLE draft's target width and layers).
 
   Raises:
-    Refusal: a spec that does not resolve or is malformed, naming the flag.
+    Refusal: a spec that does not resolve or is malformed, or a draft that does not fit the target,
+      naming the flag.
   """
   from bass_jax import preflight  # pylint: disable=g-import-not-at-top
 
@@ -242,9 +306,15 @@ def inspect_models(target: str, draft: str | None = None) -> tuple[Any, Any]:
   except (FileNotFoundError, ValueError) as e:
     raise Refusal(f"--draft: {e}") from e
   try:
-    return preflight.inspect_model(target), draft_source
+    target_source = preflight.inspect_model(target)
   except (FileNotFoundError, ValueError) as e:
     raise Refusal(f"--target: {e}") from e
+  if draft_source is not None:
+    try:
+      preflight.check_pair(target_source, draft_source)
+    except ValueError as e:
+      raise Refusal(f"--draft: {e}") from e
+  return target_source, draft_source
 
 
 def models_and_batches(target: str, draft: str, prompts: str, num_prompts: int,
@@ -274,9 +344,11 @@ class Refusal(ValueError):
   """Input a script refuses before it starts its work; :func:`run` prints it as one line."""
 
 
-def fail(message: str) -> NoReturn:
-  """Prints ``<script>: error: <message>`` (one line) on stderr and exits with status 2."""
-  script = pathlib.Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "bass_jax"
+def fail(message: str, argv0: str | None = None) -> NoReturn:
+  """Prints ``<script>: error: <message>`` (one line) on stderr and exits with status 2; the script is
+  named by ``argv0`` (default ``sys.argv[0]``)."""
+  argv0 = argv0 if argv0 is not None else (sys.argv[0] if sys.argv else "")
+  script = pathlib.Path(argv0).stem if argv0 else "bass_jax"
   sys.stderr.write(f"{script}: error: {' '.join(str(message).split())}\n")
   sys.stderr.flush()
   raise SystemExit(2)

@@ -34,6 +34,10 @@ OVERWRITE = flags.DEFINE_bool(
     "overwrite", False, "Replace an existing non-empty output (without it, and without --resume, a "
     "rerun into an existing output is refused before anything loads).")
 
+flags.register_multi_flags_validator(
+    ["resume", "overwrite"], lambda f: not (f["resume"] and f["overwrite"]),
+    message="--resume keeps what the output holds and --overwrite replaces it: give one of them")
+
 # Flags that say where a run writes or how it is launched, not what it measures.
 NOT_SETTINGS = frozenset({
     "output", "summary_json", "results_dir", "resume", "overwrite", "compilation_cache_dir",
@@ -51,8 +55,12 @@ def settings(*modules: str) -> dict[str, Any]:
   for module in (*modules, _io.__name__):
     for flag in flags.FLAGS.get_flags_for_module(module):
       if flag.name not in NOT_SETTINGS:
-        values[flag.name] = flag.value
+        values[flag.name] = _CANONICAL.get(flag.name, lambda v: v)(flag.value)
   return dict(sorted(values.items()))
+
+
+# Settings written in more than one way, in the one form a resumed run compares.
+_CANONICAL = {"draft_tree": _io.canonical_tree_shapes}
 
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -72,6 +80,13 @@ def check_settings(path: pathlib.Path, stored: Any, current: dict[str, Any]) -> 
   if not isinstance(stored, dict):
     raise RunError(f"--resume: {path} records no settings (written before runs could be resumed?); "
                    "rerun with --overwrite, or into another output")
+  stored = dict(stored)
+  for name, canonical in _CANONICAL.items():  # a run written before the canonical form existed
+    if name in stored:
+      try:
+        stored[name] = canonical(stored[name])
+      except (TypeError, ValueError):
+        pass  # not a valid value: it differs, and is named as it is
   diff = differences(stored, current)
   if diff:
     raise RunError(f"--resume: {path} was made with other settings: {'; '.join(diff)}. Rerun with "

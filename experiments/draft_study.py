@@ -89,6 +89,7 @@ _RESULTS_DIR = flags.DEFINE_string(
     "--results_dir=results replaces the committed numbers).")
 _OUTPUT = flags.DEFINE_string("output", None, "Markdown file to write (default: <results_dir>/"
                               "draft_study.md; docs/draft_study.md is the committed one).")
+_io.require_tree_shapes()
 
 
 def _is_temperature(value: str) -> bool:

@@ -31,8 +31,10 @@ target and ships inside ``bass_jax/drafts`` (docs/draft.md). ``--draft=smollm2-1
 the target a few percent of the time and makes BASS slower than regular decoding.
 """
 
+import dataclasses
 import math
 import pathlib
+from typing import Any
 
 from absl import app
 from absl import flags
@@ -52,7 +54,8 @@ _DRAFT_LAYERS = flags.DEFINE_integer(
 _METHOD = flags.DEFINE_enum("method", "bass", ["bass", "regular"], "Decoding method.")
 _PROMPTS = flags.DEFINE_string("prompts", "humaneval", "'humaneval' or a JSONL file with 'prompt'.")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 3, "First N prompts (0 = all).", lower_bound=0)
-_BATCH = flags.DEFINE_integer("batch_size", 4, "Rows per batch.", lower_bound=1)
+_BATCH = flags.DEFINE_integer("batch_size", 4, "Rows per batch, at most 4096.", lower_bound=1,
+                              upper_bound=4096)
 _CONTINUOUS = flags.DEFINE_bool(
     "continuous", True, "Continuous batching: --batch_size rows decode at a time and a row that "
     "finishes takes the next waiting sequence inside the jitted loop, for both methods (the fair "
@@ -64,8 +67,8 @@ _DISTINCT = flags.DEFINE_bool(
     "(default when sampling).")
 _SAMPLES = flags.DEFINE_integer(
     "samples_per_prompt", None, "Decode each prompt this many times (overrides --distinct_prompts and "
-    "its default), in the order --sample_order gives, cut into batches of --batch_size or queued.",
-    lower_bound=1)
+    "its default), in the order --sample_order gives, cut into batches of --batch_size or queued; "
+    "at most 10000.", lower_bound=1, upper_bound=10_000)
 _SAMPLE_ORDER = flags.DEFINE_enum(
     # experiment.SAMPLE_ORDERS, spelled out: bass_jax loads only after the flags are checked.
     "sample_order", "grouped", ["grouped", "interleaved"], "With --samples_per_prompt: grouped (a "
@@ -90,15 +93,18 @@ _DRAFT_TREE = flags.DEFINE_multi_string(
     "included); absent: chains. With --draft_len at its default every step verifies the tree; with "
     "--draft_len=goodput each step chooses among plain steps, chains and the shapes given (repeat the "
     "flag for several).")
-_SEED = flags.DEFINE_integer("seed", 0, "PRNG seed (batch i uses seed + i).", lower_bound=0)
+_SEED = flags.DEFINE_integer(
+    # bass_jax.preflight.MAX_SEED, spelled out: bass_jax loads only after the flags are checked.
+    "seed", 0, "PRNG seed in [0, 2**63 - 1] (with --nocontinuous, batch i uses seed + i).",
+    lower_bound=0, upper_bound=2**63 - 1)
 _ATTENTION = flags.DEFINE_string(
     "attention_impl", None, "Attention implementation (bass_jax.attention_implementations()); "
     "default: the backend profile's (the jnp reference on a CPU, pallas_split on a GPU).")
 _CHUNK = flags.DEFINE_integer(
     "verify_chunk", None, "Positions one verification forward scores (compiled once; default: the "
     "backend profile's, 4 on a CPU, one pass of L + 1 on a GPU); a step scores its l_draft + 1 "
-    "positions in passes.",
-    lower_bound=1)
+    "positions in passes. At most 33 (the longest draft, 32, and its bonus position).",
+    lower_bound=1, upper_bound=33)
 _SCAN_LAYERS = flags.DEFINE_bool(
     "scan_layers", None, "The target's (and a draft model's) layer layout: scanned (--scan_layers, "
     "one layer compiled) or unrolled (--noscan_layers); absent: the backend profile's (unrolled on "
@@ -119,6 +125,7 @@ flags.register_validator("temperature", math.isfinite, message="--temperature mu
 flags.register_validator("top_p", lambda v: math.isfinite(v) and v > 0,
                          message="--top_p must be in (0, 1]")
 _io.require_draft_len()
+_io.require_tree_shapes()
 flags.register_multi_flags_validator(
     ["samples_per_prompt", "sample_order", "distinct_prompts"],
     lambda f: (f["sample_order"] == "grouped" or f["samples_per_prompt"] is not None)
@@ -142,6 +149,18 @@ def _outputs() -> tuple[pathlib.Path, pathlib.Path]:
   return output, summary_path
 
 
+def _check_speculation(vocab_size=None, context=None):
+  """--method, --draft_len and --draft_tree together (``bass_jax.preflight.check_speculation``), and
+  once the models' configs are read, against their vocabulary and context."""
+  from bass_jax import preflight  # pylint: disable=g-import-not-at-top
+
+  try:
+    preflight.check_speculation(_METHOD.value, _io.draft_len_value(_DRAFT_LEN.value),
+                                _DRAFT_TREE.value or None, vocab_size=vocab_size, context=context)
+  except ValueError as e:
+    raise _io.Refusal(f"--draft_len/--draft_tree: {e}") from e
+
+
 def _preflight(problems):
   """Everything about the models that can be known without their weights: the specs resolve, the
   target ships a tokenizer, the attention implementation exists, and every prompt plus
@@ -159,6 +178,11 @@ def _preflight(problems):
     raise _io.Refusal(f"--target={_TARGET.value} ships no tokenizer, which the prompts need; give a "
                       "checkpoint saved with its tokenizer")
   context = min(m.context for m in (target, draft) if m is not None)
+  _check_speculation(target.vocab_size, context)
+  layers = (target if draft is None or _DRAFT.value == _TARGET.value else draft).num_layers
+  if _METHOD.value == "bass" and _DRAFT_LAYERS.value > layers and draft is not None:
+    raise _io.Refusal(f"--draft_num_layers={_DRAFT_LAYERS.value}: the draft has {layers} layers; "
+                      "give at most that many (0 keeps all)")
   if _MAX_NEW.value >= context:
     raise _io.Refusal(f"--max_new_tokens={_MAX_NEW.value} does not fit the models' context of "
                       f"{context} positions (with at least a one-token prompt); lower it")
@@ -176,16 +200,35 @@ def _preflight(problems):
                           "shorten it or lower --max_new_tokens")
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments {argv[1:]}")
-  _io.init_script()
+@dataclasses.dataclass(frozen=True)
+class _Checked:
+  """What :func:`_check_run` found: the run's outputs, settings, prompts and plan, nothing loaded."""
+
+  output: pathlib.Path
+  summary_path: pathlib.Path
+  settings: dict[str, Any]
+  done: dict[Any, dict[str, Any]]
+  problems: list[Any]
+  distinct: bool | None
+  plan: list[list[Any]]
+
+
+def _check_run() -> _Checked:
+  """Every check of a run that needs no model weights, in order of cost: the flags together, the
+  outputs (and a resumed run's settings), the prompts, the seed range, then the models' configs
+  (:func:`_preflight`). The CLI's refusals all come from here.
+
+  Raises:
+    _io.Refusal: the first problem, as one line naming the flag or file and the fix.
+  """
+  _check_speculation()
   try:
     output, summary_path = _outputs()
   except (_io.OutputError, _runs.RunError) as e:
     raise _io.Refusal(str(e)) from e
 
   from bass_jax import experiment  # pylint: disable=g-import-not-at-top
+  from bass_jax import preflight  # pylint: disable=g-import-not-at-top
   from bass_jax.data import load_problems  # pylint: disable=g-import-not-at-top
 
   records_file = _runs.RecordsFile(output)
@@ -210,7 +253,36 @@ def main(argv):
     experiment.check_done(plan, done)
   except (FileNotFoundError, ValueError) as e:
     raise _io.Refusal(f"--resume: {output}: {e}" if done else str(e)) from e
+  try:
+    preflight.check_seed(_SEED.value, 1 if _CONTINUOUS.value else len(plan))
+  except ValueError as e:
+    raise _io.Refusal(f"--seed: {e}") from e
   _preflight(problems)
+  return _Checked(output, summary_path, settings, done, problems, distinct, plan)
+
+
+def check(argv: list[str]) -> _Checked:
+  """Parses ``argv`` (``argv[0]`` the program) and runs every check :func:`main` makes before loading a
+  model, in this process, without :func:`_io.init_script`'s side effects (a mesh, a compilation cache):
+  what tests of the refusals call.
+
+  Raises:
+    SystemExit: status 2 after one line on stderr, for each refusal.
+  """
+  return _io.check_argv(argv, _check_run)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  _io.init_script()
+  run = _check_run()
+  output, summary_path, settings, done = run.output, run.summary_path, run.settings, run.done
+  problems, distinct, plan = run.problems, run.distinct, run.plan
+  records_file = _runs.RecordsFile(output)
+
+  from bass_jax import experiment  # pylint: disable=g-import-not-at-top
+
   total = sum(len(batch) for batch in plan)
   if len(done) == total:  # killed after its last record: only the summary is missing
     _io.write_json_atomic(summary_path, {"complete": True, "settings": settings, "records": total,

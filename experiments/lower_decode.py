@@ -53,6 +53,7 @@ _HLO = flags.DEFINE_string("hlo", None, "Where to write the decode's StableHLO; 
                            "outputs/lower_decode/decode_<platform>_<profile>.mlir.")
 _JSON = flags.DEFINE_string("json", None, "Write the census as JSON here.")
 flags.register_validator("top_p", lambda v: 0.0 < v <= 1.0, message="--top_p must be in (0, 1]")
+_io.require_tree_shapes()
 
 
 def _tree_lines(nodes, depth=0):

@@ -15,7 +15,11 @@ if "--xla_backend_optimization_level" not in _FLAGS:
 # tests/multidevice needs 8 host devices, which must be set before JAX starts: tests/test_sharding.py
 # runs it in a child process with that set (and MULTIDEVICE_ENV); the suite itself keeps one device.
 MULTIDEVICE_ENV = "BASS_JAX_MULTIDEVICE_TESTS"
-collect_ignore = [] if os.environ.get(MULTIDEVICE_ENV) == "1" else ["multidevice"]
+# tests/cli_flags imports experiments.generate, whose absl flags would collide with other scripts' in a
+# shared test process: tests/test_cli.py runs it in a child process with CLI_FLAGS_ENV set.
+CLI_FLAGS_ENV = "BASS_JAX_CLI_FLAG_TESTS"
+collect_ignore = ([] if os.environ.get(MULTIDEVICE_ENV) == "1" else ["multidevice"]) + (
+    [] if os.environ.get(CLI_FLAGS_ENV) == "1" else ["cli_flags"])
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

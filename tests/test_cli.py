@@ -94,12 +94,17 @@ def _signal_after(command, out: pathlib.Path, *, lines: int, sig) -> subprocess.
     ("--num_prompts=40 --batch_size=50", "distinct_prompts needs at least batch_size=50"),
     ("--sample_order=interleaved", "--sample_order=interleaved orders several samples"),
     ("--samples_per_prompt=2 --distinct_prompts", "--samples_per_prompt replaces --distinct_prompts"),
+    ("--prompts={dir}/surrogate.jsonl", "surrogate.jsonl:2: prompt holds a lone surrogate"),
+    ("--resume --overwrite", "give one of them"),
+    ("--draft_tree=top_k=2,depth=3,nodes=6 --method=regular", "needs method='bass'"),
+    ("--seed=18446744073709551616", "--seed=18446744073709551616"),
 ])
 def test_bad_flags_fail_in_seconds_before_loading_a_model(setup, tmp_path, flag, message):
   """Each bad input: one line on stderr naming it, exit status 2, before any model loads."""
   (tmp_path / "a_file").write_text("")
   (tmp_path / "empty.jsonl").write_text('{"prompt": "def f():"}\n{"prompt": ""}\n')
   (tmp_path / "broken.jsonl").write_text('{"prompt": "def f():"\n')
+  (tmp_path / "surrogate.jsonl").write_text('{"prompt": "def f():"}\n{"prompt": "\\ud800"}\n')
   (tmp_path / "long.jsonl").write_text(json.dumps({"task_id": "long", "prompt": "x = 1\n" * 600})
                                        + "\n")
   no_tokenizer = tmp_path / "no_tokenizer"
@@ -139,12 +144,27 @@ def test_an_interrupted_run_keeps_every_finished_batch(setup, tmp_path, sig):
   assert json.loads(summary.read_text())["complete"] is False  # progress, never a finished summary
 
 
+def test_every_flag_refuses_generated_bad_values_in_one_line():
+  """tests/cli_flags (hypothesis: 220 generated bad values over every flag, 40 valid runs, and each
+  refusal that came late) in a child process, where experiments.generate's flags are the only ones."""
+  from conftest import CLI_FLAGS_ENV  # pylint: disable=g-import-not-at-top
+
+  start = time.perf_counter()
+  result = subprocess.run(
+      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/cli_flags"],
+      cwd=REPO, env={**ENV, CLI_FLAGS_ENV: "1"}, capture_output=True, text=True, timeout=600)
+  report = result.stdout[-10000:] + result.stderr[-3000:]
+  assert result.returncode == 0, report
+  assert " passed" in result.stdout and "skipped" not in result.stdout, report
+  assert time.perf_counter() - start < 60, report
+
+
 @pytest.mark.parametrize("args,message", [
     # Greedy batches hold distinct prompts: --num_prompts is checked up front.
     (["latency", "--num_prompts=2", "--batch_sizes=1,4", "--sampling=greedy"],
      "--num_prompts=2 is fewer than the largest of --batch_sizes=1,4"),
     (["throughput", "--draft_tree=top_k=2,depth=2,nodes=4", "--draft_tree=top_k=2,depth=3,nodes=6"],
-     "needs --draft_len=goodput"),
+     "needs draft_len='goodput'"),
     (["budget", "--draft_tree=depth=3,nodes=3"], "draft_tree nodes=3 must be at least depth + 1"),
     (["latency", "--draft_len=4"], "latency's --configs name their draft lengths")])
 def test_the_paper_experiments_check_their_flags_before_loading(tmp_path, args, message):

@@ -558,3 +558,19 @@ def test_training_with_the_training_time_test_and_fused_features_learns(tmp_path
   assert after["eval_agreement_d1"] > before["eval_agreement_d1"] + 0.15
   assert after["eval_agreement_d3"] > before["eval_agreement_d3"] + 0.15
   assert after["eval_mean_accepted_length"] > before["eval_mean_accepted_length"] + 0.2
+
+
+def test_an_eagle_draft_for_another_target_is_refused_by_name_before_tracing():
+  """A draft trained for a target of another width (or vocabulary) fails in generate's checks, naming
+  the field and both values, not inside JAX's tracing."""
+  from conftest import random_eagle_draft  # pylint: disable=g-import-not-at-top
+
+  target = tiny_model(0)
+  wide = tiny_model(1, hidden_size=48, head_dim=12)
+  draft = random_eagle_draft(wide)
+  with pytest.raises(ValueError, match="reads features of width hidden_size=48, and the target's are "
+                     "32"):
+    bj.generate(target, draft, [[1, 2, 3]], max_new_tokens=4)
+  other_vocab = random_eagle_draft(tiny_model(2, vocab_size=67))
+  with pytest.raises(ValueError, match=r"different vocabulary sizes \(67 vs 61\)"):
+    bj.generate(target, other_vocab, [[1, 2, 3]], max_new_tokens=4)

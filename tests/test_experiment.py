@@ -435,10 +435,11 @@ def _content(records):
 
 @pytest.mark.parametrize("continuous,temperature", [(False, 0.0), (False, 1.0), (True, 0.0)])
 def test_a_resumed_run_decodes_only_what_is_missing_and_equals_an_uninterrupted_one(
-    tiny_pair, continuous, temperature):
+    tiny_pair, continuous, temperature, capsys):
   """run_problems(done=...) as `--resume` uses it: the sequences on disk are not decoded again, and
   the missing ones come out as an uninterrupted run's (a static batch with some records is decoded
-  again whole, with its own seed and rows, so even sampled records are the same draws)."""
+  again whole, with its own seed and rows, so even sampled records are the same draws). Its progress
+  bar counts the sequences it decodes, with tokens/s and tokens per step, as they finish."""
   target, draft = tiny_pair
   problems = [bj_problem(i) for i in range(5)]
   kwargs = dict(batch_size=2, max_new_tokens=12, draft_len=3, temperature=temperature, seed=3,
@@ -447,9 +448,15 @@ def test_a_resumed_run_decodes_only_what_is_missing_and_equals_an_uninterrupted_
   assert len(full.records) == 5
   kept = [full.records[0], full.records[3]]  # batch 0 partly, batch 1 partly, batch 2 not at all
   streamed = []
+  capsys.readouterr()
   rest = experiment.run_problems(target, draft, problems, done={experiment.record_key(r): r
                                                                 for r in kept},
-                                 on_record=streamed.append, **kwargs)
+                                 on_record=streamed.append, **{**kwargs, "progress": True})
+  bar = capsys.readouterr().err.replace("\r", "\n").splitlines()
+  assert any("1/3" in line for line in bar) and "3/3" in bar[-1] and "seq" in bar[-1], bar
+  tokens = sum(r["num_tokens"] for r in rest.records)
+  per_step = tokens / sum(r["steps"] for r in rest.records)
+  assert f"{per_step:.2f} tokens/step" in bar[-1] and "tok/s" in bar[-1], bar
   assert sorted(map(experiment.record_key, rest.records)) == sorted(
       experiment.record_key(r) for r in full.records if r not in kept)
   assert _content(kept + rest.records) == _content(full.records)
@@ -458,6 +465,13 @@ def test_a_resumed_run_decodes_only_what_is_missing_and_equals_an_uninterrupted_
   with pytest.raises(ValueError, match="does not plan"):
     experiment.run_problems(target, draft, problems[:2], done={("p4", 0): full.records[4]},
                             **kwargs)
+  # Static batch i decodes with seed + i: a seed whose last batch's would overflow is refused first.
+  from bass_jax import preflight  # pylint: disable=g-import-not-at-top
+
+  top = 2**63 - 1 - (0 if continuous else 2)
+  assert preflight.check_seed(top, 1 if continuous else 3) == top
+  with pytest.raises(ValueError, match="seed"):
+    experiment.run_problems(target, draft, problems, **{**kwargs, "seed": top + 1})
 
 
 def test_tree_runs_report_their_shapes_and_tree_steps_and_latency_checks_its_tree_configs(tiny_pair):

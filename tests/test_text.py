@@ -55,6 +55,7 @@ def test_generate_text_refuses_bad_input(tiny):
       (dict(stop=[3]), "stop must be a string or a list of strings"),
       (dict(chat=True), "no chat template"),
       (dict(temperature="hot"), "temperature must be a number"),
+      (dict(prompts=["ok", "bad \ud800"]), "prompt 1 holds a lone surrogate"),  # not a TypeError
   ]
   for override, match in cases:
     kwargs = dict(prompts=["x = 1"], max_new_tokens=2, method="regular")

@@ -122,7 +122,33 @@ def test_tree_shapes_are_checked_and_parsed():
     tree_lib.TreeShape(top_k=0, depth=5, nodes=16)
   with pytest.raises(ValueError, match="only 5 candidates"):
     tree_lib.TreeShape(top_k=1, depth=5, nodes=7)
-  with pytest.raises(ValueError, match="expected fields"):
+  with pytest.raises(ValueError, match="expected the fields"):
     tree_lib.TreeShape.parse("width=3")
-  with pytest.raises(ValueError, match="must be an integer"):
+  with pytest.raises(ValueError, match="must be a positive integer"):
     tree_lib.TreeShape.parse("top_k=x")
+
+
+@pytest.mark.parametrize("text,match", [
+    ("", "is empty"), ("  ", "is empty"), ("top_k=4,,depth=5", "expected the fields"),
+    ("top_k=4,top_k=3", "top_k is given twice"), ("depth=-1", "positive integer"),
+    ("top_k=+3", "positive integer"), ("top_k=3.0", "positive integer"),
+    ("top_k=1000,depth=1000,nodes=100000", "top_k must be <= 16"),
+    ("top_k=2,depth=33,nodes=40", "depth must be <= 32"), ("nodes=257", "nodes must be <= 256"),
+])
+def test_tree_shape_text_is_parsed_strictly_and_bounded(text, match):
+  """No empty value (it meant the default shape), no repeated or unknown field, decimal digits only, and
+  shapes within the documented limits (an unbounded one compiled for minutes)."""
+  with pytest.raises(ValueError, match=match):
+    tree_lib.tree_shapes(text)
+
+
+def test_tree_shapes_compare_in_canonical_form_and_fit_their_models():
+  a, b = tree_lib.tree_shapes(["nodes=16, top_k=4,depth=5", "depth=2,nodes=3"])
+  assert a == tree_lib.TreeShape(4, 5, 16) and str(a) == "top_k=4,depth=5,nodes=16"
+  with pytest.raises(ValueError, match="repeats a shape"):
+    tree_lib.tree_shapes(["top_k=4,depth=5,nodes=16", "depth=5,nodes=16,top_k=4"])
+  a.check_fits(vocab_size=5, context=6)
+  with pytest.raises(ValueError, match="top_k=4 must be below the vocabulary of 4 tokens"):
+    a.check_fits(vocab_size=4, context=64)
+  with pytest.raises(ValueError, match="depth=5 must be below the models' context of 5"):
+    a.check_fits(vocab_size=64, context=5)

@@ -179,6 +179,46 @@ def check_target(target_config: Any) -> None:
                      f"model_type {getattr(target_config, 'model_type', type(target_config).__name__)!r}")
 
 
+def check_pair(hidden_size: int, vocab_size: int, fused_layers: tuple[int, ...], *,
+               target_model_type: str, target_hidden_size: int, target_vocab_size: int,
+               target_layers: int, name: str = "the EAGLE draft") -> None:
+  """Checks, from the two configs alone, that an EAGLE draft reads this target: a Llama-family target
+  (its features and head are read as Llama's), features of the target's width, the target's
+  vocabulary, and fused layers the target has. ``bass_jax.preflight`` calls it on ``config.json``
+  fields before any weight is read; ``load_draft`` and ``generate`` on loaded configs.
+
+  Raises:
+    ValueError: the first mismatch, naming the field and both values.
+  """
+  if target_model_type not in ("llama", "qwen2", "mistral"):
+    raise ValueError(f"{name} needs a Llama-family target (llama, qwen2, mistral), got model_type "
+                     f"{target_model_type!r}")
+  if hidden_size != target_hidden_size:
+    raise ValueError(f"{name} reads features of width hidden_size={hidden_size}, and the target's "
+                     f"are {target_hidden_size} wide: it was trained for another target")
+  if vocab_size != target_vocab_size:
+    raise ValueError(f"{name} has vocab_size={vocab_size}, the target {target_vocab_size}: it was "
+                     "trained for another target")
+  bad = [i for i in fused_layers if not 0 <= i < target_layers]
+  if bad:
+    raise ValueError(f"{name} fuses the target's layers {list(fused_layers)}, and the target has "
+                     f"{target_layers} (layers {bad} do not exist)")
+
+
+def check_pair_configs(config: "EagleConfig", target_config: Any, name: str = "the EAGLE draft"
+                       ) -> None:
+  """:func:`check_pair` for loaded configs.
+
+  Raises:
+    ValueError: as :func:`check_pair`.
+  """
+  check_pair(config.feature_size, config.layer.vocab_size, tuple(config.fused_layers),
+             target_model_type=getattr(target_config, "model_type", type(target_config).__name__),
+             target_hidden_size=getattr(target_config, "hidden_size", -1),
+             target_vocab_size=target_config.vocab_size,
+             target_layers=getattr(target_config, "num_hidden_layers", 0), name=name)
+
+
 class EagleDraft(nn.Module):
   """``(tokens i32[B, T], features [B, T, E], embedding [V, E], cache) -> (f̂ [B, T, E], cache)``.
 

@@ -135,15 +135,21 @@ class DynamicDraftLen(_MaxAcceptedPolicy):
     return jnp.where(grew, up, down), jnp.where(grew, 0, 1)
 
 
+# A fixed draft length's limit: the paper's l_limit. A step traces one draft forward per draft position
+# and the verification scores l + 1 positions, so an unbounded length compiles for minutes.
+MAX_DRAFT_LEN = 32
+
+
 @dataclasses.dataclass(frozen=True)
 class FixedDraftLen(_MaxAcceptedPolicy):
-  """The same ``l_draft`` every step (the paper's fixed-length ablation, Table 5)."""
+  """The same ``l_draft`` every step (the paper's fixed-length ablation, Table 5), at most
+  :data:`MAX_DRAFT_LEN`."""
 
   length: int
 
   def __post_init__(self):
     object.__setattr__(self, "length", _checks.as_int("draft_len (a fixed draft length)", self.length,
-                                                      min_value=1))
+                                                      min_value=1, max_value=MAX_DRAFT_LEN))
 
   @property
   def max_len(self) -> int:

@@ -59,6 +59,7 @@ def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any =
     plan = None if mesh is None else sharding_lib.plan(model.config, mesh, draft_sharding,
                                                         name="the draft")
     if isinstance(model.config, eagle.EagleConfig):
+      eagle.check_pair_configs(model.config, target.config, name=f"the EAGLE draft {model.name!r}")
       params = eagle.bind(model.params["draft"], model.params["vocab_ids"], target.config,
                           target.params, model.config.draft_vocab_size)
       return EagleProposer(model.config, dtype, attention_impl, sharding=plan), params

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bass_jax import _checks
+from bass_jax import preflight
 from bass_jax import sharding as sharding_lib
 from bass_jax.loading import Model
 from bass_jax.models import attention as attention_lib
@@ -37,8 +38,8 @@ from bass_jax.sampling.programs import compiled as _compiled
 from bass_jax.sampling.programs import (clear_compile_cache,  # pylint: disable=unused-import
                                         enable_persistent_compilation_cache,
                                         set_compile_cache_size)
-from bass_jax.sampling.draft_len import DraftLenPolicy, GoodputDraftLen, as_policy
-from bass_jax.sampling.tree import TreeShape
+from bass_jax.sampling.draft_len import MAX_DRAFT_LEN, DraftLenPolicy, GoodputDraftLen, as_policy
+from bass_jax.sampling.tree import TreeShape, tree_shapes  # pylint: disable=unused-import
 # The draft side and the outputs live in their own modules; their names stay importable from here.
 from bass_jax.sampling.drafts import (Hybrid, load_draft_spec,  # pylint: disable=unused-import
                                       resolve_draft)
@@ -105,34 +106,6 @@ def _eos_ids(eos_token_id, target: Model) -> tuple[int, ...]:
                               max_value=target.config.vocab_size - 1)
 
 
-def tree_shapes(draft_tree: Any) -> tuple[TreeShape, ...]:
-  """``generate``'s ``draft_tree`` as distinct :class:`TreeShape` s (empty for None).
-
-  Raises:
-    ValueError: a value that is not a shape or its text, an empty sequence, or a repeated shape.
-  """
-  if draft_tree is None:
-    return ()
-  items = [draft_tree] if isinstance(draft_tree, (str, TreeShape)) else draft_tree
-  try:
-    items = list(items)
-  except TypeError:
-    items = [draft_tree]
-  shapes = []
-  for item in items:
-    if isinstance(item, str):
-      item = TreeShape.parse(item)
-    if not isinstance(item, TreeShape):
-      raise ValueError(f"draft_tree must be None, a TreeShape, text such as 'top_k=4,depth=5,nodes=16' "
-                       f"or a sequence of those, got {draft_tree!r}")
-    shapes.append(item)
-  if not shapes:
-    raise ValueError("draft_tree is an empty sequence; pass None for chains")
-  if len(set(shapes)) < len(shapes):
-    raise ValueError(f"draft_tree repeats a shape: {[str(t) for t in shapes]}")
-  return tuple(shapes)
-
-
 def _validate_prompts(prompts: Any, vocab_size: int) -> list[np.ndarray]:
   """B prompts as a list of ``i32[len_b]`` arrays: a list of token-id sequences, or a 2-D integer array
   (NumPy or JAX) of B prompts of equal length."""
@@ -168,7 +141,7 @@ def _validate_prompts(prompts: Any, vocab_size: int) -> list[np.ndarray]:
   return arrays
 
 
-MAX_SEED = 2**63 - 1
+MAX_SEED = preflight.MAX_SEED
 
 
 def _sequence_ids(sequence_ids, num_prompts: int) -> np.ndarray:
@@ -194,7 +167,7 @@ def prng_key(seed: int) -> jax.Array:
   Raises:
     ValueError: a seed that is not an int in range (names ``seed``).
   """
-  seed = _checks.as_int("seed", seed, min_value=0, max_value=MAX_SEED)
+  seed = preflight.check_seed(seed)
   data = np.array([seed >> 32, seed & 0xFFFFFFFF], np.uint32)
   return jax.random.wrap_key_data(data, impl="threefry2x32")
 
@@ -271,7 +244,7 @@ def generate(
       ``l_draft`` drafts scores its ``l_draft + 1`` positions in passes of C, and stops once every
       row has rejected. A larger C suits drafts that are accepted often; a smaller one wastes less
       on padding. None takes the profile's: 4 on a CPU; on a GPU ``L + 1`` (the longest chain and
-      its bonus position), one pass and no verification loop.
+      its bonus position), one pass and no verification loop. At most ``MAX_DRAFT_LEN + 1`` = 33.
     max_cache_len: if given, the most cache slots per row this call may allocate.
     mesh: a ``jax.sharding.Mesh`` with axes ``"data"`` and ``"model"`` (``bass_jax.sharding``): the
       rows (tokens, decode state, caches) split over ``data``, padded with inert rows to a multiple of
@@ -505,11 +478,10 @@ def _prepare(target, draft, prompts, *, method, max_new_tokens, temperature, top
   key = prng_key(seed)
   if max_cache_len is not None:
     max_cache_len = _checks.as_int("max_cache_len", max_cache_len, min_value=1)
-  policy = as_policy(draft_len) if bass else None
-  trees = tree_shapes(draft_tree)
+  context = min(m.config.max_positions for m in [target] + draft_models)
+  policy, trees = preflight.check_speculation(method, draft_len, draft_tree,
+                                              vocab_size=target.config.vocab_size, context=context)
   if trees:
-    if not bass:
-      raise ValueError("draft_tree needs method='bass': regular decoding drafts nothing")
     if getattr(target.config, "sliding_window", None) is not None and attention_impl != "reference":
       raise ValueError("draft_tree with a sliding-window target runs on attention_impl='reference' "
                        "only (the kernels place a query by slot, a tree node by depth)")
@@ -519,18 +491,11 @@ def _prepare(target, draft, prompts, *, method, max_new_tokens, temperature, top
       raise ValueError(f"draft_tree: the draft model {windowed[0]} has a sliding window, and a tree "
                        "grows its levels as queries over earlier nodes, which a window over a tree "
                        "does not support; use a draft without a window, n-gram lookup or chains")
-    if isinstance(policy, GoodputDraftLen):
-      policy = dataclasses.replace(policy, trees=trees)
-    elif not (isinstance(draft_len, str) and draft_len == "dynamic"):
-      raise ValueError(f"draft_len={draft_len!r} chooses chain lengths; with draft_tree leave it at its "
-                       "default (every step verifies the tree) or pass 'goodput' (each step chooses "
-                       "among plain steps, chains and the tree shapes)")
-    else:  # several shapes without goodput: state.DecodeSpec refuses them
-      policy = as_policy(trees[0].depth)
   chunk = 0  # for bass, None until the spec knows L: one pass of L + 1 (profiles.BackendProfile)
   if bass:
     chunk = (profile.verify_chunk if verify_chunk is None
-             else _checks.as_int("verify_chunk", verify_chunk, min_value=1))
+             else _checks.as_int("verify_chunk", verify_chunk, min_value=1,
+                                 max_value=MAX_DRAFT_LEN + 1))
   if batch_size is not None:
     batch_size = _checks.as_int("batch_size", batch_size, min_value=1)
   time_prompts = _checks.as_bool("time_prompts", time_prompts)
@@ -545,7 +510,6 @@ def _prepare(target, draft, prompts, *, method, max_new_tokens, temperature, top
   arrays = _validate_prompts(prompts, target.config.vocab_size)
   lengths = np.array([len(a) for a in arrays], np.int32)
   sequence_ids = _sequence_ids(sequence_ids, len(arrays))
-  context = min(m.config.max_positions for m in [target] + draft_models)
   if lengths.max() + max_new_tokens > context:
     raise ValueError(
         f"longest prompt ({lengths.max()} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "

@@ -38,6 +38,11 @@ from bass_jax.sampling import acceptance
 from bass_jax.sampling import warp
 
 
+MAX_TOP_K = 16  # children per expanded node (TreeShape's limits; its docstring says why)
+MAX_DEPTH = 32  # levels below the root: a chain's limit too (draft_len.MAX_DRAFT_LEN)
+MAX_NODES = 256  # nodes per row, root included
+
+
 @dataclasses.dataclass(frozen=True)
 class TreeShape:
   """The static shape of a step's draft tree (EAGLE-2's growth, Li et al. 2024, §4; the same three
@@ -49,10 +54,16 @@ class TreeShape:
     depth: levels drafted below the root (the longest path accepts ``depth`` drafts).
     nodes: N, the tree's nodes per row, root included: the positions the target scores per row.
 
+  Limits (:data:`MAX_TOP_K`, :data:`MAX_DEPTH`, :data:`MAX_NODES`): a step scores ``nodes`` positions
+  per row and growth ranks ``top_k + (depth - 1) * top_k**2`` candidates per row, one traced level per
+  depth, so an unbounded shape compiles for minutes or exhausts memory; the limits are well above
+  what EAGLE-2 and SGLang use (top_k <= 10, depth <= 8, nodes <= 64). A shape must also fit its models
+  (:meth:`check_fits`: ``top_k`` below the vocabulary, ``depth`` below the context).
+
   Raises:
-    ValueError: from the constructor, naming the argument: a value that is not an int >= 1,
-      ``nodes < depth + 1`` (no room for one full-depth path) or more drafts than growth proposes
-      (``nodes - 1 > top_k + (depth - 1) * top_k**2``).
+    ValueError: from the constructor, naming the argument: a value that is not an int in ``[1,
+      limit]``, ``nodes < depth + 1`` (no room for one full-depth path) or more drafts than growth
+      proposes (``nodes - 1 > top_k + (depth - 1) * top_k**2``).
   """
 
   top_k: int = 4
@@ -60,9 +71,9 @@ class TreeShape:
   nodes: int = 16
 
   def __post_init__(self):
-    for name in ("top_k", "depth", "nodes"):
+    for name, limit in (("top_k", MAX_TOP_K), ("depth", MAX_DEPTH), ("nodes", MAX_NODES)):
       object.__setattr__(self, name, _checks.as_int(f"draft_tree {name}", getattr(self, name),
-                                                    min_value=1))
+                                                    min_value=1, max_value=limit))
     if self.nodes < self.depth + 1:
       raise ValueError(f"draft_tree nodes={self.nodes} must be at least depth + 1 = {self.depth + 1} "
                        "(the root and one path of full depth)")
@@ -73,22 +84,46 @@ class TreeShape:
 
   @classmethod
   def parse(cls, text: str) -> "TreeShape":
-    """``"top_k=4,depth=5,nodes=16"`` (any order; omitted fields keep their defaults).
+    """``"top_k=4,depth=5,nodes=16"``: the fields in any order, each at most once, spaces around them
+    allowed; an omitted field keeps its default (``str`` of the result is the canonical form, which
+    comparisons and resumed runs use).
 
     Raises:
-      ValueError: an unknown field, a part without ``=``, or a value the constructor refuses.
+      ValueError: not a string, an empty text, an empty part, a part without ``=``, an unknown or
+        repeated field, a value that is not a decimal integer, or a value the constructor refuses.
     """
+    if not isinstance(text, str):
+      raise ValueError(f"draft_tree must be text such as 'top_k=4,depth=5,nodes=16', got {text!r}")
+    if not text.strip():
+      raise ValueError("draft_tree is empty; write its shape, e.g. 'top_k=4,depth=5,nodes=16', or "
+                       "leave it out for chains")
     fields = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
+    for part in (p.strip() for p in text.split(",")):
       name, sep, value = part.partition("=")
-      name = name.strip()
+      name, value = name.strip(), value.strip()
       if not sep or name not in ("top_k", "depth", "nodes"):
-        raise ValueError(f"draft_tree {text!r}: expected fields top_k=, depth=, nodes=, got {part!r}")
-      try:
-        fields[name] = int(value)
-      except ValueError:
-        raise ValueError(f"draft_tree {text!r}: {name} must be an integer, got {value!r}") from None
+        raise ValueError(f"draft_tree {text!r}: expected the fields top_k=, depth=, nodes= separated "
+                         f"by commas, got {part!r}")
+      if name in fields:
+        raise ValueError(f"draft_tree {text!r}: {name} is given twice; give each field once")
+      if not (value.isascii() and value.isdigit()) or len(value) > 9:
+        raise ValueError(f"draft_tree {text!r}: {name} must be a positive integer, got {value!r}")
+      fields[name] = int(value)
     return cls(**fields)
+
+  def check_fits(self, *, vocab_size: int, context: int) -> None:
+    """Checks the shape against its models: ``top_k`` children of a node are distinct tokens, so
+    ``top_k < vocab_size``; a path of ``depth`` drafts after a one-token prompt fits the context.
+
+    Raises:
+      ValueError: ``top_k >= vocab_size`` or ``depth >= context``, naming both values.
+    """
+    if self.top_k >= vocab_size:
+      raise ValueError(f"draft_tree {self}: top_k={self.top_k} must be below the vocabulary of "
+                       f"{vocab_size} tokens")
+    if self.depth >= context:
+      raise ValueError(f"draft_tree {self}: depth={self.depth} must be below the models' context of "
+                       f"{context} positions")
 
   def __str__(self) -> str:
     return f"top_k={self.top_k},depth={self.depth},nodes={self.nodes}"
@@ -107,6 +142,39 @@ class TreeShape:
   def look_ahead(self) -> int:
     """Cache slots past the last emitted token a tree step needs, target's and draft's."""
     return max(self.nodes, self.draft_slots + 1)
+
+
+def tree_shapes(draft_tree: Any) -> tuple[TreeShape, ...]:
+  """``generate``'s ``draft_tree`` (and the scripts' ``--draft_tree``) as distinct :class:`TreeShape` s,
+  in the order given (empty for None): the one parser of tree shapes.
+
+  Args:
+    draft_tree: None, a :class:`TreeShape`, its text (:meth:`TreeShape.parse`), or a sequence of those.
+
+  Raises:
+    ValueError: a value that is not a shape or its text, an empty sequence, or a shape given twice
+      (however it is written).
+  """
+  if draft_tree is None:
+    return ()
+  items = [draft_tree] if isinstance(draft_tree, (str, TreeShape)) else draft_tree
+  try:
+    items = list(items)
+  except TypeError:
+    items = [draft_tree]
+  shapes = []
+  for item in items:
+    if isinstance(item, str):
+      item = TreeShape.parse(item)
+    if not isinstance(item, TreeShape):
+      raise ValueError(f"draft_tree must be None, a TreeShape, text such as 'top_k=4,depth=5,nodes=16' "
+                       f"or a sequence of those, got {draft_tree!r}")
+    shapes.append(item)
+  if not shapes:
+    raise ValueError("draft_tree is an empty sequence; pass None for chains")
+  if len(set(shapes)) < len(shapes):
+    raise ValueError(f"draft_tree repeats a shape: {[str(t) for t in shapes]}; give each once")
+  return tuple(shapes)
 
 
 @flax.struct.dataclass
