@@ -188,7 +188,7 @@ def _run_cell(names, policies, temperature: float, batch: int, samples: int) -> 
         target, draft, problems, batch_size=batch, max_new_tokens=_MAX_NEW.value,
         temperature=temperature, top_p=_TOP_P.value if temperature > 0 else 1.0,
         samples_per_prompt=samples, sample_order=_SAMPLE_ORDER.value, continuous=_CONTINUOUS.value,
-        progress=False, warmup=True, **kw).summary
+        warmup=True, **kw).summary
 
   cell = {"regular": [run(None, method="regular")["ms_per_token_all"]], "bass": {}}
   for name, draft in zip(names, drafts):

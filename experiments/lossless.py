@@ -14,6 +14,7 @@ last); ``--resume`` keeps the batches it holds (same settings required) and deco
 
 from absl import app
 from absl import flags
+import tqdm
 
 import bass_jax
 from bass_jax import metrics, text
@@ -59,9 +60,11 @@ def main(argv):
                 max_new_tokens=_MAX_NEW.value, draft_len=str(draft_len),
                 settings=_runs.settings(__name__))
   batches = []  # per batch: tokens compared, matched, divergences (the unit --resume keeps)
+  bar = tqdm.tqdm(total=len(prompts), desc="lossless", unit="seq")
   for start in range(0, len(prompts), _BATCH.value):
     if start in earlier:
       batches.append(earlier[start])
+      bar.update(len(prompts[start:start + _BATCH.value]))
       continue
     batch = prompts[start:start + _BATCH.value]
     regular = bass_jax.generate(target, None, batch, method="regular", max_new_tokens=_MAX_NEW.value)
@@ -72,8 +75,12 @@ def main(argv):
     batches.append(dict(start=start, tokens=n, matched=round(agreement.exact_match_rate * n),
                         divergences=[dict(prompt=start + d.row, index=d.index, top2_gap=d.top2_gap)
                                      for d in agreement.divergences]))
+    bar.update(len(batch))
+    bar.set_postfix_str(f"{sum(b['matched'] for b in batches)}/{sum(b['tokens'] for b in batches)} "
+                        "tokens equal")
     if summary_path:
       _io.write_json_atomic(summary_path, {**header, "batches": batches, "complete": False})
+  bar.close()
   total = sum(b["tokens"] for b in batches)
   matched = sum(b["matched"] for b in batches)
   divergences = [d for b in batches for d in b["divergences"]]

@@ -110,7 +110,7 @@ def test_bad_trees_are_errors_that_name_the_argument(target, prompts):
     bj.generate(target, draft, prompts, max_new_tokens=4, draft_tree="top_k=0,depth=2,nodes=3")
   with pytest.raises(ValueError, match="leave it at its default"):
     bj.generate(target, draft, prompts, max_new_tokens=4, draft_tree=SHAPE, draft_len=4)
-  with pytest.raises(ValueError, match="choosing among them needs draft_len='goodput'"):
+  with pytest.raises(ValueError, match="choosing among them per step needs draft_len='goodput'"):
     bj.generate(target, draft, prompts, max_new_tokens=4, draft_tree=[SHAPE, "top_k=2,depth=2,nodes=4"])
   with pytest.raises(ValueError, match="repeats a shape"):
     bj.generate(target, draft, prompts, max_new_tokens=4, draft_tree=[SHAPE, SHAPE], draft_len="goodput")
