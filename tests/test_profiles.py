@@ -152,4 +152,5 @@ def test_bench_gpu_quick_mode_runs_every_step_on_this_cpu(tmp_path):
   assert census["settings"]["profile"] == "gpu"
   assert census["data_dependent_control_flow_per_step"] <= 3
   latency = json.loads((tmp_path / "latency_gpu_quick.json").read_text())
-  assert {r["config"] for r in latency["runs"]} >= {"regular", "bass_split"}, latency["runs"][:1]
+  assert {r["config"] for r in latency["runs"]} >= {"regular", "bass_split_goodput"}, latency["runs"][:1]
+  assert record["parts"] == [1, 2, 3] and [s["part"] for s in record["steps"].values()] == [1, 1, 2, 2, 3]
