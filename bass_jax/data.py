@@ -54,6 +54,9 @@ def check_text(text: str, name: str) -> str:
   """Checks that ``text`` can be tokenized: a ``str`` that encodes as UTF-8 (JSON's ``\\ud800``
   escapes decode to lone surrogates, which no tokenizer encodes).
 
+  Args:
+    text: the prompt. name: how it is named in the error (``prompt 3``).
+
   Returns:
     ``text``.
 

@@ -301,83 +301,85 @@ def run_problems(
   bar = tqdm.tqdm(total=sum(len(rows) if emit is None else len(emit) for _, _, rows, emit in work),
                   desc=f"{method} B={batch_size}", unit="seq", disable=not progress)
   streamed = {"tokens": 0, "steps": 0, "start": time.perf_counter()}
-  for batch_index, batch_seed, rows, emit in work:
-    prompt_ids = encode(rows)
-    prompt_lengths = np.array([len(p) for p in prompt_ids])
-    run_start = wall  # the run's clock: the summed wall time of the batches before this one
-    held: list[dict[str, Any]] = []
+  try:
+    for batch_index, batch_seed, rows, emit in work:
+      prompt_ids = encode(rows)
+      prompt_lengths = np.array([len(p) for p in prompt_ids])
+      run_start = wall  # the run's clock: the summed wall time of the batches before this one
+      held: list[dict[str, Any]] = []
 
-    def finished(result):  # called during this iteration's decode
-      if emit is not None and result.index not in emit:
-        return  # a resumed batch's sequence that is already on disk
-      problem, sample_index = rows[result.index]
-      record = {
-          "task_id": problem.task_id,
-          "sample_index": sample_index,
-          "batch_index": batch_index,
-          "row": result.row,
-          "batch_size": batch_size,
-          "prompt_tokens": int(prompt_lengths[result.index]),
-          "completion": tokenizer.decode(result.tokens.tolist(), skip_special_tokens=True),
-          "num_tokens": len(result.tokens),
-          "accepted_drafts": result.accepted if method == "bass" else None,
-          "drafted": result.drafted if method == "bass" else None,
-          "steps": result.steps,
-          "mean_logprob": float(np.mean(result.logprobs)) if len(result.tokens) else 0.0,
-          "finished": result.finished,
-          "finish_seconds": result.finish_seconds - result.admit_seconds,
-          "wait_seconds": run_start + result.admit_seconds,
-          "ttft_seconds": run_start + result.first_token_seconds,
-      }
-      held.append(record)
-      streamed["tokens"] += record["num_tokens"]
-      streamed["steps"] += record["steps"]
-      bar.update(1)
-      bar.set_postfix_str(
-          f"{streamed['tokens'] / max(time.perf_counter() - streamed['start'], 1e-9):.1f} tok/s, "
-          f"{streamed['tokens'] / max(streamed['steps'], 1):.2f} tokens/step")
-      if on_record is not None and not check:
-        on_record(record)
-
-    out = decode(rows, prompt_ids, batch_seed, finished)
-    stats = out.stats
-    step_costs = stats.step_costs  # the same for every batch of a run (measured once per setting)
-    was_continuous = stats.continuous
-    # Each sequence from the start of its own decoding: its batch's start, or its admission.
-    own_seconds = stats.finish_seconds - stats.admit_seconds
-    latencies.append(metrics.per_token_latency(own_seconds, out.lengths))
-    if not stats.continuous:  # a continuous batch has no batches to be ragged within
-      ragged.append(metrics.raggedness(prompt_lengths, out.lengths,
-                                       stats.accepted if method == "bass" else None))
-    if method == "bass":
-      accept_parts.append(metrics.acceptance(stats.draft_lens, stats.accepted, stats.drafted))
-      is_tree = stats.trees >= 0
-      tree_steps += int(is_tree.sum())
-      tree_nodes.append((stats.drafted + 1)[is_tree][stats.accepted[is_tree] >= 0])
-      for code in range(len(DRAFT_SOURCES)):
-        mine = (stats.sources == code) & (stats.accepted >= 0)
-        by_source[:, code] += (int(stats.drafted[mine].sum()), int(stats.accepted[mine].sum()))
-    flops = metrics.decode_flops(target, draft, prompt_lengths, out, method=method)
-    useful_flops += flops.useful
-    executed_flops += flops.executed
-    steps += stats.steps
-    draft_len_sum += int(stats.draft_lens.sum())
-    plain_steps += int((stats.draft_lens == 0).sum())
-    verified_sum += int(stats.verified.sum())
-    tokens += int(out.lengths.sum())
-    wall += stats.wall_seconds
-    compile_seconds += stats.compile_seconds
-    order = {(p.task_id, k): n for n, (p, k) in enumerate(rows)}
-    held.sort(key=lambda r: order[record_key(r)])
-    if check:
-      passed = humaneval.check_completions([rows[order[record_key(r)]][0] for r in held],
-                                           [r["completion"] for r in held])
-      for record, ok in zip(held, passed):
-        record["passed"] = ok
-        if on_record is not None:
+      def finished(result):  # called during this iteration's decode
+        if emit is not None and result.index not in emit:
+          return  # a resumed batch's sequence that is already on disk
+        problem, sample_index = rows[result.index]
+        record = {
+            "task_id": problem.task_id,
+            "sample_index": sample_index,
+            "batch_index": batch_index,
+            "row": result.row,
+            "batch_size": batch_size,
+            "prompt_tokens": int(prompt_lengths[result.index]),
+            "completion": tokenizer.decode(result.tokens.tolist(), skip_special_tokens=True),
+            "num_tokens": len(result.tokens),
+            "accepted_drafts": result.accepted if method == "bass" else None,
+            "drafted": result.drafted if method == "bass" else None,
+            "steps": result.steps,
+            "mean_logprob": float(np.mean(result.logprobs)) if len(result.tokens) else 0.0,
+            "finished": result.finished,
+            "finish_seconds": result.finish_seconds - result.admit_seconds,
+            "wait_seconds": run_start + result.admit_seconds,
+            "ttft_seconds": run_start + result.first_token_seconds,
+        }
+        held.append(record)
+        streamed["tokens"] += record["num_tokens"]
+        streamed["steps"] += record["steps"]
+        bar.update(1)
+        bar.set_postfix_str(
+            f"{streamed['tokens'] / max(time.perf_counter() - streamed['start'], 1e-9):.1f} tok/s, "
+            f"{streamed['tokens'] / max(streamed['steps'], 1):.2f} tokens/step")
+        if on_record is not None and not check:
           on_record(record)
-    records.extend(held)
-  bar.close()
+
+      out = decode(rows, prompt_ids, batch_seed, finished)
+      stats = out.stats
+      step_costs = stats.step_costs  # the same for every batch of a run (measured once per setting)
+      was_continuous = stats.continuous
+      # Each sequence from the start of its own decoding: its batch's start, or its admission.
+      own_seconds = stats.finish_seconds - stats.admit_seconds
+      latencies.append(metrics.per_token_latency(own_seconds, out.lengths))
+      if not stats.continuous:  # a continuous batch has no batches to be ragged within
+        ragged.append(metrics.raggedness(prompt_lengths, out.lengths,
+                                         stats.accepted if method == "bass" else None))
+      if method == "bass":
+        accept_parts.append(metrics.acceptance(stats.draft_lens, stats.accepted, stats.drafted))
+        is_tree = stats.trees >= 0
+        tree_steps += int(is_tree.sum())
+        tree_nodes.append((stats.drafted + 1)[is_tree][stats.accepted[is_tree] >= 0])
+        for code in range(len(DRAFT_SOURCES)):
+          mine = (stats.sources == code) & (stats.accepted >= 0)
+          by_source[:, code] += (int(stats.drafted[mine].sum()), int(stats.accepted[mine].sum()))
+      flops = metrics.decode_flops(target, draft, prompt_lengths, out, method=method)
+      useful_flops += flops.useful
+      executed_flops += flops.executed
+      steps += stats.steps
+      draft_len_sum += int(stats.draft_lens.sum())
+      plain_steps += int((stats.draft_lens == 0).sum())
+      verified_sum += int(stats.verified.sum())
+      tokens += int(out.lengths.sum())
+      wall += stats.wall_seconds
+      compile_seconds += stats.compile_seconds
+      order = {(p.task_id, k): n for n, (p, k) in enumerate(rows)}
+      held.sort(key=lambda r: order[record_key(r)])
+      if check:
+        passed = humaneval.check_completions([rows[order[record_key(r)]][0] for r in held],
+                                             [r["completion"] for r in held])
+        for record, ok in zip(held, passed):
+          record["passed"] = ok
+          if on_record is not None:
+            on_record(record)
+      records.extend(held)
+  finally:
+    bar.close()
 
   pass_at_batch = None
   if check and records:

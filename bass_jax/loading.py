@@ -71,11 +71,14 @@ class Model:
       ``f32[B, T, V]`` logits.
 
     Raises:
-      ValueError: tokens not 2-D or out of the vocabulary.
+      ValueError: tokens not 2-D, longer than the model's context, or out of the vocabulary.
     """
     tokens = jnp.asarray(tokens)
     if tokens.ndim != 2:
       raise ValueError(f"tokens must be i32[batch, time], got shape {tokens.shape}")
+    if tokens.shape[1] > self.config.max_positions:
+      raise ValueError(f"{tokens.shape[1]} tokens exceed the model's context of "
+                       f"{self.config.max_positions} positions; score at most that many")
     if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size):
       raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}); got "
                        f"[{int(tokens.min())}, {int(tokens.max())}]")
@@ -421,14 +424,14 @@ def load_draft(spec: str | os.PathLike, target: Model, *, num_layers: int | None
   return draft.with_scanned_layers(scan_layers)
 
 
-_SPECIAL_IDS = ("bos_token_id", "eos_token_id")
+SPECIAL_IDS = ("bos_token_id", "eos_token_id")
 
 
 def check_same_tokenizer(target: Model, draft: Model) -> None:
   """Checks that ``draft`` speaks the target's token ids, as speculative decoding requires.
 
-  Compared: the vocabulary size; the special token ids of the two configs (``bos_token_id``,
-  ``eos_token_id``, where both configs set them); and, when both models carry tokenizers, the full
+  Compared: the vocabulary size; the special token ids of the two configs (:func:`special_ids_conflict`:
+  the same ``bos_token_id``, ``eos_token_id`` sets that share an id); and, when both models carry tokenizers, the full
   token -> id vocabulary and the tokenizers' special tokens.
 
   Raises:
@@ -439,14 +442,14 @@ def check_same_tokenizer(target: Model, draft: Model) -> None:
   if draft.config.vocab_size != target.config.vocab_size:
     raise ValueError(f"{where} have different vocabulary sizes ({draft.config.vocab_size} vs "
                      f"{target.config.vocab_size}); speculative decoding needs the same tokenizer")
-  for field in _SPECIAL_IDS:
-    a, b = getattr(draft.config, field, None), getattr(target.config, field, None)
-    if a is not None and b is not None and _as_id_set(a) != _as_id_set(b):
-      raise ValueError(f"{where} have different {field} ({a} vs {b}); they do not share a "
-                       "tokenizer")
+  conflict = special_ids_conflict({f: getattr(draft.config, f, None) for f in SPECIAL_IDS},
+                                  {f: getattr(target.config, f, None) for f in SPECIAL_IDS})
+  if conflict:
+    raise ValueError(f"{where} {conflict}")
   if draft.tokenizer is None or target.tokenizer is None:
     return
-  for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
+  # EOS may differ (a base model's and its instruct model's); the vocabulary below decides the ids.
+  for attr in ("bos_token_id", "pad_token_id", "unk_token_id"):
     a, b = getattr(draft.tokenizer, attr, None), getattr(target.tokenizer, attr, None)
     if a != b:
       raise ValueError(f"{where}: their tokenizers' {attr} differ ({a} vs {b})")
@@ -461,6 +464,29 @@ def check_same_tokenizer(target: Model, draft: Model) -> None:
 
 def _as_id_set(ids) -> frozenset[int]:
   return frozenset(ids) if isinstance(ids, (tuple, list)) else frozenset((ids,))
+
+
+def special_ids_conflict(draft: dict[str, Any], target: dict[str, Any]) -> str | None:
+  """How two configs' special ids show that they do not share a tokenizer, or None.
+
+  Args:
+    draft, target: ``{"bos_token_id": id or None, "eos_token_id": id, list of ids or None}``.
+
+  Returns:
+    None when every id both set agrees: the same BOS, and EOS sets that share an id (a GGUF header
+    names one EOS id where an HF config lists several, e.g. Llama 3's ``<|eot_id|>`` among three, and
+    a base model's EOS differs from its instruct model's while both speak the same ids); else the
+    reason, beginning ``have different ...``.
+  """
+  for field in SPECIAL_IDS:
+    a, b = draft.get(field), target.get(field)
+    if a is None or b is None:
+      continue
+    a_ids, b_ids = _as_id_set(a), _as_id_set(b)
+    if (a_ids != b_ids) if field == "bos_token_id" else not a_ids & b_ids:
+      return (f"have different {field} ({a} vs {b}); they do not share a tokenizer (the draft must "
+              "speak the target's token ids)")
+  return None
 
 
 def save_model(model: Model, path: str | os.PathLike, *, format: str = "safetensors",  # pylint: disable=redefined-builtin

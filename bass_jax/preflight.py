@@ -20,7 +20,7 @@ _NGRAM_KEYS = ("max_n", "min_n")
 _SIBLING_KEYS = ("max_n", "min_n", "pool", "max_matches", "max_siblings", "min_agreement")
 _FLOAT_KEYS = ("min_agreement",)
 _N_POSITIONS_FAMILIES = ("gpt2", "codegen")  # whose context field is ``n_positions``
-_SPECIAL_IDS = ("bos_token_id", "eos_token_id")
+_SPECIAL_IDS = ("bos_token_id", "eos_token_id")  # loading.SPECIAL_IDS (not imported: it loads jax)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,10 +34,11 @@ class ModelSource:
     vocab_size: rows of its embedding (for an EAGLE draft: the vocabulary of the target it was
       trained for).
     has_tokenizer: it ships a tokenizer (a GGUF file always does).
-    model_type: the config's (an EAGLE draft's own, ``"eagle"``). hidden_size: its width (an EAGLE
+    model_type: the config's (an EAGLE draft's own, ``"bass_eagle"``). hidden_size: its width (an EAGLE
       draft's: the target features' width it reads). num_layers: decoder layers.
     special_ids: ``{"bos_token_id": ..., "eos_token_id": ...}`` where the config sets them.
     fused_layers: an EAGLE draft's fused target layers (empty otherwise).
+    sliding_window: the attention window of a Mistral-style config (an EAGLE draft's layer's), or None.
   """
 
   spec: str
@@ -51,6 +52,7 @@ class ModelSource:
   num_layers: int = 0
   special_ids: dict[str, Any] = dataclasses.field(default_factory=dict)
   fused_layers: tuple[int, ...] = ()
+  sliding_window: int | None = None
 
 
 def inspect_model(spec: str | os.PathLike) -> ModelSource:
@@ -82,6 +84,7 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
   fields = hf_ckpt.read_config_fields(path)
   has_tokenizer = loading.has_tokenizer(path)
   model_type = fields.get("model_type")
+  outer = fields
   if model_type == eagle.MODEL_TYPE:
     kind, fields = "eagle", fields.get("layer")
   elif model_type in hf_ckpt.CONFIG_CLASSES:
@@ -106,12 +109,13 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
   special = {f: fields[f] for f in _SPECIAL_IDS if fields.get(f) is not None}
   fused = ()
   if kind == "eagle":
-    outer = hf_ckpt.read_config_fields(path)
     fused = outer.get("fused_layers") or ()
     if not isinstance(fused, (list, tuple)) or not all(isinstance(i, int) for i in fused):
       raise ValueError(f"{path / 'config.json'}: fused_layers must be a list of layer indices")
+  window = fields.get("sliding_window") if fields.get("use_sliding_window", True) else None
   return ModelSource(name, path, kind, context, numbers["vocab_size"], has_tokenizer,
-                     str(model_type), numbers[width_key], numbers[layers_key], special, tuple(fused))
+                     str(model_type), numbers[width_key], numbers[layers_key], special, tuple(fused),
+                     window if isinstance(window, int) and not isinstance(window, bool) else None)
 
 
 def _gguf_config(path: pathlib.Path) -> Any:
@@ -136,9 +140,13 @@ def check_pair(target: ModelSource, draft: ModelSource) -> None:
   feature width and layers (``eagle.check_pair``). The tokenizers' full vocabularies are compared when
   the models load (``loading.check_same_tokenizer``).
 
+  Args:
+    target, draft: the two specs as :func:`inspect_model` resolved them.
+
   Raises:
     ValueError: the first mismatch, naming both models, the field and both values.
   """
+  from bass_jax import loading  # pylint: disable=g-import-not-at-top
   from bass_jax.models import eagle  # pylint: disable=g-import-not-at-top
 
   where = f"draft {draft.spec!r} and target {target.spec!r}"
@@ -150,14 +158,9 @@ def check_pair(target: ModelSource, draft: ModelSource) -> None:
   elif draft.vocab_size != target.vocab_size:
     raise ValueError(f"{where} have different vocabulary sizes ({draft.vocab_size} vs "
                      f"{target.vocab_size}); speculative decoding needs the target's tokenizer")
-  for field in _SPECIAL_IDS:
-    a, b = draft.special_ids.get(field), target.special_ids.get(field)
-    if a is not None and b is not None and _id_set(a) != _id_set(b):
-      raise ValueError(f"{where} have different {field} ({a} vs {b}); they do not share a tokenizer")
-
-
-def _id_set(ids: Any) -> frozenset:
-  return frozenset(ids) if isinstance(ids, (list, tuple)) else frozenset([ids])
+  conflict = loading.special_ids_conflict(draft.special_ids, target.special_ids)
+  if conflict:
+    raise ValueError(f"{where} {conflict}")
 
 
 def parse_draft_spec(spec: str) -> tuple[str | None, dict[str, int] | None, dict[str, Any] | None]:
@@ -260,6 +263,9 @@ def check_seed(seed: Any, runs: int = 1) -> int:
   """Checks a run's seed: an int such that every seed the run derives from it, ``seed .. seed + runs -
   1`` (a static batch ``i`` decodes with ``seed + i``), lies in ``[0, MAX_SEED]``.
 
+  Args:
+    seed: the run's seed (a Python or NumPy int). runs: the seeds the run derives (its static batches).
+
   Returns:
     The seed as a Python int.
 
@@ -311,7 +317,7 @@ def check_speculation(method: str, draft_len: Any, draft_tree: Any, *, vocab_siz
   if context is not None and isinstance(policy, draft_len_lib.FixedDraftLen):
     if policy.length >= context:
       raise ValueError(f"draft_len={policy.length} must be below the models' context of {context} "
-                       "positions")
+                       "positions; lower it")
   for shape in trees:
     if vocab_size is not None and context is not None:
       shape.check_fits(vocab_size=vocab_size, context=context)

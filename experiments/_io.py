@@ -114,7 +114,11 @@ def require_tree_shapes(flag_name: str = "draft_tree") -> None:
 
 def canonical_tree_shapes(values: list[str]) -> list[str]:
   """``--draft_tree`` values in canonical form (``str(TreeShape)``), so that the same shape written in
-  another field order or spacing is the same setting for ``--resume``."""
+  another field order or spacing is the same setting for ``--resume``.
+
+  Raises:
+    ValueError: a value ``tree.tree_shapes`` refuses (the flag's validator refuses it first).
+  """
   if not values:
     return []
   from bass_jax.sampling.tree import tree_shapes  # pylint: disable=g-import-not-at-top

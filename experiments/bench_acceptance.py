@@ -28,7 +28,8 @@ _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens per sequence.", lo
 _DRAFT_LEN = flags.DEFINE_integer("draft_len", 4, "Fixed draft length.", lower_bound=1)
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0.2", "0.6", "0.8", "1.0"], "Temperatures (> 0).")
 _TOP_P = flags.DEFINE_float("top_p", 0.95, "Nucleus mass.")
-_SEED = flags.DEFINE_integer("seed", 0, "PRNG seed.", lower_bound=0)
+_SEED = flags.DEFINE_integer("seed", 0, "PRNG seed in [0, 2**63 - 1].", lower_bound=0,
+                             upper_bound=2**63 - 1)
 
 RULES = ("rejection", "gumbel")
 

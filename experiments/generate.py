@@ -179,10 +179,18 @@ def _preflight(problems):
                       "checkpoint saved with its tokenizer")
   context = min(m.context for m in (target, draft) if m is not None)
   _check_speculation(target.vocab_size, context)
-  layers = (target if draft is None or _DRAFT.value == _TARGET.value else draft).num_layers
-  if _METHOD.value == "bass" and _DRAFT_LAYERS.value > layers and draft is not None:
-    raise _io.Refusal(f"--draft_num_layers={_DRAFT_LAYERS.value}: the draft has {layers} layers; "
-                      "give at most that many (0 keeps all)")
+  if _METHOD.value == "bass" and _DRAFT_LAYERS.value:
+    if draft is None or draft.kind == "eagle":
+      raise _io.Refusal(f"--draft_num_layers={_DRAFT_LAYERS.value} cuts a draft model's layers, and "
+                        f"--draft={_DRAFT.value} has none to cut; drop --draft_num_layers")
+    if _DRAFT_LAYERS.value > draft.num_layers:
+      raise _io.Refusal(f"--draft_num_layers={_DRAFT_LAYERS.value}: the draft has {draft.num_layers} "
+                        "layers; give at most that many (0 keeps all)")
+  windowed = draft is not None and draft.sliding_window is not None
+  if windowed and _DRAFT_TREE.value:
+    raise _io.Refusal(f"--draft_tree: the draft {_DRAFT.value} has a sliding window, and a tree grows "
+                      "its levels as queries over earlier nodes, which a window over a tree does not "
+                      "support; use a draft without a window, n-gram lookup or chains")
   if _MAX_NEW.value >= context:
     raise _io.Refusal(f"--max_new_tokens={_MAX_NEW.value} does not fit the models' context of "
                       f"{context} positions (with at least a one-token prompt); lower it")

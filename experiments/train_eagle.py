@@ -22,7 +22,6 @@ identity, eagle.grown_params).
 import dataclasses
 import json
 import pathlib
-import shutil
 
 from absl import app
 from absl import flags
@@ -101,9 +100,7 @@ def main(argv):
                                       ttt_stride=_TTT_STRIDE.value, eval_depth=_EVAL_DEPTH.value,
                                       init=init)
   params = distill.train(config, cfg, train_data, workdir, eval_data=eval_data, objective=objective)
-  if export.exists():  # --overwrite: checked above
-    shutil.rmtree(export)
-  eagle.save_eagle(export, config, params, vocab_ids,
+  eagle.save_eagle(export, config, params, vocab_ids, overwrite=True,  # --overwrite: checked above
                    extra={"trained": {"corpus": _training.CORPUS.value, "steps": cfg.steps,
                                       "batch_size": cfg.batch_size}})
   logging.info("exported %s (%d trained parameters)", export, config.num_params())

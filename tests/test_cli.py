@@ -156,7 +156,8 @@ def test_every_flag_refuses_generated_bad_values_in_one_line():
   report = result.stdout[-10000:] + result.stderr[-3000:]
   assert result.returncode == 0, report
   assert " passed" in result.stdout and "skipped" not in result.stdout, report
-  assert time.perf_counter() - start < 60, report
+  # About 10 s quiet (the hypothesis cases take about 6 s of it); a loose ceiling for a loaded machine.
+  assert time.perf_counter() - start < 180, report
 
 
 @pytest.mark.parametrize("args,message", [

@@ -357,13 +357,22 @@ def test_bass_decodes_to_the_last_position_of_the_context(family, tmp_path):
   _edge_model(family, 1, 1, **window).save_pretrained(tmp_path / "draft")
   target, draft = bj.load_model(tmp_path / "target"), bj.load_model(tmp_path / "draft")
   assert target.config.max_positions == CONTEXT
-  rng = np.random.default_rng()
+  rng = np.random.default_rng(sorted(EDGE_FAMILIES).index(family))
   max_new = 9
   a, b = (rng.integers(0, VOCAB, CONTEXT - max_new).tolist() for _ in range(2))
   prompts = [a, b, a]  # rows 0 and 2 are siblings
   common = dict(max_new_tokens=max_new, eos_token_id=())
   regular = bj.generate(target, None, prompts, method="regular", **common)
   assert np.isfinite(regular.logprobs).all()
+  # Every row of the position table read, as transformers reads it: a whole context's logits.
+  whole = np.asarray(a + regular.sequences()[0])[None]
+  assert whole.shape[1] == CONTEXT
+  hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "target",
+                                                         attn_implementation="eager").eval()
+  np.testing.assert_allclose(np.asarray(target.logits(whole)), _torch_logits(hf, whole), atol=1e-4,
+                             err_msg=family)
+  with pytest.raises(ValueError, match=f"exceed the model's context of {CONTEXT}"):
+    target.logits(np.zeros((1, CONTEXT + 1), np.int32))
   ngram = bj.NGramProposer(max_n=2, min_n=1)
   sides = {
       "hybrid chain": (bj.Hybrid(draft, ngram, siblings=bj.SiblingProposer()), dict(draft_len=7)),
@@ -387,3 +396,15 @@ def test_bass_decodes_to_the_last_position_of_the_context(family, tmp_path):
     assert np.array_equal(bass.tokens, regular.tokens), (family, name)
     assert np.isfinite(bass.logprobs).all(), (family, name)
     np.testing.assert_allclose(bass.logprobs, regular.logprobs, atol=1e-4, err_msg=f"{family} {name}")
+
+
+def test_learned_position_ids_are_the_positions_inside_the_table_and_its_last_row_past_it():
+  from bass_jax.models.common import learned_position_ids
+
+  positions = np.random.default_rng(0).integers(0, 60, size=(3, 7))
+  for size, offset in ((50, 0), (52, 2)):  # GPT-2's table; OPT's, whose position 0 is row 2
+    ids = np.asarray(learned_position_ids(positions, size, offset))
+    inside = positions + offset < size
+    assert inside.any() and (~inside).any()
+    np.testing.assert_array_equal(ids[inside], (positions + offset)[inside])
+    assert (ids[~inside] == size - 1).all()

@@ -129,7 +129,7 @@ def test_tree_shapes_are_checked_and_parsed():
 
 
 @pytest.mark.parametrize("text,match", [
-    ("", "is empty"), ("  ", "is empty"), ("top_k=4,,depth=5", "expected the fields"),
+    ("", "is empty"), ("  ", "is empty"), ("top_k=4,,depth=5", "an empty part"),
     ("top_k=4,top_k=3", "top_k is given twice"), ("depth=-1", "positive integer"),
     ("top_k=+3", "positive integer"), ("top_k=3.0", "positive integer"),
     ("top_k=1000,depth=1000,nodes=100000", "top_k must be <= 16"),

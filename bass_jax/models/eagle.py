@@ -187,6 +187,12 @@ def check_pair(hidden_size: int, vocab_size: int, fused_layers: tuple[int, ...],
   vocabulary, and fused layers the target has. ``bass_jax.preflight`` calls it on ``config.json``
   fields before any weight is read; ``load_draft`` and ``generate`` on loaded configs.
 
+  Args:
+    hidden_size, vocab_size, fused_layers: the draft's feature width, its layer's vocabulary (the
+      target's it was trained for) and the target layers it fuses.
+    target_model_type, target_hidden_size, target_vocab_size, target_layers: the target's.
+    name: how the draft is named in the error.
+
   Raises:
     ValueError: the first mismatch, naming the field and both values.
   """

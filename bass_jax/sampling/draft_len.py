@@ -103,6 +103,9 @@ class DynamicDraftLen(_MaxAcceptedPolicy):
   def __post_init__(self):
     for name in ("l0", "l_incre", "l_mod", "l_limit"):
       object.__setattr__(self, name, _checks.as_int(f"DynamicDraftLen.{name}", getattr(self, name)))
+    if self.l_limit > MAX_DRAFT_LEN:
+      raise ValueError(f"DynamicDraftLen.l_limit={self.l_limit} exceeds MAX_DRAFT_LEN = {MAX_DRAFT_LEN} "
+                       "(each length up to it is compiled); lower it")
     if not 1 <= self.l0 <= self.l_limit:
       raise ValueError(f"DynamicDraftLen needs 1 <= l0 <= l_limit, got l0={self.l0}, "
                        f"l_limit={self.l_limit}")

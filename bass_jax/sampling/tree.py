@@ -101,6 +101,9 @@ class TreeShape:
     for part in (p.strip() for p in text.split(",")):
       name, sep, value = part.partition("=")
       name, value = name.strip(), value.strip()
+      if not part:
+        raise ValueError(f"draft_tree {text!r} has an empty part (a stray comma?); write "
+                         "top_k=..,depth=..,nodes=..")
       if not sep or name not in ("top_k", "depth", "nodes"):
         raise ValueError(f"draft_tree {text!r}: expected the fields top_k=, depth=, nodes= separated "
                          f"by commas, got {part!r}")
@@ -120,10 +123,10 @@ class TreeShape:
     """
     if self.top_k >= vocab_size:
       raise ValueError(f"draft_tree {self}: top_k={self.top_k} must be below the vocabulary of "
-                       f"{vocab_size} tokens")
+                       f"{vocab_size} tokens; lower top_k")
     if self.depth >= context:
       raise ValueError(f"draft_tree {self}: depth={self.depth} must be below the models' context of "
-                       f"{context} positions")
+                       f"{context} positions; lower depth")
 
   def __str__(self) -> str:
     return f"top_k={self.top_k},depth={self.depth},nodes={self.nodes}"
@@ -151,6 +154,9 @@ def tree_shapes(draft_tree: Any) -> tuple[TreeShape, ...]:
   Args:
     draft_tree: None, a :class:`TreeShape`, its text (:meth:`TreeShape.parse`), or a sequence of those.
 
+  Returns:
+    The shapes, each once, as given.
+
   Raises:
     ValueError: a value that is not a shape or its text, an empty sequence, or a shape given twice
       (however it is written).
@@ -168,7 +174,7 @@ def tree_shapes(draft_tree: Any) -> tuple[TreeShape, ...]:
       item = TreeShape.parse(item)
     if not isinstance(item, TreeShape):
       raise ValueError(f"draft_tree must be None, a TreeShape, text such as 'top_k=4,depth=5,nodes=16' "
-                       f"or a sequence of those, got {draft_tree!r}")
+                       f"or a sequence of those, got {type(item).__name__} {str(item)[:80]!r}")
     shapes.append(item)
   if not shapes:
     raise ValueError("draft_tree is an empty sequence; pass None for chains")

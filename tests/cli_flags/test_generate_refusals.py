@@ -256,6 +256,8 @@ SETTINGS = hypothesis.settings(max_examples=int(os.environ.get("BASS_JAX_CLI_EXA
 
 
 def test_generated_bad_values_are_each_refused_in_one_line(files):
+  code, err = run(["--num_prompts=4", "--batch_size=2"])
+  assert code is None, err  # the base every bad value is added to passes alone
   strategy = st.one_of(bad_int(), bad_float(), bad_enum_or_bool(), bad_speculation(),
                        bad_spec(files))
   seen = []
@@ -312,6 +314,9 @@ def test_generated_valid_settings_pass_every_check(files):
     (["--prompts={surrogate}"], "surrogate.jsonl:2: prompt holds a lone surrogate"),
     (["--prompts={latin1}"], "latin1.jsonl:2: not UTF-8 (byte 0xe9"),
     (["--draft_num_layers=3"], "the draft has 2 layers"),
+    (["--draft=smollm2-135m-eagle", "--draft_num_layers=1"], "has none to cut"),
+    (["--draft=ngram", "--draft_num_layers=1"], "has none to cut"),
+    (["--draft_tree=top_k=2,depth=3,nodes=6,"], "an empty part (a stray comma?)"),
     (["--batch_size=5000"], "--batch_size=5000"),
     (["--verify_chunk=34"], "--verify_chunk=34"),
 ])
