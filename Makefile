@@ -18,7 +18,7 @@ RUN_FLAGS ?= --flagfile=configs/humaneval_quick.flags
 # 18.8 on this project's 2-core machine (2026-11-22). TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 
-.PHONY: venv run test bench-gpu gpu-bundle clean
+.PHONY: venv run test bench-gpu gpu-bundle aot-plugin clean
 
 venv: $(STAMP)
 
@@ -47,6 +47,13 @@ bench-gpu: $(STAMP)
 # the SmolLM2 GGUF) in parts that fit one call's carry, with a manifest of sha256 sums (docs/gpu.md).
 gpu-bundle: $(STAMP)
 	$(PY) -m experiments.gpu_bundle --out=.gpu_bundle $(GPU_BUNDLE_FLAGS)
+
+# JAX's CUDA plugin of the installed jaxlib's version, into .aot_plugin/ (about 480 MB, not part of make
+# test's install: the suite skips its one test without it), for compiling the decode for an H100 on
+# this CPU: python -m experiments.lower_decode --compile_for=h100 (docs/gpu.md, "Launches per step").
+aot-plugin: $(STAMP)
+	V=$$($(PY) -c 'import jaxlib; print(jaxlib.__version__)') && \
+	  $(PY) -m pip install --quiet --target .aot_plugin --no-deps jax-cuda12-plugin==$$V jax-cuda12-pjrt==$$V
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

@@ -20,9 +20,17 @@ in place of a Pallas kernel: a kernel is a custom call that reads the cache as t
 do, where the Pallas interpreter would copy its operands). The StableHLO goes to ``--hlo``; with
 ``--json`` the census is written as JSON, ``data_dependent_control_flow_per_step`` and
 ``cache_copies`` among its keys.
+
+With ``--compile_for=h100`` (after ``make aot-plugin``) XLA also compiles regular decoding's and BASS's
+decode for an H100 on this machine, without a GPU, and ``bass_jax.thunk_census`` prices one step of
+each kind from the thunk sequence: the JSON's ``launch_census`` holds ``launches_per_plain_step``,
+``launches_per_bass_step``, ``kernels_per_step``, ``copies_per_step`` and ``host_reads_per_step``
+(docs/gpu.md, "Launches per step", with what a deviceless compile cannot see).
 """
 
+import os
 import pathlib
+import sys
 
 from absl import flags
 
@@ -52,8 +60,18 @@ _CACHE_COPIES = flags.DEFINE_bool("cache_copies", True, "Also compile for this m
 _HLO = flags.DEFINE_string("hlo", None, "Where to write the decode's StableHLO; default "
                            "outputs/lower_decode/decode_<platform>_<profile>.mlir.")
 _JSON = flags.DEFINE_string("json", None, "Write the census as JSON here.")
+_COMPILE_FOR = flags.DEFINE_enum(
+    "compile_for", None, ["h100"], "Also compile the decode for this GPU on this machine, without one "
+    "(XLA's deviceless compile, configs/gpu/<gpu>_sxm.txtpb), regular decoding and BASS, and count "
+    "the launches of one step from XLA's thunk sequence (bass_jax.thunk_census).")
+_SCAN_LAYERS = flags.DEFINE_bool("scan_layers", None, "The target's layer layout: scanned or unrolled "
+                                  "(--noscan_layers); absent: the profile's (scanned on a GPU).")
+_AOT_PLUGIN = flags.DEFINE_string("aot_plugin", ".aot_plugin", "Folder holding JAX's CUDA plugin "
+                                  "(`make aot-plugin`), for --compile_for.")
 flags.register_validator("top_p", lambda v: 0.0 < v <= 1.0, message="--top_p must be in (0, 1]")
 _io.require_tree_shapes()
+
+_TARGET_CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs" / "gpu"
 
 
 def _tree_lines(nodes, depth=0):
@@ -65,11 +83,97 @@ def _tree_lines(nodes, depth=0):
     yield from _tree_lines(node.get("children", []), depth + 1)
 
 
+def _prepare_deviceless(plugin_dir: str | os.PathLike | None, dump_dir: str | os.PathLike,
+                       module_re: str = ".*") -> None:
+  """Sets up this process, before JAX is imported, for ``thunk_census.compile_deviceless``: JAX on the CPU
+  (the CUDA plugin fails at ``cuInit`` without a GPU otherwise), the plugin's folder on the path, and
+  XLA's dump of ``module_re``'s modules into ``dump_dir``.
+
+  Raises:
+    RuntimeError: JAX was imported already (its platforms and XLA's flags are fixed by then).
+    FileNotFoundError: ``plugin_dir`` does not hold ``jax_plugins`` (``make aot-plugin`` installs it).
+  """
+  if "jax" in sys.modules:
+    raise RuntimeError("prepare_deviceless must run before jax is imported")
+  if plugin_dir is not None:
+    plugin_dir = pathlib.Path(plugin_dir).absolute()
+    if not (plugin_dir / "jax_plugins").is_dir():
+      raise FileNotFoundError(f"{plugin_dir} holds no JAX CUDA plugin; run `make aot-plugin` (it "
+                              "installs jax-cuda12-plugin of the installed jaxlib's version there)")
+    sys.path.insert(0, str(plugin_dir))
+  os.environ["JAX_PLATFORMS"] = "cpu"
+  flags = os.environ.get("XLA_FLAGS", "")
+  os.environ["XLA_FLAGS"] = (f"{flags} --xla_dump_to={pathlib.Path(dump_dir).absolute()} "
+                             f"--xla_dump_hlo_module_re={module_re}").strip()
+
+
+def _launch_census(target, draft, prompts, profile, dump_dir: pathlib.Path) -> dict:
+  """Regular decoding's and BASS's decode compiled for ``--compile_for`` without a GPU; one step of
+  each kind (an iteration of the loop that runs it, ``thunk_census.find_loop``: inner loops times
+  their trip counts, a conditional's costliest branch) priced in launches and host reads. A plain
+  step is regular decoding's; a BASS step the chain step's (a tree step's without chains)."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from bass_jax import thunk_census  # pylint: disable=g-import-not-at-top
+  from bass_jax.sampling import generate as generate_lib  # pylint: disable=g-import-not-at-top
+
+  config = (_TARGET_CONFIGS / f"{_COMPILE_FOR.value}_sxm.txtpb").read_text()
+  steps = {}
+  for method in ("regular", "bass"):
+    lowered = generate_lib.lower(
+        target, draft if method == "bass" else None, prompts, platform="cuda",
+        sm_count=_SM_COUNT.value, compile_on_host=False, method=method,
+        max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
+        draft_len=_io.draft_len_value(_DRAFT_LEN.value),
+        draft_tree=_DRAFT_TREE.value if method == "bass" else None, profile=profile)
+    name = f"bass_jax_decode_{method}"
+    exported = lowered.decode
+    call = lambda *a, **k: exported.call(*a, **k)  # pylint: disable=cell-var-from-loop
+    call.__name__ = name
+    args, kwargs = jax.tree_util.tree_unflatten(exported.in_tree, exported.in_avals)
+    thunk_census.compile_deviceless(call, args, kwargs, config)
+    dump = thunk_census.read_dump(dump_dir, name)
+    thunks, trips = dump.thunks(), dump.trips()
+    kinds = (("regular_step",) if method == "regular"
+             else ("plain_step", "bass_step", *(f"tree_step_{i}" for i in range(8))))
+    for kind in kinds:
+      loop = thunk_census.find_loop(thunks, dump.optimized_hlo, kind)
+      if loop is None:
+        continue
+      step = thunk_census.per_iteration(loop, trips)
+      steps[kind] = {"kernels": step.kernels, "copies": step.copies, "launches": step.launches,
+                     "host_reads": step.host_reads,
+                     "loops_of_unknown_trip_count": step.unknown_loops}
+    if kinds[-1 if method == "regular" else 1] not in steps and not any(
+        k.startswith("tree_step") for k in steps):
+      raise RuntimeError(f"{dump.module}: no loop of {kinds} found in its thunks")
+  plain = steps["regular_step"]
+  bass = steps.get("bass_step") or next(v for k, v in steps.items() if k.startswith("tree_step"))
+  return {
+      "compile_for": _COMPILE_FOR.value, "jax_version": jax.__version__,
+      "launches_per_plain_step": plain["launches"], "launches_per_bass_step": bass["launches"],
+      "bass_over_plain": round(bass["launches"] / plain["launches"], 3),
+      "kernels_per_step": bass["kernels"], "copies_per_step": bass["copies"],
+      "host_reads_per_step": bass["host_reads"], "steps": steps,
+      "caveats": "deviceless compile: no autotuning (a sort is about 15 XLA kernels where a real "
+                 "H100 runs one CUB sort; GEMM algorithms unchosen); a conditional counts its "
+                 "costliest branch; a loop of unknown trip count counts one iteration"}
+
+
 def main(argv):
   del argv
   _io.init_script()
   hlo_path = _io.check_output_file(_HLO.value, flag="hlo")
   json_path = _io.check_output_file(_JSON.value, flag="json")
+  dump_dir = None
+  if _COMPILE_FOR.value:
+    import tempfile  # pylint: disable=g-import-not-at-top
+
+    dump_dir = pathlib.Path(tempfile.mkdtemp(prefix="lower_decode_dump_"))
+    try:
+      _prepare_deviceless(_AOT_PLUGIN.value, dump_dir, ".*bass_jax_decode.*")
+    except (RuntimeError, FileNotFoundError) as e:
+      raise _io.Refusal(f"--compile_for: {e}") from e
   _io.inspect_models(_TARGET.value, _DRAFT.value if _METHOD.value == "bass" else None)
 
   import jax  # pylint: disable=g-import-not-at-top
@@ -82,8 +186,9 @@ def main(argv):
 
   profile = _PROFILE.value or profiles.platform_profile(_PLATFORM.value)
   # The layer layout the platform's machine would load (scanned on a GPU); the draft follows it.
-  target = bass_jax.load_model(_TARGET.value,
-                               scan_layers=profiles.backend_profile(profile).scan_layers)
+  scan = (profiles.backend_profile(profile).scan_layers if _SCAN_LAYERS.value is None
+          else _SCAN_LAYERS.value)
+  target = bass_jax.load_model(_TARGET.value, scan_layers=scan)
   draft = bass_jax.load_draft_spec(_DRAFT.value, target) if _METHOD.value == "bass" else None
   rng = np.random.default_rng(0)
   prompts = rng.integers(0, target.config.vocab_size, (_BATCH.value, _PROMPT_LEN.value))
@@ -110,6 +215,8 @@ def main(argv):
     copies = hlo_census.cache_copies(lowered.host_decode_hlo, list(lowered.cache_arrays))
   result["cache_copies"] = None if copies is None else len(copies)
 
+  if dump_dir is not None:
+    result["launch_census"] = _launch_census(target, draft, prompts, profile, dump_dir)
   if hlo_path is None:
     hlo_path = pathlib.Path("outputs/lower_decode") / f"decode_{_PLATFORM.value}_{profile}.mlir"
     hlo_path.parent.mkdir(parents=True, exist_ok=True)
@@ -134,6 +241,13 @@ def main(argv):
         f"{'not counted' if copies is None else len(copies)} over {result['cache_arrays']}")
   for line in (copies or [])[:3]:
     print(f"  {line[:160]}")
+  if dump_dir is not None:
+    launches = result["launch_census"]
+    print(f"\ncompiled for {_COMPILE_FOR.value} without a GPU: a plain step "
+          f"{launches['launches_per_plain_step']} launches, a BASS step "
+          f"{launches['launches_per_bass_step']} ({launches['bass_over_plain']}x): "
+          f"{launches['kernels_per_step']} kernels, {launches['copies_per_step']} copies, "
+          f"{launches['host_reads_per_step']} host reads ({launches['caveats']})")
   print("largest arrays:")
   for array in result["largest_arrays"]:
     print(f"  {array['array']:>28}  {array['bytes'] / 2**20:8.2f} MiB  {array['op']}  "

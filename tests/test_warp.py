@@ -1,5 +1,8 @@
-"""Temperature and top-p warping against transformers' own logits processors (independent reference)."""
+"""Temperature and top-p warping against transformers' own logits processors (independent reference),
+on both nucleus paths: the CPU's top-k and bisection, and the GPU profile's one sort per row
+(``branch_free``)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -9,30 +12,36 @@ import transformers
 from bass_jax.sampling.warp import warped_log_probs
 
 
+BOTH_PATHS = pytest.mark.parametrize("branch_free", [False, True], ids=["top_k+bisect", "sort"])
+
+
+@BOTH_PATHS
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 0.9), (0.7, 0.5), (1.3, 0.99), (0.2, 0.95)])
-def test_matches_transformers_warpers(temperature, top_p):
+def test_matches_transformers_warpers(temperature, top_p, branch_free):
   rng = np.random.default_rng(int(100 * top_p))
   logits = (rng.normal(size=(6, 50)) * 3).astype(np.float32)
   processors = transformers.LogitsProcessorList([
       transformers.TemperatureLogitsWarper(temperature), transformers.TopPLogitsWarper(top_p)])
   want = torch.log_softmax(processors(None, torch.tensor(logits)), dim=-1).numpy()
-  got = np.asarray(warped_log_probs(jnp.asarray(logits), temperature, top_p))
+  got = np.asarray(warped_log_probs(jnp.asarray(logits), temperature, top_p, branch_free=branch_free))
   assert ((got == -np.inf) == (want == -np.inf)).all()  # the same nucleus
   assert (got == -np.inf).any()  # and it truncates something
   kept = want > -np.inf
   np.testing.assert_allclose(got[kept], want[kept], atol=1e-5)
 
 
-def test_ties_at_the_threshold_are_all_kept():
+@BOTH_PATHS
+def test_ties_at_the_threshold_are_all_kept(branch_free):
   logits = jnp.log(jnp.array([[0.4, 0.2, 0.2, 0.2]]))
-  probs = np.exp(np.asarray(warped_log_probs(logits, 1.0, 0.5)))[0]
+  probs = np.exp(np.asarray(warped_log_probs(logits, 1.0, 0.5, branch_free=branch_free)))[0]
   np.testing.assert_allclose(probs, [0.4, 0.2, 0.2, 0.2], atol=1e-6)  # order-independent
-  probs = np.exp(np.asarray(warped_log_probs(logits, 1.0, 0.35)))[0]
+  probs = np.exp(np.asarray(warped_log_probs(logits, 1.0, 0.35, branch_free=branch_free)))[0]
   np.testing.assert_allclose(probs, [1.0, 0, 0, 0], atol=1e-6)
 
 
+@BOTH_PATHS
 @pytest.mark.parametrize("spread", [0.3, 1.0, 8.0])
-def test_wide_and_narrow_nuclei_match_transformers(spread):
+def test_wide_and_narrow_nuclei_match_transformers(spread, branch_free):
   """V = 3000: flat rows have nuclei of hundreds of tokens (the bisection path), peaked rows a few
   (the top-k path); rows of both kinds share a batch."""
   rng = np.random.default_rng(int(spread * 10))
@@ -41,7 +50,7 @@ def test_wide_and_narrow_nuclei_match_transformers(spread):
   logits[1::2] *= 10.0
   want = torch.log_softmax(
       transformers.TopPLogitsWarper(0.9)(None, torch.tensor(logits)), dim=-1).numpy()
-  got = np.asarray(warped_log_probs(jnp.asarray(logits), 1.0, 0.9))
+  got = np.asarray(warped_log_probs(jnp.asarray(logits), 1.0, 0.9, branch_free=branch_free))
   sizes = (want > -np.inf).sum(-1)
   assert ((got > -np.inf).sum(-1) == sizes).all()
   assert ((got == -np.inf) == (want == -np.inf)).all()
@@ -49,3 +58,17 @@ def test_wide_and_narrow_nuclei_match_transformers(spread):
     assert sizes.max() > 64 and sizes.min() < 64  # both paths ran
   kept = want > -np.inf
   np.testing.assert_allclose(got[kept], want[kept], atol=1e-5)
+
+
+def test_the_sort_finds_the_bisections_threshold_on_ties_and_random_rows():
+  """The two thresholds agree exactly where no mass sits within rounding of top_p: rows with many
+  tied probabilities (quantized logits) and continuous ones, at several top_p."""
+  from bass_jax.sampling import warp
+
+  rng = np.random.default_rng()
+  logits = rng.normal(size=(16, 500)).astype(np.float32) * rng.uniform(0.5, 4, size=(16, 1))
+  logits[::2] = np.round(logits[::2])  # ties
+  probs = jnp.exp(jax.nn.log_softmax(jnp.asarray(logits), axis=-1))
+  for top_p in (0.3, 0.8, 0.95):
+    np.testing.assert_array_equal(np.asarray(warp._sorted_threshold(probs, top_p)),  # pylint: disable=protected-access
+                                  np.asarray(warp._bisect_threshold(probs, top_p)))  # pylint: disable=protected-access

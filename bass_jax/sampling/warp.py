@@ -10,8 +10,9 @@ below ``top_p``. The most probable token is always kept, and tokens tied with th
 one are kept too. A full sort of a 49k vocabulary costs ~10 ms per row on a CPU, so the threshold is
 found from ``lax.top_k`` (the nucleus usually holds a handful of tokens) and, for rows whose nucleus is
 wider than that, by bisection over the float bit patterns, which is exact on the discrete set of
-probabilities. The two paths sum the same masses in different orders, so they can only disagree where
-a token's mass sits within float rounding of ``top_p``.
+probabilities. On a GPU (``branch_free``) one sort per row finds it instead: no loop, no branch. The
+paths sum the same masses in different orders, so they can only disagree where a token's mass sits
+within float rounding of ``top_p``.
 """
 
 from __future__ import annotations
@@ -44,20 +45,37 @@ def _bisect_threshold(probs: jax.Array, top_p: jax.Array) -> jax.Array:
   return hi
 
 
+def _sorted_threshold(probs: jax.Array, top_p: jax.Array) -> jax.Array:
+  """The same threshold as :func:`_bisect_threshold` from one sort per row: the smallest key among
+  the tokens whose mass before them in descending order is below ``top_p``. A token tied with
+  earlier ones has their mass before it too, so the first of a tie group decides for the group, as
+  the definition (mass *strictly* more probable) does. ``[..., V] -> i32[...]``."""
+  descending = -jnp.sort(-probs, axis=-1)
+  kept = jnp.cumsum(descending, axis=-1) - descending < top_p
+  return jnp.min(jnp.where(kept, _keys(descending), jnp.iinfo(jnp.int32).max), axis=-1)
+
+
 def top_p_filter(log_probs: jax.Array, top_p: jax.Array, *, branch_free: bool = False) -> jax.Array:
   """Restricts a distribution to its nucleus (module docstring) and renormalizes.
 
   Args:
     log_probs: ``f32[..., V]`` normalized log-probabilities.
     top_p: scalar in ``(0, 1]``.
-    branch_free: run the bisection for every row and select, rather than under a ``lax.cond`` on
-      whether any row's nucleus is wider than the top-k fast path (a host round trip on XLA:GPU;
-      ``sampling.profiles``).
+    branch_free: find every row's threshold with one sort (:func:`_sorted_threshold`), with no
+      ``lax.cond`` and no loop: the GPU profile's (``sampling.profiles``). On XLA:GPU a ``cond``'s
+      branch index and each of the bisection's 31 iterations is a host round trip and a few
+      launches, where a real GPU sorts a row in one CUB kernel. Otherwise (a CPU, where a 49k sort
+      costs ~10 ms a row) the top-k fast path, and the bisection under a ``lax.cond`` for rows whose
+      nucleus is wider.
 
   Returns:
     ``f32[..., V]`` log-probabilities, ``-inf`` outside the nucleus.
   """
   probs = jnp.exp(log_probs)
+  if branch_free:
+    threshold = _sorted_threshold(probs, top_p)
+    filtered = jnp.where(_keys(probs) >= threshold[..., None], log_probs, -jnp.inf)
+    return jax.nn.log_softmax(filtered, axis=-1)
   k = min(TOP_K_FAST_PATH, log_probs.shape[-1])
   top_probs = jnp.exp(jax.lax.top_k(log_probs, k)[0])  # descending
   mass_before = jnp.cumsum(top_probs, axis=-1) - top_probs
@@ -66,7 +84,7 @@ def top_p_filter(log_probs: jax.Array, top_p: jax.Array, *, branch_free: bool = 
   # The nucleus lies inside the top k unless all k tokens are kept (and the vocabulary is larger).
   wider = kept[..., -1] & (k < log_probs.shape[-1])
   bisected = lambda: jnp.where(wider, _bisect_threshold(probs, top_p), fast)
-  threshold = bisected() if branch_free else jax.lax.cond(jnp.any(wider), bisected, lambda: fast)
+  threshold = jax.lax.cond(jnp.any(wider), bisected, lambda: fast)
   filtered = jnp.where(_keys(probs) >= threshold[..., None], log_probs, -jnp.inf)
   return jax.nn.log_softmax(filtered, axis=-1)
 

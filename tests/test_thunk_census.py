@@ -1,0 +1,115 @@
+"""bass_jax.thunk_census: XLA:GPU's thunk sequence read into a tree and priced in launches, loops by
+their trip counts; and, where JAX's CUDA plugin is installed (``make aot-plugin``), a small program
+compiled for an H100 on this CPU and counted."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bass_jax import thunk_census
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _sequence(trip: int, body_kernels: int, branch_kernels: tuple[int, int]):
+  """A thunk sequence as XLA prints it (the quirks included: ``condition:`` at column 0, a wrapper's
+  embedded copy one level down with no header), its metadata and an HLO line with the trip count."""
+  lines, meta, n = [], [], iter(range(1, 1000))
+
+  def thunk(depth, kind, name="", annotation=""):
+    i = next(n)
+    lines.append(f"{'    ' * depth}{i:03d}: {kind:<13} [source | sink] {name}")
+    meta.append(f'thunk_metadata {{\n  thunk_info {{\n    profile_annotation: "{annotation or name}"\n'
+                f'    thunk_id: {i}\n  }}\n  thunk_kind: "{kind}"\n}}')
+
+  thunk(0, "kCopy", "kCopy")
+  thunk(0, "kWhile", annotation="while.outer")  # unknown trip count: one iteration counted
+  lines.append("condition:")
+  thunk(1, "kCustomKernel", "outer_compare")
+  lines.append("  body:")
+  thunk(1, "kWhile", annotation="while.inner")
+  lines.append("condition:")
+  thunk(2, "kCustomKernel", "inner_compare")
+  lines.append("      body:")
+  for k in range(body_kernels):
+    thunk(2, "kCustomKernel", f"fusion_{k}")
+  thunk(2, "kDynamicSliceFusion", "")
+  thunk(3, "kCopy", "kCopy")  # what the wrapper runs
+  thunk(1, "kConditional", annotation="conditional.1")
+  for b, kernels in enumerate(branch_kernels):
+    lines.append(f"      branch_{b}:")
+    for k in range(kernels):
+      thunk(2, "kCustomKernel", f"branch_{b}_{k}")
+  thunk(0, "kCustomKernel", "input_reduce_fusion")
+  hlo = (f'  %while.inner = (s32[]) while(%t), condition=%c, body=%b, '
+         f'backend_config={{"known_trip_count":{{"n":"{trip}"}}}}\n')
+  return "\n".join(lines) + "\n", "\n".join(meta), hlo
+
+
+def test_a_written_sequence_is_counted_loops_by_their_trip_counts():
+  rng = np.random.default_rng()
+  trip, body, branches = int(rng.integers(2, 40)), int(rng.integers(1, 9)), tuple(rng.integers(0, 6, 2))
+  sequence, metadata, hlo = _sequence(trip, body, branches)
+  thunks = thunk_census.parse_thunks(sequence, metadata)
+  trips = thunk_census.trip_counts(hlo)
+  assert trips == {"while.inner": trip}
+  (_, outer), (_, inner) = thunk_census.loops(thunks)
+  assert (outer.annotation, inner.annotation) == ("while.outer", "while.inner")
+  # one outer iteration: its condition, the inner loop (trip bodies of body kernels and a wrapped
+  # copy, trip + 1 conditions), the costlier branch; host reads: each predicate and the branch index
+  want = thunk_census.Count(kernels=1 + trip * body + (trip + 1) + max(branches), copies=trip,
+                            host_reads=1 + (trip + 1) + 1)
+  assert thunk_census.per_iteration(outer, trips) == want
+  whole = thunk_census.count(thunks, trips)
+  assert whole == want + thunk_census.Count(kernels=1, copies=1, unknown_loops=1)
+  assert whole.launches == whole.kernels + whole.copies
+  with pytest.raises(ValueError, match="line 2"):
+    thunk_census.parse_thunks("001: kCopy [source | sink] kCopy\n        002: kCopy [a] b\n")
+  with pytest.raises(ValueError, match="not a thunk"):
+    thunk_census.parse_thunks("001: kCopy [source | sink] kCopy\nbody:\n")
+
+
+_PROGRAM = """
+import json, os, pathlib, sys, tempfile
+dump = tempfile.mkdtemp()
+sys.argv = ["lower_decode"]
+from experiments import lower_decode
+lower_decode._prepare_deviceless(sys.argv_plugin, dump, ".*small.*")
+import jax, jax.numpy as jnp
+from bass_jax import thunk_census
+config = (lower_decode._TARGET_CONFIGS / "h100_sxm.txtpb").read_text()
+out = {}
+for n in (3, 7):
+  def small(x, w, n=n):
+    return jax.lax.fori_loop(0, n, lambda i, h: jnp.tanh(h @ w), x).sum()
+  small.__name__ = f"small_{n}"
+  spec = jax.ShapeDtypeStruct
+  thunk_census.compile_deviceless(small, (spec((8, 64), jnp.float32), spec((64, 64), jnp.float32)),
+                                  {}, config)
+  d = thunk_census.read_dump(dump, f"small_{n}")
+  c = thunk_census.count(d.thunks(), d.trips())
+  out[n] = [c.kernels, c.copies, c.host_reads, c.unknown_loops]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not (REPO / ".aot_plugin" / "jax_plugins").is_dir(),
+                    reason="JAX's CUDA plugin is not installed here (`make aot-plugin`, about 480 MB, "
+                           "is not part of make test's install)")
+def test_a_program_compiled_for_an_h100_here_counts_its_loop_by_trip_count():
+  program = _PROGRAM.replace("sys.argv_plugin", repr(str(REPO / ".aot_plugin")))
+  run = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+  assert run.returncode == 0, run.stderr[-3000:]
+  counts = json.loads(run.stdout.strip().splitlines()[-1])
+  three, seven = counts["3"], counts["7"]
+  assert three[3] == seven[3] == 0  # fori_loop's trip count is known to XLA
+  assert seven[2] - three[2] == 4  # one predicate read per iteration
+  per_iteration = [(b - a) / 4 for a, b in zip(three[:2], seven[:2])]
+  assert all(p == int(p) for p in per_iteration)  # each iteration launches the same thunks
+  assert per_iteration[0] >= 2  # the GEMM and the loop's compare, at least
+  assert three[0] - 3 * per_iteration[0] >= 1  # outside the loop: the final reduction
