@@ -19,6 +19,13 @@ taken over --repeats rounds:
 * **torch**: transformers' PyTorch forward of the same model over a cache of the same length
   (`--torch`; f32 on a CPU, the run's dtype on a CUDA GPU).
 
+**Random weights of published shapes** (``--models=random:llama-3.1-8b``, :data:`SHAPES`; append
+``:layers=1`` for a draft of EAGLE's shape, one decoder layer and the target's head) set costs, never
+acceptance: the model-size sweep of the GPU campaign (``experiments.bench_gpu``, part 2) times them
+with ``--project_only`` and prints, for each target and its one-layer draft, the accepted length per
+step at which a BASS step of l drafts breaks even with regular decoding (cost only: combine it with an
+accepted length measured on real weights).
+
 Every row of the cache holds S - T valid entries before the call (the longest a verification of T
 tokens can meet), so attention reads S slots per query. Ratios are the point: `project / minimal` is
 the framework's overhead. The table goes to stdout and, with every time, to
@@ -57,6 +64,73 @@ _DTYPES = flags.DEFINE_list("dtypes", ["float32"], "Parameter/compute dtypes, ea
 _RESULTS_DIR = flags.DEFINE_string("results_dir", None, "Directory for bench_forward_<setting>.json "
                                    "(default: a fresh outputs/bench_forward-<time>/).")
 _SETTING = flags.DEFINE_string("setting", "full", "Name of the shape set (the file suffix).")
+_PROJECT_ONLY = flags.DEFINE_bool("project_only", False, "Time the project's forward alone (no "
+                                  "minimal forward, no matmul floor): the size sweep.")
+
+# Published model shapes, for random weights (cost only; the rotary type does not change a cost):
+# SmolLM2-135M, Llama-3.2-1B, Llama-3.2-3B and Llama-3.1-8B as their config.json files give them.
+SHAPES = {
+    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                         head_dim=64, tie_word_embeddings=True),
+    "llama-3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                         num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                         head_dim=64, tie_word_embeddings=True),
+    "llama-3.2-3b": dict(vocab_size=128256, hidden_size=3072, intermediate_size=8192,
+                         num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8,
+                         head_dim=128, tie_word_embeddings=True),
+    "llama-3.1-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                         num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                         head_dim=128, tie_word_embeddings=False),
+}
+
+
+def random_model(spec: str, dtype: str):
+  """``random:<shape>[:layers=N]``: a Llama-family model of a published shape (:data:`SHAPES`) with
+  random weights (``bass_jax.init_params``, seed 0) in ``dtype``, ``N`` decoder layers if given.
+
+  Raises:
+    ValueError: an unknown shape or a malformed ``layers=``.
+  """
+  import bass_jax  # pylint: disable=g-import-not-at-top
+
+  _, _, rest = spec.partition(":")
+  name, _, option = rest.partition(":")
+  if name not in SHAPES:
+    raise ValueError(f"{spec}: unknown shape {name!r}; choose from {', '.join(SHAPES)}")
+  fields = dict(SHAPES[name], max_position_embeddings=131072, rope_theta=500000.0,
+                eos_token_id=None, bos_token_id=None)
+  if option:
+    key, _, value = option.partition("=")
+    if key != "layers" or not value.isdigit() or int(value) < 1:
+      raise ValueError(f"{spec}: write random:<shape>[:layers=N], N >= 1")
+    fields["num_hidden_layers"] = int(value)
+  config = bass_jax.LlamaConfig(**fields)
+  return bass_jax.Model(config, bass_jax.init_params(config, jax.random.key(0), jnp.dtype(dtype)),
+                        name=spec)
+
+
+def break_even(rows: list[dict]) -> list[dict]:
+  """For each ``random:<shape>[:layers=N]`` target timed with its ``random:<shape>:layers=1`` draft: at each
+  batch size, dtype and cache length, and each l with a verification of T = l + 1 measured, the
+  tokens a BASS step must emit per row to cost what regular decoding does for them:
+  ``(l * draft(T=1) + target(T=l+1)) / target(T=1)``. Costs of random weights, not acceptance."""
+  ms = {(r["model"], r["dtype"], r["batch_size"], r["num_new"], r["cache_len"]): r["project_ms"]
+        for r in rows}
+  out = []
+  for (model, dtype, batch, num_new, slots), verify in sorted(ms.items()):
+    if not model.startswith("random:") or model.endswith(":layers=1") or num_new < 2:
+      continue
+    shape = ":".join(model.split(":")[:2])  # random:<shape>, without a layers= option
+    plain = ms.get((model, dtype, batch, 1, slots))
+    draft = ms.get((f"{shape}:layers=1", dtype, batch, 1, slots))
+    if plain is None or draft is None:
+      continue
+    l = num_new - 1
+    out.append({"model": model, "dtype": dtype, "batch_size": batch, "cache_len": slots,
+                "draft_len": l, "plain_ms": plain, "verify_ms": verify, "draft_ms": draft,
+                "break_even_tokens_per_step": (l * draft + verify) / plain})
+  return out
 
 
 # -- the minimal forward: plain jnp, unrolled, one array per layer --------------------------------------
@@ -167,10 +241,13 @@ def _torch_dtype(dtype):
 
 
 def _bench_model(spec: str, dtype: str, shapes, repeats: int, use_torch: bool, scanned: bool,
-                 log) -> list[dict]:
+                 log, project_only: bool = False) -> list[dict]:
   import bass_jax  # pylint: disable=g-import-not-at-top
 
-  model = bass_jax.load_model(spec, tokenizer=False, dtype=dtype, scan_layers=False)
+  if spec.startswith("random:"):
+    model = random_model(spec, dtype)
+  else:
+    model = bass_jax.load_model(spec, tokenizer=False, dtype=dtype, scan_layers=False)
   cfg = model.config
   weights = _split_layers(model.params)
   scanned_params = model.with_scanned_layers(True).params if scanned else None
@@ -228,7 +305,9 @@ def _bench_model(spec: str, dtype: str, shapes, repeats: int, use_torch: bool, s
       logits, state["ks"], state["vs"] = minimal(weights, tokens, state["ks"], state["vs"], lengths)
       return logits
 
-    calls = {"project": project_call, "minimal": minimal_call, "matmuls": lambda: matmuls(weights, x)}
+    calls = {"project": project_call}
+    if not project_only:
+      calls.update(minimal=minimal_call, matmuls=lambda: matmuls(weights, x))
     if scanned:
       calls["scanned"] = scanned_call
     if hf is not None:
@@ -277,7 +356,7 @@ _COLUMNS = ("project", "scanned", "minimal", "matmuls", "torch")
 
 def _format_row(row) -> str:
   cells = [f"{row.get(f'{c}_ms', float('nan')):.2f}" for c in _COLUMNS]
-  ratio = row["project_ms"] / row["minimal_ms"]
+  ratio = row["project_ms"] / row.get("minimal_ms", float("nan"))
   return (f"| {row['model']} | {row['dtype']} | {row['batch_size']} x {row['num_new']} | "
           f"{row['cache_len']} | "
           + " | ".join(cells) + f" | {ratio:.2f} |")
@@ -310,8 +389,8 @@ def main(argv):
   rows = []
   device = jax.devices()[0]
 
-  def save(complete: bool):
-    _io.write_json_atomic(path, {
+  def save(complete: bool, **extra):
+    _io.write_json_atomic(path, {**extra,
         "experiment": "bench_forward", "setting": _SETTING.value,
         "date": datetime.date.today().isoformat(),
         "device": f"{device.platform}:{device.device_kind}", "host": platform.processor() or
@@ -326,8 +405,17 @@ def main(argv):
   for dtype in _DTYPES.value:
     for spec in _MODELS.value:
       _bench_model(spec, dtype, shapes, repeats, _TORCH.value and _torch_usable(dtype),
-                   _SCANNED.value, log)
-  save(complete=True)
+                   _SCANNED.value, log, _PROJECT_ONLY.value)
+  even = break_even(rows)
+  if even:
+    print("\nbreak-even tokens per step (cost only, random weights): (l x draft + verify) / plain")
+    print("| model | dtype | B | S | l | plain ms | verify ms | draft ms | break-even |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for e in even:
+      print(f"| {e['model']} | {e['dtype']} | {e['batch_size']} | {e['cache_len']} | {e['draft_len']} "
+            f"| {e['plain_ms']:.2f} | {e['verify_ms']:.2f} | {e['draft_ms']:.2f} | "
+            f"{e['break_even_tokens_per_step']:.2f} |")
+  save(complete=True, break_even=even)
   print(f"wrote {path}")
 
 

@@ -83,6 +83,11 @@ def steps(results: pathlib.Path, quick: bool, draft: str) -> dict[str, Step]:
         "bench_forward": Step(2, py + ["experiments.bench_forward", "--quick", "--notorch",
                                        "--models=smollm2-135m-draft", f"--results_dir={results}",
                                        "--setting=gpu_quick"], 600),
+        "size_sweep": Step(2, py + ["experiments.bench_forward", "--quick", "--notorch", "--noscanned",
+                                    "--project_only", f"--results_dir={results}",
+                                    "--models=random:smollm2-135m:layers=2,"
+                                    "random:smollm2-135m:layers=1", "--setting=gpu_sizes_quick"],
+                           600),
         "lower_decode": Step(3, py + ["experiments.lower_decode", "--platform=cuda", "--batch_size=2",
                                       "--max_new_tokens=32", "--nocache_copies", *tiny,
                                       f"--json={results / 'lower_decode_cuda.json'}",
@@ -108,6 +113,16 @@ def steps(results: pathlib.Path, quick: bool, draft: str) -> dict[str, Step]:
       "bench_forward": Step(2, py + ["experiments.bench_forward", "--dtypes=bfloat16", "--notorch",
                                      f"--batch_sizes={_BATCHES}", f"--results_dir={results}",
                                      "--setting=gpu"], 120),
+      # The model-size sweep: random weights of published shapes (cost only), each with a one-layer
+      # draft of EAGLE's shape, plain steps and verifications of T = 2, 5, 9, 17 at B = 1-64, and the
+      # accepted length per step at which BASS breaks even (bench_forward.break_even).
+      "size_sweep": Step(2, py + ["experiments.bench_forward", "--dtypes=bfloat16", "--notorch",
+                                  "--noscanned", "--project_only", "--batch_sizes=1,8,64",
+                                  "--num_new=1,2,5,9,17", "--cache_lens=2048", "--repeats=10",
+                                  f"--results_dir={results}", "--setting=gpu_sizes", "--models=" + ",".join(
+                                      f"random:{s}{d}" for s in ("smollm2-135m", "llama-3.2-1b",
+                                                                 "llama-3.2-3b", "llama-3.1-8b")
+                                      for d in ("", ":layers=1"))], 240),
       # Part 3, launch overhead: the decode's census on the real device, utilization, admission.
       "lower_decode": Step(3, py + ["experiments.lower_decode", "--platform=cuda", "--batch_size=8",
                                     f"--draft={draft}", f"--json={results / 'lower_decode_cuda.json'}",
