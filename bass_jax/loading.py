@@ -250,7 +250,7 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
       over ``model``) or ``"replicated"`` (a small draft: whole on every device).
     scan_layers: lay the decoder layers out scanned (:meth:`Model.with_scanned_layers`: one layer
       compiled, run in a ``lax.scan``) or unrolled; None takes the backend profile's
-      (``sampling.profiles``: unrolled on a CPU, where it runs faster; scanned on a GPU). On a mesh
+      (``sampling.profiles``: unrolled on a CPU and a GPU, where scanned layers copy their slices). On a mesh
       the layers are always unrolled. An EAGLE draft's layers are always unrolled.
 
   Returns:

@@ -133,31 +133,32 @@ class Count:
   Attributes:
     kernels: kernel launches. copies: device copies. host_reads: values the host reads (loop
       predicates, branch indices). unknown_loops: loops without a known trip count, counted as one
-      iteration each.
+      iteration each. graphs: command buffers (CUDA graphs) launched, each one launch whatever it
+      holds (in a sequence after XLA's thunk passes).
   """
 
   kernels: int = 0
   copies: int = 0
   host_reads: int = 0
   unknown_loops: int = 0
+  graphs: int = 0
 
   @property
   def launches(self) -> int:
-    return self.kernels + self.copies
+    return self.kernels + self.copies + self.graphs
 
   def __add__(self, other: "Count") -> "Count":
-    return Count(self.kernels + other.kernels, self.copies + other.copies,
-                 self.host_reads + other.host_reads, self.unknown_loops + other.unknown_loops)
+    return Count(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
 
   def times(self, n: int) -> "Count":
-    return Count(self.kernels * n, self.copies * n, self.host_reads * n, self.unknown_loops * n)
+    return Count(*(a * n for a in dataclasses.astuple(self)))
 
 
 def count(thunks: list[Thunk], trips: dict[str, int]) -> Count:
   """Launches and host reads of running ``thunks`` once: a loop of known trip count n as n bodies and
   n + 1 conditions (one host read each), a loop of unknown count as one of each (and counted in
   ``unknown_loops``), a conditional as its costliest branch plus one host read, a wrapper
-  (``kDynamicSliceFusion``) as what it wraps."""
+  (``kDynamicSliceFusion``) as what it wraps, a command buffer as one launch."""
   total = Count()
   for thunk in thunks:
     if thunk.kind == "kWhile":
@@ -171,6 +172,8 @@ def count(thunks: list[Thunk], trips: dict[str, int]) -> Count:
     elif thunk.kind == "kConditional":
       branches = [count(b, trips) for b in thunk.sections.values()] or [Count()]
       total += max(branches, key=lambda c: c.launches) + Count(host_reads=1)
+    elif thunk.kind == "kCommandBuffer":  # one graph launch, loops and branches inside included
+      total += Count(graphs=1)
     elif "embedded" in thunk.sections:  # a wrapper runs what it wraps
       total += count(thunk.sections["embedded"], trips)
     elif thunk.kind in COPY_KINDS:
@@ -187,6 +190,23 @@ def loops(thunks: list[Thunk], depth: int = 0) -> Iterator[tuple[int, Thunk]]:
       yield depth, thunk
     for section in thunk.sections.values():
       yield from loops(section, depth + 1)
+
+
+def in_command_buffer(thunks: list[Thunk], target: Thunk) -> bool:
+  """Whether ``target`` runs inside a command buffer (a CUDA graph: with XLA's WHILE and CONDITIONAL
+  command types a whole loop is one graph node, and an iteration costs the host no launch)."""
+
+  def search(ts: list[Thunk], inside: bool) -> bool | None:
+    for t in ts:
+      if t is target:
+        return inside
+      for section in t.sections.values():
+        found = search(section, inside or t.kind == "kCommandBuffer")
+        if found is not None:
+          return found
+    return None
+
+  return bool(search(thunks, False))
 
 
 def per_iteration(loop: Thunk, trips: dict[str, int]) -> Count:
@@ -245,8 +265,14 @@ class Dump:
     return trip_counts(self.optimized_hlo)
 
 
-def read_dump(directory: str | os.PathLike, module: str) -> Dump:
+def read_dump(directory: str | os.PathLike, module: str, *, after_passes: bool = False) -> Dump:
   """The dump of the module whose name contains ``module`` (the last one written, if several).
+
+  Args:
+    after_passes: read the sequence after XLA's thunk passes (``*.thunk_sequence_after_thunk_passes
+      .txt``: consecutive thunks grouped into command buffers, what the runtime launches) where XLA
+      wrote one, else the sequence before them (every kernel). Thunk ids, and so the metadata, are
+      shared by the two.
 
   Raises:
     FileNotFoundError: no thunk sequence of such a module in ``directory``.
@@ -257,6 +283,9 @@ def read_dump(directory: str | os.PathLike, module: str) -> Dump:
     raise FileNotFoundError(f"{directory}: no *.thunk_sequence.txt of a module named like {module!r}")
   path = sequences[-1]
   stem = path.name[:-len(".thunk_sequence.txt")]
+  after = directory / f"{stem}.thunk_sequence_after_thunk_passes.txt"
+  if after_passes and after.exists():
+    path = after
   metadata = directory / f"{stem}.thunk_metadata.txt"
   optimized = sorted(directory.glob(f"{stem}.*after_optimizations.txt"))
   return Dump(stem, path.read_text(), metadata.read_text() if metadata.exists() else "",

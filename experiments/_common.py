@@ -25,7 +25,7 @@ DRAFT_LAYERS = flags.DEFINE_integer("draft_num_layers", 0, "Keep the draft's fir
 SCAN_LAYERS = flags.DEFINE_bool(
     "scan_layers", None, "Load the target (and a draft model, which follows it) with scanned layers "
     "(--scan_layers) or unrolled (--noscan_layers); absent: the backend profile's layout (unrolled "
-    "on a CPU, scanned on a GPU; docs/design.md, 'Scanned layers').")
+    "on a CPU and a GPU; docs/design.md, 'Scanned layers').")
 NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 2, "First N HumanEval prompts.", lower_bound=1)
 MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens per sequence.", lower_bound=1)
 BATCHES = flags.DEFINE_list("batch_sizes", ["1", "2", "4", "8", "16"], "Batch sizes.")

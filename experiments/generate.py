@@ -108,7 +108,7 @@ _CHUNK = flags.DEFINE_integer(
 _SCAN_LAYERS = flags.DEFINE_bool(
     "scan_layers", None, "The target's (and a draft model's) layer layout: scanned (--scan_layers, "
     "one layer compiled) or unrolled (--noscan_layers); absent: the backend profile's (unrolled on "
-    "a CPU, scanned on a GPU).")
+    "a CPU and a GPU: sampling.profiles).")
 _DTYPE = flags.DEFINE_enum("dtype", "auto", ["auto", "float32", "bfloat16"],
                            "Parameter/compute dtype; auto: float32 on a CPU, bfloat16 on a GPU.")
 _OUTPUT = flags.DEFINE_string("output", None, "JSONL file, one record per sequence, appended as each "

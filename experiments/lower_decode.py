@@ -25,6 +25,8 @@ With ``--compile_for=h100`` (after ``make aot-plugin``) XLA also compiles regula
 decode for an H100 on this machine, without a GPU, and ``bass_jax.thunk_census`` prices one step of
 each kind from the thunk sequence: the JSON's ``launch_census`` holds ``launches_per_plain_step``,
 ``launches_per_bass_step``, ``kernels_per_step``, ``copies_per_step`` and ``host_reads_per_step``
+(every kernel), and ``graph_launches_per_*`` (after XLA groups thunks into command buffers, each one
+launch; ``--command_buffers`` chooses which thunks they may hold)
 (docs/gpu.md, "Launches per step", with what a deviceless compile cannot see).
 """
 
@@ -65,7 +67,11 @@ _COMPILE_FOR = flags.DEFINE_enum(
     "(XLA's deviceless compile, configs/gpu/<gpu>_sxm.txtpb), regular decoding and BASS, and count "
     "the launches of one step from XLA's thunk sequence (bass_jax.thunk_census).")
 _SCAN_LAYERS = flags.DEFINE_bool("scan_layers", None, "The target's layer layout: scanned or unrolled "
-                                  "(--noscan_layers); absent: the profile's (scanned on a GPU).")
+                                  "(--noscan_layers); absent: the profile's (unrolled).")
+_COMMAND_BUFFERS = flags.DEFINE_string(
+    "command_buffers", None, "With --compile_for: XLA's --xla_gpu_enable_command_buffer (which thunks "
+    "CUDA graphs may hold; e.g. '+WHILE,+CONDITIONAL' adds loops and branches to XLA's default "
+    "FUSION, CUBLAS, CUBLASLT, CUSTOM_CALL, CUDNN; '' turns them off); default: XLA's.")
 _AOT_PLUGIN = flags.DEFINE_string("aot_plugin", ".aot_plugin", "Folder holding JAX's CUDA plugin "
                                   "(`make aot-plugin`), for --compile_for.")
 flags.register_validator("top_p", lambda v: 0.0 < v <= 1.0, message="--top_p must be in (0, 1]")
@@ -132,18 +138,26 @@ def _launch_census(target, draft, prompts, profile, dump_dir: pathlib.Path) -> d
     call.__name__ = name
     args, kwargs = jax.tree_util.tree_unflatten(exported.in_tree, exported.in_avals)
     thunk_census.compile_deviceless(call, args, kwargs, config)
-    dump = thunk_census.read_dump(dump_dir, name)
-    thunks, trips = dump.thunks(), dump.trips()
     kinds = (("regular_step",) if method == "regular"
              else ("plain_step", "bass_step", *(f"tree_step_{i}" for i in range(8))))
-    for kind in kinds:
-      loop = thunk_census.find_loop(thunks, dump.optimized_hlo, kind)
-      if loop is None:
-        continue
-      step = thunk_census.per_iteration(loop, trips)
-      steps[kind] = {"kernels": step.kernels, "copies": step.copies, "launches": step.launches,
-                     "host_reads": step.host_reads,
-                     "loops_of_unknown_trip_count": step.unknown_loops}
+    for after_passes in (False, True):  # every kernel; what the runtime launches (command buffers)
+      dump = thunk_census.read_dump(dump_dir, name, after_passes=after_passes)
+      thunks, trips = dump.thunks(), dump.trips()
+      for kind in kinds:
+        loop = thunk_census.find_loop(thunks, dump.optimized_hlo, kind)
+        if loop is None:
+          continue
+        step = thunk_census.per_iteration(loop, trips)
+        if after_passes:
+          if thunk_census.in_command_buffer(thunks, loop):  # the loop is a graph node: no launch
+            step = thunk_census.Count()
+          steps[kind]["graph_launches"] = step.launches
+          steps[kind]["graph_host_reads"] = step.host_reads
+          steps[kind]["program_graph_launches"] = thunk_census.count(thunks, trips).launches
+        else:
+          steps[kind] = {"kernels": step.kernels, "copies": step.copies, "launches": step.launches,
+                         "host_reads": step.host_reads,
+                         "loops_of_unknown_trip_count": step.unknown_loops}
     if kinds[-1 if method == "regular" else 1] not in steps and not any(
         k.startswith("tree_step") for k in steps):
       raise RuntimeError(f"{dump.module}: no loop of {kinds} found in its thunks")
@@ -154,7 +168,10 @@ def _launch_census(target, draft, prompts, profile, dump_dir: pathlib.Path) -> d
       "launches_per_plain_step": plain["launches"], "launches_per_bass_step": bass["launches"],
       "bass_over_plain": round(bass["launches"] / plain["launches"], 3),
       "kernels_per_step": bass["kernels"], "copies_per_step": bass["copies"],
-      "host_reads_per_step": bass["host_reads"], "steps": steps,
+      "host_reads_per_step": bass["host_reads"],
+      "graph_launches_per_plain_step": plain.get("graph_launches"),
+      "graph_launches_per_bass_step": bass.get("graph_launches"),
+      "command_buffers": _COMMAND_BUFFERS.value, "steps": steps,
       "caveats": "deviceless compile: no autotuning (a sort is about 15 XLA kernels where a real "
                  "H100 runs one CUB sort; GEMM algorithms unchosen); a conditional counts its "
                  "costliest branch; a loop of unknown trip count counts one iteration"}
@@ -172,6 +189,8 @@ def main(argv):
     dump_dir = pathlib.Path(tempfile.mkdtemp(prefix="lower_decode_dump_"))
     try:
       _prepare_deviceless(_AOT_PLUGIN.value, dump_dir, ".*bass_jax_decode.*")
+      if _COMMAND_BUFFERS.value is not None:
+        os.environ["XLA_FLAGS"] += f" --xla_gpu_enable_command_buffer={_COMMAND_BUFFERS.value}"
     except (RuntimeError, FileNotFoundError) as e:
       raise _io.Refusal(f"--compile_for: {e}") from e
   _io.inspect_models(_TARGET.value, _DRAFT.value if _METHOD.value == "bass" else None)
@@ -185,7 +204,7 @@ def main(argv):
   from bass_jax.sampling import profiles  # pylint: disable=g-import-not-at-top
 
   profile = _PROFILE.value or profiles.platform_profile(_PLATFORM.value)
-  # The layer layout the platform's machine would load (scanned on a GPU); the draft follows it.
+  # The layer layout the platform's machine would load; the draft follows it.
   scan = (profiles.backend_profile(profile).scan_layers if _SCAN_LAYERS.value is None
           else _SCAN_LAYERS.value)
   target = bass_jax.load_model(_TARGET.value, scan_layers=scan)
@@ -247,7 +266,9 @@ def main(argv):
           f"{launches['launches_per_plain_step']} launches, a BASS step "
           f"{launches['launches_per_bass_step']} ({launches['bass_over_plain']}x): "
           f"{launches['kernels_per_step']} kernels, {launches['copies_per_step']} copies, "
-          f"{launches['host_reads_per_step']} host reads ({launches['caveats']})")
+          f"{launches['host_reads_per_step']} host reads; launched with XLA's command buffers "
+          f"({launches['command_buffers'] or 'its default'}): {launches['graph_launches_per_plain_step']}"
+          f" and {launches['graph_launches_per_bass_step']} ({launches['caveats']})")
   print("largest arrays:")
   for array in result["largest_arrays"]:
     print(f"  {array['array']:>28}  {array['bytes'] / 2**20:8.2f} MiB  {array['op']}  "
