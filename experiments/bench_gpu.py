@@ -1,8 +1,10 @@
-r"""The GPU campaign in three parts that each fit one command of 8 minutes (docs/gpu.md, the runbook):
-part 1 the like-for-like latency table (regular decoding against BASS-PAD and BASS-SPLIT with the
-Pallas kernels and the EAGLE hybrid, greedy and T = 0.2) and the step phases; part 2 the kernel tests
-compiled, the attention and forward benchmarks; part 3 the decode's census on the device, utilization
-and continuous batching's admission settings.
+r"""The GPU campaign in parts that each fit one command of 8 minutes (docs/gpu.md, the runbook): part 1
+the like-for-like latency table (regular decoding against BASS-PAD and BASS-SPLIT with the Pallas
+kernels and the EAGLE hybrid, greedy and T = 0.2) and the step phases; part 2 the kernel tests
+compiled, the attention and forward benchmarks and the model-size sweep; part 3 launch overhead
+(XLA's command buffers over loops and branches against its default, checked token for token, and
+scanned against unrolled layers); part 4 the decode's census on the device, utilization and
+continuous batching's admission settings.
 
     make bench-gpu                                        # = python -m experiments.bench_gpu
     python -m experiments.bench_gpu --part=1              # one part
@@ -41,8 +43,9 @@ from experiments import _io
 _RESULTS = flags.DEFINE_string("results_dir", None, "Directory for every step's results and logs; "
                                "default a fresh outputs/bench_gpu-<time>/.")
 _QUICK = flags.DEFINE_bool("quick", False, "Smoke run of every step (CPU, the test suite).")
-_PART = flags.DEFINE_list("part", ["1", "2", "3"], "The campaign's parts to run, in this order (1: the "
-                          "like-for-like table; 2: kernels and scale; 3: launch overhead).")
+_PART = flags.DEFINE_list("part", ["1", "2", "3", "4"], "The campaign's parts to run, in this order "
+                          "(1: the like-for-like table; 2: kernels and scale; 3: launch overhead; 4: "
+                          "the decode's census on the device, utilization, admission).")
 _STEPS = flags.DEFINE_list("steps", None, "Run only these steps of those parts (default: all).")
 _DRAFT = flags.DEFINE_string("draft", "hybrid:smollm2-135m-eagle",
                              "BASS's draft side in the full run (--quick decodes tiny models).")
@@ -54,6 +57,8 @@ QUICK_DRAFT = "smollm2-135m-draft"  # --quick's target and (its first layer) dra
 # Part 1's configurations: regular decoding, and BASS with the Pallas kernels (PAD and SPLIT) under the
 # cost-aware draft length, and SPLIT at a fixed l = 4 (bass_jax.reproduce.CONFIGS).
 LIKE_FOR_LIKE = "regular,bass_pad_goodput,bass_split_goodput,bass_split_l4"
+# XLA's command buffers (CUDA graphs) over loops and branches too (opt-in; docs/gpu.md).
+_WHILE_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,10 +69,11 @@ class Step:
   part: int
   command: list[str]
   timeout_s: float
+  xla_flags: str = ""  # appended to XLA_FLAGS for this step
 
 
 def steps(results: pathlib.Path, quick: bool, draft: str) -> dict[str, Step]:
-  """Each step, in the order they run: part 1, then 2, then 3."""
+  """Each step, in the order they run: part 1, then 2, 3 and 4."""
   py = [sys.executable, "-m"]
   common = [f"--results_dir={results}", f"--draft={draft}", "--nocheck"]
   if quick:  # the mechanics only: SmolLM2's 2-layer draft as the target, its first layer as the draft
@@ -88,7 +94,10 @@ def steps(results: pathlib.Path, quick: bool, draft: str) -> dict[str, Step]:
                                     "--models=random:smollm2-135m:layers=2,"
                                     "random:smollm2-135m:layers=1", "--setting=gpu_sizes_quick"],
                            600),
-        "lower_decode": Step(3, py + ["experiments.lower_decode", "--platform=cuda", "--batch_size=2",
+        "command_buffers_while": Step(3, py + [
+            "experiments.latency", "--configs=regular", "--sampling=greedy", "--nocheck",
+            "--setting=gpu_command_buffers_quick", *decode], 600, _WHILE_COMMAND_BUFFERS),
+        "lower_decode": Step(4, py + ["experiments.lower_decode", "--platform=cuda", "--batch_size=2",
                                       "--max_new_tokens=32", "--nocache_copies", *tiny,
                                       f"--json={results / 'lower_decode_cuda.json'}",
                                       f"--hlo={results / 'decode_cuda.mlir'}"], 600),
@@ -123,15 +132,34 @@ def steps(results: pathlib.Path, quick: bool, draft: str) -> dict[str, Step]:
                                       f"random:{s}{d}" for s in ("smollm2-135m", "llama-3.2-1b",
                                                                  "llama-3.2-3b", "llama-3.1-8b")
                                       for d in ("", ":layers=1"))], 240),
-      # Part 3, launch overhead: the decode's census on the real device, utilization, admission.
-      "lower_decode": Step(3, py + ["experiments.lower_decode", "--platform=cuda", "--batch_size=8",
+      # Part 3, launch overhead: XLA's command buffers over loops and branches against its default
+      # (timed, and checked token for token against regular decoding), scanned against unrolled layers.
+      "command_buffers_default": Step(3, py + [
+          "experiments.latency", "--configs=regular,bass_split_goodput", "--sampling=greedy",
+          "--num_prompts=8", "--max_new_tokens=128", "--batch_sizes=1,8", "--kernels=pallas",
+          "--setting=gpu_command_buffers_default", *common], 120),
+      "command_buffers_while": Step(3, py + [
+          "experiments.latency", "--configs=regular,bass_split_goodput", "--sampling=greedy",
+          "--num_prompts=8", "--max_new_tokens=128", "--batch_sizes=1,8", "--kernels=pallas",
+          "--setting=gpu_command_buffers_while", *common], 120, _WHILE_COMMAND_BUFFERS),
+      "command_buffers_lossless": Step(3, py + [
+          "experiments.lossless", f"--draft={draft}", "--draft_num_layers=0", "--num_prompts=8",
+          "--batch_size=8", "--max_new_tokens=128",
+          f"--summary_json={results / 'lossless_command_buffers_while.json'}"], 90,
+          _WHILE_COMMAND_BUFFERS),
+      "scanned_layers": Step(3, py + [
+          "experiments.latency", "--configs=regular,bass_split_goodput", "--sampling=greedy",
+          "--num_prompts=8", "--max_new_tokens=128", "--batch_sizes=1,8", "--kernels=pallas",
+          "--scan_layers", "--setting=gpu_scanned", *common], 120),
+      # Part 4: the decode's census on the real device, utilization, admission.
+      "lower_decode": Step(4, py + ["experiments.lower_decode", "--platform=cuda", "--batch_size=8",
                                     f"--draft={draft}", f"--json={results / 'lower_decode_cuda.json'}",
                                     f"--hlo={results / 'decode_cuda.mlir'}"], 120),
-      "utilization": Step(3, py + ["experiments.utilization", "--setting=gpu",
+      "utilization": Step(4, py + ["experiments.utilization", "--setting=gpu",
                                    "--num_prompts=16", "--max_new_tokens=128", "--batch_sizes=1,4,16",
                                    "--kernels=pallas", f"--results_dir={results}",
                                    f"--draft={draft}"], 200),
-      "admission": Step(3, py + ["experiments.bench_admission", "--profile=gpu", f"--draft={draft}",
+      "admission": Step(4, py + ["experiments.bench_admission", "--profile=gpu", f"--draft={draft}",
                                  "--num_prompts=32", "--batch_size=8", "--admit_rows=1,2,4",
                                  "--admit_chunks=64,512", "--max_new_tokens=128"], 150),
   }
@@ -159,9 +187,9 @@ def main(argv):
   try:
     parts = [int(p) for p in _PART.value]
   except ValueError:
-    raise _io.Refusal(f"--part must list parts 1, 2 and 3, got {_PART.value}") from None
-  if not parts or sorted(set(parts)) != sorted(parts) or not set(parts) <= {1, 2, 3}:
-    raise _io.Refusal(f"--part must list distinct parts of 1, 2 and 3, got {_PART.value}")
+    raise _io.Refusal(f"--part must list parts 1 to 4, got {_PART.value}") from None
+  if not parts or sorted(set(parts)) != sorted(parts) or not set(parts) <= {1, 2, 3, 4}:
+    raise _io.Refusal(f"--part must list distinct parts of 1 to 4, got {_PART.value}")
   results = _io.run_directory(_RESULTS.value, "bench_gpu")
   everything = steps(results, _QUICK.value, _DRAFT.value)
   plan = {name: step for part in parts for name, step in everything.items() if step.part == part}
@@ -189,13 +217,16 @@ def main(argv):
         env["JAX_COMPILATION_CACHE_DIR"] = str(pathlib.Path(_io.COMPILATION_CACHE_DIR.value).absolute())
       if name == "kernel_tests":
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+      if step.xla_flags:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {step.xla_flags}".strip()
       try:
         code = subprocess.run(step.command, stdout=out, stderr=subprocess.STDOUT, check=False,
                               env=env, timeout=step.timeout_s).returncode
       except subprocess.TimeoutExpired:
         code = "timeout"  # what the step wrote so far stays (latency: every finished run)
     seconds = time.perf_counter() - start
-    record["steps"][name] = {"part": step.part, "command": step.command[2:], "returncode": code,
+    record["steps"][name] = {"part": step.part, "command": step.command[2:], "xla_flags": step.xla_flags,
+                             "returncode": code,
                              "seconds": round(seconds, 1), "timeout_s": step.timeout_s,
                              "log": log.name}
     print(f"[bench_gpu] {name}: exit {code} in {seconds:.0f} s (log {log})", flush=True)

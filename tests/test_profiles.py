@@ -144,7 +144,7 @@ def test_bench_gpu_quick_mode_runs_every_step_on_this_cpu(tmp_path):
   assert record["device"].startswith("cpu") and record["jax_version"] and record["date"]
   assert {n: s["returncode"] for n, s in record["steps"].items()} == {
       "bench_attention": 0, "bench_forward": 0, "size_sweep": 0, "lower_decode": 0, "latency": 0,
-      "utilization": 0}
+      "utilization": 0, "command_buffers_while": 0}
   for name in ("latency_gpu_quick.json", "utilization_gpu_quick.json", "lower_decode_cuda.json",
                "bench_forward_gpu_quick.json", "bench_forward_gpu_sizes_quick.json"):
     assert (tmp_path / name).exists(), name
@@ -154,8 +154,9 @@ def test_bench_gpu_quick_mode_runs_every_step_on_this_cpu(tmp_path):
   assert census["data_dependent_control_flow_per_step"] <= 3
   latency = json.loads((tmp_path / "latency_gpu_quick.json").read_text())
   assert {r["config"] for r in latency["runs"]} >= {"regular", "bass_split_goodput"}, latency["runs"][:1]
-  assert record["parts"] == [1, 2, 3] and [s["part"] for s in record["steps"].values()] == [
-      1, 1, 2, 2, 2, 3]
+  assert record["parts"] == [1, 2, 3, 4] and [s["part"] for s in record["steps"].values()] == [
+      1, 1, 2, 2, 2, 3, 4]
+  assert record["steps"]["command_buffers_while"]["xla_flags"].endswith("+WHILE,+CONDITIONAL")
   # The size sweep's break-even: (l * draft + verify) / plain, from its own rows, at every B and l.
   sweep = json.loads((tmp_path / "bench_forward_gpu_sizes_quick.json").read_text())
   ms = {(r["model"], r["batch_size"], r["num_new"]): r["project_ms"] for r in sweep["rows"]}
