@@ -6,8 +6,9 @@ needed), in a process that set ``JAX_PLATFORMS=cpu`` and XLA's dump flags before
 (``experiments/lower_decode.py``, ``_prepare_deviceless``): :func:`compile_deviceless`. With ``--xla_dump_to`` XLA writes ``*.thunk_sequence.txt``, the
 exact list of kernels, device copies, loops and conditionals the GPU runtime will execute, in order;
 :func:`parse_thunks` reads it into a tree and :func:`count` multiplies loops by their trip counts
-(XLA's ``known_trip_count`` in the optimized HLO), so that one iteration of a chosen loop (a decode
-step) can be priced in launches.
+(XLA's ``known_trip_count`` in the optimized HLO; such a loop runs its body that many times with no
+condition and no host read, as XLA:GPU's ``WhileThunk`` does), so that one iteration of a chosen loop
+(a decode step) can be priced in launches.
 
 What it cannot see: deviceless compilation skips autotuning, so a ``sort`` is compiled as XLA's own
 kernels (about 15 launches) where a real H100 runs one CUB sort, and a GEMM's algorithm is not chosen;
@@ -17,7 +18,7 @@ so next to it, and should be checked against a real GPU's thunk sequence when on
 
 Units: launches are kernels (every thunk that runs device code: fusions, GEMMs, custom calls, memsets)
 plus device copies; host reads are the values the host must read to go on (a ``while`` predicate per
-evaluation, a conditional's branch index), each a round trip.
+evaluation of a loop of unknown trip count, a conditional's branch index), each a round trip.
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ def parse_thunks(sequence: str, metadata: str = "") -> list[Thunk]:
   current: dict[int, str] = {}  # id of a loop or conditional -> the section being read
   for number, line in enumerate(sequence.splitlines(), start=1):
     if not line.strip():
+      continue
+    if line.strip() == "No thunks.":  # an empty condition, body or branch
       continue
     match = _LINE.match(line)
     if match is None:
@@ -155,9 +158,10 @@ class Count:
 
 
 def count(thunks: list[Thunk], trips: dict[str, int]) -> Count:
-  """Launches and host reads of running ``thunks`` once: a loop of known trip count n as n bodies and
-  n + 1 conditions (one host read each), a loop of unknown count as one of each (and counted in
-  ``unknown_loops``), a conditional as its costliest branch plus one host read, a wrapper
+  """Launches and host reads of running ``thunks`` once: a loop of known trip count n as n bodies (XLA:
+  GPU's ``WhileThunk`` then runs no condition and reads nothing), a loop of unknown count as one
+  iteration, a condition, a body and a host read (the steady state: the first evaluation before the
+  loop is not counted; counted in ``unknown_loops``), a conditional as its costliest branch plus one host read, a wrapper
   (``kDynamicSliceFusion``) as what it wraps, a command buffer as one launch."""
   total = Count()
   for thunk in thunks:
@@ -165,10 +169,10 @@ def count(thunks: list[Thunk], trips: dict[str, int]) -> Count:
       body = count(thunk.sections.get("body", []), trips)
       condition = count(thunk.sections.get("condition", []), trips)
       n = trips.get(thunk.annotation)
-      if n is None:
+      if n is None:  # each iteration evaluates the condition and the host reads the predicate
         total += body + condition + Count(host_reads=1, unknown_loops=1)
-      else:
-        total += body.times(n) + condition.times(n + 1) + Count(host_reads=n + 1)
+      else:  # XLA:GPU's WhileThunk runs the body n times: no condition, no host read
+        total += body.times(n)
     elif thunk.kind == "kConditional":
       branches = [count(b, trips) for b in thunk.sections.values()] or [Count()]
       total += max(branches, key=lambda c: c.launches) + Count(host_reads=1)

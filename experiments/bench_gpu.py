@@ -32,6 +32,7 @@ import datetime
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -50,7 +51,8 @@ _STEPS = flags.DEFINE_list("steps", None, "Run only these steps of those parts (
 _DRAFT = flags.DEFINE_string("draft", "hybrid:smollm2-135m-eagle",
                              "BASS's draft side in the full run (--quick decodes tiny models).")
 _RESUME = flags.DEFINE_bool("resume", False, "Pass --resume to the steps that keep finished runs "
-                            "(latency): a part cut by its timeout, run again, measures only the rest.")
+                            "(latency): a part cut by its timeout, run again, measures only the rest; "
+                            "the record and the logs of the earlier call in --results_dir are kept.")
 
 _BATCHES = "1,2,4,8,16"
 QUICK_DRAFT = "smollm2-135m-draft"  # --quick's target and (its first layer) draft, whatever --draft
@@ -108,10 +110,10 @@ def steps(results: pathlib.Path, quick: bool, draft: str) -> dict[str, Step]:
       # Part 1, the like-for-like table (about 7.5 minutes: docs/gpu.md, "Part 1's time").
       "latency_greedy": Step(1, py + ["experiments.latency", f"--configs={LIKE_FOR_LIKE}",
                                       "--sampling=greedy", "--setting=gpu_greedy", *decode, *common,
-                                      *resume], 240),
+                                      *resume], 270),
       "latency_t0.2": Step(1, py + ["experiments.latency", f"--configs={LIKE_FOR_LIKE}",
                                     "--sampling=t0.2", "--setting=gpu_t0.2", *decode, *common,
-                                    *resume], 180),
+                                    *resume], 150),
       "step_phases": Step(1, py + ["experiments.step_phases", "--batch_sizes=1,16", "--num_prompts=16",
                                    f"--draft={draft}", "--draft_len=4"], 45),  # a table, in its log
       # Part 2, kernels and scale. Eight workers: compiling the Triton kernels is the time (53 s on an
@@ -120,6 +122,7 @@ def steps(results: pathlib.Path, quick: bool, draft: str) -> dict[str, Step]:
       "bench_attention": Step(2, py + ["experiments.bench_attention", "--num_splits=1"], 90),
       "bench_attention_split4": Step(2, py + ["experiments.bench_attention", "--num_splits=4"], 90),
       "bench_forward": Step(2, py + ["experiments.bench_forward", "--dtypes=bfloat16", "--notorch",
+                                     "--models=smollm2-135m-instruct",
                                      f"--batch_sizes={_BATCHES}", f"--results_dir={results}",
                                      "--setting=gpu"], 120),
       # The model-size sweep: random weights of published shapes (cost only), each with a one-layer
@@ -206,12 +209,17 @@ def main(argv):
   record = {"device": f"{device.platform}:{device.device_kind}", "jax_version": jax.__version__,
             "quick": _QUICK.value, "date": datetime.date.today().isoformat(), "parts": parts,
             "draft": f"{QUICK_DRAFT} (first layer)" if _QUICK.value else _DRAFT.value, "steps": {}}
+  earlier = results / "bench_gpu.json"
+  if _RESUME.value and earlier.exists():  # keep the steps an earlier call of this folder recorded
+    previous = json.loads(earlier.read_text())
+    record["steps"] = dict(previous.get("steps", {}))
+    record["parts"] = sorted(set(previous.get("parts", [])) | set(parts))
   for name, step in plan.items():
     log = results / f"{name}.log"
     start = time.perf_counter()
     print(f"[bench_gpu] part {step.part} {name} (at most {step.timeout_s:.0f} s): "
           f"{' '.join(step.command[2:])}", flush=True)
-    with open(log, "w") as out:
+    with open(log, "a" if _RESUME.value else "w") as out:
       env = dict(os.environ)
       if _io.COMPILATION_CACHE_DIR.value:
         env["JAX_COMPILATION_CACHE_DIR"] = str(pathlib.Path(_io.COMPILATION_CACHE_DIR.value).absolute())
@@ -219,11 +227,16 @@ def main(argv):
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
       if step.xla_flags:
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {step.xla_flags}".strip()
+      # Its own process group, so that a timeout ends its children too (pytest's -n workers hold GPU
+      # memory); what the step wrote so far stays (latency: every finished run).
+      process = subprocess.Popen(step.command, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                 start_new_session=True)
       try:
-        code = subprocess.run(step.command, stdout=out, stderr=subprocess.STDOUT, check=False,
-                              env=env, timeout=step.timeout_s).returncode
+        code = process.wait(timeout=step.timeout_s)
       except subprocess.TimeoutExpired:
-        code = "timeout"  # what the step wrote so far stays (latency: every finished run)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        code = "timeout"
     seconds = time.perf_counter() - start
     record["steps"][name] = {"part": step.part, "command": step.command[2:], "xla_flags": step.xla_flags,
                              "returncode": code,

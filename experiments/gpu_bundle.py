@@ -15,7 +15,8 @@ GPU campaign's first commands carry the parts (``docs/gpu.md`` says call by call
 which checks every part against the manifest (a missing or corrupt part is refused by name, before
 anything is written), joins them, checks the whole, and unpacks the packages (with their dist-info,
 whose versions transformers reads) into ``--site``; ``export PYTHONPATH=$PWD/.gpu_site:$PWD`` puts them
-on the path. ``--join`` needs only the standard library. Both folders are git-ignored.
+on the path. ``--join`` needs the standard library and absl (which the GPU machine has). Both folders
+are git-ignored.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ PART_PREFIX = "bundle.tar.part-"
 CARRY_LIMIT_MIB = 64  # what one call to a GPU machine carries, working tree included
 
 _OUT = flags.DEFINE_string("out", ".gpu_bundle", "Folder for the parts and the manifest.")
-_PART_MIB = flags.DEFINE_integer("part_mib", 60, "Largest part, in MiB. A call carries the working "
-                                 "tree too: see the size this command prints.", lower_bound=1,
+_PART_MIB = flags.DEFINE_integer("part_mib", 0, "Largest part, in MiB; 0: what one call carries beside "
+                                 "the working tree git tracks, less 2 MiB.", lower_bound=0,
                                  upper_bound=CARRY_LIMIT_MIB)
 _PACKAGES = flags.DEFINE_list("bundle_packages", list(PACKAGES), "Installed distributions to pack.")
 _JOIN = flags.DEFINE_string("join", None, "Join and check the parts in this folder instead of packing.")
@@ -251,7 +252,14 @@ def main(argv):
             f"export PYTHONPATH={site}:$PWD", flush=True)
       return
     out = pathlib.Path(_OUT.value)
-    manifest = write_bundle(_PACKAGES.value, out, _PART_MIB.value * 2**20)
+    part_bytes = _PART_MIB.value * 2**20
+    if not part_bytes:
+      part_bytes = (CARRY_LIMIT_MIB - 2) * 2**20 - tracked_bytes()
+      if part_bytes < 2**20:
+        raise BundleError(f"the working tree git tracks is {tracked_bytes() / 2**20:.1f} MiB, which "
+                          f"leaves no room beside it in a call's {CARRY_LIMIT_MIB} MiB; take files out "
+                          "of git's index for the GPU calls (docs/gpu.md), or give --part_mib")
+    manifest = write_bundle(_PACKAGES.value, out, part_bytes)
   except BundleError as e:
     raise _io.Refusal(str(e)) from e
   _print_manifest(manifest, out, sys.stdout)

@@ -149,6 +149,8 @@ def _launch_census(target, draft, prompts, profile, dump_dir: pathlib.Path) -> d
           continue
         step = thunk_census.per_iteration(loop, trips)
         if after_passes:
+          if kind not in steps:  # found only after the passes: nothing to add to
+            continue
           if thunk_census.in_command_buffer(thunks, loop):  # the loop is a graph node: no launch
             step = thunk_census.Count()
           steps[kind]["graph_launches"] = step.launches
@@ -167,6 +169,7 @@ def _launch_census(target, draft, prompts, profile, dump_dir: pathlib.Path) -> d
       "compile_for": _COMPILE_FOR.value, "jax_version": jax.__version__,
       "launches_per_plain_step": plain["launches"], "launches_per_bass_step": bass["launches"],
       "bass_over_plain": round(bass["launches"] / plain["launches"], 3),
+      # ``*_per_step``: of the BASS step (the plain step's are under ``steps``).
       "kernels_per_step": bass["kernels"], "copies_per_step": bass["copies"],
       "host_reads_per_step": bass["host_reads"],
       "graph_launches_per_plain_step": plain.get("graph_launches"),
@@ -208,7 +211,8 @@ def main(argv):
   scan = (profiles.backend_profile(profile).scan_layers if _SCAN_LAYERS.value is None
           else _SCAN_LAYERS.value)
   target = bass_jax.load_model(_TARGET.value, scan_layers=scan)
-  draft = bass_jax.load_draft_spec(_DRAFT.value, target) if _METHOD.value == "bass" else None
+  draft = (bass_jax.load_draft_spec(_DRAFT.value, target)
+           if _METHOD.value == "bass" or _COMPILE_FOR.value else None)  # the census compiles BASS too
   rng = np.random.default_rng(0)
   prompts = rng.integers(0, target.config.vocab_size, (_BATCH.value, _PROMPT_LEN.value))
   lowered = generate_lib.lower(
@@ -226,6 +230,7 @@ def main(argv):
       "max_new_tokens": _MAX_NEW.value, "temperature": _TEMPERATURE.value, "top_p": _TOP_P.value,
       "draft_len": _DRAFT_LEN.value, "draft_tree": _DRAFT_TREE.value, "platform": _PLATFORM.value,
       "profile": profile, "sm_count": _SM_COUNT.value, "attention_impl": spec.attention_impl,
+      "scan_layers": target.scanned_layers, "command_buffers": _COMMAND_BUFFERS.value,
       "verify_chunk": spec.verify_chunk, "branch_free": spec.branch_free,
       "jax_version": jax.__version__}
   result["cache_arrays"] = list(lowered.cache_arrays)

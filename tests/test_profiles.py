@@ -84,7 +84,7 @@ def test_a_nucleus_is_compiled_in_only_below_one(models):
 
 @pytest.mark.parametrize("setting", [
     dict(temperature=0.7, top_p=0.9, draft_len=4),  # sampled, nucleus, a model draft
-    dict(temperature=0.0, draft_len=3, scanned=True),  # the models scanned, as loaded on a GPU
+    dict(temperature=0.0, draft_len=3, scanned=True),  # the models scanned (load_model's option)
     dict(temperature=0.0, draft_len="goodput", eagle=True),  # plain and chain steps, features
     dict(temperature=0.7, top_p=0.9, draft_len=3, eagle=True, batch_size=2),  # continuous
 ])

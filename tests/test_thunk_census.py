@@ -51,7 +51,7 @@ def _sequence(trip: int, body_kernels: int, branch_kernels: tuple[int, int]):
 
 
 def test_a_written_sequence_is_counted_loops_by_their_trip_counts():
-  rng = np.random.default_rng()
+  rng = np.random.default_rng(7)
   trip, body, branches = int(rng.integers(2, 40)), int(rng.integers(1, 9)), tuple(rng.integers(0, 6, 2))
   sequence, metadata, hlo = _sequence(trip, body, branches)
   thunks = thunk_census.parse_thunks(sequence, metadata)
@@ -60,9 +60,9 @@ def test_a_written_sequence_is_counted_loops_by_their_trip_counts():
   (_, outer), (_, inner) = thunk_census.loops(thunks)
   assert (outer.annotation, inner.annotation) == ("while.outer", "while.inner")
   # one outer iteration: its condition, the inner loop (trip bodies of body kernels and a wrapped
-  # copy, trip + 1 conditions), the costlier branch; host reads: each predicate and the branch index
-  want = thunk_census.Count(kernels=1 + trip * body + (trip + 1) + max(branches), copies=trip,
-                            host_reads=1 + (trip + 1) + 1)
+  # copy; a known trip count runs no condition), the costlier branch; host reads: the outer
+  # predicate and the branch index
+  want = thunk_census.Count(kernels=1 + trip * body + max(branches), copies=trip, host_reads=2)
   assert thunk_census.per_iteration(outer, trips) == want
   whole = thunk_census.count(thunks, trips)
   assert whole == want + thunk_census.Count(kernels=1, copies=1, unknown_loops=1)
@@ -108,8 +108,43 @@ def test_a_program_compiled_for_an_h100_here_counts_its_loop_by_trip_count():
   counts = json.loads(run.stdout.strip().splitlines()[-1])
   three, seven = counts["3"], counts["7"]
   assert three[3] == seven[3] == 0  # fori_loop's trip count is known to XLA
-  assert seven[2] - three[2] == 4  # one predicate read per iteration
+  assert seven[2] == three[2] == 0  # so the runtime reads no predicate
   per_iteration = [(b - a) / 4 for a, b in zip(three[:2], seven[:2])]
   assert all(p == int(p) for p in per_iteration)  # each iteration launches the same thunks
-  assert per_iteration[0] >= 2  # the GEMM and the loop's compare, at least
+  assert per_iteration[0] >= 1  # the GEMM, at least
   assert three[0] - 3 * per_iteration[0] >= 1  # outside the loop: the final reduction
+
+
+def test_command_buffers_are_one_launch_and_loops_inside_them_none():
+  """A sequence after XLA's thunk passes: thunks grouped into a command buffer (id 000, its commands
+  one level down) launch once; a loop inside one is a graph node; an empty section reads
+  ``No thunks.``."""
+  sequence = "\n".join([
+      "000: kCommandBuffer [source | next=005 (1)] ",
+      "    001: kCopy [source | sink] kCopy",
+      "    002: kCustomKernel [source | sink] fusion_1",
+      "005: kWhile         [prev=000 (1) | sink]   ",
+      "condition:",
+      "    006: kCustomKernel [source | sink] loop_compare_fusion",
+      "  body:",
+      "    000: kCommandBuffer [source | sink] ",
+      "        007: kWhile [source | sink] ",
+      "condition:",
+      "            No thunks.",
+      "          body:",
+      "            008: kCustomKernel [source | sink] gemm_fusion",
+      "            009: kCustomKernel [source | sink] fusion_2",
+      "    010: kConditional [source | sink] ",
+      "      branch_0:",
+      "        No thunks.",
+      "      branch_1:",
+      "        011: kCustomKernel [source | sink] fusion_3",
+  ]) + "\n"
+  thunks = thunk_census.parse_thunks(sequence)
+  (_, outer), (_, inner) = thunk_census.loops(thunks)
+  assert not thunk_census.in_command_buffer(thunks, outer)
+  assert thunk_census.in_command_buffer(thunks, inner)
+  # one outer iteration: its compare, the graph holding the inner loop, the branch's kernel; host
+  # reads: the outer predicate and the branch index
+  assert thunk_census.per_iteration(outer, {}) == thunk_census.Count(kernels=2, graphs=1, host_reads=2)
+  assert thunk_census.count(thunks[:1], {}) == thunk_census.Count(graphs=1)

@@ -13,8 +13,8 @@ A CPU and a GPU want different decode programs (docs/design.md, "Backend profile
   branch index) before it launches the next iteration: each is a round trip and exposes the launch gap
   of the next body. A CPU pays nothing for them and saves the work they skip. ``branch_free`` replaces
   them by work on the GPU: the draft loop runs its static ``L`` iterations (the drafts past ``l`` are
-  padding the verification ignores), and the nucleus's wide-row bisection runs for every row instead
-  of under a ``cond``.
+  padding the verification ignores), and the nucleus's threshold comes from one sort per row
+  (``warp.top_p_filter``) instead of the top-k fast path and a bisection under a ``cond``.
 * **Attention.** The jnp reference is XLA:CPU's fastest; on a GPU the Pallas kernel (BASS-SPLIT) reads
   each row's own blocks only, with flash-decoding splits of the cache chosen from the batch, the KV
   heads and the SM count (``pallas_kernels.ragged_attention.split_count``).
@@ -31,8 +31,8 @@ A CPU and a GPU want different decode programs (docs/design.md, "Backend profile
   time (docs/design.md, "Scanned layers"). On an H100 too: compiled there without a GPU
   (``experiments.lower_decode --compile_for=h100``, docs/gpu.md "Launches per step"), XLA copies 11
   slices per scanned layer, and the copies keep it from grouping a step's kernels into CUDA graphs: a
-  plain step of the SmolLM2 target launches 818 times scanned and 3 times unrolled (B = 8, XLA's
-  default command buffers), a BASS step 595 and 24. Both profiles load unrolled; unrolled layers
+  plain step of the SmolLM2 target launches 787 times scanned and 3 times unrolled (B = 8, XLA's
+  default command buffers), a BASS step 556 and 16. Both profiles load unrolled; unrolled layers
   compile about 5 s longer per program here. The layout is chosen at load time, not by
   ``generate``: it is the weights' layout.
 
@@ -59,9 +59,9 @@ class BackendProfile:
     attention_impl: the attention implementation (``models.attention.attention_implementations()``).
     verify_chunk: C, the positions one verification pass scores; None: one pass of ``L + 1`` (the
       step's longest chain and its bonus position), which needs no verification loop.
-    branch_free: run the draft loop for its static ``L`` iterations and the nucleus bisection for
-      every row, rather than a loop whose trip count is the traced ``l`` and a ``cond`` on the rows'
-      nucleus width: no device-side decision in either, at the price of the work they would skip.
+    branch_free: run the draft loop for its static ``L`` iterations and find the nucleus with one
+      sort per row, rather than a loop whose trip count is the traced ``l`` and a ``cond`` on the
+      rows' nucleus width: no device-side decision in either, at the price of the work they skip.
     admit_rows: the most prompts a continuous batch admits in one prefill (rows that free up in the
       same step; a prefill with fewer computes its spare rows and drops them).
     admit_chunk: the positions per forward of an admission's chunked prefill, a power of two (a

@@ -48,8 +48,8 @@ class DecodeSpec:
       (drafter-invariant: every token is the target's Gumbel-max draw with per-sequence, per-position
       noise, ``acceptance.coupled_accept_chunk``). Greedy decoding ignores it.
     branch_free: no device-side decision where work can replace it (the GPU profile,
-      ``sampling.profiles``): the draft loop runs its static L iterations, the nucleus bisection runs
-      for every row; with ``verify_chunk >= L + 1`` verification is one pass, never a loop.
+      ``sampling.profiles``): the draft loop runs its static L iterations, the nucleus comes from one
+      sort per row; with ``verify_chunk >= L + 1`` verification is one pass, never a loop.
     draft_trees: :class:`tree.TreeShape` s: a speculative step may verify a token tree of one of these
       shapes per row (``step.tree_step``) instead of a chain. With a :class:`GoodputDraftLen` (whose
       ``trees`` must be these) the policy chooses per step among plain steps, chains and the shapes;

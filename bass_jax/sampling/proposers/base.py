@@ -58,8 +58,8 @@ class StepContext:
       share one; None (a context built by hand) means every row is its own group.
     finished: continuous batching's retired samples (:class:`FinishedSamples`); None for a static
       batch, whose finished rows keep their text in ``tokens``.
-    branch_free: static; draft loops run their static ``L`` iterations and warps compute both sides
-      of a branch (``DecodeSpec.branch_free``, ``sampling.profiles``).
+    branch_free: static; draft loops run their static ``L`` iterations and warps find the nucleus
+      with one sort per row (``DecodeSpec.branch_free``, ``sampling.profiles``).
   """
 
   tokens: jax.Array
