@@ -72,8 +72,9 @@ _COMMAND_BUFFERS = flags.DEFINE_string(
     "command_buffers", None, "With --compile_for: XLA's --xla_gpu_enable_command_buffer (which thunks "
     "CUDA graphs may hold; e.g. '+WHILE,+CONDITIONAL' adds loops and branches to XLA's default "
     "FUSION, CUBLAS, CUBLASLT, CUSTOM_CALL, CUDNN; '' turns them off); default: XLA's.")
-_AOT_PLUGIN = flags.DEFINE_string("aot_plugin", ".aot_plugin", "Folder holding JAX's CUDA plugin "
-                                  "(`make aot-plugin`), for --compile_for.")
+_AOT_PLUGIN = flags.DEFINE_string("aot_plugin", None, "Folder holding JAX's CUDA plugin, for "
+                                  "--compile_for; default: the repository's .aot_plugin/ (`make "
+                                  "aot-plugin`).")
 flags.register_validator("top_p", lambda v: 0.0 < v <= 1.0, message="--top_p must be in (0, 1]")
 _io.require_tree_shapes()
 
@@ -191,7 +192,8 @@ def main(argv):
 
     dump_dir = pathlib.Path(tempfile.mkdtemp(prefix="lower_decode_dump_"))
     try:
-      _prepare_deviceless(_AOT_PLUGIN.value, dump_dir, ".*bass_jax_decode.*")
+      plugin = _AOT_PLUGIN.value or pathlib.Path(__file__).resolve().parents[1] / ".aot_plugin"
+      _prepare_deviceless(plugin, dump_dir, ".*bass_jax_decode.*")
       if _COMMAND_BUFFERS.value is not None:
         os.environ["XLA_FLAGS"] += f" --xla_gpu_enable_command_buffer={_COMMAND_BUFFERS.value}"
     except (RuntimeError, FileNotFoundError) as e:
