@@ -97,20 +97,12 @@ def _check_speculation(experiment: str, target: Any = None, draft: Any = None) -
   """``--draft_len`` and ``--draft_tree`` make sense together, for this experiment and, once the
   models' configs are read (``target``, ``draft``: ``preflight.ModelSource``), for their vocabulary
   and context (``bass_jax.preflight.check_speculation``)."""
-  from bass_jax import preflight  # pylint: disable=g-import-not-at-top
-
   if experiment == "latency":
     if DRAFT_LEN.present:
       raise app.UsageError("--draft_len: latency's --configs name their draft lengths (bass_pad, "
                            "bass_pad_l4, ..., bass_pad_goodput_trees); drop --draft_len")
     return
-  context = None if target is None else min(m.context for m in (target, draft) if m is not None)
-  try:
-    preflight.check_speculation("bass", _io.draft_len_value(DRAFT_LEN.value), DRAFT_TREE.value or None,
-                                vocab_size=None if target is None else target.vocab_size,
-                                context=context)
-  except ValueError as e:
-    raise app.UsageError(f"--draft_len/--draft_tree: {e}") from e
+  _io.check_speculation("bass", DRAFT_LEN.value, DRAFT_TREE.value, target=target, draft=draft)
 
 
 def speculation() -> dict[str, Any]:

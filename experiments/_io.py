@@ -112,6 +112,27 @@ def require_tree_shapes(flag_name: str = "draft_tree") -> None:
   flags.register_validator(flag_name, check)
 
 
+def check_speculation(method: str, draft_len: str, draft_tree: list[str], *, target: Any = None,
+                      draft: Any = None) -> None:
+  """A script's ``--method``, ``--draft_len`` and ``--draft_tree`` together
+  (``bass_jax.preflight.check_speculation``) and, once the models' configs are read (``target``,
+  ``draft``: ``preflight.ModelSource``, the draft None for a lookup), against their vocabulary and
+  context.
+
+  Raises:
+    Refusal: the first problem, naming the flags.
+  """
+  from bass_jax import preflight  # pylint: disable=g-import-not-at-top
+
+  context = None if target is None else min(m.context for m in (target, draft) if m is not None)
+  try:
+    preflight.check_speculation(method, draft_len_value(draft_len), draft_tree or None,
+                                vocab_size=None if target is None else target.vocab_size,
+                                context=context)
+  except ValueError as e:
+    raise Refusal(f"--draft_len/--draft_tree: {e}") from e
+
+
 def canonical_tree_shapes(values: list[str]) -> list[str]:
   """``--draft_tree`` values in canonical form (``str(TreeShape)``), so that the same shape written in
   another field order or spacing is the same setting for ``--resume``.

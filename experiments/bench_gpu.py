@@ -106,6 +106,10 @@ def steps(results: pathlib.Path, quick: bool, draft: str) -> dict[str, Step]:
     }
   decode = ["--num_prompts=16", "--max_new_tokens=128", f"--batch_sizes={_BATCHES}", "--kernels=pallas"]
   resume = ["--resume"] if _RESUME.value else []
+  # Part 3's latency runs: regular decoding and BASS-SPLIT under goodput, B = 1 and 8, greedy.
+  launch = py + ["experiments.latency", "--configs=regular,bass_split_goodput", "--sampling=greedy",
+                 "--num_prompts=8", "--max_new_tokens=128", "--batch_sizes=1,8", "--kernels=pallas",
+                 *common]
   return {
       # Part 1, the like-for-like table (about 7.5 minutes: docs/gpu.md, "Part 1's time").
       "latency_greedy": Step(1, py + ["experiments.latency", f"--configs={LIKE_FOR_LIKE}",
@@ -137,23 +141,15 @@ def steps(results: pathlib.Path, quick: bool, draft: str) -> dict[str, Step]:
                                       for d in ("", ":layers=1"))], 240),
       # Part 3, launch overhead: XLA's command buffers over loops and branches against its default
       # (timed, and checked token for token against regular decoding), scanned against unrolled layers.
-      "command_buffers_default": Step(3, py + [
-          "experiments.latency", "--configs=regular,bass_split_goodput", "--sampling=greedy",
-          "--num_prompts=8", "--max_new_tokens=128", "--batch_sizes=1,8", "--kernels=pallas",
-          "--setting=gpu_command_buffers_default", *common], 120),
-      "command_buffers_while": Step(3, py + [
-          "experiments.latency", "--configs=regular,bass_split_goodput", "--sampling=greedy",
-          "--num_prompts=8", "--max_new_tokens=128", "--batch_sizes=1,8", "--kernels=pallas",
-          "--setting=gpu_command_buffers_while", *common], 120, _WHILE_COMMAND_BUFFERS),
+      "command_buffers_default": Step(3, launch + ["--setting=gpu_command_buffers_default"], 120),
+      "command_buffers_while": Step(3, launch + ["--setting=gpu_command_buffers_while"], 120,
+                                    _WHILE_COMMAND_BUFFERS),
       "command_buffers_lossless": Step(3, py + [
           "experiments.lossless", f"--draft={draft}", "--draft_num_layers=0", "--num_prompts=8",
           "--batch_size=8", "--max_new_tokens=128",
           f"--summary_json={results / 'lossless_command_buffers_while.json'}"], 90,
           _WHILE_COMMAND_BUFFERS),
-      "scanned_layers": Step(3, py + [
-          "experiments.latency", "--configs=regular,bass_split_goodput", "--sampling=greedy",
-          "--num_prompts=8", "--max_new_tokens=128", "--batch_sizes=1,8", "--kernels=pallas",
-          "--scan_layers", "--setting=gpu_scanned", *common], 120),
+      "scanned_layers": Step(3, launch + ["--scan_layers", "--setting=gpu_scanned"], 120),
       # Part 4: the decode's census on the real device, utilization, admission.
       "lower_decode": Step(4, py + ["experiments.lower_decode", "--platform=cuda", "--batch_size=8",
                                     f"--draft={draft}", f"--json={results / 'lower_decode_cuda.json'}",

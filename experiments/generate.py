@@ -149,18 +149,6 @@ def _outputs() -> tuple[pathlib.Path, pathlib.Path]:
   return output, summary_path
 
 
-def _check_speculation(vocab_size=None, context=None):
-  """--method, --draft_len and --draft_tree together (``bass_jax.preflight.check_speculation``), and
-  once the models' configs are read, against their vocabulary and context."""
-  from bass_jax import preflight  # pylint: disable=g-import-not-at-top
-
-  try:
-    preflight.check_speculation(_METHOD.value, _io.draft_len_value(_DRAFT_LEN.value),
-                                _DRAFT_TREE.value or None, vocab_size=vocab_size, context=context)
-  except ValueError as e:
-    raise _io.Refusal(f"--draft_len/--draft_tree: {e}") from e
-
-
 def _preflight(problems):
   """Everything about the models that can be known without their weights: the specs resolve, the
   target ships a tokenizer, the attention implementation exists, and every prompt plus
@@ -178,7 +166,8 @@ def _preflight(problems):
     raise _io.Refusal(f"--target={_TARGET.value} ships no tokenizer, which the prompts need; give a "
                       "checkpoint saved with its tokenizer")
   context = min(m.context for m in (target, draft) if m is not None)
-  _check_speculation(target.vocab_size, context)
+  _io.check_speculation(_METHOD.value, _DRAFT_LEN.value, _DRAFT_TREE.value, target=target,
+                        draft=draft)
   if _METHOD.value == "bass" and _DRAFT_LAYERS.value:
     if draft is None or draft.kind == "eagle":
       raise _io.Refusal(f"--draft_num_layers={_DRAFT_LAYERS.value} cuts a draft model's layers, and "
@@ -229,7 +218,7 @@ def _check_run() -> _Checked:
   Raises:
     _io.Refusal: the first problem, as one line naming the flag or file and the fix.
   """
-  _check_speculation()
+  _io.check_speculation(_METHOD.value, _DRAFT_LEN.value, _DRAFT_TREE.value)
   try:
     output, summary_path = _outputs()
   except (_io.OutputError, _runs.RunError) as e:
