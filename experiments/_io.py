@@ -354,7 +354,7 @@ def models_and_batches(target: str, draft: str, prompts: str, num_prompts: int,
   """
   import bass_jax  # pylint: disable=g-import-not-at-top
   from bass_jax import text  # pylint: disable=g-import-not-at-top
-  from bass_jax.data import load_problems  # pylint: disable=g-import-not-at-top
+  from bass_jax.evaluation.data import load_problems  # pylint: disable=g-import-not-at-top
 
   if num_prompts < max(batches):
     raise Refusal(f"--num_prompts={num_prompts} is fewer than the largest batch size")

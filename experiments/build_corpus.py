@@ -36,7 +36,7 @@ import numpy as np
 import tqdm
 
 import bass_jax
-from bass_jax.data import load_problems
+from bass_jax.evaluation.data import load_problems
 from bass_jax.training import corpus
 from experiments import _io
 

@@ -21,7 +21,7 @@ from absl import flags
 from absl import logging
 
 import bass_jax
-from bass_jax import reproduce
+from bass_jax.evaluation import reproduce
 from bass_jax.models import eagle
 from bass_jax.training import corpus, feature_draft
 from experiments import _io

@@ -11,7 +11,7 @@ default the sequences of all batches form one queue that ``--batch_size`` rows d
 ``--nocontinuous`` decodes the batches one after the other. Per-token latency per sequence (All, and
 First / Last of each static batch, BASS paper §4.1) is the wall time from the start of its decoding
 (its batch's start, or its admission) until it was complete, over its token count; compilation is
-excluded and reported apart (``bass_jax.experiment.run_problems``).
+excluded and reported apart (``bass_jax.evaluation.experiment.run_problems``).
 
 Every flag, the prompts, the model specs and the prompts' lengths against the models' context are
 checked before any model loads, each failure a one-line error. Records (one JSON line per sequence)
@@ -74,7 +74,7 @@ _SAMPLE_ORDER = flags.DEFINE_enum(
     "sample_order", "grouped", ["grouped", "interleaved"], "With --samples_per_prompt: grouped (a "
     "prompt's samples in a row) or interleaved (round robin over the prompts: with continuous "
     "batching a prompt's later samples start once its earlier ones finished, which sibling lookup "
-    "drafts from; bass_jax.experiment.make_batches).")
+    "drafts from; bass_jax.evaluation.experiment.make_batches).")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per sequence at most.", lower_bound=1)
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 = greedy.",
                                   lower_bound=0.0)
@@ -224,9 +224,9 @@ def _check_run() -> _Checked:
   except (_io.OutputError, _runs.RunError) as e:
     raise _io.Refusal(str(e)) from e
 
-  from bass_jax import experiment  # pylint: disable=g-import-not-at-top
+  from bass_jax.evaluation import experiment  # pylint: disable=g-import-not-at-top
   from bass_jax import preflight  # pylint: disable=g-import-not-at-top
-  from bass_jax.data import load_problems  # pylint: disable=g-import-not-at-top
+  from bass_jax.evaluation.data import load_problems  # pylint: disable=g-import-not-at-top
 
   records_file = _runs.RecordsFile(output)
   settings = _runs.settings(__name__)
@@ -278,7 +278,7 @@ def main(argv):
   problems, distinct, plan = run.problems, run.distinct, run.plan
   records_file = _runs.RecordsFile(output)
 
-  from bass_jax import experiment  # pylint: disable=g-import-not-at-top
+  from bass_jax.evaluation import experiment  # pylint: disable=g-import-not-at-top
 
   total = sum(len(batch) for batch in plan)
   if len(done) == total:  # killed after its last record: only the summary is missing

@@ -24,7 +24,7 @@ from bass_jax.training import distill  # pylint: disable=g-import-not-at-top,wro
 from experiments import _io  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _RUNS = flags.DEFINE_multi_string("runs", [], "Comma-separated name=<run directory>@<step offset>.")
-# Not --output: experiments.report defines it, and one test process imports both modules.
+# Not --output: experiments.paper.report defines it, and one test process imports both modules.
 _PNG = flags.DEFINE_string("png", None, "PNG to write.", required=True)
 _SMOOTH = flags.DEFINE_integer("smooth", 5, "Logged training values averaged per point.", lower_bound=1)
 

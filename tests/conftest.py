@@ -79,7 +79,7 @@ def smollm2_greedy(smollm2):
   """``(prompts, regular)``: three tuning prompts of different lengths and the real target's regular
   greedy decoding of them (32 new tokens), the one reference every real-target lossless test compares
   its BASS configuration with (decoded and compiled once per session)."""
-  from bass_jax.data import load_problems  # pylint: disable=g-import-not-at-top
+  from bass_jax.evaluation.data import load_problems  # pylint: disable=g-import-not-at-top
 
   prompts = [smollm2.tokenizer(p.prompt).input_ids for p in load_problems("stdlib-heldout", 3)]
   assert len({len(p) for p in prompts}) == 3
@@ -136,7 +136,7 @@ NEAR_TIE = 1e-3  # logit gap below which two methods may legitimately pick diffe
 
 def assert_lossless(target, prompts, regular, bass) -> float:
   """Same tokens as regular greedy decoding, except after a float near-tie; returns the match rate."""
-  from bass_jax import metrics  # pylint: disable=g-import-not-at-top
+  from bass_jax.evaluation import metrics  # pylint: disable=g-import-not-at-top
 
   agreement = metrics.greedy_agreement(target, prompts, regular.sequences(), bass.sequences())
   for d in agreement.divergences:

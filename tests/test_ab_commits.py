@@ -1,10 +1,10 @@
-"""The settings file of experiments.ab_commits (the cross-commit regression check)."""
+"""The settings file of experiments.benchmarks.ab_commits (the cross-commit regression check)."""
 
 import pathlib
 
 import pytest
 
-from experiments import ab_commits
+from experiments.benchmarks import ab_commits
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

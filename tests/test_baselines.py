@@ -1,7 +1,7 @@
 """The transformers baselines of the experiments: the same models, the same tokens, timed apart.
 
 Reference: bass-jax's own regular decoding of the same GGUF target (itself tested against transformers
-in test_llama.py); here the baseline code path (`bass_jax.baselines`) must load both aliases the way
+in test_llama.py); here the baseline code path (`bass_jax.evaluation.baselines`) must load both aliases the way
 the experiment scripts do and decode what our decode decodes.
 """
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import bass_jax as bj
-from bass_jax import baselines
+from bass_jax.evaluation import baselines
 
 
 @pytest.fixture(scope="module")

@@ -170,7 +170,7 @@ def test_every_flag_refuses_generated_bad_values_in_one_line():
     (["latency", "--draft_len=4"], "latency's --configs name their draft lengths")])
 def test_the_paper_experiments_check_their_flags_before_loading(tmp_path, args, message):
   start = time.perf_counter()
-  result = subprocess.run([sys.executable, "-m", f"experiments.{args[0]}", *args[1:],
+  result = subprocess.run([sys.executable, "-m", f"experiments.paper.{args[0]}", *args[1:],
                            f"--results_dir={tmp_path}"],
                           cwd=REPO, capture_output=True, text=True, timeout=120, env=ENV)
   assert result.returncode != 0
@@ -180,11 +180,11 @@ def test_the_paper_experiments_check_their_flags_before_loading(tmp_path, args, 
 
 @pytest.mark.slow
 def test_the_draft_study_writes_every_cell_and_resumes(setup, tmp_path):
-  """experiments.draft_study on the tiny model: every proposer in the table, the cell from its own
+  """experiments.paper.draft_study on the tiny model: every proposer in the table, the cell from its own
   child process; --resume reruns nothing and keeps the reading. (One policy and one cell: the study
   loops over policies as over proposers and over cells by (temperature, batch size) alike, and each
   costs a compile or a process.)"""
-  args = [sys.executable, "-m", "experiments.draft_study", f"--target={setup / 'tiny'}",
+  args = [sys.executable, "-m", "experiments.paper.draft_study", f"--target={setup / 'tiny'}",
           f"--proposers={setup / 'tiny'},ngram", "--names=tiny,ngram",
           f"--prompts={setup / 'prompts.jsonl'}", "--num_prompts=2", "--batch_sizes=2",
           "--temperatures=0.5", "--draft_lens=goodput", "--max_new_tokens=4",

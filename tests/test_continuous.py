@@ -163,7 +163,7 @@ def test_rows_that_free_up_together_are_admitted_in_one_prefill(target, eos, alo
 
 def test_the_admission_benchmark_prints_a_row_per_setting():
   repo = pathlib.Path(__file__).resolve().parents[1]
-  run = subprocess.run([sys.executable, "-m", "experiments.bench_admission",
+  run = subprocess.run([sys.executable, "-m", "experiments.benchmarks.bench_admission",
                         "--target=smollm2-135m-draft", "--draft=ngram", "--num_prompts=4",
                         "--batch_size=2", "--admit_rows=1,2", "--admit_chunks=8", "--max_new_tokens=4",
                         "--repeats=1"], cwd=repo, capture_output=True, text=True, timeout=600)
@@ -249,7 +249,7 @@ def test_a_real_model_continuous_equals_each_prompt_alone():
   of 8 to about 90 tokens (the longest admitted last, into a refilled row, in more than one prefill
   chunk), and a newline-and-indent token as EOS, which rows reach at different steps (or not within
   the limit). The reference is the target's own greedy decoding of each prompt alone."""
-  from bass_jax.data import load_problems  # pylint: disable=g-import-not-at-top
+  from bass_jax.evaluation.data import load_problems  # pylint: disable=g-import-not-at-top
 
   target = bj.load_model("smollm2-135m-draft")
   texts = [p.prompt for p in load_problems("stdlib-heldout", 4)]

@@ -10,7 +10,7 @@ import sysconfig
 import numpy as np
 import pytest
 
-from bass_jax.data import load_problems
+from bass_jax.evaluation.data import load_problems
 from bass_jax.models import common
 from bass_jax.training import corpus
 from bass_jax.training.corpus import SourcePrompt

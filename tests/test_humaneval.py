@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bass_jax import humaneval
-from bass_jax.data import Problem, load_problems
+from bass_jax.evaluation import humaneval
+from bass_jax.evaluation.data import Problem, load_problems
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The per-phase cost breakdown of a BASS step (bass_jax.sampling.phases, experiments.step_phases): the
+"""The per-phase cost breakdown of a BASS step (bass_jax.sampling.phases, experiments.benchmarks.step_phases): the
 phases are measured on a real decode's state and add up as documented; bad settings are refused with
 the fix named. Tiny models: the mechanics, not the figures (those come from the script on SmolLM2)."""
 
@@ -125,7 +125,7 @@ def test_a_traced_decode_splits_its_work_by_step_scope(pair):
 
 def test_the_script_prints_a_row_per_batch_size():
   repo = pathlib.Path(__file__).resolve().parents[1]
-  run = subprocess.run([sys.executable, "-m", "experiments.step_phases",
+  run = subprocess.run([sys.executable, "-m", "experiments.benchmarks.step_phases",
                         "--target=smollm2-135m-draft", "--draft=ngram", "--batch_sizes=1",
                         "--num_prompts=1", "--max_new_tokens=8", "--warm_steps=1", "--steps=2",
                         "--repeats=1", "--profile"], cwd=repo, capture_output=True, text=True, timeout=600)

@@ -1,12 +1,12 @@
 """Backend profiles (``bass_jax.sampling.profiles``) and the census of a decode lowered for CUDA
-(``bass_jax.hlo_census``, ``generate.lower``): the GPU profile's program decodes what the CPU's does,
+(``bass_jax.tooling.hlo_census``, ``generate.lower``): the GPU profile's program decodes what the CPU's does,
 and, lowered for CUDA on this CPU, a BASS step reads at most 3 device values and copies no cache."""
 
 import numpy as np
 import pytest
 
 import bass_jax as bj
-from bass_jax import hlo_census
+from bass_jax.tooling import hlo_census
 from bass_jax.models import attention as attention_lib
 from bass_jax.sampling import generate as generate_lib
 from bass_jax.sampling import profiles
@@ -136,7 +136,7 @@ def test_bench_gpu_quick_mode_runs_every_step_on_this_cpu(tmp_path):
   import sys
 
   repo = pathlib.Path(__file__).resolve().parents[1]
-  run = subprocess.run([sys.executable, "-m", "experiments.bench_gpu", "--quick",
+  run = subprocess.run([sys.executable, "-m", "experiments.benchmarks.bench_gpu", "--quick",
                         f"--results_dir={tmp_path}"], cwd=repo, capture_output=True, text=True,
                        timeout=900)
   assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:])

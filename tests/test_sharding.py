@@ -21,8 +21,9 @@ import pytest
 from jax.sharding import Mesh
 
 import bass_jax as bj
-from bass_jax import experiment, sharding
-from bass_jax.data import load_problems
+from bass_jax import sharding
+from bass_jax.evaluation import experiment
+from bass_jax.evaluation.data import load_problems
 from bass_jax.models import eagle
 from conftest import MULTIDEVICE_ENV, tiny_model
 

@@ -13,7 +13,7 @@ import torch
 import transformers
 
 import bass_jax as bj
-from bass_jax import metrics
+from bass_jax.evaluation import metrics
 from conftest import assert_lossless
 
 ALIAS = "smollm2-135m-draft"

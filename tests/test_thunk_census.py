@@ -1,4 +1,4 @@
-"""bass_jax.thunk_census: XLA:GPU's thunk sequence read into a tree and priced in launches, loops by
+"""bass_jax.tooling.thunk_census: XLA:GPU's thunk sequence read into a tree and priced in launches, loops by
 their trip counts; and, where JAX's CUDA plugin is installed (``make aot-plugin``), a small program
 compiled for an H100 on this CPU and counted."""
 
@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from bass_jax import thunk_census
+from bass_jax.tooling import thunk_census
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -77,10 +77,10 @@ _PROGRAM = """
 import json, os, pathlib, sys, tempfile
 dump = tempfile.mkdtemp()
 sys.argv = ["lower_decode"]
-from experiments import lower_decode
+from experiments.benchmarks import lower_decode
 lower_decode._prepare_deviceless(sys.argv_plugin, dump, ".*small.*")
 import jax, jax.numpy as jnp
-from bass_jax import thunk_census
+from bass_jax.tooling import thunk_census
 config = (lower_decode._TARGET_CONFIGS / "h100_sxm.txtpb").read_text()
 out = {}
 for n in (3, 7):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import bass_jax as bj
-from bass_jax import metrics
+from bass_jax.evaluation import metrics
 from conftest import noisy_copy, random_eagle_draft, tiny_model
 
 SHAPE = "top_k=3,depth=3,nodes=8"

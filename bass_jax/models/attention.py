@@ -401,7 +401,7 @@ def compiling_for(platform: str, *, sm_count: int = H100_SM_COUNT):
   default backend: the Pallas kernels lower natively for a GPU platform (interpreted for any other)
   and their cache splits assume ``sm_count`` SMs, and ``bass_jax.generate``'s default profile is
   that platform's. For lowering a GPU program on a machine without one (``jax.export`` with
-  ``platforms=[platform]``, ``experiments.lower_decode``); the programs are not runnable here.
+  ``platforms=[platform]``, ``experiments.benchmarks.lower_decode``); the programs are not runnable here.
   """
   previous = getattr(_compile_target, "value", None)
   _compile_target.value = (platform, sm_count)

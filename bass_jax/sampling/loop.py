@@ -130,7 +130,7 @@ def unfinished(spec: DecodeSpec, state: DecodeState) -> jax.Array:
 
 def _outlined(fn, name: str):
   """``fn`` as a nested jit named ``name``: a lowered decode holds each kind of step as its own
-  function (``func.func @name``), so that ``experiments.lower_decode`` finds where a step begins.
+  function (``func.func @name``), so that ``experiments.benchmarks.lower_decode`` finds where a step begins.
   XLA inlines the call when it compiles, so the program is unchanged."""
   step = lambda state: fn(state)
   step.__name__ = name

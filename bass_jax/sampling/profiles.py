@@ -29,7 +29,7 @@ A CPU and a GPU want different decode programs (docs/design.md, "Backend profile
   compiles one layer and runs it in a ``lax.scan`` over stacked weights and caches, as MaxText does on
   GPU. On a CPU each layer's dynamic slice of the stacked weights and cache is a copy that costs run
   time (docs/design.md, "Scanned layers"). On an H100 too: compiled there without a GPU
-  (``experiments.lower_decode --compile_for=h100``, docs/gpu.md "Launches per step"), XLA copies 11
+  (``experiments.benchmarks.lower_decode --compile_for=h100``, docs/gpu.md "Launches per step"), XLA copies 11
   slices per scanned layer, and the copies keep it from grouping a step's kernels into CUDA graphs: a
   plain step of the SmolLM2 target launches 787 times scanned and 3 times unrolled (B = 8, XLA's
   default command buffers), a BASS step 556 and 16. Both profiles load unrolled; unrolled layers

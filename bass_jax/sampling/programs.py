@@ -12,7 +12,7 @@ is keyed weakly on ``f`` and holds the traced jaxpr; ``pxla._cached_lowering_to_
 freed only when its key dies, and each of these caches keeps up to 2,048 entries. Jitting the
 module-level ``loop.prefill`` and ``loop.decode``, which never die, therefore kept every program ever
 compiled: dropping it from our LRU released nothing, each setting kept its JIT-compiled code (a few
-hundred memory maps on XLA:CPU; ``python -m experiments.bench_many_programs`` counts them) and a
+hundred memory maps on XLA:CPU; ``python -m experiments.benchmarks.bench_many_programs`` counts them) and a
 process died after about a hundred settings, out of maps (``vm.max_map_count``, 65,530: "LLVM compilation error: Cannot allocate
 memory"). :func:`compiled` jits a new function object per setting, which dies as soon as the
 compilation returns; the chain above then falls away link by link, the LRU holds the only reference to

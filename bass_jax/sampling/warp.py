@@ -193,7 +193,7 @@ def first_argmax(x: jax.Array) -> jax.Array:
   """``jnp.argmax(x, axis=-1)`` (the first index of the maximum) as ``i32[...]``, computed as a max and then
   a min over the indices that reach it: two plain reductions, which XLA:CPU runs about twice as fast
   as its variadic (value, index) argmax reduction over a 49k vocabulary
-  (``python -m experiments.bench_top_p`` times both). For finite or ``-inf`` inputs: a row holding a
+  (``python -m experiments.benchmarks.bench_top_p`` times both). For finite or ``-inf`` inputs: a row holding a
   NaN gives ``V - 1`` (``jnp.argmax`` would give the NaN's index)."""
   best = jnp.max(x, axis=-1, keepdims=True)
   index = jnp.arange(x.shape[-1], dtype=jnp.int32)

@@ -222,7 +222,7 @@ class HumanEvalReference:
 
 
 def humaneval_reference(problems: Iterable[Any]) -> HumanEvalReference:
-  """:class:`HumanEvalReference` of ``problems``, the ``bass_jax.data.Problem`` s of
+  """:class:`HumanEvalReference` of ``problems``, the ``bass_jax.evaluation.data.Problem`` s of
   ``load_problems("humaneval")``."""
   grams, texts, names = set(), [], set()
   for problem in problems:
