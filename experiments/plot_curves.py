@@ -3,7 +3,7 @@ r"""Training curves of chained draft runs (fine-tunes of fine-tunes) on one step
     python -m experiments.plot_curves \
         --runs=stage1=results/eagle2_stage1@0,control=results/eagle2_control@1000 \
         --runs=ttt=results/eagle2_ttt@1000,two_layers=results/eagle2_deep@1400 \
-        --png=docs/figures/eagle2_curves.png
+        --png=docs/results/figures/eagle2_curves.png
 
 Each run is ``name=<directory holding metrics.jsonl>@<offset>``: the run's step 0 is drawn at
 ``offset`` (the steps of the runs it started from). Left: the training batches' first-draft agreement

@@ -2,7 +2,7 @@
 
 Each function runs one experiment on HumanEval prompts and returns a JSON-able dict with its settings,
 the machine, and every measured number; ``experiments/paper/report.py`` turns those files into
-``docs/results.md`` and its plots. Runs within one experiment happen in one process, one after the
+``docs/results/paper.md`` and its plots. Runs within one experiment happen in one process, one after the
 other, so ratios between them are measured side by side.
 
 Every run has a ``run_id`` (its loop values, e.g. ``greedy/B=4/bass_pad``). Each function takes

@@ -1,6 +1,6 @@
 r"""The draft-side study: every proposer and draft-length policy against regular decoding, in one run.
 
-    python -m experiments.paper.draft_study --results_dir=results --output=docs/draft_study.md
+    python -m experiments.paper.draft_study --results_dir=results --output=docs/results/draft_study.md
 
 For each proposer (``--proposers``: draft specs as ``bass_jax.load_draft_spec`` reads them, e.g. a draft
 model, ``ngram``, ``hybrid:<model>``) it writes to ``--output``:
@@ -89,7 +89,7 @@ _RESULTS_DIR = flags.DEFINE_string(
     "results_dir", None, "Directory for draft_study.json (default: a fresh outputs/draft_study-<time>/; "
     "--results_dir=results replaces the committed numbers).")
 _OUTPUT = flags.DEFINE_string("output", None, "Markdown file to write (default: <results_dir>/"
-                              "draft_study.md; docs/draft_study.md is the committed one).")
+                              "draft_study.md; docs/results/draft_study.md is the committed one).")
 _io.require_tree_shapes()
 
 

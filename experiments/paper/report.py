@@ -1,4 +1,4 @@
-r"""Regenerates docs/results.md and its plots from results/*.json (one command, nothing measured here).
+r"""Regenerates docs/results/paper.md and its plots from results/*.json (one command, nothing measured here).
 
     python -m experiments.paper.report
 
@@ -21,8 +21,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _RESULTS = flags.DEFINE_string("results", "results", "Directory of the experiments' JSON files.")
-_OUTPUT = flags.DEFINE_string("output", "docs/results.md", "Markdown file to write.")
-_FIGURES = flags.DEFINE_string("figures", "docs/figures", "Directory for the PNG plots.")
+_OUTPUT = flags.DEFINE_string("output", "docs/results/paper.md", "Markdown file to write.")
+_FIGURES = flags.DEFINE_string("figures", "docs/results/figures", "Directory for the PNG plots.")
 
 _LABELS = {"regular": "regular decoding", "bass_pad": "BASS-PAD (dynamic)",
            "bass_split": "BASS-SPLIT (dynamic)", "bass_pad_l4": "BASS-PAD, l_draft = 4",
@@ -156,7 +156,8 @@ def _latency(result) -> list[str]:
 
 
 def _save_figure(fig, path: pathlib.Path) -> str:
-  """Writes ``fig`` as PNG and returns its path relative to docs/, for the Markdown image link."""
+  """Writes ``fig`` as PNG and returns its path relative to the figures folder's parent
+  (docs/results/ by default, where the Markdown is), for the Markdown image link."""
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
