@@ -6,6 +6,8 @@ Public API::
     draft = bass_jax.load_model("smollm2-135m-draft")      # the distilled draft shipped with bass_jax
     texts = bass_jax.generate_text(target, draft, ["What is 2 + 2?"], chat=True, max_new_tokens=64)
     out = bass_jax.generate(target, draft, [ids_1, ids_2], max_new_tokens=64)   # token level
+    plan = bass_jax.prepare(target, draft, [ids_1], bass_jax.DecodeConfig(temperature=0.7))
+    out = bass_jax.run(plan)                                 # the seam generate is built on
 """
 
 from bass_jax.cache import KVCache
@@ -16,22 +18,25 @@ from bass_jax.models.codegen import CodeGenConfig
 from bass_jax.models.gpt2 import GPT2Config
 from bass_jax.models.llama import Llama, LlamaConfig
 from bass_jax.models.opt import OPTConfig
+from bass_jax.sampling.config import DecodeConfig
 from bass_jax.sampling.draft_len import DynamicDraftLen, FixedDraftLen, GoodputDraftLen, StepCosts
-from bass_jax.sampling.generate import (PAD_TOKEN, GenerateOutput, GenerateStats, Hybrid,
+from bass_jax.sampling.generate import (PAD_TOKEN, FinishedPrompt, GenerateOutput, GenerateStats,
                                         clear_compile_cache, enable_persistent_compilation_cache,
-                                        generate, load_draft_spec, set_compile_cache_size)
-from bass_jax.sampling.generate import FinishedPrompt
+                                        generate, load_draft_spec, lower, set_compile_cache_size)
+from bass_jax.sampling.plan import Plan, prepare
 from bass_jax.sampling.profiles import BackendProfile
-from bass_jax.sampling.proposers import NGramProposer, SiblingProposer
+from bass_jax.sampling.proposers import Hybrid, NGramProposer, SiblingProposer
+from bass_jax.sampling.runner import run
 from bass_jax.sampling.tree import TreeShape
 from bass_jax.text import generate_text
 
 __all__ = [
-    "ALIASES", "BackendProfile", "CodeGenConfig", "DynamicDraftLen", "FinishedPrompt", "FixedDraftLen", "GPT2Config", "GenerateOutput",
+    "ALIASES", "BackendProfile", "CodeGenConfig", "DecodeConfig", "DynamicDraftLen", "FinishedPrompt", "FixedDraftLen", "GPT2Config", "GenerateOutput",
     "GenerateStats", "GoodputDraftLen", "Hybrid", "KVCache", "Llama", "LlamaConfig", "Model",
-    "NGramProposer", "OPTConfig", "PAD_TOKEN", "SiblingProposer", "StepCosts", "TreeShape",
+    "NGramProposer", "OPTConfig", "PAD_TOKEN", "Plan", "SiblingProposer", "StepCosts", "TreeShape",
     "abstract_params", "attention_implementations", "check_same_tokenizer", "clear_compile_cache",
     "default_dtype",
     "enable_persistent_compilation_cache", "generate", "generate_text", "init_params", "load_draft",
-    "load_draft_spec", "load_model", "reference_attention", "save_model", "set_compile_cache_size",
+    "load_draft_spec", "load_model", "lower", "prepare", "reference_attention", "run", "save_model",
+    "set_compile_cache_size",
 ]

@@ -260,7 +260,7 @@ class KVUpdate:
 
 def write_rows(state, rows_state, rows: jax.Array):
   """Writes an A-row decode state into rows ``rows`` of a batched one, in place: how continuous
-  batching restarts rows on new prompts (``bass_jax.sampling.continuous``).
+  batching restarts rows on new prompts (``bass_jax.sampling.batching``).
 
   Args:
     state: a pytree of per-row arrays with the batch as leading axis (``[B, ...]``: token buffers), of

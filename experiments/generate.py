@@ -81,7 +81,7 @@ _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 =
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus mass in (0, 1].", upper_bound=1.0)
 _ACCEPTANCE = flags.DEFINE_enum(
     "acceptance", "rejection", ["rejection", "gumbel"], "How sampled drafts are accepted: 'rejection' "
-    "(speculative rejection sampling, the paper's) or 'gumbel' (drafter-invariant: each sequence's "
+    "(speculative rejection sampling, the paper's) or 'gumbel' (Gumbel acceptance: each sequence's "
     "tokens depend only on the seed, its place in the run and the target, so a resumed continuous run "
     "repeats an uninterrupted one exactly; a model draft is accepted a little less often).")
 _DRAFT_LEN = flags.DEFINE_string(

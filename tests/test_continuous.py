@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import bass_jax as bj
-from bass_jax.sampling import generate as generate_lib
+from bass_jax.sampling import runner
 from bass_jax.sampling import profiles
 from conftest import assert_lossless, assert_reported, noisy_copy, random_eagle_draft, tiny_model
 import test_sampling_exact as exact
@@ -191,7 +191,7 @@ def test_batch_size_at_least_the_prompts_is_a_static_batch(target):
 def test_one_program_call_without_prompt_timing(target, monkeypatch):
   """``time_prompts=False``: every refill happens inside one call of the decode program."""
   calls = []
-  compiled = generate_lib._compiled
+  compiled = runner.compiled
 
   def counting(*args):
     (prefill, decode), seconds = compiled(*args)
@@ -202,7 +202,7 @@ def test_one_program_call_without_prompt_timing(target, monkeypatch):
 
     return (prefill, counted), seconds
 
-  monkeypatch.setattr(generate_lib, "_compiled", counting)
+  monkeypatch.setattr(runner, "compiled", counting)
   prompts = _prompts(target.config.vocab_size)
   draft = noisy_copy(target, 0.4, 1)
   timed = bj.generate(target, draft, prompts, max_new_tokens=MAX_NEW, batch_size=2)

@@ -52,7 +52,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import bass_jax as bj  # noqa: E402
 from bass_jax.sampling import costs as costs_lib  # noqa: E402
-from bass_jax.sampling.draft_len import GoodputDraftLen, StepCosts  # noqa: E402
+from bass_jax.sampling.draft_len import CHAIN, PLAIN, GoodputDraftLen, StepCosts  # noqa: E402
 from bass_jax.sampling.tree import TreeShape  # noqa: E402
 from conftest import tiny_model  # noqa: E402
 
@@ -63,11 +63,17 @@ NOT_AT_PRIOR = StepCosts(plain=1.0, verify_pass=2.0, propose_first=0.1, propose_
 NEVER = StepCosts(plain=1.0, verify_pass=50.0, propose_first=0.0, propose_next=0.0, chunk=4)
 
 
+def _plain(policy, state, length, rows=4):
+  """The policy told of a plain step of ``rows`` live rows."""
+  zeros = jnp.zeros(rows, jnp.int32)
+  return policy.after_step(state, length, kind=PLAIN, depth=zeros, accepted=zeros,
+                           live=jnp.ones(rows, bool))
+
+
 def _run_policy(policy, costs, steps, accept_all, rows=4):
   """The policy's lengths over ``steps`` steps, as the decode calls it: a plain step when it picks 0,
   else a speculative one in which every row accepts all its drafts (``accept_all``) or none."""
-  after_step = jax.jit(policy.after_step)
-  after_plain_step = jax.jit(policy.after_plain_step)
+  after_step = jax.jit(policy.after_step, static_argnames="kind")
   length, state = policy.start(costs.as_array())
   lengths = []
   live = jnp.ones(rows, bool)
@@ -75,10 +81,12 @@ def _run_policy(policy, costs, steps, accept_all, rows=4):
     l = int(length)
     lengths.append(l)
     if l == 0:
-      length, state = after_plain_step(state, length)
+      length, state = after_step(state, length, kind=PLAIN, depth=0 * live, accepted=0 * live,
+                                 live=live)
     else:
       drafts = jnp.full(rows, l, jnp.int32)
-      length, state = after_step(state, length, drafts, drafts if accept_all else 0 * drafts, live)
+      length, state = after_step(state, length, kind=CHAIN, depth=drafts,
+                                 accepted=drafts if accept_all else 0 * drafts, live=live)
   return np.array(lengths)
 
 
@@ -219,25 +227,26 @@ def _run_tree_policy(policy, costs, steps, chain_accepts, tree_accepts, rows=4):
   """The kinds of step the policy picks over ``steps`` steps, as the decode calls it: "plain", "chain"
   or tree j; every row of a chain of l drafts accepts ``min(chain_accepts, l)`` of them, every row of a
   tree of shape j ``tree_accepts[j]`` levels."""
-  after_step, after_tree_step = jax.jit(policy.after_step), policy.after_tree_step
-  after_plain_step = jax.jit(policy.after_plain_step)
+  after_step = jax.jit(policy.after_step, static_argnames="kind")
   length, state = policy.start(costs.as_array())
   kinds, live = [], jnp.ones(rows, bool)
   for _ in range(steps):
     tree = int(policy.tree_choice(state))
     if int(length) == 0:
       kinds.append("plain")
-      length, state = after_plain_step(state, length)
+      length, state = after_step(state, length, kind=PLAIN, depth=0 * live, accepted=0 * live,
+                                 live=live)
     elif tree < 0:
       kinds.append("chain")
       drafts = jnp.full(rows, int(length), jnp.int32)
-      length, state = after_step(state, length, drafts, jnp.minimum(drafts, chain_accepts), live)
+      length, state = after_step(state, length, kind=CHAIN, depth=drafts,
+                                 accepted=jnp.minimum(drafts, chain_accepts), live=live)
     else:
       kinds.append(tree)
       assert int(length) == policy.trees[tree].depth
       depth = jnp.full(rows, policy.trees[tree].depth)
-      length, state = after_tree_step(state, length, tree, depth, jnp.full(rows, tree_accepts[tree]),
-                                      live)
+      length, state = after_step(state, length, kind=tree, depth=depth,
+                                 accepted=jnp.full(rows, tree_accepts[tree]), live=live)
   return kinds
 
 
@@ -290,14 +299,15 @@ def test_goodput_tree_rates_start_at_the_chain_rates_and_learn_per_level():
   assert rates.shape == (2, 5)
   np.testing.assert_allclose(rates, 0.5)
   # Two rows: one accepts two levels of shape 0 (depth 3), one none.
-  _, state = policy.after_tree_step(state, 3, 0, jnp.asarray([3, 3]), jnp.asarray([2, 0]),
-                                    jnp.ones(2, bool))
+  _, state = policy.after_step(state, 3, kind=0, depth=jnp.asarray([3, 3]),
+                               accepted=jnp.asarray([2, 0]), live=jnp.ones(2, bool))
   rates = np.asarray(policy.tree_rates(state))
   # Level 1: checked twice, passed once; level 2: checked and passed once; level 3: checked once, failed.
   np.testing.assert_allclose(rates[0, :3], [(1 + 0.5) / 3, (1 + 0.5) / 2, 0.5 / 2])
   np.testing.assert_allclose(rates[1], 0.5)  # the other shape learnt nothing
   # A row whose tree reached depth 1 only (an n-gram branch) and accepted it is not counted at level 2.
-  _, state = policy.after_tree_step(state, 3, 0, jnp.asarray([1]), jnp.asarray([1]), jnp.ones(1, bool))
+  _, state = policy.after_step(state, 3, kind=0, depth=jnp.asarray([1]), accepted=jnp.asarray([1]),
+                               live=jnp.ones(1, bool))
   np.testing.assert_allclose(np.asarray(policy.tree_rates(state))[0, :2],
                              [(2 + 0.5) / 4, (1 + 0.5) / 2])
   with pytest.raises(ValueError, match="GoodputDraftLen.trees"):
@@ -310,12 +320,12 @@ def test_an_exploration_that_runs_plainly_does_not_back_off():
   policy = GoodputDraftLen(explore_every=2)
   length, state = policy.start(NOT_AT_PRIOR.as_array())
   for _ in range(2):
-    length, state = policy.after_plain_step(state, length)
+    length, state = _plain(policy, state, length)
   assert int(length) > 0 and int(state.explored) == 0  # due
-  length, state = policy.after_plain_step(state, length)  # ran plainly instead
+  length, state = _plain(policy, state, length)  # ran plainly instead
   assert int(state.backoff[0]) == 0 and int(length) > 0  # still due
-  length, state = policy.after_step(state, length, jnp.full(4, int(length)), jnp.zeros(4, jnp.int32),
-                                    jnp.ones(4, bool))
+  length, state = policy.after_step(state, length, kind=CHAIN, depth=jnp.full(4, int(length)),
+                                    accepted=jnp.zeros(4, jnp.int32), live=jnp.ones(4, bool))
   assert int(state.backoff[0]) == 1  # verified and lost: the wait doubles
 
 

@@ -145,7 +145,7 @@ def test_calls_within_the_same_buckets_share_programs(target):
   """Batch, prompt length and max_new_tokens inside their buckets, EOS ids, temperature, top_p below 1
   and seed are traced or padded: a second call reuses the first one's programs; whether there is a
   nucleus at all (top_p < 1) is compiled in; the LRU is bounded."""
-  from bass_jax.sampling import generate as generate_lib
+  from bass_jax.sampling import programs
 
   bj.clear_compile_cache()
   draft = noisy_copy(target, 0.4, 5)
@@ -162,10 +162,10 @@ def test_calls_within_the_same_buckets_share_programs(target):
   assert bj.generate(target, draft, _prompts(target.config.vocab_size, (3,)), max_new_tokens=20,
                      **kw).stats.compiled  # batch bucket 1: a new program
   bj.set_compile_cache_size(1)
-  assert len(generate_lib._PROGRAMS) == 1  # pylint: disable=protected-access
+  assert len(programs._PROGRAMS) == 1  # pylint: disable=protected-access
   bj.set_compile_cache_size(8)
   bj.clear_compile_cache()
-  assert len(generate_lib._PROGRAMS) == 0  # pylint: disable=protected-access
+  assert len(programs._PROGRAMS) == 0  # pylint: disable=protected-access
 
 
 def test_inert_padding_rows_change_nothing(target):
@@ -228,7 +228,7 @@ def test_the_compiled_decode_copies_no_cache(target, method, temperature, tree):
   goodput choosing among plain steps, chains and two tree shapes, each kind's loop does."""
   import re
 
-  from bass_jax.sampling import generate as generate_lib
+  from bass_jax.sampling import programs
 
   bj.clear_compile_cache()
   draft = noisy_copy(target, 0.4, 5)
@@ -239,7 +239,7 @@ def test_the_compiled_decode_copies_no_cache(target, method, temperature, tree):
                            max_len=3, costs=bj.StepCosts(1.0, 1.2, 0.1, 0.1, 4, (1.3, 1.2)))}
                        if tree else {"draft_len": 3}))
   assert out.stats.compiled
-  (_, decode), = generate_lib._PROGRAMS._programs.values()  # pylint: disable=protected-access
+  (_, decode), = programs._PROGRAMS._programs.values()  # pylint: disable=protected-access
   hlo = decode.as_text()
   cfg = target.config
   shape = rf"f32\[{out.stats.batch_bucket},{cfg.num_key_value_heads},\d+,{cfg.head_dim}\]"
@@ -256,7 +256,7 @@ def test_scanned_layers_decode_what_unrolled_layers_decode(target):
   decode holds no copy of a stacked cache; a mesh is refused."""
   import re
 
-  from bass_jax.sampling import generate as generate_lib
+  from bass_jax.sampling import programs
   from conftest import random_eagle_draft
 
   draft, eagle = noisy_copy(target, 0.4, 5), random_eagle_draft(target)
@@ -273,7 +273,7 @@ def test_scanned_layers_decode_what_unrolled_layers_decode(target):
     assert got.sequences() == want.sequences(), kwargs
     np.testing.assert_array_equal(got.stats.accepted, want.stats.accepted)
     if i == 0:
-      _, decode = list(generate_lib._PROGRAMS._programs.values())[-1]  # pylint: disable=protected-access
+      _, decode = list(programs._PROGRAMS._programs.values())[-1]  # pylint: disable=protected-access
       hlo, cfg = decode.as_text(), target.config
       stack = (rf"f32\[{cfg.num_layers},{got.stats.batch_bucket},{cfg.num_key_value_heads},\d+,"
                rf"{cfg.head_dim}\]")
@@ -289,13 +289,13 @@ def test_the_step_phases_name_the_compiled_decodes_ops(target):
   a step's kernels by phase: the target's matmuls under target_forward, the draft's under propose."""
   import re
 
-  from bass_jax.sampling import generate as generate_lib
+  from bass_jax.sampling import programs
   from bass_jax.sampling.step import STEP_SCOPES
 
   bj.clear_compile_cache()
   bj.generate(target, noisy_copy(target, 0.4, 5), _prompts(target.config.vocab_size, (3, 9)),
               max_new_tokens=8, temperature=0.7, draft_len=3)
-  (_, decode), = generate_lib._PROGRAMS._programs.values()  # pylint: disable=protected-access
+  (_, decode), = programs._PROGRAMS._programs.values()  # pylint: disable=protected-access
   names = re.findall(r'op_name="([^"]*)"', decode.as_text())
   for scope in STEP_SCOPES:
     assert any(f"/{scope}/" in name for name in names), scope

@@ -106,7 +106,7 @@ def test_the_gpu_profile_lowered_for_cuda_meets_the_census_goals(models, setting
   census = hlo_census.census(gpu.decode.mlir_module())
   assert gpu.spec.branch_free and gpu.spec.attention_impl == "pallas_split"
   assert census["custom_calls"].get(TRITON_CUSTOM_CALL, 0) >= 1, census["custom_calls"]
-  assert "bass_step" in census["steps"], census["steps"]
+  assert "chain_step" in census["steps"], census["steps"]
   assert census["data_dependent_control_flow_per_step"] <= 3, census["steps"]
   assert census["host_callbacks"] == 0
   kept = list(gpu.cache_arrays)
@@ -116,9 +116,9 @@ def test_the_gpu_profile_lowered_for_cuda_meets_the_census_goals(models, setting
   assert hlo_census.cache_copies(gpu.host_decode_hlo, kept) == []
   cpu = generate_lib.lower(target, draft, prompts, platform="cuda", profile="cpu",
                            max_new_tokens=16, **setting)
-  cpu_steps = hlo_census.census(cpu.decode.mlir_module())["steps"]["bass_step"]
+  cpu_steps = hlo_census.census(cpu.decode.mlir_module())["steps"]["chain_step"]
   assert (cpu_steps["data_dependent_control_flow"]
-          > census["steps"]["bass_step"]["data_dependent_control_flow"])
+          > census["steps"]["chain_step"]["data_dependent_control_flow"])
 
 
 def test_census_refuses_text_without_main():

@@ -14,8 +14,8 @@ import sys
 import pytest
 
 import bass_jax as bj
-from bass_jax.sampling import generate as generate_lib
-from bass_jax.sampling import programs
+from bass_jax.sampling import programs, runner
+
 
 PROGRAMS = 40  # distinct settings compiled one after another
 WARM = 4  # programs compiled before the baseline is read (first-use allocations, the LRU filled)
@@ -86,8 +86,7 @@ def test_evicted_programs_release_their_memory():
 def test_the_cache_is_shared_with_generate_and_bounded():
   """generate uses programs' LRU and compile function; the public names are the same objects; the
   size is checked."""
-  assert generate_lib._PROGRAMS is programs._PROGRAMS  # pylint: disable=protected-access
-  assert generate_lib._compiled is programs.compiled  # pylint: disable=protected-access
+  assert runner.compiled is programs.compiled
   assert bj.clear_compile_cache is programs.clear_compile_cache
   assert bj.set_compile_cache_size is programs.set_compile_cache_size
   assert bj.enable_persistent_compilation_cache is programs.enable_persistent_compilation_cache

@@ -173,8 +173,9 @@ def test_goodput_chooses_the_argmax_of_expected_tokens_per_second():
     num_drafts = rng.integers(0, 7, 6)
     accepted = np.minimum(rng.integers(0, 7, 6), num_drafts)
     live = rng.random(6) < 0.8
-    chosen, state = policy.after_step(state, jnp.int32(6), jnp.asarray(num_drafts),
-                                      jnp.asarray(accepted), jnp.asarray(live))
+    chosen, state = policy.after_step(state, jnp.int32(6), kind=draft_len_lib.CHAIN,
+                                      depth=jnp.asarray(num_drafts),
+                                      accepted=jnp.asarray(accepted), live=jnp.asarray(live))
   # Independently: decayed counts -> smoothed rates -> E(l) / cost(l).
   tried, passed = np.zeros(6), np.zeros(6)
   rng = np.random.default_rng(0)

@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bass_jax.sampling import acceptance
 from bass_jax.sampling import tree as tree_lib
+from bass_jax.sampling.acceptance import AcceptanceRule
 from bass_jax.sampling import warp
 import test_sampling_exact as exact
 
@@ -36,9 +36,30 @@ BLANK = VOCAB  # the table's index for "no token" in a prefix shorter than MAX_D
 PAD_TOKEN = 1_000_003  # padding tokens and log-probs are garbage the rules must never read
 GARBAGE_PARENT = -7
 
-greedy_tree = jax.jit(tree_lib.greedy_accept_tree)
-speculative_tree = jax.jit(tree_lib.speculative_accept_tree)
-coupled_tree = jax.jit(tree_lib.coupled_accept_tree)
+# The rules, through their one entry point. The tables below are already log-probabilities, which the
+# warp at temperature 1 (a log-softmax) leaves as they are; a tree is walked (``chain=False``) even when
+# it is a chain, so that the chain path can be checked against the walk.
+GREEDY = AcceptanceRule(greedy=True)
+REJECTION = AcceptanceRule(greedy=False, name="rejection")
+GUMBEL = AcceptanceRule(greedy=False, name="gumbel")
+T1 = jnp.float32(1.0)
+walked = lambda tree: tree.replace(chain=False)
+greedy_tree = jax.jit(lambda tree, logits: GREEDY.accept(walked(tree), logits))
+speculative_tree = jax.jit(lambda key, tree, log_p, log_q=None: REJECTION.accept(
+    walked(tree), log_p, temperature=T1, key=key, draft_log_probs=log_q))
+gumbel_tree = jax.jit(lambda tree, log_p, row_keys, seq_len: GUMBEL.accept(
+    walked(tree), log_p, temperature=T1, row_keys=row_keys, seq_len=seq_len))
+
+
+def chain_chunk(rule, logits, drafts, num_drafts, lo, hi, **kwargs):
+  """The rule on positions ``lo … hi - 1`` of the chain ``0 -> drafts``, as the decode's chunked
+  verification calls it: ``(matched, next_token)``."""
+  inputs = jnp.concatenate([jnp.zeros((drafts.shape[0], 1), jnp.int32), drafts,
+                            jnp.zeros((drafts.shape[0], hi - lo), jnp.int32)], 1)
+  nodes = inputs[:, lo:hi + 1]
+  chunk = tree_lib.chain_tree(nodes[:, 0], nodes[:, 1:], jnp.clip(num_drafts - lo, 0, hi - lo), first=lo)
+  result = rule.accept(chunk, logits[:, lo:hi], **kwargs)
+  return result.num_accepted, result.next_token
 
 
 # -- plain-Python references -------------------------------------------------------------------
@@ -337,7 +358,7 @@ def test_greedy_matches_reference_walker():
   assert duplicate_matches > 10
 
 
-def test_greedy_on_chains_equals_greedy_accept_chunk():
+def test_greedy_on_chains_checked_at_once_equals_the_walk():
   rng = np.random.default_rng(3)
   rows, length, vocab = 400, 5, 3
   drafts = jnp.asarray(rng.integers(0, vocab, (rows, length)), jnp.int32)
@@ -348,9 +369,7 @@ def test_greedy_on_chains_equals_greedy_accept_chunk():
   logits = jnp.asarray(logits)
   tree = tree_lib.chain_tree(jnp.zeros(rows, jnp.int32), drafts, num_drafts)
   result = greedy_tree(tree, logits)
-  next_drafts = jnp.concatenate([drafts, jnp.zeros((rows, 1), jnp.int32)], 1)
-  matched, next_token = acceptance.greedy_accept_chunk(logits, next_drafts, jnp.arange(length + 1),
-                                                       num_drafts)
+  matched, next_token = chain_chunk(GREEDY, logits, drafts, num_drafts, 0, length + 1)
   np.testing.assert_array_equal(result.num_accepted, matched)
   np.testing.assert_array_equal(result.next_token, next_token)
   slots = np.arange(length + 1)
@@ -376,13 +395,11 @@ def test_a_chain_is_the_parents_i_minus_1_tree_draw_for_draw(one_hot_q):
                                 rng.integers(0, vocab, (rows, length))), jnp.int32)
   num_drafts = jnp.asarray(rng.integers(0, length + 1, rows), jnp.int32)
   tree = tree_lib.chain_tree(jnp.zeros(rows, jnp.int32), drafts, num_drafts)
-  as_tree = tree_lib.speculative_accept_tree(key, tree, log_p, log_q)
-  next_drafts = jnp.concatenate([drafts, jnp.zeros((rows, 1), jnp.int32)], 1)
+  as_tree = speculative_tree(key, tree, log_p, log_q)
 
   def chunk(lo, hi):
-    return acceptance.speculative_accept_chunk(
-        key, log_p[:, lo:hi], None if log_q is None else log_q[:, lo:hi], next_drafts[:, lo:hi],
-        jnp.arange(lo, hi), num_drafts)
+    return chain_chunk(REJECTION, log_p, drafts, num_drafts, lo, hi, temperature=T1, key=key,
+                       draft_log_probs=None if log_q is None else log_q[:, lo:hi])
 
   matched, next_token = chunk(0, length + 1)
   np.testing.assert_array_equal(as_tree.num_accepted, matched)
@@ -396,14 +413,14 @@ def test_a_chain_is_the_parents_i_minus_1_tree_draw_for_draw(one_hot_q):
 
   row_keys = jnp.asarray(rng.integers(0, 2**32, (rows, 2), dtype=np.uint64).astype(np.uint32))
   seq_len = jnp.asarray(rng.integers(3, 40, rows), jnp.int32)
-  coupled = tree_lib.coupled_accept_tree(tree, log_p, row_keys, seq_len)
-  c_matched, c_next = acceptance.coupled_accept_chunk(log_p, row_keys, seq_len, next_drafts,
-                                                      jnp.arange(length + 1), num_drafts)
-  np.testing.assert_array_equal(coupled.num_accepted, c_matched)
-  np.testing.assert_array_equal(coupled.next_token, c_next)
+  gumbel = gumbel_tree(tree, log_p, row_keys, seq_len)
+  c_matched, c_next = chain_chunk(GUMBEL, log_p, drafts, num_drafts, 0, length + 1, temperature=T1,
+                                  row_keys=row_keys, seq_len=seq_len)
+  np.testing.assert_array_equal(gumbel.num_accepted, c_matched)
+  np.testing.assert_array_equal(gumbel.next_token, c_next)
 
 
-# -- exactness of speculative_accept_tree ---------------------------------------------------
+# -- exactness of rejection sampling on trees ---------------------------------------------------
 
 
 @pytest.mark.parametrize("mode", ["topk", "sampled"])
@@ -479,23 +496,23 @@ def test_reference_walker_and_its_mutants(mode, bug):
     assert p_value < exact.REJECT_P_VALUE, p_value
 
 
-# -- drafter-invariant (coupled) acceptance ------------------------------------------------
+# -- Gumbel acceptance ------------------------------------------------
 
 
-def test_coupled_tree_emits_the_coupled_walk():
-  """Token for token, whatever the tree, the rule emits ``coupled_choice`` along the table at text
+def test_gumbel_tree_emits_the_gumbel_walk():
+  """Token for token, whatever the tree, the rule emits ``gumbel_choice`` along the table at text
   positions seq_len, seq_len + 1, ...; those tokens fit the table's law."""
   trees = random_trees("topk", seed=13)
   row_keys = jnp.asarray(warp.sequence_keys(jax.random.key(0), range(NUM_ROWS)))
   seq_len = jnp.asarray(np.random.default_rng(14).integers(0, 1000, NUM_ROWS), jnp.int32)
-  result = coupled_tree(trees["tree"], trees["target_log_probs"], row_keys, seq_len)
+  result = gumbel_tree(trees["tree"], trees["target_log_probs"], row_keys, seq_len)
   path, accepted, next_token = check_paths(trees, result)
 
   walk = np.zeros((NUM_ROWS, 0), int)
   for j in range(MAX_DEPTH + 1):
     with np.errstate(divide="ignore"):
       log_probs = jnp.asarray(np.log(law_after(walk)), jnp.float32)
-    chosen = warp.coupled_choice(log_probs, row_keys, seq_len + j)
+    chosen = warp.gumbel_choice(log_probs, row_keys, seq_len + j)
     walk = np.concatenate([walk, np.asarray(chosen)[:, None]], 1)
   tokens = emitted(trees, path, accepted, next_token)
   slots = np.arange(MAX_DEPTH + 1)

@@ -216,7 +216,7 @@ def run_problems(
       would need the whole run's shapes; the first execution's extra cost is paid once, inside the
       measured run).
     done: records of sequences already decoded, keyed by :func:`record_key` (resuming, above).
-    acceptance: ``generate``'s acceptance rule, ``"rejection"`` or ``"gumbel"`` (drafter-invariant).
+    acceptance: ``generate``'s acceptance rule, ``"rejection"`` or ``"gumbel"`` (Gumbel acceptance).
     draft_tree: ``generate``'s ``draft_tree`` (a token tree per row each step, or several shapes for the
       goodput policy to choose among; None: chains).
 

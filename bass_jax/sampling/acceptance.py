@@ -1,93 +1,141 @@
-"""Per-row acceptance of draft tokens: speculative rejection sampling, its greedy limit, and drafter-invariant
-(Gumbel-coupled) acceptance.
+"""Acceptance of a step's drafts, per row: one rule object (:class:`AcceptanceRule`: greedy,
+speculative rejection sampling, Gumbel acceptance) with one entry point, :meth:`AcceptanceRule.accept`,
+over a :class:`tree.DraftTree` of drafts per row. A chain is the tree ``parents[i] = i - 1``
+(``tree.chain_tree``); a plain step is the tree of its root alone.
 
-Implements step 3 of BASS (docs/bass.md, "One step for the whole batch"), i.e. Leviathan et al. 2023 (Algorithm 1) and Chen et al. 2023
-(Algorithm 2), independently for every row of a batch: draft token ``d_i`` is accepted with probability
-``min(1, p_i(d_i) / q_i(d_i))`` in order until the first rejection; at the first rejection position ``n``
-one token is drawn from ``norm(max(0, p_n - q_n))``; if all ``l`` drafts are accepted a bonus token is drawn
-from ``p_l``. With ``q_l := 0`` the correction and the bonus are the same draw, which is how it is coded.
-
-Axes: B batch, L draft slots (``num_drafts <= L`` are real; the rest are padding of a static shape), V
-vocabulary, C positions of one verification chunk. Position ``i`` of ``p`` is the target's distribution
-for the token after ``[.., d_1 … d_i]``, so ``p`` has L + 1 positions and ``q`` has L.
-
-The decode loop verifies in chunks of C positions (``bass_jax.sampling.loop``) and accepts chunk by chunk
-with :func:`greedy_accept_chunk` / :func:`speculative_accept_chunk`; each position's uniform draw is
-keyed by the position, not the chunk, so chunking the positions differently changes no decision.
-With ``acceptance="gumbel"`` it uses :func:`coupled_accept_chunk` instead: the target's token at each
+Implements step 3 of BASS (docs/bass.md, "One step for the whole batch"), i.e. Leviathan et al. 2023
+(Algorithm 1) and Chen et al. 2023 (Algorithm 2), independently for every row of a batch: draft token
+``d_i`` is accepted with probability ``min(1, p_i(d_i) / q_i(d_i))`` in order until the first rejection;
+at the first rejection position ``n`` one token is drawn from ``norm(max(0, p_n - q_n))``; if all ``l``
+drafts are accepted a bonus token is drawn from ``p_l``. With ``q_l := 0`` the correction and the bonus
+are the same draw, which is how it is coded. On trees, SpecInfer's multi-step speculative sampling
+(Miao et al. 2024) and EAGLE-2's walk (Li et al. 2024). Gumbel acceptance (``acceptance="gumbel"``) is
+drafter-invariant speculative decoding (Daliri, Musco and Suresh 2024): the target's token at each text
 position is its own Gumbel-max draw with per-sequence, per-position noise, and a draft is accepted when
-it equals it (Daliri, Musco and Suresh 2024): exact too, and the tokens do not depend on the draft.
+it equals it: exact too, and the tokens do not depend on the draft.
+
+How a tree is checked. A chain (``DraftTree.chain``, static) is checked at all its nodes at once
+(a cumulative product over the matches); the decode's chunked verification (``step``) calls the rule
+once per chunk of C positions, the chunk being the chain of its C + 1 nodes from ``DraftTree.first``,
+and stops once every row has rejected. Any other tree is walked from the root: at the current node u
+the rule tries u's children in index order, moves to the first one it accepts and repeats; when no
+child of u is accepted (or u has none) it emits ``next_token`` from u. Since a child's index exceeds
+its parent's, that walk is one scan over nodes ``1 .. N - 1`` in index order (:func:`_walk`), trying
+node c iff its parent is the current node when the scan reaches it: the siblings tried before c have
+smaller indices and c's children come after c, so the scan tries exactly the nodes of a level-by-level
+walk, in order. Every random decision is keyed by its node's index in the whole tree (and its row),
+never by the organization of the check, so a chain accepted as a chain, in chunks or as a walked tree
+makes the very same draws (``tests/test_tree_acceptance.py``).
+
+Axes: B batch, N nodes per row (node 0 the root: the last emitted token), V vocabulary.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
 from bass_jax.sampling import warp
+from bass_jax.sampling.tree import DraftTree, TreeAcceptance, node_depths
+
+RULES = ("rejection", "gumbel")  # generate's acceptance= (sampled decoding; greedy needs no rule name)
+
+
+@dataclasses.dataclass(frozen=True)
+class AcceptanceRule:
+  """How a row's drafts are accepted and its next token drawn.
+
+  Attributes:
+    greedy: temperature 0: a draft is accepted when it is the target's argmax (``name`` is then
+      ignored).
+    name: ``"rejection"`` (speculative rejection sampling, the paper's: the highest acceptance) or
+      ``"gumbel"`` (Gumbel acceptance: every token is the target's Gumbel-max draw keyed by
+      sequence and text position, so a sequence's tokens depend only on the seed, its sequence id
+      and the target; a model draft is accepted somewhat less often, at worst ``(1 - TV) / (1 +
+      TV)`` instead of ``1 - TV``).
+    branch_free: the warp finds the nucleus with one sort per row, no device-side loop
+      (``sampling.profiles``).
+
+  Raises:
+    ValueError: an unknown ``name``.
+  """
+
+  greedy: bool = True
+  name: str = "rejection"
+  branch_free: bool = False
+
+  def __post_init__(self):
+    if self.name not in RULES:
+      raise ValueError(f"acceptance must be one of {RULES}, got {self.name!r}")
+
+  @property
+  def gumbel(self) -> bool:
+    """Whether sampled tokens are Gumbel-max draws keyed by (sequence, text position)."""
+    return self.name == "gumbel" and not self.greedy
+
+  def warp(self, logits: jax.Array, temperature: jax.Array, top_p: jax.Array | None) -> jax.Array:
+    """``warp.warped_log_probs`` of ``logits: f32[..., V]`` (branch-free as the rule says)."""
+    return warp.warped_log_probs(logits, temperature, top_p, branch_free=self.branch_free)
+
+  def accept(self, tree: DraftTree, logits: jax.Array, *, temperature: jax.Array | None = None,
+             top_p: jax.Array | None = None, key: jax.Array | None = None,
+             draft_log_probs: jax.Array | None = None, row_keys: jax.Array | None = None,
+             seq_len: jax.Array | None = None) -> TreeAcceptance:
+    """Accepts one root-to-node path per row and draws the token after it.
+
+    Args:
+      tree: the drafts (node 0 the root). A chain may come with one position fewer of ``logits``
+        than nodes (a chunk whose last node the next chunk scores): a row that accepts all its
+        nodes then has no ``next_token`` (garbage; its verification goes on).
+      logits: ``f32[B, N, V]`` (or ``[B, N - 1, V]`` for a chain) the target's raw logits at each
+        node, for the token after the node's path.
+      temperature: ``f32[]`` > 0, and top_p: ``f32[]`` in (0, 1) or None (no nucleus): the warp of
+        sampled rules. Unused when greedy.
+      key: PRNG key of the step's acceptance (rejection sampling).
+      draft_log_probs: None for deterministic drafts (one-hot ``q``), or ``f32[B, N, V]`` warped
+        ``log q_u`` at each node that has children (rejection sampling).
+      row_keys: ``u32[B, 2]`` each row's sequence key data, and seq_len: ``i32[B]`` the rows' text
+        lengths, root included (Gumbel acceptance: node u draws the token at text position
+        ``seq_len + first + depth(u)``).
+
+    Returns:
+      :class:`tree.TreeAcceptance`: the row emits ``tokens[path[1 : num_accepted + 1]]`` and then
+      ``next_token``.
+    """
+    if tree.tokens.shape[1] == 1:  # a plain step: the rule's draw at the root
+      return self._draw(logits[:, 0], temperature, top_p, key, row_keys, seq_len, tree.first)
+    if self.greedy:
+      chosen = warp.first_argmax(logits)
+    elif self.gumbel:
+      depths = (jnp.arange(tree.tokens.shape[1])[None, :] if tree.chain else node_depths(tree))
+      positions = seq_len[:, None] + tree.first + depths[:, :logits.shape[1]]
+      chosen = warp.gumbel_choice(self.warp(logits, temperature, top_p), row_keys, positions)
+    else:
+      log_p = self.warp(logits, temperature, top_p)
+      if tree.chain:
+        return _rejection_chain(key, tree, log_p, draft_log_probs)
+      return _rejection_tree(key, tree, log_p, draft_log_probs)
+    return _match_chain(tree, chosen) if tree.chain else _match_tree(tree, chosen)
+
+  def _draw(self, logits, temperature, top_p, key, row_keys, seq_len, first) -> TreeAcceptance:
+    """The root's own token (no drafts): argmax, the Gumbel-max draw at text position ``seq_len +
+    first``, or a draw from the warped law with ``key``."""
+    if self.gumbel:
+      token = warp.gumbel_choice(self.warp(logits, temperature, top_p), row_keys, seq_len + first)
+    else:
+      token, _ = warp.sample(logits, key, greedy=self.greedy, temperature=temperature, top_p=top_p,
+                             branch_free=self.branch_free)
+    batch = token.shape[0]
+    return TreeAcceptance(path=jnp.zeros((batch, 1), jnp.int32),
+                          num_accepted=jnp.zeros((batch,), jnp.int32), next_token=token)
 
 
 def leading_true(mask: jax.Array) -> jax.Array:
   """Length of the all-True prefix of each row of ``bool[B, L]`` -> ``i32[B]``."""
   return jnp.sum(jnp.cumprod(mask.astype(jnp.int32), axis=-1), axis=-1)
-
-
-def greedy_accept_chunk(target_logits: jax.Array, next_drafts: jax.Array, positions: jax.Array,
-                        num_drafts: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Greedy acceptance over one chunk of positions.
-
-  Args:
-    target_logits: ``f32[B, C, V]``, the target at positions ``positions``.
-    next_drafts: ``i32[B, C]``, the draft each position is checked against (``d_{i+1}``; anything where
-      ``i >= num_drafts``).
-    positions: ``i32[C]`` global positions ``i`` of the chunk.
-    num_drafts: ``i32[]`` or ``i32[B]`` (per row) l, the number of real drafts.
-
-  Returns:
-    ``(matched: i32[B], next_token: i32[B])``: the number of leading positions whose draft equals the
-    target's argmax (``matched < C`` means the row's acceptance ends in this chunk, at position
-    ``positions[matched]``), and the target's argmax there (the correction, or the bonus at ``i = l``).
-  """
-  return _accept_matches(warp.first_argmax(target_logits), next_drafts, positions, num_drafts)
-
-
-def coupled_accept_chunk(target_log_probs: jax.Array, row_keys: jax.Array, seq_len: jax.Array,
-                         next_drafts: jax.Array, positions: jax.Array,
-                         num_drafts: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Drafter-invariant acceptance over one chunk of positions (Daliri, Musco and Suresh 2024).
-
-  The target's token at every position is its Gumbel-max draw with the row's noise for that text
-  position (``warp.coupled_choice``); a draft is accepted exactly when it equals that token, and the
-  first mismatch emits it. Every emitted token is therefore the target's own draw, a function of the
-  row's sequence key and the text before it, whatever was drafted: exact (the Gumbel-max trick draws
-  from ``p``) and the same tokens as regular decoding with ``acceptance="gumbel"``. A draft drawn with the
-  same noise from its own ``q`` (``StepContext.draw``) matches often when ``q`` is close to ``p``.
-
-  Args:
-    target_log_probs: ``f32[B, C, V]`` warped ``log p_i`` at the chunk's positions.
-    row_keys: ``u32[B, 2]`` each row's sequence key data. seq_len: ``i32[B]`` the rows' text lengths
-      at the step's start (position i draws the token at text position ``seq_len + i``).
-    next_drafts, positions, num_drafts: as :func:`greedy_accept_chunk`.
-
-  Returns:
-    ``(matched: i32[B], next_token: i32[B])`` as :func:`greedy_accept_chunk`.
-  """
-  chosen = warp.coupled_choice(target_log_probs, row_keys, seq_len[:, None] + positions[None, :])
-  return _accept_matches(chosen, next_drafts, positions, num_drafts)
-
-
-def _accept_matches(chosen: jax.Array, next_drafts: jax.Array, positions: jax.Array,
-                    num_drafts: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Accepts drafts while they equal the target's chosen token ``chosen: i32[B, C]``; returns the
-  matched count and the chosen token at the first mismatch (or the bonus position)."""
-  matched = leading_true((chosen == next_drafts) & _real(positions, num_drafts))
-  at = jnp.minimum(matched, chosen.shape[1] - 1)
-  return matched, jnp.take_along_axis(chosen, at[:, None], axis=1)[:, 0]
-
-
-def _real(positions: jax.Array, num_drafts: jax.Array) -> jax.Array:
-  """``bool[B or 1, C]``: position i checks a real draft (``i < num_drafts``, per row or for all)."""
-  return positions[None, :] < jnp.reshape(num_drafts, (-1, 1))
 
 
 def correction_distribution(p: jax.Array, q: jax.Array) -> jax.Array:
@@ -101,54 +149,179 @@ def correction_distribution(p: jax.Array, q: jax.Array) -> jax.Array:
   return jnp.where(jnp.sum(residual, axis=-1, keepdims=True) > 0, residual, p)
 
 
-def speculative_accept_chunk(key: jax.Array, target_log_probs: jax.Array, draft_log_probs: jax.Array,
-                             next_drafts: jax.Array, positions: jax.Array,
-                             num_drafts: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Speculative rejection sampling over one chunk of positions.
+def _chain_parts(tree: DraftTree, width: int):
+  """A chain's drafts as the C = ``width`` positions that check them: ``(next_drafts i32[B, C], real
+  bool[B, C], nodes i32[C])``, position i checking node i + 1 (padding past the tree's N - 1)."""
+  drafts = tree.tokens[:, 1:]
+  if drafts.shape[1] < width:
+    drafts = jnp.pad(drafts, ((0, 0), (0, width - drafts.shape[1])))
+  positions = jnp.arange(width)
+  real = positions[None, :] < (tree.num_nodes - 1)[:, None]
+  return drafts[:, :width], real, positions
 
-  Position ``i`` accepts ``d_{i+1}`` with probability ``min(1, p_i(d) / q_i(d))``. Randomness is keyed
-  as :func:`tree.speculative_accept_tree` keys a chain's nodes (``d_{i+1}`` is node ``i + 1`` of
-  ``tree.chain_tree``), so chunking the positions differently changes no decision, and a chain
-  accepted here and as a tree makes the same draws (``tests/test_tree_acceptance.py``): with
-  ``accept_key, residual_key = split(key)``, the uniform of position i is row b of
-  ``uniform(fold_in(accept_key, i + 1), (B,))``, and a correction drawn at position n uses the key
-  ``fold_in(fold_in(residual_key, n), b)``.
 
-  Args:
-    key: PRNG key of the whole step's acceptance.
-    target_log_probs: ``f32[B, C, V]`` warped ``log p_i`` at the chunk's positions.
-    draft_log_probs: ``f32[B, C, V]`` warped ``log q_i`` at the same positions (anything where
-      ``i >= num_drafts``), or None for a deterministic proposer: ``q_i`` one-hot at ``d_{i+1}``, so a
-      draft is accepted with probability ``p_i(d)`` and the correction is drawn from ``p_i`` without d.
-    next_drafts: ``i32[B, C]`` the drafts ``d_{i+1}``.
-    positions: ``i32[C]`` global positions. num_drafts: ``i32[]`` or ``i32[B]`` l.
+def _chain_result(tree: DraftTree, matched: jax.Array, next_token: jax.Array) -> TreeAcceptance:
+  """A chain's :class:`TreeAcceptance`: the path is nodes ``0 … matched``."""
+  nodes = jnp.arange(tree.tokens.shape[1])[None, :]
+  path = jnp.where(nodes <= matched[:, None], nodes, -1).astype(jnp.int32)
+  return TreeAcceptance(path=path, num_accepted=matched, next_token=next_token)
 
-  Returns:
-    ``(matched: i32[B], next_token: i32[B])`` as :func:`greedy_accept_chunk`; ``next_token`` is drawn
-    from :func:`correction_distribution` at the first rejected position.
-  """
-  batch, chunk = next_drafts.shape
+
+def _match_chain(tree: DraftTree, chosen: jax.Array) -> TreeAcceptance:
+  """Accepts a chain's drafts while they equal the target's chosen token ``chosen: i32[B, C]``
+  (greedy or Gumbel), all positions at once; ``next_token`` is the choice at the first mismatch (or
+  the bonus position)."""
+  width = chosen.shape[1]
+  next_drafts, real, _ = _chain_parts(tree, width)
+  matched = leading_true((chosen == next_drafts) & real)
+  at = jnp.minimum(matched, width - 1)
+  return _chain_result(tree, matched, jnp.take_along_axis(chosen, at[:, None], axis=1)[:, 0])
+
+
+def _rejection_chain(key: jax.Array, tree: DraftTree, log_p: jax.Array,
+                     draft_log_probs: jax.Array | None) -> TreeAcceptance:
+  """Speculative rejection sampling on a chain, all positions at once: position i accepts node
+  ``i + 1``'s draft d with probability ``min(1, p_i(d) / q_i(d))`` (``q`` one-hot at d without
+  ``draft_log_probs``). Keys as :func:`_rejection_tree` keys the same chain walked: with
+  ``accept_key, residual_key = split(key)``, node c's uniform is row b of ``uniform(fold_in(accept_key,
+  first + c), (B,))``, and a correction at node u uses ``fold_in(fold_in(residual_key, first + u),
+  b)``."""
+  batch, width, _ = log_p.shape
   accept_key, residual_key = jax.random.split(key)
+  next_drafts, real, positions = _chain_parts(tree, width)
+  nodes = tree.first + positions  # position i's node index in the whole chain
   u = jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(accept_key, i + 1), (batch,)))(
-      positions).T
-  log_p = jnp.take_along_axis(target_log_probs, next_drafts[..., None], axis=-1)[..., 0]
+      nodes).T
+  log_p_d = jnp.take_along_axis(log_p, next_drafts[..., None], axis=-1)[..., 0]
   if draft_log_probs is None:
-    log_q = jnp.zeros_like(log_p)
+    log_q_d = jnp.zeros_like(log_p_d)
   else:
-    log_q = jnp.take_along_axis(draft_log_probs, next_drafts[..., None], axis=-1)[..., 0]
-  matched = leading_true((jnp.log(u) < log_p - log_q) & _real(positions, num_drafts))
+    log_q_d = jnp.take_along_axis(draft_log_probs, next_drafts[..., None], axis=-1)[..., 0]
+  matched = leading_true((jnp.log(u) < log_p_d - log_q_d) & real)
 
   rows = jnp.arange(batch)
-  at = jnp.minimum(matched, chunk - 1)
-  p_n = jnp.exp(target_log_probs[rows, at])  # [B, V]
+  at = jnp.minimum(matched, width - 1)
+  p_n = jnp.exp(log_p[rows, at])  # [B, V]
   if draft_log_probs is None:
     q_at = jax.nn.one_hot(next_drafts[rows, at], p_n.shape[-1], dtype=p_n.dtype)
   else:
     q_at = jnp.exp(draft_log_probs[rows, at])
-  real_at = jnp.broadcast_to(_real(positions, num_drafts), (batch, chunk))[rows, at]
-  q_n = jnp.where(real_at[:, None], q_at, 0.0)
+  q_n = jnp.where(real[rows, at][:, None], q_at, 0.0)
   residual = correction_distribution(p_n, q_n)
   fold = lambda n, b: jax.random.fold_in(jax.random.fold_in(residual_key, n), b)
-  keys = jax.vmap(fold)(positions[at], rows)
+  keys = jax.vmap(fold)(nodes[at], rows)
+  return _chain_result(tree, matched, jax.vmap(warp.categorical)(keys, jnp.log(residual)))
+
+
+# A child test of :func:`_walk`: ``(c, node, candidate, state) -> (accepted, state)`` for node index
+# c, the rows' current nodes ``i32[B]`` and ``candidate: bool[B]`` (c is a real child of the current
+# node). Only candidate rows may accept, and the other rows' state must come back unchanged.
+ChildTest = Callable[[jax.Array, jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
+
+
+def _walk(tree: DraftTree, try_child: ChildTest, state: Any) -> tuple[TreeAcceptance, Any]:
+  """Walks every row from its root, trying each node when the scan in index order reaches it
+  (module docstring).
+
+  Returns:
+    ``(acceptance, state)``: the paths with ``next_token`` left at 0, and the final state. The node
+    a row stopped at is ``path[num_accepted]`` (:func:`_last_node`).
+  """
+  batch, num = tree.tokens.shape
+  real = tree.is_real()
+  slots = jnp.arange(num)
+
+  def step(c, carry):
+    node, num_accepted, path, state = carry
+    candidate = (tree.parents[:, c] == node) & real[:, c]
+    accepted, state = try_child(c, node, candidate, state)
+    accepted = accepted & candidate
+    num_accepted = num_accepted + accepted
+    path = jnp.where(accepted[:, None] & (slots == num_accepted[:, None]), c, path)
+    return jnp.where(accepted, c, node), num_accepted, path, state
+
+  path = jnp.where(slots == 0, 0, jnp.full((batch, num), -1, jnp.int32))
+  init = (jnp.zeros(batch, jnp.int32), jnp.zeros(batch, jnp.int32), path, state)
+  _, num_accepted, path, state = jax.lax.fori_loop(1, num, step, init)
+  result = TreeAcceptance(path=path, num_accepted=num_accepted,
+                          next_token=jnp.zeros(batch, jnp.int32))
+  return result, state
+
+
+def _last_node(result: TreeAcceptance) -> jax.Array:
+  """``i32[B]`` the node each row's walk stopped at."""
+  return jnp.take_along_axis(result.path, result.num_accepted[:, None], axis=1)[:, 0]
+
+
+def _match_tree(tree: DraftTree, chosen: jax.Array) -> TreeAcceptance:
+  """Accepts, from the root, the first child whose token is the target's choice at its parent
+  (``chosen: i32[B, N]``, one token per node), and emits the choice at the last accepted node."""
+  rows = jnp.arange(chosen.shape[0])
+
+  def try_child(c, node, candidate, state):
+    del candidate  # _walk masks it
+    return tree.tokens[:, c] == chosen[rows, node], state
+
+  result, _ = _walk(tree, try_child, None)
+  next_token = jnp.take_along_axis(chosen, _last_node(result)[:, None], axis=1)[:, 0]
+  return result.replace(next_token=next_token)
+
+
+def _rejection_tree(key: jax.Array, tree: DraftTree, target_log_probs: jax.Array,
+                    draft_log_probs: jax.Array | None = None) -> TreeAcceptance:
+  """Speculative sampling on a tree: the emitted tokens follow the target's warped law exactly.
+
+  At the current node u the walk keeps a residual ``p'``, at first ``p_u``, and tries u's children
+  c in index order, each with its token t:
+
+  * ``draft_log_probs=None``: the children are deterministic (e.g. the draft's top-k, duplicates
+    allowed). c is accepted with probability ``p'(t)``; on rejection ``p'(t)`` is set to 0 and
+    ``p'`` renormalized (so a duplicate of a rejected token is rejected).
+  * ``draft_log_probs`` given: u's children were drawn i.i.d. from ``q_u`` (SpecInfer's multi-step
+    speculative sampling, Miao et al. 2024). c is accepted with probability
+    ``min(1, p'(t) / q_u(t))``; on rejection ``p' <- norm(max(0, p' - q_u))``.
+
+  The first rule is the second with ``q_u`` one-hot at t, which is how both are coded. On acceptance
+  the walk moves to c with ``p' = p_c``; when every child of u is rejected, or u has none,
+  ``next_token`` is drawn from ``p'`` (with :func:`correction_distribution`'s convention
+  for an all-zero residual: ``p'`` stays as it was).
+
+  Randomness, with ``accept_key, residual_key = split(key)``: the uniform of node c is row b of
+  ``uniform(fold_in(accept_key, first + c), (B,))``, and a correction drawn at node u uses the key
+  ``fold_in(fold_in(residual_key, first + u), b)`` (``first = tree.first``, 0 for a whole tree). Every decision is keyed by its node (and row), not by
+  the organization of the walk.
+
+  Args:
+    key: PRNG key of the step's acceptance.
+    tree: the drafts; real tokens in ``[0, V)``.
+    target_log_probs: ``f32[B, N, V]`` warped (normalized) ``log p`` at each node.
+    draft_log_probs: None, or ``f32[B, N, V]`` warped ``log q_u`` at each node that has children
+      (anything at the others).
+
+  Returns:
+    :class:`TreeAcceptance`.
+  """
+  batch, _, vocab = target_log_probs.shape
+  accept_key, residual_key = jax.random.split(key)
+  rows = jnp.arange(batch)
+  tokens = jnp.where(tree.is_real(), jnp.clip(tree.tokens, 0, vocab - 1), 0)  # gathers in range
+
+  def try_child(c, node, candidate, residual):
+    token = tokens[:, c]
+    if draft_log_probs is None:
+      q = jax.nn.one_hot(token, vocab, dtype=residual.dtype)
+    else:
+      q = jnp.exp(draft_log_probs[rows, node])
+    uniform = jax.random.uniform(jax.random.fold_in(accept_key, tree.first + c), (batch,))
+    accepted = uniform * q[rows, token] < residual[rows, token]  # u < min(1, p'(t) / q(t))
+    rest = correction_distribution(residual, q)
+    rest = rest / jnp.sum(rest, axis=-1, keepdims=True)
+    residual = jnp.where((candidate & ~accepted)[:, None], rest, residual)
+    moved = jnp.exp(target_log_probs[:, c])
+    return accepted, jnp.where((candidate & accepted)[:, None], moved, residual)
+
+  result, residual = _walk(tree, try_child, jnp.exp(target_log_probs[:, 0]))
+  fold = lambda u, b: jax.random.fold_in(jax.random.fold_in(residual_key, u), b)
+  keys = jax.vmap(fold)(tree.first + _last_node(result), rows)
   next_token = jax.vmap(warp.categorical)(keys, jnp.log(residual))
-  return matched, next_token
+  return result.replace(next_token=next_token)

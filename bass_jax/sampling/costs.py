@@ -189,7 +189,7 @@ def measure_step_costs(spec, target_params: Any, draft_params: Any, batch: int) 
   """The :class:`StepCosts` of a decode setting, measured on first use and remembered.
 
   Args:
-    spec: the decode's ``state.DecodeSpec`` (method ``"bass"``).
+    spec: the decode's ``state.DecodeSpec`` (with a proposer).
     target_params, draft_params: the weights (``draft_params`` None for a model-free proposer).
     batch: rows the programs run (the batch bucket).
 

@@ -1,13 +1,16 @@
 """Draft length per step: fixed, the BASS heuristic (paper §3.2, Algorithm 1), or cost-aware (goodput).
 
-Every policy offers the decode loop the same calls, all traceable (no host sync):
-``start(costs) -> (l, state)`` before the first step, ``after_step(state, l, num_drafts, accepted, live)
--> (l, state)`` after a chain step, ``after_tree_step(state, l, tree, accepted, live) -> (l, state)``
-after a token-tree step of shape ``tree`` (an index into the decode's tree shapes),
-``after_plain_step(state, l) -> (l, state)`` after a plain decoding step (no row had a proposal, or the
-policy chose ``l = 0``). Only :class:`GoodputDraftLen` chooses ``l = 0``, and only it chooses between
-chains and tree shapes (its ``tree_choice(state) -> i32[]``, the tree shape of the next speculative
-step or -1 for a chain); the others verify the one tree shape given, every step, when there is one.
+Every policy offers the decode loop the same two calls, both traceable (no host sync):
+``start(costs) -> (l, state)`` before the first step, and ``after_step(state, l, kind=, depth=,
+accepted=, live=) -> (l, state)`` after every step, where ``kind`` (static) says what the step was:
+:data:`PLAIN` (a plain decoding step: no row had a proposal, or the policy chose ``l = 0``),
+:data:`CHAIN`, or the index of the tree shape it verified; ``depth: i32[B]`` the drafts each row had
+checked (a chain's length, a tree's deepest node; 0 for a plain step), ``accepted: i32[B]`` the drafts
+each row accepted and ``live: bool[B]`` the rows that decoded. Only :class:`GoodputDraftLen` chooses
+``l = 0``, and only it chooses between chains and tree shapes (its ``tree_choice(state) -> i32[]``, the
+tree shape of the next speculative step or -1 for a chain); the others verify the one tree shape given,
+every step, when there is one. :class:`NoDrafts` is the policy of a decode without a proposer
+(regular decoding): always ``l = 0``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ import numpy as np
 
 from bass_jax import _checks
 from bass_jax.sampling.tree import TreeShape
+
+PLAIN = "plain"  # after_step's kind of a plain decoding step
+CHAIN = "chain"  # ... of a chain step; a tree step's kind is its shape's index
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +60,7 @@ class StepCosts:
 
 
 class _MaxAcceptedPolicy:
-  """``start/after_step/after_tree_step/after_plain_step`` for policies that adapt from the largest
+  """``start`` and ``after_step`` for policies that adapt from the largest
   number of drafts a live row accepted (their state is Algorithm 1's ``s``)."""
 
   may_choose_zero = False  # never picks l = 0 (plain steps come only from a proposer without drafts)
@@ -64,19 +70,15 @@ class _MaxAcceptedPolicy:
     l0, s0 = self.initial()
     return jnp.asarray(l0, jnp.int32), jnp.asarray(s0, jnp.int32)
 
-  def after_step(self, state, draft_len, num_drafts, accepted, live):
-    del num_drafts
+  def after_step(self, state, draft_len, *, kind, depth, accepted, live):
+    """After a chain step, Algorithm 1's update from the largest accepted count; a plain or tree step
+    changes nothing (a tree's shape is fixed: only goodput chooses among shapes)."""
+    del depth
+    if kind != CHAIN:
+      return draft_len, state
     max_accepted = jnp.max(jnp.where(live, accepted, 0))
     next_len, next_s = self.update(draft_len, state, max_accepted)
     return jnp.asarray(next_len, jnp.int32), jnp.asarray(next_s, jnp.int32)
-
-  def after_plain_step(self, state, draft_len):
-    return draft_len, state
-
-  def after_tree_step(self, state, draft_len, tree, num_drafts, accepted, live):
-    """A tree step changes nothing: the tree's shape is fixed (only goodput chooses among shapes)."""
-    del tree, num_drafts, accepted, live
-    return draft_len, state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -430,34 +432,28 @@ class GoodputDraftLen:
     passed = live[:, None] & (positions <= accepted[:, None])
     return jnp.sum(checked, axis=0), jnp.sum(passed, axis=0)
 
-  def after_step(self, state, draft_len, num_drafts, accepted, live):
-    del draft_len
-    state = self._decayed(state, 0)
-    checked, passed = self._counts(self.max_len, num_drafts, accepted, live)
-    return self._decide(state.replace(tried=state.tried + checked,
-                                      accepted=state.accepted + passed))
-
-  def after_tree_step(self, state, draft_len, tree, num_drafts, accepted, live):
-    """After a step that verified tree shape ``tree`` (a static int): its level counts learn from
-    each live row's path, as a chain's do.
-
-    Args:
-      num_drafts: ``i32[B]`` the depth of each row's tree (a row whose tree is shorter than the shape,
-        or empty, is not counted at the levels it lacks). accepted: ``i32[B]`` drafts each row
-        accepted. live: ``bool[B]``.
+  def after_step(self, state, draft_len, *, kind, depth, accepted, live):
+    """Every count decays; a chain step (``kind == CHAIN``) teaches the chain's position counts, a
+    tree step (``kind`` the shape's static index) that shape's level counts, from each live row's
+    checked ``depth`` (a row whose tree is shorter than the shape, or empty, is not counted at the
+    levels it lacks) and ``accepted`` drafts; a plain step teaches nothing. Then the next step is
+    chosen (:meth:`choose`).
 
     Returns:
       ``(l i32[], state)`` for the next step.
     """
     del draft_len
-    state = self._decayed(state, 1 + tree)
-    checked, passed = self._counts(self.max_depth, num_drafts, accepted, live)
-    return self._decide(state.replace(tree_tried=state.tree_tried.at[tree].add(checked),
-                                      tree_accepted=state.tree_accepted.at[tree].add(passed)))
-
-  def after_plain_step(self, state, draft_len):
-    del draft_len
-    return self._decide(self._decayed(state, None))
+    if kind == PLAIN:
+      return self._decide(self._decayed(state, None))
+    if kind == CHAIN:
+      state = self._decayed(state, 0)
+      checked, passed = self._counts(self.max_len, depth, accepted, live)
+      return self._decide(state.replace(tried=state.tried + checked,
+                                        accepted=state.accepted + passed))
+    state = self._decayed(state, 1 + kind)
+    checked, passed = self._counts(self.max_depth, depth, accepted, live)
+    return self._decide(state.replace(tree_tried=state.tree_tried.at[kind].add(checked),
+                                      tree_accepted=state.tree_accepted.at[kind].add(passed)))
 
 
 def break_even_acceptance(costs: StepCosts, max_len: int) -> tuple[float, int]:
@@ -482,7 +478,23 @@ def break_even_acceptance(costs: StepCosts, max_len: int) -> tuple[float, int]:
   return 1.0, 0
 
 
-DraftLenPolicy = DynamicDraftLen | FixedDraftLen | GoodputDraftLen
+@dataclasses.dataclass(frozen=True)
+class NoDrafts:
+  """The policy of a decode without a proposer (regular decoding): every step plain, ``l = 0``."""
+
+  may_choose_zero = True
+  max_len = 0
+
+  def start(self, costs: jax.Array):
+    del costs
+    return jnp.zeros((), jnp.int32), None
+
+  def after_step(self, state, draft_len, *, kind, depth, accepted, live):
+    del kind, depth, accepted, live
+    return draft_len, state
+
+
+DraftLenPolicy = DynamicDraftLen | FixedDraftLen | GoodputDraftLen | NoDrafts
 
 
 def as_policy(draft_len: int | str | DraftLenPolicy) -> DraftLenPolicy:

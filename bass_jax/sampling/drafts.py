@@ -1,4 +1,4 @@
-"""What ``generate`` accepts as its draft side, and how it becomes a proposer: :class:`Hybrid`,
+"""What ``generate`` accepts as its draft side, and how it becomes a proposer:
 :func:`resolve_draft` (a model, a lookup or a hybrid to a ``Proposer`` and its weights) and
 :func:`load_draft_spec` (the scripts' ``--draft`` strings)."""
 
@@ -13,30 +13,8 @@ from bass_jax import sharding as sharding_lib
 from bass_jax.loading import Model, check_same_tokenizer, load_draft
 from bass_jax.models import eagle
 from bass_jax.preflight import parse_draft_spec
-from bass_jax.sampling.proposers import (EagleProposer, HybridProposer, ModelProposer, NGramProposer,
+from bass_jax.sampling.proposers import (EagleProposer, Hybrid, ModelProposer, NGramProposer,
                                          Proposer, SiblingProposer)
-
-
-@dataclasses.dataclass(frozen=True)
-class Hybrid:
-  """The hybrid draft side for :func:`generate`: per row, sibling lookup where the row's siblings match
-  (when ``siblings`` is given), else n-gram lookup where the row's own text matches, else ``model``
-  (``proposers.HybridProposer``).
-
-  Attributes:
-    model: the draft model. ngram: the n-gram lookup's settings.
-    siblings: the sibling lookup's settings, or None for none.
-  """
-
-  model: Model
-  ngram: NGramProposer = NGramProposer()
-  siblings: SiblingProposer | None = None
-
-  @property
-  def name(self) -> str:
-    """``hybrid([siblings(8-2), ]ngram(4-2), <model name>)``, as in results files."""
-    lookups = ([self.siblings.name] if self.siblings is not None else []) + [self.ngram.name]
-    return f"hybrid({', '.join(lookups)}, {self.model.name})"
 
 
 def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any = None,
@@ -77,7 +55,7 @@ def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any =
       raise ValueError(f"Hybrid.siblings must be None or a SiblingProposer, got "
                        f"{type(draft.siblings).__name__}")
     proposer, params = model_proposer(draft.model)
-    return HybridProposer(draft.ngram, proposer, draft.siblings), params, [draft.model]
+    return dataclasses.replace(draft, model=proposer), params, [draft.model]
   raise ValueError(
       "draft must be a bass_jax.Model (a draft model), a bass_jax.NGramProposer (model-free prompt "
       "lookup), a bass_jax.SiblingProposer (model-free lookup in the other samples of the prompt) or "

@@ -1,5 +1,6 @@
-"""The jitted decode: prefill, then one ``lax.while_loop`` of regular or BASS steps over a batch of rows,
-refilled from a queue of waiting prompts when the batch is continuous.
+"""The jitted decode: prefill, then one ``lax.while_loop`` of steps over a batch of rows served from a
+queue of prompts. Regular decoding is this loop with a proposer that never proposes (every step a
+plain step); a static batch is a queue that holds exactly the batch.
 
 Implements BASS (paper §3; docs/bass.md): one step (draft, verify, accept, advance) and the draft length
 for B rows at once, every row with its own length. Shapes are static: the batch, the prompt length and
@@ -8,9 +9,9 @@ the output buffer are padded to buckets (``bass_jax.sampling.generate``), the ca
 length), and rows that finish keep riding along, frozen. The true ``max_new_tokens`` and the EOS ids are
 traced values, so calls that differ only in them share a program. Nothing here talks to the host.
 
-Continuous batching (``DecodeSpec.queue_len > 0``): a row that finishes retires its output into the
-:class:`Queue` and takes the next waiting prompt, all inside the loop (:func:`decode`,
-``continuous.refill``): a chunked prefill of the admitted rows (several at once where the profile
+The queue (``state.Queue``): a row that finishes retires its output into it and, in continuous
+batching (a queue longer than the batch), takes the next waiting prompt, all inside the loop
+(:func:`decode`, ``batching.refill``): a chunked prefill of the admitted rows (several at once where the profile
 says so) written into their cache slots, the proposer's state restarted for them, the batch's
 draft-length policy kept.
 
@@ -32,7 +33,7 @@ Invariants between steps (for every live row):
 
 A step is speculative (propose, verify, accept) when the policy's ``l_draft`` is at least 1 and some live
 row has a proposal; otherwise it is a plain decoding step (one target position per row, exactly regular
-decoding's step). A speculative step verifies a chain (``step.bass_step``) or, with token trees, a tree
+decoding's step, ``step.plain_step``). A speculative step verifies a chain (``step.chain_step``) or, with token trees, a tree
 of one of ``DecodeSpec.draft_trees`` (``step.tree_step``; the goodput policy chooses the kind per step).
 The loop runs each kind as its own inner ``while_loop``, never as branches of a ``cond``, so that each
 updates the caches in place.
@@ -53,15 +54,16 @@ import jax
 import jax.numpy as jnp
 
 from bass_jax.models.common import prefill_cache
-from bass_jax.sampling.continuous import refill, start_queue
-from bass_jax.sampling.state import DecodeInputs, DecodeSpec, DecodeState
-from bass_jax.sampling.step import bass_step, plain_step, regular_step, step_context, tree_step
+from bass_jax.sampling.batching import refill, start_queue
+from bass_jax.sampling.state import DecodeInputs, DecodeSpec, DecodeState, Limits, StepLog
+from bass_jax.sampling.step import chain_step, plain_step, step_context, tree_step
 
 
 def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any,
             inputs: DecodeInputs) -> DecodeState:
   """Fills the target's cache (and the proposer's state) with every prompt token but the last, which
-  the first step consumes.
+  the first step consumes, for the rows' first prompts (row r serves prompt r; the batch's inert
+  padding rows a one-token prompt, done from the start).
 
   Args:
     draft_params: the proposer's weights (None for a model-free proposer or regular decoding).
@@ -70,10 +72,11 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any,
   Returns:
     The :class:`DecodeState` before the first step.
   """
-  prompts, prompt_len, inert = inputs.prompts, inputs.prompt_len, inputs.inert
-  batch = prompts.shape[0]
+  inert = inputs.inert
+  batch = inert.shape[0]
+  prompts = jnp.where(inert[:, None], 0, inputs.prompts[:batch])
+  prompt_len = jnp.where(inert, 1, inputs.prompt_len[:batch]).astype(jnp.int32)
   n = spec.max_new_bucket
-  h = spec.max_steps
 
   prefilled = prefill_cache(spec.target, target_params, prompts, prompt_len,
                             cache_len=spec.cache_len, dtype=spec.target_dtype,
@@ -84,48 +87,37 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any,
     target_cache, prompt_features = prefilled
     features = jnp.zeros((batch, prompts.shape[1] + n, prompt_features.shape[-1]),
                          prompt_features.dtype).at[:, :prompts.shape[1]].set(prompt_features)
-  proposer_state, policy_state = None, None
-  l0 = 0
-  if spec.method == "bass":
-    proposer_state = spec.proposer.init_state(draft_params, prompts, prompt_len,
-                                              cache_len=spec.cache_len, max_len=spec.max_draft,
-                                              features=prompt_features)
-    l0, policy_state = spec.draft_len.start(inputs.step_costs)
-  queue = start_queue(spec, inputs) if spec.continuous else None
+  proposer_state = spec.proposer.init_state(draft_params, prompts, prompt_len,
+                                            cache_len=spec.cache_len, max_len=spec.max_draft,
+                                            features=prompt_features)
+  l0, policy_state = spec.draft_len.start(inputs.step_costs)
   return DecodeState(
       tokens=jnp.concatenate([prompts, jnp.zeros((batch, n), jnp.int32)], axis=1),
       prompt_len=prompt_len,
       seq_len=prompt_len,
-      target_cache=target_cache,
-      proposer_state=proposer_state,
-      features=features,
       logprobs=jnp.zeros((batch, n), jnp.float32),
       done=inert,
       eos=jnp.zeros((batch,), bool),
-      max_new=inputs.max_new,
-      step_limit=inputs.max_new if inputs.step_limit is None else inputs.step_limit,
-      eos_ids=inputs.eos_ids,
-      step=jnp.zeros((), jnp.int32),
+      target_cache=target_cache,
+      features=features,
+      proposer_state=proposer_state,
       draft_len=jnp.asarray(l0, jnp.int32),
       policy_state=policy_state,
-      draft_len_history=jnp.zeros((h,), jnp.int32),
-      drafted_history=jnp.zeros((h, batch), jnp.int32),
-      source_history=jnp.full((h, batch), -1, jnp.int32),
-      verified_history=jnp.zeros((h,), jnp.int32),
-      tree_history=jnp.full((h,), -1, jnp.int32),
-      accepted_history=jnp.full((h, batch), -1, jnp.int32),
       key=inputs.key,
-      queue=queue,
-      row_keys=inputs.row_keys if spec.coupled else None,
-      group=inputs.group,
+      step=jnp.zeros((), jnp.int32),
+      queue=start_queue(spec, inputs),
+      limits=Limits(max_new=inputs.max_new, step_limit=inputs.step_limit, eos_ids=inputs.eos_ids),
+      log=StepLog.empty(spec.history_len, batch),
   )
 
 
 def unfinished(spec: DecodeSpec, state: DecodeState) -> jax.Array:
-  """``bool[]``: work is left (a live row; for a continuous batch also a waiting or unretired prompt)
-  and the step limit is not reached."""
-  left = state.queue.pending() if spec.continuous else ~jnp.all(state.done)
-  return left & (state.step < state.step_limit)
+  """``bool[]``: a done row is not yet retired, or work is left (a live row or a waiting prompt) and
+  the step limit is not reached."""
+  del spec
+  queue = state.queue
+  retiring = jnp.any(state.done & (queue.row_prompt >= 0))
+  return retiring | (queue.pending() & (state.step < state.limits.step_limit))
 
 
 def _outlined(fn, name: str):
@@ -146,20 +138,21 @@ def _steps(spec: DecodeSpec, target_params: Any, draft_params: Any, temperature:
   waiting_at_entry = waiting(state)
 
   def running(s: DecodeState):
-    return ((s.step < s.step_limit) & (jnp.sum(s.done) == done_at_entry) & ~jnp.all(s.done)
+    return ((s.step < s.limits.step_limit) & (jnp.sum(s.done) == done_at_entry) & ~jnp.all(s.done)
             & ~(observe & (waiting(s) != waiting_at_entry)))
 
-  if spec.method == "regular":
-    step = functools.partial(regular_step, spec, target_params, temperature, top_p)
-    return jax.lax.while_loop(running, _outlined(step, "regular_step"), state)
+  plain = _outlined(functools.partial(plain_step, spec, target_params, temperature, top_p),
+                    "plain_step")
+  kinds = spec.step_kinds
+  if not kinds:  # no proposer (regular decoding): every step is plain
+    return jax.lax.while_loop(running, plain, state)
 
   def step_of(kind):  # a chain step (None) or a tree step of shape draft_trees[kind]
-    step = bass_step if kind is None else functools.partial(tree_step, tree=kind)
-    name = "bass_step" if kind is None else f"tree_step_{kind}"
+    step = chain_step if kind is None else functools.partial(tree_step, tree=kind)
+    name = "chain_step" if kind is None else f"tree_step_{kind}"
     return _outlined(functools.partial(step, spec, target_params, draft_params, temperature, top_p),
                      name)
 
-  kinds = spec.step_kinds
   if len(kinds) == 1 and spec.proposer.always_proposes and not spec.draft_len.may_choose_zero:
     return jax.lax.while_loop(running, step_of(kinds[0]), state)  # no plain step can occur
 
@@ -172,9 +165,6 @@ def _steps(spec: DecodeSpec, target_params: Any, draft_params: Any, temperature:
       return lambda s: speculate(s)
     index = -1 if kind is None else kind
     return lambda s: speculate(s) & (spec.draft_len.tree_choice(s.policy_state) == index)
-
-  plain = _outlined(functools.partial(plain_step, spec, target_params, temperature, top_p),
-                    "plain_step")
 
   def body(s: DecodeState):
     # Plain steps while speculation is off, then each kind of speculative step (chains, each tree
@@ -193,8 +183,8 @@ def decode(spec: DecodeSpec, state: DecodeState, target_params: Any, draft_param
   """Decodes, in one ``lax.while_loop``, until everything is done or, with ``observe``, until the host
   can time an event.
 
-  A round refills the rows (a continuous batch: done rows retire their output into the queue and take
-  waiting prompts, :func:`refill`) and then runs steps until a row finishes. Without ``observe`` the
+  A round refills the rows (done rows retire their output into the queue and, in continuous batching,
+  free rows take waiting prompts: :func:`refill`) and then runs steps until a row finishes. Without ``observe`` the
   rounds repeat until :func:`unfinished` is false: the whole decode, every refill included, is one
   program call. With ``observe`` the call returns after one round, and also as soon as a row emits
   its first token, so that the host can read the clock at every admission, first token and finish
@@ -210,8 +200,7 @@ def decode(spec: DecodeSpec, state: DecodeState, target_params: Any, draft_param
 
   def round_(carry):
     state, _ = carry
-    if spec.continuous:
-      state = refill(spec, target_params, draft_params, state)
+    state = refill(spec, target_params, draft_params, state)
     return steps(state), jnp.bool_(False)
 
   state, _ = jax.lax.while_loop(lambda c: unfinished(spec, c[0]) & (c[1] | ~observe), round_,

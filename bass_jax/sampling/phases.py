@@ -7,7 +7,7 @@ call, so no dispatch cost is counted per step), over the state of a real decode 
 in, and the step and the loop around it are timed the same way:
 
 - **loop**: the decode itself (``loop.decode``), run for ``k`` more steps: what a step costs in a run;
-- **step**: ``k`` chain steps (``step.bass_step``) in a ``fori_loop``, without the decode loop's
+- **step**: ``k`` chain steps (``step.chain_step``) in a ``fori_loop``, without the decode loop's
   conditions;
 - **propose**: the proposer's ``propose`` for the step (draft forwards, catch-up, lookups), the
   proposer rolled back after each so that every repetition proposes from the same text; of it,
@@ -49,8 +49,10 @@ import jax.numpy as jnp
 from bass_jax.sampling import costs
 from bass_jax.sampling import loop as loop_lib
 from bass_jax.sampling import programs
-from bass_jax.sampling.proposers import HybridProposer
-from bass_jax.sampling.step import (STEP_SCOPES, _target_forward, bass_step, plain_step,
+from bass_jax.sampling.config import with_settings
+from bass_jax.sampling.plan import prepare
+from bass_jax.sampling.proposers import Hybrid
+from bass_jax.sampling.step import (STEP_SCOPES, _target_forward, chain_step, plain_step,
                                     step_context)
 
 
@@ -134,8 +136,6 @@ def measure_step_phases(target, draft, prompts, *, warm_steps: int = 4, steps: i
       the rows finished before ``warm_steps + steps`` steps (raise ``max_new_tokens``); and as
       ``generate``.
   """
-  from bass_jax.sampling import generate as generate_lib  # pylint: disable=g-import-not-at-top
-
   if not isinstance(kwargs.get("draft_len"), int) or isinstance(kwargs.get("draft_len"), bool):
     raise ValueError(f"measure_step_phases needs a fixed draft_len (an int >= 1), got "
                      f"{kwargs.get('draft_len')!r}: a policy that varies l (or takes plain steps) "
@@ -149,15 +149,14 @@ def measure_step_phases(target, draft, prompts, *, warm_steps: int = 4, steps: i
       raise ValueError(f"{name} must be an int >= 1, got {value!r}")
   if kwargs.pop("method", "bass") != "bass":
     raise ValueError("measure_step_phases breaks down BASS steps: leave method out or pass 'bass'")
-  arguments = generate_lib._arguments(target, draft, prompts, method="bass", **kwargs)
-  max_new = arguments["max_new_tokens"]  # generate's default where not given
-  if warm_steps + steps > max_new:
+  config = with_settings(None, dict(kwargs, method="bass"))
+  if warm_steps + steps > config.max_new_tokens:
     raise ValueError(f"warm_steps + steps = {warm_steps + steps} steps need max_new_tokens >= that "
-                     f"(a row emits at least one token per step), got {max_new}")
-  call = generate_lib._prepare(**arguments)
-  spec = call.spec
-  target_params, draft_params, temperature, top_p, _ = call.args_tail
-  state = jax.jit(functools.partial(loop_lib.prefill, spec))(*call.args_prefill)
+                     f"(a row emits at least one token per step), got {config.max_new_tokens}")
+  plan = prepare(target, draft, prompts, config)
+  spec = plan.spec
+  target_params, draft_params, temperature, top_p = plan.args_tail
+  state = jax.jit(functools.partial(loop_lib.prefill, spec))(*plan.args_prefill)
   # Every program takes the weights and sampling parameters as arguments, as the decode does: closed
   # over, they would be constants, which XLA's CPU backend folds and pre-packs for its matmuls (a
   # SmolLM2 head then costs about half of what it costs in the decode), and the programs would time
@@ -165,8 +164,8 @@ def measure_step_phases(target, draft, prompts, *, warm_steps: int = 4, steps: i
   weights = (target_params, draft_params, temperature, top_p)
 
   def decode_until(s, limit, target_params, draft_params, temperature, top_p):
-    return loop_lib.decode(spec, s.replace(step_limit=limit), target_params, draft_params,
-                           temperature, top_p, jnp.bool_(False))
+    return loop_lib.decode(spec, s.replace(limits=s.limits.replace(step_limit=limit)), target_params,
+                           draft_params, temperature, top_p, jnp.bool_(False))
 
   state = jax.jit(decode_until, donate_argnums=0)(state, jnp.int32(warm_steps), *weights)
   k = steps
@@ -214,21 +213,21 @@ def measure_step_phases(target, draft, prompts, *, warm_steps: int = 4, steps: i
     del draft_params
     return plain_step(spec, target_params, temperature, top_p, s)
 
-  lookups = spec.proposer.lookups if isinstance(spec.proposer, HybridProposer) else ()
-  programs = [loop_program, repeat(functools.partial(bass_step, spec)), repeat(plain),
+  lookups = spec.proposer.lookups if isinstance(spec.proposer, Hybrid) else ()
+  programs = [loop_program, repeat(functools.partial(chain_step, spec)), repeat(plain),
               proposing(spec.proposer), repeat(verifying)] + [proposing(p) for p in lookups]
   seconds = costs.fastest_seconds(programs, repeats, inputs=lambda: (_fresh(state), *weights))
   loop_s, step_s, plain_s, propose_s, pass_s, *lookup_s = [t / k for t in seconds]
 
   timed = slice(int(state.step), int(state.step) + k)
-  live = ran.accepted_history[timed] >= 0
+  live = ran.log.accepted[timed] >= 0
   return StepPhases(
       loop=loop_s, step=step_s, plain=plain_s, propose=propose_s, lookup=sum(lookup_s),
       verify_pass=pass_s,
-      passes=float(jnp.mean(ran.verified_history[timed])) / spec.verify_chunk,
+      passes=float(jnp.mean(ran.log.verified[timed])) / spec.verify_chunk,
       chunk=spec.verify_chunk,
-      draft_len=float(jnp.mean(ran.draft_len_history[timed])),
-      accepted=float(jnp.sum(jnp.where(live, ran.accepted_history[timed], 0)) / jnp.sum(live)),
+      draft_len=float(jnp.mean(ran.log.draft_len[timed])),
+      accepted=float(jnp.sum(jnp.where(live, ran.log.accepted[timed], 0)) / jnp.sum(live)),
       batch=len(prompts), steps=k)
 
 _CONTROL_OPCODES = ("while", "conditional", "call")
@@ -348,8 +347,9 @@ def profile_step_scopes(target, draft, prompts, **kwargs) -> dict[str, float]:
     with gzip.open(path) as f:
       events = json.load(f)
   events = events["traceEvents"] if isinstance(events, dict) else events
-  call = generate_lib._prepare(**generate_lib._arguments(target, draft, prompts, **kwargs))
-  (_, decode), _ = programs.compiled(call.spec, call.args_prefill, call.args_tail)  # cached
+  plan = prepare(target, draft, prompts, with_settings(None, kwargs))
+  (_, decode), _ = programs.compiled(plan.spec, plan.args_prefill,
+                                     (*plan.args_tail, plan.place(True)))  # cached
   text = decode.as_text()
   module = re.match(r"HloModule ([\w.\-]+)", text).group(1)
   scope_of = {name: scope for name, (opcode, scope) in instruction_scopes(text).items()

@@ -1,8 +1,13 @@
-"""The decode's static settings and its fixed-size state: :class:`DecodeSpec`, :class:`DecodeState` and
-continuous batching's device-side :class:`Queue` (gemma's ``SamplingState`` pattern), and where each
+"""The decode's static settings and its fixed-size state: :class:`DecodeSpec`, :class:`DecodeState`, the
+device-side :class:`Queue` every batch decodes from, the step telemetry :class:`StepLog`, and where each
 part lies on a mesh (:func:`state_shardings`).
 
-Axes: B batch, P padded prompt length, N output bucket, L max draft length, Q queue, H history steps.
+One state shape serves every decode (gemma's ``SamplingState`` pattern). Regular decoding is the decode
+whose proposer never proposes (``proposers.NoProposer``: every step a plain step); a static batch is a
+queue that holds exactly the batch (all its prompts are admitted by the prefill, and admission is not
+compiled); continuous batching is a queue longer than the batch.
+
+Axes: B batch, P padded prompt length, N output bucket, L max draft length, Q queue, H logged steps.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from bass_jax import sharding as sharding_lib
 from bass_jax.cache import KVCache
 from bass_jax.models.attention import CACHE_ALIGNMENT
 from bass_jax.models.common import DecoderConfig
+from bass_jax.sampling.acceptance import AcceptanceRule
 from bass_jax.sampling.draft_len import DraftLenPolicy, GoodputDraftLen
 from bass_jax.sampling.proposers import Proposer
 from bass_jax.sampling.tree import TreeShape
@@ -28,52 +34,44 @@ class DecodeSpec:
   """Everything static about a decode (a new value compiles a new program).
 
   Attributes:
-    method: ``"bass"`` or ``"regular"``.
-    target: target architecture. proposer: the draft side (None for ``regular``).
+    target: target architecture. proposer: the draft side (``proposers.NoProposer`` for regular
+      decoding).
     target_dtype: parameter/compute dtype name of the target (``"float32"``, ``"bfloat16"``).
     attention_impl: name in the attention registry, used by the target (and by a draft model).
     prompt_len: P, prompts are right-padded to it.
-    max_new_bucket: N, the size of the output buffer (the true limit is ``DecodeState.max_new``).
-    greedy: temperature 0 (argmax draft and verification).
-    draft_len: the draft-length policy (fixed, Algorithm 1 or goodput; ``draft_len.py``).
+    max_new_bucket: N, the size of the output buffer (the true limit is ``Limits.max_new``).
+    acceptance: the :class:`acceptance.AcceptanceRule` (greedy at temperature 0, rejection sampling or
+      Gumbel acceptance), which also says whether the program is branch-free.
+    draft_len: the draft-length policy (fixed, Algorithm 1, goodput, or ``NoDrafts``; ``draft_len.py``).
     verify_chunk: C, the positions one verification forward scores; ``l + 1`` positions take
-      ``ceil((l + 1) / C)`` passes at most.
+      ``ceil((l + 1) / C)`` passes at most (0 without a proposer).
     target_sharding: the target's placement on a mesh (``bass_jax.sharding.ShardingPlan``); None on
       one device. The proposer carries its own (``Proposer.sharding``).
-    queue_len: Q, the prompts of a continuous batch's queue (:class:`Queue`, padded); 0 for a static
-      batch, which decodes the rows it starts with and nothing else.
-    history_len: H, the steps the per-step histories hold; 0 means N (a static batch takes at most N
-      steps: every live row emits at least one token per step).
-    acceptance: ``"rejection"`` (speculative rejection sampling, Leviathan et al. 2023) or ``"gumbel"``
-      (drafter-invariant: every token is the target's Gumbel-max draw with per-sequence, per-position
-      noise, ``acceptance.coupled_accept_chunk``). Greedy decoding ignores it.
-    branch_free: no device-side decision where work can replace it (the GPU profile,
-      ``sampling.profiles``): the draft loop runs its static L iterations, the nucleus comes from one
-      sort per row; with ``verify_chunk >= L + 1`` verification is one pass, never a loop.
+    queue_len: Q, the prompts of the queue (:class:`Queue`, padded). A queue no longer than the batch
+      (a static batch) compiles no admission.
+    history_len: H, the steps the :class:`StepLog` holds (0 for a decode without a proposer: nothing
+      to log).
     draft_trees: :class:`tree.TreeShape` s: a speculative step may verify a token tree of one of these
       shapes per row (``step.tree_step``) instead of a chain. With a :class:`GoodputDraftLen` (whose
       ``trees`` must be these) the policy chooses per step among plain steps, chains and the shapes;
       with another policy there is one shape and every speculative step verifies it. Empty: chains.
-    admit_rows: A, the prompts a continuous batch admits in one prefill at most (``continuous``).
+    admit_rows: A, the prompts an admission prefills at once at most (``queue.admit``).
     admit_chunk: positions per forward of an admission's chunked prefill (a power of two, <= P).
   """
 
-  method: str
   target: DecoderConfig
-  proposer: Proposer | None
+  proposer: Proposer
   target_dtype: str
   attention_impl: str
   prompt_len: int
   max_new_bucket: int
-  greedy: bool
-  draft_len: DraftLenPolicy | None
+  acceptance: AcceptanceRule
+  draft_len: DraftLenPolicy
   verify_chunk: int
   target_sharding: Any = None
-  queue_len: int = 0
+  queue_len: int = 1
   history_len: int = 0
-  acceptance: str = "rejection"
   draft_trees: tuple[TreeShape, ...] = ()
-  branch_free: bool = False
   admit_rows: int = 1
   admit_chunk: int = 64
 
@@ -91,7 +89,9 @@ class DecodeSpec:
   @property
   def step_kinds(self) -> tuple[int | None, ...]:
     """The speculative steps the decode compiles: None for a chain step, j for a tree step of
-    ``draft_trees[j]``."""
+    ``draft_trees[j]``; none when the proposer never proposes (regular decoding)."""
+    if not self.proposer.proposes:
+      return ()
     if not self.draft_trees:
       return (None,)
     if isinstance(self.draft_len, GoodputDraftLen):
@@ -99,34 +99,34 @@ class DecodeSpec:
     return (0,)
 
   @property
-  def coupled(self) -> bool:
+  def greedy(self) -> bool:
+    """Temperature 0: argmax drafts and verification."""
+    return self.acceptance.greedy
+
+  @property
+  def gumbel(self) -> bool:
     """Whether sampled tokens are Gumbel-max draws keyed by (sequence, text position)."""
-    return self.acceptance == "gumbel" and not self.greedy
+    return self.acceptance.gumbel
 
   @property
-  def continuous(self) -> bool:
-    """Whether finished rows take the next waiting prompt (continuous batching)."""
-    return self.queue_len > 0
-
-  @property
-  def max_steps(self) -> int:
-    """H, the length of the per-step histories."""
-    return self.history_len or self.max_new_bucket
+  def branch_free(self) -> bool:
+    """No device-side decision where work can replace it (the GPU profile, ``sampling.profiles``)."""
+    return self.acceptance.branch_free
 
   @property
   def max_draft(self) -> int:
     """The slots past the last emitted token a step may write, less one: the longest chain (when chain
     steps are compiled), or what a tree step's verification and draft growth need
-    (``TreeShape.look_ahead``)."""
-    if self.method != "bass":
-      return 0
-    chains = [self.draft_len.max_len] if None in self.step_kinds else []
-    return max(chains + [t.look_ahead - 1 for t in self.draft_trees])
+    (``TreeShape.look_ahead``); 0 without speculative steps."""
+    kinds = self.step_kinds
+    chains = [self.draft_len.max_len] if None in kinds else []
+    return max(chains + [self.draft_trees[k].look_ahead - 1 for k in kinds if k is not None],
+               default=0)
 
   @property
   def keeps_features(self) -> bool:
     """Whether the decode keeps the target's features for the proposer (an EAGLE draft)."""
-    return self.method == "bass" and self.proposer.needs_features
+    return self.proposer.needs_features
 
   @property
   def cache_len(self) -> int:
@@ -138,9 +138,9 @@ class DecodeSpec:
 
 @flax.struct.dataclass
 class Queue:
-  """Continuous batching's device-side queue: the prompts waiting for a row, which prompt each row
-  serves, and the outputs of the prompts that finished (Orca's iteration-level scheduling, Yu et al.
-  2022, inside the jitted loop: no host round trip per refill).
+  """The prompts of a decode, which prompt each row serves, and the outputs of the prompts that
+  finished (Orca's iteration-level scheduling, Yu et al. 2022, inside the jitted loop: no host round
+  trip per refill). A static batch's queue holds exactly its rows' prompts.
 
   Attributes:
     prompts: ``i32[Q, P]`` right-padded prompts in input order (rows past ``size`` are padding of the
@@ -150,15 +150,22 @@ class Queue:
     row_prompt: ``i32[B]`` the prompt each row serves, -1 for none.
     prompt_row: ``i32[Q]`` the row each admitted prompt ran in (-1 before admission).
     start_step: ``i32[Q]`` ``DecodeState.step`` when the prompt was admitted: its steps in its row's
-      histories start there and end where the row's next prompt starts.
+      log start there and end where the row's next prompt starts.
     tokens: ``i32[Q, N]`` each retired prompt's output (valid below ``lengths``).
     logprobs: ``f32[Q, N]`` their target log-probabilities (``DecodeState.logprobs``).
     lengths: ``i32[Q]`` tokens emitted. eos: ``bool[Q]`` ended by an EOS token.
-    group: ``i32[Q]`` each prompt's group (:attr:`DecodeState.group`).
-    keys: ``u32[Q, 2]`` each prompt's sequence key data (``DecodeSpec.coupled``), else None.
+    group: ``i32[Q]`` each prompt's group: prompts that are identical share one, the index of the
+      first of them (samples of one prompt are siblings, ``proposers.SiblingProposer``).
+    keys: ``u32[Q, 2]`` each prompt's sequence key data (Gumbel acceptance's noise,
+      ``warp.gumbel_noise``), else None.
     prefilled: ``i32[]`` token positions the admissions' prefills computed (per model), summed:
       each adds its rows (``DecodeSpec.admit_rows``, spare ones included) times its chunks times
       the chunk; for executed-FLOP counts.
+    admits: static; the queue is longer than the batch, so prompts may wait for a row and a row's
+      text is overwritten when it takes the next one. Otherwise (a static batch) a retired row's
+      text stays in the batch, where sibling lookup reads it (:meth:`row_group`), and the retired
+      outputs are not offered to it again (``step.step_context``): a static batch of 24,000 samples
+      of one prompt would otherwise search 24,000 retired samples per row and step.
   """
 
   prompts: jax.Array
@@ -176,79 +183,132 @@ class Queue:
   group: jax.Array
   keys: jax.Array | None = None
   prefilled: jax.Array | None = None
+  admits: bool = flax.struct.field(pytree_node=False, default=False)
 
   def pending(self) -> jax.Array:
     """``bool[]``: a prompt is waiting or a row still serves one (decoding, or done and not retired)."""
     return jnp.any(self.row_prompt >= 0) | (self.next < self.size)
 
+  def row_group(self) -> jax.Array:
+    """``i32[B]`` the group of the prompt each row serves. A row that serves none is a group of its
+    own (negative), so no sibling reads its text: an inert row, or, in a queue that :attr:`admits`,
+    a retired row (its text is in the queue's outputs). Without admission a retired row keeps its
+    prompt's group (row r served prompt r)."""
+    rows = self.row_prompt.shape[0]
+    own = -1 - jnp.arange(rows, dtype=self.group.dtype)
+    if not self.admits:
+      return jnp.where(self.slot, self.group[:rows], own)
+    return jnp.where(self.row_prompt >= 0, self.group[jnp.maximum(self.row_prompt, 0)], own)
+
+  def row_keys(self) -> jax.Array | None:
+    """``u32[B, 2]`` the sequence key data of each row's prompt (None without Gumbel acceptance)."""
+    if self.keys is None:
+      return None
+    return self.keys[jnp.maximum(self.row_prompt, 0)]
+
+
+@flax.struct.dataclass
+class StepLog:
+  """What each step did, written once per step (``step.record``) and read only by the host
+  (``GenerateStats``) and the benchmarks: the next step never reads it. H rows, one per step; entries
+  past ``DecodeState.step`` are the initial values. A decode without a proposer logs nothing (H = 0).
+
+  Attributes:
+    draft_len: ``i32[H]`` l_draft of each step (0 for plain steps; a tree step's depth).
+    drafted: ``i32[H, B]`` drafts proposed per row (0 past ``step``).
+    verified: ``i32[H]`` positions the target scored per row, padding of the last chunk included.
+    tree: ``i32[H]`` the tree shape each step verified (index into ``DecodeSpec.draft_trees``), -1 for
+      chain and plain steps.
+    source: ``i32[H, B]`` where each row's drafts came from (an index into
+      ``proposers.DRAFT_SOURCES``), -1 for no drafts.
+    accepted: ``i32[H, B]`` accepted drafts per row (bonus/correction not counted; -1 for a row that
+      was not live).
+  """
+
+  draft_len: jax.Array
+  drafted: jax.Array
+  verified: jax.Array
+  tree: jax.Array
+  source: jax.Array
+  accepted: jax.Array
+
+  @classmethod
+  def empty(cls, steps: int, batch: int) -> "StepLog":
+    """A log of ``steps`` steps of ``batch`` rows, before the first."""
+    return cls(draft_len=jnp.zeros((steps,), jnp.int32), drafted=jnp.zeros((steps, batch), jnp.int32),
+               verified=jnp.zeros((steps,), jnp.int32), tree=jnp.full((steps,), -1, jnp.int32),
+               source=jnp.full((steps, batch), -1, jnp.int32),
+               accepted=jnp.full((steps, batch), -1, jnp.int32))
+
+  def record(self, step: jax.Array, **entries: jax.Array) -> "StepLog":
+    """The log with step ``step``'s ``entries`` (by field name) set; the fields not given keep their
+    initial values there. Writes past H are dropped; a log of H = 0 (a decode that logs nothing)
+    stays as it is."""
+    if not self.draft_len.shape[0]:
+      return self
+    return self.replace(**{name: getattr(self, name).at[step].set(value, mode="drop")
+                           for name, value in entries.items()})
+
+
+@flax.struct.dataclass
+class Limits:
+  """The decode's traced limits, constant through the decode.
+
+  Attributes:
+    max_new: ``i32[]`` tokens a row may emit (``<= N``).
+    step_limit: ``i32[]`` steps the decode may take (``<= H`` when something is logged):
+      ``max_new`` when the queue holds only the batch; else ``ceil(prompts * max_new / slots) +
+      max_new`` (while prompts wait every slot is live and emits a token per step, then every row
+      drains within ``max_new`` steps).
+    eos_ids: ``i32[E]`` tokens that end a row, padded with -1 (never a token).
+  """
+
+  max_new: jax.Array
+  step_limit: jax.Array
+  eos_ids: jax.Array
+
 
 @flax.struct.dataclass
 class DecodeState:
-  """All decoding state, fixed-size (gemma's ``SamplingState`` pattern).
+  """What the next step reads, fixed-size (gemma's ``SamplingState`` pattern), and the step log.
 
   Attributes:
     tokens: ``i32[B, P + N]`` prompt then emitted tokens.
     prompt_len: ``i32[B]`` true prompt lengths.
     seq_len: ``i32[B]`` prompt plus emitted tokens.
-    target_cache: the target's ragged cache. proposer_state: the proposer's (None for regular decoding).
+    logprobs: ``f32[B, N]`` target log-probability (temperature 1, no top-p) of each emitted token.
+    done: ``bool[B]`` row finished (EOS or ``max_new`` tokens, or a row serving no prompt); its
+      outputs are frozen.
+    eos: ``bool[B]`` row finished by emitting an EOS token.
+    target_cache: the target's ragged cache (``KVCache``, ``[B, K, S, H]`` per layer).
     features: ``[B, P + N, E]`` the target's feature at each text position it has scored (in its
       compute dtype), or None unless ``spec.keeps_features``.
-    logprobs: ``f32[B, N]`` target log-probability (temperature 1, no top-p) of each emitted token.
-    done: ``bool[B]`` row finished (EOS or ``max_new`` tokens, or a padding row); its outputs are frozen.
-    eos: ``bool[B]`` row finished by emitting an EOS token.
-    max_new: ``i32[]`` tokens a row may emit (``<= N``).
-    step_limit: ``i32[]`` steps the decode may take (``<= H``): ``max_new`` for a static batch; for a
-      continuous one ``ceil(prompts * max_new / slots) + max_new`` (while prompts wait every slot is
-      live and emits a token per step, then every row drains within ``max_new`` steps).
-    eos_ids: ``i32[E]`` tokens that end a row, padded with -1 (never a token).
-    step: ``i32[]`` steps taken.
-    draft_len: ``i32[]`` l_draft of the next step (0: a plain step). policy_state: the draft-length
-      policy's state (``bass_jax.sampling.draft_len``).
-    draft_len_history: ``i32[H]`` l_draft of each step (0 for plain steps and past ``step``).
-    drafted_history: ``i32[H, B]`` drafts proposed per row per step (0 past ``step``).
-    verified_history: ``i32[H]`` positions the target scored per row in each step, padding of the last
-      chunk included (0 past ``step``).
-    tree_history: ``i32[H]`` the tree shape each step verified (index into ``DecodeSpec.draft_trees``),
-      -1 for chain and plain steps and past ``step``.
-    source_history: ``i32[H, B]`` where each row's drafts came from in each step (an index into
-      ``proposers.DRAFT_SOURCES``: a hybrid's lookups or its model), -1 for no drafts.
-    accepted_history: ``i32[H, B]`` accepted drafts per row per step (bonus/correction not counted; -1
-      for a row that was already done, and past ``step``).
+    proposer_state: the proposer's (None for a model-free proposer).
+    draft_len: ``i32[]`` l_draft of the next step (0: a plain step).
+    policy_state: the draft-length policy's state (``bass_jax.sampling.draft_len``).
     key: PRNG key.
-    group: ``i32[B]`` the prompt group each row serves: rows (and queued prompts) whose prompts are
-      identical share a group, the index of the first of them in the input; padding, and a
-      continuous batch's row between its retirement and its next admission, has a group of its own
-      (negative). Samples of one prompt are siblings (``proposers.SiblingProposer``).
-    queue: the continuous batch's :class:`Queue`, or None for a static batch.
-    row_keys: ``u32[B, 2]`` the sequence key data of each row's prompt (``DecodeSpec.coupled``: its
-      noise, ``warp.gumbel_noise``), else None.
+    step: ``i32[]`` steps taken.
+    queue: the :class:`Queue` the rows are served from.
+    limits: the decode's :class:`Limits`.
+    log: the :class:`StepLog` (telemetry; no step reads it).
   """
 
   tokens: jax.Array
   prompt_len: jax.Array
   seq_len: jax.Array
-  target_cache: KVCache
-  proposer_state: Any
-  features: jax.Array | None
   logprobs: jax.Array
   done: jax.Array
   eos: jax.Array
-  max_new: jax.Array
-  step_limit: jax.Array
-  eos_ids: jax.Array
-  step: jax.Array
+  target_cache: KVCache
+  features: jax.Array | None
+  proposer_state: Any
   draft_len: jax.Array
   policy_state: Any
-  draft_len_history: jax.Array
-  drafted_history: jax.Array
-  verified_history: jax.Array
-  tree_history: jax.Array
-  source_history: jax.Array
-  accepted_history: jax.Array
   key: jax.Array
-  group: jax.Array
-  queue: Queue | None = None
-  row_keys: jax.Array | None = None
+  step: jax.Array
+  queue: Queue
+  limits: Limits
+  log: StepLog
 
 
 @flax.struct.dataclass
@@ -256,77 +316,64 @@ class DecodeInputs:
   """The arrays one decode call starts from (``loop.prefill``); what is static is in :class:`DecodeSpec`.
 
   Attributes:
-    prompts: ``i32[B, P]`` right-padded prompts. prompt_len: ``i32[B]``, each ``>= 1``.
-    inert: ``bool[B]`` padding rows of the batch bucket: done from the start, they never emit (nor,
-      in a continuous batch, take prompts).
-    row_keys: ``u32[B, 2]`` the rows' sequence key data (used when ``spec.coupled``).
+    prompts: ``i32[Q, P]`` every prompt of the queue, right-padded (padding prompts are one token);
+      the batch's rows start with the first B. prompt_len: ``i32[Q]``, each ``>= 1``.
+    keys: ``u32[Q, 2]`` their sequence key data (used with Gumbel acceptance).
+    group: ``i32[Q]`` their groups (:attr:`Queue.group`).
+    num_prompts: ``i32[]`` the real prompts among the Q.
+    inert: ``bool[B]`` padding rows of the batch bucket: done from the start, they never emit nor take
+      prompts.
     max_new: ``i32[]`` tokens per row at most (``<= spec.max_new_bucket``).
+    step_limit: ``i32[]`` :attr:`Limits.step_limit`.
     eos_ids: ``i32[E]`` EOS ids padded with -1.
     key: PRNG key for the whole decode.
-    step_costs: ``f32[5]`` ``StepCosts.as_array()`` for a cost-aware policy (ignored by others).
-    group: ``i32[B]`` each row's prompt group (:attr:`DecodeState.group`).
-    queue_prompts: ``i32[Q, P]`` every prompt of a continuous batch (``spec.continuous``; None for a
-      static one), of which the live rows of ``prompts`` are the first. queue_prompt_len: ``i32[Q]``.
-    queue_keys: ``u32[Q, 2]`` their sequence key data (of which ``row_keys`` are the first).
-    queue_group: ``i32[Q]`` the queued prompts' groups (of which ``group`` are the first).
-    num_prompts: ``i32[]`` the real prompts among the Q.
-    step_limit: ``i32[]`` :attr:`DecodeState.step_limit` of a continuous batch (None: ``max_new``).
+    step_costs: ``f32[5 + T]`` ``StepCosts.as_array()`` for a cost-aware policy (ignored by others).
   """
 
   prompts: jax.Array
   prompt_len: jax.Array
+  keys: jax.Array
+  group: jax.Array
+  num_prompts: jax.Array
   inert: jax.Array
-  row_keys: jax.Array
   max_new: jax.Array
+  step_limit: jax.Array
   eos_ids: jax.Array
   key: jax.Array
   step_costs: jax.Array
-  group: jax.Array
-  queue_prompts: jax.Array | None = None
-  queue_prompt_len: jax.Array | None = None
-  queue_keys: jax.Array | None = None
-  num_prompts: jax.Array | None = None
-  queue_group: jax.Array | None = None
-  step_limit: jax.Array | None = None
 
   def placed(self, rows: Any, replicated: Any) -> "DecodeInputs":
     """The same fields with per-row arrays given ``rows`` and the rest ``replicated``: the inputs' layout
     on a mesh (pass shardings), or any two values per field kind."""
     everything = jax.tree_util.tree_map(lambda _: replicated, self)
-    return everything.replace(prompts=rows, prompt_len=rows, inert=rows, row_keys=rows, group=rows)
+    return everything.replace(inert=rows)
 
 
 def state_shardings(spec: DecodeSpec, state: DecodeState) -> DecodeState:
-  """Where every part of the decode state lies on ``spec.target_sharding``'s mesh: per-row arrays split
-  over ``"data"``; the target's cache as its plan says, the proposer's as the proposer's plan says
-  (the target's when it has none); counters, histories, the key and the queue's per-prompt arrays
-  replicated.
+  """Where every part of the decode state lies on ``spec.target_sharding``'s mesh, derived from the
+  shapes: an array whose leading axis is the batch's B is split over ``"data"`` (the queue's and the
+  log's arrays, indexed by prompt or by step, are replicated: the log's per-row arrays lead with H);
+  the target's cache as its plan says, the proposer's as the proposer's plan says (the target's when
+  it has none); everything else replicated.
 
   Args:
     state: a :class:`DecodeState` of arrays or ``ShapeDtypeStruct`` (``jax.eval_shape`` of
-      :func:`prefill`).
+      ``loop.prefill``).
 
   Returns:
     A :class:`DecodeState` of ``NamedSharding`` (the jitted programs' output shardings).
   """
   plan = spec.target_sharding
   batch = state.tokens.shape[0]
-  rows, replicated = plan.rows, plan.replicate
-  every = lambda tree: jax.tree_util.tree_map(lambda _: replicated, tree)
+  per_row = lambda tree: jax.tree_util.tree_map(
+      lambda x: plan.rows if x.ndim and x.shape[0] == batch else plan.replicate, tree)
+  replicated = lambda tree: jax.tree_util.tree_map(lambda _: plan.replicate, tree)
   proposer_state = None
   if state.proposer_state is not None:
     proposer_state = sharding_lib.state_shardings(
         state.proposer_state, spec.proposer.sharding or plan, batch)
-  return DecodeState(
-      tokens=rows, prompt_len=rows, seq_len=rows,
+  queue = replicated(state.queue).replace(slot=plan.rows, row_prompt=plan.rows)
+  return per_row(state).replace(
       target_cache=sharding_lib.state_shardings(state.target_cache, plan, batch),
-      proposer_state=proposer_state, features=None if state.features is None else rows,
-      logprobs=rows, done=rows, eos=rows, max_new=replicated, step_limit=replicated,
-      eos_ids=replicated, step=replicated, draft_len=replicated,
-      policy_state=every(state.policy_state), draft_len_history=replicated,
-      drafted_history=replicated, verified_history=replicated, tree_history=replicated,
-      source_history=replicated,
-      accepted_history=replicated,
-      key=replicated, queue=None if state.queue is None else every(state.queue).replace(
-          slot=rows, row_prompt=rows), row_keys=None if state.row_keys is None else rows,
-      group=rows)
+      proposer_state=proposer_state, policy_state=replicated(state.policy_state), queue=queue,
+      limits=replicated(state.limits), log=replicated(state.log))

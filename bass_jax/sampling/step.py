@@ -1,6 +1,8 @@
-"""One decoding step for the whole batch: regular decoding's step (also BASS's plain step), the BASS
-chain step (propose, verify in chunks, accept per row, emit, roll the proposer back, adapt l_draft) and
-the token-tree step (draft a tree per row, verify it in one forward, accept a path, compact it).
+"""One decoding step for the whole batch: the plain step (the target alone: every step of regular
+decoding, and BASS's step when nothing is drafted), the chain step (propose, verify in chunks, accept
+per row, emit, roll the proposer back, adapt l_draft) and the token-tree step (draft a tree per row,
+verify it in one forward, accept a path, compact it). Every kind accepts with the decode's one
+``acceptance.AcceptanceRule`` and ends in :func:`_advance` (emit, record the step, tell the policy).
 
 Implements BASS §3 (docs/bass.md, "One step for the whole batch"); ``bass_jax.sampling.loop`` runs these
 steps in its ``while_loop`` and states the invariants they keep between steps.
@@ -17,11 +19,10 @@ import jax.numpy as jnp
 from bass_jax.cache import KVCache, keep_path
 from bass_jax.models.attention import mask_depths
 from bass_jax.models.common import forward
-from bass_jax.sampling import acceptance
 from bass_jax.sampling import tree as tree_lib
+from bass_jax.sampling.draft_len import CHAIN, PLAIN
 from bass_jax.sampling.proposers import FinishedSamples, StepContext
 from bass_jax.sampling.state import DecodeSpec, DecodeState
-from bass_jax.sampling.warp import coupled_choice, sample, warped_log_probs
 
 
 # The named scopes of a step's phases (``jax.named_scope``): they appear in the op names of the
@@ -49,11 +50,6 @@ def _target_forward(spec: DecodeSpec, params: Any, tokens: jax.Array, cache: KVC
   return logits, cache_out, features.at[rows, pos].set(new.astype(features.dtype), mode="drop")
 
 
-def _warp(spec: DecodeSpec, logits: jax.Array, temperature, top_p) -> jax.Array:
-  """``warp.warped_log_probs`` of the target's ``logits: f32[..., V]``, branch-free as the spec says."""
-  return warped_log_probs(logits, temperature, top_p, branch_free=spec.branch_free)
-
-
 @jax.named_scope("advance")
 def _emit(state: DecodeState, new_tokens: jax.Array, new_logprobs: jax.Array,
           count: jax.Array) -> DecodeState:
@@ -67,11 +63,11 @@ def _emit(state: DecodeState, new_tokens: jax.Array, new_logprobs: jax.Array,
   live = ~state.done
   generated = state.seq_len - state.prompt_len
 
-  is_eos = (slots < count[:, None]) & jnp.isin(new_tokens, state.eos_ids)
+  is_eos = (slots < count[:, None]) & jnp.isin(new_tokens, state.limits.eos_ids)
   has_eos = jnp.any(is_eos, axis=1)
   first_eos = jnp.argmax(is_eos, axis=1)
   count = jnp.where(has_eos, first_eos + 1, count)
-  count = jnp.where(live, jnp.minimum(count, state.max_new - generated), 0)
+  count = jnp.where(live, jnp.minimum(count, state.limits.max_new - generated), 0)
 
   write = slots < count[:, None]
   out_of_range = state.tokens.shape[1]  # dropped by the scatter
@@ -82,84 +78,69 @@ def _emit(state: DecodeState, new_tokens: jax.Array, new_logprobs: jax.Array,
 
   seq_len = state.seq_len + count
   eos = state.eos | (live & has_eos & (first_eos < count))
-  done = state.done | eos | (seq_len - state.prompt_len >= state.max_new)
+  done = state.done | eos | (seq_len - state.prompt_len >= state.limits.max_new)
   return state.replace(tokens=tokens, logprobs=logprobs, seq_len=seq_len, eos=eos, done=done)
-
-
-def regular_step(spec: DecodeSpec, target_params, temperature, top_p,
-                 state: DecodeState) -> DecodeState:
-  """One token per live row from the target alone: the optimized baseline, and BASS's plain step.
-
-  ``temperature: f32[]`` (> 0 unless ``spec.greedy``) and ``top_p: f32[] | None`` warp the draw; with
-  ``spec.coupled`` the token is the Gumbel-max draw of the row's noise at text position ``seq_len``,
-  the draw a verification would make there."""
-  batch = state.tokens.shape[0]
-  rows = jnp.arange(batch)
-  key, sample_key = jax.random.split(state.key)
-  last = state.tokens[rows, state.seq_len - 1][:, None]
-  logits, cache, features = _target_forward(spec, target_params, last, state.target_cache,
-                                            state.features)
-  logits = logits[:, 0]
-  if spec.coupled:  # the token at text position seq_len: the same draw as a verification's there
-    with jax.named_scope("accept"):
-      token = coupled_choice(_warp(spec, logits, temperature, top_p), state.row_keys, state.seq_len)
-  else:
-    with jax.named_scope("accept"):
-      token, _ = sample(logits, sample_key, greedy=spec.greedy, temperature=temperature,
-                        top_p=top_p, branch_free=spec.branch_free)
-  logprob = jax.nn.log_softmax(logits, axis=-1)[rows, token]
-  state = _emit(state, token[:, None], logprob[:, None], jnp.ones((batch,), jnp.int32))
-  return state.replace(target_cache=cache.with_lengths(state.seq_len - 1), features=features,
-                       step=state.step + 1, key=key)
 
 
 def plain_step(spec: DecodeSpec, target_params, temperature, top_p,
                state: DecodeState) -> DecodeState:
-  """A BASS step without drafts: regular decoding's step, recorded in the histories, and the policy
-  told (its state decays)."""
+  """One token per live row from the target alone: every step of regular decoding, and a BASS step
+  when nothing is drafted.
+
+  ``temperature: f32[]`` (> 0 unless greedy) and ``top_p: f32[] | None`` warp the draw; the token is
+  the acceptance rule's draw at the row's root (``AcceptanceRule.accept`` of a tree without drafts):
+  the argmax, a draw from the warped law, or with Gumbel acceptance the row's Gumbel-max draw at text
+  position ``seq_len``, the draw a verification would make there."""
+  batch = state.tokens.shape[0]
+  rows = jnp.arange(batch)
   live = ~state.done
-  old_step = state.step
-  state = regular_step(spec, target_params, temperature, top_p, state)
-  next_len, policy_state = spec.draft_len.after_plain_step(state.policy_state, state.draft_len)
-  return state.replace(
-      draft_len=jnp.asarray(next_len, jnp.int32),
-      policy_state=policy_state,
-      verified_history=state.verified_history.at[old_step].set(1),
-      accepted_history=state.accepted_history.at[old_step].set(jnp.where(live, 0, -1)),
-  )
+  key, sample_key = jax.random.split(state.key)
+  last = state.tokens[rows, state.seq_len - 1][:, None]
+  logits, cache, features = _target_forward(spec, target_params, last, state.target_cache,
+                                            state.features)
+  with jax.named_scope("accept"):
+    result = spec.acceptance.accept(
+        tree_lib.DraftTree(tokens=last, parents=jnp.full_like(last, -1),
+                           num_nodes=jnp.ones((batch,), jnp.int32)),
+        logits, temperature=temperature, top_p=top_p, key=sample_key,
+        row_keys=state.queue.row_keys(), seq_len=state.seq_len)
+    token = result.next_token
+    logprob = jax.nn.log_softmax(logits[:, 0], axis=-1)[rows, token]
+  zeros = jnp.zeros((batch,), jnp.int32)
+  return _advance(spec, state, token[:, None], logprob[:, None], zeros, cache, features,
+                  state.proposer_state, key, kind=PLAIN, depth=zeros, log=dict(
+                      verified=jnp.int32(1), accepted=jnp.where(live, 0, -1)))
 
 
 def _verify_chunk(spec: DecodeSpec, target_params, temperature, top_p, state: DecodeState, inputs,
                   draft_log_probs, cache: KVCache, features, start, num_drafts, key):
-  """Scores ``inputs[:, start:start + C]`` with the target and accepts over those positions (``state``
-  is the decode's at the step's start: its text lengths and sequence keys).
+  """Scores ``inputs[:, start:start + C]`` with the target and accepts over those positions: the
+  chunk is the chain of its C + 1 nodes from position ``start`` (``tree.chain_tree``'s ``first``),
+  checked by the decode's acceptance rule (``state`` is the decode's at the step's start: its text
+  lengths and sequence keys).
 
   Returns:
-    ``(matched i32[B], next_token i32[B], logprobs f32[B, C, 2], cache)``: see
-    :func:`acceptance.greedy_accept_chunk`; ``logprobs[..., 0]`` is the target's raw log-probability of
-    each position's draft and ``[..., 1]`` of its argmax/drawn token (for the emitted log-probs); the
-    cache holds the chunk's K/V, its lengths advanced by C; the feature buffer (or None) the chunk's
-    features.
+    ``(matched i32[B], next_token i32[B], logprobs f32[B, C, 2], cache, features)``: the drafts each
+    row accepted in the chunk (``matched < C``: its acceptance ends here, at position ``start +
+    matched``) and the rule's token there (the correction, or the bonus at ``i = l``);
+    ``logprobs[..., 0]`` is the target's raw log-probability of each position's draft and ``[..., 1]``
+    of the next token (for the emitted log-probs); the cache holds the chunk's K/V, its lengths
+    advanced by C; the feature buffer (or None) the chunk's features.
   """
   chunk = spec.verify_chunk
-  tokens = jax.lax.dynamic_slice_in_dim(inputs, start, chunk, axis=1)
-  next_drafts = jax.lax.dynamic_slice_in_dim(inputs, start + 1, chunk, axis=1)
-  positions = start + jnp.arange(chunk, dtype=jnp.int32)
-  logits, cache, features = _target_forward(spec, target_params, tokens, cache, features)
+  nodes = jax.lax.dynamic_slice_in_dim(inputs, start, chunk + 1, axis=1)
+  logits, cache, features = _target_forward(spec, target_params, nodes[:, :chunk], cache, features)
   with jax.named_scope("accept"):
-    if spec.greedy:
-      matched, next_token = acceptance.greedy_accept_chunk(logits, next_drafts, positions, num_drafts)
-    elif spec.coupled:
-      matched, next_token = acceptance.coupled_accept_chunk(
-          _warp(spec, logits, temperature, top_p), state.row_keys, state.seq_len, next_drafts,
-          positions, num_drafts)
-    else:
-      log_q = (None if draft_log_probs is None
-               else jax.lax.dynamic_slice_in_dim(draft_log_probs, start, chunk, axis=1))
-      matched, next_token = acceptance.speculative_accept_chunk(
-          key, _warp(spec, logits, temperature, top_p), log_q, next_drafts, positions, num_drafts)
+    chain = tree_lib.chain_tree(nodes[:, 0], nodes[:, 1:], jnp.clip(num_drafts - start, 0, chunk),
+                                first=start)
+    log_q = (None if draft_log_probs is None
+             else jax.lax.dynamic_slice_in_dim(draft_log_probs, start, chunk, axis=1))
+    result = spec.acceptance.accept(chain, logits, temperature=temperature, top_p=top_p, key=key,
+                                    draft_log_probs=log_q, row_keys=state.queue.row_keys(),
+                                    seq_len=state.seq_len)
+    matched, next_token = result.num_accepted, result.next_token
     raw = jax.nn.log_softmax(logits, axis=-1)
-    of_draft = jnp.take_along_axis(raw, next_drafts[..., None], axis=-1)[..., 0]
+    of_draft = jnp.take_along_axis(raw, nodes[:, 1:, None], axis=-1)[..., 0]
     of_next = jnp.take_along_axis(
         raw, jnp.broadcast_to(next_token[:, None, None], raw.shape[:2] + (1,)), axis=-1)[..., 0]
     return matched, next_token, jnp.stack([of_draft, of_next], axis=-1), cache, features
@@ -222,10 +203,10 @@ def _verify(spec: DecodeSpec, target_params, temperature, top_p, state: DecodeSt
   return accepted, emitted, logprobs[:, :max_draft + 1], cache, features, verified
 
 
-def bass_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
-              state: DecodeState) -> DecodeState:
-  """One BASS step for the whole batch (paper §3; docs/bass.md): propose, verify, accept, advance,
-  roll the proposer back, adapt l_draft."""
+def chain_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
+               state: DecodeState) -> DecodeState:
+  """One BASS step for the whole batch (paper §3; docs/bass.md): propose a chain per row, verify it,
+  accept per row, advance, roll the proposer back, adapt l_draft."""
   key, draft_key, accept_key = jax.random.split(state.key, 3)
   live = ~state.done
   draft_len = state.draft_len
@@ -238,45 +219,52 @@ def bass_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
   accepted, emitted, emitted_logprobs, target_cache, features, verified = _verify(
       spec, target_params, temperature, top_p, state, proposal.drafts, num_drafts, proposal.log_q,
       accept_key)
+  return _advance(spec, state, emitted, emitted_logprobs, accepted, target_cache, features,
+                  proposer_state, key, kind=CHAIN, depth=num_drafts, log=dict(
+                      draft_len=draft_len, verified=verified,
+                      source=_source(spec, proposal.source, num_drafts)))
 
-  next_len, policy_state = spec.draft_len.after_step(state.policy_state, draft_len, num_drafts,
-                                                     accepted, live)
-  state = _advance(spec, state, emitted, emitted_logprobs, accepted, target_cache, features,
-                   proposer_state, key, draft_len=draft_len, drafted=num_drafts, verified=verified,
-                   source=proposal.source)
-  return state.replace(draft_len=jnp.asarray(next_len, jnp.int32), policy_state=policy_state)
+
+def _source(spec: DecodeSpec, source: jax.Array | None, drafted: jax.Array) -> jax.Array:
+  """``i32[B]`` where each row's drafts came from (``proposers.DRAFT_SOURCES``; the proposer's own
+  where ``source`` is None), -1 for a row without drafts."""
+  if source is None:
+    source = jnp.full(drafted.shape, spec.proposer.source_index, jnp.int32)
+  return jnp.where(drafted > 0, source, -1)
 
 
 @jax.named_scope("advance")
 def _advance(spec: DecodeSpec, state: DecodeState, emitted, emitted_logprobs, accepted, target_cache,
-             features, proposer_state, key, *, draft_len, drafted, verified, source,
-             tree: int = -1) -> DecodeState:
-  """The end of a speculative step, chain or tree: each live row emits ``emitted[b, :accepted[b] +
+             features, proposer_state, key, *, kind, depth, log) -> DecodeState:
+  """The end of every step, plain, chain or tree: each live row emits ``emitted[b, :accepted[b] +
   1]`` (``i32[B, E]``, with the target's log-probs ``f32[B, E]``), the target cache keeps the text
   (rejected drafts are dropped by resetting lengths; their K/V stay in place, masked, to be
-  overwritten), the proposer rolls back, and the step is recorded in the histories: the draft length
-  ``draft_len: i32[]``, ``drafted: i32[B]`` drafts per row, ``verified: i32[]`` positions scored per
-  row, the tree shape ``tree`` (-1 for a chain), where each row's drafts came from (``source:
-  i32[B]`` or None for the proposer's own, ``proposers.DRAFT_SOURCES``) and the accepted counts (-1
-  for rows that were done)."""
+  overwritten), the proposer rolls back (after a speculative step), the step is recorded in the
+  :class:`state.StepLog` (``log``: the entries this kind of step sets; the drafts and accepted
+  counts per row are added here for speculative steps) and the draft-length policy is told
+  (``after_step(kind, depth, accepted, live)``, ``draft_len.py``).
+
+  Args:
+    kind: static: ``draft_len.PLAIN``, ``draft_len.CHAIN`` or the tree shape's index.
+    depth: ``i32[B]`` the drafts each row had checked (a chain's length, a tree's deepest node).
+  """
   live = ~state.done
-  if source is None:
-    source = jnp.full(drafted.shape, spec.proposer.source_index, jnp.int32)
   old_seq_len = state.seq_len
   state = _emit(state, emitted, emitted_logprobs, accepted + 1)
-  proposer_state = spec.proposer.rollback(proposer_state, state.tokens, old_seq_len, state.seq_len)
+  if kind != PLAIN:
+    proposer_state = spec.proposer.rollback(proposer_state, state.tokens, old_seq_len, state.seq_len)
+    log = dict(log, drafted=log.get("drafted", depth), accepted=jnp.where(live, accepted, -1))
+  next_len, policy_state = spec.draft_len.after_step(
+      state.policy_state, state.draft_len, kind=kind, depth=depth, accepted=accepted, live=live)
   return state.replace(
       target_cache=target_cache.with_lengths(state.seq_len - 1),
       proposer_state=proposer_state,
       features=features,
       step=state.step + 1,
-      draft_len_history=state.draft_len_history.at[state.step].set(draft_len),
-      drafted_history=state.drafted_history.at[state.step].set(drafted),
-      verified_history=state.verified_history.at[state.step].set(verified),
-      tree_history=state.tree_history.at[state.step].set(tree),
-      source_history=state.source_history.at[state.step].set(jnp.where(drafted > 0, source, -1)),
-      accepted_history=state.accepted_history.at[state.step].set(jnp.where(live, accepted, -1)),
       key=key,
+      draft_len=jnp.asarray(next_len, jnp.int32),
+      policy_state=policy_state,
+      log=state.log.record(state.step, **log),
   )
 
 
@@ -285,8 +273,7 @@ def tree_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
   """One tree step for the whole batch (EAGLE-2, Li et al. 2024; SpecInfer, Miao et al. 2024;
   docs/design.md "Token trees"): the proposer drafts a tree of shape ``spec.draft_trees[tree]`` (a
   static index) per row, the target scores every node in one forward under the tree's ancestor mask,
-  each row accepts one root-to-node path (``tree.greedy_accept_tree``, ``coupled_accept_tree`` or
-  ``speculative_accept_tree``) and emits it and one more token, and the path's K/V (and features)
+  each row accepts one root-to-node path (``AcceptanceRule.accept``) and emits it and one more token, and the path's K/V (and features)
   move into consecutive slots (``cache.keep_path``), so the next step sees an ordinary ragged cache.
   The draft-length policy learns from the accepted depths and chooses the next step's kind.
 
@@ -298,7 +285,7 @@ def tree_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
 
   Returns:
     The state after the step: up to ``depth + 1`` new tokens per live row, the caches compacted, the
-    histories recorded (``draft_len_history``: the shape's depth; ``tree_history``: ``tree``).
+    step logged (``StepLog.draft_len``: the shape's depth; ``StepLog.tree``: ``tree``).
   """
   shape = spec.draft_trees[tree]
   key, draft_key, accept_key = jax.random.split(state.key, 3)
@@ -312,14 +299,9 @@ def tree_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
   logits, target_cache, features = _target_forward(spec, target_params, draft.tokens,
                                                    state.target_cache, state.features, mask)
   with jax.named_scope("accept"):
-    if spec.greedy:
-      result = tree_lib.greedy_accept_tree(draft, logits)
-    elif spec.coupled:
-      result = tree_lib.coupled_accept_tree(draft, _warp(spec, logits, temperature, top_p),
-                                            state.row_keys, state.seq_len)
-    else:
-      result = tree_lib.speculative_accept_tree(accept_key, draft,
-                                                _warp(spec, logits, temperature, top_p))
+    result = spec.acceptance.accept(draft, logits, temperature=temperature, top_p=top_p,
+                                    key=accept_key, row_keys=state.queue.row_keys(),
+                                    seq_len=state.seq_len)
     accepted = jnp.where(live, result.num_accepted, 0)
     # Emitted: the path's draft tokens, then next_token at slot num_accepted.
     path = jnp.maximum(result.path, 0)
@@ -337,12 +319,11 @@ def tree_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
     features = keep_path(features, base, result.path, axis=1)
   drafted = jnp.where(live, draft.num_nodes - 1, 0)
   depth = jnp.max(mask_depths(mask), axis=-1)  # each row's deepest node (0: no drafts)
-  next_len, policy_state = spec.draft_len.after_tree_step(state.policy_state, state.draft_len, tree,
-                                                          depth, accepted, live)
-  state = _advance(spec, state, emitted, emitted_logprobs, accepted, target_cache, features,
-                   proposer_state, key, draft_len=jnp.int32(shape.depth), drafted=drafted,
-                   verified=jnp.int32(shape.nodes), source=draft.source, tree=tree)
-  return state.replace(draft_len=jnp.asarray(next_len, jnp.int32), policy_state=policy_state)
+  return _advance(spec, state, emitted, emitted_logprobs, accepted, target_cache, features,
+                  proposer_state, key, kind=tree, depth=depth, log=dict(
+                      draft_len=jnp.int32(shape.depth), drafted=drafted,
+                      verified=jnp.int32(shape.nodes), tree=jnp.int32(tree),
+                      source=_source(spec, draft.source, drafted)))
 
 
 def step_context(state: DecodeState, key, temperature, top_p, *,
@@ -351,11 +332,11 @@ def step_context(state: DecodeState, key, temperature, top_p, *,
   PRNG ``key``, the warp's ``temperature: f32[]`` and ``top_p: f32[] | None``, and the spec's
   static ``branch_free``."""
   queue = state.queue
-  finished = None
-  if queue is not None:
+  finished = None  # without admission a retired row's text stays in the batch (Queue.admits)
+  if queue.admits:
     finished = FinishedSamples(prompts=queue.prompts, prompt_len=queue.prompt_len,
                                tokens=queue.tokens, lengths=queue.lengths, group=queue.group)
   return StepContext(tokens=state.tokens, seq_len=state.seq_len, live=~state.done,
                      draft_len=state.draft_len, key=key, temperature=temperature, top_p=top_p,
-                     features=state.features, row_keys=state.row_keys, group=state.group,
+                     features=state.features, row_keys=queue.row_keys(), group=queue.row_group(),
                      finished=finished, branch_free=branch_free)

@@ -1,13 +1,12 @@
-"""Token trees: their static shape (:class:`TreeShape`), EAGLE-2's growth (:func:`grow_tree`), the
-ancestor mask, and the acceptance of one tree per row: greedy, speculative (SpecInfer) and
-drafter-invariant.
+"""Token trees: their static shape (:class:`TreeShape`), the drafts of a step as a tree per row
+(:class:`DraftTree`; a chain is the tree ``parents[i] = i - 1``, :func:`chain_tree`), EAGLE-2's growth
+(:func:`grow_tree`) and the ancestor mask. Accepting a tree is ``acceptance.AcceptanceRule.accept``.
 
-A tree step (EAGLE-2, Li et al. 2024; SpecInfer, Miao et al. 2024) generalizes the chain of drafts
-that :mod:`bass_jax.sampling.acceptance` verifies: each row proposes a tree of candidate tokens
-rooted at its last emitted token, the target scores every node in one pass (attending along
-:func:`ancestor_mask`), and the row accepts one root-to-node path of the tree and then emits one
-more token. Everything here is a pure function of static shapes; the decode step that uses it is
-``bass_jax.sampling.step.tree_step``.
+A tree step (EAGLE-2, Li et al. 2024; SpecInfer, Miao et al. 2024) generalizes the chain of drafts:
+each row proposes a tree of candidate tokens rooted at its last emitted token, the target scores
+every node in one pass (attending along :func:`ancestor_mask`), and the row accepts one root-to-node
+path of the tree and then emits one more token. Everything here is a pure function of static shapes;
+the decode step that uses it is ``bass_jax.sampling.step.tree_step``.
 
 Axes: B rows, N nodes per row (static), V vocabulary. Node 0 of a row is its root (the last emitted
 token, already in the text); nodes ``1 .. num_nodes - 1`` are drafts, each with a parent of smaller
@@ -15,12 +14,6 @@ index (topological order); nodes ``>= num_nodes`` are padding, whose values are 
 target's distribution at node i (``target_logits[:, i]``, ``target_log_probs[:, i]``) is the one of
 the token after node i's path, so a child c of node u is checked against node u's distribution.
 
-Every rule walks the tree from the root: at the current node u it tries u's children in index
-order, moves to the first one it accepts and repeats; when no child of u is accepted (or u has none)
-it emits ``next_token`` from u. Since a child's index exceeds its parent's, that walk is one scan
-over nodes ``1 .. N - 1`` in index order (:func:`_walk`), trying node c iff its parent is the
-current node when the scan reaches it: the siblings tried before c have smaller indices and c's
-children come after c, so the scan tries exactly the nodes of a level-by-level walk, in order.
 """
 
 from __future__ import annotations
@@ -34,8 +27,6 @@ import jax.numpy as jnp
 
 from bass_jax import _checks
 from bass_jax.models.attention import mask_depths
-from bass_jax.sampling import acceptance
-from bass_jax.sampling import warp
 
 
 MAX_TOP_K = 16  # children per expanded node (TreeShape's limits; its docstring says why)
@@ -196,21 +187,35 @@ class DraftTree:
       padding, with any tokens and parents.
     source: ``i32[B]`` where each row's tree came from (``proposers.DRAFT_SOURCES``; a hybrid's
       lookup where one matched), or None: the proposer's own.
+    first: ``i32[]`` the index of node 0 in the step's whole tree (0; a chain verified in chunks
+      of C positions, ``step.verify``, passes the chunk starting at position ``first`` as the chain
+      of its C + 1 nodes): acceptance keys its randomness by a node's index in the whole tree.
+    chain: static; every row is the chain ``parents[i] = i - 1`` (:func:`chain_tree`), which
+      acceptance then checks for all nodes at once instead of walking them.
   """
 
   tokens: jax.Array
   parents: jax.Array
   num_nodes: jax.Array
   source: jax.Array | None = None
+  first: jax.Array | int = 0
+  chain: bool = flax.struct.field(pytree_node=False, default=False)
 
   def is_real(self) -> jax.Array:
     """``bool[B, N]``: node i of row b is real (``i < num_nodes[b]``)."""
     return jnp.arange(self.tokens.shape[1]) < self.num_nodes[:, None]
 
   def where(self, take: jax.Array, other: "DraftTree") -> "DraftTree":
-    """Row by row, this tree where ``take: bool[B]``, ``other`` (of the same N) elsewhere."""
-    return jax.tree_util.tree_map(
-        lambda a, b: jnp.where(take.reshape(take.shape + (1,) * (a.ndim - 1)), a, b), self, other)
+    """Row by row, this tree where ``take: bool[B]``, ``other`` (of the same N) elsewhere (a chain
+    only if both are)."""
+    pick = lambda a, b: jnp.where(take.reshape(take.shape + (1,) * (a.ndim - 1)), a, b)
+    source = None
+    if self.source is not None or other.source is not None:
+      own = lambda t: jnp.full(take.shape, -1, jnp.int32) if t.source is None else t.source
+      source = pick(own(self), own(other))
+    return DraftTree(tokens=pick(self.tokens, other.tokens), parents=pick(self.parents, other.parents),
+                     num_nodes=pick(self.num_nodes, other.num_nodes), source=source,
+                     first=self.first, chain=self.chain and other.chain)
 
 
 @flax.struct.dataclass
@@ -232,21 +237,25 @@ class TreeAcceptance:
   next_token: jax.Array
 
 
-def chain_tree(last: jax.Array, drafts: jax.Array, num_drafts: jax.Array) -> DraftTree:
+def chain_tree(last: jax.Array, drafts: jax.Array, num_drafts: jax.Array, *,
+               first: jax.Array | int = 0) -> DraftTree:
   """The chain ``last -> d_1 -> ... -> d_l`` as a tree (what a chain proposer drafts).
 
   Args:
-    last: ``i32[B]`` each row's last emitted token. drafts: ``i32[B, L]``.
+    last: ``i32[B]`` each row's last emitted token (or, for a chunk, the token at position
+      ``first``). drafts: ``i32[B, L]``.
     num_drafts: ``i32[B]`` (or ``i32[]``) real drafts l per row, ``0 <= l <= L``.
+    first: the index of ``last`` in the step's whole chain (:attr:`DraftTree.first`).
 
   Returns:
-    A :class:`DraftTree` with N = L + 1 nodes, ``parents[i] = i - 1`` and ``num_nodes = l + 1``.
+    A :class:`DraftTree` with N = L + 1 nodes, ``parents[i] = i - 1``, ``num_nodes = l + 1`` and
+    ``chain=True``.
   """
   batch, num_slots = drafts.shape
   tokens = jnp.concatenate([last[:, None], drafts], axis=1).astype(jnp.int32)
   parents = jnp.broadcast_to(jnp.arange(num_slots + 1, dtype=jnp.int32) - 1, tokens.shape)
   num_nodes = jnp.broadcast_to(jnp.asarray(num_drafts, jnp.int32) + 1, (batch,))
-  return DraftTree(tokens=tokens, parents=parents, num_nodes=num_nodes)
+  return DraftTree(tokens=tokens, parents=parents, num_nodes=num_nodes, first=first, chain=True)
 
 
 def branch_tree(root: jax.Array, branches: jax.Array, lengths: jax.Array, nodes: int) -> DraftTree:
@@ -306,160 +315,6 @@ def node_depths(tree: DraftTree) -> jax.Array:
   return mask_depths(ancestor_mask(tree))  # a padding node's mask row is all False: depth 0
 
 
-# A child test of :func:`_walk`: ``(c, node, candidate, state) -> (accepted, state)`` for node index
-# c, the rows' current nodes ``i32[B]`` and ``candidate: bool[B]`` (c is a real child of the current
-# node). Only candidate rows may accept, and the other rows' state must come back unchanged.
-ChildTest = Callable[[jax.Array, jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
-
-
-def _walk(tree: DraftTree, try_child: ChildTest, state: Any) -> tuple[TreeAcceptance, Any]:
-  """Walks every row from its root, trying each node when the scan in index order reaches it
-  (module docstring).
-
-  Returns:
-    ``(acceptance, state)``: the paths with ``next_token`` left at 0, and the final state. The node
-    a row stopped at is ``path[num_accepted]`` (:func:`_last_node`).
-  """
-  batch, num = tree.tokens.shape
-  real = tree.is_real()
-  slots = jnp.arange(num)
-
-  def step(c, carry):
-    node, num_accepted, path, state = carry
-    candidate = (tree.parents[:, c] == node) & real[:, c]
-    accepted, state = try_child(c, node, candidate, state)
-    accepted = accepted & candidate
-    num_accepted = num_accepted + accepted
-    path = jnp.where(accepted[:, None] & (slots == num_accepted[:, None]), c, path)
-    return jnp.where(accepted, c, node), num_accepted, path, state
-
-  path = jnp.where(slots == 0, 0, jnp.full((batch, num), -1, jnp.int32))
-  init = (jnp.zeros(batch, jnp.int32), jnp.zeros(batch, jnp.int32), path, state)
-  _, num_accepted, path, state = jax.lax.fori_loop(1, num, step, init)
-  result = TreeAcceptance(path=path, num_accepted=num_accepted,
-                          next_token=jnp.zeros(batch, jnp.int32))
-  return result, state
-
-
-def _last_node(result: TreeAcceptance) -> jax.Array:
-  """``i32[B]`` the node each row's walk stopped at."""
-  return jnp.take_along_axis(result.path, result.num_accepted[:, None], axis=1)[:, 0]
-
-
-def _accept_chosen(tree: DraftTree, chosen: jax.Array) -> TreeAcceptance:
-  """Accepts, from the root, the first child whose token is the target's choice at its parent
-  (``chosen: i32[B, N]``, one token per node), and emits the choice at the last accepted node."""
-  rows = jnp.arange(chosen.shape[0])
-
-  def try_child(c, node, candidate, state):
-    del candidate  # _walk masks it
-    return tree.tokens[:, c] == chosen[rows, node], state
-
-  result, _ = _walk(tree, try_child, None)
-  next_token = jnp.take_along_axis(chosen, _last_node(result)[:, None], axis=1)[:, 0]
-  return result.replace(next_token=next_token)
-
-
-def greedy_accept_tree(tree: DraftTree, target_logits: jax.Array) -> TreeAcceptance:
-  """Greedy tree verification (temperature 0): follow the target's argmax down the tree.
-
-  From the root, accept the child whose token is ``argmax target_logits[:, u]`` at the current node
-  u (the first such child in index order when siblings share it) and repeat; ``next_token`` is the
-  argmax at the last accepted node. On a chain this is :func:`acceptance.greedy_accept_chunk`.
-
-  Args:
-    tree: the drafts. target_logits: ``f32[B, N, V]``, node i's logits for the token after its path.
-
-  Returns:
-    :class:`TreeAcceptance`.
-  """
-  return _accept_chosen(tree, warp.first_argmax(target_logits))
-
-
-def coupled_accept_tree(tree: DraftTree, target_log_probs: jax.Array, row_keys: jax.Array,
-                        seq_len: jax.Array) -> TreeAcceptance:
-  """Drafter-invariant tree acceptance (Daliri, Musco and Suresh 2024; as
-  :func:`acceptance.coupled_accept_chunk`).
-
-  The target's token at node u is its Gumbel-max draw :func:`warp.coupled_choice` with the row's
-  noise for text position ``seq_len + depth(u)``; the walk accepts the child equal to it (greedy
-  acceptance on the perturbed log-probs), and ``next_token`` is that draw at the last accepted node.
-  Every emitted token is then the target's own draw at its text position, whatever the tree: the
-  row emits what regular decoding with ``acceptance="gumbel"`` emits.
-
-  Args:
-    tree: the drafts. target_log_probs: ``f32[B, N, V]`` warped ``log p`` at each node.
-    row_keys: ``u32[B, 2]`` each row's sequence key data (:func:`warp.sequence_keys`).
-    seq_len: ``i32[B]`` the rows' text lengths, root included (the root's children are drafts for
-      text position ``seq_len``).
-
-  Returns:
-    :class:`TreeAcceptance`.
-  """
-  positions = seq_len[:, None] + node_depths(tree)
-  return _accept_chosen(tree, warp.coupled_choice(target_log_probs, row_keys, positions))
-
-
-def speculative_accept_tree(key: jax.Array, tree: DraftTree, target_log_probs: jax.Array,
-                            draft_log_probs: jax.Array | None = None) -> TreeAcceptance:
-  """Speculative sampling on a tree: the emitted tokens follow the target's warped law exactly.
-
-  At the current node u the walk keeps a residual ``p'``, at first ``p_u``, and tries u's children
-  c in index order, each with its token t:
-
-  * ``draft_log_probs=None``: the children are deterministic (e.g. the draft's top-k, duplicates
-    allowed). c is accepted with probability ``p'(t)``; on rejection ``p'(t)`` is set to 0 and
-    ``p'`` renormalized (so a duplicate of a rejected token is rejected).
-  * ``draft_log_probs`` given: u's children were drawn i.i.d. from ``q_u`` (SpecInfer's multi-step
-    speculative sampling, Miao et al. 2024). c is accepted with probability
-    ``min(1, p'(t) / q_u(t))``; on rejection ``p' <- norm(max(0, p' - q_u))``.
-
-  The first rule is the second with ``q_u`` one-hot at t, which is how both are coded. On acceptance
-  the walk moves to c with ``p' = p_c``; when every child of u is rejected, or u has none,
-  ``next_token`` is drawn from ``p'`` (with :func:`acceptance.correction_distribution`'s convention
-  for an all-zero residual: ``p'`` stays as it was).
-
-  Randomness, with ``accept_key, residual_key = split(key)``: the uniform of node c is row b of
-  ``uniform(fold_in(accept_key, c), (B,))``, and a correction drawn at node u uses the key
-  ``fold_in(fold_in(residual_key, u), b)``. Every decision is keyed by its node (and row), not by
-  the organization of the walk.
-
-  Args:
-    key: PRNG key of the step's acceptance.
-    tree: the drafts; real tokens in ``[0, V)``.
-    target_log_probs: ``f32[B, N, V]`` warped (normalized) ``log p`` at each node.
-    draft_log_probs: None, or ``f32[B, N, V]`` warped ``log q_u`` at each node that has children
-      (anything at the others).
-
-  Returns:
-    :class:`TreeAcceptance`.
-  """
-  batch, _, vocab = target_log_probs.shape
-  accept_key, residual_key = jax.random.split(key)
-  rows = jnp.arange(batch)
-  tokens = jnp.where(tree.is_real(), jnp.clip(tree.tokens, 0, vocab - 1), 0)  # gathers in range
-
-  def try_child(c, node, candidate, residual):
-    token = tokens[:, c]
-    if draft_log_probs is None:
-      q = jax.nn.one_hot(token, vocab, dtype=residual.dtype)
-    else:
-      q = jnp.exp(draft_log_probs[rows, node])
-    uniform = jax.random.uniform(jax.random.fold_in(accept_key, c), (batch,))
-    accepted = uniform * q[rows, token] < residual[rows, token]  # u < min(1, p'(t) / q(t))
-    rest = acceptance.correction_distribution(residual, q)
-    rest = rest / jnp.sum(rest, axis=-1, keepdims=True)
-    residual = jnp.where((candidate & ~accepted)[:, None], rest, residual)
-    moved = jnp.exp(target_log_probs[:, c])
-    return accepted, jnp.where((candidate & accepted)[:, None], moved, residual)
-
-  result, residual = _walk(tree, try_child, jnp.exp(target_log_probs[:, 0]))
-  fold = lambda u, b: jax.random.fold_in(jax.random.fold_in(residual_key, u), b)
-  keys = jax.vmap(fold)(_last_node(result), rows)
-  next_token = jax.vmap(warp.categorical)(keys, jnp.log(residual))
-  return result.replace(next_token=next_token)
-
-
 # A draft model's level of tree growth: ``(carry, tokens i32[B, k], parent i32[B, k], tree_mask bool[B,
 # k, M]) -> (carry, log_q f32[B, k, V'])``: forwards the level's k expanded nodes (``parent`` indexes
 # the previous level's k nodes, all 0 at the first level, whose parent is the root) with the mask of
@@ -486,7 +341,7 @@ def grow_tree(root: jax.Array, first_log_q: jax.Array, expand: Expand, carry: An
   best nodes fill the rest.
 
   Every node is a deterministic function of the draft's distributions, so
-  :func:`speculative_accept_tree` accepts it with ``draft_log_probs=None`` (exact at any
+  ``AcceptanceRule.accept`` accepts it with ``draft_log_probs=None`` (exact at any
   temperature).
 
   Args:

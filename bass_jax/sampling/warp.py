@@ -152,7 +152,7 @@ def gumbel_noise(row_keys: jax.Array, positions: jax.Array, vocab_size: int) -> 
   The noise of drafter-invariant speculative decoding (Daliri, Musco and Suresh 2024, "Coupling
   without communication and drafter-invariant speculative decoding", arXiv 2408.07978): the token at
   text position ``t`` of a sequence is ``argmax(log p_t + G_t)`` for the target and
-  ``argmax(log q_t + G_t)`` for a draft (:func:`coupled_choice`), with the same ``G_t``, so whatever
+  ``argmax(log q_t + G_t)`` for a draft (:func:`gumbel_choice`), with the same ``G_t``, so whatever
   the draft, the batch or the step structure, a sequence's tokens are a function of its key and the
   target alone.
 
@@ -170,7 +170,7 @@ def gumbel_noise(row_keys: jax.Array, positions: jax.Array, vocab_size: int) -> 
   return per_row.reshape(positions.shape + (vocab_size,))
 
 
-def coupled_choice(log_probs: jax.Array, row_keys: jax.Array, positions: jax.Array) -> jax.Array:
+def gumbel_choice(log_probs: jax.Array, row_keys: jax.Array, positions: jax.Array) -> jax.Array:
   """The Gumbel-max draw ``argmax(log_probs + G)`` with :func:`gumbel_noise` ``G``.
 
   A draw from ``softmax(log_probs)`` (the Gumbel-max trick); two distributions chosen from with the

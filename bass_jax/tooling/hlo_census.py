@@ -10,7 +10,7 @@ apart: a *data-dependent* op is a ``while`` whose condition is anything but a co
 constant, or any ``case``/``if``.
 
 Where a step begins. ``sampling.loop`` outlines every kind of step as its own function
-(``func.func @bass_step``, ``@plain_step``, ``@regular_step``, ``@tree_step_<i>``), so a step loop is
+(``func.func @chain_step``, ``@plain_step``, ``@tree_step_<i>``), so a step loop is
 a ``while`` whose body calls one of them. One step evaluates its loop's condition once and every
 data-dependent op inside the step's function once per iteration of the static loops around it:
 :func:`census`'s ``per_step`` counts those evaluations.
@@ -27,7 +27,7 @@ import re
 from typing import Any
 
 CONTROL_FLOW = ("stablehlo.while", "stablehlo.case", "stablehlo.if")
-STEP_FUNCTIONS = ("bass_step", "plain_step", "regular_step", "tree_step")
+STEP_FUNCTIONS = ("chain_step", "plain_step", "tree_step")
 _CALLBACK = re.compile(r"callback", re.IGNORECASE)
 _FRAME = re.compile(r'"([^"/()]+)"\("([^"]+)":(\d+)')
 _BYTES = {"f64": 8, "i64": 8, "ui64": 8, "f32": 4, "i32": 4, "ui32": 4, "bf16": 2, "f16": 2,
@@ -43,7 +43,7 @@ class ControlFlowOp:
     data_dependent: whether evaluating it needs a value computed on the device (module docstring).
     trip_count: a static loop's iterations (None for a data-dependent op).
     where: the Python frame that traced it, ``"function (file.py:line)"``.
-    step: the step function this op lies in (``"bass_step"``, …), or None outside every step.
+    step: the step function this op lies in (``"chain_step"``, …), or None outside every step.
     calls_step: for a step loop, the step function its body calls, else None.
     children: the control flow nested in its regions (and in the functions they call).
   """

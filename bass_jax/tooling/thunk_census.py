@@ -241,8 +241,8 @@ def computations(optimized_hlo: str) -> dict[str, str]:
 def find_loop(thunks: list[Thunk], optimized_hlo: str, function: str) -> Thunk | None:
   """The outermost ``kWhile`` whose body runs the jitted function named ``function`` (JAX writes
   ``jit(<name>)`` into the op names of its instructions, which XLA keeps when it inlines the call):
-  the loop of a decode's steps of one kind (``sampling.loop`` names them ``regular_step``,
-  ``plain_step``, ``bass_step``, ``tree_step_<i>``). None when no loop runs it."""
+  the loop of a decode's steps of one kind (``sampling.loop`` names them ``plain_step``,
+  ``chain_step``, ``tree_step_<i>``). None when no loop runs it."""
   bodies = {m["name"]: m["body"] for line in optimized_hlo.splitlines()
             if (m := _WHILE_BODY.match(line))}
   texts = computations(optimized_hlo)

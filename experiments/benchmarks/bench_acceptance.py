@@ -1,4 +1,4 @@
-r"""What drafter-invariant acceptance costs: rejection sampling vs Gumbel coupling, side by side.
+r"""What Gumbel acceptance costs: rejection sampling vs Gumbel acceptance, side by side.
 
     python -m experiments.benchmarks.bench_acceptance --draft=smollm2-135m-eagle --temperatures=0.2,0.6,0.8,1.0
 

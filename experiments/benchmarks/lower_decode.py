@@ -139,8 +139,8 @@ def _launch_census(target, draft, prompts, profile, dump_dir: pathlib.Path) -> d
     call.__name__ = name
     args, kwargs = jax.tree_util.tree_unflatten(exported.in_tree, exported.in_avals)
     thunk_census.compile_deviceless(call, args, kwargs, config)
-    kinds = (("regular_step",) if method == "regular"
-             else ("plain_step", "bass_step", *(f"tree_step_{i}" for i in range(8))))
+    kinds = ("plain_step",) + (() if method == "regular"
+                               else ("chain_step", *(f"tree_step_{i}" for i in range(8))))
     for after_passes in (False, True):  # every kernel; what the runtime launches (command buffers)
       dump = thunk_census.read_dump(dump_dir, name, after_passes=after_passes)
       thunks, trips = dump.thunks(), dump.trips()
@@ -161,11 +161,11 @@ def _launch_census(target, draft, prompts, profile, dump_dir: pathlib.Path) -> d
           steps[kind] = {"kernels": step.kernels, "copies": step.copies, "launches": step.launches,
                          "host_reads": step.host_reads,
                          "loops_of_unknown_trip_count": step.unknown_loops}
-    if kinds[-1 if method == "regular" else 1] not in steps and not any(
+    if kinds[0 if method == "regular" else 1] not in steps and not any(
         k.startswith("tree_step") for k in steps):
       raise RuntimeError(f"{dump.module}: no loop of {kinds} found in its thunks")
-  plain = steps["regular_step"]
-  bass = steps.get("bass_step") or next(v for k, v in steps.items() if k.startswith("tree_step"))
+  plain = steps["plain_step"]
+  bass = steps.get("chain_step") or next(v for k, v in steps.items() if k.startswith("tree_step"))
   return {
       "compile_for": _COMPILE_FOR.value, "jax_version": jax.__version__,
       "launches_per_plain_step": plain["launches"], "launches_per_bass_step": bass["launches"],

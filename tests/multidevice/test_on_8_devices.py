@@ -23,7 +23,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 import bass_jax as bj
 from bass_jax import sharding
-from bass_jax.sampling import generate as generate_lib
+from bass_jax.sampling import programs
 from bass_jax.sampling import state as state_lib
 
 pytestmark = pytest.mark.skipif(jax.device_count() != 8, reason="needs 8 host devices (run through "
@@ -75,7 +75,7 @@ def _same(spec, *want):
 
 def _decode_program(mesh):
   """The compiled decode program of the most recent generate call on ``mesh``."""
-  for (spec, _), (_, decode) in reversed(list(generate_lib._PROGRAMS._programs.items())):
+  for (spec, _), (_, decode) in reversed(list(programs._PROGRAMS._programs.items())):
     if spec.target_sharding is not None and spec.target_sharding.mesh == mesh:
       return spec, decode
   raise AssertionError(f"no program was compiled for {mesh}")

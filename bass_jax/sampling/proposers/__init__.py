@@ -1,7 +1,7 @@
 """The draft side of BASS as proposers: a draft model, model-free n-gram lookup, and their hybrid.
 
 The decode loop (``bass_jax.sampling.loop``) talks to the draft side only through this interface, the
-one vLLM and SGLang give their speculators (docs/bass.md, "Proposers"). A proposer is a static, hashable
+one vLLM and SGLang give their speculators (docs/design.md, "Proposers"). A proposer is a static, hashable
 description (part of the compiled program's key) whose weights, if any, travel as a separate pytree;
 each step it
 
@@ -23,7 +23,8 @@ Its state (a ragged draft cache, or nothing) lives in ``DecodeState.proposer_sta
 says whether it could propose anything at all this step (:meth:`Proposer.can_propose`): when no row
 can, the loop runs a plain decoding step instead of a verification (``loop.decode``).
 
-Implementations, one module each:
+Implementations, one module each (and :class:`NoProposer`, in ``base``: regular decoding is the decode
+whose proposer never proposes, so the loop compiles its plain step only):
 
 * :class:`ModelProposer` (``draft_model``): an independent draft model, the paper's method, autoregressive over a ragged
   cache that it brings up to date (catch-up) before drafting.
@@ -37,7 +38,7 @@ Implementations, one module each:
   device): match the row's last tokens against the text of the other samples of its prompt (rows of
   the batch, and a continuous batch's finished samples) and propose the continuation most of the
   matches agree on, as far as they agree. No weights, no state, one-hot ``q``.
-* :class:`HybridProposer` (``hybrid``): per row, sibling lookup (if given), else n-gram lookup, else a
+* :class:`Hybrid` (``hybrid``): per row, sibling lookup (if given), else n-gram lookup, else a
   draft model (independent or EAGLE).
 
 The interface, :class:`StepContext`, :class:`Proposal` and the drafting loop the model drafts share are
@@ -47,14 +48,14 @@ Axes: B batch, T token buffer (prompt bucket + output bucket), L max draft lengt
 chunk, V vocabulary, E the target's feature size.
 """
 
-from bass_jax.sampling.proposers.base import (DRAFT_SOURCES, FinishedSamples, Proposal, Proposer,
-                                              StepContext, draft_autoregressively)
+from bass_jax.sampling.proposers.base import (DRAFT_SOURCES, FinishedSamples, NoProposer, Proposal,
+                                              Proposer, StepContext, draft_autoregressively)
 from bass_jax.sampling.proposers.draft_model import DraftCacheState, ModelProposer
 from bass_jax.sampling.proposers.eagle_draft import EagleProposer, EagleState
-from bass_jax.sampling.proposers.hybrid import HybridProposer
+from bass_jax.sampling.proposers.hybrid import Hybrid
 from bass_jax.sampling.proposers.ngram import NGramProposer
 from bass_jax.sampling.proposers.siblings import SiblingProposer
 
 __all__ = ["DRAFT_SOURCES", "DraftCacheState", "EagleProposer", "EagleState", "FinishedSamples",
-           "HybridProposer", "ModelProposer", "NGramProposer", "Proposal", "Proposer",
+           "Hybrid", "ModelProposer", "NGramProposer", "NoProposer", "Proposal", "Proposer",
            "SiblingProposer", "StepContext", "draft_autoregressively"]

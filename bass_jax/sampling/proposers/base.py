@@ -6,6 +6,7 @@ drafting loop the model drafts share (:func:`draft_autoregressively`). The packa
 from __future__ import annotations
 
 import abc
+import dataclasses
 from typing import Any
 
 import flax.struct
@@ -14,19 +15,19 @@ import jax.numpy as jnp
 
 from bass_jax.cache import write_rows
 from bass_jax.sampling import tree as tree_lib
-from bass_jax.sampling.warp import categorical, coupled_choice, warped_log_probs
+from bass_jax.sampling.warp import categorical, gumbel_choice, warped_log_probs
 
 
 @flax.struct.dataclass
 class FinishedSamples:
-  """A continuous batch's retired samples, as its queue keeps them (``state.Queue``): what sibling
-  lookup reads of the samples that left the batch.
+  """The retired samples, as the queue keeps them (``state.Queue``): what sibling lookup reads of
+  the samples that left the batch.
 
   Attributes:
     prompts: ``i32[Q, P]`` every queued prompt, right-padded. prompt_len: ``i32[Q]``.
     tokens: ``i32[Q, N]`` each retired sample's output (valid below ``lengths``).
     lengths: ``i32[Q]`` tokens emitted; 0 for a prompt not retired yet.
-    group: ``i32[Q]`` each prompt's group (``DecodeState.group``).
+    group: ``i32[Q]`` each prompt's group (``state.Queue.group``).
   """
 
   prompts: jax.Array
@@ -51,13 +52,13 @@ class StepContext:
     features: ``[B, T, E]`` the target's feature at every text position it has scored
       (``features[b, i]`` for ``i < seq_len[b] - 1`` are valid; the rest is stale), or None unless the
       proposer ``needs_features``.
-    row_keys: ``u32[B, 2]`` each row's sequence key data when acceptance is drafter-invariant
+    row_keys: ``u32[B, 2]`` each row's sequence key data under Gumbel acceptance
       (``acceptance="gumbel"``): a sampled draft must then be drawn with :meth:`draw`, which uses the
       noise the target will use at the same text position; None for rejection sampling.
-    group: ``i32[B]`` each row's prompt group (``DecodeState.group``): rows with identical prompts
+    group: ``i32[B]`` each row's prompt group (``state.Queue.row_group``): rows with identical prompts
       share one; None (a context built by hand) means every row is its own group.
-    finished: continuous batching's retired samples (:class:`FinishedSamples`); None for a static
-      batch, whose finished rows keep their text in ``tokens``.
+    finished: the samples retired into the queue (:class:`FinishedSamples`); None for a context
+      built by hand.
     branch_free: static; draft loops run their static ``L`` iterations and warps find the nucleus
       with one sort per row (``DecodeSpec.branch_free``, ``sampling.profiles``).
   """
@@ -84,16 +85,16 @@ class StepContext:
     """Draws draft ``i`` (0-based: the token at text position ``seq_len + i``) of every row from its
     warped ``log_q: f32[B, V]`` -> ``i32[B]`` indices into ``log_q``'s last axis.
 
-    Rejection sampling: an independent draw keyed by ``fold_in(key, i)``. Drafter-invariant acceptance
+    Rejection sampling: an independent draw keyed by ``fold_in(key, i)``. Gumbel acceptance
     (``row_keys`` set): the Gumbel-max draw with the row's noise at that text position
-    (``warp.coupled_choice``), which must then range over the target's whole vocabulary.
+    (``warp.gumbel_choice``), which must then range over the target's whole vocabulary.
     """
     if self.row_keys is None:
       return categorical(jax.random.fold_in(self.key, i), log_q)
-    return coupled_choice(log_q, self.row_keys, self.seq_len + i)
+    return gumbel_choice(log_q, self.row_keys, self.seq_len + i)
 
 
-# Where a row's drafts came from (``DecodeState.source_history``, ``GenerateStats.sources``): an index
+# Where a row's drafts came from (``StepLog.source``, ``GenerateStats.sources``): an index
 # into this tuple; -1 for a row with no drafts that step.
 DRAFT_SOURCES = ("model", "ngram", "siblings")
 
@@ -135,6 +136,8 @@ class Proposer(abc.ABC):
   sharding = None
   # Static: where this proposer's drafts come from (one of DRAFT_SOURCES), for the statistics.
   source = "model"
+  # Static: False for :class:`NoProposer` only: the decode then compiles no speculative step.
+  proposes = True
 
   @property
   def source_index(self) -> int:
@@ -295,3 +298,23 @@ def draft_autoregressively(step, carry: Any, first: tuple[jax.Array, jax.Array |
   carry, drafts, draft_log_probs = jax.lax.fori_loop(1, stop, body, (carry, drafts, draft_log_probs))
   num_drafts = jnp.broadcast_to(ctx.draft_len, (batch,)).astype(jnp.int32)
   return carry, Proposal(drafts=drafts, num_drafts=num_drafts, log_q=draft_log_probs)
+
+
+@dataclasses.dataclass(frozen=True)
+class NoProposer(Proposer):
+  """The proposer of regular decoding: it never proposes, so every step of the decode is a plain
+  step (the target alone, one token per row) and nothing speculative is compiled."""
+
+  proposes = False
+  always_proposes = False
+
+  @property
+  def name(self) -> str:
+    return ""
+
+  def can_propose(self, ctx: StepContext) -> jax.Array:
+    del ctx
+    return jnp.bool_(False)
+
+  def propose(self, params, state, ctx, *, max_len, chunk, greedy):
+    raise NotImplementedError("NoProposer proposes nothing: the decode runs plain steps only")

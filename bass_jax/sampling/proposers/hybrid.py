@@ -1,8 +1,9 @@
-"""Lookups where a row matches, a draft model elsewhere: :class:`HybridProposer`."""
+"""Lookups where a row matches, a draft model elsewhere: :class:`Hybrid`."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax.numpy as jnp
 
@@ -14,9 +15,13 @@ from bass_jax.sampling.proposers.siblings import SiblingProposer
 
 
 @dataclasses.dataclass(frozen=True)
-class HybridProposer(Proposer):
+class Hybrid(Proposer):
   """Per row, every step: sibling lookup where the row's siblings match (when ``siblings`` is
   given), else n-gram lookup where the row's own text matches, else the draft model.
+
+  What a user passes to ``generate`` holds the draft *model* (a ``bass_jax.Model``);
+  ``drafts.resolve_draft`` replaces it with the model's proposer (``ModelProposer`` or
+  ``EagleProposer``), which is what the decode runs.
 
   The draft model runs every step (its cost is paid whatever matches), so the hybrid gains over the
   model alone where lookup continuations are accepted longer, e.g. in code that repeats its own
@@ -24,12 +29,13 @@ class HybridProposer(Proposer):
   draft-model K/V the text confirms.
 
   Attributes:
-    ngram: the n-gram lookup. model: the draft model (independent or EAGLE).
-    siblings: the sibling lookup, or None.
+    model: the draft model (a ``Model``, or once resolved its ``ModelProposer`` or
+      ``EagleProposer``). ngram: the n-gram lookup's settings.
+    siblings: the sibling lookup's settings, or None for none.
   """
 
-  ngram: NGramProposer
-  model: "ModelProposer | EagleProposer"
+  model: "Any | ModelProposer | EagleProposer"
+  ngram: NGramProposer = NGramProposer()
   siblings: SiblingProposer | None = None
 
   @property
@@ -39,6 +45,7 @@ class HybridProposer(Proposer):
 
   @property
   def name(self) -> str:
+    """``hybrid([siblings(8-2), ]ngram(4-2), <model name>)``, as in results files."""
     return f"hybrid({', '.join(p.name for p in self.lookups + (self.model,))})"
 
   @property

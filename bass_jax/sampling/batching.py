@@ -1,5 +1,7 @@
-"""Continuous batching inside the jitted loop: done rows retire their output into the :class:`Queue` and
-take the next waiting prompts (Orca's iteration-level scheduling, Yu et al. 2022).
+"""The queue every batch decodes from, inside the jitted loop: done rows retire their output into the
+:class:`Queue` and, in continuous batching, take the next waiting prompts (Orca's iteration-level
+scheduling, Yu et al. 2022). A static batch is the queue that holds exactly its rows' prompts: its
+rows retire as they finish and nothing is admitted (admission is not compiled: :func:`refill`).
 
 An admission restarts up to ``DecodeSpec.admit_rows`` free rows at once: one chunked prefill of their
 prompts (``DecodeSpec.admit_chunk`` positions per forward, up to the longest of them, not the padded
@@ -22,21 +24,21 @@ from bass_jax.sampling.state import DecodeInputs, DecodeSpec, DecodeState, Queue
 
 
 def start_queue(spec: DecodeSpec, inputs: DecodeInputs) -> Queue:
-  """The queue of a continuous batch at its prefill: the live rows of ``inputs.prompts`` serve the first
-  prompts of ``inputs.queue_prompts`` (row r prompt r), the rest wait, nothing has retired."""
+  """The queue at the prefill: the live rows serve the first prompts of ``inputs.prompts`` (row r
+  prompt r), the rest wait, nothing has retired."""
   inert = inputs.inert
-  q, n = inputs.queue_prompts.shape[0], spec.max_new_bucket
+  q, n = inputs.prompts.shape[0], spec.max_new_bucket
   started = jnp.sum(~inert).astype(jnp.int32)  # the live rows hold prompts 0 … started - 1
   ids = jnp.arange(q, dtype=jnp.int32)
   return Queue(
-      prompts=inputs.queue_prompts, prompt_len=inputs.queue_prompt_len, size=inputs.num_prompts,
+      prompts=inputs.prompts, prompt_len=inputs.prompt_len, size=inputs.num_prompts,
       next=started, slot=~inert,
       row_prompt=jnp.where(inert, -1, jnp.arange(inert.shape[0], dtype=jnp.int32)),
       prompt_row=jnp.where(ids < started, ids, -1), start_step=jnp.zeros((q,), jnp.int32),
       tokens=jnp.zeros((q, n), jnp.int32), logprobs=jnp.zeros((q, n), jnp.float32),
       lengths=jnp.zeros((q,), jnp.int32), eos=jnp.zeros((q,), bool),
-      keys=inputs.queue_keys if spec.coupled else None, group=inputs.queue_group,
-      prefilled=jnp.zeros((), jnp.int32))
+      keys=inputs.keys if spec.gumbel else None, group=inputs.group,
+      prefilled=jnp.zeros((), jnp.int32), admits=spec.queue_len > inert.shape[0])
 
 
 def _retire(spec: DecodeSpec, state: DecodeState) -> DecodeState:
@@ -52,11 +54,9 @@ def _retire(spec: DecodeSpec, state: DecodeState) -> DecodeState:
       lengths=queue.lengths.at[dest].set(state.seq_len - state.prompt_len, mode="drop"),
       eos=queue.eos.at[dest].set(state.eos, mode="drop"),
       row_prompt=jnp.where(retiring, -1, queue.row_prompt))
-  # A retired row serves no prompt until it is admitted another: no sibling reads its text twice
-  # (there and in the queue).
-  group = jnp.where(retiring, -1 - jnp.arange(state.group.shape[0], dtype=state.group.dtype),
-                    state.group)
-  return state.replace(queue=queue, group=group)
+  # A retired row serves no prompt until it is admitted another, and so is a group of its own
+  # (Queue.row_group): no sibling reads its text twice (there and in the queue).
+  return state.replace(queue=queue)
 
 
 def _free_rows(queue) -> jax.Array:
@@ -90,11 +90,9 @@ def _admit(spec: DecodeSpec, target_params: Any, draft_params: Any,
   if spec.keeps_features:
     rows_cache, prompt_features = prefilled
     features = write_rows(features, prompt_features, rows)
-  proposer_state = state.proposer_state
-  if spec.method == "bass":
-    proposer_state = spec.proposer.admit(draft_params, proposer_state, rows, prompts, prompt_len,
-                                         cache_len=spec.prompt_len, max_len=spec.max_draft,
-                                         features=prompt_features, prefill_chunk=spec.admit_chunk)
+  proposer_state = spec.proposer.admit(draft_params, state.proposer_state, rows, prompts, prompt_len,
+                                       cache_len=spec.prompt_len, max_len=spec.max_draft,
+                                       features=prompt_features, prefill_chunk=spec.admit_chunk)
   text = jnp.concatenate([prompts, jnp.zeros((a, spec.max_new_bucket), jnp.int32)], axis=1)
   set_rows = lambda x, value: x.at[rows].set(value, mode="drop")
   admitted = jnp.where(filled, index, q)  # out of range: dropped
@@ -109,8 +107,6 @@ def _admit(spec: DecodeSpec, target_params: Any, draft_params: Any,
       logprobs=set_rows(state.logprobs, 0.0),
       done=set_rows(state.done, False),
       eos=set_rows(state.eos, False),
-      row_keys=None if queue.keys is None else set_rows(state.row_keys, queue.keys[index]),
-      group=set_rows(state.group, queue.group[index]),
       queue=queue.replace(
           next=queue.next + n, row_prompt=set_rows(queue.row_prompt, index),
           prompt_row=queue.prompt_row.at[admitted].set(rows, mode="drop"),
@@ -122,8 +118,11 @@ def _admit(spec: DecodeSpec, target_params: Any, draft_params: Any,
 def refill(spec: DecodeSpec, target_params: Any, draft_params: Any,
            state: DecodeState) -> DecodeState:
   """Retires the done rows and admits waiting prompts into free rows, up to ``spec.admit_rows`` per
-  prefill, until no row is free or no prompt waits."""
+  prefill, until no row is free or no prompt waits. A queue no longer than the batch (a static
+  batch) never has a prompt waiting, and compiles no admission: a static shape, not a setting."""
   state = _retire(spec, state)
+  if not state.queue.admits:
+    return state
 
   def can_admit(s: DecodeState):
     return jnp.any(_free_rows(s.queue)) & (s.queue.next < s.queue.size)
