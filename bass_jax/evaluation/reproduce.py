@@ -90,8 +90,12 @@ def machine() -> dict[str, Any]:
 
 def _module_name(script: str) -> str:
   """``.../experiments/paper/latency.py`` -> ``experiments.paper.latency`` (how the scripts are run)."""
-  path = pathlib.Path(script)
-  return f"{path.parent.name}.{path.stem}" if path.parent.name else path.stem
+  path = pathlib.Path(script).with_suffix("")
+  parts = path.parts
+  if "experiments" in parts:  # the scripts' package, from its last occurrence down
+    start = len(parts) - 1 - parts[::-1].index("experiments")
+    return ".".join(parts[start:])
+  return f"{path.parent.name}.{path.name}" if path.parent.name else path.name
 
 
 def measure_peak_flops(dtype: str = "float32", size: int = 2048, repeats: int = 5) -> float:

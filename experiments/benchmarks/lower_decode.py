@@ -149,22 +149,24 @@ def _launch_census(target, draft, prompts, profile, dump_dir: pathlib.Path) -> d
         if loop is None:
           continue
         step = thunk_census.per_iteration(loop, trips)
+        # Regular decoding's plain step is the BASS decode's plain step without its bookkeeping.
+        label = "regular_step" if method == "regular" else kind
         if after_passes:
-          if kind not in steps:  # found only after the passes: nothing to add to
+          if label not in steps:  # found only after the passes: nothing to add to
             continue
           if thunk_census.in_command_buffer(thunks, loop):  # the loop is a graph node: no launch
             step = thunk_census.Count()
-          steps[kind]["graph_launches"] = step.launches
-          steps[kind]["graph_host_reads"] = step.host_reads
-          steps[kind]["program_graph_launches"] = thunk_census.count(thunks, trips).launches
+          steps[label]["graph_launches"] = step.launches
+          steps[label]["graph_host_reads"] = step.host_reads
+          steps[label]["program_graph_launches"] = thunk_census.count(thunks, trips).launches
         else:
-          steps[kind] = {"kernels": step.kernels, "copies": step.copies, "launches": step.launches,
+          steps[label] = {"kernels": step.kernels, "copies": step.copies, "launches": step.launches,
                          "host_reads": step.host_reads,
                          "loops_of_unknown_trip_count": step.unknown_loops}
-    if kinds[0 if method == "regular" else 1] not in steps and not any(
+    if ("regular_step" if method == "regular" else kinds[1]) not in steps and not any(
         k.startswith("tree_step") for k in steps):
       raise RuntimeError(f"{dump.module}: no loop of {kinds} found in its thunks")
-  plain = steps["plain_step"]
+  plain = steps["regular_step"]
   bass = steps.get("chain_step") or next(v for k, v in steps.items() if k.startswith("tree_step"))
   return {
       "compile_for": _COMPILE_FOR.value, "jax_version": jax.__version__,
