@@ -118,6 +118,24 @@ class DecodeConfig:
 
 
 
+# generate's keywords that are not DecodeConfig fields: what prepare takes beside the config, and what
+# run takes.
+PREPARE_KEYWORDS = ("sequence_ids",)
+RUN_KEYWORDS = ("time_prompts", "on_finish")
+
+
+def split_keywords(keywords: dict[str, Any]) -> tuple[DecodeConfig, dict[str, Any], dict[str, Any]]:
+  """``generate``'s keywords as ``(config, prepare's keywords, run's keywords)``.
+
+  Raises:
+    TypeError: a keyword ``generate`` does not take, naming it.
+  """
+  prepare_kw = {k: v for k, v in keywords.items() if k in PREPARE_KEYWORDS}
+  run_kw = {k: v for k, v in keywords.items() if k in RUN_KEYWORDS}
+  settings = {k: v for k, v in keywords.items() if k not in PREPARE_KEYWORDS + RUN_KEYWORDS}
+  return with_settings(None, settings), prepare_kw, run_kw
+
+
 def with_settings(config: DecodeConfig | None, settings: dict[str, Any]) -> DecodeConfig:
   """``config`` (default :class:`DecodeConfig`) with ``settings`` (field name -> value) over it.
 

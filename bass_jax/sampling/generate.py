@@ -36,7 +36,7 @@ from bass_jax.sampling.programs import (clear_compile_cache,  # pylint: disable=
                                         enable_persistent_compilation_cache,
                                         set_compile_cache_size)
 from bass_jax.sampling.proposers import Hybrid, NGramProposer, SiblingProposer
-from bass_jax.sampling.runner import PAD_TOKEN, run  # pylint: disable=unused-import
+from bass_jax.sampling.runner import PAD_TOKEN, check_run_arguments, run  # pylint: disable=unused-import
 from bass_jax.sampling.tree import TreeShape, tree_shapes  # pylint: disable=unused-import
 
 
@@ -99,6 +99,7 @@ def generate(
     ValueError: naming the setting, as ``plan.prepare`` and ``runner.run`` say.
   """
   config = DecodeConfig(**{name: value for name, value in locals().items() if name in _SETTINGS})
+  check_run_arguments(time_prompts, on_finish)  # before prepare: a bad argument copies no weights
   plan = prepare(target, draft, prompts, config, sequence_ids=sequence_ids)
   return run(plan, time_prompts=time_prompts, on_finish=on_finish)
 

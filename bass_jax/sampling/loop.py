@@ -4,7 +4,7 @@ plain step); a static batch is a queue that holds exactly the batch.
 
 Implements BASS (paper §3; docs/bass.md): one step (draft, verify, accept, advance) and the draft length
 for B rows at once, every row with its own length. Shapes are static: the batch, the prompt length and
-the output buffer are padded to buckets (``bass_jax.sampling.generate``), the cache has
+the output buffer are padded to buckets (``bass_jax.sampling.plan``), the cache has
 ``S >= P + N + L + 1`` slots (P the padded prompt length, N the output bucket, L the maximum draft
 length), and rows that finish keep riding along, frozen. The true ``max_new_tokens`` and the EOS ids are
 traced values, so calls that differ only in them share a program. Nothing here talks to the host.

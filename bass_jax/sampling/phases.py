@@ -49,7 +49,7 @@ import jax.numpy as jnp
 from bass_jax.sampling import costs
 from bass_jax.sampling import loop as loop_lib
 from bass_jax.sampling import programs
-from bass_jax.sampling.config import with_settings
+from bass_jax.sampling.config import split_keywords
 from bass_jax.sampling.plan import prepare
 from bass_jax.sampling.proposers import Hybrid
 from bass_jax.sampling.step import (STEP_SCOPES, _target_forward, chain_step, plain_step,
@@ -149,11 +149,11 @@ def measure_step_phases(target, draft, prompts, *, warm_steps: int = 4, steps: i
       raise ValueError(f"{name} must be an int >= 1, got {value!r}")
   if kwargs.pop("method", "bass") != "bass":
     raise ValueError("measure_step_phases breaks down BASS steps: leave method out or pass 'bass'")
-  config = with_settings(None, dict(kwargs, method="bass"))
+  config, prepare_kw, _ = split_keywords(dict(kwargs, method="bass"))
   if warm_steps + steps > config.max_new_tokens:
     raise ValueError(f"warm_steps + steps = {warm_steps + steps} steps need max_new_tokens >= that "
                      f"(a row emits at least one token per step), got {config.max_new_tokens}")
-  plan = prepare(target, draft, prompts, config)
+  plan = prepare(target, draft, prompts, config, **prepare_kw)
   spec = plan.spec
   target_params, draft_params, temperature, top_p = plan.args_tail
   state = jax.jit(functools.partial(loop_lib.prefill, spec))(*plan.args_prefill)
@@ -347,7 +347,8 @@ def profile_step_scopes(target, draft, prompts, **kwargs) -> dict[str, float]:
     with gzip.open(path) as f:
       events = json.load(f)
   events = events["traceEvents"] if isinstance(events, dict) else events
-  plan = prepare(target, draft, prompts, with_settings(None, kwargs))
+  config, prepare_kw, _ = split_keywords(kwargs)
+  plan = prepare(target, draft, prompts, config, **prepare_kw)
   (_, decode), _ = programs.compiled(plan.spec, plan.args_prefill,
                                      (*plan.args_tail, plan.place(True)))  # cached
   text = decode.as_text()

@@ -273,7 +273,7 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
   # rows, which is what compiles the admission (batching.refill).
   num_prompts = len(arrays)
   slots = min(batch_size or num_prompts, num_prompts)  # rows decoding at once
-  rows = batch_bucket(slots)
+  rows = bucket_rows = batch_bucket(slots)
   if mesh is not None:  # inert rows up to a multiple of the data axis
     rows = -(-rows // mesh.shape[sharding_lib.DATA]) * mesh.shape[sharding_lib.DATA]
   waits = num_prompts > slots
@@ -282,11 +282,14 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
         f"continuous batching (batch_size={batch_size} < {num_prompts} prompts) runs its admission "
         f"prefill unsplit over rows, so it needs a mesh whose data axis has size 1, got "
         f"{dict(mesh.shape)}; use a mesh of shape (1, n), or batch_size=None for static batches")
+  # A queue that admits is longer than the batch (Queue.admits): the prompts' bucket, or the next one
+  # past the rows where the two buckets meet.
   queue_len = batch_bucket(max(num_prompts, rows + 1)) if waits else rows
   max_new_bucket = output_bucket(max_new_tokens)
   # The log's steps: Limits.step_limit at the bucket's sizes (any batch_size of this bucket fills
   # >= rows / 2); nothing to log without a proposer.
-  history_len = max_new_bucket + (-(-queue_len * max_new_bucket // -(-rows // 2)) if waits else 0)
+  history_len = max_new_bucket + (
+      -(-batch_bucket(num_prompts) * max_new_bucket // -(-rows // 2)) if waits else 0)
   step_limit = max_new_tokens + (-(-num_prompts * max_new_tokens // slots) if waits else 0)
 
   bucket = prompt_bucket(int(lengths.max()))  # P; an admission's chunk tiles it
@@ -298,7 +301,7 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
       acceptance=rule, draft_len=policy or NoDrafts(), verify_chunk=chunk or 0,
       target_sharding=target_plan, queue_len=queue_len,
       history_len=history_len if proposer.proposes else 0, draft_trees=trees,
-      admit_rows=min(profile.admit_rows, rows), admit_chunk=min(profile.admit_chunk, bucket))
+      admit_rows=min(profile.admit_rows, bucket_rows), admit_chunk=min(profile.admit_chunk, bucket))
   if chunk is None:
     spec = dataclasses.replace(spec, verify_chunk=spec.max_draft + 1)
   if max_cache_len is not None and spec.cache_len > max_cache_len:

@@ -46,9 +46,7 @@ def run(plan: Plan, *, time_prompts: bool = True,
     ValueError: ``time_prompts`` not a bool, ``on_finish`` not callable.
     RuntimeError: the decode reached its step limit with prompts left (a bug; please report it).
   """
-  time_prompts = _checks.as_bool("time_prompts", time_prompts)
-  if on_finish is not None and not callable(on_finish):
-    raise ValueError(f"on_finish must be callable or None, got {type(on_finish).__name__}")
+  time_prompts = check_run_arguments(time_prompts, on_finish)
   spec, host, num_prompts, slots = plan.spec, plan.host, plan.num_prompts, plan.slots
   observe = plan.place(np.bool_(time_prompts))
   (prefill, decode), compile_seconds = compiled(spec, plan.args_prefill, (*plan.args_tail, observe))
@@ -81,6 +79,18 @@ def run(plan: Plan, *, time_prompts: bool = True,
     for i in np.flatnonzero(~reported):
       on_finish(output.prompt(int(i)))
   return output
+
+
+def check_run_arguments(time_prompts: bool, on_finish: Callable | None) -> bool:
+  """``time_prompts`` as a bool, ``on_finish`` callable or None.
+
+  Raises:
+    ValueError: either of the wrong type (named).
+  """
+  time_prompts = _checks.as_bool("time_prompts", time_prompts)
+  if on_finish is not None and not callable(on_finish):
+    raise ValueError(f"on_finish must be callable or None, got {type(on_finish).__name__}")
+  return time_prompts
 
 
 def _output(plan: Plan, state: DecodeState, clock: "_PromptClock", *, wall: float,

@@ -55,7 +55,7 @@ class DecodeSpec:
       shapes per row (``step.tree_step``) instead of a chain. With a :class:`GoodputDraftLen` (whose
       ``trees`` must be these) the policy chooses per step among plain steps, chains and the shapes;
       with another policy there is one shape and every speculative step verifies it. Empty: chains.
-    admit_rows: A, the prompts an admission prefills at once at most (``queue.admit``).
+    admit_rows: A, the prompts an admission prefills at once at most (``batching._admit``).
     admit_chunk: positions per forward of an admission's chunked prefill (a power of two, <= P).
   """
 
@@ -186,8 +186,10 @@ class Queue:
   admits: bool = flax.struct.field(pytree_node=False, default=False)
 
   def pending(self) -> jax.Array:
-    """``bool[]``: a prompt is waiting or a row still serves one (decoding, or done and not retired)."""
-    return jnp.any(self.row_prompt >= 0) | (self.next < self.size)
+    """``bool[]``: a row still serves a prompt (decoding, or done and not retired) or, in a queue that
+    :attr:`admits`, a prompt is waiting."""
+    serving = jnp.any(self.row_prompt >= 0)
+    return serving | (self.next < self.size) if self.admits else serving
 
   def row_group(self) -> jax.Array:
     """``i32[B]`` the group of the prompt each row serves. A row that serves none is a group of its
@@ -209,7 +211,7 @@ class Queue:
 
 @flax.struct.dataclass
 class StepLog:
-  """What each step did, written once per step (``step.record``) and read only by the host
+  """What each step did, written once per step (``StepLog.record``, in ``step._advance``) and read only by the host
   (``GenerateStats``) and the benchmarks: the next step never reads it. H rows, one per step; entries
   past ``DecodeState.step`` are the initial values. A decode without a proposer logs nothing (H = 0).
 
@@ -344,8 +346,11 @@ class DecodeInputs:
 
   def placed(self, rows: Any, replicated: Any) -> "DecodeInputs":
     """The same fields with per-row arrays given ``rows`` and the rest ``replicated``: the inputs' layout
-    on a mesh (pass shardings), or any two values per field kind."""
+    on a mesh (pass shardings), or any two values per field kind. The queue's per-prompt arrays are
+    per row when the queue holds exactly the batch (row r serves prompt r)."""
     everything = jax.tree_util.tree_map(lambda _: replicated, self)
+    if self.prompts.shape[0] == self.inert.shape[0]:
+      everything = everything.replace(prompts=rows, prompt_len=rows, keys=rows, group=rows)
     return everything.replace(inert=rows)
 
 
@@ -372,7 +377,9 @@ def state_shardings(spec: DecodeSpec, state: DecodeState) -> DecodeState:
   if state.proposer_state is not None:
     proposer_state = sharding_lib.state_shardings(
         state.proposer_state, spec.proposer.sharding or plan, batch)
-  queue = replicated(state.queue).replace(slot=plan.rows, row_prompt=plan.rows)
+  # Without admission row r serves prompt r: the queue's per-prompt arrays split like the rows.
+  queue = (per_row(state.queue) if not state.queue.admits
+           else replicated(state.queue).replace(slot=plan.rows, row_prompt=plan.rows))
   return per_row(state).replace(
       target_cache=sharding_lib.state_shardings(state.target_cache, plan, batch),
       proposer_state=proposer_state, policy_state=replicated(state.policy_state), queue=queue,

@@ -188,7 +188,7 @@ class DraftTree:
     source: ``i32[B]`` where each row's tree came from (``proposers.DRAFT_SOURCES``; a hybrid's
       lookup where one matched), or None: the proposer's own.
     first: ``i32[]`` the index of node 0 in the step's whole tree (0; a chain verified in chunks
-      of C positions, ``step.verify``, passes the chunk starting at position ``first`` as the chain
+      of C positions, ``step._verify``, passes the chunk starting at position ``first`` as the chain
       of its C + 1 nodes): acceptance keys its randomness by a node's index in the whole tree.
     chain: static; every row is the chain ``parents[i] = i - 1`` (:func:`chain_tree`), which
       acceptance then checks for all nodes at once instead of walking them.
