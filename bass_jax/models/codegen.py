@@ -51,6 +51,9 @@ class CodeGenConfig(common.CacheFromShape):
   pad_token_id: int | None = None
   model_type: str = "codegen"
 
+  FIELDS = common.FieldTable(num_layers="n_layer", max_positions="n_positions", num_heads="n_head",
+                             hidden_size="n_embd", architecture="CodeGenForCausalLM")
+
   def __post_init__(self):
     for name in ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions"):
       if getattr(self, name) < 1:
@@ -66,33 +69,10 @@ class CodeGenConfig(common.CacheFromShape):
     common.activation(self.activation_function)
     self._freeze_eos()
 
-  @property
-  def head_dim(self) -> int:
-    return self.n_embd // self.n_head
-
-  @property
-  def num_layers(self) -> int:
-    return self.n_layer
-
-  @property
-  def num_kv_heads(self) -> int:
-    return self.n_head
-
-  @property
-  def max_positions(self) -> int:
-    return self.n_positions
-
-  @property
-  def hf_architecture(self) -> str:
-    return "CodeGenForCausalLM"
-
   def make_module(self, *, attention_impl: str = "reference", dtype: Any = jnp.float32,
                   scan_layers: bool = False) -> "CodeGen":
     return CodeGen(self, attention_impl=attention_impl, dtype=dtype, scan_layers=scan_layers)
 
-
-  def with_num_layers(self, num_layers: int) -> "CodeGenConfig":
-    return dataclasses.replace(self, n_layer=num_layers)
 
   def num_params(self) -> int:
     d, f = self.n_embd, self.n_inner
@@ -114,11 +94,7 @@ class CodeGenConfig(common.CacheFromShape):
   def to_hf_config(self):
     import transformers  # pylint: disable=g-import-not-at-top
 
-    fields = dataclasses.asdict(self)
-    fields.pop("model_type")
-    if isinstance(fields["eos_token_id"], tuple):
-      fields["eos_token_id"] = list(fields["eos_token_id"])
-    return transformers.CodeGenConfig(**fields)
+    return transformers.CodeGenConfig(**self.hf_fields())
 
 
 def interleaved_rotary(x: jax.Array, positions: jax.Array, rotary_dim: int) -> jax.Array:

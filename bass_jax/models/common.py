@@ -23,6 +23,7 @@ its layers in a ``lax.scan`` over weights and caches stacked ``[L, ...]`` instea
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
@@ -533,13 +534,71 @@ def layer_index(key: str, name: str) -> int | None:
   return None
 
 
-class CacheFromShape:
-  """Base of the family configs: what follows from :class:`DecoderConfig`'s derived properties.
+@dataclasses.dataclass(frozen=True)
+class FieldTable:
+  """Where a family's config keeps what the decode asks of every config: its Hugging Face field names.
 
-  Every family names its sizes after its Hugging Face config (``n_layer``, ``num_hidden_layers`` …) and
-  exposes them as ``num_layers``, ``num_kv_heads`` and ``head_dim``; the cache and the EOS tuple are
-  built from those once, here.
+  Attributes:
+    num_layers, max_positions, num_heads, hidden_size: the fields holding them (``n_layer``,
+      ``num_hidden_layers``, …).
+    num_kv_heads: the field of the KV heads, or None: as many as the query heads.
+    head_dim: the field of the head size, or None: ``hidden_size // num_heads``.
+    architecture: the transformers architecture, or one per ``model_type``.
   """
+
+  num_layers: str
+  max_positions: str
+  num_heads: str
+  hidden_size: str
+  architecture: str | Mapping[str, str]
+  num_kv_heads: str | None = None
+  head_dim: str | None = None
+
+
+class CacheFromShape:
+  """Base of the family configs: what follows from one :class:`FieldTable` (the class attribute
+  ``FIELDS``) and from :class:`DecoderConfig`'s derived properties.
+
+  Every family names its sizes after its Hugging Face config (``n_layer``, ``num_hidden_layers`` …);
+  its ``FIELDS`` says which is which, and the properties ``num_layers``, ``max_positions``,
+  ``num_kv_heads``, ``head_dim`` and ``hf_architecture`` and the methods :meth:`with_num_layers` and
+  :meth:`hf_fields` follow from it, once, here (a family whose own field has the protocol's name,
+  Llama's ``head_dim``, keeps the field). The cache and the EOS tuple are built from those.
+  """
+
+  FIELDS: FieldTable
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    table = cls.__dict__.get("FIELDS")
+    if table is None:
+      return
+    own = set(cls.__dict__.get("__annotations__", {}))
+    heads = lambda self: getattr(self, table.num_heads)
+    derived = {
+        "num_layers": lambda self: getattr(self, table.num_layers),
+        "max_positions": lambda self: getattr(self, table.max_positions),
+        "num_kv_heads": lambda self: getattr(self, table.num_kv_heads or table.num_heads),
+        "head_dim": lambda self: (getattr(self, table.head_dim) if table.head_dim
+                                  else getattr(self, table.hidden_size) // heads(self)),
+        "hf_architecture": lambda self: (table.architecture if isinstance(table.architecture, str)
+                                         else table.architecture[self.model_type]),
+    }
+    for name, fn in derived.items():
+      if name not in own:  # a field of that very name stays the field
+        setattr(cls, name, property(fn))
+
+  def with_num_layers(self, num_layers: int):
+    """The same config with ``num_layers`` layers (a draft cut from the target's first layers)."""
+    return dataclasses.replace(self, **{self.FIELDS.num_layers: num_layers})
+
+  def hf_fields(self) -> dict[str, Any]:
+    """The config's fields as transformers' config takes them: no ``model_type``, EOS ids a list."""
+    fields = dataclasses.asdict(self)
+    fields.pop("model_type")
+    if isinstance(fields["eos_token_id"], tuple):
+      fields["eos_token_id"] = list(fields["eos_token_id"])
+    return fields
 
   def init_cache(self, batch_size: int, max_len: int, dtype: Any = jnp.float32,
                  fill_value: float = 0.0, scanned: bool = False) -> KVCache:

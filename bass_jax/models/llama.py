@@ -68,6 +68,11 @@ class LlamaConfig(common.CacheFromShape):
   qkv_bias: bool = False
   sliding_window: int | None = None
 
+  FIELDS = common.FieldTable(num_layers="num_hidden_layers", max_positions="max_position_embeddings",
+                             num_heads="num_attention_heads", hidden_size="hidden_size",
+                             num_kv_heads="num_key_value_heads", head_dim="head_dim",
+                             architecture=_ARCHITECTURES)
+
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                  "num_attention_heads", "num_key_value_heads", "head_dim",
@@ -92,26 +97,11 @@ class LlamaConfig(common.CacheFromShape):
 
   # -- the DecoderConfig protocol ---------------------------------------------------------------------
 
-  @property
-  def num_layers(self) -> int:
-    return self.num_hidden_layers
-
-  @property
-  def num_kv_heads(self) -> int:
-    return self.num_key_value_heads
-
-  @property
-  def max_positions(self) -> int:
-    return self.max_position_embeddings
-
   def make_module(self, *, attention_impl: str = "reference", dtype: Any = jnp.float32,
                   scan_layers: bool = False) -> "Llama":
     """The Flax module for this config; ``attention_impl`` names an entry of the attention registry."""
     return Llama(self, attention_impl=attention_impl, dtype=dtype, scan_layers=scan_layers)
 
-
-  def with_num_layers(self, num_layers: int) -> "LlamaConfig":
-    return dataclasses.replace(self, num_hidden_layers=num_layers)
 
   def num_params(self) -> int:
     """Parameter count (embedding counted once when tied)."""
@@ -128,10 +118,6 @@ class LlamaConfig(common.CacheFromShape):
     return self.vocab_size * d + self.num_hidden_layers * per_layer + d + head
 
   # -- Hugging Face conversion ------------------------------------------------------------------------
-
-  @property
-  def hf_architecture(self) -> str:
-    return _ARCHITECTURES[self.model_type]
 
   @classmethod
   def from_hf_config(cls, hf_config: Any) -> "LlamaConfig":
@@ -175,11 +161,9 @@ class LlamaConfig(common.CacheFromShape):
     """The equivalent transformers config (``LlamaConfig``, ``Qwen2Config`` or ``MistralConfig``)."""
     import transformers  # pylint: disable=g-import-not-at-top
 
-    fields = dataclasses.asdict(self)
-    for name in ("model_type", "qkv_bias", "rope_theta"):
+    fields = self.hf_fields()
+    for name in ("qkv_bias", "rope_theta"):
       fields.pop(name)
-    if isinstance(fields["eos_token_id"], tuple):
-      fields["eos_token_id"] = list(fields["eos_token_id"])
     rope = {"rope_type": "default", "rope_theta": self.rope_theta}
     if self.model_type == "qwen2":
       if self.attention_bias or self.mlp_bias or not self.qkv_bias:

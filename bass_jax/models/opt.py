@@ -52,6 +52,10 @@ class OPTConfig(common.CacheFromShape):
   pad_token_id: int | None = 1
   model_type: str = "opt"
 
+  FIELDS = common.FieldTable(num_layers="num_hidden_layers", max_positions="max_position_embeddings",
+                             num_heads="num_attention_heads", hidden_size="hidden_size",
+                             architecture="OPTForCausalLM")
+
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "num_hidden_layers", "ffn_dim", "num_attention_heads",
                  "max_position_embeddings"):
@@ -66,22 +70,6 @@ class OPTConfig(common.CacheFromShape):
     self._freeze_eos()
 
   @property
-  def head_dim(self) -> int:
-    return self.hidden_size // self.num_attention_heads
-
-  @property
-  def num_layers(self) -> int:
-    return self.num_hidden_layers
-
-  @property
-  def num_kv_heads(self) -> int:
-    return self.num_attention_heads
-
-  @property
-  def max_positions(self) -> int:
-    return self.max_position_embeddings
-
-  @property
   def projects(self) -> bool:
     """Whether ``project_in`` / ``project_out`` exist (word embedding narrower or wider than D)."""
     return self.word_embed_proj_dim != self.hidden_size
@@ -90,17 +78,10 @@ class OPTConfig(common.CacheFromShape):
   def final_layer_norm(self) -> bool:
     return self.do_layer_norm_before and not self.remove_final_layer_norm
 
-  @property
-  def hf_architecture(self) -> str:
-    return "OPTForCausalLM"
-
   def make_module(self, *, attention_impl: str = "reference", dtype: Any = jnp.float32,
                   scan_layers: bool = False) -> "OPT":
     return OPT(self, attention_impl=attention_impl, dtype=dtype, scan_layers=scan_layers)
 
-
-  def with_num_layers(self, num_layers: int) -> "OPTConfig":
-    return dataclasses.replace(self, num_hidden_layers=num_layers)
 
   def num_params(self) -> int:
     d, f, e, b = self.hidden_size, self.ffn_dim, self.word_embed_proj_dim, int(self.enable_bias)
@@ -128,11 +109,8 @@ class OPTConfig(common.CacheFromShape):
   def to_hf_config(self):
     import transformers  # pylint: disable=g-import-not-at-top
 
-    fields = dataclasses.asdict(self)
-    fields.pop("model_type")
+    fields = self.hf_fields()
     fields["_remove_final_layer_norm"] = fields.pop("remove_final_layer_norm")
-    if isinstance(fields["eos_token_id"], tuple):
-      fields["eos_token_id"] = list(fields["eos_token_id"])
     return transformers.OPTConfig(**fields)
 
 
