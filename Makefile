@@ -13,9 +13,11 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 # The main job's setting: a few HumanEval prompts, the real SmolLM2 target, both methods.
 RUN_FLAGS ?= --flagfile=configs/humaneval_quick.flags
 
-# Test processes (pytest-xdist), one file per process at a time. Much of the suite is compilation and
-# Python, which one process cannot spread over two cores: 2 workers took 14.5 minutes where one took
-# 18.8 on this project's 2-core machine (2026-11-22). TEST_WORKERS=0 runs in one process.
+# Test processes (pytest-xdist), one file per process at a time, the longest files first
+# (tests/conftest.py, HEAVY_FIRST). Much of the suite is compilation and Python, which one process
+# cannot spread over two cores: 2 workers took 14.5 minutes where one took 18.8 on this project's
+# 2-core machine (2026-11-22); 3 took 15:27 where 2 took 15:19 (2026-11-27). TEST_WORKERS=0 runs in
+# one process.
 TEST_WORKERS ?= 2
 
 .PHONY: venv run test bench-gpu gpu-bundle aot-plugin clean
@@ -36,7 +38,7 @@ run: $(STAMP)
 	$(PY) -m experiments.generate --method=bass $(RUN_FLAGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile tests
+	$(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 # On a GPU machine: kernel tests compiled, attention and forward benchmarks, the decode census, latency
 # and utilization at B = 1-16 (experiments/benchmarks/bench_gpu.py); results and logs in outputs/bench_gpu-<time>/.

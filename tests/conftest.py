@@ -21,6 +21,21 @@ CLI_FLAGS_ENV = "BASS_JAX_CLI_FLAG_TESTS"
 collect_ignore = ([] if os.environ.get(MULTIDEVICE_ENV) == "1" else ["multidevice"]) + (
     [] if os.environ.get(CLI_FLAGS_ENV) == "1" else ["cli_flags"])
 
+# Longest files first. `make test` hands whole files to its workers (--dist loadfile) in collection
+# order (--no-loadscope-reorder): a long file started last would leave the other worker idle at the
+# end (longest-processing-time-first scheduling). The rest keep pytest's order.
+HEAVY_FIRST = ("test_sharding.py", "test_sampling_exact.py", "test_cli.py", "test_profiles.py",
+               "test_generate.py", "test_continuous.py", "test_families.py", "test_proposers.py",
+               "test_experiment.py", "test_phases.py", "test_eagle.py", "test_tree_decode.py",
+               "test_text.py", "test_programs.py", "test_llama.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+  del session, config
+  rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
+
+
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
