@@ -131,14 +131,19 @@ def test_bench_gpu_quick_mode_runs_every_step_on_this_cpu(tmp_path):
   CUDA census, latency and utilization for regular decoding and BASS) exits 0 and leaves its results
   file; the record names device, JAX version and date, and the report section lists the files."""
   import json
+  import os
   import pathlib
   import subprocess
   import sys
 
   repo = pathlib.Path(__file__).resolve().parents[1]
+  # The steps compile some programs alike (latency and utilization decode the same settings): one
+  # compilation cache for the run's processes.
+  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "xla"),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   run = subprocess.run([sys.executable, "-m", "experiments.benchmarks.bench_gpu", "--quick",
                         f"--results_dir={tmp_path}"], cwd=repo, capture_output=True, text=True,
-                       timeout=900)
+                       timeout=900, env=env)
   assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:])
   record = json.loads((tmp_path / "bench_gpu.json").read_text())
   assert record["device"].startswith("cpu") and record["jax_version"] and record["date"]
