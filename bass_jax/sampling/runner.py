@@ -106,9 +106,7 @@ def _output(plan: Plan, state: DecodeState, clock: "_PromptClock", *, wall: floa
   prompt_rows, prompt_start_steps = host(queue.prompt_row)[:n], host(queue.start_step)[:n]
   accepted = host(log.accepted)[:steps, :slots]
   drafted = host(log.drafted)[:steps, :slots]
-  per_prompt = _per_prompt_counts(prompt_rows, prompt_start_steps, steps, accepted, drafted)
-  if not spec.history_len:  # nothing logged (regular decoding): a step per token
-    per_prompt[0] = out_len
+  per_prompt = _per_prompt_counts(prompt_rows, prompt_start_steps, steps, accepted, drafted, out_len)
   stats = GenerateStats(
       steps=steps, draft_lens=host(log.draft_len)[:steps], accepted=accepted,
       finish_seconds=clock.finish, wall_seconds=wall, compile_seconds=compile_seconds,
@@ -168,7 +166,7 @@ def _report_finished(on_finish, state: DecodeState, host, row_prompt: np.ndarray
   steps = int(host(state.step))
   counts = _per_prompt_counts(np.asarray(rows), host(state.queue.start_step)[prompts], steps,
                               host(state.log.accepted)[:steps, :slots],
-                              host(state.log.drafted)[:steps, :slots])
+                              host(state.log.drafted)[:steps, :slots], (seq_len - prompt_len)[rows])
   for j, (r, p) in enumerate(zip(rows, prompts)):
     n = int(seq_len[r] - prompt_len[r])
     reported[p] = True
@@ -176,17 +174,21 @@ def _report_finished(on_finish, state: DecodeState, host, row_prompt: np.ndarray
         index=int(p), tokens=tokens[r, prompt_len[r]:seq_len[r]].astype(np.int32),
         logprobs=logprobs[r, :n].astype(np.float32), finished=bool(eos[r]), row=r,
         admit_seconds=float(clock.admit[p]), first_token_seconds=float(clock.first_token[p]),
-        finish_seconds=float(clock.finish[p]),
-        steps=int(counts[0, j]) if state.log.accepted.shape[0] else n,  # regular: a step per token
+        finish_seconds=float(clock.finish[p]), steps=int(counts[0, j]),
         drafted=int(counts[1, j]), accepted=int(counts[2, j])))
 
 
 def _per_prompt_counts(prompt_rows: np.ndarray, start_steps: np.ndarray, steps: int,
-                       accepted: np.ndarray, drafted: np.ndarray) -> np.ndarray:
+                       accepted: np.ndarray, drafted: np.ndarray, lengths: np.ndarray) -> np.ndarray:
   """``i32[3, B]``: live steps, drafts and accepted drafts per prompt, from the per-row log
   ``accepted, drafted: i32[steps, rows]`` (-1 in ``accepted`` where the row was not live): prompt i's
-  steps are those of its row from its start to the start of that row's next prompt."""
+  steps are those of its row from its start to the start of that row's next prompt. Without a log
+  (H = 0: a decode without a proposer, one token per step) the steps are the prompts' ``lengths``
+  (``i32[B]`` tokens emitted) and nothing was drafted."""
   counts = np.zeros((3, len(prompt_rows)), np.int32)
+  if not accepted.shape[0] and steps:  # nothing logged: every step was a plain step
+    counts[0] = lengths
+    return counts
   if not accepted.size:
     return counts
   order = np.lexsort((start_steps, prompt_rows))  # by row, then by start
