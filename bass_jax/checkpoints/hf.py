@@ -13,7 +13,7 @@ import json
 import os
 import pathlib
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -292,17 +292,42 @@ def load_hf_checkpoint(path: str | os.PathLike, *, expected: Any, dtype: Any) ->
   path = pathlib.Path(path)
   config = read_config(path)
   tensors = _read_tensors(path)
-  if getattr(config, "tie_word_embeddings", False) and "lm_head.weight" in tensors:
-    # Some exporters write the tied head out as well; it must be the embedding, or the config lies.
-    head = tensors.pop("lm_head.weight")
-    if not np.array_equal(head, tensors.get(_TIED[type(config)])):
-      raise CheckpointError(f"{path}: tie_word_embeddings is true but lm_head.weight differs from "
-                            f"{_TIED[type(config)]}; set tie_word_embeddings=false")
-  params = _mapping.to_flax(
-      rules_for(config), source_names=tensors, read=tensors.__getitem__, expected=expected(config),
-      num_layers=config.num_layers, dtype=dtype, ignore=lambda n: bool(_BUFFER.search(n)),
-      where=str(path))
+  params = params_from_tensors(config, tensors, tensors.__getitem__, expected=expected, dtype=dtype,
+                               where=str(path))
   return config, params
+
+
+def params_from_tensors(config, names: Iterable[str], read: Callable[[str], np.ndarray], *,
+                        expected: Any, dtype: Any, where: str) -> dict[str, Any]:
+  """The Flax parameters of ``config`` from tensors under transformers' state-dict names.
+
+  The HF path of every checkpoint format: :func:`load_hf_checkpoint` reads a directory's weight files,
+  ``checkpoints.gguf`` translates a GGUF file's tensors to these names; both end here.
+
+  Args:
+    config: the family config (:func:`config_from_hf`).
+    names: every tensor name in the source (``model.layers.0.self_attn.q_proj.weight`` …).
+    read: one tensor by name, as a numpy array (it may load or dequantize on demand).
+    expected: ``config -> abstract params`` callable, used to check every shape.
+    dtype: dtype of the returned parameters.
+    where: the source's name, for error messages.
+
+  Raises:
+    CheckpointError: a tensor missing, left over or mis-shaped; a tied config whose source also
+      holds an ``lm_head.weight`` that differs from the embedding.
+  """
+  names = set(names)
+  if getattr(config, "tie_word_embeddings", False) and "lm_head.weight" in names:
+    # Some exporters write the tied head out as well; it must be the embedding, or the config lies.
+    names.discard("lm_head.weight")
+    embedding = _TIED[type(config)]
+    if embedding not in names or not np.array_equal(read("lm_head.weight"), read(embedding)):
+      raise CheckpointError(f"{where}: tie_word_embeddings is true but lm_head.weight differs from "
+                            f"{embedding}; set tie_word_embeddings=false")
+  return _mapping.to_flax(
+      rules_for(config), source_names=names, read=read, expected=expected(config),
+      num_layers=config.num_layers, dtype=dtype, ignore=lambda n: bool(_BUFFER.search(n)),
+      where=where)
 
 
 def save_hf_checkpoint(path: str | os.PathLike, config, params: Any) -> None:
