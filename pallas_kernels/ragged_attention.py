@@ -14,6 +14,11 @@ Two variants, as in the paper:
 * ``"split"`` (BASS-SPLIT, in one launch): every program walks only its own row's blocks; the loop bound
   is read from ``lengths[b]`` (and from the causal limit of its query block).
 
+Both take the same static options: ``sliding_window`` (Mistral; a model may pass a different window per
+layer, each a variant of its own) and ``logit_soft_cap`` (Gemma 2: the scaled scores ``s`` become ``cap *
+tanh(s / cap)`` inside the kernel, before the mask and the online softmax, so the softmax statistics and
+the flash-decoding merge are those of the capped logits).
+
 Layout. Grouped-query attention is folded: the G query heads that share a key/value head and the T
 query tokens form R = T * G rows, ordered (t, g), so one program computes a ``[block_r, H]`` tile against
 ``[block_k, H]`` key blocks of one (row, kv head) and every K/V block is read once per query block, not
@@ -137,6 +142,7 @@ def _ragged_attention_kernel(
     split_len: int,
     variant: str,
     sliding_window: int | None,
+    logit_soft_cap: float | None,
     allow_tf32: bool | None,
 ):
   split = pl.program_id(3)
@@ -168,6 +174,8 @@ def _ragged_attention_kernel(
     # Masked loads: slots past the row's length are never read (they may hold NaN or stale drafts).
     k = plgpu.load(k_ref.at[block, :], mask=valid[:, None], other=0.0)
     logits = plgpu.dot(q, k, trans_b=True, allow_tf32=allow_tf32) * sm_scale  # f32[block_r, block_k]
+    if logit_soft_cap is not None:  # Gemma 2: cap the scaled scores before the mask
+      logits = logit_soft_cap * jnp.tanh(logits / logit_soft_cap)
     visible = valid[None, :] & (slots[None, :] <= q_pos[:, None])
     if sliding_window is not None:
       visible &= slots[None, :] > q_pos[:, None] - sliding_window
@@ -215,7 +223,7 @@ def _unfold(o: jax.Array, num_q: int, group: int) -> jax.Array:
 
 
 def _pallas_ragged_attention(q, k_cache, v_cache, lengths, kv_lengths, *, variant, sm_scale,
-                             sliding_window, block_sizes, interpret, poison_output):
+                             sliding_window, logit_soft_cap, block_sizes, interpret, poison_output):
   """Builds the grid and BlockSpecs and runs the kernel; returns ``(out [B, T, N, H], m, l)``."""
   batch, num_q, num_heads, head_dim = q.shape
   num_kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
@@ -231,7 +239,7 @@ def _pallas_ragged_attention(q, k_cache, v_cache, lengths, kv_lengths, *, varian
   kernel = functools.partial(
       _ragged_attention_kernel, sm_scale=sm_scale, num_q=num_q, group=group, block_r=block_r,
       block_k=block_k, split_len=split_len, variant=variant, sliding_window=sliding_window,
-      allow_tf32=False if q.dtype == jnp.float32 else None)
+      logit_soft_cap=logit_soft_cap, allow_tf32=False if q.dtype == jnp.float32 else None)
   grid = (batch, num_kv_heads, rows_padded // block_r, splits)
   # With one split the output is final and takes q's dtype; partial results stay in f32 for the merge.
   out_dtype = q.dtype if splits == 1 else jnp.float32
@@ -347,6 +355,7 @@ def ragged_attention(
     variant: str = "pad",
     sm_scale: float | None = None,
     sliding_window: int | None = None,
+    logit_soft_cap: float | None = None,
     block_sizes: BlockSizes = BlockSizes(),
     interpret: bool = False,
     return_residuals: bool = False,
@@ -371,11 +380,15 @@ def ragged_attention(
     sm_scale: softmax scale, default ``1 / sqrt(H)``.
     sliding_window: if set (Mistral), a query at position p also ignores slots ``<= p - sliding_window``;
       SPLIT then starts its loop at the first block the window reaches.
+    logit_soft_cap: if set (Gemma 2 report; transformers ``modeling_gemma2.py``), the scaled scores
+      ``s = q . k * sm_scale`` become ``cap * tanh(s / cap)`` before the mask and the softmax; a
+      positive float, static (each value compiles its own kernel). None caps nothing.
     block_sizes: :class:`BlockSizes`; S must split into ``num_splits`` multiples of 16.
     interpret: run the kernel in the Pallas interpreter (any backend, e.g. a CPU).
     return_residuals: also return the softmax statistics ``(m, l)`` per query row and head, each
-      ``f32[B, T, N]``: ``m`` the max logit (natural log, scaled), ``l = sum(exp(logit - m))``, so that
-      results over disjoint key sets merge exactly.
+      ``f32[B, T, N]``: ``m`` the max logit (natural log, scaled, and capped with
+      ``logit_soft_cap``), ``l = sum(exp(logit - m))``, so that results over disjoint key sets merge
+      exactly.
     debug_poison_output: start the kernel's output buffers as NaN (a check that every tile is
       written; tests use it).
 
@@ -385,8 +398,9 @@ def ragged_attention(
 
   Raises:
     ValueError: mismatched shapes or dtypes, a head dim that is not a power of two >= 16, a cache
-      length that does not split into ``num_splits`` multiples of 16, an unknown variant, or (when
-      lengths are concrete) a length outside ``[T, S]``.
+      length that does not split into ``num_splits`` multiples of 16, an unknown variant, a
+      ``sliding_window < 1`` or ``logit_soft_cap <= 0``, or (when lengths are concrete) a length
+      outside ``[T, S]``.
   """
   lengths = jnp.asarray(lengths) if not isinstance(lengths, jax.core.Tracer) else lengths
   kv_lengths = lengths if kv_lengths is None else kv_lengths
@@ -394,23 +408,30 @@ def ragged_attention(
   _validate(q, k_cache, v_cache, lengths, kv_lengths, variant, block_sizes)
   if sliding_window is not None and sliding_window < 1:
     raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+  if logit_soft_cap is not None:
+    if not logit_soft_cap > 0:
+      raise ValueError(f"logit_soft_cap must be > 0 or None, got {logit_soft_cap}")
+    logit_soft_cap = float(logit_soft_cap)  # static: one hashable value per cap
   return _ragged_attention_jit(q, k_cache, v_cache, lengths.astype(jnp.int32),
                                kv_lengths.astype(jnp.int32), variant=variant,
                                sm_scale=sm_scale, sliding_window=sliding_window,
-                               block_sizes=block_sizes, interpret=interpret,
-                               return_residuals=return_residuals, poison_output=debug_poison_output)
+                               logit_soft_cap=logit_soft_cap, block_sizes=block_sizes,
+                               interpret=interpret, return_residuals=return_residuals,
+                               poison_output=debug_poison_output)
 
 
-@functools.partial(jax.jit, static_argnames=("variant", "sm_scale", "sliding_window", "block_sizes",
-                                             "interpret", "return_residuals", "poison_output"))
+@functools.partial(jax.jit, static_argnames=("variant", "sm_scale", "sliding_window", "logit_soft_cap",
+                                             "block_sizes", "interpret", "return_residuals",
+                                             "poison_output"))
 def _ragged_attention_jit(q, k_cache, v_cache, lengths, kv_lengths, *, variant, sm_scale,
-                          sliding_window, block_sizes, interpret, return_residuals, poison_output):
+                          sliding_window, logit_soft_cap, block_sizes, interpret, return_residuals,
+                          poison_output):
   num_q, num_heads, head_dim = q.shape[1:]
   if sm_scale is None:
     sm_scale = 1.0 / math.sqrt(head_dim)
   out, m, l = _pallas_ragged_attention(q, k_cache, v_cache, lengths, kv_lengths, variant=variant,
                                        sm_scale=sm_scale, sliding_window=sliding_window,
-                                       block_sizes=block_sizes,
+                                       logit_soft_cap=logit_soft_cap, block_sizes=block_sizes,
                                        interpret=interpret, poison_output=poison_output)
   if not return_residuals:
     return out
@@ -429,9 +450,11 @@ def ragged_attention_reference(
     kv_lengths: jax.Array | None = None,
     sm_scale: float | None = None,
     sliding_window: int | None = None,
+    logit_soft_cap: float | None = None,
     return_residuals: bool = False,
 ):
-  """Plain-jnp reference of :func:`ragged_attention`, computed in f32 (same arguments and results).
+  """Plain-jnp reference of :func:`ragged_attention`, computed in f32 (same arguments and results;
+  ``logit_soft_cap`` caps the scaled scores, ``cap * tanh(s / cap)``, before the mask).
 
   Slots at and past ``kv_lengths[b]`` are masked in both products, so NaN there does not propagate.
   """
@@ -448,6 +471,8 @@ def ragged_attention_reference(
   k = jnp.repeat(k, group, axis=1)  # [B, N, S, H]
   v = jnp.repeat(v, group, axis=1)
   logits = jnp.einsum("btnh,bnsh->bnts", q.astype(jnp.float32), k) * sm_scale
+  if logit_soft_cap is not None:
+    logits = logit_soft_cap * jnp.tanh(logits / logit_soft_cap)
   q_pos = lengths[:, None] - num_q + jnp.arange(num_q)  # [B, T]
   visible = valid[:, None, :] & (slots[None, None, :] <= q_pos[:, :, None])  # [B, T, S]
   if sliding_window is not None:

@@ -1,5 +1,6 @@
 """The models' attention against a per-row, per-head numpy loop written from the definition: over a ragged
-cache (the jnp reference, BASS-PAD and BASS-SPLIT in plain JAX) and without a cache (causal)."""
+cache (the jnp reference, BASS-PAD and BASS-SPLIT in plain JAX) and without a cache (causal), with and
+without Gemma 2's logit soft cap."""
 
 import jax
 import jax.numpy as jnp
@@ -10,8 +11,9 @@ from bass_jax.models.attention import (blocked_attention, causal_attention, caus
                                        compiling_for, get_attention, reference_attention)
 
 
-def _loop_attention(q, k, v, lengths, window=None):
-  """q [B, T, N, H]; k, v [B, K, S, H] holding the T new tokens at lengths - T … lengths - 1."""
+def _loop_attention(q, k, v, lengths, window=None, cap=None):
+  """q [B, T, N, H]; k, v [B, K, S, H] holding the T new tokens at lengths - T … lengths - 1; ``cap``:
+  the scores s become cap * tanh(s / cap) before the softmax (Gemma 2)."""
   batch, num_q, num_heads, head_dim = q.shape
   group = num_heads // k.shape[1]
   out = np.zeros(q.shape, np.float64)
@@ -22,6 +24,8 @@ def _loop_attention(q, k, v, lengths, window=None):
       for h in range(num_heads):
         keys = k[b, h // group, first:last + 1].astype(np.float64)
         scores = keys @ q[b, t, h] / np.sqrt(head_dim)
+        if cap is not None:
+          scores = cap * np.tanh(scores / cap)
         w = np.exp(scores - scores.max())
         out[b, t, h] = (w / w.sum()) @ v[b, h // group, first:last + 1]
   return out
@@ -122,3 +126,54 @@ def test_blocked_pad_and_split_match_the_definition(batch, num_q, num_heads, num
   want = reference_attention(*args, sliding_window=window)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=0)
   np.testing.assert_allclose(np.asarray(got), _loop_attention(q, k, v, lengths, window), atol=2e-5)
+
+
+CAP = 5.0  # Gemma 2 caps attention logits at 50; inputs below make |scores| >> 5, so the cap matters
+
+
+@pytest.mark.parametrize("impl", ["reference", "blocked_pad", "blocked_split"])
+@pytest.mark.parametrize("window", [None, 5])
+def test_logit_soft_cap_matches_definition(impl, window):
+  """Gemma 2's soft cap: scores s = q.k / sqrt(H) become cap * tanh(s / cap) before the mask. GQA
+  (4 query heads over 2 KV heads), ragged rows, NaN past each row's length, two blocks of 64 slots."""
+  q, k, v, lengths = _inputs(11 if window is None else 12, 3, 3, 4, 2, 16, 128)
+  q *= 10.0  # scores of std ~10: tanh saturates, the capped softmax differs from the plain one
+  args = [jnp.asarray(x) for x in (q, k, v)] + [jnp.asarray(lengths, jnp.int32)]
+  attend = get_attention(impl)
+  got = np.asarray(attend(*args, sliding_window=window, logit_soft_cap=CAP))
+  want = _loop_attention(q, k, v, lengths, window, cap=CAP)
+  assert np.isfinite(got).all()
+  np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
+  uncapped = _loop_attention(q, k, v, lengths, window)
+  assert np.abs(want - uncapped).max() > 0.1  # the cap changed the result: the comparison can fail
+
+
+@pytest.mark.parametrize("implementation", ["reference", "xla", "cudnn"])
+@pytest.mark.parametrize("window", [None, 3])
+def test_causal_attention_with_a_soft_cap_runs_the_jnp_path(implementation, window):
+  """``jax.nn.dot_product_attention`` has no soft cap: with one, every implementation (cuDNN too, which
+  would not run on a CPU) runs the jnp path, and matches the definition."""
+  rng = np.random.default_rng(15)
+  q = 10.0 * rng.normal(size=(2, 7, 4, 16)).astype(np.float32)
+  k = rng.normal(size=(2, 7, 2, 16)).astype(np.float32)
+  v = rng.normal(size=(2, 7, 2, 16)).astype(np.float32)
+  got = np.asarray(causal_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), sliding_window=window,
+                                    logit_soft_cap=CAP, implementation=implementation))
+  kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+  want = _loop_attention(q, kt, vt, np.array([7, 7]), window, cap=CAP)
+  np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
+  assert np.abs(want - _loop_attention(q, kt, vt, np.array([7, 7]), window)).max() > 0.1
+
+
+def test_no_soft_cap_traces_the_uncapped_program():
+  """``logit_soft_cap=None`` is the uncapped computation itself (no tanh anywhere), a cap adds one."""
+  q, k, v, lengths = _inputs(13, 2, 2, 4, 2, 16, 64)
+  args = [jnp.asarray(x) for x in (q, k, v)] + [jnp.asarray(lengths, jnp.int32)]
+  for impl in ("reference", "blocked_pad", "blocked_split"):
+    attend = get_attention(impl)
+    plain = str(jax.make_jaxpr(lambda *a: attend(*a))(*args))
+    assert str(jax.make_jaxpr(lambda *a: attend(*a, logit_soft_cap=None))(*args)) == plain
+    assert "tanh" not in plain
+    assert "tanh" in str(jax.make_jaxpr(lambda *a: attend(*a, logit_soft_cap=CAP))(*args))
+  with pytest.raises(ValueError, match="logit_soft_cap must be > 0"):
+    reference_attention(*args, logit_soft_cap=0.0)

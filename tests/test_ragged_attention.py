@@ -6,7 +6,9 @@ so a stray read or an unwritten tile fails the comparison.
 
 The grid: every (batch, T) pair of B in {1, 3, 8} and T in {1, 2, 8, 33} is paired with one of the 12
 combinations of GQA ratio {1, 3, 8} x head dim {64, 128} x dtype {f32, bf16}, so every value of every
-factor, and every combination of the last three, is covered; each case runs both variants.
+factor, and every combination of the last three, is covered; each case runs both variants. Gemma 2's
+logit soft cap (with and without a sliding window, split-K, and per-layer windows through the models'
+registry) is checked against a softmax written out in this file.
 """
 
 import itertools
@@ -208,3 +210,95 @@ def test_sliding_window(num_q, window, variant):
   want = ragged_attention_reference(q, k, v, lengths, sliding_window=window)
   _check(out, want, jnp.float32)
   assert not np.allclose(np.asarray(want), np.asarray(ragged_attention_reference(q, k, v, lengths)))
+
+
+def _capped_softmax_attention(q, k, v, lengths, cap, window=None):
+  """Written from the definition, apart from the kernel's reference: per row, the visible slots
+  (``<= p``, ``> p - window``) of each query p, softmax of ``cap * tanh(q.k / sqrt(H) / cap)``, f64."""
+  q, k, v, lengths = (np.asarray(x, np.float64) if i < 3 else np.asarray(x)
+                      for i, x in enumerate((q, k, v, lengths)))
+  batch, num_q, num_heads, head_dim = q.shape
+  group = num_heads // k.shape[1]
+  out = np.zeros(q.shape)
+  for b in range(batch):
+    for t in range(num_q):
+      pos = lengths[b] - num_q + t
+      first = 0 if window is None else max(0, pos - window + 1)
+      keys = np.repeat(k[b, :, first:pos + 1], group, axis=0)  # [N, visible, H]
+      scores = np.einsum("nh,nsh->ns", q[b, t], keys) / np.sqrt(head_dim)
+      if cap is not None:
+        scores = cap * np.tanh(scores / cap)
+      w = np.exp(scores - scores.max(-1, keepdims=True))
+      out[b, t] = np.einsum("ns,nsh->nh", w / w.sum(-1, keepdims=True),
+                            np.repeat(v[b, :, first:pos + 1], group, axis=0))
+  return out
+
+
+@pytest.mark.parametrize("variant", ["pad", "split"])
+@pytest.mark.parametrize("num_q,window,block_sizes", [
+    (1, None, BlockSizes(block_k=16, num_splits=2)),  # decode, split-K: partial capped softmaxes merged
+    (5, 20, BlockSizes(block_k=16)),  # verification under a window that skips whole blocks
+])
+def test_logit_soft_cap(num_q, window, block_sizes, variant):
+  """Gemma 2's soft cap inside the kernel: scores of std ~10 against a cap of 5, GQA 4 / 2, NaN past
+  each ragged row's length; the residuals are the capped softmax's (``m < cap``)."""
+  cap = 5.0
+  q, k, v, lengths = _inputs(num_q + 70, 3, num_q, 2, 2, 16, jnp.float32, max_len=128, block=16)
+  q = 10.0 * q
+  out, (m, l) = ragged_attention(q, k, v, lengths, variant=variant, sliding_window=window,
+                                 logit_soft_cap=cap, block_sizes=block_sizes, interpret=not ON_GPU,
+                                 return_residuals=True, debug_poison_output=True)
+  want = _capped_softmax_attention(q, k, v, lengths, cap, window)
+  _check(out, want, jnp.float32)
+  assert np.abs(want - _capped_softmax_attention(q, k, v, lengths, None, window)).max() > 0.1
+  _, (m_want, l_want) = ragged_attention_reference(q, k, v, lengths, sliding_window=window,
+                                                   logit_soft_cap=cap, return_residuals=True)
+  np.testing.assert_allclose(m, m_want, atol=1e-5)
+  np.testing.assert_allclose(l, l_want, rtol=1e-5)
+  assert (np.asarray(m) < cap).all()
+  with pytest.raises(ValueError, match="logit_soft_cap must be > 0"):
+    ragged_attention(q, k, v, lengths, logit_soft_cap=-1.0, interpret=True)
+
+
+def test_soft_capped_kernel_lowers_through_triton_for_cuda():
+  """The cap's tanh lowers through Triton (libdevice) in both variants, with a window and split-K."""
+  from jax import export
+
+  q = jax.ShapeDtypeStruct((2, 3, 4, 64), jnp.bfloat16)
+  kv = jax.ShapeDtypeStruct((2, 2, 128, 64), jnp.bfloat16)
+  lengths = jax.ShapeDtypeStruct((2,), jnp.int32)
+  for variant in ("pad", "split"):
+    fn = jax.jit(lambda q, k, v, l: ragged_attention(q, k, v, l, variant=variant, sliding_window=32,
+                                                     logit_soft_cap=50.0,
+                                                     block_sizes=BlockSizes(num_splits=2)))
+    exported = export.export(fn, platforms=["cuda"],
+                             disabled_checks=[export.DisabledSafetyCheck.custom_call(
+                                 TRITON_CUSTOM_CALL)])(q, kv, kv, lengths)
+    assert exported.mlir_module().count(f"@{TRITON_CUSTOM_CALL}") == 1
+
+
+@pytest.mark.parametrize("impl", ["reference", "blocked_pad", "blocked_split", "pallas_pad",
+                                  "pallas_split"])
+def test_per_layer_windows_with_a_soft_cap(impl):
+  """A Gemma 2-style model calls one implementation per layer with its own static window (windowed
+  layers alternate with global ones) and one soft cap: in one program, each layer attends as its own
+  window says."""
+  from bass_jax.models.attention import get_attention
+
+  cap, window = 5.0, 9
+  layers = [_inputs(seed, 3, 2, 2, 2, 16, jnp.float32, max_len=64, block=16) for seed in (81, 82)]
+  lengths = layers[0][3]
+  attend = get_attention(impl)
+
+  @jax.jit
+  def two_layers(q0, k0, v0, q1, k1, v1, lengths):
+    return (attend(q0, k0, v0, lengths, sliding_window=window, logit_soft_cap=cap),
+            attend(q1, k1, v1, lengths, logit_soft_cap=cap))
+
+  (q0, k0, v0, _), (q1, k1, v1, _) = layers
+  q0, q1 = 10.0 * q0, 10.0 * q1
+  out0, out1 = two_layers(q0, k0, v0, q1, k1, v1, lengths)
+  want0 = _capped_softmax_attention(q0, k0, v0, lengths, cap, window)
+  _check(out0, want0, jnp.float32)
+  _check(out1, _capped_softmax_attention(q1, k1, v1, lengths, cap), jnp.float32)
+  assert np.abs(want0 - _capped_softmax_attention(q0, k0, v0, lengths, cap)).max() > 0.1

@@ -7,7 +7,8 @@ and itself, with a sliding window compared on depth positions). Slots past a row
 the nodes' slots hold large finite values, so a read of a node off the path changes the result. A
 chain (the causal mask) equals ``reference_attention``, and a mask with one extra, non-ancestor node is
 caught by the same comparison. Every implementation's tree attention (the kernels' prefix merged with
-the nodes, ``attention.merged_tree_attention``; the Pallas kernels interpreted) equals that reference.
+the nodes, ``attention.merged_tree_attention``; the Pallas kernels interpreted) equals that reference,
+also under Gemma 2's logit soft cap (both merged segments capped).
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ def _inputs(rng, lengths, mask):
   return q, k, v
 
 
-def brute_force(q, k, v, lengths, mask, window=None):
-  """Per row, node and head: softmax over the keys of the node's path, in float64."""
+def brute_force(q, k, v, lengths, mask, window=None, cap=None):
+  """Per row, node and head: softmax over the keys of the node's path, in float64; ``cap``: the
+  scores s become cap * tanh(s / cap) first (Gemma 2)."""
   out = np.zeros(q.shape, np.float64)
   group = N // K
   for b in range(B):
@@ -62,6 +64,8 @@ def brute_force(q, k, v, lengths, mask, window=None):
       slots = [s for s, _ in keys]
       for n in range(N):
         logits = k[b, n // group, slots].astype(np.float64) @ q[b, t, n] / np.sqrt(H)
+        if cap is not None:
+          logits = cap * np.tanh(logits / cap)
         w = np.exp(logits - logits.max())
         out[b, t, n] = (w / w.sum()) @ v[b, n // group, slots]
   return out
@@ -126,3 +130,24 @@ def test_every_implementation_attends_a_tree_like_the_reference(impl):
   assert np.abs(leaked[2, T - 1] - want[2, T - 1]).max() > 0.1
   with pytest.raises(ValueError, match="sliding window"):
     tree_attention(*args, jnp.asarray(mask), sliding_window=4)
+
+
+@pytest.mark.parametrize("impl,window", [("reference", None), ("reference", 5), ("pallas_pad", None),
+                                         ("pallas_split", None), ("blocked_pad", None),
+                                         ("blocked_split", None)])
+def test_soft_capped_tree_attention(impl, window):
+  """Gemma 2's logit soft cap in every tree attention: the merged ones cap the prefix (in the ragged
+  kernel) and the nodes alike, so their merged softmax is the capped one. Scores of std ~10, cap 5."""
+  cap = 5.0
+  rng = np.random.default_rng(4)
+  lengths = np.array([T + 40, T, T + 13])  # a row with no prefix at all: only its nodes
+  mask = _random_tree_mask(rng, num_nodes=[T, 3, T])
+  q, k, v = _inputs(rng, lengths, mask)
+  q *= 10.0
+  args = tuple(map(jnp.asarray, (q, k, v, lengths, mask)))
+  got = np.asarray(attention.get_tree_attention(impl)(*args, sliding_window=window,
+                                                      logit_soft_cap=cap))
+  want = brute_force(q, k, v, lengths, mask, window, cap=cap)
+  assert np.isfinite(got).all()
+  np.testing.assert_allclose(got, want, atol=3e-5, rtol=3e-5)
+  assert np.abs(want - brute_force(q, k, v, lengths, mask, window)).max() > 0.1

@@ -13,8 +13,17 @@ already written at slots ``lengths[b] - T … lengths[b] - 1``. Query t of row b
 ``lengths[b] - T + t`` and attends to slots ``0 … lengths[b] - T + t`` (end-aligned causal mask; the
 ``kv_len - q_len + i`` rule of JAX's TPU ragged paged attention). Slots at or past ``lengths[b]`` are
 never read into the result, whatever they hold (stale rejected drafts, NaN in tests). Keyword
-arguments: ``sm_scale`` (default ``1 / sqrt(H)``) and ``sliding_window`` (Mistral: a query at position p
-also ignores slots ``<= p - sliding_window``; None attends to the whole prefix).
+arguments, all static:
+
+* ``sm_scale``: the softmax scale, default ``1 / sqrt(H)``.
+* ``sliding_window``: Mistral's window: a query at position p also ignores slots ``<= p -
+  sliding_window``; None attends to the whole prefix. A model may pass a different window per layer
+  (Gemma 2: windowed layers alternate with global ones); each value is its own static variant.
+* ``logit_soft_cap``: Gemma 2's attention logit soft-capping: the scaled scores ``s = q . k * sm_scale``
+  become ``cap * tanh(s / cap)`` before the mask and the softmax, which bounds every logit to
+  ``(-cap, cap)`` (Gemma 2 report, "Logit soft-capping"; transformers ``modeling_gemma2.py``,
+  ``eager_attention_forward``). None (the default) caps nothing and traces exactly the uncapped
+  program.
 
 The cache is one ``[B, K, S, H]`` array per layer: for each (row, kv head) the S slots of H channels are
 contiguous, so both attention products read the cache in place, with no transposed copy per call.
@@ -43,8 +52,24 @@ _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: no inf - inf i
 class AttentionFn(Protocol):
 
   def __call__(self, q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, lengths: jax.Array, *,
-               sm_scale: float | None = None, sliding_window: int | None = None) -> jax.Array:
+               sm_scale: float | None = None, sliding_window: int | None = None,
+               logit_soft_cap: float | None = None) -> jax.Array:
     ...
+
+
+def soft_cap(logits: jax.Array, cap: float | None) -> jax.Array:
+  """Gemma 2's logit soft-capping, ``cap * tanh(logits / cap)`` (any shape, elementwise); ``logits``
+  unchanged when ``cap`` is None. Applied to the scaled attention scores before the mask, as
+  transformers' ``modeling_gemma2.py`` does (``attn_weights / softcap``, ``tanh``, ``* softcap``).
+
+  Raises:
+    ValueError: a cap that is not positive.
+  """
+  if cap is None:
+    return logits
+  if not cap > 0:
+    raise ValueError(f"logit_soft_cap must be > 0 or None, got {cap}")
+  return cap * jnp.tanh(logits / cap)
 
 
 def _fold(x: jax.Array, num_kv_heads: int) -> jax.Array:
@@ -71,6 +96,7 @@ def reference_attention(
     *,
     sm_scale: float | None = None,
     sliding_window: int | None = None,
+    logit_soft_cap: float | None = None,
 ) -> jax.Array:
   """End-aligned causal grouped-query attention over a ragged cache, in plain jnp (f32 softmax).
 
@@ -81,6 +107,8 @@ def reference_attention(
     lengths: ``i32[B]``, valid slots per row including the T new ones; ``T <= lengths[b] <= S``.
     sm_scale: softmax scale, default ``1 / sqrt(H)``.
     sliding_window: if set, a query at position p sees only slots ``> p - sliding_window``.
+    logit_soft_cap: if set (Gemma 2), the scaled scores ``s`` become ``cap * tanh(s / cap)`` before
+      the mask and the softmax (:func:`soft_cap`).
 
   Returns:
     ``[B, T, N, H]`` in q's dtype.
@@ -91,13 +119,15 @@ def reference_attention(
   visible = slots[None, None, :] <= q_pos[:, :, None]  # [B, T, S]
   if sliding_window is not None:
     visible &= slots[None, None, :] > q_pos[:, :, None] - sliding_window
-  return _attend_visible(q, k_cache, v_cache, lengths, visible, sm_scale)
+  return _attend_visible(q, k_cache, v_cache, lengths, visible, sm_scale, logit_soft_cap)
 
 
 def _attend_visible(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, lengths: jax.Array,
-                    visible: jax.Array, sm_scale: float | None) -> jax.Array:
+                    visible: jax.Array, sm_scale: float | None,
+                    logit_soft_cap: float | None = None) -> jax.Array:
   """Grouped-query softmax attention of ``q: [B, T, N, H]`` over the cache slots ``visible: bool[B, T,
-  S]`` marks (f32), the reference implementations' shared core. Slots at or past ``lengths`` are
+  S]`` marks (f32), the reference implementations' shared core. The scaled scores are soft-capped
+  (:func:`soft_cap`) before the mask when ``logit_soft_cap`` is set. Slots at or past ``lengths`` are
   zeroed before use, so a NaN there never reaches the result; a query that sees nothing outputs 0."""
   num_q, num_heads, head_dim = q.shape[1:]
   num_kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
@@ -109,6 +139,7 @@ def _attend_visible(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, length
   # is never copied to f32, as the Pallas kernels read it.
   q_f = _fold((q.astype(jnp.float32) * scale).astype(k_cache.dtype), num_kv_heads)
   logits = jnp.einsum("bkrh,bksh->bkrs", q_f, k_cache, preferred_element_type=jnp.float32)
+  logits = soft_cap(logits, logit_soft_cap)  # NaN from a slot past the length is masked just below
   visible = jnp.repeat(visible, group, axis=1)  # [B, R, S], rows ordered (t, g) as _fold
   probs = jax.nn.softmax(jnp.where(visible[:, None], logits, -jnp.inf), axis=-1)
   probs = jnp.where(jnp.any(visible, axis=-1)[:, None, :, None], probs, 0.0)
@@ -129,6 +160,7 @@ def reference_tree_attention(
     *,
     sm_scale: float | None = None,
     sliding_window: int | None = None,
+    logit_soft_cap: float | None = None,
 ) -> jax.Array:
   """Attention of a token tree's T newest nodes over a ragged cache, in plain jnp (f32 softmax).
 
@@ -149,7 +181,8 @@ def reference_tree_attention(
     lengths: ``i32[B]`` valid slots including the M tree slots.
     tree_mask: ``bool[B, T, M]``, ``[b, t, j]``: query t sees tree slot j (True at its own slot, the
       last T, for a real node; a padding node's row may be all False: it sees the prefix only).
-    sm_scale, sliding_window: as :func:`reference_attention` (a window needs ``M == T``).
+    sm_scale, sliding_window, logit_soft_cap: as :func:`reference_attention` (a window needs
+      ``M == T``).
 
   Returns:
     ``[B, T, N, H]`` in q's dtype.
@@ -174,7 +207,7 @@ def reference_tree_attention(
     q_pos = base[:, None] + depth  # [B, T]
     slot_pos = jnp.where(is_new, base[:, None] + jnp.take_along_axis(depth, node, axis=1), slots)
     visible &= slot_pos[:, None, :] > q_pos[:, :, None] - sliding_window
-  return _attend_visible(q, k_cache, v_cache, lengths, visible, sm_scale)
+  return _attend_visible(q, k_cache, v_cache, lengths, visible, sm_scale, logit_soft_cap)
 
 
 def mask_depths(tree_mask: jax.Array) -> jax.Array:
@@ -186,7 +219,8 @@ def mask_depths(tree_mask: jax.Array) -> jax.Array:
 
 def merged_tree_attention(prefix: Callable[..., tuple], q: jax.Array, k_cache: jax.Array,
                           v_cache: jax.Array, lengths: jax.Array, tree_mask: jax.Array, *,
-                          sm_scale: float | None = None, sliding_window: int | None = None) -> jax.Array:
+                          sm_scale: float | None = None, sliding_window: int | None = None,
+                          logit_soft_cap: float | None = None) -> jax.Array:
   """Tree attention as two exact segments: the row's prefix through a ragged kernel, the tree's nodes
   densely, merged by their softmax statistics (the flash-decoding merge; FlashInfer's cascade).
 
@@ -195,14 +229,16 @@ def merged_tree_attention(prefix: Callable[..., tuple], q: jax.Array, k_cache: j
   softmax's row maxima and sums): it reads slots ``< lengths - M`` only, where every node sees every
   slot, so its causal mask never cuts. The tree's K/V (M slots per row, gathered once per layer and
   repeated over each KV head's query group, in f32) go through a dense ``[T, M]`` attention under
-  ``tree_mask``. The result equals :func:`reference_tree_attention` (same arguments) up to float
-  rounding.
+  ``tree_mask``. With ``logit_soft_cap`` both segments cap their scaled scores (the prefix's through
+  its own ``logit_soft_cap``, passed only when set), so the merged statistics are the capped softmax's.
+  The result equals :func:`reference_tree_attention` (same arguments) up to float rounding.
 
   Args:
     prefix: the ragged attention of the prefix (above).
     q: ``[B, T, N, H]``. k_cache, v_cache: ``[B, K, S, H]`` with the tree's K/V at slots
       ``lengths - M … lengths - 1``. lengths: ``i32[B]``, tree slots included.
-    tree_mask: ``bool[B, T, M]`` as :func:`reference_tree_attention`. sm_scale: as there.
+    tree_mask: ``bool[B, T, M]`` as :func:`reference_tree_attention`. sm_scale, logit_soft_cap: as
+      there.
 
   Returns:
     ``[B, T, N, H]`` in q's dtype.
@@ -219,13 +255,14 @@ def merged_tree_attention(prefix: Callable[..., tuple], q: jax.Array, k_cache: j
   group = num_heads // num_kv_heads
   scale = head_dim**-0.5 if sm_scale is None else sm_scale
   base = lengths - tree_mask.shape[2]
+  cap = {} if logit_soft_cap is None else {"logit_soft_cap": logit_soft_cap}
   out_p, (m_p, l_p) = prefix(q, k_cache, v_cache, lengths, kv_lengths=base, sm_scale=scale,
-                             return_residuals=True)
+                             return_residuals=True, **cap)
   node_slots = (base[:, None] + jnp.arange(tree_mask.shape[2]))[:, None, :, None]  # [B, 1, M, 1]
   k_n = jnp.take_along_axis(k_cache, node_slots, axis=2).astype(jnp.float32)  # [B, K, M, H]
   v_n = jnp.take_along_axis(v_cache, node_slots, axis=2).astype(jnp.float32)
   k_n, v_n = jnp.repeat(k_n, group, axis=1), jnp.repeat(v_n, group, axis=1)  # [B, N, M, H]
-  logits = jnp.einsum("btnh,bnjh->btnj", q.astype(jnp.float32) * scale, k_n)
+  logits = soft_cap(jnp.einsum("btnh,bnjh->btnj", q.astype(jnp.float32) * scale, k_n), logit_soft_cap)
   sees = tree_mask[:, :, None, :]  # [B, T, 1, M]
   logits = jnp.where(sees, logits, _MASK_VALUE)
   m_n = jnp.max(logits, axis=-1)  # [B, T, N]
@@ -241,16 +278,19 @@ def merged_tree_attention(prefix: Callable[..., tuple], q: jax.Array, k_cache: j
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, sm_scale: float | None = None,
-                     sliding_window: int | None = None, implementation: str | None = None) -> jax.Array:
+                     sliding_window: int | None = None, logit_soft_cap: float | None = None,
+                     implementation: str | None = None) -> jax.Array:
   """Causal grouped-query attention among T tokens, without a cache (a prefill, a full forward, training).
 
   Args:
-    q: ``[B, T, N, H]``; k, v: ``[B, T, K, H]``; sm_scale, sliding_window: as :func:`reference_attention`.
+    q: ``[B, T, N, H]``; k, v: ``[B, T, K, H]``; sm_scale, sliding_window, logit_soft_cap: as
+      :func:`reference_attention`.
     implementation: ``"reference"``: the jnp path here, which materializes ``f32[B, K, T * G, T]``
       logits (fastest on a CPU). ``"xla"`` or ``"cudnn"``: ``jax.nn.dot_product_attention`` with that
       implementation (``"cudnn"``: cuDNN's fused flash attention, GPU only, bf16 or f16, never
       materializing the logits). None: :func:`causal_implementation`'s choice for the platform the
-      program is traced for and q's dtype.
+      program is traced for and q's dtype. ``jax.nn.dot_product_attention`` has no soft cap, so with
+      ``logit_soft_cap`` set every implementation runs the jnp path (logits materialized).
 
   Returns:
     ``[B, T, N, H]`` in q's dtype; token t attends to tokens ``0 … t``.
@@ -261,18 +301,19 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, sm_scale: floa
   implementation = implementation or causal_implementation(q.dtype)
   num_q, num_heads, head_dim = q.shape[1:]
   scale = head_dim**-0.5 if sm_scale is None else sm_scale
-  if implementation in ("xla", "cudnn"):
+  if implementation not in ("reference", "xla", "cudnn"):
+    raise ValueError(f"causal attention implementation must be 'reference', 'xla' or 'cudnn', got "
+                     f"{implementation!r}")
+  if implementation != "reference" and logit_soft_cap is None:  # no soft cap in jax.nn's attention
     # A query at position p sees p - (w - 1) ... p: a left window of w - 1 tokens, none on the right.
     window = None if sliding_window is None else (sliding_window - 1, 0)
     return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True,
                                         local_window_size=window, implementation=implementation)
-  if implementation != "reference":
-    raise ValueError(f"causal attention implementation must be 'reference', 'xla' or 'cudnn', got "
-                     f"{implementation!r}")
   num_kv_heads = k.shape[2]
   group = num_heads // num_kv_heads
   q_f = _fold((q.astype(jnp.float32) * scale).astype(k.dtype), num_kv_heads)
-  logits = jnp.einsum("bkrh,btkh->bkrt", q_f, k, preferred_element_type=jnp.float32)
+  logits = soft_cap(jnp.einsum("bkrh,btkh->bkrt", q_f, k, preferred_element_type=jnp.float32),
+                    logit_soft_cap)
   t_row = jnp.arange(num_q * group) // group
   t_key = jnp.arange(num_q)
   visible = t_key[None, :] <= t_row[:, None]
@@ -303,6 +344,7 @@ def blocked_attention(
     block_k: int = 64,
     sm_scale: float | None = None,
     sliding_window: int | None = None,
+    logit_soft_cap: float | None = None,
     kv_lengths: jax.Array | None = None,
     return_residuals: bool = False,
 ):
@@ -316,13 +358,15 @@ def blocked_attention(
   Pallas kernels cannot.
 
   Args:
-    q, k_cache, v_cache, lengths, sm_scale, sliding_window: as :func:`reference_attention`.
+    q, k_cache, v_cache, lengths, sm_scale, sliding_window, logit_soft_cap: as
+      :func:`reference_attention` (the cap applies per block, before the mask and the online softmax).
     variant: ``"pad"`` or ``"split"``.
     block_k: slots per block; must divide S.
     kv_lengths: ``i32[B]`` valid slots per row when they end before ``lengths`` (which then only
       places the queries): the prefix of a tree attention (:func:`merged_tree_attention`).
     return_residuals: also return the softmax statistics ``(m, l)``, ``f32[B, T, N]`` each, as
-      ``pallas_kernels.ragged_attention`` does (a row that sees nothing has ``l = 0``).
+      ``pallas_kernels.ragged_attention`` does (a row that sees nothing has ``l = 0``; ``m`` is
+      over the capped logits when ``logit_soft_cap`` is set).
 
   Returns:
     ``[B, T, N, H]`` in q's dtype, or ``(out, (m, l))`` with ``return_residuals``.
@@ -356,7 +400,7 @@ def blocked_attention(
       valid = slots[None, :] < length[:, None]  # [b, block]
       kb = jnp.where(valid[:, None, :, None], kb, 0.0)
       vb = jnp.where(valid[:, None, :, None], vb, 0.0)
-      logits = jnp.einsum("bkrh,bksh->bkrs", q_f, kb)
+      logits = soft_cap(jnp.einsum("bkrh,bksh->bkrs", q_f, kb), logit_soft_cap)
       visible = valid[:, None, :] & (slots[None, None, :] <= q_pos[:, :, None])  # [b, R, block]
       if sliding_window is not None:
         visible &= slots[None, None, :] > q_pos[:, :, None] - sliding_window
@@ -428,7 +472,8 @@ def _sm_count() -> int:
 def _pallas(variant: str) -> AttentionFn:
   """The Pallas ragged-attention kernel: native on a GPU, with flash-decoding splits of the cache
   chosen from the shape and the SM count (``ragged_attention.split_count``); interpreted, unsplit,
-  on any other platform (:func:`compile_platform`)."""
+  on any other platform (:func:`compile_platform`). The keywords (``sm_scale``, ``sliding_window``,
+  ``logit_soft_cap``, ``kv_lengths``, ``return_residuals``) go to the kernel as they are."""
   from pallas_kernels import ragged_attention  # pylint: disable=g-import-not-at-top
 
   if compile_platform() not in GPU_PLATFORMS:
