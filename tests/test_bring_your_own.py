@@ -1,5 +1,5 @@
 """Bringing your own checkpoint: a model in a Hugging Face cache loads by its path or its repository id
-(offline).
+(offline), and the stop ids of its ``generation_config.json`` end a decode.
 
 Everything is built here in ``tmp_path``: a tiny transformers ``LlamaForCausalLM`` (vocabulary 200,
 width 32, 2 layers; its weights in shards with an index) with a word-level tokenizer and a chat
@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pathlib
+import re
 import shutil
 import socket
 
@@ -215,6 +216,88 @@ def test_a_snapshot_huggingface_hub_knows_incomplete_is_refused(source, tmp_path
   message = str(info.value)
   assert "is incomplete (1 file(s) are missing (README.md))" in message, message
   assert f"hf download {REPO}" in message and "\n" not in message
+
+
+# -- stop ids from generation_config.json ----------------------------------------------------------
+
+
+def greedy(model: bj.Model, prompts, **kwargs) -> bj.GenerateOutput:
+  return bj.generate(model, None, prompts, method="regular", max_new_tokens=NEW_TOKENS, **kwargs)
+
+
+def first_new(seq: list[int], avoid: set[int]) -> int:
+  """The first step k >= 2 whose token is new in ``seq`` and not in ``avoid``."""
+  return next(k for k in range(2, len(seq)) if seq[k] not in seq[:k] and seq[k] not in avoid)
+
+
+def with_generation_config(source: pathlib.Path, directory: pathlib.Path, eos) -> pathlib.Path:
+  shutil.copytree(source, directory)
+  (directory / "generation_config.json").write_text(json.dumps(
+      {"bos_token_id": 1, "eos_token_id": eos, "transformers_version": transformers.__version__}))
+  return directory
+
+
+@pytest.fixture(scope="module")
+def runs_on(direct) -> list[list[int]]:
+  """Greedy decodes of two prompts with config.json's one stop id: neither stops early."""
+  out = greedy(direct, [[7, 8, 9], [40, 41]])
+  assert direct.config.eos_token_id == CONFIG_EOS
+  assert not out.finished.any() and list(out.lengths) == [NEW_TOKENS, NEW_TOKENS]
+  return out.sequences()
+
+
+def test_generation_config_stop_ids_end_a_decode(source, direct, runs_on, tmp_path):
+  row0, row1 = runs_on
+  k0 = first_new(row0, set())
+  k1 = first_new(row1, {row0[k0]} | set(row0[:k0 + 1]))
+  second, third = row0[k0], row1[k1]
+  assert second not in row1[:k1 + 1]
+  # Llama 3's way: config.json names one EOS, generation_config.json three (an int, or a list).
+  path = with_generation_config(source, tmp_path / "ckpt", [CONFIG_EOS, second, third])
+  model = bj.load_model(path, dtype="float32")
+  assert model.config.eos_token_id == (CONFIG_EOS, second, third)
+  out = greedy(model, [[7, 8, 9], [40, 41]])
+  assert out.sequences() == [row0[:k0 + 1], row1[:k1 + 1]]  # each row ends at its stop id
+  assert out.finished.all()
+  # Merged with config.json's, each once, config.json's first.
+  (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [third, CONFIG_EOS, third]}))
+  assert bj.load_model(path, tokenizer=False).config.eos_token_id == (CONFIG_EOS, third)
+  (path / "generation_config.json").write_text(json.dumps({"eos_token_id": CONFIG_EOS}))
+  assert bj.load_model(path, tokenizer=False).config.eos_token_id == CONFIG_EOS  # nothing new: as is
+  assert loading.merge_eos_ids(None, (5,)) == (5,)
+  assert loading.merge_eos_ids((2, 3), (3, 4, 4)) == (2, 3, 4)
+
+
+def test_save_model_writes_the_stop_ids_transformers_reads(source, tmp_path):
+  path = with_generation_config(source, tmp_path / "ckpt", [CONFIG_EOS, 17, 33])
+  model = bj.load_model(path, dtype="float32")
+  bj.save_model(model, tmp_path / "saved")
+  assert transformers.GenerationConfig.from_pretrained(tmp_path / "saved").eos_token_id == [
+      CONFIG_EOS, 17, 33]
+  assert transformers.AutoConfig.from_pretrained(tmp_path / "saved").eos_token_id == [CONFIG_EOS, 17, 33]
+  assert bj.load_model(tmp_path / "saved").config.eos_token_id == (CONFIG_EOS, 17, 33)
+
+
+@pytest.mark.parametrize("eos, message", [
+    ("</s>", "must be a token id"),
+    ([CONFIG_EOS, 3.0], "must be a token id"),
+    (True, "must be a token id"),
+    ([[CONFIG_EOS]], "must be a token id"),
+    ([CONFIG_EOS, VOCAB], f"eos_token_id {VOCAB} is not a token id of this model"),
+    (-1, "eos_token_id -1 is not a token id of this model"),
+])
+def test_bad_generation_config_stop_ids_are_refused(source, tmp_path, eos, message):
+  path = with_generation_config(source, tmp_path / "ckpt", eos)
+  file = re.escape(str(path / "generation_config.json"))
+  with pytest.raises(ValueError, match=f"{file}: .*{re.escape(message)}"):
+    bj.load_model(path)
+
+
+def test_a_generation_config_that_is_not_an_object_is_refused(source, tmp_path):
+  path = with_generation_config(source, tmp_path / "ckpt", None)
+  (path / "generation_config.json").write_text("[2, 3]")
+  with pytest.raises(ValueError, match="generation_config.json: holds an array"):
+    bj.load_model(path)
 
 
 def test_hub_cache_follows_the_environment(monkeypatch, tmp_path):
