@@ -1,9 +1,11 @@
 """Text in, text out: :func:`generate_text` wraps the token-level :func:`bass_jax.generate` with the target's
-tokenizer, its chat template and stop strings."""
+tokenizer, its chat template, its stop ids (:func:`stop_ids`) and stop strings."""
 
 from __future__ import annotations
 
 from typing import Any, Sequence
+
+import numpy as np
 
 from bass_jax.evaluation import data
 from bass_jax.loading import Model
@@ -29,6 +31,29 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> str:
     if at != -1:
       cut = min(cut, at)
   return text[:cut]
+
+
+def stop_ids(target: Model) -> tuple[int, ...]:
+  """The token ids that end a row of :func:`generate_text`: the target config's ``eos_token_id``
+  (config.json's, with ``generation_config.json``'s merged in by ``load_model``) and then the
+  tokenizer's ``eos_token_id`` (its ``tokenizer_config.json``'s ``eos_token``: an Instruct model's
+  end-of-turn token such as ``<|im_end|>`` or ``<|eot_id|>``, which a base config.json may not name),
+  each once; ``()`` when neither names one."""
+  ids = target.config.eos_token_id
+  ids = () if ids is None else (tuple(ids) if isinstance(ids, (tuple, list)) else (ids,))
+  tok_eos = getattr(target.tokenizer, "eos_token_id", None)
+  if isinstance(tok_eos, int) and not isinstance(tok_eos, bool):
+    ids += (tok_eos,)
+  return tuple(dict.fromkeys(int(i) for i in ids))
+
+
+def cut_at_stop_id(tokens: Sequence[int], ids: Sequence[int]) -> list[int]:
+  """``tokens`` up to (not including) the first of ``ids``; all of them if none occurs."""
+  ends = set(ids)
+  for j, t in enumerate(tokens):
+    if t in ends:
+      return list(tokens[:j])
+  return list(tokens)
 
 
 def encode_prompts(tokenizer: Any, prompts: Sequence[str], *, chat: bool = False) -> list[list[int]]:
@@ -72,14 +97,19 @@ def generate_text(target: Model, draft: Any, prompts: Sequence[str], *, chat: bo
     chat: wrap each prompt as one user turn of the tokenizer's chat template with the assistant's
       generation prompt (for Instruct models such as SmolLM2-135M-Instruct).
     stop: a string or strings; each output is cut on the host, after decoding, before the earliest
-      occurrence of any of them (the stop string itself is not returned). Decoding still runs to EOS
-      or ``max_new_tokens``.
+      occurrence of any of them (the stop string itself is not returned). Decoding still runs to a
+      stop id or ``max_new_tokens``.
     **generate_kwargs: passed to :func:`bass_jax.generate` (``method``, ``max_new_tokens``,
-      ``temperature``, ``top_p``, ``draft_len``, ``seed``, …).
+      ``temperature``, ``top_p``, ``draft_len``, ``seed``, …). ``eos_token_id`` left out (or None)
+      takes :func:`stop_ids`: the target config's EOS ids (config.json and generation_config.json)
+      and the tokenizer's EOS token, so that a chat reply ends at the template's end-of-turn token
+      (``<|im_end|>``, ``<|eot_id|>``) even where config.json names only ``<|end_of_text|>``; given, it
+      replaces them.
 
   Returns:
-    B strings: each row's emitted tokens decoded with special tokens skipped (no ``<|im_end|>``),
-    cut at the first stop string.
+    B strings: each row's emitted tokens up to (not including) its first stop id, decoded with special
+    tokens skipped (no ``<|im_end|>``), cut at the first stop string. A stop id that the tokenizer does
+    not count as special (one that only generation_config.json names) is removed all the same.
 
   Raises:
     ValueError: no tokenizer on the target; prompts not a list of strings; a bad stop; ``chat=True``
@@ -90,6 +120,11 @@ def generate_text(target: Model, draft: Any, prompts: Sequence[str], *, chat: bo
                      "bass_jax.generate with token ids")
   stops = _stop_strings(stop)
   ids = encode_prompts(target.tokenizer, prompts, chat=chat)
+  if generate_kwargs.get("eos_token_id") is None:
+    generate_kwargs["eos_token_id"] = stop_ids(target) or None
   out = generate(target, draft, ids, **generate_kwargs)
-  texts = [target.tokenizer.decode(seq, skip_special_tokens=True) for seq in out.sequences()]
+  ends = generate_kwargs["eos_token_id"]
+  ends = [] if ends is None else np.asarray(ends).reshape(-1).tolist()  # generate checked them
+  texts = [target.tokenizer.decode(cut_at_stop_id(seq, ends), skip_special_tokens=True)
+           for seq in out.sequences()]
   return [cut_at_stop(t, stops) for t in texts]

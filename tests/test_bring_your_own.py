@@ -25,6 +25,7 @@ import transformers
 
 import bass_jax as bj
 from bass_jax import loading
+from bass_jax import text
 
 VOCAB = 200
 SPECIAL = ["<unk>", "<s>", "</s>", "<|eot|>", "<|user|>", "<|assistant|>"]  # ids 0 to 5
@@ -298,6 +299,37 @@ def test_a_generation_config_that_is_not_an_object_is_refused(source, tmp_path):
   (path / "generation_config.json").write_text("[2, 3]")
   with pytest.raises(ValueError, match="generation_config.json: holds an array"):
     bj.load_model(path)
+
+
+# -- generate_text ends a chat reply at any stop id -------------------------------------------------
+
+
+def test_generate_text_stops_at_the_tokenizers_eos_and_the_generation_configs(source, direct, tmp_path):
+  prompt = ["w50 w51 w52"]
+  ids = text.encode_prompts(direct.tokenizer, prompt, chat=True)
+  assert ids == [[4, 50, 51, 52, 5]]  # <|user|> … <|assistant|>
+  row = greedy(direct, ids, eos_token_id=[CONFIG_EOS, 3]).sequences()[0]
+  assert len(row) == NEW_TOKENS  # no stop id met: the reply runs on
+  k = first_new(row, set())
+  end = row[k]
+  kwargs = dict(chat=True, method="regular", max_new_tokens=NEW_TOKENS)
+  assert bj.generate_text(direct, None, prompt, **kwargs) == [direct.tokenizer.decode(row)]
+  want = [direct.tokenizer.decode(row[:k])]
+  assert word(end) not in want[0].split()
+  # The tokenizer marks the token as its EOS (tokenizer_config.json), config.json does not name it.
+  save_tokenizer(tmp_path / "tok", eos_token=word(end))
+  marked = bj.Model(direct.config, direct.params,
+                    transformers.AutoTokenizer.from_pretrained(str(tmp_path / "tok")), "marked")
+  assert text.stop_ids(marked) == (CONFIG_EOS, end)
+  assert bj.generate_text(marked, None, prompt, **kwargs) == want
+  # Only generation_config.json names it, as an ordinary word of the tokenizer: still cut and removed.
+  model = bj.load_model(with_generation_config(source, tmp_path / "ckpt", [CONFIG_EOS, end]),
+                        dtype="float32")
+  assert text.stop_ids(model) == (CONFIG_EOS, end, 3)
+  assert bj.generate_text(model, None, prompt, **kwargs) == want
+  # An explicit eos_token_id replaces them.
+  assert bj.generate_text(model, None, prompt, eos_token_id=CONFIG_EOS, **kwargs) == [
+      direct.tokenizer.decode(row)]
 
 
 def test_hub_cache_follows_the_environment(monkeypatch, tmp_path):
