@@ -74,6 +74,7 @@ _LLAMA_LAYER = (
     *_dense(r"layers_\d+/mlp/down_proj", MLP, EMBED),
 )
 _LLAMA = (("embed_tokens/embedding", (VOCAB, EMBED)), *_LLAMA_LAYER, ("lm_head", (EMBED, VOCAB)),
+          (r"layers_\d+/self_attn/(q|k)_norm/scale", (None,)),  # per head: [H], replicated
           *_NORMS)
 _OPT = (
     ("embed_tokens/embedding", (VOCAB, None)),  # [V, word_embed_proj_dim]
@@ -119,7 +120,8 @@ _EAGLE = (
     *_NORMS,
 )
 PARAM_AXES: dict[str, tuple[tuple[str, tuple[str | None, ...]], ...]] = {
-    "llama": _LLAMA, "qwen2": _LLAMA, "mistral": _LLAMA, "opt": _OPT, "codegen": _CODEGEN,
+    "llama": _LLAMA, "qwen2": _LLAMA, "mistral": _LLAMA, "qwen3": _LLAMA, "gemma2": _LLAMA,
+    "gemma3_text": _LLAMA, "phi3": _LLAMA, "opt": _OPT, "codegen": _CODEGEN,
     "gpt2": _GPT2, "bass_eagle": _EAGLE,
 }
 
@@ -135,7 +137,7 @@ def logical_sizes(config: Any) -> dict[str, int]:
   (F) and ``vocab`` (V) of a family config (an EAGLE draft: its layer's)."""
   if config.model_type == "bass_eagle":
     return logical_sizes(config.layer)
-  if config.model_type in ("llama", "qwen2", "mistral"):
+  if config.model_type in ("llama", "qwen2", "mistral", "qwen3", "gemma2", "gemma3_text", "phi3"):
     heads, mlp = config.num_attention_heads, config.intermediate_size
   elif config.model_type == "opt":
     heads, mlp = config.num_attention_heads, config.ffn_dim

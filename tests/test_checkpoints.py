@@ -322,14 +322,18 @@ def test_misshaped_tensor_is_named(ckpt, names, edit, message):
     pytest.param({"sliding_window": 4096}, "sliding_window", id="sliding-window"),
     pytest.param({"frobnication_level": 3}, "frobnication_level", id="made-up-field"),
     pytest.param({"model_type": "mistral"}, "mistral", id="model-type"),
-    pytest.param({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
-                 "linear", id="rope-parameters-linear"),
-    pytest.param({"rope_parameters": None, "rope_scaling": {"type": "linear", "factor": 2.0},
-                  "rope_theta": 10000.0}, "linear", id="legacy-rope-scaling-linear"),
+    pytest.param({"rope_parameters": {"rope_type": "proportional", "factor": 2.0,
+                                      "rope_theta": 10000.0}},
+                 "proportional", id="rope-parameters-unsupported-type"),
+    pytest.param({"rope_parameters": None, "rope_scaling": {"type": "proportional", "factor": 2.0},
+                  "rope_theta": 10000.0}, "proportional", id="legacy-rope-scaling-unsupported-type"),
+    pytest.param({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0,
+                                      "low_freq_factor": 1.0}},
+                 "low_freq_factor", id="rope-parameter-the-type-does-not-read"),
     pytest.param({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "factor": 2.0}},
                  "factor", id="default-rope-with-extra-parameter"),
     pytest.param({"pretraining_tp": 2}, "pretraining_tp", id="pretraining-tp"),
-    pytest.param({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "linear",
+    pytest.param({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "conflicting rotary",
                  id="rope-scaling-beside-default-rope-parameters"),
     pytest.param({"rope_theta": 5.0}, "conflicting rope_theta", id="rope-theta-conflict"),
 ])
@@ -455,7 +459,10 @@ def test_orbax_config_that_disagrees_with_the_stored_params_names_the_field(orba
                                                                              field):
   ckpt = pathlib.Path(shutil.copytree(orbax_dir, tmp_path / "ckpt"))
   stored = json.loads((ckpt / "config.json").read_text())[field]
-  choices = {"num_hidden_layers": [1, 3, 4], "num_key_value_heads": [1, 4]}.get(
+  heads = json.loads((ckpt / "config.json").read_text())["num_attention_heads"]
+  choices = {"num_hidden_layers": [1, 3, 4], "num_key_value_heads": [1, 4],
+             # transformers' config refuses a width its heads do not divide, before any comparison
+             "hidden_size": list(range(heads, 2 * stored, heads))}.get(
       field, list(range(stored // 2, 2 * stored)))
   value = int(np.random.default_rng().choice([c for c in choices if c != stored]))
   edit_config(ckpt, **{field: value})

@@ -80,7 +80,8 @@ def test_config_round_trips_through_transformers():
 @pytest.mark.parametrize("field,value,match", [
     ("sliding_window", 128, "sliding_window"),
     ("model_type", "mistral", "mistral"),
-    ("rope_parameters", {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}, "linear"),
+    ("rope_parameters", {"rope_type": "proportional", "factor": 2.0, "rope_theta": 1e4},
+     "proportional"),
     ("pretraining_tp", 2, "pretraining_tp"),
     ("hidden_act", "gelu", "gelu"),
 ])

@@ -26,27 +26,63 @@ from bass_jax.models.opt import OPTConfig
 
 _T = (transpose,)
 CONFIG_CLASSES = {"llama": LlamaConfig, "qwen2": LlamaConfig, "mistral": LlamaConfig,
-                  "opt": OPTConfig, "codegen": CodeGenConfig, "gpt2": GPT2Config}
+                  "qwen3": LlamaConfig, "gemma2": LlamaConfig, "gemma3_text": LlamaConfig,
+                  "phi3": LlamaConfig, "opt": OPTConfig, "codegen": CodeGenConfig, "gpt2": GPT2Config}
 # Buffers that PyTorch checkpoints of some versions carry: precomputed tables, not parameters.
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
 _BUFFER = re.compile(r"(rotary_emb\.(original_)?inv_freq|attn\.(bias|masked_bias|causal_mask|embed_positions))$")
 
 
-def llama_rules(config: LlamaConfig) -> list[Rule]:
-  """The name table HF ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``MistralForCausalLM`` <-> ``Llama``."""
+def _phi3_fused(config: LlamaConfig) -> list[Fused]:
+  """Phi-3's ``qkv_proj.weight [(N + 2K) H, D]`` (rows q, then k, then v) and ``gate_up_proj.weight
+  [2F, D]`` (rows gate, then up), as the separate projections of :class:`Llama`
+  (``modeling_phi3.py``: ``Phi3Attention.forward`` slices q, k, v; ``Phi3MLP`` chunks gate, up)."""
+  q_rows = config.num_attention_heads * config.head_dim
+  kv_rows = config.num_key_value_heads * config.head_dim
+
+  def split_qkv(w):
+    q, k, v = np.split(w, [q_rows, q_rows + kv_rows], axis=0)
+    return q.T.copy(), k.T.copy(), v.T.copy()
+
+  def split_gate_up(w):
+    gate, up = np.split(w, 2, axis=0)
+    return gate.T.copy(), up.T.copy()
+
+  merge = lambda parts: np.concatenate([p.T for p in parts], axis=0)
   layer = "model.layers.{layer}."
-  rules = [
+  return [Fused(tuple(("layers", "self_attn", f"{n}_proj", "kernel") for n in "qkv"),
+                layer + "self_attn.qkv_proj.weight", split_qkv, merge),
+          Fused((("layers", "mlp", "gate_proj", "kernel"), ("layers", "mlp", "up_proj", "kernel")),
+                layer + "mlp.gate_up_proj.weight", split_gate_up, merge)]
+
+
+def llama_rules(config: LlamaConfig) -> list[Rule | Fused]:
+  """The name table HF ``LlamaForCausalLM`` (and the family's ``Qwen2``, ``Mistral``, ``Qwen3``,
+  ``Gemma2``, ``Gemma3``, ``Phi3`` ``ForCausalLM``) <-> ``Llama``."""
+  layer = "model.layers.{layer}."
+  traits = config.traits
+  norms = ["input_layernorm", "post_attention_layernorm"]
+  if traits.gemma:
+    norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+  rules: list[Rule | Fused] = [
       Rule(("embed_tokens", "embedding"), "model.embed_tokens.weight"),
       Rule(("norm", "scale"), "model.norm.weight"),
-      Rule(("layers", "input_layernorm", "scale"), layer + "input_layernorm.weight"),
-      Rule(("layers", "post_attention_layernorm", "scale"), layer + "post_attention_layernorm.weight"),
+      *(Rule(("layers", n, "scale"), f"{layer}{n}.weight") for n in norms),
   ]
+  if traits.qk_norm:
+    rules += [Rule(("layers", "self_attn", n, "scale"), f"{layer}self_attn.{n}.weight")
+              for n in ("q_norm", "k_norm")]
+  if traits.fused:
+    rules += _phi3_fused(config)
   for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-    rules.append(Rule(("layers", "self_attn", proj, "kernel"), f"{layer}self_attn.{proj}.weight", _T, _T))
+    if not traits.fused or proj == "o_proj":
+      rules.append(Rule(("layers", "self_attn", proj, "kernel"), f"{layer}self_attn.{proj}.weight",
+                        _T, _T))
     if config.attention_bias or (config.qkv_bias and proj != "o_proj"):
       rules.append(Rule(("layers", "self_attn", proj, "bias"), f"{layer}self_attn.{proj}.bias"))
   for proj in ("gate_proj", "up_proj", "down_proj"):
-    rules.append(Rule(("layers", "mlp", proj, "kernel"), f"{layer}mlp.{proj}.weight", _T, _T))
+    if not traits.fused or proj == "down_proj":
+      rules.append(Rule(("layers", "mlp", proj, "kernel"), f"{layer}mlp.{proj}.weight", _T, _T))
     if config.mlp_bias:
       rules.append(Rule(("layers", "mlp", proj, "bias"), f"{layer}mlp.{proj}.bias"))
   if not config.tie_word_embeddings:

@@ -64,7 +64,8 @@ class DecoderConfig(Protocol):
 
 # The parameter key of each family's decoder layers: ``{key}_{i}`` per layer when unrolled (as Hugging
 # Face's ``model.layers.{i}``), ``{key}`` stacked ``[L, ...]`` when scanned (:func:`run_layers`).
-LAYERS_KEY = {"llama": "layers", "qwen2": "layers", "mistral": "layers", "opt": "layers",
+LAYERS_KEY = {"llama": "layers", "qwen2": "layers", "mistral": "layers", "qwen3": "layers",
+              "gemma2": "layers", "gemma3_text": "layers", "phi3": "layers", "opt": "layers",
               "codegen": "h", "gpt2": "h"}
 
 
@@ -171,7 +172,7 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, k_cache: jax.A
                      v_cache: jax.Array | None, cache_lengths: jax.Array | None,
                      attention_impl: str | sharding_lib.ShardedAttention,
                      sm_scale: float | None = None, sliding_window: int | None = None,
-                     tree_mask: jax.Array | None = None):
+                     logit_soft_cap: float | None = None, tree_mask: jax.Array | None = None):
   """Attends the T new tokens over this layer's cache (after writing them into it) or, without a cache,
   among themselves.
 
@@ -180,6 +181,9 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, k_cache: jax.A
     k_cache, v_cache: this layer's ``[B, K, S, H]`` cache, a :class:`LayerSlice` of a stacked one (a
       scanned layer), or None.
     cache_lengths: ``i32[B]`` valid cache slots per row before the new tokens (None without a cache).
+    sm_scale: the scores' scale (None: ``1 / sqrt(H)``). sliding_window: the layer's window (None: the
+      whole prefix). logit_soft_cap: Gemma 2's attention logit soft-capping, ``cap * tanh(s / cap)``
+      on the scaled scores before the mask (None: none).
     attention_impl: a name in the attention registry, or a :class:`sharding.ShardedAttention` (that
       name run per shard of a mesh, writing and reading each device's part of the cache).
     tree_mask: ``bool[B, T, M]``: the T new tokens are the newest nodes of a token tree per row whose
@@ -199,6 +203,8 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, k_cache: jax.A
   kwargs = {"sm_scale": sm_scale}
   if sliding_window is not None:
     kwargs["sliding_window"] = sliding_window
+  if logit_soft_cap is not None:
+    kwargs["logit_soft_cap"] = logit_soft_cap
   if k_cache is None:
     if tree_mask is not None:
       raise ValueError("a tree_mask needs a cache: a tree's nodes attend over a row's prefix")
@@ -231,6 +237,7 @@ def run_layers(layer_cls: type[nn.Module], num_layers: int, *, name: str, x: jax
                cache: KVCache | None, positions: jax.Array, extras: tuple = (),
                on_layer: Callable[[jax.Array], Any] | None = None,
                tree_mask: jax.Array | None = None, scan: bool = False,
+               per_layer: Callable[[int], Mapping[str, Any]] | None = None,
                **layer_fields) -> tuple[jax.Array, KVCache | KVUpdate]:
   """Runs ``num_layers`` instances of ``layer_cls`` in order. ``x: [B, T, D]`` are the embedded tokens,
   ``positions: i32[B, T]`` their positions.
@@ -248,7 +255,9 @@ def run_layers(layer_cls: type[nn.Module], num_layers: int, *, name: str, x: jax
   returns what :func:`cached_attention` returns for them; it must be called from inside a compact module
   method. ``on_layer`` (if given) is called with every layer's output ``[B, T, D]`` in order: a family
   sows them as :data:`HIDDEN` with it. ``tree_mask`` (``bool[B, T, M]`` or None) goes to every layer as
-  the keyword ``tree_mask``, for :func:`cached_attention`.
+  the keyword ``tree_mask``, for :func:`cached_attention`. ``per_layer(i)`` (if given) adds layer i's
+  own static fields to ``layer_fields`` (Gemma's sliding and global layers); ``nn.jit`` traces one
+  layer per distinct set.
 
   Returns:
     ``(x [B, T, D], cache_or_update)``: the hidden states after the last layer, and the cache with the new
@@ -256,8 +265,16 @@ def run_layers(layer_cls: type[nn.Module], num_layers: int, *, name: str, x: jax
     stacked when scanned.
 
   Raises:
-    ValueError: a cache whose layout (:attr:`KVCache.scanned`) is not ``scan``'s.
+    ValueError: a cache whose layout (:attr:`KVCache.scanned`) is not ``scan``'s; ``scan`` with
+      layers whose ``per_layer`` fields differ (one scanned layer cannot be two kinds).
   """
+  if per_layer is not None and scan:
+    kinds = {tuple(sorted(per_layer(i).items())) for i in range(num_layers)}
+    if len(kinds) > 1:
+      raise ValueError("scanned layers need identical layers, and this model alternates layer kinds "
+                       f"({len(kinds)}: sliding-window and global attention); load it with "
+                       "scan_layers=False")
+    layer_fields = {**layer_fields, **per_layer(0)}
   if cache is not None and cache.scanned != scan:
     raise ValueError(f"run_layers: a {'scanned' if cache.scanned else 'per-layer'} cache for "
                      f"{'scanned' if scan else 'unrolled'} layers; build the cache with the model's "
@@ -271,8 +288,9 @@ def run_layers(layer_cls: type[nn.Module], num_layers: int, *, name: str, x: jax
   for i in range(num_layers):
     k_cache = None if cache is None else cache.k[i]
     v_cache = None if cache is None else cache.v[i]
-    x, k, v = layer(**layer_fields, name=f"{name}_{i}")(x, k_cache, v_cache, lengths, positions,
-                                                        *extras, tree_mask=tree_mask)
+    fields = layer_fields if per_layer is None else {**layer_fields, **per_layer(i)}
+    x, k, v = layer(**fields, name=f"{name}_{i}")(x, k_cache, v_cache, lengths, positions, *extras,
+                                                  tree_mask=tree_mask)
     ks.append(k)
     vs.append(v)
     if on_layer is not None:
@@ -585,7 +603,7 @@ class CacheFromShape:
                                          else table.architecture[self.model_type]),
     }
     for name, fn in derived.items():
-      if name not in own:  # a field of that very name stays the field
+      if name not in own and name not in cls.__dict__:  # a field or property of that name stays
         setattr(cls, name, property(fn))
 
   def with_num_layers(self, num_layers: int):

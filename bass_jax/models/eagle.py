@@ -53,7 +53,7 @@ import numpy as np
 from bass_jax import sharding as sharding_lib
 from bass_jax.cache import KVCache, KVUpdate
 from bass_jax.models import common
-from bass_jax.models.llama import LlamaConfig, LlamaDecoderLayer, rotary_sin_cos
+from bass_jax.models.llama import LlamaConfig, LlamaDecoderLayer
 
 MODEL_TYPE = "bass_eagle"
 
@@ -264,7 +264,7 @@ class EagleDraft(nn.Module):
     x = nn.Dense(cfg.hidden_size, use_bias=True, dtype=self.dtype, param_dtype=self.dtype,
                  name="fc")(x)
     positions = common.positions_of(tokens, cache, tree_mask)
-    sin, cos = rotary_sin_cos(positions, cfg.head_dim, cfg.rope_theta, self.dtype)
+    sin, cos = cfg.rotary.sin_cos(positions, self.dtype, cached=cache is not None)
     return common.run_layers(
         LlamaDecoderLayer, cfg.num_hidden_layers, name="layers", x=x, cache=cache,
         positions=positions, extras=(sin, cos), config=cfg, attention_impl=self.attention_impl,

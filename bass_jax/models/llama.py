@@ -1,9 +1,15 @@
-"""The Llama family (Llama 2/3, SmolLM2, TinyLlama, Qwen2, Mistral) as a Flax module over a ragged cache.
+"""The Llama family and its descendants as one Flax module over a ragged cache: Llama 2/3.x, SmolLM2,
+TinyLlama, Qwen2, Qwen3, Mistral, Gemma 2, Gemma 3 (text) and Phi-3/Phi-4.
 
-Reference implementations: transformers' ``modeling_llama.py`` (``LlamaForCausalLM``), with Qwen2's bias
-on the q, k, v projections (``modeling_qwen2.py``) and Mistral's sliding-window attention
-(``modeling_mistral.py``): RMSNorm, rotary embeddings in HF's rotate-half convention, grouped-query
-attention, SwiGLU MLP, tied or untied LM head. The tests compare logits with transformers in f32.
+Reference implementations, each tested in f32 against transformers' PyTorch model: ``modeling_llama.py``
+(RMSNorm, rotate-half rotary, grouped-query attention, SwiGLU, tied or untied head); Qwen2's bias on q, k,
+v (``modeling_qwen2.py``); Mistral's and Phi-3's sliding window (``modeling_mistral.py``,
+``modeling_phi3.py``, whose fused ``qkv_proj`` / ``gate_up_proj`` are split on load); Qwen3's per-head
+q/k RMSNorm before rotary (``modeling_qwen3.py``); Gemma 2's ``x̂ (1 + w)`` norms in f32, four norms per
+layer, embeddings scaled by ``sqrt(D)``, GeGLU, ``query_pre_attn_scalar`` and attention and final logit
+soft-capping (``modeling_gemma2.py``); Gemma 3's q/k norms and local layers with their own rotary base
+(``modeling_gemma3.py``). Rotary scaling of every type lives in ``models.rope``. What differs between
+the families is a fixed trait of the ``model_type`` (:data:`TRAITS`) or a config field.
 
 Axes: B batch, T new tokens, S cache slots, L layers, D hidden size, F MLP size, N query heads, K key/value
 heads, H head dim, V vocabulary.
@@ -12,12 +18,13 @@ The module knows nothing of speculation: it maps ``tokens: i32[B, T]`` and a :cl
 ``logits: f32[B, T, V]`` and the cache with the T new entries written at each row's own offset
 ``cache.lengths[b]``. The layers are unrolled, each with its own parameters (``layers_{i}``) and cache
 arrays, or scanned (``scan_layers``: ``layers`` stacked ``[L, ...]``, a stacked cache;
-``models.common.run_layers``).
+``models.common.run_layers``; not for models that alternate sliding and global layers).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -26,9 +33,64 @@ import jax.numpy as jnp
 
 from bass_jax.cache import KVCache, KVUpdate
 from bass_jax.models import common
+from bass_jax.models import rope as rope_lib
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                  "mistral": "MistralForCausalLM"}
+                  "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                  "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+                  "phi3": "Phi3ForCausalLM"}
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+@dataclasses.dataclass(frozen=True)
+class Traits:
+  """What a ``model_type`` fixes about the architecture (no config field says it).
+
+  Attributes:
+    qkv_bias: bias on q, k, v only, always (Qwen2).
+    qk_norm: ``"rms"`` (Qwen3) or ``"gemma"`` (Gemma 3) per-head norms of q and k before rotary; None.
+    gemma: Gemma's norms (``x̂ (1 + w)`` in f32), the post-attention and pre/post-feedforward norms,
+      embeddings scaled by ``sqrt(D)``.
+    window_everywhere: ``sliding_window`` applies to every layer (Mistral, Phi-3); otherwise only to
+      the layers ``layer_types`` marks ``sliding_attention``.
+    fused: the checkpoint stores ``qkv_proj`` and ``gate_up_proj`` fused (Phi-3).
+  """
+
+  qkv_bias: bool = False
+  qk_norm: str | None = None
+  gemma: bool = False
+  window_everywhere: bool = False
+  fused: bool = False
+
+
+TRAITS = {"llama": Traits(), "qwen2": Traits(qkv_bias=True), "mistral": Traits(window_everywhere=True),
+          "qwen3": Traits(qk_norm="rms"), "gemma2": Traits(gemma=True),
+          "gemma3_text": Traits(qk_norm="gemma", gemma=True),
+          "phi3": Traits(window_everywhere=True, fused=True)}
+
+# The config.json fields each family's port reads (besides transformers' generic ones and training-only
+# fields); any other field is refused by name.
+_COMMON_FIELDS = frozenset({
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
+    "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id", "rope_theta",
+    "rope_scaling", "rope_parameters", "partial_rotary_factor", "hidden_act"})
+_GEMMA_FIELDS = frozenset({"hidden_activation", "attention_bias", "query_pre_attn_scalar",
+                           "sliding_window", "layer_types", "final_logit_softcapping",
+                           "attn_logit_softcapping", "use_bidirectional_attention"})
+_FAMILY_FIELDS = {
+    "llama": frozenset({"attention_bias", "mlp_bias", "pretraining_tp"}),
+    "mistral": frozenset({"sliding_window"}),
+    "qwen2": frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"}),
+    "qwen3": frozenset({"attention_bias", "sliding_window", "use_sliding_window", "max_window_layers",
+                        "layer_types"}),
+    "gemma2": _GEMMA_FIELDS,
+    "gemma3_text": _GEMMA_FIELDS | {"rope_local_base_freq", "sliding_window_pattern"},
+    "phi3": frozenset({"original_max_position_embeddings", "sliding_window"}),
+}
+# Fields with no effect on inference that a family's configs carry.
+_IGNORED = {"gemma2": frozenset({"cache_implementation"}),
+            "gemma3_text": frozenset({"cache_implementation", "_sliding_window_pattern"})}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,15 +98,24 @@ class LlamaConfig(common.CacheFromShape):
   """Architecture of a Llama-family decoder, with transformers' config field names.
 
   Attributes beyond HF's ``LlamaConfig``:
-    model_type: ``"llama"``, ``"qwen2"`` or ``"mistral"``: the HF family it converts to and from.
-    qkv_bias: bias on the q, k and v projections only (Qwen2); ``attention_bias`` (Llama) puts one on
-      the output projection too.
-    sliding_window: Mistral's window: a query at position p attends to positions ``> p - window``
-      (None: the whole prefix).
+    model_type: one of :data:`TRAITS`: the HF family it converts to and from, and its fixed traits.
+    qkv_bias: bias on the q, k and v projections only (Qwen2); ``attention_bias`` (Llama, Qwen3,
+      Gemma) puts one on the output projection too.
+    sliding_window: the window: a query at position p attends to positions ``> p - window`` (None: the
+      whole prefix), on every layer (Mistral, Phi-3) or on those ``layer_types`` marks sliding.
+    layer_types: ``"sliding_attention"`` or ``"full_attention"`` per layer (Gemma 2 and 3, Qwen with
+      ``use_sliding_window``); None: every layer alike.
+    rope_scaling: the rotary embedding of the (global) layers when it is not plain rotary over the
+      whole head with ``rope_theta`` (``models.rope.Rotary``: scaling, partial rotary); None: plain.
+    local_rope: the rotary embedding of the sliding layers when it differs (Gemma 3's local base).
+    query_pre_attn_scalar: Gemma's score scale ``query_pre_attn_scalar ** -0.5`` (None: ``H ** -0.5``).
+    attn_logit_softcapping, final_logit_softcapping: Gemma 2's soft caps ``cap * tanh(x / cap)`` of the
+      attention scores and of the logits (None: none).
 
   Raises:
     ValueError: from ``__post_init__`` if a size is not positive, the heads do not divide, the head dim
-      is odd, the activation is not SwiGLU's ``silu``, or the model type is not of the family.
+      is odd, the activation is not the family's, the model type is unknown, a rotary's theta
+      disagrees with ``rope_theta``, or ``layer_types`` does not name every layer.
   """
 
   vocab_size: int
@@ -67,6 +138,12 @@ class LlamaConfig(common.CacheFromShape):
   model_type: str = "llama"
   qkv_bias: bool = False
   sliding_window: int | None = None
+  layer_types: tuple[str, ...] | None = None
+  rope_scaling: rope_lib.Rotary | None = None
+  local_rope: rope_lib.Rotary | None = None
+  query_pre_attn_scalar: float | None = None
+  attn_logit_softcapping: float | None = None
+  final_logit_softcapping: float | None = None
 
   FIELDS = common.FieldTable(num_layers="num_hidden_layers", max_positions="max_position_embeddings",
                              num_heads="num_attention_heads", hidden_size="hidden_size",
@@ -86,14 +163,58 @@ class LlamaConfig(common.CacheFromShape):
           f"num_key_value_heads={self.num_key_value_heads} (grouped-query attention needs it)")
     if self.head_dim % 2:
       raise ValueError(f"LlamaConfig.head_dim must be even for rotary embeddings, got {self.head_dim}")
-    if self.hidden_act != "silu":
-      raise ValueError(f"LlamaConfig.hidden_act={self.hidden_act!r} is not supported; Llama uses 'silu'")
     if self.model_type not in _ARCHITECTURES:
       raise ValueError(f"LlamaConfig.model_type must be one of {sorted(_ARCHITECTURES)}, "
                        f"got {self.model_type!r}")
+    acts = ("gelu_pytorch_tanh",) if self.traits.gemma else ("silu",)
+    if self.hidden_act not in acts:
+      raise ValueError(f"LlamaConfig.hidden_act={self.hidden_act!r} is not supported for "
+                       f"{self.model_type}; it uses {acts[0]!r}")
     if self.sliding_window is not None and self.sliding_window < 1:
       raise ValueError(f"LlamaConfig.sliding_window must be >= 1 or None, got {self.sliding_window}")
+    if self.layer_types is not None:
+      object.__setattr__(self, "layer_types", tuple(self.layer_types))
+      if (len(self.layer_types) != self.num_hidden_layers
+          or not set(self.layer_types) <= {SLIDING, FULL}):
+        raise ValueError(f"LlamaConfig.layer_types must name each of the {self.num_hidden_layers} "
+                         f"layers {SLIDING!r} or {FULL!r}, got {self.layer_types}")
+    for name in ("rope_scaling", "local_rope"):
+      rotary = getattr(self, name)
+      if rotary is not None and rotary.dim > self.head_dim:
+        raise ValueError(f"LlamaConfig.{name} rotates {rotary.dim} channels of a {self.head_dim}-"
+                         "channel head")
+    if self.rope_scaling is not None and self.rope_scaling.theta != self.rope_theta:
+      raise ValueError(f"LlamaConfig: rope_scaling.theta={self.rope_scaling.theta} differs from "
+                       f"rope_theta={self.rope_theta}")
     self._freeze_eos()
+
+  # -- the family's layers ----------------------------------------------------------------------------
+
+  @property
+  def traits(self) -> Traits:
+    """What the ``model_type`` fixes (:data:`TRAITS`)."""
+    return TRAITS[self.model_type]
+
+  @property
+  def rotary(self) -> rope_lib.Rotary:
+    """The global layers' rotary embedding."""
+    return self.rope_scaling or rope_lib.Rotary(theta=self.rope_theta, dim=self.head_dim,
+                                                max_position_embeddings=self.max_position_embeddings)
+
+  def is_sliding(self, layer: int) -> bool:
+    """Whether layer ``layer`` attends through the sliding window."""
+    if self.sliding_window is None:
+      return False
+    if self.layer_types is None:
+      return self.traits.window_everywhere
+    return self.layer_types[layer] == SLIDING
+
+  @property
+  def max_positions(self) -> int:
+    """The context a decode may fill: ``max_position_embeddings``, or less where a length-dependent
+    rotary is exact only inside its original length (``longrope``: ``models.rope``)."""
+    return min(self.max_position_embeddings, self.rotary.exact_context,
+               *(() if self.local_rope is None else (self.local_rope.exact_context,)))
 
   # -- the DecoderConfig protocol ---------------------------------------------------------------------
 
@@ -112,8 +233,10 @@ class LlamaConfig(common.CacheFromShape):
       attn += q_out + 2 * kv_out
     if self.attention_bias:
       attn += d
+    if self.traits.qk_norm:
+      attn += 2 * h
     mlp = 3 * d * f + (2 * f + d if self.mlp_bias else 0)
-    per_layer = attn + mlp + 2 * d
+    per_layer = attn + mlp + (4 if self.traits.gemma else 2) * d
     head = 0 if self.tie_word_embeddings else self.vocab_size * d
     return self.vocab_size * d + self.num_hidden_layers * per_layer + d + head
 
@@ -121,136 +244,215 @@ class LlamaConfig(common.CacheFromShape):
 
   @classmethod
   def from_hf_config(cls, hf_config: Any) -> "LlamaConfig":
-    """Converts a transformers ``LlamaConfig``, ``Qwen2Config`` or ``MistralConfig`` (or its dict).
+    """Converts a transformers config of the family (``LlamaConfig``, ``Qwen2Config``,
+    ``MistralConfig``, ``Qwen3Config``, ``Gemma2Config``, ``Gemma3TextConfig``, ``Phi3Config``) or its
+    dict (``config.json``).
 
-    Every field is accounted for: mapped, known to be irrelevant to inference, or rejected.
+    Every field is accounted for: mapped, known to be irrelevant to inference, or rejected. The values
+    are read through transformers' own config class, so absent fields take transformers' defaults and
+    both rotary spellings (4.x's ``rope_scaling`` + ``rope_theta``, 5.x's ``rope_parameters``, per layer
+    type where the model has two) arrive standardized (``models.rope.from_parameters``).
 
     Raises:
-      ValueError: another ``model_type``, an unknown field (named), or an unsupported value (rope
-        scaling, ``pretraining_tp != 1``, Qwen2's sliding window layers, conflicting rope thetas).
+      ValueError: another ``model_type``, an unknown field (named), or an unsupported value
+        (``pretraining_tp != 1``, bidirectional attention, conflicting rope thetas, a rope type or
+        parameter the port does not implement).
     """
     fields = dict(hf_config if isinstance(hf_config, dict) else hf_config.to_dict())
     model_type = fields.get("model_type", "llama")
-    rope_theta = _pop_rope_theta(fields)
-    mapped = {f.name for f in dataclasses.fields(cls)} - {"model_type", "qkv_bias", "rope_theta"}
-    required: dict[str, Any] = {"pretraining_tp": 1}
-    ignored: set[str] = set()
-    if model_type == "qwen2":
-      mapped -= {"attention_bias", "mlp_bias", "head_dim"}
-      required["use_sliding_window"] = False
-      ignored |= {"sliding_window", "max_window_layers"}
-      layer_types = set(fields.pop("layer_types", None) or ["full_attention"])
-      if layer_types != {"full_attention"}:
-        raise ValueError(f"qwen2: layer_types {sorted(layer_types)} (sliding-window layers) are not "
-                         "supported")
-    elif model_type == "mistral":
-      mapped -= {"attention_bias", "mlp_bias"}
+    if model_type not in _ARCHITECTURES:
+      raise ValueError(f"model_type {model_type!r} is not one of {tuple(_ARCHITECTURES)}")
+    _check_rope_spellings(fields)
+    known = _COMMON_FIELDS | _FAMILY_FIELDS[model_type]
+    required: dict[str, Any] = {"pretraining_tp": 1, "use_bidirectional_attention": False}
+    common.parse_hf_fields(dict(fields, model_type=model_type), model_types=(model_type,),
+                           known=known, ignored=_IGNORED.get(model_type, ()), required=required)
+    hf = _transformers_config(model_type, fields)
+    traits = TRAITS[model_type]
+    heads = hf.num_attention_heads
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
+    kwargs = dict(
+        vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
+        intermediate_size=hf.intermediate_size, num_hidden_layers=hf.num_hidden_layers,
+        num_attention_heads=heads, num_key_value_heads=getattr(hf, "num_key_value_heads", None) or heads,
+        head_dim=head_dim, max_position_embeddings=hf.max_position_embeddings,
+        rms_norm_eps=hf.rms_norm_eps, tie_word_embeddings=bool(hf.tie_word_embeddings),
+        attention_bias=bool(getattr(hf, "attention_bias", False)) and not traits.qkv_bias,
+        mlp_bias=bool(getattr(hf, "mlp_bias", False)),
+        hidden_act=getattr(hf, "hidden_activation", None) or hf.hidden_act,
+        bos_token_id=hf.bos_token_id, eos_token_id=hf.eos_token_id, pad_token_id=hf.pad_token_id,
+        model_type=model_type, qkv_bias=traits.qkv_bias)
+    if model_type != "llama":
+      kwargs["sliding_window"] = getattr(hf, "sliding_window", None)
+      types = tuple(getattr(hf, "layer_types", None) or ())
+      if SLIDING in types:
+        kwargs["layer_types"] = types
+      elif not traits.window_everywhere:
+        kwargs["sliding_window"] = None  # no layer slides
+    if traits.gemma:
+      kwargs["query_pre_attn_scalar"] = hf.query_pre_attn_scalar
+      kwargs["attn_logit_softcapping"] = hf.attn_logit_softcapping
+      kwargs["final_logit_softcapping"] = hf.final_logit_softcapping
+    rotary = dict(head_dim=head_dim, max_position_embeddings=hf.max_position_embeddings)
+    params = dict(hf.rope_parameters)
+    if FULL in params or SLIDING in params:
+      full = rope_lib.from_parameters(params[FULL], where=f"rope_parameters[{FULL!r}]", **rotary)
+      local = rope_lib.from_parameters(params[SLIDING], where=f"rope_parameters[{SLIDING!r}]",
+                                       **rotary)
+      kwargs["local_rope"] = None if local == full else local
     else:
-      mapped -= {"sliding_window"}
-    model_type, kwargs = common.parse_hf_fields(
-        fields, model_types=tuple(_ARCHITECTURES), known=mapped, ignored=ignored, required=required)
-    if kwargs.get("head_dim") is None:
-      kwargs["head_dim"] = kwargs["hidden_size"] // kwargs["num_attention_heads"]
-    if kwargs.get("num_key_value_heads") is None:
-      kwargs["num_key_value_heads"] = kwargs["num_attention_heads"]
-    if rope_theta is not None:
-      kwargs["rope_theta"] = rope_theta
-    return cls(**kwargs, model_type=model_type, qkv_bias=model_type == "qwen2")
+      full = rope_lib.from_parameters(params, **rotary)
+    kwargs["rope_theta"] = full.theta
+    kwargs["rope_scaling"] = None if full == rope_lib.Rotary(
+        theta=full.theta, dim=head_dim, max_position_embeddings=hf.max_position_embeddings) else full
+    return cls(**kwargs)
 
   def to_hf_config(self):
-    """The equivalent transformers config (``LlamaConfig``, ``Qwen2Config`` or ``MistralConfig``)."""
+    """The equivalent transformers config of the ``model_type``.
+
+    Raises:
+      ValueError: a combination the family's HF config cannot express (Qwen2 without its q/k/v bias, a
+        Llama with a window or layer types, a local rotary outside Gemma 3).
+    """
     import transformers  # pylint: disable=g-import-not-at-top
 
     fields = self.hf_fields()
-    for name in ("qkv_bias", "rope_theta"):
+    for name in ("qkv_bias", "rope_theta", "rope_scaling", "local_rope", "layer_types"):
       fields.pop(name)
-    rope = {"rope_type": "default", "rope_theta": self.rope_theta}
+    rope = rope_lib.to_parameters(self.rotary, self.head_dim)
+    traits = self.traits
+    if self.qkv_bias != traits.qkv_bias:
+      raise ValueError(f"a {self.model_type} config has {'' if traits.qkv_bias else 'no '}"
+                       "q/k/v-only bias")
+    if self.local_rope is not None and self.model_type != "gemma3_text":
+      raise ValueError("only Gemma 3 has a separate rotary for its sliding layers")
+    if not traits.gemma:
+      for name in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"):
+        if fields.pop(name) is not None:
+          raise ValueError(f"{name} is a Gemma field; {self.model_type} has none")
+    extra: dict[str, Any] = {}
+    if self.layer_types is not None:
+      extra["layer_types"] = list(self.layer_types)
+    if self.model_type == "llama":
+      if self.sliding_window is not None or self.layer_types is not None:
+        raise ValueError("HF LlamaConfig has no sliding window; set model_type")
+      fields.pop("sliding_window")
+      return transformers.LlamaConfig(**fields, rope_parameters=rope)
+    fields.pop("mlp_bias")
+    if self.mlp_bias:
+      raise ValueError(f"{self.model_type} has no MLP bias")
     if self.model_type == "qwen2":
-      if self.attention_bias or self.mlp_bias or not self.qkv_bias:
-        raise ValueError("a qwen2 config has bias on q, k, v only")
-      for name in ("attention_bias", "mlp_bias", "sliding_window"):
-        fields.pop(name)
+      fields.pop("attention_bias")
       if self.head_dim != self.hidden_size // self.num_attention_heads:
         raise ValueError("Qwen2Config derives head_dim from hidden_size / num_attention_heads")
       fields.pop("head_dim")
-      return transformers.Qwen2Config(**fields, rope_parameters=rope, use_sliding_window=False)
-    if self.model_type == "mistral":
+      return transformers.Qwen2Config(**fields, rope_parameters=rope, **_qwen_window(self, extra))
+    if self.model_type == "qwen3":
+      return transformers.Qwen3Config(**fields, rope_parameters=rope, **_qwen_window(self, extra))
+    if self.model_type in ("mistral", "phi3"):
       fields.pop("attention_bias")
-      fields.pop("mlp_bias")
-      return transformers.MistralConfig(**fields, rope_parameters=rope)
-    if self.qkv_bias or self.sliding_window is not None:
-      raise ValueError("HF LlamaConfig has no qkv-only bias or sliding window; set model_type")
-    fields.pop("sliding_window")
-    return transformers.LlamaConfig(**fields, rope_parameters=rope)
+      if self.layer_types is not None:
+        raise ValueError(f"{self.model_type} windows every layer; it has no layer_types")
+      if self.model_type == "mistral":
+        return transformers.MistralConfig(**fields, rope_parameters=rope)
+      if self.head_dim != self.hidden_size // self.num_attention_heads:
+        raise ValueError("Phi3Config derives head_dim from hidden_size / num_attention_heads")
+      fields.pop("head_dim")
+      original = rope.get("original_max_position_embeddings", self.max_position_embeddings)
+      return transformers.Phi3Config(**fields, rope_parameters=rope,
+                                     original_max_position_embeddings=original)
+    fields["hidden_activation"] = fields.pop("hidden_act")
+    if self.model_type == "gemma2":
+      return transformers.Gemma2Config(**fields, rope_parameters=rope, **extra)
+    local = rope_lib.to_parameters(self.local_rope or self.rotary, self.head_dim)
+    return transformers.Gemma3TextConfig(**fields, **extra,
+                                         rope_parameters={FULL: rope, SLIDING: local})
 
 
-def _pop_rope_theta(fields: dict[str, Any]) -> float | None:
-  """Rotary settings live in ``rope_parameters`` (transformers 5) or ``rope_theta`` + ``rope_scaling``
-  (4.x); every one present must describe plain rotary embeddings and agree on theta.
+def _qwen_window(config: LlamaConfig, extra: dict[str, Any]) -> dict[str, Any]:
+  """Qwen2/Qwen3's ``use_sliding_window`` beside the layer types (``sliding_window`` is a field)."""
+  return {"use_sliding_window": config.sliding_window is not None, **extra}
+
+
+def _transformers_config(model_type: str, fields: dict[str, Any]):
+  """transformers' config object of ``model_type`` for a config.json dict (its defaults filled in, its
+  rotary parameters standardized)."""
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  fields = {k: v for k, v in fields.items() if k != "model_type"}
+  try:
+    return transformers.AutoConfig.for_model(model_type, **fields)
+  except (ValueError, TypeError, KeyError) as e:  # transformers' own validation, often several lines
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    raise ValueError(f"{model_type} config refused by transformers' {model_type} config class: "
+                     f"{lines[-1] if lines else type(e).__name__}") from e
+
+
+def _check_rope_spellings(fields: dict[str, Any]) -> None:
+  """A config that gives its rotary settings twice (``rope_theta`` beside ``rope_parameters`` or
+  ``rope_scaling``; both spellings of the scaling) must give one value; transformers would keep one
+  silently.
 
   Raises:
-    ValueError: rope scaling of any kind, unknown rope parameters, or conflicting thetas.
+    ValueError: conflicting thetas, or ``rope_scaling`` and ``rope_parameters`` that disagree.
   """
   thetas = []
   if fields.get("rope_theta") is not None:
     thetas.append(float(fields["rope_theta"]))
-  fields.pop("rope_theta", None)
   for key in ("rope_parameters", "rope_scaling"):
-    rope = dict(fields.pop(key, None) or {})
-    rope_type = rope.pop("rope_type", rope.pop("type", "default"))
-    if rope_type != "default":
-      raise ValueError(
-          f"{key}: rope_type {rope_type!r} (rope scaling) is not supported; only 'default' rotary")
-    if rope.get("rope_theta") is not None:
+    rope = fields.get(key) or {}
+    if isinstance(rope, dict) and rope.get("rope_theta") is not None:
       thetas.append(float(rope["rope_theta"]))
-    rope.pop("rope_theta", None)
-    if rope:
-      raise ValueError(f"{key}: unsupported rope parameters {sorted(rope)} for rope_type 'default'")
   if len(set(thetas)) > 1:
     raise ValueError(f"conflicting rope_theta values {thetas} in the config")
-  return thetas[0] if thetas else None
+  scaling, parameters = fields.get("rope_scaling"), fields.get("rope_parameters")
+  if isinstance(scaling, dict) and isinstance(parameters, dict):
+    plain = lambda rope: {("rope_type" if k == "type" else k): v for k, v in rope.items()
+                          if k != "rope_theta"}
+    if plain(scaling) != plain(parameters):
+      raise ValueError(f"conflicting rotary settings: rope_scaling {scaling} and rope_parameters "
+                       f"{parameters} (transformers 4 and 5 spellings) disagree; keep one")
 
 
 class RMSNorm(nn.Module):
-  """Root-mean-square layer norm, HF's order of operations (normalize in f32, cast, then scale)."""
+  """Root-mean-square layer norm over the last axis.
+
+  ``gemma=False``: HF Llama's order (normalize in f32, cast, then scale by ``w``); ``gemma=True``:
+  Gemma's (normalize and scale by ``1 + w`` in f32, then cast; ``w`` starts at zero).
+  """
 
   eps: float
   dtype: Any = jnp.float32
+  gemma: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.dtype)
+    init = nn.initializers.zeros if self.gemma else nn.initializers.ones
+    scale = self.param("scale", init, (x.shape[-1],), self.dtype)
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    if self.gemma:
+      return (normed * (1.0 + scale.astype(jnp.float32))).astype(self.dtype)
     return scale * normed.astype(self.dtype)
 
 
-def rotary_sin_cos(positions: jax.Array, head_dim: int, theta: float,
-                   dtype: Any) -> tuple[jax.Array, jax.Array]:
-  """Rotary tables for ``positions: i32[B, T]`` -> ``sin, cos: [B, T, 1, H]`` (HF rotate-half layout)."""
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-  freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
-  angles = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
-  return jnp.sin(angles).astype(dtype), jnp.cos(angles).astype(dtype)
-
-
-def apply_rotary(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
-  """Rotates ``x: [B, T, heads, H]``: ``x * cos + rotate_half(x) * sin``."""
-  half = x.shape[-1] // 2
-  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-  return x * cos + rotated * sin
+def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
+  """Gemma 2's soft-capping ``cap * tanh(x / cap)`` (the identity for ``cap=None``)."""
+  return x if cap is None else cap * jnp.tanh(x / cap)
 
 
 class LlamaAttention(nn.Module):
   """Grouped-query self-attention that writes its new K/V into its layer's cache.
 
   ``__call__(x [B, T, D], k_cache/v_cache [B, K, S, H] | None, cache_lengths i32[B] | None, sin/cos
-  [B, T, 1, H]) -> (out [B, T, D], k, v)`` with ``k, v`` as ``common.cached_attention`` returns them.
+  [B, T, 1, R]) -> (out [B, T, D], k, v)`` with ``k, v`` as ``common.cached_attention`` returns them
+  (R the rotated channels, ``<= H``). ``sliding``: this layer attends through the config's window.
   """
 
   config: LlamaConfig
   attention_impl: str
   dtype: Any
+  sliding: bool = False
 
   @nn.compact
   def __call__(self, x, k_cache, v_cache, cache_lengths, sin, cos, tree_mask=None):
@@ -262,18 +464,27 @@ class LlamaAttention(nn.Module):
     q = dense(cfg.num_attention_heads * cfg.head_dim, qkv_bias, "q_proj")(x)
     k = dense(cfg.num_key_value_heads * cfg.head_dim, qkv_bias, "k_proj")(x)
     v = dense(cfg.num_key_value_heads * cfg.head_dim, qkv_bias, "v_proj")(x)
-    q = apply_rotary(q.reshape(batch, num_new, cfg.num_attention_heads, cfg.head_dim), sin, cos)
-    k = apply_rotary(k.reshape(batch, num_new, cfg.num_key_value_heads, cfg.head_dim), sin, cos)
+    q = q.reshape(batch, num_new, cfg.num_attention_heads, cfg.head_dim)
+    k = k.reshape(batch, num_new, cfg.num_key_value_heads, cfg.head_dim)
+    if cfg.traits.qk_norm:
+      gemma = cfg.traits.qk_norm == "gemma"
+      q = RMSNorm(cfg.rms_norm_eps, self.dtype, gemma, name="q_norm")(q)
+      k = RMSNorm(cfg.rms_norm_eps, self.dtype, gemma, name="k_norm")(k)
+    q = rope_lib.apply_rotary(q, sin, cos)
+    k = rope_lib.apply_rotary(k, sin, cos)
     v = v.reshape(batch, num_new, cfg.num_key_value_heads, cfg.head_dim)
+    sm_scale = None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar ** -0.5
     out, k, v = common.cached_attention(
         q, k, v, k_cache=k_cache, v_cache=v_cache, cache_lengths=cache_lengths,
-        attention_impl=self.attention_impl, sliding_window=cfg.sliding_window, tree_mask=tree_mask)
+        attention_impl=self.attention_impl, sm_scale=sm_scale,
+        sliding_window=cfg.sliding_window if self.sliding else None,
+        logit_soft_cap=cfg.attn_logit_softcapping, tree_mask=tree_mask)
     out = out.reshape(batch, num_new, cfg.num_attention_heads * cfg.head_dim)
     return dense(cfg.hidden_size, cfg.attention_bias, "o_proj")(out), k, v
 
 
 class LlamaMLP(nn.Module):
-  """SwiGLU: ``down(silu(gate(x)) * up(x))``, ``[B, T, D] -> [B, T, D]``."""
+  """Gated MLP: ``down(act(gate(x)) * up(x))``, ``[B, T, D] -> [B, T, D]`` (SwiGLU; Gemma's GeGLU)."""
 
   config: LlamaConfig
   dtype: Any
@@ -285,32 +496,46 @@ class LlamaMLP(nn.Module):
         features, use_bias=cfg.mlp_bias, dtype=self.dtype, param_dtype=self.dtype, name=name)
     gate = dense(cfg.intermediate_size, "gate_proj")(x)
     up = dense(cfg.intermediate_size, "up_proj")(x)
-    return dense(cfg.hidden_size, "down_proj")(nn.silu(gate) * up)
+    return dense(cfg.hidden_size, "down_proj")(common.activation(cfg.hidden_act)(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):
-  """One pre-norm block over its own cache: ``(x, k_cache, v_cache, cache_lengths, positions, sin, cos)
-  -> (x, k, v)`` (the updated cache arrays, or the new K/V without a cache)."""
+  """One pre-norm block over its own cache: ``(x, k_cache, v_cache, cache_lengths, positions, sin, cos,
+  local_sin=None, local_cos=None) -> (x, k, v)`` (the updated cache arrays, or the new K/V without a
+  cache). A ``sliding`` layer attends through the window and takes the local rotary tables when
+  given (Gemma 3). Gemma's layers also norm the attention's and the MLP's outputs before adding them.
+  """
 
   config: LlamaConfig
   attention_impl: str
   dtype: Any
+  sliding: bool = False
 
   @nn.compact
-  def __call__(self, x, k_cache, v_cache, cache_lengths, positions, sin, cos, tree_mask=None):
+  def __call__(self, x, k_cache, v_cache, cache_lengths, positions, sin, cos, local_sin=None,
+               local_cos=None, tree_mask=None):
     del positions  # carried by sin and cos
     cfg = self.config
-    h = RMSNorm(cfg.rms_norm_eps, self.dtype, name="input_layernorm")(x)
-    attn, k, v = LlamaAttention(cfg, self.attention_impl, self.dtype, name="self_attn")(
-        h, k_cache, v_cache, cache_lengths, sin, cos, tree_mask)
-    x = x + attn
-    h = RMSNorm(cfg.rms_norm_eps, self.dtype, name="post_attention_layernorm")(x)
-    x = x + LlamaMLP(cfg, self.dtype, name="mlp")(h)
+    gemma = cfg.traits.gemma
+    norm = lambda name: RMSNorm(cfg.rms_norm_eps, self.dtype, gemma, name=name)
+    if self.sliding and local_sin is not None:
+      sin, cos = local_sin, local_cos
+    h = norm("input_layernorm")(x)
+    attn, k, v = LlamaAttention(cfg, self.attention_impl, self.dtype, self.sliding,
+                                name="self_attn")(h, k_cache, v_cache, cache_lengths, sin, cos,
+                                                  tree_mask)
+    if not gemma:
+      x = x + attn
+      h = norm("post_attention_layernorm")(x)
+      return x + LlamaMLP(cfg, self.dtype, name="mlp")(h), k, v
+    x = x + norm("post_attention_layernorm")(attn)
+    h = norm("pre_feedforward_layernorm")(x)
+    x = x + norm("post_feedforward_layernorm")(LlamaMLP(cfg, self.dtype, name="mlp")(h))
     return x, k, v
 
 
 class Llama(nn.Module):
-  """Llama causal LM over a ragged KV cache.
+  """Llama-family causal LM over a ragged KV cache.
 
   ``__call__(tokens: i32[B, T], cache: KVCache | None, compute_logits=True, tree_mask=None) -> (logits:
   f32[B, T, V], KVCache | KVUpdate)``: token t of row b sits at position ``cache.lengths[b] + t``, its K/V are written
@@ -335,16 +560,24 @@ class Llama(nn.Module):
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, param_dtype=self.dtype,
                      name="embed_tokens")
     x = embed(tokens)
+    if cfg.traits.gemma:
+      x = x * jnp.asarray(math.sqrt(cfg.hidden_size), self.dtype)
     positions = common.positions_of(tokens, cache, tree_mask)  # [B, T] or [1, T]
-    sin, cos = rotary_sin_cos(positions, cfg.head_dim, cfg.rope_theta, self.dtype)
+    cached = cache is not None
+    tables = cfg.rotary.sin_cos(positions, self.dtype, cached=cached)
+    if cfg.local_rope is not None:
+      tables += cfg.local_rope.sin_cos(positions, self.dtype, cached=cached)
+    per_layer = None
+    if cfg.sliding_window is not None:
+      per_layer = lambda i: {"sliding": cfg.is_sliding(i)}
     x, update = common.run_layers(
         LlamaDecoderLayer, cfg.num_hidden_layers, name="layers", x=x, cache=cache,
-        positions=positions, extras=(sin, cos), config=cfg, attention_impl=self.attention_impl,
-        dtype=self.dtype, tree_mask=tree_mask, scan=self.scan_layers,
+        positions=positions, extras=tables, config=cfg, attention_impl=self.attention_impl,
+        dtype=self.dtype, tree_mask=tree_mask, scan=self.scan_layers, per_layer=per_layer,
         on_layer=(lambda h: self.sow("intermediates", common.HIDDEN, h))
         if self.is_mutable_collection("intermediates") else None)
 
-    x = RMSNorm(cfg.rms_norm_eps, self.dtype, name="norm")(x)
+    x = RMSNorm(cfg.rms_norm_eps, self.dtype, cfg.traits.gemma, name="norm")(x)
     self.sow("intermediates", common.FEATURES, x)
     if not compute_logits and not self.is_initializing():
       return None, update
@@ -355,4 +588,4 @@ class Llama(nn.Module):
       kernel = self.param("lm_head", nn.initializers.lecun_normal(),
                           (cfg.hidden_size, cfg.vocab_size), self.dtype)
       logits = jnp.einsum("BTD,DV->BTV", x, kernel, preferred_element_type=jnp.float32)
-    return logits, update
+    return soft_cap(logits, cfg.final_logit_softcapping), update
