@@ -216,6 +216,16 @@ class LlamaConfig(common.CacheFromShape):
     return min(self.max_position_embeddings, self.rotary.exact_context,
                *(() if self.local_rope is None else (self.local_rope.exact_context,)))
 
+  @property
+  def context_note(self) -> str | None:
+    """Why :attr:`max_positions` is below ``max_position_embeddings``, for error messages (None when
+    it is not)."""
+    if self.max_positions == self.max_position_embeddings:
+      return None
+    return (f"{self.model_type}'s longrope rotary switches to its long factors past "
+            f"original_max_position_embeddings={self.max_positions}, which would make the cached "
+            "keys depend on how the text was chunked; decodes stay inside it (bass_jax.models.rope)")
+
   # -- the DecoderConfig protocol ---------------------------------------------------------------------
 
   def make_module(self, *, attention_impl: str = "reference", dtype: Any = jnp.float32,

@@ -264,9 +264,11 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
   lengths = np.array([len(a) for a in arrays], np.int32)
   sequence_ids = _sequence_ids(sequence_ids, len(arrays))
   if lengths.max() + max_new_tokens > context:
+    notes = [getattr(m.config, "context_note", None) for m in [target] + draft_models]
+    why = "".join(f" ({note})" for note in dict.fromkeys(n for n in notes if n))
     raise ValueError(
         f"longest prompt ({lengths.max()} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
-        f"models' context of {context} positions; shorten the prompt or lower max_new_tokens")
+        f"models' context of {context} positions{why}; shorten the prompt or lower max_new_tokens")
 
   # The queue: every prompt, the rows taking the first `slots`. Prompts wait for a row only when
   # there are more than `slots` of them (continuous batching); the queue is then longer than the
