@@ -399,6 +399,19 @@ def test_refusals_name_what_is_wrong(tmp_path, written, case, arch, kwargs, erro
   assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("value,refused", [(0.0, False), (8.0, True)])
+def test_checked_key_passes_only_its_value(tmp_path, written, value, refused):
+  """``expert_count`` = 0 (written by some converters for dense models) is checked, not refused."""
+  model, _ = written("qwen2")
+  path = tmp_path / "experts.gguf"
+  write_gguf(model, path, gguf.MODEL_ARCH.QWEN2, extra={"qwen2.expert_count": value})
+  if refused:
+    with pytest.raises(ValueError, match=r"'qwen2.expert_count'=8.0 \(a mixture of experts\) is not "):
+      gguf_ckpt.read_hf(path)
+  else:
+    assert gguf_ckpt.read_hf(path).config == gguf_ckpt.read_hf(written("qwen2")[1]).config
+
+
 def test_tensor_without_a_place_is_refused(tmp_path, written):
   model, _ = written("qwen3")
   path = tmp_path / "moe.gguf"  # a mixture-of-experts router among a dense model's tensors

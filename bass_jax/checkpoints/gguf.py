@@ -367,6 +367,17 @@ def _llama3_rope(src: _Source, out: dict, family: Family) -> None:
     out["rope_parameters"] = llama3
 
 
+@_step("expert_count", "expert_used_count", "attention.causal")
+def _dense_causal(src: _Source, out: dict, family: Family) -> None:
+  """Checked only: a dense decoder (an expert count of 0, as some converters write) and causal."""
+  del out, family
+  for key in ("expert_count", "expert_used_count"):
+    if src.int(key, 0) != 0:
+      src.refuse(key, "(a mixture of experts) is not supported")
+  if not src.get("attention.causal", True):
+    src.refuse("attention.causal", "(bidirectional attention) is not supported")
+
+
 @_step()
 def _bias_and_head(src: _Source, out: dict, family: Family) -> None:
   """``tie_word_embeddings`` (no ``output.weight``) and the bias flags, read off the tensors."""
@@ -457,7 +468,7 @@ def _phi3(src: _Source, out: dict, family: Family) -> None:
   out["sliding_window"] = src.int("attention.sliding_window", 0) or None
 
 
-_LLAMA_LIKE_STEPS = (_heads, _vocab, _rope, _bias_and_head)
+_LLAMA_LIKE_STEPS = (_heads, _vocab, _rope, _dense_causal, _bias_and_head)
 _SILU = {"hidden_act": "silu"}
 _GELU = {"hidden_activation": "gelu_pytorch_tanh"}
 
@@ -479,7 +490,8 @@ FAMILIES: dict[str, Family] = {
         "gemma3_text", "Gemma3ForCausalLM", _SHAPE_KEYS, (*_LLAMA_LIKE_STEPS, _gemma),
         {**_DECODER, **_GEMMA_NORMS, **_QK_NORM}, {**_GELU, "attention_bias": False}, norm_shift=1.0),
     "phi3": Family(
-        "phi3", "Phi3ForCausalLM", _SHAPE_KEYS, (_heads, _vocab, _phi3, _bias_and_head), _PHI3, _SILU,
+        "phi3", "Phi3ForCausalLM", _SHAPE_KEYS, (_heads, _vocab, _phi3, _dense_causal, _bias_and_head),
+        _PHI3, _SILU,
         head_dim_field=False),
 }
 
