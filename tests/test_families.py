@@ -280,6 +280,36 @@ def test_greedy_bass_equals_regular_for_a_family_pair(family, tmp_path):
   assert (bass.stats.accepted[bass.stats.accepted >= 0] == 3).all()
 
 
+@pytest.mark.parametrize("family", ["qwen3", "gemma2-softcap", "gemma3-local-global",
+                                    "phi3-partial-longrope"])
+def test_greedy_bass_equals_regular_for_todays_families(family, tmp_path):
+  """A target and a 1-layer draft of the family, both random: q/k norms, soft caps, alternating
+  windows and rotary bases, partial rotary. Prompts longer than the windows."""
+  _hf_model(family, seed=0).save_pretrained(tmp_path / "target")
+  _hf_model(family, seed=1, num_hidden_layers=1).save_pretrained(tmp_path / "draft")
+  target, draft = bj.load_model(tmp_path / "target"), bj.load_model(tmp_path / "draft")
+  prompts = [np.random.default_rng(i).integers(0, VOCAB, n).tolist() for i, n in enumerate((9, 3, 14))]
+  regular = bj.generate(target, None, prompts, method="regular", max_new_tokens=20, eos_token_id=())
+  bass = bj.generate(target, draft, prompts, method="bass", max_new_tokens=20, eos_token_id=(),
+                     draft_len=3)
+  assert np.array_equal(bass.tokens, regular.tokens), family
+  assert len({tuple(row) for row in regular.tokens}) == 3  # the rows differ
+
+
+def test_a_gemma2_target_runs_bass_pad_and_split_in_the_pallas_kernels(tmp_path):
+  """Soft caps and per-layer windows through both Pallas kernels (interpreted here): greedy BASS-PAD
+  and BASS-SPLIT emit the reference attention's tokens."""
+  _hf_model("gemma2-softcap", seed=0).save_pretrained(tmp_path / "target")
+  _hf_model("gemma2-softcap", seed=1, num_hidden_layers=1).save_pretrained(tmp_path / "draft")
+  target, draft = bj.load_model(tmp_path / "target"), bj.load_model(tmp_path / "draft")
+  prompts = [np.random.default_rng(i).integers(0, VOCAB, n).tolist() for i, n in enumerate((9, 12))]
+  run = lambda impl: bj.generate(target, draft, prompts, method="bass", max_new_tokens=8,
+                                 eos_token_id=(), draft_len=2, attention_impl=impl).tokens
+  want = run("reference")
+  for impl in ("pallas_pad", "pallas_split"):
+    assert np.array_equal(run(impl), want), impl
+
+
 # -- corrupt inputs -------------------------------------------------------------------------------
 
 def _checkpoint(tmp_path, family):

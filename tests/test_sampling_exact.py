@@ -535,3 +535,34 @@ def test_gumbel_tree_bass_emits_the_regular_draws():
                     seed=51, eos_token_id=(), acceptance="gumbel", draft_tree="top_k=2,depth=2,nodes=5")
   assert (out.stats.accepted > 0).sum() > 100
   np.testing.assert_array_equal(out.tokens, _regular_gumbel(1.0, 1.0, 51).tokens[:rows])
+
+
+# -- a Gemma 2 pair: soft caps, alternating windows, GeGLU ---------------------------------------------
+
+
+def _tiny_gemma(seed: int) -> bj.Model:
+  """A 2-layer random Gemma 2 over VOCAB tokens: a sliding layer (window 2, shorter than the prompt
+  plus the drafts) and a global one, both attention and final logits soft-capped."""
+  config = bj.LlamaConfig(model_type="gemma2", vocab_size=VOCAB, hidden_size=16, intermediate_size=32,
+                          num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                          head_dim=8, max_position_embeddings=64, hidden_act="gelu_pytorch_tanh",
+                          query_pre_attn_scalar=8, sliding_window=2,
+                          layer_types=("sliding_attention", "full_attention"),
+                          attn_logit_softcapping=2.0, final_logit_softcapping=4.0,
+                          tie_word_embeddings=True, eos_token_id=None)
+  return bj.Model(config, bj.init_params(config, jax.random.key(seed)), name=f"gemma-{seed}")
+
+
+def test_a_gemma2_pair_matches_exact_target_distribution():
+  """BASS with a Gemma 2 target and draft (chains of 2) fits the target's enumerated joint and is
+  rejected as the draft's."""
+  target, draft = _tiny_gemma(seed=2), _tiny_gemma(seed=3)
+  want = exact_joint(target, PROMPT, NUM_TOKENS, 1.0, 1.0)
+  law_of_draft = exact_joint(draft, PROMPT, NUM_TOKENS, 1.0, 1.0)
+  assert total_variation(want, law_of_draft) > 0.3
+  out = _generate(target, draft, "bass", 1.0, 1.0, seed=41, draft_len=2)
+  paths = path_counts(out, NUM_TOKENS)
+  assert paths["correction"] > 100 and paths["accepted_draft"] > 100, paths
+  samples = out.tokens[:, :NUM_TOKENS]
+  assert chisquare_p_value(samples, want) > PASS_P_VALUE
+  assert chisquare_p_value(samples, law_of_draft) < REJECT_P_VALUE
