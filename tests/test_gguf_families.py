@@ -15,7 +15,8 @@ list sized to the model), and reads it back:
   ``rope_freqs`` (plain rotary), Phi-3's ``rope.dimension_count`` (no partial rotary) and window, and
   reads no Gemma soft-caps, query scale or Gemma 3 sliding-layer base (its config defaults stand in).
   So the Gemma cases use those defaults (head size 256, as the real 2B/9B/1B-12B models), and the
-  Llama 3 and partial-rotary Phi-3 cases are checked against the source model only.
+  Llama 3 and partial-rotary Phi-3 cases are checked against the source model only;
+* through ``bass_jax.load_model``: its logits must equal the source model's (f32, 1e-4).
 
 Plus a Q8_0-quantized file (looser tolerance) and the refusals: an unsupported architecture, an unknown
 metadata key, a missing tensor, each one line naming it.
@@ -27,11 +28,13 @@ import math
 import pathlib
 
 import gguf
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 import transformers
 
+import bass_jax
 from bass_jax.checkpoints import gguf as gguf_ckpt
 from bass_jax.checkpoints._mapping import CheckpointError
 
@@ -314,6 +317,22 @@ def test_transformers_gguf_loader_agrees(written, name):
                              rtol=0, atol=1e-5)
 
 
+def jax_logits(path: pathlib.Path, tokens: np.ndarray) -> np.ndarray:
+  model = bass_jax.load_model(path, tokenizer=False, dtype="float32")
+  return np.asarray(model.logits(jnp.asarray(tokens, jnp.int32)))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_load_model_logits_equal_the_source(written, name):
+  """The whole path, GGUF -> HF config and tensors -> the family's port: the source model's logits
+  (windows of 4 over 9 tokens and Gemma's soft-caps bind; Llama 3's scaling and Phi-3's partial rotary
+  move every position past 0)."""
+  model, path = written(name)
+  want = torch_logits(model, TOKENS)
+  assert np.std(want) > 0.5  # logits that discriminate
+  np.testing.assert_allclose(jax_logits(path, TOKENS), want, rtol=0, atol=1e-4)
+
+
 # -- Llama's rotary scaling -----------------------------------------------------------------------------
 
 
@@ -356,19 +375,25 @@ def test_llama3_parameters_give_back_the_divisors(theta, head_dim, params):
 
 
 def test_q8_0_llama_matches_transformers_reading(tmp_path):
-  """Q8_0 matrices, dequantized and (Q, K) un-permuted: the same tensors as transformers' reader of
-  the same file, and close to the f32 source."""
+  """Q8_0 matrices, dequantized and (Q, K) un-permuted: the same tensors and logits (1e-4) as
+  transformers' reader of the same file, and close to the f32 source (looser: the quantization)."""
   model = make_model(_llama3(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
   path = tmp_path / "q8.gguf"
   write_gguf(model, path, gguf.MODEL_ARCH.LLAMA, qtype=gguf.GGMLQuantizationType.Q8_0)
   assert {t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors} == {"Q8_0", "F32"}
   view = gguf_ckpt.read_hf(path)
   reference = transformers.AutoModelForCausalLM.from_pretrained(
-      str(tmp_path), gguf_file=path.name, dtype=torch.float32).eval().state_dict()
+      str(tmp_path), gguf_file=path.name, dtype=torch.float32).eval()
+  state = reference.state_dict()
   for hf_name, value in source_tensors(model).items():
     got = view.read(hf_name)
-    np.testing.assert_array_equal(got, reference[hf_name].numpy(), err_msg=hf_name)
-    np.testing.assert_allclose(got, value, rtol=0, atol=0.02 * np.abs(value).max(), err_msg=hf_name)
+    np.testing.assert_array_equal(got, state[hf_name].numpy(), err_msg=hf_name)
+    # Q8_0: blocks of 32 scaled to 127 steps, each value within one step of the block's largest
+    np.testing.assert_allclose(got, value, rtol=0, atol=np.abs(value).max() / 127, err_msg=hf_name)
+  want = torch_logits(reference, TOKENS)
+  np.testing.assert_allclose(jax_logits(path, TOKENS), want, rtol=0, atol=1e-4)
+  source = torch_logits(model, TOKENS)  # quantization moves the logits a little
+  assert np.abs(want - source).max() < 0.1 * np.abs(source).max()
 
 
 # -- refusals -------------------------------------------------------------------------------------------
@@ -389,8 +414,6 @@ def test_q8_0_llama_matches_transformers_reading(tmp_path):
                  r"\(GGUF 'blk.1.attn_k.weight'\)\]", id="missing-tensor"),
 ])
 def test_refusals_name_what_is_wrong(tmp_path, written, case, arch, kwargs, error, match):
-  import bass_jax  # pylint: disable=g-import-not-at-top
-
   model, _ = written(case)
   path = tmp_path / "bad.gguf"
   write_gguf(model, path, arch, **kwargs)
