@@ -87,6 +87,8 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
   outer = fields
   if model_type == eagle.MODEL_TYPE:
     kind, fields = "eagle", fields.get("layer")
+  elif model_type == "gemma3" and isinstance(fields.get("text_config"), dict):
+    kind, fields = "hf", fields["text_config"]  # a multimodal Gemma 3: its text decoder
   elif model_type in hf_ckpt.CONFIG_CLASSES:
     kind = "hf"
   else:

@@ -310,6 +310,39 @@ def test_a_gemma2_target_runs_bass_pad_and_split_in_the_pallas_kernels(tmp_path)
     assert np.array_equal(run(impl), want), impl
 
 
+def test_a_multimodal_gemma3_checkpoint_loads_its_text_decoder(tmp_path):
+  """``Gemma3ForConditionalGeneration`` (gemma-3-4b-it and up): the ``text_config`` and the language
+  model's tensors, under transformers 4's names (``language_model.model.*``, as save_pretrained
+  writes them) and 5's (``model.language_model.*``); the vision tower is not read."""
+  text = FAMILIES["gemma3-local-global"][2]
+  vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=37, num_hidden_layers=1,
+                                           num_attention_heads=2, image_size=28, patch_size=14)
+  config = transformers.Gemma3Config(text_config=transformers.Gemma3TextConfig(**text),
+                                     vision_config=vision, mm_tokens_per_image=4)
+  config.text_config._attn_implementation = "eager"
+  torch.manual_seed(0)
+  hf = transformers.Gemma3ForConditionalGeneration(config).eval()
+  with torch.no_grad():
+    for p in hf.parameters():
+      p.add_(0.2 * torch.randn_like(p))
+  hf.save_pretrained(tmp_path)
+  tokens = np.random.default_rng(5).integers(0, VOCAB, size=(2, 19))
+  with torch.no_grad():
+    want = hf(input_ids=torch.tensor(tokens)).logits.numpy()
+  tensors = safetensors.numpy.load_file(str(tmp_path / "model.safetensors"))
+  assert any(name.startswith("vision_tower.") for name in tensors)
+  for layout in ("transformers 4", "transformers 5"):
+    if layout == "transformers 5":
+      renamed = {name.replace("language_model.model.", "model.language_model.")
+                 .replace("vision_tower.", "model.vision_tower."): value
+                 for name, value in tensors.items()}
+      safetensors.numpy.save_file(renamed, str(tmp_path / "model.safetensors"))
+    model = bj.load_model(tmp_path)
+    assert model.config.model_type == "gemma3_text" and model.config.local_rope is not None
+    np.testing.assert_allclose(np.asarray(model.logits(tokens)), want, atol=1e-4, rtol=0,
+                               err_msg=layout)
+
+
 # -- corrupt inputs -------------------------------------------------------------------------------
 
 def _checkpoint(tmp_path, family):

@@ -200,9 +200,71 @@ def config_from_hf(fields: dict[str, Any]):
       family's ``from_hf_config`` rejects.
   """
   model_type = fields.get("model_type")
+  if model_type == "gemma3":
+    fields = _gemma3_text_config(fields)
+    model_type = fields["model_type"]
   if model_type not in CONFIG_CLASSES:
-    raise ValueError(f"unsupported model_type {model_type!r}; supported: {sorted(CONFIG_CLASSES)}")
+    raise ValueError(f"unsupported model_type {model_type!r}; supported: "
+                     f"{sorted(CONFIG_CLASSES) + ['gemma3']}")
   return CONFIG_CLASSES[model_type].from_hf_config(fields)
+
+
+# The fields of a multimodal Gemma 3 config (``Gemma3Config``) beside its ``text_config``: the vision
+# tower and the image tokens, which a text decode does not use.
+_GEMMA3_VISION_FIELDS = frozenset({"vision_config", "mm_tokens_per_image", "boi_token_index",
+                                   "eoi_token_index", "image_token_index", "image_token_id",
+                                   "boi_token_id", "eoi_token_id", "initializer_range"})
+
+
+def _gemma3_text_config(fields: dict[str, Any]) -> dict[str, Any]:
+  """The ``gemma3_text`` config inside a multimodal ``gemma3`` one (``Gemma3ForConditionalGeneration``
+  checkpoints such as gemma-3-4b-it): its ``text_config``, decoded as text only.
+
+  Raises:
+    ValueError: no ``text_config``, or a top-level field that is neither the vision tower's nor
+      transformers' generic bookkeeping (named).
+  """
+  from bass_jax.models import common  # pylint: disable=g-import-not-at-top
+
+  text = fields.get("text_config")
+  if not isinstance(text, dict):
+    raise ValueError("gemma3: config.json has no text_config object; a Gemma 3 text checkpoint "
+                     "has model_type 'gemma3_text'")
+  rest = {k: v for k, v in fields.items() if k != "text_config"}
+  common.parse_hf_fields(rest, model_types=("gemma3",), known=("tie_word_embeddings",),
+                         ignored=_GEMMA3_VISION_FIELDS)
+  text = dict(text)
+  text.setdefault("model_type", "gemma3_text")
+  for name in ("bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings"):
+    if text.get(name) is None and fields.get(name) is not None:
+      text[name] = fields[name]
+  return text
+
+
+# A multimodal Gemma 3's text decoder under its two published layouts (transformers 4's
+# ``language_model.model.*`` and 5's ``model.language_model.*``) -> the text model's names; its vision
+# tower and projector are not read.
+_GEMMA3_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."),
+                    ("language_model.lm_head.", "lm_head."))
+_GEMMA3_VISION = re.compile(r"^(model\.)?(vision_tower|multi_modal_projector)\.")
+
+
+def text_decoder_tensors(fields: dict[str, Any], tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """The tensors of the text decoder under the text model's names: a multimodal Gemma 3's
+  (``fields["model_type"] == "gemma3"``) renamed and its vision tower dropped; any other's as they
+  are."""
+  if fields.get("model_type") != "gemma3":
+    return tensors
+  out = {}
+  for name, value in tensors.items():
+    if _GEMMA3_VISION.match(name):
+      continue
+    for old, new in _GEMMA3_PREFIXES:
+      if name.startswith(old):
+        name = new + name[len(old):]
+        break
+    out[name] = value
+  return out
 
 
 def read_json_object(file: str | os.PathLike) -> dict[str, Any]:
@@ -326,8 +388,9 @@ def load_hf_checkpoint(path: str | os.PathLike, *, expected: Any, dtype: Any) ->
       do not match the config (missing, extra, mis-shaped), each naming the problem.
   """
   path = pathlib.Path(path)
-  config = read_config(path)
-  tensors = _read_tensors(path)
+  fields = read_config_fields(path)
+  config = config_from_hf(fields)
+  tensors = text_decoder_tensors(fields, _read_tensors(path))
   params = params_from_tensors(config, tensors, tensors.__getitem__, expected=expected, dtype=dtype,
                                where=str(path))
   return config, params
