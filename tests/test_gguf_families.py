@@ -73,6 +73,13 @@ CASES = {
         head_dim=256, sliding_window=4)),
     "phi3": (gguf.MODEL_ARCH.PHI3, lambda: transformers.Phi3Config(
         **_SMALL, partial_rotary_factor=0.5, max_position_embeddings=256)),
+    # LongRoPE (Phi-3-mini-128k's): factors over the 8 rotary dimensions of a head of 16, the context
+    # 8 times the original (Phi3MiniModel writes the factors as tensors and the attention factor).
+    "phi3-longrope": (gguf.MODEL_ARCH.PHI3, lambda: transformers.Phi3Config(
+        **_SMALL, partial_rotary_factor=0.5, max_position_embeddings=512,
+        original_max_position_embeddings=64,
+        rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.5,
+                             long_factor=[2.5, 3.75, 1.5, 3.25], short_factor=[1.0, 1.0625, 1.125, 1.0]))),
 }
 
 
@@ -143,7 +150,6 @@ def _set_parameters(w: gguf.GGUFWriter, cfg, arch) -> None:
   w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
   w.add_file_type(gguf.LlamaFileType.ALL_F32)
   if arch == gguf.MODEL_ARCH.PHI3:  # Phi3MiniModel: no TextModel.set_gguf_parameters
-    head_dim = cfg.hidden_size // cfg.num_attention_heads
     w.add_rope_scaling_orig_ctx_len(cfg.original_max_position_embeddings)
     w.add_rope_dimension_count(int(cfg.partial_rotary_factor * cfg.hidden_size)
                                // cfg.num_attention_heads)
@@ -153,7 +159,6 @@ def _set_parameters(w: gguf.GGUFWriter, cfg, arch) -> None:
       scale = cfg.max_position_embeddings / cfg.original_max_position_embeddings
       w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale)
                                                 / math.log(cfg.original_max_position_embeddings)))
-    del head_dim
     return
   if arch != gguf.MODEL_ARCH.GEMMA2:  # TextModel.set_gguf_parameters (Gemma2Model writes its own)
     if rope.get("rope_type") == "linear":
