@@ -502,7 +502,7 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
           "save_model(..., overwrite=True), or delete the stale files")
     config = hf_ckpt.read_config(path)
     # before the weights, as the tokenizer: a bad generation_config.json fails in a moment
-    generation_eos = generation_eos_ids(path, config.vocab_size)
+    generation_eos = generation_eos_ids(path, config.vocab_size, config.eos_token_id)
     if tokenizer:  # before the weights: a broken tokenizer fails in a moment, not after the load
       tok = _load_tokenizer(path)
     if formats and formats[0].startswith(_ORBAX_PARAMS_DIR):
@@ -539,16 +539,21 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
 GENERATION_CONFIG_FILE = "generation_config.json"
 
 
-def generation_eos_ids(directory: str | os.PathLike, vocab_size: int) -> tuple[int, ...]:
+def generation_eos_ids(directory: str | os.PathLike, vocab_size: int,
+                       config_ids: int | tuple[int, ...] | None = None) -> tuple[int, ...]:
   """The stop ids that ``generation_config.json`` of checkpoint ``directory`` names in its
   ``eos_token_id`` (an id or a list of ids; Llama 3 Instruct's three: ``<|end_of_text|>``,
   ``<|eom_id|>``, ``<|eot_id|>``), in the file's order; ``()`` without the file or the field (or null).
+  An id that config.json already names (``config_ids``) is not range-checked again: transformers copies
+  config.json's ids into the file, and a tiny model keeps its family's default (GPT-2's 50256).
 
   Raises:
     ValueError: the file is not a JSON object, or its ``eos_token_id`` holds something other than ints
-      (a string, a float, a bool, a nested list) or an id outside ``[0, vocab_size)``; the file and the
-      field named.
+      (a string, a float, a bool, a nested list) or a new id outside ``[0, vocab_size)``; the file and
+      the field named.
   """
+  own = () if config_ids is None else (
+      tuple(config_ids) if isinstance(config_ids, (tuple, list)) else (config_ids,))
   file = pathlib.Path(directory) / GENERATION_CONFIG_FILE
   if not file.is_file():
     return ()
@@ -560,7 +565,7 @@ def generation_eos_ids(directory: str | os.PathLike, vocab_size: int) -> tuple[i
     if not isinstance(i, int) or isinstance(i, bool):
       raise ValueError(f"{file}: eos_token_id must be a token id (an int) or a list of them, got "
                        f"{ids!r}; fix the file, or delete the field")
-    if not 0 <= i < vocab_size:
+    if not 0 <= i < vocab_size and i not in own:
       raise ValueError(f"{file}: eos_token_id {i} is not a token id of this model (vocab_size "
                        f"{vocab_size}: ids 0 to {vocab_size - 1}); fix the file, or delete the field")
   return tuple(items)

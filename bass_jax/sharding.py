@@ -63,7 +63,7 @@ def _dense(name: str, inputs: str | None, outputs: str | None) -> tuple:
   return ((rf"{name}/kernel", (inputs, outputs)), (rf"{name}/bias", (outputs,)))
 
 
-_NORMS = ((r"(.*/)?[^/]*(norm|ln_[^/]*)/(scale|bias)", (EMBED,)),)
+_NORMS = ((r"(.*/)?(?![qk]_norm/)[^/]*(norm|ln_[^/]*)/(scale|bias)", (EMBED,)),)  # not per-head ones
 _LLAMA_LAYER = (
     *_dense(r"layers_\d+/self_attn/q_proj", EMBED, HEADS),
     *_dense(r"layers_\d+/self_attn/k_proj", EMBED, KV_HEADS),

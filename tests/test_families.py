@@ -204,7 +204,8 @@ def test_pytorch_bin_input(tmp_path):
   assert np.abs(got - _torch_logits(hf, tokens)).max() <= 1e-4
 
 
-@pytest.mark.parametrize("family", ["opt-pre-ln-projected", "codegen", "gpt2", "mistral-window-5"])
+@pytest.mark.parametrize("family", ["opt-pre-ln-projected", "codegen", "gpt2", "mistral-window-5",
+                                    "qwen3"])
 def test_scanned_layers_match_transformers_and_save_as_per_layer(family, tmp_path):
   """load_model(scan_layers=True) runs the layers in a lax.scan over stacked weights and a stacked
   cache: its logits, in a full forward and decoded through a ragged NaN-padded cache, are
@@ -341,6 +342,14 @@ def test_a_multimodal_gemma3_checkpoint_loads_its_text_decoder(tmp_path):
     assert model.config.model_type == "gemma3_text" and model.config.local_rope is not None
     np.testing.assert_allclose(np.asarray(model.logits(tokens)), want, atol=1e-4, rtol=0,
                                err_msg=layout)
+
+
+def test_scanning_layers_of_two_kinds_is_refused(tmp_path):
+  """Gemma's sliding and global layers differ in a static field, so one scanned layer cannot be both."""
+  _hf_model("gemma2-softcap").save_pretrained(tmp_path)
+  model = bj.load_model(tmp_path, scan_layers=True)
+  with pytest.raises(ValueError, match="alternates layer kinds.*scan_layers=False"):
+    model.logits(np.zeros((1, 4), np.int32))
 
 
 # -- corrupt inputs -------------------------------------------------------------------------------

@@ -115,7 +115,8 @@ def test_meshes_are_checked():
     assert sharding.resolve_mesh(None).shape == {"data": 1, "model": 1}
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "opt", "codegen", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "opt", "codegen", "gpt2", "qwen3",
+                                    "gemma2", "gemma3_text", "phi3"])
 def test_every_parameter_of_every_family_has_exactly_one_rule(family):
   import transformers  # the families as transformers configures them, converted
 
@@ -137,6 +138,19 @@ def test_every_parameter_of_every_family_has_exactly_one_rule(family):
                                             rotary_dim=4, tie_word_embeddings=False),
       "gpt2": transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4,
                                       tie_word_embeddings=False),
+      "qwen3": transformers.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48,
+                                        num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, head_dim=8, attention_bias=True),
+      "gemma2": transformers.Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=48,
+                                          num_hidden_layers=2, num_attention_heads=4,
+                                          num_key_value_heads=2, head_dim=8),
+      "gemma3_text": transformers.Gemma3TextConfig(vocab_size=64, hidden_size=32,
+                                                   intermediate_size=48, num_hidden_layers=2,
+                                                   num_attention_heads=4, num_key_value_heads=2,
+                                                   head_dim=8, tie_word_embeddings=False),
+      "phi3": transformers.Phi3Config(vocab_size=64, hidden_size=32, intermediate_size=48,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, pad_token_id=0),
   }
   config = hf.config_from_hf(hf_configs[family].to_dict())
   abstract = bj.abstract_params(config)
