@@ -67,13 +67,11 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
   from bass_jax.models import eagle  # pylint: disable=g-import-not-at-top
 
   name = str(spec)
-  if name in loading.ALIASES:
-    path = loading.resolve_alias(name)
-  else:
-    path = pathlib.Path(spec)
-    if not path.exists():
-      raise FileNotFoundError(f"no model at {name!r}: not an alias ({', '.join(sorted(loading.ALIASES))}),"
-                              " nor an existing .gguf file or checkpoint directory")
+  path = loading.model_path(spec)  # an alias, a path, a Hugging Face cache entry or repo id
+  if not path.exists():
+    raise FileNotFoundError(f"no model at {name!r}: not an alias ({', '.join(sorted(loading.ALIASES))}),"
+                            " an existing .gguf file or checkpoint directory, nor a repository in the "
+                            "local Hugging Face cache")
   if path.is_file():
     if path.suffix != ".gguf":
       raise ValueError(f"{path}: a model file must be .gguf; for a checkpoint pass its directory")

@@ -65,7 +65,8 @@ def load_torch_model(spec: str | os.PathLike):
 
 
 def hf_generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float,
-                top_p: float, seed: int, eos_token_id: int | None, assistant: Any = None) -> HFRun:
+                top_p: float, seed: int, eos_token_id: int | Sequence[int] | None,
+                assistant: Any = None) -> HFRun:
   """Times ``model.generate`` on a batch of prompts (the experiments' batches: distinct prompts, or
   copies of one prompt when sampling).
 
@@ -74,6 +75,8 @@ def hf_generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
 
   Args:
     prompts: B token-id lists.
+    eos_token_id: the stop id, or several (a config whose generation_config.json adds ids: Llama 3's
+      three); the first pads.
     assistant: a draft model for transformers' assisted generation (B must be 1).
 
   Raises:
@@ -88,12 +91,15 @@ def hf_generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
   width = max(len(p) for p in prompts)
   if eos_token_id is None and any(len(p) != width for p in prompts):
     raise ValueError("prompts of different lengths need a pad id; pass eos_token_id")
-  pad = eos_token_id if eos_token_id is not None else 0
+  if isinstance(eos_token_id, (tuple, list)):
+    eos_token_id = list(eos_token_id) or None
+  pad = 0 if eos_token_id is None else (eos_token_id[0] if isinstance(eos_token_id, list)
+                                        else eos_token_id)
   inputs = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])
   mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
   torch.manual_seed(seed)
   kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens, min_new_tokens=0,
-                                pad_token_id=eos_token_id, eos_token_id=eos_token_id)
+                                pad_token_id=pad, eos_token_id=eos_token_id)
   if temperature > 0:
     kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
   else:
