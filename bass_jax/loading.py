@@ -119,7 +119,8 @@ class Model:
     per layer, HF's layout): a copy of the layer weights, unless already in that layout.
 
     Raises:
-      ValueError: an EAGLE draft (its layers are always unrolled).
+      ValueError: an EAGLE draft (its layers are always unrolled); ``scanned=True`` for a model whose
+        layers alternate kinds (Gemma's sliding and global layers).
     """
     scanned = _checks.as_bool("scanned", scanned)
     if scanned == self.scanned_layers:
@@ -127,8 +128,11 @@ class Model:
     key = common.LAYERS_KEY.get(getattr(self.config, "model_type", None))
     if key is None:
       raise ValueError(f"{self.name or 'this model'} ({type(self.config).__name__}) has no scanned "
-                       "layout (only the decoder families Llama, OPT, CodeGen and GPT-2 have one); "
-                       "load it with scan_layers=False")
+                       "layout (only the decoder families do); load it with scan_layers=False")
+    if scanned and not getattr(self.config, "uniform_layers", True):
+      raise ValueError(f"{self.name or 'this model'} alternates layer kinds (sliding-window and "
+                       "global attention), and scanned layers need identical layers; load it with "
+                       "scan_layers=False")
     convert = common.stack_layers if scanned else common.unstack_layers
     return dataclasses.replace(self, params=convert(self.params, key, self.config.num_layers))
 
@@ -532,6 +536,7 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
   if scan_layers is None:
     from bass_jax.sampling import profiles  # pylint: disable=g-import-not-at-top
     scan_layers = (mesh is None and config.model_type != eagle.MODEL_TYPE
+                   and getattr(config, "uniform_layers", True)
                    and profiles.backend_profile().scan_layers)
   return model.with_scanned_layers(scan_layers)
 

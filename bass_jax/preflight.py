@@ -85,8 +85,16 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
   outer = fields
   if model_type == eagle.MODEL_TYPE:
     kind, fields = "eagle", fields.get("layer")
-  elif model_type == "gemma3" and isinstance(fields.get("text_config"), dict):
-    kind, fields = "hf", fields["text_config"]  # a multimodal Gemma 3: its text decoder
+  elif model_type in _LLAMA_FAMILY or model_type == "gemma3":
+    # Read through the family config (transformers' defaults for absent fields, a multimodal Gemma 3's
+    # text_config, longrope's shorter exact context): the fields alone would tell another story.
+    config = hf_ckpt.config_from_hf(fields)
+    special = {f: getattr(config, f) for f in _SPECIAL_IDS if getattr(config, f, None) is not None}
+    if isinstance(special.get("eos_token_id"), tuple):
+      special["eos_token_id"] = list(special["eos_token_id"])
+    return ModelSource(name, path, "hf", config.max_positions, config.vocab_size, has_tokenizer,
+                       config.model_type, config.hidden_size, config.num_hidden_layers, special, (),
+                       config.sliding_window)
   elif model_type in hf_ckpt.CONFIG_CLASSES:
     kind = "hf"
   else:
@@ -116,6 +124,10 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
   return ModelSource(name, path, kind, context, numbers["vocab_size"], has_tokenizer,
                      str(model_type), numbers[width_key], numbers[layers_key], special, tuple(fused),
                      window if isinstance(window, int) and not isinstance(window, bool) else None)
+
+
+# The families read as bass_jax.models.llama.LlamaConfig.
+_LLAMA_FAMILY = frozenset({"llama", "qwen2", "mistral", "qwen3", "gemma2", "gemma3_text", "phi3"})
 
 
 def _gguf_config(path: pathlib.Path) -> Any:

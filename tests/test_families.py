@@ -344,12 +344,100 @@ def test_a_multimodal_gemma3_checkpoint_loads_its_text_decoder(tmp_path):
                                err_msg=layout)
 
 
-def test_scanning_layers_of_two_kinds_is_refused(tmp_path):
-  """Gemma's sliding and global layers differ in a static field, so one scanned layer cannot be both."""
-  _hf_model("gemma2-softcap").save_pretrained(tmp_path)
-  model = bj.load_model(tmp_path, scan_layers=True)
+def test_layers_of_two_kinds_cut_but_do_not_scan(tmp_path):
+  """Gemma's sliding and global layers differ in a static field, so one scanned layer cannot be both:
+  refused at load. A draft cut from the first layers keeps their kinds."""
+  _hf_model("gemma3-local-global").save_pretrained(tmp_path)
   with pytest.raises(ValueError, match="alternates layer kinds.*scan_layers=False"):
-    model.logits(np.zeros((1, 4), np.int32))
+    bj.load_model(tmp_path, scan_layers=True)
+  model = bj.load_model(tmp_path)
+  cut = model.with_first_layers(2)
+  assert cut.config.layer_types == model.config.layer_types[:2] == ("sliding_attention",
+                                                                     "sliding_attention")
+  assert bj.load_model(tmp_path, num_layers=1).config.layer_types == ("sliding_attention",)
+  np.testing.assert_array_equal(np.isfinite(cut.logits(np.arange(9)[None])), True)
+
+
+# config.json of published checkpoints, as their authors wrote them (transformers 4.x spellings,
+# remote-code fields); the long factor lists are shortened to their length's worth of ones.
+_REMOTE = {"auto_map": {"AutoConfig": "configuration_phi3.Phi3Config",
+                        "AutoModelForCausalLM": "modeling_phi3.Phi3ForCausalLM"}}
+_BOOKKEEPING = {"torch_dtype": "bfloat16", "transformers_version": "4.43.3", "use_cache": True,
+                "initializer_range": 0.02}
+PUBLISHED_CONFIGS = {
+    "Llama-3.2-1B-Instruct": ({
+        "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "head_dim": 64,
+        "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 8192,
+        "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+        "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+        "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+        "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "rope_theta": 500000.0, "tie_word_embeddings": True, "vocab_size": 128256, **_BOOKKEEPING},
+        dict(max_positions=131072, rope="llama3", window=None)),
+    "Qwen3-0.6B": ({
+        "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+        "hidden_size": 1024, "intermediate_size": 3072, "max_position_embeddings": 40960,
+        "max_window_layers": 28, "model_type": "qwen3", "num_attention_heads": 16,
+        "num_hidden_layers": 28, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+        "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None,
+        "tie_word_embeddings": True, "use_sliding_window": False, "vocab_size": 151936,
+        **_BOOKKEEPING}, dict(max_positions=40960, rope="default", window=None)),
+    "Phi-3-mini-4k-instruct": ({
+        "architectures": ["Phi3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 1, "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu",
+        "hidden_size": 3072, "intermediate_size": 8192, "max_position_embeddings": 4096,
+        "model_type": "phi3", "num_attention_heads": 32, "num_hidden_layers": 32,
+        "num_key_value_heads": 32, "original_max_position_embeddings": 4096, "pad_token_id": 32000,
+        "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000.0,
+        "sliding_window": 2047, "tie_word_embeddings": False, "vocab_size": 32064, **_REMOTE,
+        **_BOOKKEEPING}, dict(max_positions=4096, rope="default", window=2047)),
+    "Phi-4-mini-instruct": ({
+        "architectures": ["Phi3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 199999, "embd_pdrop": 0.0, "eos_token_id": 199999, "full_attn_mod": 1,
+        "hidden_act": "silu", "hidden_size": 3072, "intermediate_size": 8192,
+        "interpolate_factor": 1, "lm_head_bias": False, "max_position_embeddings": 131072,
+        "mlp_bias": False, "model_type": "phi3", "num_attention_heads": 24,
+        "num_hidden_layers": 32, "num_key_value_heads": 8, "original_max_position_embeddings": 4096,
+        "pad_token_id": 199999, "partial_rotary_factor": 0.75, "resid_pdrop": 0.0,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {"long_factor": [1.0] * 48, "short_factor": [1.0] * 48, "type": "longrope"},
+        "rope_theta": 10000.0, "sliding_window": 262144, "tie_word_embeddings": True,
+        "vocab_size": 200064, **_REMOTE, **_BOOKKEEPING},
+        dict(max_positions=4096, rope="longrope", window=None)),
+    "gemma-3-4b-it": ({
+        "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999,
+        "eoi_token_index": 256000, "eos_token_id": [1, 106], "image_token_index": 262144,
+        "initializer_range": 0.02, "mm_tokens_per_image": 256, "model_type": "gemma3",
+        "text_config": {"hidden_size": 2560, "intermediate_size": 10240,
+                        "model_type": "gemma3_text", "num_hidden_layers": 34,
+                        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                        "sliding_window": 1024},
+        "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+        "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                          "model_type": "siglip_vision_model", "num_attention_heads": 16,
+                          "num_hidden_layers": 27, "patch_size": 14,
+                          "vision_use_head": False}},
+        dict(max_positions=131072, rope="linear", window=1024)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_CONFIGS))
+def test_published_configs_are_read(name, tmp_path):
+  """The config.json files users bring (remote-code fields, 4.x rotary spellings, a multimodal
+  Gemma 3) read without weights, through load_model's reader and the command line's preflight."""
+  from bass_jax import preflight
+  from bass_jax.checkpoints import hf
+
+  fields, want = PUBLISHED_CONFIGS[name]
+  (tmp_path / "config.json").write_text(json.dumps(fields))
+  config = hf.read_config(tmp_path)
+  assert config.max_positions == want["max_positions"], name
+  assert config.rotary.rope_type == want["rope"] and config.sliding_window == want["window"], name
+  source = preflight.inspect_model(str(tmp_path))
+  assert (source.context, source.vocab_size) == (config.max_positions, config.vocab_size)
 
 
 # -- corrupt inputs -------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import bass_jax as bj
-from bass_jax.models import common
 from bass_jax.models import rope as rope_lib
 
 BASE = dict(vocab_size=61, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
@@ -52,7 +51,11 @@ def _hf_config(params, partial=1.0, theta=5000.0):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_frequencies_and_attention_factor_match_transformers(name, partial):
   hf = _hf_config(CASES[name], partial)
-  rotary = bj.LlamaConfig.from_hf_config(hf.to_dict()).rotary
+  if partial == 1.0:  # through the family config
+    rotary = bj.LlamaConfig.from_hf_config(hf.to_dict()).rotary
+  else:  # transformers' Llama ignores partial rotary (Phi-3 and Gemma 3 read it): the rope alone
+    rotary = rope_lib.from_parameters(hf.rope_parameters, head_dim=HEAD_DIM,
+                                      max_position_embeddings=hf.max_position_embeddings)
   rope_type = CASES[name]["rope_type"]
   assert rotary.rope_type == rope_type and rotary.dim == int(HEAD_DIM * partial)
   want, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf, "cpu")
@@ -60,15 +63,13 @@ def test_frequencies_and_attention_factor_match_transformers(name, partial):
   assert rotary.attention_scaling == pytest.approx(scaling, rel=1e-6)
   plain = 1.0 / 5000.0 ** (np.arange(0, rotary.dim, 2) / rotary.dim)
   assert rope_type == "dynamic" or not np.allclose(rotary.inv_freq(), plain, rtol=1e-3), name
-  if rope_type == "longrope":  # the long set, as transformers takes it past the original length
-    long, _ = ROPE_INIT_FUNCTIONS[rope_type](hf, "cpu", seq_len=17)
-    np.testing.assert_allclose(rotary.inv_freq(long=True), long.numpy(), rtol=1e-6)
-  if rope_type == "dynamic":  # the base grows with the row's length past max_position_embeddings
-    for seq_len in (64, 100):
-      grown, _ = ROPE_INIT_FUNCTIONS[rope_type](hf, "cpu", seq_len=seq_len)
-      positions = np.arange(seq_len)[None]
-      np.testing.assert_allclose(np.asarray(rotary._row_inv_freq(positions))[0, 0],
-                                 grown.numpy(), rtol=1e-5)
+  if rope_type in ("longrope", "dynamic"):  # up to the threshold transformers keeps these frequencies
+    threshold = 16 if rope_type == "longrope" else 64
+    assert rotary.exact_context == threshold
+    at_threshold, _ = ROPE_INIT_FUNCTIONS[rope_type](hf, "cpu", seq_len=threshold)
+    np.testing.assert_allclose(rotary.inv_freq(), at_threshold.numpy(), rtol=1e-6)
+    past, _ = ROPE_INIT_FUNCTIONS[rope_type](hf, "cpu", seq_len=threshold + 1)
+    assert not np.allclose(rotary.inv_freq(), past.numpy(), rtol=1e-3)  # where it would switch
 
 
 @pytest.mark.parametrize("legacy, modern", [
@@ -82,6 +83,7 @@ def test_frequencies_and_attention_factor_match_transformers(name, partial):
                           "rope_theta": 5e5}}),
 ])
 def test_both_spellings_give_one_config(legacy, modern):
+  """transformers 4's rope_scaling + rope_theta and 5's rope_parameters: one config."""
   fields = {"model_type": "llama", **BASE}
   old = bj.LlamaConfig.from_hf_config({**fields, **legacy})
   new = bj.LlamaConfig.from_hf_config({**fields, **modern})
@@ -119,10 +121,10 @@ def _random_hf(config_cls, model_cls, seed=0, **fields):
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "longrope"])
-def test_a_full_forward_past_the_threshold_follows_transformers(kind, tmp_path):
-  """A full forward (no cache) takes transformers' frequencies from the row's longest position:
-  dynamic NTK's grown base past max_position_embeddings, longrope's long factors past the original
-  length. Tokens 0 .. 40 here, thresholds 32 and 16."""
+def test_length_dependent_types_match_transformers_up_to_their_threshold(kind, tmp_path):
+  """Up to the threshold (dynamic: max_position_embeddings 32; longrope: the original length 16)
+  transformers keeps the in-length frequencies, and so does bass-jax: logits equal. Past it bass-jax
+  refuses (transformers would switch per forward), saying why."""
   if kind == "dynamic":
     hf = _random_hf(transformers.LlamaConfig, transformers.LlamaForCausalLM,
                     **{**BASE, "max_position_embeddings": 32},
@@ -136,16 +138,26 @@ def test_a_full_forward_past_the_threshold_follows_transformers(kind, tmp_path):
                                         for k in ("short_factor", "long_factor")}})
   hf.save_pretrained(tmp_path)
   model = bj.load_model(tmp_path, tokenizer=False)
-  tokens = np.random.default_rng(0).integers(0, BASE["vocab_size"], (1, 41))
+  threshold = model.config.max_positions
+  assert threshold == (32 if kind == "dynamic" else 16)
+  tokens = np.random.default_rng(0).integers(0, BASE["vocab_size"], (2, threshold))
   with torch.no_grad():
     want = hf(torch.tensor(tokens)).logits.numpy()
-  got, _ = common.forward(model.config, model.params, tokens)
-  np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=0)
-  # a forward inside the threshold takes the in-length frequencies, and other logits for the same
-  # positions: the comparison above saw the switch
-  short = np.asarray(common.forward(model.config, model.params, tokens[:, :16])[0])
-  assert np.abs(short - want[:, :16]).max() > 1e-2
+  np.testing.assert_allclose(np.asarray(model.logits(tokens)), want, atol=1e-4, rtol=0)
+  longer = np.concatenate([tokens, tokens[:, :1]], axis=1)
+  with torch.no_grad():  # one position more, and transformers' frequencies change for all of them
+    switched = hf(torch.tensor(longer)).logits.numpy()[:, :threshold]
+  assert np.abs(switched - want).max() > 1e-2
+  with pytest.raises(ValueError, match="exceed the model's context"):
+    model.logits(longer)
   if kind == "longrope":
-    assert model.config.max_positions == 16
     with pytest.raises(ValueError, match="original_max_position_embeddings=16"):
       bj.generate(model, None, [tokens[0, :10].tolist()], method="regular", max_new_tokens=8)
+
+
+def test_partial_rotary_outside_the_families_that_read_it_is_refused():
+  fields = {"model_type": "llama", **BASE,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                "partial_rotary_factor": 0.5}}
+  with pytest.raises(ValueError, match="partial_rotary_factor < 1 is not read"):
+    bj.LlamaConfig.from_hf_config(fields)

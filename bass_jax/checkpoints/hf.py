@@ -231,10 +231,13 @@ def _gemma3_text_config(fields: dict[str, Any]) -> dict[str, Any]:
     raise ValueError("gemma3: config.json has no text_config object; a Gemma 3 text checkpoint "
                      "has model_type 'gemma3_text'")
   rest = {k: v for k, v in fields.items() if k != "text_config"}
-  common.parse_hf_fields(rest, model_types=("gemma3",), known=("tie_word_embeddings",),
-                         ignored=_GEMMA3_VISION_FIELDS)
+  common.parse_hf_fields(rest, model_types=("gemma3",),
+                         known=("tie_word_embeddings", "bos_token_id", "eos_token_id",
+                                "pad_token_id"), ignored=_GEMMA3_VISION_FIELDS)
   text = dict(text)
   text.setdefault("model_type", "gemma3_text")
+  # transformers' Gemma3ForConditionalGeneration applies no final soft cap, whatever text_config says
+  text["final_logit_softcapping"] = None
   for name in ("bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings"):
     if text.get(name) is None and fields.get(name) is not None:
       text[name] = fields[name]

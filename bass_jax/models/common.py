@@ -90,6 +90,7 @@ _LEGACY_HF_GENERIC_FIELDS = frozenset({
     "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
     "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
     "suppress_tokens", "begin_suppress_tokens", "gradient_checkpointing",
+    "auto_map",  # where remote modeling code lives (Phi-3's); the port is the code
 })
 # Fields that only matter for training or for transformers' own runtime, in any family.
 TRAINING_ONLY_FIELDS = frozenset({

@@ -172,11 +172,17 @@ class EagleConfig:
                tuple(fields.get("fused_layers", ())))
 
 
+# The targets whose features and head an EAGLE draft reads as it computes them: Llama-family models
+# whose embedding is unscaled and whose logits are uncapped (not Gemma's sqrt(D) and soft caps).
+TARGET_TYPES = ("llama", "qwen2", "mistral", "qwen3", "phi3")
+
+
 def check_target(target_config: Any) -> None:
-  """Raises ValueError unless the target is of the Llama family (Llama, Qwen2, Mistral)."""
-  if not isinstance(target_config, LlamaConfig):
-    raise ValueError(f"an EAGLE draft needs a Llama-family target (llama, qwen2, mistral), got "
-                     f"model_type {getattr(target_config, 'model_type', type(target_config).__name__)!r}")
+  """Raises ValueError unless an EAGLE draft can read the target (:data:`TARGET_TYPES`)."""
+  model_type = getattr(target_config, "model_type", type(target_config).__name__)
+  if not isinstance(target_config, LlamaConfig) or model_type not in TARGET_TYPES:
+    raise ValueError(f"an EAGLE draft needs a target of {', '.join(TARGET_TYPES)} (Gemma's scaled "
+                     f"embeddings and capped logits are not read yet), got model_type {model_type!r}")
 
 
 def check_pair(hidden_size: int, vocab_size: int, fused_layers: tuple[int, ...], *,
@@ -196,9 +202,9 @@ def check_pair(hidden_size: int, vocab_size: int, fused_layers: tuple[int, ...],
   Raises:
     ValueError: the first mismatch, naming the field and both values.
   """
-  if target_model_type not in ("llama", "qwen2", "mistral"):
-    raise ValueError(f"{name} needs a Llama-family target (llama, qwen2, mistral), got model_type "
-                     f"{target_model_type!r}")
+  if target_model_type not in TARGET_TYPES:
+    raise ValueError(f"{name} needs a target of {', '.join(TARGET_TYPES)} (Gemma's scaled embeddings "
+                     f"and capped logits are not read yet), got model_type {target_model_type!r}")
   if hidden_size != target_hidden_size:
     raise ValueError(f"{name} reads features of width hidden_size={hidden_size}, and the target's "
                      f"are {target_hidden_size} wide: it was trained for another target")
@@ -264,7 +270,7 @@ class EagleDraft(nn.Module):
     x = nn.Dense(cfg.hidden_size, use_bias=True, dtype=self.dtype, param_dtype=self.dtype,
                  name="fc")(x)
     positions = common.positions_of(tokens, cache, tree_mask)
-    sin, cos = cfg.rotary.sin_cos(positions, self.dtype, cached=cache is not None)
+    sin, cos = cfg.rotary.sin_cos(positions, self.dtype)
     return common.run_layers(
         LlamaDecoderLayer, cfg.num_hidden_layers, name="layers", x=x, cache=cache,
         positions=positions, extras=(sin, cos), config=cfg, attention_impl=self.attention_impl,

@@ -88,6 +88,12 @@ _FAMILY_FIELDS = {
     "gemma3_text": _GEMMA_FIELDS | {"rope_local_base_freq", "sliding_window_pattern"},
     "phi3": frozenset({"original_max_position_embeddings", "sliding_window"}),
 }
+# Fields a family's published configs carry that must hold the value transformers' model assumes.
+_REQUIRED = {
+    # Phi-3-mini and Phi-4-mini write these for their remote code; transformers' Phi3 has no biases.
+    "phi3": {"attention_bias": False, "mlp_bias": False, "lm_head_bias": False, "full_attn_mod": 1,
+             "interpolate_factor": 1},
+}
 # Fields with no effect on inference that a family's configs carry.
 _IGNORED = {"gemma2": frozenset({"cache_implementation"}),
             "gemma3_text": frozenset({"cache_implementation", "_sliding_window_pattern"})}
@@ -210,6 +216,19 @@ class LlamaConfig(common.CacheFromShape):
     return self.layer_types[layer] == SLIDING
 
   @property
+  def uniform_layers(self) -> bool:
+    """Whether every layer is of one kind (a scanned layout needs it)."""
+    return len({self.is_sliding(i) for i in range(self.num_hidden_layers)}) == 1
+
+  def with_num_layers(self, num_layers: int) -> "LlamaConfig":
+    """The same config with its first ``num_layers`` layers (their ``layer_types`` too)."""
+    types = None if self.layer_types is None else tuple(self.layer_types[:num_layers])
+    if types is not None and len(types) < num_layers:
+      raise ValueError(f"with_num_layers({num_layers}): layer_types names {len(self.layer_types)} "
+                       "layers; name the new ones with dataclasses.replace(config, layer_types=...)")
+    return dataclasses.replace(self, num_hidden_layers=num_layers, layer_types=types)
+
+  @property
   def max_positions(self) -> int:
     """The context a decode may fill: ``max_position_embeddings``, or less where a length-dependent
     rotary is exact only inside its original length (``longrope``: ``models.rope``)."""
@@ -274,7 +293,10 @@ class LlamaConfig(common.CacheFromShape):
       raise ValueError(f"model_type {model_type!r} is not one of {tuple(_ARCHITECTURES)}")
     _check_rope_spellings(fields)
     known = _COMMON_FIELDS | _FAMILY_FIELDS[model_type]
-    required: dict[str, Any] = {"pretraining_tp": 1, "use_bidirectional_attention": False}
+    required: dict[str, Any] = {"pretraining_tp": 1, "use_bidirectional_attention": False,
+                                **_REQUIRED.get(model_type, {})}
+    if model_type == "gemma3_text":
+      _check_no_per_type_truncate(fields)
     common.parse_hf_fields(dict(fields, model_type=model_type), model_types=(model_type,),
                            known=known, ignored=_IGNORED.get(model_type, ()), required=required)
     hf = _transformers_config(model_type, fields)
@@ -301,8 +323,14 @@ class LlamaConfig(common.CacheFromShape):
         kwargs["sliding_window"] = None  # no layer slides
     if traits.gemma:
       kwargs["query_pre_attn_scalar"] = hf.query_pre_attn_scalar
-      kwargs["attn_logit_softcapping"] = hf.attn_logit_softcapping
+      # transformers' Gemma3Attention never passes attn_logit_softcapping on: the field is inert there
+      kwargs["attn_logit_softcapping"] = (None if model_type == "gemma3_text"
+                                          else hf.attn_logit_softcapping)
       kwargs["final_logit_softcapping"] = hf.final_logit_softcapping
+    window = kwargs.get("sliding_window")
+    if window is not None and window >= hf.max_position_embeddings:
+      kwargs["sliding_window"] = None  # it never masks a position of the context (Phi-3.5's 262144)
+      kwargs.pop("layer_types", None)
     rotary = dict(head_dim=head_dim, max_position_embeddings=hf.max_position_embeddings)
     params = dict(hf.rope_parameters)
     if FULL in params or SLIDING in params:
@@ -312,6 +340,10 @@ class LlamaConfig(common.CacheFromShape):
       kwargs["local_rope"] = None if local == full else local
     else:
       full = rope_lib.from_parameters(params, **rotary)
+    if model_type not in ("phi3", "gemma3_text") and any(
+        r.dim != head_dim for r in (full, kwargs.get("local_rope") or full)):
+      raise ValueError(f"{model_type}: partial_rotary_factor < 1 is not read by transformers' "
+                       f"{model_type} model (it rotates the whole head); remove it")
     kwargs["rope_theta"] = full.theta
     kwargs["rope_scaling"] = None if full == rope_lib.Rotary(
         theta=full.theta, dim=head_dim, max_position_embeddings=hf.max_position_embeddings) else full
@@ -390,12 +422,30 @@ def _transformers_config(model_type: str, fields: dict[str, Any]):
   import transformers  # pylint: disable=g-import-not-at-top
 
   fields = {k: v for k, v in fields.items() if k != "model_type"}
+  from huggingface_hub import errors as hub_errors  # pylint: disable=g-import-not-at-top
+
+  strict = getattr(hub_errors, "StrictDataclassError", ValueError)
   try:
     return transformers.AutoConfig.for_model(model_type, **fields)
-  except (ValueError, TypeError, KeyError) as e:  # transformers' own validation, often several lines
+  except (ValueError, TypeError, KeyError, strict) as e:  # transformers' validation, often multi-line
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     raise ValueError(f"{model_type} config refused by transformers' {model_type} config class: "
                      f"{lines[-1] if lines else type(e).__name__}") from e
+
+
+def _check_no_per_type_truncate(fields: dict[str, Any]) -> None:
+  """transformers' yarn reads ``truncate`` from the top level of ``rope_parameters`` only, so a
+  per-layer-type ``truncate`` (Gemma 3) is inert there; refuse it rather than honour it differently.
+
+  Raises:
+    ValueError: a ``truncate`` inside a layer type's rotary parameters.
+  """
+  params = fields.get("rope_parameters")
+  if isinstance(params, dict):
+    for kind in (FULL, SLIDING):
+      if isinstance(params.get(kind), dict) and "truncate" in params[kind]:
+        raise ValueError(f"rope_parameters[{kind!r}]: truncate is not read per layer type by "
+                         "transformers (yarn takes it from the top level); remove it")
 
 
 def _check_rope_spellings(fields: dict[str, Any]) -> None:
@@ -573,10 +623,9 @@ class Llama(nn.Module):
     if cfg.traits.gemma:
       x = x * jnp.asarray(math.sqrt(cfg.hidden_size), self.dtype)
     positions = common.positions_of(tokens, cache, tree_mask)  # [B, T] or [1, T]
-    cached = cache is not None
-    tables = cfg.rotary.sin_cos(positions, self.dtype, cached=cached)
+    tables = cfg.rotary.sin_cos(positions, self.dtype)
     if cfg.local_rope is not None:
-      tables += cfg.local_rope.sin_cos(positions, self.dtype, cached=cached)
+      tables += cfg.local_rope.sin_cos(positions, self.dtype)
     per_layer = None
     if cfg.sliding_window is not None:
       per_layer = lambda i: {"sliding": cfg.is_sliding(i)}

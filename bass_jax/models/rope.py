@@ -13,15 +13,15 @@ static ``jit`` argument.
 
 Two types depend on the running sequence length in transformers: ``dynamic`` (NTK: the base grows once
 the sequence passes ``max_position_embeddings``) and ``longrope`` (the long factors replace the short
-ones once it passes ``original_max_position_embeddings``). transformers re-derives the frequencies from
-the longest position of each forward and keeps the cached keys it computed before, so the keys of a
-cache depend on how the text was chunked into forwards; speculative and regular decoding would then
-differ. Here, a forward without a cache (a full forward: scoring, training, a prefill) follows
-transformers' rule per row (its longest position + 1), and a forward over a cache always uses the
-frequencies of a sequence inside the original length. For ``dynamic`` that is exact for every
-context the model supports (it scales only past ``max_position_embeddings``); for ``longrope`` a
-decode is limited to ``original_max_position_embeddings`` (:attr:`Rotary.exact_context`), and the
-family config reports that as its context, so ``generate`` refuses a longer one.
+ones once it passes ``original_max_position_embeddings``). transformers re-derives the frequencies
+from the longest position of each forward and keeps the keys it cached before, so a cache's keys
+depend on how the text was chunked into forwards (and a padded prompt's bucket would move the
+switch); speculative and regular decoding would then differ. bass-jax always uses the frequencies of
+a sequence inside the original length, and no forward goes past it: for ``dynamic`` that is the
+model's context, so nothing changes; for ``longrope`` the family config reports
+:attr:`Rotary.exact_context` (``original_max_position_embeddings``) as its context, and ``generate``
+and ``Model.logits`` refuse a longer sequence, saying why. Inside it the frequencies are exactly
+transformers'.
 """
 
 from __future__ import annotations
@@ -142,15 +142,15 @@ class Rotary:
   def _exponents(self) -> np.ndarray:
     return np.arange(0, self.dim, 2, dtype=np.int64).astype(np.float32) / np.float32(self.dim)
 
-  def inv_freq(self, *, long: bool = False) -> np.ndarray:
-    """``f32[dim / 2]``: the inverse frequencies of a sequence inside the original length (``long``:
-    ``longrope``'s long factors, for a sequence past ``original_max_position_embeddings``)."""
+  def inv_freq(self) -> np.ndarray:
+    """``f32[dim / 2]``: the inverse frequencies of a sequence inside the original length
+    (``longrope``'s short factors; ``dynamic``'s unscaled base)."""
     base = np.float32(self.theta) ** self._exponents()
     inv = (np.float32(1.0) / base).astype(np.float32)
     if self.rope_type == "linear":
       return (inv / np.float32(self.factor)).astype(np.float32)
     if self.rope_type == "longrope":
-      ext = np.asarray(self.long_factor if long else self.short_factor, np.float32)
+      ext = np.asarray(self.short_factor, np.float32)
       return (np.float32(1.0) / (ext * base)).astype(np.float32)
     if self.rope_type == "llama3":
       return self._llama3(inv)
@@ -200,40 +200,19 @@ class Rotary:
 
   # -- tables ----------------------------------------------------------------------------------------
 
-  def _row_inv_freq(self, positions: jax.Array) -> jax.Array:
-    """``f32[B or 1, 1, dim / 2]`` for a full forward: transformers' length rule per row."""
-    seq_len = jnp.max(positions, axis=-1).astype(jnp.float32) + 1  # [B]
-    if self.rope_type == "longrope":
-      short, long = (jnp.asarray(self.inv_freq(long=x)) for x in (False, True))
-      use_long = seq_len > self.original_max_position_embeddings
-      return jnp.where(use_long[:, None], long, short)[:, None, :]
-    # dynamic NTK: base * ((factor * L / max) - (factor - 1)) ** (dim / (dim - 2)), L >= max
-    length = jnp.maximum(seq_len, float(self.max_position_embeddings))
-    grow = (self.factor * length / self.max_position_embeddings) - (self.factor - 1)
-    base = jnp.float32(self.theta) * grow ** (self.dim / (self.dim - 2))  # [B]
-    exponents = jnp.asarray(self._exponents())
-    return (1.0 / (base[:, None] ** exponents))[:, None, :]
-
-  def sin_cos(self, positions: jax.Array, dtype: Any, *,
-              cached: bool) -> tuple[jax.Array, jax.Array]:
-    """Rotary tables for ``positions: i32[B, T]`` (or ``[1, T]``).
+  def sin_cos(self, positions: jax.Array, dtype: Any) -> tuple[jax.Array, jax.Array]:
+    """Rotary tables for ``positions: i32[B, T]`` (or ``[1, T]``), positions inside
+    :attr:`exact_context` (the module docstring).
 
     Args:
       positions: each token's position.
       dtype: the tables' dtype (the activations').
-      cached: the forward runs over a KV cache: a length-dependent type takes the frequencies of a
-        sequence inside the original length (the module docstring); False: transformers' rule, from
-        each row's longest position.
 
     Returns:
       ``sin, cos: dtype[B, T, 1, dim]``, HF's rotate-half layout (the frequencies twice), scaled by
       :attr:`attention_scaling`.
     """
-    pos = positions.astype(jnp.float32)[..., None]  # [B, T, 1]
-    if self.rope_type in ("dynamic", "longrope") and not cached:
-      freqs = pos * self._row_inv_freq(positions)
-    else:
-      freqs = pos * jnp.asarray(self.inv_freq())
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(self.inv_freq())  # [B, T, R/2]
     angles = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
     scale = self.attention_scaling
     sin, cos = jnp.sin(angles), jnp.cos(angles)
