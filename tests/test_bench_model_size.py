@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import bass_jax as bj
-from experiments.benchmarks import bench_model_size
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -36,8 +35,12 @@ def test_tiny_shape_end_to_end(tmp_path):
     assert len(list((checkpoints / name).glob("model-*.safetensors"))) >= 2
   assert result["checkpoints"]["target"]["written"] and result["checkpoints"]["writer"]["seconds"] > 0
 
+  # the script's shape table, read in a child process (its absl flags would collide with others')
+  fields = json.loads(subprocess.run(
+      [sys.executable, "-c", "import json; from experiments.benchmarks import bench_model_size as b; "
+       "print(json.dumps(b.SHAPES['tiny']))"], capture_output=True, text=True, check=True).stdout)
   for name, layers in (("target", 2), ("draft", 1)):
-    config = bj.LlamaConfig.from_hf_config(bench_model_size.shape_fields("tiny", layers))
+    config = bj.LlamaConfig.from_hf_config({**fields, "num_hidden_layers": layers})
     assert config.rotary.rope_type == "llama3" and result[name]["rope_type"] == "llama3"
     assert result[name]["layers"] == layers
     assert result[name]["num_params"] == config.num_params()
@@ -46,7 +49,6 @@ def test_tiny_shape_end_to_end(tmp_path):
   params = result["target"]["param_bytes"] + result["draft"]["param_bytes"]
   assert result["peak_rss_bytes"] >= result["peak_rss_after_load_bytes"] > params
 
-  fields = bench_model_size.SHAPES["tiny"]
   runs = {(r["batch_size"], r["method"]): r for r in result["runs"]}
   assert set(runs) == {(1, "regular"), (1, "bass"), (2, "regular"), (2, "bass")}
   for (batch, method), r in runs.items():

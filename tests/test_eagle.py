@@ -294,7 +294,7 @@ def test_bad_input_is_named(tmp_path):
   target = tiny_model(0)
   with pytest.raises(ValueError, match="draft_vocab_size"):
     eagle.EagleConfig.for_target(target.config, draft_vocab_size=62)
-  with pytest.raises(ValueError, match="Llama-family"):
+  with pytest.raises(ValueError, match="needs a target of llama, qwen2, mistral, qwen3, phi3"):
     eagle.EagleConfig.for_target(bj.GPT2Config(vocab_size=61, n_embd=32, n_layer=1, n_head=4),
                                  draft_vocab_size=8)
   draft = _random_draft(target)
