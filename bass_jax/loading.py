@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from bass_jax import _checks
 from bass_jax import sharding as sharding_lib
 from bass_jax.checkpoints import atomic
+from bass_jax.checkpoints import eagle_formats
 from bass_jax.checkpoints import gguf as gguf_ckpt
 from bass_jax.checkpoints import hf as hf_ckpt
 from bass_jax.checkpoints import orbax_ckpt
@@ -488,13 +489,16 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
     config, params = gguf_ckpt.load_gguf(path, expected=expected, dtype=dtype)
     if tokenizer:
       tok = _load_tokenizer(path.parent, path.name)
-  elif path.is_dir() and _is_eagle(path):
+  elif path.is_dir() and (_is_eagle(path) or eagle_formats.published_kind(path)):
     if num_layers is not None:
       raise ValueError(f"{name} is an EAGLE draft; num_layers does not apply to it")
     if scan_layers:
       raise ValueError(f"{name} is an EAGLE draft, whose layers are always unrolled; load it with "
                        "scan_layers=False (or None)")
-    config, params = eagle.load_eagle(path, dtype=dtype)
+    if _is_eagle(path):
+      config, params = eagle.load_eagle(path, dtype=dtype)
+    else:  # EAGLE-1/2, EAGLE-3 or speculators, as published
+      config, params = eagle_formats.load_published(path, dtype=dtype)
     if mesh is not None:  # a small draft, read whole and then placed
       params = sharding_lib.shard_params(params, sharding_lib.plan(config, mesh, sharding))
   elif path.is_dir():

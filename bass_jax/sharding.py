@@ -117,6 +117,7 @@ _EAGLE = (
     *((f"draft/{pattern}", axes) for pattern, axes in _LLAMA_LAYER),
     *_dense("draft/fc", None, EMBED), ("draft/fuse/kernel", (None, EMBED)),
     ("embedding", (VOCAB, EMBED)), ("head", (None, EMBED)), ("vocab_ids", (None,)),
+    ("final_norm/eps", ()),  # EAGLE-3's own final norm (its scale is a norm like the others)
     *_NORMS,
 )
 PARAM_AXES: dict[str, tuple[tuple[str, tuple[str | None, ...]], ...]] = {

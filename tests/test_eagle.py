@@ -492,9 +492,16 @@ def test_a_fused_draft_starts_as_the_plain_draft_and_names_bad_widths():
     eagle.forward(fused, bind(fused_params), tokens, jnp.concatenate([features, features[..., :16]], -1))
   with pytest.raises(ValueError, match=r"fused_layers \(2,\)"):
     eagle.EagleConfig.for_target(target.config, draft_vocab_size=8, fused_layers=(2,))
-  with pytest.raises(ValueError, match="offline"):
-    proposers.EagleProposer(fused, "float32")
   assert eagle.EagleConfig.from_json(fused.to_json()) == fused
+  # In the decode: the loop keeps those layers' hidden states and the features for it.
+  proposer = proposers.EagleProposer(fused, "float32")
+  assert proposer.feature_taps == (1, 0) and proposer.final_feature
+  draft = bj.Model(fused, {"draft": fused_params, "vocab_ids": _vocab_ids()}, name="fused")
+  prompts = [[3, 9, 4, 1], [7, 2, 8, 8, 5, 6, 1]]
+  regular = bj.generate(target, None, prompts, method="regular", max_new_tokens=10, eos_token_id=())
+  bass = bj.generate(target, draft, prompts, method="bass", max_new_tokens=10, eos_token_id=(),
+                     draft_len=3)
+  np.testing.assert_array_equal(bass.tokens, regular.tokens)
 
 
 def test_the_training_time_test_loss_is_the_mean_of_the_depths():

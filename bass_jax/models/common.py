@@ -436,16 +436,27 @@ def forward(config: DecoderConfig, params: Any, tokens: jax.Array, cache: KVCach
   return logits, cache, features, jnp.concatenate([hidden[i] for i in hidden_layers], axis=-1)
 
 
+def feature_value(out: tuple, hidden_layers: tuple[int, ...], final_feature: bool) -> jax.Array:
+  """What a decode keeps per position for its proposer, from :func:`forward`'s output with
+  ``return_features`` (and ``hidden_layers``): the tapped layers' hidden states, then the final
+  features when ``final_feature``, concatenated (``dtype[B, T, len(hidden_layers) * D + E?]``)."""
+  parts = ([out[3]] if hidden_layers else []) + ([out[2]] if final_feature else [])
+  return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
+
+
 def prefill_cache(config: DecoderConfig, params: Any, prompts: jax.Array, prompt_len: jax.Array, *,
                   cache_len: int, dtype: Any = jnp.float32, attention_impl: str = "reference",
                   return_features: bool = False, sharding: sharding_lib.ShardingPlan | None = None,
-                  chunk: int | None = None):
+                  chunk: int | None = None, hidden_layers: tuple[int, ...] = (),
+                  final_feature: bool = True):
   """A fresh ragged cache of ``cache_len`` slots holding every prompt token but the last, which the
   first decode step consumes (the paper's Fig. 3: the cache lags the text by one token).
 
   Args:
     prompts: ``i32[B, P]`` right-padded prompts. prompt_len: ``i32[B]``, each ``>= 1``.
-    return_features: also return the prompts' features (:func:`forward`), ``dtype[B, P, E]``.
+    return_features: also return the prompts' features (:func:`forward`), ``dtype[B, P, E]``; with
+      ``hidden_layers``, :func:`feature_value`'s concatenation (the taps an EAGLE-3 draft reads,
+      without the final features unless ``final_feature``).
     sharding: the model's placement on a mesh (:func:`forward`); the new cache is laid out by it.
     chunk: None runs one forward over all P positions. An int runs cached forwards of ``chunk``
       positions in a ``lax.while_loop`` until the longest row's ``prompt_len - 1`` tokens are in (a
@@ -459,17 +470,20 @@ def prefill_cache(config: DecoderConfig, params: Any, prompts: jax.Array, prompt
   """
   cache = config.init_cache(prompts.shape[0], cache_len, jnp.dtype(dtype),
                             scanned=scanned_layers(config, params))
+  taps = tuple(hidden_layers) if return_features else ()
   run = functools.partial(forward, config, params, dtype=dtype, attention_impl=attention_impl,
-                          compute_logits=False, return_features=return_features, sharding=sharding)
+                          compute_logits=False, return_features=return_features, sharding=sharding,
+                          hidden_layers=taps)
+  value = lambda out: feature_value(out, taps, final_feature)
   if chunk is None:
     out = run(prompts, None)
-    cache, features = cache.append(out[1]), out[2] if return_features else None
+    cache, features = cache.append(out[1]), value(out) if return_features else None
   else:
     batch, width = prompts.shape
     padded = jnp.pad(prompts, ((0, 0), (0, chunk)))
     features = None
     if return_features:
-      shape = jax.eval_shape(run, padded[:, :chunk], cache)[2]
+      shape = jax.eval_shape(lambda *a: value(run(*a)), padded[:, :chunk], cache)
       features = jnp.zeros((batch, width + chunk, shape.shape[-1]), shape.dtype)
 
     def fill(carry):
@@ -477,7 +491,7 @@ def prefill_cache(config: DecoderConfig, params: Any, prompts: jax.Array, prompt
       out = run(jax.lax.dynamic_slice_in_dim(padded, start, chunk, axis=1),
                 cache.with_lengths(jnp.full((batch,), start, jnp.int32)))
       if features is not None:
-        features = jax.lax.dynamic_update_slice_in_dim(features, out[2], start, axis=1)
+        features = jax.lax.dynamic_update_slice_in_dim(features, value(out), start, axis=1)
       return start + chunk, out[1], features
 
     needed = jnp.max(prompt_len) - 1

@@ -53,9 +53,41 @@ import numpy as np
 from bass_jax import sharding as sharding_lib
 from bass_jax.cache import KVCache, KVUpdate
 from bass_jax.models import common
-from bass_jax.models.llama import LlamaConfig, LlamaDecoderLayer
+from bass_jax.models.llama import LlamaAttention, LlamaConfig, LlamaDecoderLayer, LlamaMLP, RMSNorm
 
 MODEL_TYPE = "bass_eagle"
+# The architectures an EagleConfig describes: this project's draft ("bass": fc with bias over
+# (embedding, feature), full decoder layers, optional fusion), EAGLE-1/2's published one ("eagle1": its
+# first layer has no input norm, fc may have no bias) and EAGLE-3's ("eagle3": fc over tapped target
+# layers, one layer attending over (normed embedding, normed hidden), its own final norm, head and
+# draft-to-target vocabulary map). bass_jax.checkpoints.eagle_formats reads the published files.
+KINDS = ("bass", "eagle1", "eagle3")
+DEFAULT_TAPS = 3  # an EAGLE-3 draft without explicit taps reads three target layers (resolve_taps)
+
+
+def resolve_taps(config: "EagleConfig", target_config: Any) -> "EagleConfig":
+  """An EAGLE-3 draft's taps fixed for its target: the config's, or the default of EAGLE, vLLM, SGLang
+  and tpu-inference, the inputs of layers ``(2, L // 2, L - 3)``, i.e. the outputs of layers
+  ``(1, L // 2 - 1, L - 4)`` (L the target's layers). Other drafts come back unchanged.
+
+  Raises:
+    ValueError: a target too shallow for three distinct default taps (L < 7), or a tap it lacks.
+  """
+  if config.kind != "eagle3":
+    return config
+  layers = target_config.num_hidden_layers
+  taps = config.taps
+  if not taps:
+    taps = tuple(sorted({1, layers // 2 - 1, layers - 4}))
+    if len(taps) != DEFAULT_TAPS or taps[0] < 0:
+      raise ValueError(f"an EAGLE-3 draft's default taps (the inputs of layers 2, L // 2 and L - 3) are "
+                       f"not three distinct layers of a {layers}-layer target; give the draft explicit "
+                       "eagle_aux_hidden_state_layer_ids")
+  bad = [i for i in taps if not 0 <= i < layers]
+  if bad:
+    raise ValueError(f"the EAGLE-3 draft taps layers {list(taps)} (outputs, 0-based) of a "
+                     f"{layers}-layer target: {bad} do not exist")
+  return dataclasses.replace(config, taps=taps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,9 +109,22 @@ class EagleConfig:
   layer: LlamaConfig
   draft_vocab_size: int
   fused_layers: tuple[int, ...] = ()
+  kind: str = "bass"
+  fc_bias: bool = True
+  taps: tuple[int, ...] = ()
+  tap_size: int | None = None
+  norm_before_residual: bool = False
   model_type = MODEL_TYPE
 
   def __post_init__(self):
+    if self.kind not in KINDS:
+      raise ValueError(f"EagleConfig.kind must be one of {KINDS}, got {self.kind!r}")
+    object.__setattr__(self, "taps", tuple(int(i) for i in self.taps))
+    if self.taps and self.kind != "eagle3":
+      raise ValueError("EagleConfig.taps: only an EAGLE-3 draft reads tapped target layers")
+    if self.kind != "bass" and self.fused_layers:
+      raise ValueError("EagleConfig.fused_layers is this project's fusion; a published EAGLE draft "
+                       "has none")
     if not isinstance(self.draft_vocab_size, int) or not 1 <= self.draft_vocab_size <= self.vocab_size:
       raise ValueError(f"EagleConfig.draft_vocab_size must be an int in [1, {self.vocab_size}] (the "
                        f"target's vocabulary), got {self.draft_vocab_size!r}")
@@ -110,8 +155,22 @@ class EagleConfig:
 
   @property
   def input_feature_size(self) -> int:
-    """Width of the target's features the first draft reads: ``(len(fused_layers) + 1) * E``."""
+    """Width of the target's features the first draft reads: ``(len(fused_layers) + 1) * E``; an
+    EAGLE-3 draft's: ``len(taps) * T`` (T the target's hidden size)."""
+    if self.kind == "eagle3":
+      return (len(self.taps) or DEFAULT_TAPS) * (self.tap_size or self.feature_size)
     return (len(self.fused_layers) + 1) * self.feature_size
+
+  @property
+  def target_taps(self) -> tuple[int, ...]:
+    """The target layers (0-based; their outputs, before the final norm) whose hidden states the
+    decode keeps for this draft, concatenated in this order."""
+    return self.taps if self.kind == "eagle3" else self.fused_layers
+
+  @property
+  def reads_final_feature(self) -> bool:
+    """Whether the decode keeps the target's final features (the LM head's input) after the taps."""
+    return self.kind != "eagle3"
 
   @property
   def max_positions(self) -> int:
@@ -159,6 +218,9 @@ class EagleConfig:
               "layer": self.layer.to_hf_config().to_dict()}
     if self.fused_layers:
       fields["fused_layers"] = list(self.fused_layers)
+    if self.kind != "bass":
+      fields.update(kind=self.kind, fc_bias=self.fc_bias, taps=list(self.taps),
+                    tap_size=self.tap_size, norm_before_residual=self.norm_before_residual)
     return fields
 
   @classmethod
@@ -169,7 +231,10 @@ class EagleConfig:
       KeyError: a missing ``layer`` or ``draft_vocab_size``. ValueError: as the configs' checks.
     """
     return cls(LlamaConfig.from_hf_config(fields["layer"]), int(fields["draft_vocab_size"]),
-               tuple(fields.get("fused_layers", ())))
+               tuple(fields.get("fused_layers", ())), kind=fields.get("kind", "bass"),
+               fc_bias=bool(fields.get("fc_bias", True)), taps=tuple(fields.get("taps", ())),
+               tap_size=fields.get("tap_size"),
+               norm_before_residual=bool(fields.get("norm_before_residual", False)))
 
 
 # The targets whose features and head an EAGLE draft reads as it computes them: Llama-family models
@@ -224,7 +289,10 @@ def check_pair_configs(config: "EagleConfig", target_config: Any, name: str = "t
   Raises:
     ValueError: as :func:`check_pair`.
   """
-  check_pair(config.feature_size, config.layer.vocab_size, tuple(config.fused_layers),
+  if config.kind == "eagle3":
+    config = resolve_taps(config, target_config)
+  check_pair(config.tap_size or config.feature_size, config.layer.vocab_size,
+             tuple(config.target_taps),
              target_model_type=getattr(target_config, "model_type", type(target_config).__name__),
              target_hidden_size=getattr(target_config, "hidden_size", -1),
              target_vocab_size=target_config.vocab_size,
@@ -250,6 +318,8 @@ class EagleDraft(nn.Module):
 
   @nn.compact
   def __call__(self, tokens, features, embedding, cache: KVCache | None = None, tree_mask=None):
+    if self.config.kind == "eagle3":
+      return self._eagle3(tokens, features, embedding, cache, tree_mask)
     cfg = self.config.layer
     e, width = self.config.feature_size, features.shape[-1]
     features = features.astype(self.dtype)
@@ -267,14 +337,70 @@ class EagleDraft(nn.Module):
       raise ValueError(f"EagleDraft: features of width {width}, this draft reads {e}")
     embedded = jnp.take(embedding, tokens, axis=0).astype(self.dtype)
     x = jnp.concatenate([embedded, features], axis=-1)
-    x = nn.Dense(cfg.hidden_size, use_bias=True, dtype=self.dtype, param_dtype=self.dtype,
-                 name="fc")(x)
+    x = nn.Dense(cfg.hidden_size, use_bias=self.config.fc_bias, dtype=self.dtype,
+                 param_dtype=self.dtype, name="fc")(x)
     positions = common.positions_of(tokens, cache, tree_mask)
     sin, cos = cfg.rotary.sin_cos(positions, self.dtype)
+    per_layer = None
+    if self.config.kind == "eagle1":  # EAGLE-1/2's first layer has no input norm (cnets1.py)
+      per_layer = lambda i: {"input_norm": i > 0}
     return common.run_layers(
         LlamaDecoderLayer, cfg.num_hidden_layers, name="layers", x=x, cache=cache,
         positions=positions, extras=(sin, cos), config=cfg, attention_impl=self.attention_impl,
-        dtype=self.dtype, tree_mask=tree_mask)
+        dtype=self.dtype, tree_mask=tree_mask, per_layer=per_layer)
+
+  def _eagle3(self, tokens, features, embedding, cache, tree_mask):
+    """EAGLE-3's step (SafeAILab ``cnets.py`` ``Model.forward`` with ``LlamaDecoderLayeremb``):
+    ``x = fc(taps)`` for the target's tapped features (width ``input_feature_size``), the draft's own
+    fed-back hidden state otherwise (width E); then one layer over ``cat(input_layernorm(embed),
+    hidden_norm(x))`` with the residual ``x`` (``hidden_norm(x)`` with ``norm_before_residual``).
+    Returns the pre-norm output, as the draft feeds it back."""
+    cfg = self.config.layer
+    e, width = self.config.feature_size, features.shape[-1]
+    x = features.astype(self.dtype)
+    if width == self.config.input_feature_size and width != e:
+      x = nn.Dense(e, use_bias=False, dtype=self.dtype, param_dtype=self.dtype, name="fc")(x)
+    elif width != e:
+      raise ValueError(f"EagleDraft: features of width {width}; this EAGLE-3 draft reads "
+                       f"{self.config.input_feature_size} (taps of layers {self.config.taps}) or "
+                       f"{e} (its own)")
+    embedded = jnp.take(embedding, tokens, axis=0).astype(self.dtype)
+    positions = common.positions_of(tokens, cache, tree_mask)
+    sin, cos = cfg.rotary.sin_cos(positions, self.dtype)
+    layer = Eagle3Layer(cfg, self.attention_impl, self.dtype, self.config.norm_before_residual,
+                        name="layers_0")
+    if cache is None:
+      x, k, v = layer(x, embedded, None, None, None, sin, cos)
+      return x, KVUpdate(k=(k,), v=(v,))
+    x, k, v = layer(x, embedded, cache.k[0], cache.v[0], cache.lengths, sin, cos, tree_mask)
+    return x, KVCache(k=(k,), v=(v,), lengths=cache.lengths + tokens.shape[1])
+
+
+class Eagle3Layer(nn.Module):
+  """EAGLE-3's decoder layer (SafeAILab ``cnets.py`` ``LlamaDecoderLayeremb``; vLLM
+  ``llama_eagle3.py``): attention whose q, k, v read ``cat(input_layernorm(embedded),
+  hidden_norm(x))`` (width 2E), then the residual, the post-attention norm and the SwiGLU MLP.
+
+  ``__call__(x [B, T, E], embedded [B, T, E], k_cache, v_cache, cache_lengths, sin, cos,
+  tree_mask=None) -> (x [B, T, E], k, v)`` as ``common.cached_attention`` returns them.
+  """
+
+  config: LlamaConfig
+  attention_impl: str
+  dtype: Any
+  norm_before_residual: bool = False
+
+  @nn.compact
+  def __call__(self, x, embedded, k_cache, v_cache, cache_lengths, sin, cos, tree_mask=None):
+    cfg = self.config
+    norm = lambda name: RMSNorm(cfg.rms_norm_eps, self.dtype, name=name)
+    hidden = norm("hidden_norm")(x)
+    residual = hidden if self.norm_before_residual else x
+    attn_in = jnp.concatenate([norm("input_layernorm")(embedded), hidden], axis=-1)
+    attn, k, v = LlamaAttention(cfg, self.attention_impl, self.dtype, name="self_attn")(
+        attn_in, k_cache, v_cache, cache_lengths, sin, cos, tree_mask)
+    x = residual + attn
+    return x + LlamaMLP(cfg, self.dtype, name="mlp")(norm("post_attention_layernorm")(x)), k, v
 
 
 def _pass_last_block(key, shape, dtype=jnp.float32):
@@ -362,8 +488,16 @@ def bind(draft_params: Any, vocab_ids: jax.Array, target_config: Any, target_par
     ``{"draft", "embedding" [V, E], "head" [V', E], "vocab_ids" i32[V']}``.
   """
   ids = jnp.asarray(vocab_ids, jnp.int32)[:draft_vocab_size]
+  embedding = target_params["embed_tokens"]["embedding"]
+  own = dict(draft_params or {})
+  if "embed_tokens" in own:  # a published draft's own copy, which its runtimes use
+    embedding = own.pop("embed_tokens")["embedding"]
+  if "lm_head" in own:  # EAGLE-3: its own head and final norm
+    head, norm = own.pop("lm_head"), own.pop("norm")
+    return {"draft": own, "embedding": embedding, "head": head[:draft_vocab_size],
+            "final_norm": norm, "vocab_ids": ids}
   head = jnp.take(lm_head_matrix(target_config, target_params), ids, axis=0)
-  return {"draft": draft_params, "embedding": target_params["embed_tokens"]["embedding"],
+  return {"draft": draft_params if draft_params is None else own, "embedding": embedding,
           "head": head, "vocab_ids": ids}
 
 
@@ -393,7 +527,13 @@ def forward(config: EagleConfig, params: dict[str, Any], tokens: jax.Array, feat
 
 
 def draft_logits(params: dict[str, Any], features: jax.Array) -> jax.Array:
-  """``f32[..., V']``: the target's head rows of the draft vocabulary applied to ``features [..., E]``."""
+  """``f32[..., V']``: the head rows of the draft vocabulary applied to ``features [..., E]`` (the
+  target's rows; an EAGLE-3 draft's own head after its final norm, ``params["final_norm"]``)."""
+  if "final_norm" in params:
+    norm = params["final_norm"]
+    x32 = features.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + norm["eps"])
+    features = norm["scale"] * normed.astype(features.dtype)
   return jnp.einsum("...E,VE->...V", features, params["head"].astype(features.dtype),
                     preferred_element_type=jnp.float32)
 

@@ -570,6 +570,7 @@ class LlamaDecoderLayer(nn.Module):
   attention_impl: str
   dtype: Any
   sliding: bool = False
+  input_norm: bool = True  # False: EAGLE-1/2's draft layer, which attends over its input unnormed
 
   @nn.compact
   def __call__(self, x, k_cache, v_cache, cache_lengths, positions, sin, cos, local_sin=None,
@@ -580,7 +581,7 @@ class LlamaDecoderLayer(nn.Module):
     norm = lambda name: RMSNorm(cfg.rms_norm_eps, self.dtype, gemma, name=name)
     if self.sliding and local_sin is not None:
       sin, cos = local_sin, local_cos
-    h = norm("input_layernorm")(x)
+    h = norm("input_layernorm")(x) if self.input_norm else x
     attn, k, v = LlamaAttention(cfg, self.attention_impl, self.dtype, self.sliding,
                                 name="self_attn")(h, k_cache, v_cache, cache_lengths, sin, cos,
                                                   tree_mask)

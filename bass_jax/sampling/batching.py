@@ -85,7 +85,8 @@ def _admit(spec: DecodeSpec, target_params: Any, draft_params: Any,
   prefilled = prefill_cache(spec.target, target_params, prompts, prompt_len,
                             cache_len=spec.prompt_len, dtype=spec.target_dtype,
                             attention_impl=spec.attention_impl, return_features=spec.keeps_features,
-                            sharding=spec.target_sharding, chunk=spec.admit_chunk)
+                            sharding=spec.target_sharding, chunk=spec.admit_chunk,
+                            hidden_layers=spec.feature_taps, final_feature=spec.final_feature)
   rows_cache, prompt_features, features = prefilled, None, state.features
   if spec.keeps_features:
     rows_cache, prompt_features = prefilled

@@ -38,9 +38,10 @@ def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any =
                                                         name="the draft")
     if isinstance(model.config, eagle.EagleConfig):
       eagle.check_pair_configs(model.config, target.config, name=f"the EAGLE draft {model.name!r}")
+      config = eagle.resolve_taps(model.config, target.config)
       params = eagle.bind(model.params["draft"], model.params["vocab_ids"], target.config,
-                          target.params, model.config.draft_vocab_size)
-      return EagleProposer(model.config, dtype, attention_impl, sharding=plan), params
+                          target.params, config.draft_vocab_size)
+      return EagleProposer(config, dtype, attention_impl, sharding=plan), params
     return ModelProposer(model.config, dtype, attention_impl, sharding=plan), model.params
 
   if isinstance(draft, Model):

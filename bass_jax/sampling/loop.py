@@ -81,7 +81,8 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any,
   prefilled = prefill_cache(spec.target, target_params, prompts, prompt_len,
                             cache_len=spec.cache_len, dtype=spec.target_dtype,
                             attention_impl=spec.attention_impl,
-                            return_features=spec.keeps_features, sharding=spec.target_sharding)
+                            return_features=spec.keeps_features, sharding=spec.target_sharding,
+                            hidden_layers=spec.feature_taps, final_feature=spec.final_feature)
   target_cache, prompt_features, features = prefilled, None, None
   if spec.keeps_features:
     target_cache, prompt_features = prefilled

@@ -129,6 +129,17 @@ class DecodeSpec:
     return self.proposer.needs_features
 
   @property
+  def feature_taps(self) -> tuple[int, ...]:
+    """The target layers whose hidden states the decode keeps beside (or instead of) the final
+    features, for the proposer (an EAGLE-3 draft's taps; ``Proposer.feature_taps``)."""
+    return tuple(self.proposer.feature_taps) if self.keeps_features else ()
+
+  @property
+  def final_feature(self) -> bool:
+    """Whether the kept features end with the target's final features (``Proposer.final_feature``)."""
+    return bool(self.proposer.final_feature)
+
+  @property
   def cache_len(self) -> int:
     """S: prompt, every new token and the verification's look-ahead past the last one, rounded up to
     a multiple of ``CACHE_ALIGNMENT`` so that the Pallas kernels tile it."""

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from bass_jax.cache import KVCache, keep_path
 from bass_jax.models.attention import mask_depths
-from bass_jax.models.common import forward
+from bass_jax.models.common import feature_value, forward
 from bass_jax.sampling import tree as tree_lib
 from bass_jax.sampling.draft_len import CHAIN, PLAIN
 from bass_jax.sampling.proposers import FinishedSamples, StepContext
@@ -42,9 +42,11 @@ def _target_forward(spec: DecodeSpec, params: Any, tokens: jax.Array, cache: KVC
                                 attention_impl=spec.attention_impl, sharding=spec.target_sharding,
                                 tree_mask=tree_mask)
     return logits, cache_out, None
-  logits, cache_out, new = forward(spec.target, params, tokens, cache, dtype=spec.target_dtype,
-                                   attention_impl=spec.attention_impl, return_features=True,
-                                   sharding=spec.target_sharding, tree_mask=tree_mask)
+  out = forward(spec.target, params, tokens, cache, dtype=spec.target_dtype,
+                attention_impl=spec.attention_impl, return_features=True,
+                hidden_layers=spec.feature_taps, sharding=spec.target_sharding, tree_mask=tree_mask)
+  logits, cache_out = out[:2]
+  new = feature_value(out, spec.feature_taps, spec.final_feature)
   rows = jnp.arange(tokens.shape[0])[:, None]
   pos = cache.lengths[:, None] + jnp.arange(tokens.shape[1])
   return logits, cache_out, features.at[rows, pos].set(new.astype(features.dtype), mode="drop")

@@ -131,6 +131,10 @@ class Proposer(abc.ABC):
   # Static: True when the proposer reads the target's features (``StepContext.features``); the loop then
   # keeps a feature buffer, written by every target forward.
   needs_features = False
+  # With needs_features: the target layers (0-based, their outputs) whose hidden states the decode
+  # keeps per position, concatenated, and whether the target's final features follow them.
+  feature_taps: tuple[int, ...] = ()
+  final_feature = True
   # Static: the draft model's placement on a mesh (``bass_jax.sharding.ShardingPlan``); None on one device
   # or without a model.
   sharding = None

@@ -68,12 +68,14 @@ class EagleProposer(Proposer):
   sharding: Any = None
   needs_features = True
 
-  def __post_init__(self):
-    if self.config.fused_layers:
-      raise ValueError(
-          f"EagleProposer: a draft with fused_layers {self.config.fused_layers} (EAGLE-3) reads hidden "
-          "states the decode loop does not carry; it is trained and measured offline only "
-          "(docs/draft.md, 'Fused features'). Use a draft without fused_layers.")
+  @property
+  def feature_taps(self) -> tuple[int, ...]:
+    """The target layers the draft reads (EAGLE-3's taps, this project's fused layers)."""
+    return self.config.target_taps
+
+  @property
+  def final_feature(self) -> bool:
+    return self.config.reads_final_feature
 
   @property
   def name(self) -> str:

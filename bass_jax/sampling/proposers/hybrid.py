@@ -53,6 +53,14 @@ class Hybrid(Proposer):
     return self.model.needs_features
 
   @property
+  def feature_taps(self) -> tuple[int, ...]:
+    return self.model.feature_taps
+
+  @property
+  def final_feature(self) -> bool:
+    return self.model.final_feature
+
+  @property
   def sharding(self):
     return self.model.sharding
 

@@ -1,0 +1,322 @@
+"""Published EAGLE draft checkpoints -> :class:`bass_jax.models.eagle.EagleConfig` and parameters.
+
+Three layouts, told apart by their config and tensor names (:func:`published_kind`):
+
+* ``eagle1``: EAGLE-1/2 heads (SafeAILab/EAGLE ``eagle/model/cnets1.py``; ``yuhuili/EAGLE-Vicuna-7B-v1.3``,
+  ``yuhuili/EAGLE-LLaMA3.1-Instruct-8B``): a Llama ``config.json`` of one layer (``"bias": false``: no
+  ``fc.bias``) and ``fc.weight [H, 2H]``, ``layers.{i}.*`` (no ``input_layernorm`` on layer 0), an
+  optional frozen copy of the target's ``embed_tokens`` (used, as SafeAILab's loader lets it win); no
+  final norm, no head: the target's head scores the draft's output.
+* ``eagle3``: EAGLE-3 heads in SafeAILab's / SpecForge's layout (``eagle/model/cnets.py``;
+  ``yuhuili/EAGLE3-LLaMA3.1-Instruct-8B``, ``AngelSlim/Qwen3-8B_eagle3``): config
+  ``architectures: ["LlamaForCausalLMEagle3"]`` with ``draft_vocab_size`` (optional
+  ``target_hidden_size``, ``eagle_config.eagle_aux_hidden_state_layer_ids``); tensors ``fc.weight
+  [H, 3T]``, ``midlayer.*`` (q, k, v reading 2H), ``norm``, ``lm_head [V', H]``, ``d2t [V']``, ``t2d [V]``.
+* ``eagle3`` in the ``speculators`` layout (vllm-project/speculators ``models/eagle3``;
+  ``RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3``): ``speculators_model_type: "eagle3"``,
+  ``transformer_layer_config``, ``norm_before_residual``, ``eagle_aux_hidden_state_layer_ids``; the same
+  tensors under ``layers.0.*``, ``embed_tokens``, and ``d2t``/``t2d`` only with a reduced vocabulary.
+
+Which target layers an EAGLE-3 draft reads (its taps), as this package counts them (0-based decoder
+layer *outputs*, before the final norm: ``common.HIDDEN``):
+
+* no ids in the config: the inputs of layers ``(2, L // 2, L - 3)`` (EAGLE, vLLM, SGLang,
+  tpu-inference), i.e. the outputs of layers ``(1, L // 2 - 1, L - 4)``; fixed when the draft is bound to
+  its target (``eagle.resolve_taps``);
+* SafeAILab / SpecForge ids (``eagle_config.eagle_aux_hidden_state_layer_ids``) follow SGLang: id ``i``
+  is the *output* of layer ``i``;
+* speculators ids (``eagle_aux_hidden_state_layer_ids``) follow vLLM: id ``i`` is the *input* of layer
+  ``i``, the output of layer ``i - 1`` (``i = L``: the last layer's output before the final norm).
+
+The two explicit conventions differ by one for the same list of ids; ``tests/draft_formats/eagle3.py``
+cites each runtime's code. Taps are taken in ascending layer order, each once, as every runtime
+appends them while it runs the layers.
+
+Every tensor is accounted for: a missing, extra or mis-shaped one is refused by name, as is a config
+option this port does not implement (``fc_norm``, ``norm_before_fc``, speculators' ``norm_output``).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from bass_jax.checkpoints import hf as hf_ckpt
+from bass_jax.checkpoints._mapping import CheckpointError
+from bass_jax.models.eagle import EagleConfig
+from bass_jax.models.llama import LlamaConfig
+
+_EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
+# Draft-specific fields of the published configs (beside the layer's Llama fields).
+_EAGLE1_FIELDS = ("bias",)
+_EAGLE3_FIELDS = ("draft_vocab_size", "target_hidden_size", "eagle_config", "norm_before_residual",
+                  "eagle_aux_hidden_state_layer_ids", "max_window_layers", "use_sliding_window",
+                  "sliding_window", "norm_output", "fc_norm")
+_SPECULATORS_FIELDS = ("speculators_model_type", "speculators_version", "speculators_config",
+                       "transformer_layer_config", "draft_vocab_size", "target_hidden_size",
+                       "norm_before_residual", "eagle_aux_hidden_state_layer_ids", "norm_before_fc",
+                       "fc_norm", "norm_output", "has_no_defaults_at_init", "architectures",
+                       "torch_dtype", "dtype", "transformers_version", "auto_map")
+
+
+def _weight_names(path: pathlib.Path) -> set[str] | None:
+  """The tensor names of the directory's single weight file, read without the tensors where the
+  format allows (safetensors' header; a PyTorch file memory-mapped); None without one."""
+  if (path / "model.safetensors").is_file():
+    from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+
+    with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+      return set(f.keys())
+  if (path / "pytorch_model.bin").is_file():
+    import torch  # pylint: disable=g-import-not-at-top
+
+    return set(torch.load(str(path / "pytorch_model.bin"), map_location="cpu", weights_only=True,
+                          mmap=True))
+  return None
+
+
+def published_kind(path: str | os.PathLike) -> str | None:
+  """``"eagle1"``, ``"eagle3"`` or ``"eagle3-speculators"`` for a directory holding a published EAGLE
+  draft, else None (a model of a family, this project's own EAGLE format, or no checkpoint)."""
+  path = pathlib.Path(path)
+  if not (path / "config.json").is_file():
+    return None
+  fields = hf_ckpt.read_config_fields(path)
+  if fields.get("speculators_model_type") is not None:
+    return "eagle3-speculators"
+  if _EAGLE3_ARCHITECTURE in (fields.get("architectures") or []) or "draft_vocab_size" in fields:
+    return "eagle3" if fields.get("model_type", "llama") == "llama" else None
+  if fields.get("model_type") == "llama" and fields.get("num_hidden_layers", 99) <= 4:
+    names = _weight_names(path)
+    if names is not None and "fc.weight" in names and not any(n.startswith("model.") for n in names):
+      return "eagle1"
+  return None
+
+
+def _read(path: pathlib.Path) -> dict[str, np.ndarray]:
+  """Every tensor of the single weight file as f32 numpy (integer buffers as int64)."""
+  import torch  # pylint: disable=g-import-not-at-top
+
+  if (path / "model.safetensors").is_file():
+    import safetensors.torch  # pylint: disable=g-import-not-at-top
+
+    try:
+      state = safetensors.torch.load_file(str(path / "model.safetensors"))
+    except Exception as e:  # safetensors raises its own error types
+      raise CheckpointError(f"{path / 'model.safetensors'}: cannot read it ({e}); re-export it") from e
+  else:
+    try:
+      state = torch.load(str(path / "pytorch_model.bin"), map_location="cpu", weights_only=True)
+    except Exception as e:
+      raise CheckpointError(f"{path / 'pytorch_model.bin'}: cannot read it ({e}); re-export it") from e
+  return {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
+
+
+def _layer_config(fields: dict[str, Any], drop: tuple[str, ...], path: pathlib.Path) -> LlamaConfig:
+  fields = {k: v for k, v in fields.items() if k not in drop}
+  fields.setdefault("model_type", "llama")
+  try:
+    return LlamaConfig.from_hf_config(fields)
+  except ValueError as e:
+    raise ValueError(f"{path / 'config.json'}: {e}") from e
+
+
+def _dense(tensors, flax_path: tuple[str, ...], name: str, params: dict, bias: bool = False) -> None:
+  node = params
+  for key in flax_path[:-1]:
+    node = node.setdefault(key, {})
+  node[flax_path[-1]] = {"kernel": tensors.pop(name + ".weight").T}
+  if bias:
+    node[flax_path[-1]]["bias"] = tensors.pop(name + ".bias")
+
+
+def _norm(tensors, flax_path: tuple[str, ...], name: str, params: dict) -> None:
+  node = params
+  for key in flax_path[:-1]:
+    node = node.setdefault(key, {})
+  node[flax_path[-1]] = {"scale": tensors.pop(name + ".weight")}
+
+
+def _layer(tensors, prefix: str, params: dict, *, input_norm: bool, eagle3: bool) -> None:
+  """One decoder layer's tensors under ``prefix`` into ``params["layers_0"]``-style Flax names."""
+  for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+    _dense(tensors, ("self_attn", proj), f"{prefix}self_attn.{proj}", params)
+  for proj in ("gate_proj", "up_proj", "down_proj"):
+    _dense(tensors, ("mlp", proj), f"{prefix}mlp.{proj}", params)
+  _norm(tensors, ("post_attention_layernorm",), f"{prefix}post_attention_layernorm", params)
+  if input_norm:
+    _norm(tensors, ("input_layernorm",), f"{prefix}input_layernorm", params)
+  if eagle3:
+    _norm(tensors, ("hidden_norm",), f"{prefix}hidden_norm", params)
+
+
+def _take(tensors: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]], path: pathlib.Path
+          ) -> None:
+  """Checks the checkpoint holds exactly ``shapes`` (names and shapes), naming the first difference.
+
+  Raises:
+    CheckpointError: a missing, extra or mis-shaped tensor.
+  """
+  missing = sorted(set(shapes) - set(tensors))
+  extra = sorted(set(tensors) - set(shapes))
+  if missing:
+    raise CheckpointError(f"{path}: missing tensor {missing[0]!r} (shape {shapes[missing[0]]}) of "
+                          f"this draft layout; {len(missing)} missing in all")
+  if extra:
+    raise CheckpointError(f"{path}: tensor {extra[0]!r} {tuple(tensors[extra[0]].shape)} has no place "
+                          f"in this draft layout ({len(extra)} unplaced in all)")
+  for name, shape in shapes.items():
+    if tuple(tensors[name].shape) != tuple(shape):
+      raise CheckpointError(f"{path}: tensor {name!r} has shape {tuple(tensors[name].shape)}, the "
+                            f"config says {tuple(shape)}")
+
+
+def _layer_shapes(layer: LlamaConfig, prefix: str, *, in_width: int, input_norm: bool,
+                  eagle3: bool) -> dict[str, tuple[int, ...]]:
+  h, f = layer.hidden_size, layer.intermediate_size
+  q, kv = layer.num_attention_heads * layer.head_dim, layer.num_key_value_heads * layer.head_dim
+  shapes = {f"{prefix}self_attn.q_proj.weight": (q, in_width),
+            f"{prefix}self_attn.k_proj.weight": (kv, in_width),
+            f"{prefix}self_attn.v_proj.weight": (kv, in_width),
+            f"{prefix}self_attn.o_proj.weight": (h, q),
+            f"{prefix}mlp.gate_proj.weight": (f, h), f"{prefix}mlp.up_proj.weight": (f, h),
+            f"{prefix}mlp.down_proj.weight": (h, f),
+            f"{prefix}post_attention_layernorm.weight": (h,)}
+  if input_norm:
+    shapes[f"{prefix}input_layernorm.weight"] = (h,)
+  if eagle3:
+    shapes[f"{prefix}hidden_norm.weight"] = (h,)
+  return shapes
+
+
+def load_published(path: str | os.PathLike, *, dtype: Any = jnp.float32
+                   ) -> tuple[EagleConfig, dict[str, Any]]:
+  """Reads a published EAGLE draft directory (:func:`published_kind`) into ``(config, params)``.
+
+  Returns:
+    ``params = {"draft": …, "vocab_ids": i32[V']}`` as ``eagle.load_eagle`` returns them; an EAGLE-3
+    draft's ``draft`` also holds its ``lm_head [V', E]`` and final ``norm`` (``eagle.bind`` takes them
+    as the head), and ``vocab_ids = arange(V') + d2t``.
+
+  Raises:
+    ValueError: not a published layout; a config option this port does not implement (named);
+      explicit tap ids below 1 in vLLM's convention. CheckpointError: tensors that do not match the
+      config (missing, extra, mis-shaped: named), a ``d2t`` mapping outside the vocabulary.
+  """
+  path = pathlib.Path(path)
+  kind = published_kind(path)
+  if kind is None:
+    raise ValueError(f"{path}: not a published EAGLE draft (EAGLE-1/2, EAGLE-3 or speculators)")
+  fields = hf_ckpt.read_config_fields(path)
+  tensors = _read(path)
+  if kind == "eagle1":
+    return _eagle1(path, fields, tensors, dtype)
+  return _eagle3(path, fields, tensors, dtype, speculators=kind == "eagle3-speculators")
+
+
+def _eagle1(path, fields, tensors, dtype):
+  layer = _layer_config(fields, _EAGLE1_FIELDS, path)
+  h = layer.hidden_size
+  fc_bias = bool(fields.get("bias", True))
+  shapes = {"fc.weight": (h, 2 * h), **({"fc.bias": (h,)} if fc_bias else {})}
+  if "embed_tokens.weight" in tensors:
+    shapes["embed_tokens.weight"] = (layer.vocab_size, h)
+  for i in range(layer.num_hidden_layers):
+    shapes.update(_layer_shapes(layer, f"layers.{i}.", in_width=h, input_norm=i > 0, eagle3=False))
+  _take(tensors, shapes, path)
+  params: dict[str, Any] = {}
+  _embedding(tensors, params)
+  _dense(tensors, ("fc",), "fc", params, bias=fc_bias)
+  for i in range(layer.num_hidden_layers):
+    _layer(tensors, f"layers.{i}.", params.setdefault(f"layers_{i}", {}), input_norm=i > 0,
+           eagle3=False)
+  config = EagleConfig(layer, layer.vocab_size, kind="eagle1", fc_bias=fc_bias)
+  vocab_ids = np.arange(layer.vocab_size, dtype=np.int32)
+  return config, {"draft": _cast(params, dtype), "vocab_ids": jnp.asarray(vocab_ids)}
+
+
+def _eagle3(path, fields, tensors, dtype, *, speculators: bool):
+  if speculators:
+    for name in ("norm_before_fc", "fc_norm", "norm_output"):
+      if fields.get(name):
+        raise ValueError(f"{path / 'config.json'}: {name}=true is a speculators option this port does "
+                         "not implement; convert the draft without it")
+    unknown = sorted(set(fields) - set(_SPECULATORS_FIELDS))
+    if unknown:
+      raise ValueError(f"{path / 'config.json'}: unknown speculators field {unknown[0]!r}; the port "
+                       "would silently ignore it")
+    layer = _layer_config(dict(fields["transformer_layer_config"]), (), path)
+    ids = fields.get("eagle_aux_hidden_state_layer_ids")
+    prefix = "layers.0."
+  else:
+    if fields.get("fc_norm") or fields.get("norm_output") is False:
+      raise ValueError(f"{path / 'config.json'}: fc_norm or norm_output=false (SpecForge options) are "
+                       "not implemented; convert the draft without them")
+    layer = _layer_config(fields, _EAGLE3_FIELDS, path)
+    ids = (fields.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    prefix = "midlayer."
+  if layer.num_hidden_layers != 1:
+    raise ValueError(f"{path / 'config.json'}: an EAGLE-3 draft has one layer, this config names "
+                     f"{layer.num_hidden_layers}")
+  h, vocab = layer.hidden_size, layer.vocab_size
+  draft_vocab = int(fields.get("draft_vocab_size") or vocab)
+  tap_size = int(fields.get("target_hidden_size") or h)
+  taps: tuple[int, ...] = ()
+  if ids:
+    ids = [int(i) for i in ids]
+    if speculators:  # vLLM: the input of layer i, i.e. the output of layer i - 1
+      if min(ids) < 1:
+        raise ValueError(f"{path / 'config.json'}: eagle_aux_hidden_state_layer_ids {ids} include the "
+                         "embeddings (id 0), which this port does not tap")
+      taps = tuple(sorted({i - 1 for i in ids}))
+    else:  # SGLang / SpecForge: the output of layer i
+      taps = tuple(sorted(set(ids)))
+  num_taps = len(taps) or 3
+  shapes = {"fc.weight": (h, num_taps * tap_size), "norm.weight": (h,),
+            "lm_head.weight": (draft_vocab, h),
+            **_layer_shapes(layer, prefix, in_width=2 * h, input_norm=True, eagle3=True)}
+  if "embed_tokens.weight" in tensors:
+    shapes["embed_tokens.weight"] = (vocab, h)
+  reduced = draft_vocab != vocab
+  if reduced or not speculators:
+    shapes.update({"d2t": (draft_vocab,), "t2d": (vocab,)})
+  if not reduced and not speculators:  # SafeAILab drops both buffers when V' = V
+    for name in ("d2t", "t2d"):
+      if name not in tensors:
+        shapes.pop(name)
+  _take(tensors, shapes, path)
+  d2t = tensors.pop("d2t", np.zeros((draft_vocab,), np.int64)).astype(np.int64)
+  tensors.pop("t2d", None)
+  vocab_ids = np.arange(draft_vocab, dtype=np.int64) + d2t
+  if vocab_ids.min() < 0 or vocab_ids.max() >= vocab or len(set(vocab_ids.tolist())) != draft_vocab:
+    raise CheckpointError(f"{path}: d2t maps the draft vocabulary outside the target's {vocab} ids, or "
+                          "two draft ids to one target id")
+  params: dict[str, Any] = {}
+  _embedding(tensors, params)
+  _dense(tensors, ("fc",), "fc", params)
+  _layer(tensors, prefix, params.setdefault("layers_0", {}), input_norm=True, eagle3=True)
+  params["lm_head"] = tensors.pop("lm_head.weight")
+  params["norm"] = {"scale": tensors.pop("norm.weight")}
+  params = _cast(params, dtype)
+  params["norm"]["eps"] = jnp.asarray(layer.rms_norm_eps, jnp.float32)
+  config = EagleConfig(layer, draft_vocab, kind="eagle3", fc_bias=False, taps=taps,
+                       tap_size=tap_size if tap_size != h else None,
+                       norm_before_residual=bool(fields.get("norm_before_residual", False)))
+  return config, {"draft": params, "vocab_ids": jnp.asarray(vocab_ids, jnp.int32)}
+
+
+def _embedding(tensors: dict[str, np.ndarray], params: dict[str, Any]) -> None:
+  """The draft's own token embedding where the checkpoint has one (speculators', EAGLE-1's frozen copy,
+  stored in its dtype): vLLM and SafeAILab then use it rather than the target's, and so does the bind."""
+  if "embed_tokens.weight" in tensors:
+    params["embed_tokens"] = {"embedding": tensors.pop("embed_tokens.weight")}
+
+
+def _cast(tree: Any, dtype: Any) -> Any:
+  if isinstance(tree, dict):
+    return {k: _cast(v, dtype) for k, v in tree.items()}
+  return jnp.asarray(tree, dtype)

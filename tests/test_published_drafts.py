@@ -1,0 +1,172 @@
+"""Published EAGLE drafts (EAGLE-1/2, EAGLE-3 in SafeAILab's and the speculators layout) load with
+``load_model``, compute what the published modeling code computes, and draft exactly in the decode.
+
+The references are PyTorch restatements of the published code (``tests/draft_formats``, which cites
+each file and commit), over tiny random checkpoints written in exactly the published layouts for a
+tiny random 8-layer transformers Llama target. For each layout: the draft's output features and
+logits equal the reference's (f32, 1e-4), for the target's taps or features and for a fed-back step;
+greedy BASS with the draft equals greedy regular decoding, with chains and with a tree; mismatched
+pairs and tensors are refused by name.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import bass_jax as bj
+from bass_jax.checkpoints import eagle_formats
+from bass_jax.models import common, eagle
+from draft_formats import _common, eagle1, eagle3
+
+B, T = 2, 9
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)
+  yield
+  torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def target_pair(tmp_path_factory):
+  """(transformers target, its bass_jax load)."""
+  hf = _common.tiny_llama_target(num_hidden_layers=8, seed=0)
+  path = tmp_path_factory.mktemp("target")
+  hf.save_pretrained(path)
+  return hf, bj.load_model(path, tokenizer=False)
+
+
+@pytest.fixture(scope="module")
+def tokens(target_pair):
+  gen = torch.Generator().manual_seed(1)
+  return torch.randint(3, target_pair[0].config.vocab_size, (B, T), generator=gen)
+
+
+LAYOUTS = {
+    "eagle1-vicuna": lambda d, hf: eagle1.write_eagle1_checkpoint(d, hf, style="vicuna", seed=3),
+    "eagle1-llama3-no-bias": lambda d, hf: eagle1.write_eagle1_checkpoint(d, hf, style="llama3",
+                                                                          seed=3),
+    "eagle3-safeailab": lambda d, hf: eagle3.write_eagle3_checkpoint(d, hf, flavor="llama3", seed=4),
+    "eagle3-speculators": lambda d, hf: eagle3.write_eagle3_checkpoint(
+        d, hf, flavor="speculators", seed=4, norm_before_residual=True),
+    "eagle3-explicit-sglang-ids": lambda d, hf: eagle3.write_eagle3_checkpoint(
+        d, hf, flavor="llama3", seed=5, layer_ids=[0, 3, 6]),
+    "eagle3-explicit-vllm-ids": lambda d, hf: eagle3.write_eagle3_checkpoint(
+        d, hf, flavor="speculators", seed=5, layer_ids=[1, 4, 8]),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def published(request, tmp_path_factory, target_pair):
+  name = request.param
+  path = tmp_path_factory.mktemp(name)
+  LAYOUTS[name](path, target_pair[0])
+  return name, path
+
+
+def _jax_draft(draft, target, features, tokens):
+  bound = eagle.bind(draft.params["draft"], draft.params["vocab_ids"], target.config, target.params,
+                     eagle.resolve_taps(draft.config, target.config).draft_vocab_size)
+  config = eagle.resolve_taps(draft.config, target.config)
+  hidden, _ = eagle.forward(config, bound, np.asarray(tokens), np.asarray(features))
+  return config, bound, np.asarray(hidden), np.asarray(eagle.draft_logits(bound, hidden))
+
+
+def test_outputs_match_the_published_code(published, target_pair, tokens):
+  name, path = published
+  hf, target = target_pair
+  draft = bj.load_model(path)
+  assert draft.config.kind == name.split("-")[0]
+  if draft.config.kind == "eagle1":
+    state, config = eagle1.load_eagle1(path)
+    step_tokens, features = eagle1.eagle1_inputs(hf, tokens)
+    want_hidden, want_logits = eagle1.eagle1_forward(state, config, hf, step_tokens, features)
+  else:
+    state, config = eagle3.load_eagle3(path)
+    convention = "vllm" if "speculators" in name or "vllm" in name else "sglang"
+    ids = ([0, 3, 6] if "sglang" in name else [1, 4, 8] if "vllm" in name else None)
+    step_tokens, features = eagle3.eagle3_inputs(hf, tokens, ids, convention)
+    want_hidden, want_logits = eagle3.eagle3_forward(state, config, hf, step_tokens, features)
+  # The decode's own feature buffer: the target's taps (or final features) from bass_jax's forward.
+  resolved = eagle.resolve_taps(draft.config, target.config)
+  out = common.forward(target.config, target.params, np.asarray(tokens), return_features=True,
+                       hidden_layers=resolved.target_taps)
+  ours = np.asarray(common.feature_value(out, resolved.target_taps, resolved.reads_final_feature))
+  np.testing.assert_allclose(ours[:, :-1], features.numpy(), atol=1e-4, rtol=1e-4, err_msg=name)
+  _, bound, hidden, logits = _jax_draft(draft, target, ours[:, :-1], step_tokens.numpy())
+  np.testing.assert_allclose(hidden, want_hidden.numpy(), atol=1e-4, rtol=1e-4, err_msg=name)
+  np.testing.assert_allclose(logits, want_logits.numpy(), atol=1e-4, rtol=1e-4, err_msg=name)
+  assert np.std(logits) > 0.1
+  if draft.config.kind == "eagle3":
+    # a fed-back step reads the draft's own hidden state and skips fc
+    fed_want, fed_logits = eagle3.eagle3_forward(state, config, hf, step_tokens,
+                                                 hidden=want_hidden)
+    _, _, fed, logits = _jax_draft(draft, target, want_hidden.numpy(), step_tokens.numpy())
+    np.testing.assert_allclose(fed, fed_want.numpy(), atol=1e-4, rtol=1e-4, err_msg=name)
+    np.testing.assert_allclose(logits, fed_logits.numpy(), atol=1e-4, rtol=1e-4, err_msg=name)
+    # draft ids map to target ids as d2t says
+    d2t = state.get("d2t")
+    if d2t is not None:
+      np.testing.assert_array_equal(np.asarray(bound["vocab_ids"]),
+                                    np.arange(len(d2t)) + d2t.numpy())
+
+
+@pytest.mark.parametrize("name", ["eagle1-vicuna", "eagle3-safeailab", "eagle3-speculators"])
+def test_greedy_bass_with_a_published_draft_equals_regular_decoding(name, tmp_path, target_pair):
+  _, target = target_pair
+  LAYOUTS[name](tmp_path, target_pair[0])
+  draft = bj.load_draft(tmp_path, target)
+  prompts = [np.random.default_rng(i).integers(3, 300, n).tolist() for i, n in enumerate((5, 11, 8))]
+  regular = bj.generate(target, None, prompts, method="regular", max_new_tokens=16, eos_token_id=())
+  chain = bj.generate(target, draft, prompts, method="bass", max_new_tokens=16, eos_token_id=(),
+                      draft_len=3)
+  assert np.array_equal(chain.tokens, regular.tokens), name
+  tree = bj.generate(target, draft, prompts, method="bass", max_new_tokens=16, eos_token_id=(),
+                     draft_tree="depth=3,top_k=2,nodes=6")
+  assert np.array_equal(tree.tokens, regular.tokens), name
+
+
+def test_published_kinds_are_told_apart(tmp_path, target_pair):
+  hf, _ = target_pair
+  for name, write in LAYOUTS.items():
+    write(tmp_path / name, hf)
+    assert eagle_formats.published_kind(tmp_path / name) == (
+        "eagle1" if name.startswith("eagle1") else
+        "eagle3-speculators" if "speculators" in name or "vllm" in name else "eagle3"), name
+  hf.save_pretrained(tmp_path / "plain")
+  assert eagle_formats.published_kind(tmp_path / "plain") is None
+
+
+def test_refusals_name_the_problem(tmp_path, target_pair):
+  hf, target = target_pair
+  eagle3.write_eagle3_checkpoint(tmp_path / "ok", hf, flavor="speculators", seed=4)
+  config = json.loads((tmp_path / "ok" / "config.json").read_text())
+  # a speculators option the port does not implement
+  (tmp_path / "fc").mkdir()
+  eagle3.write_eagle3_checkpoint(tmp_path / "fc", hf, flavor="speculators", seed=4, fc_norm=True)
+  with pytest.raises(ValueError, match="fc_norm"):
+    bj.load_model(tmp_path / "fc")
+  # explicit taps the target does not have
+  eagle3.write_eagle3_checkpoint(tmp_path / "deep", hf, flavor="speculators", seed=4,
+                                 layer_ids=[2, 4, 12])
+  draft = bj.load_model(tmp_path / "deep")
+  with pytest.raises(ValueError, match="do not exist"):
+    bj.generate(target, draft, [[5, 6, 7]], method="bass", max_new_tokens=4)
+  # a draft of another vocabulary
+  small = _common.tiny_llama_target(num_hidden_layers=8, vocab_size=200, seed=2)
+  eagle3.write_eagle3_checkpoint(tmp_path / "other", small, flavor="llama3", seed=4)
+  with pytest.raises(ValueError, match="different vocabulary sizes"):
+    bj.generate(target, bj.load_model(tmp_path / "other"), [[5, 6, 7]], method="bass",
+                max_new_tokens=4)
+  # a mis-shaped tensor, named
+  import safetensors.torch
+  state = safetensors.torch.load_file(str(tmp_path / "ok" / "model.safetensors"))
+  state["fc.weight"] = state["fc.weight"][:, :-8].contiguous()
+  safetensors.torch.save_file(state, str(tmp_path / "ok" / "model.safetensors"))
+  with pytest.raises(ValueError, match="'fc.weight'"):
+    bj.load_model(tmp_path / "ok")
+  assert config["speculators_model_type"] == "eagle3"
