@@ -24,6 +24,7 @@ from bass_jax.checkpoints import hf as hf_ckpt
 from bass_jax.checkpoints import orbax_ckpt
 from bass_jax.models import common
 from bass_jax.models import eagle
+from bass_jax.models import medusa
 from bass_jax.models.common import forward as model_forward
 from bass_jax.models.common import layer_index
 
@@ -489,6 +490,10 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
     config, params = gguf_ckpt.load_gguf(path, expected=expected, dtype=dtype)
     if tokenizer:
       tok = _load_tokenizer(path.parent, path.name)
+  elif path.is_dir() and medusa.is_medusa(path):
+    if num_layers is not None or scan_layers:
+      raise ValueError(f"{name} holds Medusa heads; num_layers and scan_layers do not apply to them")
+    config, params = medusa.load_medusa(path, dtype=dtype)
   elif path.is_dir() and (_is_eagle(path) or eagle_formats.published_kind(path)):
     if num_layers is not None:
       raise ValueError(f"{name} is an EAGLE draft; num_layers does not apply to it")

@@ -120,10 +120,13 @@ _EAGLE = (
     ("final_norm/eps", ()),  # EAGLE-3's own final norm (its scale is a norm like the others)
     *_NORMS,
 )
+# Medusa heads: small, whole on every device.
+_MEDUSA = (("blocks/kernel", (None, None, None, None)), ("blocks/bias", (None, None, None)),
+           ("heads", (None, None, None)), ("vocab_ids", (None,)))
 PARAM_AXES: dict[str, tuple[tuple[str, tuple[str | None, ...]], ...]] = {
     "llama": _LLAMA, "qwen2": _LLAMA, "mistral": _LLAMA, "qwen3": _LLAMA, "gemma2": _LLAMA,
     "gemma3_text": _LLAMA, "phi3": _LLAMA, "opt": _OPT, "codegen": _CODEGEN,
-    "gpt2": _GPT2, "bass_eagle": _EAGLE,
+    "gpt2": _GPT2, "bass_eagle": _EAGLE, "medusa": _MEDUSA,
 }
 
 
@@ -138,6 +141,8 @@ def logical_sizes(config: Any) -> dict[str, int]:
   (F) and ``vocab`` (V) of a family config (an EAGLE draft: its layer's)."""
   if config.model_type == "bass_eagle":
     return logical_sizes(config.layer)
+  if config.model_type == "medusa":
+    return {HEADS: 1, KV_HEADS: 1, MLP: 1, VOCAB: config.vocab_size}
   if config.model_type in ("llama", "qwen2", "mistral", "qwen3", "gemma2", "gemma3_text", "phi3"):
     heads, mlp = config.num_attention_heads, config.intermediate_size
   elif config.model_type == "opt":

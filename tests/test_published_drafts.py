@@ -170,3 +170,46 @@ def test_refusals_name_the_problem(tmp_path, target_pair):
   with pytest.raises(ValueError, match="'fc.weight'"):
     bj.load_model(tmp_path / "ok")
   assert config["speculators_model_type"] == "eagle3"
+
+
+# -- Medusa --------------------------------------------------------------------------------------------
+
+from draft_formats import medusa as medusa_ref  # noqa: E402
+
+MEDUSA = {
+    "fasterdecoding": dict(layout="fasterdecoding", num_heads=3, num_layers=1),
+    "fasterdecoding-2-layers-stale-config": dict(layout="fasterdecoding", num_heads=4,
+                                                 num_layers=2, config_num_heads=2),
+    "vllm-truncated": dict(layout="vllm", num_heads=3, num_layers=1, truncated_vocab_size=120),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MEDUSA))
+def test_medusa_heads_match_the_published_code(name, tmp_path, target_pair, tokens):
+  hf, target = target_pair
+  medusa_ref.write_medusa_checkpoint(tmp_path, hf, seed=6, **MEDUSA[name])
+  heads = bj.load_model(tmp_path)
+  state, config = medusa_ref.load_medusa(tmp_path)
+  features = medusa_ref.medusa_features(hf, tokens)
+  want = medusa_ref.medusa_forward(state, config, features, vocab_size=hf.config.vocab_size).numpy()
+  from bass_jax.models import medusa
+  logits = np.asarray(medusa.head_logits(heads.params, np.asarray(features)))  # [B, T, K, V']
+  full = np.full(logits.shape[:-1] + (hf.config.vocab_size,), -np.inf, np.float32)
+  full[..., np.asarray(heads.params["vocab_ids"])] = logits
+  assert heads.config.num_heads == MEDUSA[name]["num_heads"]  # the file's heads
+  finite = np.isfinite(want)
+  np.testing.assert_array_equal(np.isfinite(full), finite)
+  np.testing.assert_allclose(full[finite], want[finite], atol=1e-4, rtol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("layout", ["fasterdecoding", "vllm-truncated"])
+def test_greedy_bass_with_medusa_heads_equals_regular_decoding(layout, tmp_path, target_pair):
+  hf, target = target_pair
+  medusa_ref.write_medusa_checkpoint(tmp_path, hf, seed=6, **MEDUSA[layout])
+  heads = bj.load_draft(tmp_path, target)
+  prompts = [np.random.default_rng(i).integers(3, 300, n).tolist() for i, n in enumerate((5, 11, 1))]
+  regular = bj.generate(target, None, prompts, method="regular", max_new_tokens=16, eos_token_id=())
+  for kwargs in (dict(draft_len=3), dict(draft_len=5), dict(draft_tree="depth=3,top_k=2,nodes=6")):
+    bass = bj.generate(target, heads, prompts, method="bass", max_new_tokens=16, eos_token_id=(),
+                       **kwargs)
+    assert np.array_equal(bass.tokens, regular.tokens), (layout, kwargs)

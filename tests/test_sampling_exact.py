@@ -566,3 +566,64 @@ def test_a_gemma2_pair_matches_exact_target_distribution():
   samples = out.tokens[:, :NUM_TOKENS]
   assert chisquare_p_value(samples, want) > PASS_P_VALUE
   assert chisquare_p_value(samples, law_of_draft) < REJECT_P_VALUE
+
+
+# -- published draft architectures: EAGLE-3 and Medusa ---------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _two_layer_target() -> bj.Model:
+  """A 2-layer random Llama over VOCAB tokens: an EAGLE-3 draft taps both of its layers."""
+  config = bj.LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                          max_position_embeddings=64, eos_token_id=None)
+  return bj.Model(config, bj.init_params(config, jax.random.key(8)), name="tiny-2-layers")
+
+
+def _published_draft(kind: str) -> bj.Model:
+  """A random EAGLE-3 draft (taps of both target layers, its own head and final norm, a draft
+  vocabulary mapped to target ids out of order) or random Medusa heads (2 heads, 1 block each)."""
+  from bass_jax.models import eagle, medusa  # pylint: disable=g-import-not-at-top
+
+  target = _two_layer_target()
+  rng = np.random.default_rng(9)
+  normal = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
+  if kind == "medusa":
+    config = medusa.MedusaConfig(num_heads=2, num_layers=1, hidden_size=16, vocab_size=VOCAB,
+                                 draft_vocab_size=VOCAB)
+    params = {"blocks": {"kernel": 0.3 * normal(2, 1, 16, 16), "bias": 0.1 * normal(2, 1, 16)},
+              "heads": normal(2, VOCAB, 16), "vocab_ids": jnp.arange(VOCAB, dtype=jnp.int32)}
+    return bj.Model(config, params, name="medusa")
+  config = eagle.EagleConfig(target.config.with_num_layers(1), VOCAB, kind="eagle3", fc_bias=False,
+                             taps=(0, 1))
+  draft = eagle.EagleDraft(config).init(jax.random.key(10), jnp.zeros((1, 1), jnp.int32),
+                                        jnp.zeros((1, 1, 32)), jnp.zeros((VOCAB, 16)))["params"]
+  draft = {**draft, "lm_head": normal(VOCAB, 16),
+           "norm": {"scale": 1 + 0.2 * normal(16), "eps": jnp.float32(1e-6)}}
+  vocab_ids = jnp.asarray([3, 0, 6, 1, 7, 2, 5, 4], jnp.int32)  # d2t: a permutation
+  return bj.Model(config, {"draft": draft, "vocab_ids": vocab_ids}, name="eagle3")
+
+
+@pytest.mark.parametrize("kind,seed", [("eagle3", 61), ("medusa", 62)])
+def test_published_draft_architectures_match_exact_target_distribution(kind, seed):
+  """Sampled BASS with an EAGLE-3 draft (chains of 3) or Medusa heads (chains of 2) fits the target's
+  enumerated joint; both acceptance paths occur."""
+  target = _two_layer_target()
+  out = _generate(target, _published_draft(kind), "bass", 1.0, 1.0, seed,
+                  draft_len=3 if kind == "eagle3" else 2)
+  paths = path_counts(out, NUM_TOKENS)
+  assert paths["correction"] > 100 and paths["accepted_draft"] > 100, paths
+  samples = out.tokens[:, :NUM_TOKENS]
+  joint = exact_joint(target, PROMPT, NUM_TOKENS, 1.0, 1.0)
+  assert not np.any(joint[tuple(samples.T)] == 0)
+  assert chisquare_p_value(samples, joint) > PASS_P_VALUE
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+def test_mutant_correction_with_a_published_draft_is_detected(kind, monkeypatch, fresh_programs):
+  """Power of those paths: a correction drawn from ``p`` instead of the residual is rejected."""
+  monkeypatch.setattr(acceptance, "correction_distribution", lambda p, q: p)
+  target = _two_layer_target()
+  out = _generate(target, _published_draft(kind), "bass", 1.0, 1.0, seed=63, draft_len=2)
+  joint = exact_joint(target, PROMPT, NUM_TOKENS, 1.0, 1.0)
+  assert chisquare_p_value(out.tokens[:, :NUM_TOKENS], joint) < REJECT_P_VALUE

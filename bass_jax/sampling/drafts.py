@@ -11,10 +11,10 @@ import jax.numpy as jnp
 
 from bass_jax import sharding as sharding_lib
 from bass_jax.loading import Model, check_same_tokenizer, load_draft
-from bass_jax.models import eagle
+from bass_jax.models import eagle, medusa
 from bass_jax.preflight import parse_draft_spec
-from bass_jax.sampling.proposers import (EagleProposer, Hybrid, ModelProposer, NGramProposer,
-                                         Proposer, SiblingProposer)
+from bass_jax.sampling.proposers import (EagleProposer, Hybrid, MedusaProposer, ModelProposer,
+                                         NGramProposer, Proposer, SiblingProposer)
 
 
 def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any = None,
@@ -36,6 +36,9 @@ def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any =
     dtype = jnp.dtype(model.dtype).name
     plan = None if mesh is None else sharding_lib.plan(model.config, mesh, draft_sharding,
                                                         name="the draft")
+    if isinstance(model.config, medusa.MedusaConfig):
+      medusa.check_pair(model.config, target.config, name=f"the Medusa heads {model.name!r}")
+      return MedusaProposer(model.config, dtype), model.params
     if isinstance(model.config, eagle.EagleConfig):
       eagle.check_pair_configs(model.config, target.config, name=f"the EAGLE draft {model.name!r}")
       config = eagle.resolve_taps(model.config, target.config)

@@ -53,9 +53,11 @@ from bass_jax.sampling.proposers.base import (DRAFT_SOURCES, FinishedSamples, No
 from bass_jax.sampling.proposers.draft_model import DraftCacheState, ModelProposer
 from bass_jax.sampling.proposers.eagle_draft import EagleProposer, EagleState
 from bass_jax.sampling.proposers.hybrid import Hybrid
+from bass_jax.sampling.proposers.medusa_heads import MedusaProposer
 from bass_jax.sampling.proposers.ngram import NGramProposer
 from bass_jax.sampling.proposers.siblings import SiblingProposer
 
 __all__ = ["DRAFT_SOURCES", "DraftCacheState", "EagleProposer", "EagleState", "FinishedSamples",
+           "MedusaProposer",
            "Hybrid", "ModelProposer", "NGramProposer", "NoProposer", "Proposal", "Proposer",
            "SiblingProposer", "StepContext", "draft_autoregressively"]
