@@ -29,7 +29,8 @@ class ModelSource:
 
   Attributes:
     spec: as given. path: the file or directory behind it.
-    kind: ``"gguf"``, ``"hf"`` (a Hugging Face directory; orbax saves too) or ``"eagle"``.
+    kind: ``"gguf"``, ``"hf"`` (a Hugging Face directory; orbax saves too), ``"eagle"`` (this
+      project's EAGLE drafts and the published EAGLE-1/2 and EAGLE-3 layouts) or ``"medusa"``.
     context: positions the architecture supports (``max_positions`` of its config).
     vocab_size: rows of its embedding (for an EAGLE draft: the vocabulary of the target it was
       trained for).
@@ -81,6 +82,18 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
                        config.model_type, config.hidden_size, config.num_hidden_layers, special)
   fields = hf_ckpt.read_config_fields(path)
   has_tokenizer = loading.has_tokenizer(path)
+  from bass_jax.checkpoints import eagle_formats  # pylint: disable=g-import-not-at-top
+  from bass_jax.models import medusa  # pylint: disable=g-import-not-at-top
+  if medusa.is_medusa(path):  # its sizes are checked against the target when it loads
+    return ModelSource(name, path, "medusa", medusa.MedusaConfig.max_positions,
+                       int(fields.get("vocab_size") or 0), has_tokenizer, medusa.MODEL_TYPE,
+                       int(fields.get("hidden_size") or 0))
+  if eagle_formats.published_kind(path):  # EAGLE-1/2, EAGLE-3, speculators
+    config = eagle_formats.published_config(path)
+    return ModelSource(name, path, "eagle", config.layer.max_positions, config.layer.vocab_size,
+                       has_tokenizer, eagle.MODEL_TYPE, config.tap_size or config.feature_size,
+                       config.num_layers, {}, tuple(config.target_taps),
+                       config.layer.sliding_window)
   model_type = fields.get("model_type")
   outer = fields
   if model_type == eagle.MODEL_TYPE:
@@ -167,6 +180,10 @@ def check_pair(target: ModelSource, draft: ModelSource) -> None:
                      target_model_type=target.model_type, target_hidden_size=target.hidden_size,
                      target_vocab_size=target.vocab_size, target_layers=target.num_layers,
                      name=f"the EAGLE draft {draft.spec!r}")
+  elif draft.kind == "medusa":  # a FasterDecoding config names no sizes: checked at load
+    if draft.vocab_size and draft.vocab_size != target.vocab_size:
+      raise ValueError(f"{where} have different vocabulary sizes ({draft.vocab_size} vs "
+                       f"{target.vocab_size}); the heads were trained for another target")
   elif draft.vocab_size != target.vocab_size:
     raise ValueError(f"{where} have different vocabulary sizes ({draft.vocab_size} vs "
                      f"{target.vocab_size}); speculative decoding needs the target's tokenizer")

@@ -213,3 +213,27 @@ def test_greedy_bass_with_medusa_heads_equals_regular_decoding(layout, tmp_path,
     bass = bj.generate(target, heads, prompts, method="bass", max_new_tokens=16, eos_token_id=(),
                        **kwargs)
     assert np.array_equal(bass.tokens, regular.tokens), (layout, kwargs)
+
+
+def test_the_command_lines_preflight_reads_published_drafts(tmp_path, target_pair):
+  """``--draft=<dir>`` in every script goes through preflight before any weight loads: published
+  EAGLE layouts and Medusa heads are recognized and checked against the target there."""
+  from bass_jax import preflight
+
+  hf, _ = target_pair
+  hf.save_pretrained(tmp_path / "target")
+  target = preflight.inspect_model(str(tmp_path / "target"))
+  for name in ("eagle1-vicuna", "eagle3-safeailab", "eagle3-speculators"):
+    LAYOUTS[name](tmp_path / name, hf)
+    draft = preflight.inspect_model(str(tmp_path / name))
+    assert draft.kind == "eagle" and draft.hidden_size == hf.config.hidden_size, name
+    preflight.check_pair(target, draft)
+  medusa_ref.write_medusa_checkpoint(tmp_path / "medusa", hf, layout="vllm")
+  heads = preflight.inspect_model(str(tmp_path / "medusa"))
+  assert heads.kind == "medusa"
+  preflight.check_pair(target, heads)
+  wide = _common.tiny_llama_target(num_hidden_layers=8, hidden_size=96, seed=3)
+  wide.save_pretrained(tmp_path / "wide")
+  with pytest.raises(ValueError, match="width hidden_size=64"):
+    preflight.check_pair(preflight.inspect_model(str(tmp_path / "wide")),
+                         preflight.inspect_model(str(tmp_path / "eagle3-safeailab")))

@@ -218,6 +218,63 @@ def load_published(path: str | os.PathLike, *, dtype: Any = jnp.float32
   return _eagle3(path, fields, tensors, dtype, speculators=kind == "eagle3-speculators")
 
 
+def published_config(path: str | os.PathLike) -> EagleConfig:
+  """The :class:`EagleConfig` of a published draft directory from its config.json alone (the CLI's
+  preflight reads it before any weight).
+
+  Raises:
+    ValueError: not a published layout; what :func:`load_published` refuses of the config.
+  """
+  path = pathlib.Path(path)
+  kind = published_kind(path)
+  if kind is None:
+    raise ValueError(f"{path}: not a published EAGLE draft (EAGLE-1/2, EAGLE-3 or speculators)")
+  fields = hf_ckpt.read_config_fields(path)
+  if kind == "eagle1":
+    layer = _layer_config(fields, _EAGLE1_FIELDS, path)
+    return EagleConfig(layer, layer.vocab_size, kind="eagle1", fc_bias=bool(fields.get("bias", True)))
+  return _eagle3_config(path, fields, speculators=kind == "eagle3-speculators")
+
+
+def _eagle3_config(path: pathlib.Path, fields: dict[str, Any], *, speculators: bool) -> EagleConfig:
+  """An EAGLE-3 draft's config from either layout's config.json (module docstring: the taps)."""
+  if speculators:
+    for name in ("norm_before_fc", "fc_norm", "norm_output"):
+      if fields.get(name):
+        raise ValueError(f"{path / 'config.json'}: {name}=true is a speculators option this port does "
+                         "not implement; convert the draft without it")
+    unknown = sorted(set(fields) - set(_SPECULATORS_FIELDS))
+    if unknown:
+      raise ValueError(f"{path / 'config.json'}: unknown speculators field {unknown[0]!r}; the port "
+                       "would silently ignore it")
+    layer = _layer_config(dict(fields["transformer_layer_config"]), (), path)
+    ids = fields.get("eagle_aux_hidden_state_layer_ids")
+  else:
+    if fields.get("fc_norm") or fields.get("norm_output") is False:
+      raise ValueError(f"{path / 'config.json'}: fc_norm or norm_output=false (SpecForge options) are "
+                       "not implemented; convert the draft without them")
+    layer = _layer_config(fields, _EAGLE3_FIELDS, path)
+    ids = (fields.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+  if layer.num_hidden_layers != 1:
+    raise ValueError(f"{path / 'config.json'}: an EAGLE-3 draft has one layer, this config names "
+                     f"{layer.num_hidden_layers}")
+  taps: tuple[int, ...] = ()
+  if ids:
+    ids = [int(i) for i in ids]
+    if speculators:  # vLLM: the input of layer i, i.e. the output of layer i - 1
+      if min(ids) < 1:
+        raise ValueError(f"{path / 'config.json'}: eagle_aux_hidden_state_layer_ids {ids} include the "
+                         "embeddings (id 0), which this port does not tap")
+      taps = tuple(sorted({i - 1 for i in ids}))
+    else:  # SGLang / SpecForge: the output of layer i
+      taps = tuple(sorted(set(ids)))
+  tap_size = int(fields.get("target_hidden_size") or layer.hidden_size)
+  return EagleConfig(layer, int(fields.get("draft_vocab_size") or layer.vocab_size), kind="eagle3",
+                     fc_bias=False, taps=taps,
+                     tap_size=tap_size if tap_size != layer.hidden_size else None,
+                     norm_before_residual=bool(fields.get("norm_before_residual", False)))
+
+
 def _eagle1(path, fields, tensors, dtype):
   layer = _layer_config(fields, _EAGLE1_FIELDS, path)
   h = layer.hidden_size
@@ -240,41 +297,12 @@ def _eagle1(path, fields, tensors, dtype):
 
 
 def _eagle3(path, fields, tensors, dtype, *, speculators: bool):
-  if speculators:
-    for name in ("norm_before_fc", "fc_norm", "norm_output"):
-      if fields.get(name):
-        raise ValueError(f"{path / 'config.json'}: {name}=true is a speculators option this port does "
-                         "not implement; convert the draft without it")
-    unknown = sorted(set(fields) - set(_SPECULATORS_FIELDS))
-    if unknown:
-      raise ValueError(f"{path / 'config.json'}: unknown speculators field {unknown[0]!r}; the port "
-                       "would silently ignore it")
-    layer = _layer_config(dict(fields["transformer_layer_config"]), (), path)
-    ids = fields.get("eagle_aux_hidden_state_layer_ids")
-    prefix = "layers.0."
-  else:
-    if fields.get("fc_norm") or fields.get("norm_output") is False:
-      raise ValueError(f"{path / 'config.json'}: fc_norm or norm_output=false (SpecForge options) are "
-                       "not implemented; convert the draft without them")
-    layer = _layer_config(fields, _EAGLE3_FIELDS, path)
-    ids = (fields.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    prefix = "midlayer."
-  if layer.num_hidden_layers != 1:
-    raise ValueError(f"{path / 'config.json'}: an EAGLE-3 draft has one layer, this config names "
-                     f"{layer.num_hidden_layers}")
+  config = _eagle3_config(path, fields, speculators=speculators)
+  layer, taps = config.layer, config.taps
+  prefix = "layers.0." if speculators else "midlayer."
   h, vocab = layer.hidden_size, layer.vocab_size
-  draft_vocab = int(fields.get("draft_vocab_size") or vocab)
-  tap_size = int(fields.get("target_hidden_size") or h)
-  taps: tuple[int, ...] = ()
-  if ids:
-    ids = [int(i) for i in ids]
-    if speculators:  # vLLM: the input of layer i, i.e. the output of layer i - 1
-      if min(ids) < 1:
-        raise ValueError(f"{path / 'config.json'}: eagle_aux_hidden_state_layer_ids {ids} include the "
-                         "embeddings (id 0), which this port does not tap")
-      taps = tuple(sorted({i - 1 for i in ids}))
-    else:  # SGLang / SpecForge: the output of layer i
-      taps = tuple(sorted(set(ids)))
+  draft_vocab = config.draft_vocab_size
+  tap_size = config.tap_size or h
   num_taps = len(taps) or 3
   shapes = {"fc.weight": (h, num_taps * tap_size), "norm.weight": (h,),
             "lm_head.weight": (draft_vocab, h),
@@ -303,9 +331,6 @@ def _eagle3(path, fields, tensors, dtype, *, speculators: bool):
   params["norm"] = {"scale": tensors.pop("norm.weight")}
   params = _cast(params, dtype)
   params["norm"]["eps"] = jnp.asarray(layer.rms_norm_eps, jnp.float32)
-  config = EagleConfig(layer, draft_vocab, kind="eagle3", fc_bias=False, taps=taps,
-                       tap_size=tap_size if tap_size != h else None,
-                       norm_before_residual=bool(fields.get("norm_before_residual", False)))
   return config, {"draft": params, "vocab_ids": jnp.asarray(vocab_ids, jnp.int32)}
 
 
