@@ -90,7 +90,7 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
                        int(fields.get("hidden_size") or 0))
   if eagle_formats.published_kind(path):  # EAGLE-1/2, EAGLE-3, speculators
     config = eagle_formats.published_config(path)
-    return ModelSource(name, path, "eagle", config.layer.max_positions, config.layer.vocab_size,
+    return ModelSource(name, path, "eagle", config.max_positions, config.layer.vocab_size,
                        has_tokenizer, eagle.MODEL_TYPE, config.tap_size or config.feature_size,
                        config.num_layers, {}, tuple(config.target_taps),
                        config.layer.sliding_window)

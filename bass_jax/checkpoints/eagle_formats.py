@@ -97,23 +97,34 @@ def published_kind(path: str | os.PathLike) -> str | None:
   return None
 
 
-def _read(path: pathlib.Path) -> dict[str, np.ndarray]:
-  """Every tensor of the single weight file as f32 numpy (integer buffers as int64)."""
-  import torch  # pylint: disable=g-import-not-at-top
+def read_weights(file: pathlib.Path) -> dict[str, np.ndarray]:
+  """Every tensor of one weight file as numpy: floats (bf16 included) as f32, integer and bool
+  buffers as they are. A ``.safetensors`` file is read without PyTorch (safetensors' flax reader);
+  a PyTorch pickle (``.bin``, ``.pt``) needs it.
 
-  if (path / "model.safetensors").is_file():
-    import safetensors.torch  # pylint: disable=g-import-not-at-top
+  Raises:
+    CheckpointError: an unreadable or truncated file (named).
+  """
+  try:
+    if file.suffix == ".safetensors":
+      import safetensors.flax  # pylint: disable=g-import-not-at-top
 
-    try:
-      state = safetensors.torch.load_file(str(path / "model.safetensors"))
-    except Exception as e:  # safetensors raises its own error types
-      raise CheckpointError(f"{path / 'model.safetensors'}: cannot read it ({e}); re-export it") from e
-  else:
-    try:
-      state = torch.load(str(path / "pytorch_model.bin"), map_location="cpu", weights_only=True)
-    except Exception as e:
-      raise CheckpointError(f"{path / 'pytorch_model.bin'}: cannot read it ({e}); re-export it") from e
+      state = safetensors.flax.load_file(str(file))
+      return {k: np.asarray(v, np.float32) if jnp.issubdtype(v.dtype, jnp.floating)
+              else np.asarray(v) for k, v in state.items()}
+    import torch  # pylint: disable=g-import-not-at-top
+
+    state = torch.load(str(file), map_location="cpu", weights_only=True)
+  except Exception as e:  # safetensors and torch raise their own error types
+    raise CheckpointError(f"{file}: cannot read it ({str(e).splitlines()[0] if str(e) else e!r}); "
+                          "re-export it, or copy it again") from e
   return {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
+
+
+def _read(path: pathlib.Path) -> dict[str, np.ndarray]:
+  """Every tensor of the directory's single weight file (:func:`read_weights`)."""
+  name = "model.safetensors" if (path / "model.safetensors").is_file() else "pytorch_model.bin"
+  return read_weights(path / name)
 
 
 def _layer_config(fields: dict[str, Any], drop: tuple[str, ...], path: pathlib.Path) -> LlamaConfig:

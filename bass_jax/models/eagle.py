@@ -174,7 +174,10 @@ class EagleConfig:
 
   @property
   def max_positions(self) -> int:
-    return self.layer.max_positions
+    """This project's draft: its layer's (the target's) context. A published draft's config names
+    the context it was trained at (SafeAILab's 2,048), which its runtimes do not enforce: its
+    rotary positions go on, so the target's context rules."""
+    return self.layer.max_positions if self.kind == "bass" else 1 << 30
 
   def init_cache(self, batch_size: int, max_len: int, dtype: Any = jnp.float32,
                  fill_value: float = 0.0, scanned: bool = False) -> KVCache:

@@ -134,22 +134,14 @@ def is_medusa(path: str | os.PathLike) -> bool:
 
 
 def _read_state(path: pathlib.Path) -> dict[str, np.ndarray]:
-  import torch  # pylint: disable=g-import-not-at-top
+  from bass_jax.checkpoints import eagle_formats  # pylint: disable=g-import-not-at-top
 
-  for name in ("medusa_lm_head.safetensors", "model.safetensors"):
+  for name in ("medusa_lm_head.safetensors", "model.safetensors", "medusa_lm_head.pt",
+               "pytorch_model.bin"):
     if (path / name).is_file():
-      import safetensors.torch  # pylint: disable=g-import-not-at-top
-      state = safetensors.torch.load_file(str(path / name))
-      break
-  else:
-    for name in ("medusa_lm_head.pt", "pytorch_model.bin"):
-      if (path / name).is_file():
-        state = torch.load(str(path / name), map_location="cpu", weights_only=True)
-        break
-    else:
-      raise FileNotFoundError(f"{path}: no medusa_lm_head.pt, medusa_lm_head.safetensors, "
-                              "model.safetensors or pytorch_model.bin")
-  return {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
+      return eagle_formats.read_weights(path / name)
+  raise FileNotFoundError(f"{path}: no medusa_lm_head.pt, medusa_lm_head.safetensors, "
+                          "model.safetensors or pytorch_model.bin")
 
 
 def load_medusa(path: str | os.PathLike, *, vocab_size: int | None = None, dtype: Any = jnp.float32
@@ -187,9 +179,8 @@ def load_medusa(path: str | os.PathLike, *, vocab_size: int | None = None, dtype
   if not heads or sorted(heads) != list(range(len(heads))):
     raise ValueError(f"{path}: heads {sorted(heads)} are not 0 .. K-1")
   k = len(heads)
-  if not vllm:  # the head's index is one past its blocks
+  if not vllm:
     layers = int(fields.get("medusa_num_layers", 1))
-    heads = {h: w for h, w in heads.items()}
   else:
     layers = int(fields.get("num_hidden_layers", 1))
   missing = [(h, l) for h in range(k) for l in range(layers) if (h, l) not in blocks]
