@@ -794,7 +794,9 @@ def save_model(model: Model, path: str | os.PathLike, *, format: str = "safetens
     model: the model (a :class:`Model`); its tokenizer, when set, is written too.
     path: the checkpoint directory to create (or replace, with ``overwrite``).
     format: ``"safetensors"`` (an HF checkpoint directory of the family; an EAGLE draft's own
-      directory) or ``"orbax"`` (config.json plus an orbax parameter checkpoint in ``params/``).
+      directory) or ``"orbax"`` (config.json plus an orbax parameter checkpoint in ``params/``); for an
+      EAGLE-1 or EAGLE-3 draft also a published layout, ``"safeailab"`` or ``"speculators"`` (EAGLE-3),
+      which SafeAILab's and vLLM's runtimes read (``checkpoints.eagle_formats.write_published``).
     overwrite: replace an existing checkpoint directory at ``path``.
     dtype: the stored floating parameters' dtype (``float32``, ``bfloat16``, ``float16``; a name or a
       jnp dtype); None (the default) stores the model's own. Integer arrays (an EAGLE draft's
@@ -815,8 +817,13 @@ def save_model(model: Model, path: str | os.PathLike, *, format: str = "safetens
     raise ValueError(f"model must be a bass_jax.Model, got {type(model).__name__}")
   if not isinstance(path, (str, os.PathLike)):
     raise ValueError(f"path must be a directory path (str or os.PathLike), got {type(path).__name__}")
-  if format not in ("safetensors", "orbax"):
-    raise ValueError(f"unknown format {format!r}; choose 'safetensors' or 'orbax'")
+  if format not in ("safetensors", "orbax") + eagle_formats.LAYOUTS:
+    raise ValueError(f"unknown format {format!r}; choose 'safetensors' or 'orbax' (or, for a "
+                     f"published draft kind, one of {eagle_formats.LAYOUTS})")
+  if format in eagle_formats.LAYOUTS and (not isinstance(model.config, eagle.EagleConfig)
+                                          or model.config.kind == "bass"):
+    raise ValueError(f"format {format!r} is a published EAGLE layout; {model.name or 'this model'} is "
+                     "not an EAGLE-1 or EAGLE-3 draft")
   overwrite = _checks.as_bool("overwrite", overwrite)
   if dtype is not None:
     dtype = _model_dtype(dtype)
@@ -825,8 +832,11 @@ def save_model(model: Model, path: str | os.PathLike, *, format: str = "safetens
       raise ValueError(f"an EAGLE draft's params must be {{'draft': …, 'vocab_ids': …}} (as load_model "
                        f"returns), got keys {sorted(getattr(model.params, 'keys', list)())}")
     with atomic.replace_directory(path, overwrite=overwrite) as tmp:
-      eagle.write_files(tmp, model.config, model.params["draft"], model.params["vocab_ids"],
-                        format=format, dtype=dtype)
+      if format in eagle_formats.LAYOUTS:
+        eagle_formats.write_published(tmp, model.config, model.params, layout=format, dtype=dtype)
+      else:
+        eagle.write_files(tmp, model.config, model.params["draft"], model.params["vocab_ids"],
+                          format=format, dtype=dtype)
       if model.tokenizer is not None:
         model.tokenizer.save_pretrained(str(tmp))
     return

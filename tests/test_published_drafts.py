@@ -237,3 +237,38 @@ def test_the_command_lines_preflight_reads_published_drafts(tmp_path, target_pai
   with pytest.raises(ValueError, match="width hidden_size=64"):
     preflight.check_pair(preflight.inspect_model(str(tmp_path / "wide")),
                          preflight.inspect_model(str(tmp_path / "eagle3-safeailab")))
+
+
+@pytest.mark.parametrize("source,layout", [("eagle1-llama3-no-bias", "safeailab"),
+                                           ("eagle3-speculators", "safeailab"),
+                                           ("eagle3-explicit-sglang-ids", "speculators"),
+                                           ("eagle3-safeailab", "speculators")])
+def test_a_draft_exported_here_loads_in_the_reference_with_equal_logits(source, layout, tmp_path,
+                                                                        target_pair, tokens):
+  """save_model(format=<published layout>) writes what the published code reads: the reference
+  restatement's logits on the exported files equal bass_jax's on the original, taps included (a
+  tap list crosses between vLLM's and SGLang's conventions)."""
+  hf, target = target_pair
+  LAYOUTS[source](tmp_path / "source", hf)
+  draft = bj.load_model(tmp_path / "source")
+  bj.save_model(draft, tmp_path / "exported", format=layout)
+  assert eagle_formats.published_kind(tmp_path / "exported").startswith(draft.config.kind)
+  again = bj.load_model(tmp_path / "exported")
+  assert eagle.resolve_taps(again.config, target.config).taps == \
+      eagle.resolve_taps(draft.config, target.config).taps
+  if draft.config.kind == "eagle1":
+    state, config = eagle1.load_eagle1(tmp_path / "exported")
+    step_tokens, features = eagle1.eagle1_inputs(hf, tokens)
+    _, want = eagle1.eagle1_forward(state, config, hf, step_tokens, features)
+  else:
+    state, config = eagle3.load_eagle3(tmp_path / "exported")
+    spec = eagle3.eagle3_spec(config)
+    ids = spec["layer_ids"]
+    step_tokens, features = eagle3.eagle3_inputs(hf, tokens, ids, spec["convention"])
+    _, want = eagle3.eagle3_forward(state, config, hf, step_tokens, features)
+  resolved = eagle.resolve_taps(draft.config, target.config)
+  out = common.forward(target.config, target.params, np.asarray(tokens), return_features=True,
+                       hidden_layers=resolved.target_taps)
+  ours = np.asarray(common.feature_value(out, resolved.target_taps, resolved.reads_final_feature))
+  _, _, _, logits = _jax_draft(draft, target, ours[:, :-1], step_tokens.numpy())
+  np.testing.assert_allclose(logits, want.numpy(), atol=1e-3, rtol=1e-3, err_msg=source)

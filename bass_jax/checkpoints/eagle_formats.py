@@ -38,6 +38,7 @@ option this port does not implement (``fc_norm``, ``norm_before_fc``, speculator
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 from typing import Any
@@ -91,7 +92,10 @@ def published_kind(path: str | os.PathLike) -> str | None:
   if _EAGLE3_ARCHITECTURE in (fields.get("architectures") or []) or "draft_vocab_size" in fields:
     return "eagle3" if fields.get("model_type", "llama") == "llama" else None
   if fields.get("model_type") == "llama" and fields.get("num_hidden_layers", 99) <= 4:
-    names = _weight_names(path)
+    try:
+      names = _weight_names(path)
+    except Exception:  # pylint: disable=broad-except  # a damaged file: the family loader names it
+      return None
     if names is not None and "fc.weight" in names and not any(n.startswith("model.") for n in names):
       return "eagle1"
   return None
@@ -356,3 +360,112 @@ def _cast(tree: Any, dtype: Any) -> Any:
   if isinstance(tree, dict):
     return {k: _cast(v, dtype) for k, v in tree.items()}
   return jnp.asarray(tree, dtype)
+
+
+# -- export ---------------------------------------------------------------------------------------------
+
+LAYOUTS = ("safeailab", "speculators")
+
+
+def write_published(directory: str | os.PathLike, config: EagleConfig, params: dict[str, Any], *,
+                    layout: str, dtype: Any = None, verifier: str | None = None) -> None:
+  """Writes an EAGLE-1 or EAGLE-3 draft into ``directory`` in a published layout, which the
+  published runtimes and :func:`load_published` read.
+
+  Args:
+    config, params: the draft (``{"draft": …, "vocab_ids": i32[V']}`` as ``load_model`` returns it).
+    layout: ``"safeailab"`` (EAGLE-1: ``config.json`` + ``pytorch_model.bin`` as SafeAILab's
+      ``cnets1.py`` loads it; EAGLE-3: SafeAILab's / SpecForge's ``midlayer.*`` with ``d2t`` and
+      ``t2d``, written as ``model.safetensors``, explicit taps in SGLang's convention) or
+      ``"speculators"`` (EAGLE-3 only: speculators' ``Eagle3Speculator`` config and ``layers.0.*``,
+      ``model.safetensors``, explicit taps in vLLM's convention). A tap of the target's last layer
+      has no SGLang id (SGLang captures before layers 0 … L - 1): write such a draft as
+      ``"speculators"``.
+    dtype: the stored floats' dtype (default: the params').
+    verifier: the target's name or path, recorded in a speculators config.
+
+  Raises:
+    ValueError: another layout or draft kind (this project's own drafts have their own layout,
+      ``eagle.write_files``); a draft vocabulary that is not distinct target ids.
+  """
+  import torch  # pylint: disable=g-import-not-at-top
+
+  if layout not in LAYOUTS:
+    raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+  if config.kind == "bass" or (config.kind == "eagle1" and layout != "safeailab"):
+    raise ValueError(f"an EagleConfig of kind {config.kind!r} has no {layout!r} layout (EAGLE-1: "
+                     "'safeailab'; EAGLE-3: both); this project's drafts are written by "
+                     "save_model(format='safetensors' or 'orbax')")
+  directory = pathlib.Path(directory)
+  directory.mkdir(parents=True, exist_ok=True)
+  draft = params["draft"]
+  store = lambda x: torch.from_numpy(np.array(x, np.float32)).to(
+      {None: torch.float32, "float32": torch.float32, "float16": torch.float16,
+       "bfloat16": torch.bfloat16}[None if dtype is None else jnp.dtype(dtype).name])
+  state: dict[str, Any] = {}
+
+  def dense(flax: dict, name: str) -> None:
+    state[name + ".weight"] = store(np.asarray(flax["kernel"]).T)
+    if "bias" in flax:
+      state[name + ".bias"] = store(flax["bias"])
+
+  def layer(flax: dict, prefix: str) -> None:
+    for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+      dense(flax["self_attn"][proj], f"{prefix}self_attn.{proj}")
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+      dense(flax["mlp"][proj], f"{prefix}mlp.{proj}")
+    for norm in ("input_layernorm", "post_attention_layernorm", "hidden_norm"):
+      if norm in flax:
+        state[f"{prefix}{norm}.weight"] = store(flax[norm]["scale"])
+
+  fields = config.layer.to_hf_config().to_dict()
+  fields["architectures"] = ["LlamaForCausalLM"]
+  if config.layer.rope_scaling is None:  # 4.x's spelling too: the published runtimes read it
+    fields["rope_theta"] = config.layer.rope_theta
+  if "embed_tokens" in draft:
+    state["embed_tokens.weight"] = store(draft["embed_tokens"]["embedding"])
+  dense(draft["fc"], "fc")
+  vocab_ids = np.asarray(params["vocab_ids"], np.int64)
+  if config.kind == "eagle1":
+    for i in range(config.num_layers):
+      layer(draft[f"layers_{i}"], f"layers.{i}.")
+    fields["bias"] = config.fc_bias
+    (directory / "config.json").write_text(json.dumps(fields, indent=2, sort_keys=True))
+    torch.save(state, str(directory / "pytorch_model.bin"))
+    return
+  prefix = "midlayer." if layout == "safeailab" else "layers.0."
+  layer(draft["layers_0"], prefix)
+  state["norm.weight"] = store(draft["norm"]["scale"])
+  state["lm_head.weight"] = store(draft["lm_head"][:config.draft_vocab_size])
+  vocab = config.vocab_size
+  if len(set(vocab_ids.tolist())) != len(vocab_ids) or vocab_ids.max() >= vocab:
+    raise ValueError(f"the draft vocabulary must be distinct ids below {vocab}")
+  if layout == "safeailab" or config.draft_vocab_size != vocab:
+    state["d2t"] = torch.from_numpy(vocab_ids - np.arange(len(vocab_ids)))
+    t2d = np.zeros((vocab,), bool)
+    t2d[vocab_ids] = True
+    state["t2d"] = torch.from_numpy(t2d)
+  if layout == "safeailab":  # SGLang's convention: the output of layer i
+    fields.update(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=config.draft_vocab_size)
+    if config.taps:
+      fields["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(config.taps)}
+    if config.tap_size:
+      fields["target_hidden_size"] = config.tap_size
+    if config.norm_before_residual:
+      fields["norm_before_residual"] = True
+  else:  # vLLM's convention: the input of layer i
+    fields = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+              "transformer_layer_config": fields, "draft_vocab_size": config.draft_vocab_size,
+              "norm_before_residual": config.norm_before_residual,
+              "target_hidden_size": config.tap_size or config.feature_size,
+              "speculators_config": {
+                  "algorithm": "eagle3", "default_proposal_method": "greedy",
+                  "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3,
+                                        "accept_tolerance": 0.0, "verifier_accept_k": 1}],
+                  "verifier": {"name_or_path": verifier, "architectures": []}}}
+    if config.taps:
+      fields["eagle_aux_hidden_state_layer_ids"] = [t + 1 for t in config.taps]
+  (directory / "config.json").write_text(json.dumps(fields, indent=2, sort_keys=True))
+  import safetensors.torch  # pylint: disable=g-import-not-at-top
+  safetensors.torch.save_file({k: v.contiguous() for k, v in state.items()},
+                              str(directory / "model.safetensors"), metadata={"format": "pt"})

@@ -420,7 +420,15 @@ def init_draft_params(config: EagleConfig, key: jax.Array, dtype: Any = jnp.floa
   tokens = jnp.zeros((1, 1), jnp.int32)
   embedding = jnp.zeros((config.vocab_size, config.feature_size), dtype)
   features = jnp.zeros((1, 1, config.input_feature_size), dtype)
-  return module.init(key, tokens, features, embedding)["params"]
+  key, head_key = jax.random.split(key)
+  params = module.init(key, tokens, features, embedding)["params"]
+  if config.kind == "eagle3":  # its own head over the draft vocabulary and final norm
+    e = config.feature_size
+    params = {**params,
+              "lm_head": nn.initializers.lecun_normal()(head_key, (config.draft_vocab_size, e), dtype),
+              "norm": {"scale": jnp.ones((e,), dtype),
+                       "eps": jnp.asarray(config.layer.rms_norm_eps, jnp.float32)}}
+  return params
 
 
 def grown_params(config: EagleConfig, start: dict[str, Any], key: jax.Array) -> dict[str, Any]:
