@@ -420,6 +420,8 @@ def init_draft_params(config: EagleConfig, key: jax.Array, dtype: Any = jnp.floa
   tokens = jnp.zeros((1, 1), jnp.int32)
   embedding = jnp.zeros((config.vocab_size, config.feature_size), dtype)
   features = jnp.zeros((1, 1, config.input_feature_size), dtype)
+  if config.kind != "eagle3":
+    return module.init(key, tokens, features, embedding)["params"]
   key, head_key = jax.random.split(key)
   params = module.init(key, tokens, features, embedding)["params"]
   if config.kind == "eagle3":  # its own head over the draft vocabulary and final norm
