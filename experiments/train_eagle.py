@@ -13,6 +13,12 @@ agreement go to <workdir>/metrics.jsonl. At the end the draft is exported to <wo
 V' can be chosen at load time); an existing export is an error, checked before training, unless
 --overwrite is given.
 
+--architecture=eagle3 trains EAGLE-3's architecture instead (Li et al. 2025): fc over the target's
+three tapped layers (--taps, default the inputs of layers 2, L // 2 and L - 3; the corpus must hold
+them: build_corpus --hidden_layers), one layer over (normed embedding, normed hidden), its own final
+norm and head over the draft vocabulary, trained on the token distribution alone (--cls_weight scales
+it); --export_layout=speculators or safeailab writes it as vLLM/SGLang and SafeAILab read it.
+
 EAGLE-3's training-time test (--ttt_depth=D > 1) also trains drafts 2 … D of chains that read the
 draft's own features; --init_from fine-tunes an exported draft (docs/draft.md, "Training-time test"),
 or grows a deeper one from it (--num_layers above the export's: the new layers start as the
@@ -46,6 +52,13 @@ _EVAL_DEPTH = flags.DEFINE_integer("eval_depth", 4, "Drafts per chain in the hel
 _FUSED = flags.DEFINE_list("fused_layers", [], "EAGLE-3's fused features: the target's decoder layers "
                            "(0-based) whose outputs the first draft reads with the feature; the corpus "
                            "must hold them (build_corpus --hidden_layers).")
+_ARCHITECTURE = flags.DEFINE_enum("architecture", "bass", ["bass", "eagle3"],
+                                  "bass: this project's feature draft; eagle3: EAGLE-3's.")
+_TAPS = flags.DEFINE_list("taps", [], "EAGLE-3: the target layers (0-based outputs) fc reads; empty: "
+                          "the inputs of layers 2, L // 2, L - 3 (EAGLE's and vLLM's default).")
+_EXPORT_LAYOUT = flags.DEFINE_enum("export_layout", "bass", ["bass", "safeailab", "speculators"],
+                                   "bass: this project's files; safeailab / speculators: an EAGLE-3 "
+                                   "draft in the published layouts (bass_jax.save_model's formats).")
 _INIT_FROM = flags.DEFINE_string("init_from", None, "Fine-tune: start from this exported draft "
                                  "(train_eagle's export; same layer shape) instead of random weights.")
 flags.set_default(_training.CORPUS, "data/eagle")
@@ -62,8 +75,17 @@ def main(argv):
   fused = tuple(int(i) for i in _FUSED.value)
   config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=_VOCAB.value,
                                         num_layers=_LAYERS.value, fused_layers=fused)
+  if _ARCHITECTURE.value == "eagle3":
+    if fused or _LAYERS.value != 1 or _INIT_FROM.value:
+      raise app.UsageError("--architecture=eagle3 is one layer reading --taps; --fused_layers, "
+                           "--num_layers and --init_from are for this project's drafts")
+    config = eagle.resolve_taps(
+        eagle.EagleConfig(config.layer, _VOCAB.value, kind="eagle3", fc_bias=False,
+                          taps=tuple(int(i) for i in _TAPS.value)), target.config)
+  elif _TAPS.value or _EXPORT_LAYOUT.value != "bass":
+    raise app.UsageError("--taps and --export_layout are for --architecture=eagle3")
   try:
-    corpus.check_hidden_layers(_training.CORPUS.value, fused)
+    corpus.check_hidden_layers(_training.CORPUS.value, config.target_taps)
   except ValueError as e:
     raise app.UsageError(str(e)) from e
   train_data, eval_data = _training.load_train_and_eval(feature_draft.fields(config),
@@ -91,6 +113,8 @@ def main(argv):
   cfg = _training.train_config()
   settings = {"target": _TARGET.value, "corpus": _training.CORPUS.value, "draft_vocab_size": _VOCAB.value,
               "num_layers": _LAYERS.value, "fused_layers": list(fused), "cls_weight": _CLS.value,
+              "architecture": _ARCHITECTURE.value, "taps": list(config.target_taps),
+              "export_layout": _EXPORT_LAYOUT.value,
               "ttt_depth": _TTT.value,
               "ttt_stride": _TTT_STRIDE.value, "eval_depth": _EVAL_DEPTH.value,
               "init_from": _INIT_FROM.value, **dataclasses.asdict(cfg)}
@@ -100,9 +124,14 @@ def main(argv):
                                       ttt_stride=_TTT_STRIDE.value, eval_depth=_EVAL_DEPTH.value,
                                       init=init)
   params = distill.train(config, cfg, train_data, workdir, eval_data=eval_data, objective=objective)
-  eagle.save_eagle(export, config, params, vocab_ids, overwrite=True,  # --overwrite: checked above
-                   extra={"trained": {"corpus": _training.CORPUS.value, "steps": cfg.steps,
-                                      "batch_size": cfg.batch_size}})
+  if _EXPORT_LAYOUT.value != "bass":  # --overwrite: checked above
+    draft = bass_jax.Model(config, {"draft": params,
+                                    "vocab_ids": vocab_ids[:config.draft_vocab_size]}, name="eagle3")
+    bass_jax.save_model(draft, export, format=_EXPORT_LAYOUT.value, overwrite=True, dtype="bfloat16")
+  else:
+    eagle.save_eagle(export, config, params, vocab_ids, overwrite=True,
+                     extra={"trained": {"corpus": _training.CORPUS.value, "steps": cfg.steps,
+                                        "batch_size": cfg.batch_size}})
   logging.info("exported %s (%d trained parameters)", export, config.num_params())
 
 

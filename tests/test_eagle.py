@@ -581,3 +581,37 @@ def test_an_eagle_draft_for_another_target_is_refused_by_name_before_tracing():
   other_vocab = random_eagle_draft(tiny_model(2, vocab_size=67))
   with pytest.raises(ValueError, match=r"different vocabulary sizes \(67 vs 61\)"):
     bj.generate(target, other_vocab, [[1, 2, 3]], max_new_tokens=4)
+
+
+def test_an_eagle3_draft_trains_here_and_exports_for_the_published_runtimes(tmp_path):
+  """EAGLE-3's architecture trained here (taps of both target layers, its own head over the draft
+  vocabulary, the training-time test) raises its agreement, then exports in the speculators layout,
+  which loads back and drafts greedily equal to regular decoding (test_published_drafts checks that
+  the exported files are what the published code reads)."""
+  target = tiny_model(0, scale=2.0)
+  data = _feature_corpus(target)
+  _, _, _, hidden = common.forward(target.config, target.params, jnp.asarray(data["tokens"]),
+                                   return_features=True, hidden_layers=(0, 1))
+  data["hidden"] = np.asarray(hidden, np.float16)
+  vocab = feature_draft.token_frequencies(data["tokens"], data["mask"], 61)
+  layer = eagle.EagleConfig.for_target(target.config, draft_vocab_size=40).layer
+  config = eagle.EagleConfig(layer, 40, kind="eagle3", fc_bias=False, taps=(0, 1))
+  cfg = distill.TrainConfig(steps=80, batch_size=8, peak_lr=1e-2, warmup_steps=5, eval_every=80,
+                            checkpoint_every=80, log_every=10)
+  objective = feature_draft.objective(config, cfg, target.config, target.params, vocab,
+                                      cls_weight=1.0, ttt_depth=2, ttt_stride=4, eval_depth=3)
+  before = objective.evaluate(objective.init(jax.random.key(cfg.seed)), data)
+  params = distill.train(config, cfg, data, tmp_path / "run", eval_data=data, progress=False,
+                         objective=objective)
+  after = objective.evaluate(params, data)
+  assert before["eval_regression"] == after["eval_regression"] == 0.0  # no feature to regress
+  assert after["eval_agreement"] > before["eval_agreement"] + 0.1  # 0.03 -> 0.18 when written
+  draft = bj.Model(config, {"draft": params, "vocab_ids": jnp.asarray(vocab[:40])}, name="eagle3")
+  bj.save_model(draft, tmp_path / "export", format="speculators")
+  exported = bj.load_model(tmp_path / "export")
+  assert exported.config.kind == "eagle3" and exported.config.taps == (0, 1)
+  prompts = [[3, 9, 4, 1], [7, 2, 8, 8, 5, 6, 1]]
+  regular = bj.generate(target, None, prompts, method="regular", max_new_tokens=10, eos_token_id=())
+  bass = bj.generate(target, exported, prompts, method="bass", max_new_tokens=10, eos_token_id=(),
+                     draft_len=3)
+  np.testing.assert_array_equal(bass.tokens, regular.tokens)

@@ -70,7 +70,7 @@ def published(request, tmp_path_factory, target_pair):
 
 def _jax_draft(draft, target, features, tokens):
   bound = eagle.bind(draft.params["draft"], draft.params["vocab_ids"], target.config, target.params,
-                     eagle.resolve_taps(draft.config, target.config).draft_vocab_size)
+                     draft.config.draft_vocab_size, norm_eps=draft.config.layer.rms_norm_eps)
   config = eagle.resolve_taps(draft.config, target.config)
   hidden, _ = eagle.forward(config, bound, np.asarray(tokens), np.asarray(features))
   return config, bound, np.asarray(hidden), np.asarray(eagle.draft_logits(bound, hidden))

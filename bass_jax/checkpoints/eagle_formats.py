@@ -345,7 +345,6 @@ def _eagle3(path, fields, tensors, dtype, *, speculators: bool):
   params["lm_head"] = tensors.pop("lm_head.weight")
   params["norm"] = {"scale": tensors.pop("norm.weight")}
   params = _cast(params, dtype)
-  params["norm"]["eps"] = jnp.asarray(layer.rms_norm_eps, jnp.float32)
   return config, {"draft": params, "vocab_ids": jnp.asarray(vocab_ids, jnp.int32)}
 
 

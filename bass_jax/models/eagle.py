@@ -428,8 +428,7 @@ def init_draft_params(config: EagleConfig, key: jax.Array, dtype: Any = jnp.floa
     e = config.feature_size
     params = {**params,
               "lm_head": nn.initializers.lecun_normal()(head_key, (config.draft_vocab_size, e), dtype),
-              "norm": {"scale": jnp.ones((e,), dtype),
-                       "eps": jnp.asarray(config.layer.rms_norm_eps, jnp.float32)}}
+              "norm": {"scale": jnp.ones((e,), dtype)}}
   return params
 
 
@@ -490,12 +489,14 @@ def lm_head_matrix(target_config: Any, target_params: Any) -> jax.Array:
 
 
 def bind(draft_params: Any, vocab_ids: jax.Array, target_config: Any, target_params: Any,
-         draft_vocab_size: int) -> dict[str, Any]:
+         draft_vocab_size: int, norm_eps: float | None = None) -> dict[str, Any]:
   """What the draft runs with: its trained weights and the target's frozen embedding and head rows.
 
   Args:
-    draft_params: ``fc`` and ``layers_*``. vocab_ids: ``i32[>= V']`` draft vocabulary, most frequent
-      first. draft_vocab_size: V', the prefix of ``vocab_ids`` the head scores.
+    draft_params: ``fc`` and ``layers_*`` (an EAGLE-3 draft's also ``lm_head`` and ``norm``; a
+      published draft's own ``embed_tokens``). vocab_ids: ``i32[>= V']`` draft vocabulary, most frequent
+      first (an EAGLE-3 draft's: the target ids of its draft ids). draft_vocab_size: V', the prefix of
+      ``vocab_ids`` the head scores. norm_eps: an EAGLE-3 draft's final-norm epsilon.
 
   Returns:
     ``{"draft", "embedding" [V, E], "head" [V', E], "vocab_ids" i32[V']}``.
@@ -506,7 +507,11 @@ def bind(draft_params: Any, vocab_ids: jax.Array, target_config: Any, target_par
   if "embed_tokens" in own:  # a published draft's own copy, which its runtimes use
     embedding = own.pop("embed_tokens")["embedding"]
   if "lm_head" in own:  # EAGLE-3: its own head and final norm
-    head, norm = own.pop("lm_head"), own.pop("norm")
+    head, norm = own.pop("lm_head"), dict(own.pop("norm"))
+    if norm_eps is None and "eps" not in norm:
+      raise ValueError("bind: an EAGLE-3 draft's final norm needs its epsilon (norm_eps, the layer "
+                       "config's rms_norm_eps)")
+    norm.setdefault("eps", jnp.asarray(norm_eps, jnp.float32))
     return {"draft": own, "embedding": embedding, "head": head[:draft_vocab_size],
             "final_norm": norm, "vocab_ids": ids}
   head = jnp.take(lm_head_matrix(target_config, target_params), ids, axis=0)

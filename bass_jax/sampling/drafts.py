@@ -43,7 +43,8 @@ def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any =
       eagle.check_pair_configs(model.config, target.config, name=f"the EAGLE draft {model.name!r}")
       config = eagle.resolve_taps(model.config, target.config)
       params = eagle.bind(model.params["draft"], model.params["vocab_ids"], target.config,
-                          target.params, config.draft_vocab_size)
+                          target.params, config.draft_vocab_size,
+                          norm_eps=config.layer.rms_norm_eps)
       return EagleProposer(config, dtype, attention_impl, sharding=plan), params
     return ModelProposer(model.config, dtype, attention_impl, sharding=plan), model.params
 

@@ -44,12 +44,18 @@ from bass_jax.training import distill
 def _scores(bound: dict[str, jax.Array], predicted: jax.Array, target: jax.Array):
   """Per-position ``(regression, cross_entropy, agree)``, each ``f32[...]``, of predicted features
   against the target's (both ``[..., E]``): Smooth L1 averaged over E; the cross-entropy from the
-  target's distribution to the draft's on the draft vocabulary; argmax agreement on it."""
+  target's distribution to the draft's on the draft vocabulary; argmax agreement on it. An EAGLE-3
+  draft (``bound["target_head"]``: the target's head rows of the draft vocabulary) predicts no
+  feature: its regression is 0 and the target's distribution comes from the target's own head."""
   predicted, target = predicted.astype(jnp.float32), target.astype(jnp.float32)
-  error = jnp.abs(predicted - target)
-  regression = jnp.mean(jnp.where(error < 1.0, 0.5 * error * error, error - 0.5), axis=-1)
   log_q = jax.nn.log_softmax(eagle.draft_logits(bound, predicted), axis=-1)
-  target_logits = eagle.draft_logits(bound, target)
+  if "target_head" in bound:
+    regression = jnp.zeros(predicted.shape[:-1], jnp.float32)
+    target_logits = jnp.einsum("...E,VE->...V", target, bound["target_head"].astype(jnp.float32))
+  else:
+    error = jnp.abs(predicted - target)
+    regression = jnp.mean(jnp.where(error < 1.0, 0.5 * error * error, error - 0.5), axis=-1)
+    target_logits = eagle.draft_logits(bound, target)
   cross_entropy = -jnp.sum(jax.nn.softmax(target_logits, axis=-1) * log_q, axis=-1)
   agree = (jnp.argmax(log_q, axis=-1) == jnp.argmax(target_logits, axis=-1)).astype(jnp.float32)
   return regression, cross_entropy, agree
@@ -105,9 +111,24 @@ def chained_drafts(config: eagle.EagleConfig, bound: dict[str, Any], tokens: jax
   return jnp.stack(drafts, axis=1).reshape(batch, num_starts, depth, -1)
 
 
+def bound_params(params: Any, frozen: dict[str, jax.Array]) -> dict[str, Any]:
+  """What ``eagle.forward`` and ``eagle.draft_logits`` take: the trainable weights with the frozen
+  inputs; an EAGLE-3 draft's own head and final norm (trained) come out of ``params``."""
+  if "lm_head" not in params:
+    return {"draft": params, **frozen}
+  own = dict(params)
+  head, norm = own.pop("lm_head"), own.pop("norm")
+  frozen = dict(frozen)
+  return {"draft": own, "head": head, "final_norm": {**norm, "eps": frozen.pop("norm_eps")},
+          **frozen}
+
+
 def input_features(config: eagle.EagleConfig, batch: dict[str, jax.Array]) -> jax.Array:
   """What the first draft reads at every position: ``features [B, T, E]``, or with fused layers
-  ``concat(hidden, features) [B, T, (n+1)E]`` (the corpus's ``hidden`` holds those layers' outputs)."""
+  ``concat(hidden, features) [B, T, (n+1)E]`` (the corpus's ``hidden`` holds those layers' outputs);
+  an EAGLE-3 draft's taps alone, ``hidden [B, T, nE]``."""
+  if config.kind == "eagle3":
+    return batch["hidden"]
   if not config.fused_layers:
     return batch["features"]
   return jnp.concatenate([batch["hidden"], batch["features"].astype(batch["hidden"].dtype)], axis=-1)
@@ -115,7 +136,7 @@ def input_features(config: eagle.EagleConfig, batch: dict[str, jax.Array]) -> ja
 
 def fields(config: eagle.EagleConfig) -> tuple[str, ...]:
   """The corpus arrays training and evaluation read."""
-  return ("tokens", "mask", "features") + (("hidden",) if config.fused_layers else ())
+  return ("tokens", "mask", "features") + (("hidden",) if config.target_taps else ())
 
 
 def _chain_gather(x: jax.Array, starts: jax.Array, depth: int) -> jax.Array:
@@ -144,7 +165,7 @@ def feature_loss(params: Any, batch: dict[str, jax.Array], config: eagle.EagleCo
     ``agreement`` (draft argmax == target argmax, both on the draft vocabulary) of depth 1, and
     ``agreement_d{d}`` for the deeper drafts.
   """
-  bound = {"draft": jax.tree_util.tree_map(lambda x: x.astype(dtype), params), **frozen}
+  bound = bound_params(jax.tree_util.tree_map(lambda x: x.astype(dtype), params), frozen)
   tokens, features = batch["tokens"], batch["features"]
   predicted, update = eagle.forward(config, bound, tokens[:, 1:], input_features(config, batch)[:, :-1],
                                     None, dtype=dtype)
@@ -172,7 +193,7 @@ def feature_loss(params: Any, batch: dict[str, jax.Array], config: eagle.EagleCo
 @functools.partial(jax.jit, static_argnames=("config", "dtype", "cls_weight", "depth"))
 def _evaluate_batch(params, frozen, full_head, batch, *, config, dtype, cls_weight, depth):
   """Sums over one batch of windows: depth-1 loss terms, first-draft hits, and the chains' hits."""
-  bound = {"draft": params, **frozen}
+  bound = bound_params(params, frozen)
   tokens, features, mask = batch["tokens"], batch["features"], batch["mask"]
   predicted, update = eagle.forward(config, bound, tokens[:, 1:], input_features(config, batch)[:, :-1],
                                     None, dtype=dtype)
@@ -298,8 +319,11 @@ def frozen_inputs(config: eagle.EagleConfig, target_config: Any, target_params: 
                      "pass the draft's whole stored order (eagle.load_vocab_order)")
   frozen = eagle.bind(None, vocab_ids, target_config, target_params, config.draft_vocab_size)
   del frozen["draft"]
+  if config.kind == "eagle3":  # its own head is trained; the target's rows give the target's law
+    frozen["target_head"] = frozen.pop("head")
+    frozen["norm_eps"] = jnp.asarray(config.layer.rms_norm_eps, jnp.float32)
   frozen = jax.tree_util.tree_map(
-      lambda x: x if x.dtype == jnp.int32 else jnp.asarray(x, dtype), frozen)
+      lambda x: x if x.dtype == jnp.int32 or x.ndim == 0 else jnp.asarray(x, dtype), frozen)
   return frozen, eagle.lm_head_matrix(target_config, target_params)
 
 
