@@ -24,10 +24,11 @@ collect_ignore = ([] if os.environ.get(MULTIDEVICE_ENV) == "1" else ["multidevic
 # Longest files first. `make test` hands whole files to its workers (--dist loadfile) in collection
 # order (--no-loadscope-reorder): a long file started last would leave the other worker idle at the
 # end (longest-processing-time-first scheduling). The rest keep pytest's order.
-HEAVY_FIRST = ("test_sharding.py", "test_sampling_exact.py", "test_cli.py", "test_profiles.py",
-               "test_generate.py", "test_continuous.py", "test_families.py", "test_proposers.py",
-               "test_experiment.py", "test_phases.py", "test_eagle.py", "test_tree_decode.py",
-               "test_text.py", "test_programs.py", "test_llama.py")
+HEAVY_FIRST = ("test_sharding.py", "test_sampling_exact.py", "test_cli.py", "test_families.py",
+               "test_profiles.py", "test_generate.py", "test_continuous.py", "test_proposers.py",
+               "test_eagle.py", "test_experiment.py", "test_phases.py", "test_published_drafts.py",
+               "test_tree_decode.py", "test_text.py", "test_programs.py", "test_llama.py",
+               "test_gguf_families.py", "test_checkpoints.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -124,6 +124,14 @@ def _torch_logits(model, tokens):
     return model(torch.tensor(np.asarray(tokens))).logits.numpy()
 
 
+# Time: families whose cached decoding differs from an older family's only by their rotary tables
+# (positions are the same, so the chunked decode adds nothing to the logits check), and families whose
+# features no EAGLE draft reads (eagle.TARGET_TYPES) or another case of the family covers.
+ROTARY_ONLY = {"llama3-rope", "qwen2-yarn"}
+FEATURES_ELSEWHERE = ROTARY_ONLY | {"gemma2-softcap", "gemma3-local-global",
+                                    "qwen3-tied-window-layers"}
+
+
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def converted(request, tmp_path_factory):
   name = request.param
@@ -150,6 +158,8 @@ def test_features_are_transformers_last_hidden_state_and_what_the_head_reads(con
   from bass_jax.models.common import forward
 
   name, hf, _, model = converted
+  if name in FEATURES_ELSEWHERE:
+    pytest.skip("features checked on another case of the family, or not read by any EAGLE draft")
   rng = np.random.default_rng()
   tokens = rng.integers(0, VOCAB, size=(2, 19))
   with torch.no_grad():
@@ -174,6 +184,8 @@ def test_features_are_transformers_last_hidden_state_and_what_the_head_reads(con
 
 def test_cached_incremental_decoding_equals_full_forward(converted):
   name, _, _, model = converted
+  if name in ROTARY_ONLY:
+    pytest.skip("the same positions as the family's default-rotary case; logits checked above")
   rng = np.random.default_rng(2)
   seqs = [rng.integers(0, VOCAB, n) for n in (21, 9, 30)]
   got = chunked_logits(model, seqs, prefill=[4, 1, 7])
