@@ -118,6 +118,8 @@ _EAGLE = (
     *_dense("draft/fc", None, EMBED), ("draft/fuse/kernel", (None, EMBED)),
     ("embedding", (VOCAB, EMBED)), ("head", (None, EMBED)), ("vocab_ids", (None,)),
     ("final_norm/eps", ()),  # EAGLE-3's own final norm (its scale is a norm like the others)
+    # A published draft as loaded, before its bind: EAGLE-3's own head, a draft's own embedding.
+    ("draft/lm_head", (None, EMBED)), ("draft/embed_tokens/embedding", (VOCAB, EMBED)),
     *_NORMS,
 )
 # Medusa heads: small, whole on every device.

@@ -272,3 +272,36 @@ def test_a_draft_exported_here_loads_in_the_reference_with_equal_logits(source, 
   ours = np.asarray(common.feature_value(out, resolved.target_taps, resolved.reads_final_feature))
   _, _, _, logits = _jax_draft(draft, target, ours[:, :-1], step_tokens.numpy())
   np.testing.assert_allclose(logits, want.numpy(), atol=1e-3, rtol=1e-3, err_msg=source)
+
+
+def test_published_drafts_on_a_mesh_and_more_refusals(tmp_path, target_pair):
+  """Loaded onto a (one-device) mesh, EAGLE-3 and Medusa drafts decode as without one; a top-level
+  tap list in SafeAILab's layout is read (vLLM reads it there too); Medusa heads whose token_map
+  disagrees with their rows are refused."""
+  import safetensors.torch
+  from bass_jax import sharding
+
+  hf, target = target_pair
+  mesh = sharding.make_mesh(1, 1)
+  prompts = [[5, 6, 7, 8], [9, 10]]
+  want = bj.generate(target, None, prompts, method="regular", max_new_tokens=6, eos_token_id=())
+  eagle3.write_eagle3_checkpoint(tmp_path / "e3", hf, flavor="speculators", seed=4)
+  medusa_ref.write_medusa_checkpoint(tmp_path / "m", hf, layout="vllm", seed=6)
+  for name in ("e3", "m"):
+    draft = bj.load_draft(tmp_path / name, target, mesh=mesh)
+    got = bj.generate(target, draft, prompts, method="bass", max_new_tokens=6, eos_token_id=(),
+                      draft_len=2, mesh=mesh)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+  eagle3.write_eagle3_checkpoint(tmp_path / "top", hf, flavor="llama3", seed=5, layer_ids=[0, 3, 6])
+  config = json.loads((tmp_path / "top" / "config.json").read_text())
+  config["eagle_aux_hidden_state_layer_ids"] = config.pop("eagle_config")[
+      "eagle_aux_hidden_state_layer_ids"]
+  (tmp_path / "top" / "config.json").write_text(json.dumps(config))
+  assert bj.load_model(tmp_path / "top").config.taps == (0, 3, 6)
+  medusa_ref.write_medusa_checkpoint(tmp_path / "cut", hf, layout="vllm", seed=6,
+                                     truncated_vocab_size=120)
+  state = safetensors.torch.load_file(str(tmp_path / "cut" / "model.safetensors"))
+  state["token_map"] = state["token_map"][:100].contiguous()
+  safetensors.torch.save_file(state, str(tmp_path / "cut" / "model.safetensors"))
+  with pytest.raises(ValueError, match="120 rows and token_map names 100"):
+    bj.load_model(tmp_path / "cut")

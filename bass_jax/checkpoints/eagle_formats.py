@@ -28,6 +28,9 @@ layer *outputs*, before the final norm: ``common.HIDDEN``):
 * speculators ids (``eagle_aux_hidden_state_layer_ids``) follow vLLM: id ``i`` is the *input* of layer
   ``i``, the output of layer ``i - 1`` (``i = L``: the last layer's output before the final norm).
 
+A speculators config without ``norm_before_residual`` is read as false, as the speculators library
+reads it (vLLM reads a missing key as true); ``write_published`` always writes the key.
+
 The two explicit conventions differ by one for the same list of ids; ``tests/draft_formats/eagle3.py``
 cites each runtime's code. Taps are taken in ascending layer order, each once, as every runtime
 appends them while it runs the layers.
@@ -268,8 +271,14 @@ def _eagle3_config(path: pathlib.Path, fields: dict[str, Any], *, speculators: b
     if fields.get("fc_norm") or fields.get("norm_output") is False:
       raise ValueError(f"{path / 'config.json'}: fc_norm or norm_output=false (SpecForge options) are "
                        "not implemented; convert the draft without them")
+    if fields.get("use_sliding_window"):
+      raise ValueError(f"{path / 'config.json'}: use_sliding_window=true in an EAGLE-3 draft is not "
+                       "implemented; convert the draft without it")
     layer = _layer_config(fields, _EAGLE3_FIELDS, path)
-    ids = (fields.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    # SpecForge writes them inside eagle_config; vLLM also reads them at the top level. Both places
+    # hold SGLang's convention in this layout.
+    ids = ((fields.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+           or fields.get("eagle_aux_hidden_state_layer_ids"))
   if layer.num_hidden_layers != 1:
     raise ValueError(f"{path / 'config.json'}: an EAGLE-3 draft has one layer, this config names "
                      f"{layer.num_hidden_layers}")
@@ -380,7 +389,7 @@ def write_published(directory: str | os.PathLike, config: EagleConfig, params: d
       ``model.safetensors``, explicit taps in vLLM's convention). A tap of the target's last layer
       has no SGLang id (SGLang captures before layers 0 … L - 1): write such a draft as
       ``"speculators"``.
-    dtype: the stored floats' dtype (default: the params').
+    dtype: the stored floats' dtype (default: each parameter's own, f32, bf16 or f16).
     verifier: the target's name or path, recorded in a speculators config.
 
   Raises:
@@ -398,9 +407,9 @@ def write_published(directory: str | os.PathLike, config: EagleConfig, params: d
   directory = pathlib.Path(directory)
   directory.mkdir(parents=True, exist_ok=True)
   draft = params["draft"]
+  torch_dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
   store = lambda x: torch.from_numpy(np.array(x, np.float32)).to(
-      {None: torch.float32, "float32": torch.float32, "float16": torch.float16,
-       "bfloat16": torch.bfloat16}[None if dtype is None else jnp.dtype(dtype).name])
+      torch_dtypes[jnp.dtype(x.dtype if dtype is None else dtype).name])
   state: dict[str, Any] = {}
 
   def dense(flax: dict, name: str) -> None:

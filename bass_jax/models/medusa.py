@@ -213,6 +213,9 @@ def load_medusa(path: str | os.PathLike, *, vocab_size: int | None = None, dtype
   else:
     vocab_ids = np.arange(rows, dtype=np.int64)
     head_rows = np.stack([heads[h] for h in range(k)])
+  if head_rows.shape[1] != len(vocab_ids):
+    raise ValueError(f"{path}: the heads have {head_rows.shape[1]} rows and token_map names "
+                     f"{len(vocab_ids)} ids; they must agree (or the heads span the vocabulary)")
   if vocab_ids.max() >= vocab or len(set(vocab_ids.tolist())) != len(vocab_ids):
     raise ValueError(f"{path}: token_map names ids outside the {vocab}-token vocabulary, or twice")
   config = MedusaConfig(num_heads=k, num_layers=layers, hidden_size=hidden, vocab_size=vocab,

@@ -38,7 +38,7 @@ def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any =
                                                         name="the draft")
     if isinstance(model.config, medusa.MedusaConfig):
       medusa.check_pair(model.config, target.config, name=f"the Medusa heads {model.name!r}")
-      return MedusaProposer(model.config, dtype), model.params
+      return MedusaProposer(model.config, dtype, sharding=plan), model.params
     if isinstance(model.config, eagle.EagleConfig):
       eagle.check_pair_configs(model.config, target.config, name=f"the EAGLE draft {model.name!r}")
       config = eagle.resolve_taps(model.config, target.config)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -28,10 +29,12 @@ class MedusaProposer(Proposer):
 
   Attributes:
     config: the heads (:class:`medusa.MedusaConfig`). dtype: their compute dtype name.
+    sharding: their placement on a mesh (``bass_jax.sharding.ShardingPlan``), or None.
   """
 
   config: medusa.MedusaConfig
   dtype: str = "float32"
+  sharding: Any = None
   needs_features = True
 
   @property
