@@ -194,7 +194,7 @@ def _set_parameters(w: gguf.GGUFWriter, cfg, arch) -> None:
 
 
 def write_gguf(model, path: pathlib.Path, arch: gguf.MODEL_ARCH, *, qtype=None, drop=(),
-               extra=None, extra_tensors=None, arch_name=None) -> None:
+               extra=None, extra_tensors=None, arch_name=None, eot=None, eom=None) -> None:
   """Writes ``model`` as llama.cpp's converter lays out ``arch``: f32, or 2-D weights in ``qtype``
   (norms and rotary factors stay f32, as llama.cpp keeps them). To corrupt it: ``drop``, tensor names
   to leave out; ``extra``, metadata to add ({key: value}, stored as f32); ``extra_tensors``, tensors to
@@ -210,6 +210,10 @@ def write_gguf(model, path: pathlib.Path, arch: gguf.MODEL_ARCH, *, qtype=None, 
   w.add_bos_token_id(cfg.bos_token_id)
   w.add_eos_token_id(cfg.eos_token_id)
   w.add_pad_token_id(cfg.pad_token_id)
+  if eot is not None:  # llama.cpp's end-of-turn / end-of-message ids (Llama 3 Instruct, Gemma)
+    w.add_eot_token_id(eot)
+  if eom is not None:
+    w.add_eom_token_id(eom)
   names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
   tensors = {}
   for name, value in source_tensors(model).items():
@@ -448,3 +452,12 @@ def test_tensor_without_a_place_is_refused(tmp_path, written):
   with pytest.raises(CheckpointError, match=r"GGUF tensor 'blk.0.ffn_gate_inp.weight' has no place in "
                      r"transformers' Qwen3ForCausalLM"):
     gguf_ckpt.read_hf(path)
+
+
+def test_end_of_turn_and_message_ids_join_the_stop_ids(tmp_path, written):
+  """``tokenizer.ggml.eot_token_id`` / ``eom_token_id`` (Llama 3 Instruct's <|eot_id|> and <|eom_id|>)
+  stop a decode as the EOS does: they follow it in the loaded config's stop ids."""
+  model, _ = written("qwen2")
+  write_gguf(model, tmp_path / "m.gguf", gguf.MODEL_ARCH.QWEN2, eot=7, eom=9)
+  eos = model.config.eos_token_id
+  assert bass_jax.load_model(tmp_path / "m.gguf", tokenizer=False).config.eos_token_id == (eos, 7, 9)

@@ -574,6 +574,14 @@ def _translate_config(src: _Source, family: Family) -> dict[str, Any]:
   for name, key in (("bos_token_id", "bos"), ("eos_token_id", "eos"), ("pad_token_id", "padding")):
     value = src.tokenizer.get(f"tokenizer.ggml.{key}_token_id")
     out[name] = None if value is None else int(value)
+  # llama.cpp's end-of-turn and end-of-message ids (Llama 3 Instruct's <|eot_id|> and <|eom_id|>,
+  # Gemma's <end_of_turn>) stop a generation as its EOS does: they join the stop ids.
+  extra = [int(src.tokenizer[f"tokenizer.ggml.{key}_token_id"]) for key in ("eot", "eom")
+           if src.tokenizer.get(f"tokenizer.ggml.{key}_token_id") is not None]
+  extra = [i for i in extra if i != out["eos_token_id"]]
+  if extra:
+    out["eos_token_id"] = list(dict.fromkeys(
+        ([] if out["eos_token_id"] is None else [out["eos_token_id"]]) + extra))
   return out
 
 
