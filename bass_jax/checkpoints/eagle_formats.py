@@ -73,7 +73,7 @@ def _weight_names(path: pathlib.Path) -> set[str] | None:
   if (path / "model.safetensors").is_file():
     from safetensors import safe_open  # pylint: disable=g-import-not-at-top
 
-    with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+    with safe_open(str(path / "model.safetensors"), framework="numpy") as f:  # names: no torch
       return set(f.keys())
   if (path / "pytorch_model.bin").is_file():
     import torch  # pylint: disable=g-import-not-at-top
