@@ -83,7 +83,7 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
   fields = hf_ckpt.read_config_fields(path)
   has_tokenizer = loading.has_tokenizer(path)
   from bass_jax.checkpoints import eagle_formats  # pylint: disable=g-import-not-at-top
-  from bass_jax.models import medusa  # pylint: disable=g-import-not-at-top
+  from bass_jax.models import llama, medusa  # pylint: disable=g-import-not-at-top
   if medusa.is_medusa(path):  # its sizes are checked against the target when it loads
     return ModelSource(name, path, "medusa", medusa.MedusaConfig.max_positions,
                        int(fields.get("vocab_size") or 0), has_tokenizer, medusa.MODEL_TYPE,
@@ -98,7 +98,7 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
   outer = fields
   if model_type == eagle.MODEL_TYPE:
     kind, fields = "eagle", fields.get("layer")
-  elif model_type in _LLAMA_FAMILY or model_type == "gemma3":
+  elif model_type in llama.TRAITS or model_type == "gemma3":
     # Read through the family config (transformers' defaults for absent fields, a multimodal Gemma 3's
     # text_config, longrope's shorter exact context): the fields alone would tell another story.
     config = hf_ckpt.config_from_hf(fields)
@@ -137,10 +137,6 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
   return ModelSource(name, path, kind, context, numbers["vocab_size"], has_tokenizer,
                      str(model_type), numbers[width_key], numbers[layers_key], special, tuple(fused),
                      window if isinstance(window, int) and not isinstance(window, bool) else None)
-
-
-# The families read as bass_jax.models.llama.LlamaConfig.
-_LLAMA_FAMILY = frozenset({"llama", "qwen2", "mistral", "qwen3", "gemma2", "gemma3_text", "phi3"})
 
 
 def _gguf_config(path: pathlib.Path) -> Any:

@@ -145,7 +145,7 @@ def logical_sizes(config: Any) -> dict[str, int]:
     return logical_sizes(config.layer)
   if config.model_type == "medusa":
     return {HEADS: 1, KV_HEADS: 1, MLP: 1, VOCAB: config.vocab_size}
-  if config.model_type in ("llama", "qwen2", "mistral", "qwen3", "gemma2", "gemma3_text", "phi3"):
+  if PARAM_AXES.get(config.model_type) is _LLAMA:  # the Llama family (models.llama.TRAITS)
     heads, mlp = config.num_attention_heads, config.intermediate_size
   elif config.model_type == "opt":
     heads, mlp = config.num_attention_heads, config.ffn_dim

@@ -16,12 +16,8 @@ B, T = 2, 9
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-  # Matrices of 64 are far below what a second thread pays for: on a loaded 2-core machine two threads
-  # made every small matmul take ~15 ms instead of ~0.05 ms. Restored for the files after this one.
-  threads = torch.get_num_threads()
-  torch.set_num_threads(1)
-  yield
-  torch.set_num_threads(threads)
+  with _common.one_torch_thread():
+    yield
 
 
 @pytest.fixture(scope="module")

@@ -25,10 +25,8 @@ B, T = 2, 9
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-  threads = torch.get_num_threads()
-  torch.set_num_threads(1)
-  yield
-  torch.set_num_threads(threads)
+  with _common.one_torch_thread():
+    yield
 
 
 @pytest.fixture(scope="module")

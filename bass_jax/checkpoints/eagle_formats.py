@@ -249,9 +249,14 @@ def published_config(path: str | os.PathLike) -> EagleConfig:
     raise ValueError(f"{path}: not a published EAGLE draft (EAGLE-1/2, EAGLE-3 or speculators)")
   fields = hf_ckpt.read_config_fields(path)
   if kind == "eagle1":
-    layer = _layer_config(fields, _EAGLE1_FIELDS, path)
-    return EagleConfig(layer, layer.vocab_size, kind="eagle1", fc_bias=bool(fields.get("bias", True)))
+    return _eagle1_config(path, fields)
   return _eagle3_config(path, fields, speculators=kind == "eagle3-speculators")
+
+
+def _eagle1_config(path: pathlib.Path, fields: dict[str, Any]) -> EagleConfig:
+  """An EAGLE-1/2 draft's config: its Llama layer config, and ``"bias": false`` for no ``fc.bias``."""
+  layer = _layer_config(fields, _EAGLE1_FIELDS, path)
+  return EagleConfig(layer, layer.vocab_size, kind="eagle1", fc_bias=bool(fields.get("bias", True)))
 
 
 def _eagle3_config(path: pathlib.Path, fields: dict[str, Any], *, speculators: bool) -> EagleConfig:
@@ -300,9 +305,9 @@ def _eagle3_config(path: pathlib.Path, fields: dict[str, Any], *, speculators: b
 
 
 def _eagle1(path, fields, tensors, dtype):
-  layer = _layer_config(fields, _EAGLE1_FIELDS, path)
+  config = _eagle1_config(path, fields)
+  layer, fc_bias = config.layer, config.fc_bias
   h = layer.hidden_size
-  fc_bias = bool(fields.get("bias", True))
   shapes = {"fc.weight": (h, 2 * h), **({"fc.bias": (h,)} if fc_bias else {})}
   if "embed_tokens.weight" in tensors:
     shapes["embed_tokens.weight"] = (layer.vocab_size, h)
@@ -315,7 +320,6 @@ def _eagle1(path, fields, tensors, dtype):
   for i in range(layer.num_hidden_layers):
     _layer(tensors, f"layers.{i}.", params.setdefault(f"layers_{i}", {}), input_norm=i > 0,
            eagle3=False)
-  config = EagleConfig(layer, layer.vocab_size, kind="eagle1", fc_bias=fc_bias)
   vocab_ids = np.arange(layer.vocab_size, dtype=np.int32)
   return config, {"draft": _cast(params, dtype), "vocab_ids": jnp.asarray(vocab_ids)}
 

@@ -111,11 +111,8 @@ class Rotary:
 
   # -- transformers' rules ---------------------------------------------------------------------------
 
-  def _yarn_factor(self) -> float:
-    return (self.factor if self.factor is not None
-            else self.max_position_embeddings / self.original_max_position_embeddings)
-
-  def _longrope_factor(self) -> float:
+  def _scaling_factor(self) -> float:
+    """yarn's and longrope's factor: the config's, else the context's growth over the original."""
     return (self.factor if self.factor is not None
             else self.max_position_embeddings / self.original_max_position_embeddings)
 
@@ -125,7 +122,7 @@ class Rotary:
     if self.rope_type == "yarn":
       if self.attention_factor is not None:
         return float(self.attention_factor)
-      factor = self._yarn_factor()
+      factor = self._scaling_factor()
       mscale = lambda scale, m=1.0: 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
       if self.mscale and self.mscale_all_dim:
         return float(mscale(factor, self.mscale) / mscale(factor, self.mscale_all_dim))
@@ -133,7 +130,7 @@ class Rotary:
     if self.rope_type == "longrope":
       if self.attention_factor is not None:
         return float(self.attention_factor)
-      factor = self._longrope_factor()
+      factor = self._scaling_factor()
       if factor <= 1.0:
         return 1.0
       return math.sqrt(1 + math.log(factor) / math.log(self.original_max_position_embeddings))
@@ -170,7 +167,7 @@ class Rotary:
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
   def _yarn(self, pos_freqs: np.ndarray) -> np.ndarray:
-    factor = self._yarn_factor()
+    factor = self._scaling_factor()
     beta_fast, beta_slow = self.beta_fast or 32, self.beta_slow or 1
     dim, base, original = self.dim, self.theta, self.original_max_position_embeddings
 

@@ -8,6 +8,7 @@ so a reference is a fixed point to compare against, not a dtype simulation.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -311,3 +312,15 @@ def load_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
     return dict(load_file(path))
   return dict(torch.load(path, map_location="cpu", weights_only=True))
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+  """Torch on one thread, restored after: matrices of 64 are far below what a second thread pays for
+  (on a loaded 2-core machine two threads made every small matmul take ~15 ms instead of ~0.05 ms)."""
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)
+  try:
+    yield
+  finally:
+    torch.set_num_threads(threads)
