@@ -48,29 +48,35 @@ def train_config(**overrides) -> distill.TrainConfig:
       **overrides)
 
 
-def _load(pattern: str) -> dict[str, np.ndarray]:
-  return corpus.load_shards(sorted(pathlib.Path(CORPUS.value).glob(pattern)))
+def _paths(pattern: str) -> list[pathlib.Path]:
+  return sorted(p for p in pathlib.Path(CORPUS.value).glob(pattern) if not p.name.endswith(".tmp.npz"))
 
 
 def load_train_and_eval(fields: tuple[str, ...], labels: str
                         ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-  """The training windows (target continuations, then source windows) and the held-out continuations.
+  """The training windows (target continuations, then source windows when the corpus has them: a
+  corpus relabelled from token ids alone, ``build_corpus --relabel_from``, holds continuations only)
+  and the held-out continuations.
 
   Args:
     fields: the arrays training reads. labels: the ``build_corpus --labels`` value that writes them
       (for the error message).
 
   Raises:
-    app.UsageError: the corpus lacks one of ``fields``. FileNotFoundError: no shards (from
-    ``corpus.load_shards``).
+    app.UsageError: the corpus lacks one of ``fields``. FileNotFoundError: no training or held-out
+      continuations (from ``corpus.load_shards``).
   """
-  generated, source = _load("gen_train_*.npz"), _load("src_train_*.npz")
-  missing = [f for f in fields if f not in generated or f not in source]
+  generated, source = _paths("gen_train_*.npz"), _paths("src_train_*.npz")
+  missing = []
+  for first in [paths[0] for paths in (generated, source) if paths]:
+    with np.load(first) as shard:
+      missing += [f for f in fields if f not in shard.files and f not in missing]
   if missing:
     raise app.UsageError(f"{CORPUS.value} holds no {', '.join(missing)}: build it with "
                          f"`python -m experiments.build_corpus --labels={labels}`")
-  train_data = {k: np.concatenate([generated[k], source[k]]) for k in fields}
-  eval_data = _load("gen_eval_*.npz")
-  logging.info("train: %d windows (%d labelled tokens); eval: %d", len(train_data["tokens"]),
-               int(train_data["mask"].sum()), len(eval_data["tokens"]))
+  train_data = corpus.load_shards(generated + source, fields)
+  eval_data = corpus.load_shards(_paths("gen_eval_*.npz"))
+  logging.info("train: %d windows (%d labelled tokens; %d shards of continuations, %d of source "
+               "windows); eval: %d", len(train_data["tokens"]), int(train_data["mask"].sum()),
+               len(generated), len(source), len(eval_data["tokens"]))
   return train_data, eval_data

@@ -20,14 +20,18 @@ from absl import app
 from absl import flags
 from absl import logging
 
+import numpy as np
+
 import bass_jax
+from bass_jax.checkpoints import eagle_formats
 from bass_jax.evaluation import reproduce
 from bass_jax.models import eagle
 from bass_jax.training import corpus, feature_draft
 from experiments import _io
 
 _DRAFTS = flags.DEFINE_list("drafts", ["smollm2-135m-eagle"], "Exported EAGLE drafts: aliases or "
-                            "directories (train_eagle's <workdir>/export).")
+                            "directories (train_eagle's <workdir>/export, in any --export_layout; a "
+                            "published EAGLE or EAGLE-3 draft of the target).")
 _NAMES = flags.DEFINE_list("names", [], "A name per draft for the table (default: the specs).")
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "The target whose features they read.")
 _DEPTH = flags.DEFINE_integer("depth", 4, "Drafts per chain (the simulated draft length).",
@@ -37,6 +41,17 @@ _VOCAB = flags.DEFINE_integer("draft_vocab_size", None, "Evaluate every draft at
 _CORPUS = flags.DEFINE_string("corpus", "data/eagle2", "Corpus directory with held-out feature shards.")
 _RESULTS = flags.DEFINE_string("results_dir", None, "Write eval_eagle.json here (default: a fresh "
                                "outputs/eval_eagle-<time>/).")
+
+
+def _load_draft(path: pathlib.Path) -> tuple[eagle.EagleConfig, dict, np.ndarray]:
+  """``(config, params, vocab_order)``: a ``train_eagle`` export with its whole frequency-sorted
+  vocabulary (a larger V' than its own can be asked), or a published draft (EAGLE-1/2, EAGLE-3 in the
+  SafeAILab or speculators layout, ``train_eagle --export_layout``) with its V' target ids."""
+  if eagle_formats.published_kind(path) is not None:
+    config, params = eagle_formats.load_published(path)
+    return config, params, np.asarray(params["vocab_ids"], np.int32)
+  config, params = eagle.load_eagle(path)
+  return config, params, eagle.load_vocab_order(path)
 
 
 def main(argv):
@@ -60,15 +75,14 @@ def main(argv):
   target = bass_jax.load_model(_TARGET.value, tokenizer=False)
   rows = {}
   for name, spec, path in zip(names, _DRAFTS.value, paths):
-    config, params = eagle.load_eagle(path)
-    vocab_order = eagle.load_vocab_order(path)  # the whole order: a larger V' than the export's own
+    config, params, vocab_order = _load_draft(path)
     if _VOCAB.value:
       if _VOCAB.value > len(vocab_order):
         raise app.UsageError(f"--draft_vocab_size={_VOCAB.value} exceeds {name}'s stored vocabulary "
                              f"of {len(vocab_order)} tokens")
       config = config.with_draft_vocab_size(_VOCAB.value)
     try:
-      corpus.check_hidden_layers(_CORPUS.value, config.fused_layers)
+      corpus.check_hidden_layers(_CORPUS.value, config.target_taps)
     except ValueError as e:
       raise app.UsageError(f"{name}: {e}") from e
     frozen, full_head = feature_draft.frozen_inputs(config, target.config, target.params, vocab_order,

@@ -146,3 +146,46 @@ def test_bad_labelling_arguments_are_named(lengths, bucket):
   tokens = np.ones((7, 44), np.int32)
   with pytest.raises(ValueError, match="lengths must be|bucket must be"):
     corpus.label_features(tiny_model(), tokens, batch_size=3, lengths=lengths, bucket=bucket)
+
+
+def _shard(rng, n, kinds=True, dtype=np.float16):
+  arrays = {"tokens": rng.integers(0, 61, (n, 12)).astype(np.int32), "mask": rng.random((n, 12)) < 0.8,
+            "features": rng.standard_normal((n, 12, 5)).astype(dtype)}
+  if kinds:
+    arrays["prompt_kinds"] = rng.integers(0, 3, n).astype(np.int8)
+  return arrays
+
+
+def test_shards_load_as_their_concatenation_and_mixed_kinds_load_by_field(tmp_path):
+  rng = np.random.default_rng(11)
+  gen = [_shard(rng, n) for n in (4, 7)]
+  src = [_shard(rng, 3, kinds=False)]
+  for i, arrays in enumerate(gen + src):
+    corpus.save_shard(tmp_path / f"s{i}.npz", compress=i == 1, **arrays)
+  paths = [tmp_path / f"s{i}.npz" for i in range(3)]
+  whole = corpus.load_shards(paths[:2])
+  assert sorted(whole) == ["features", "mask", "prompt_kinds", "tokens"]
+  for k in whole:
+    np.testing.assert_array_equal(whole[k], np.concatenate([g[k] for g in gen]))
+    assert whole[k].dtype == gen[0][k].dtype
+  mixed = corpus.load_shards(paths, fields=("tokens", "features"))
+  assert sorted(mixed) == ["features", "tokens"]
+  np.testing.assert_array_equal(mixed["features"],
+                                np.concatenate([a["features"] for a in gen + src]))
+  with pytest.raises(ValueError, match="holds .* not .*prompt_kinds"):
+    corpus.load_shards(paths)  # a source shard has no prompt_kinds
+  with pytest.raises(ValueError, match="not .*hidden"):
+    corpus.load_shards(paths, fields=("tokens", "hidden"))
+
+
+def test_shards_of_another_dtype_or_window_are_named(tmp_path):
+  rng = np.random.default_rng(12)
+  corpus.save_shard(tmp_path / "a.npz", **_shard(rng, 3))
+  corpus.save_shard(tmp_path / "b.npz", **_shard(rng, 2, dtype=np.float32))
+  with pytest.raises(ValueError, match="features is float32.*float16"):
+    corpus.load_shards([tmp_path / "a.npz", tmp_path / "b.npz"])
+  other = _shard(rng, 2)
+  other["tokens"] = other["tokens"][:, :8]
+  corpus.save_shard(tmp_path / "c.npz", **other)
+  with pytest.raises(ValueError, match="window length"):
+    corpus.load_shards([tmp_path / "a.npz", tmp_path / "c.npz"])

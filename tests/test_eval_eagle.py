@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import bass_jax as bj
+from bass_jax.checkpoints import eagle_formats
 from bass_jax.models import eagle
 from bass_jax.training import corpus, feature_draft
 from conftest import tiny_model
@@ -33,9 +34,17 @@ def setup(tmp_path_factory):
   rng = np.random.default_rng(1)
   tokens, mask = corpus.pack([rng.integers(1, 61, size=n).tolist() for n in (24, 9, 17, 2, 24, 13)],
                              window=24, pad_id=0)
-  (features,) = corpus.label_features(target, tokens, batch_size=4, lengths=corpus.row_lengths(mask))
+  features, hidden = corpus.label_features(target, tokens, batch_size=4, hidden_layers=(0, 1),
+                                           lengths=corpus.row_lengths(mask))
   corpus.save_shard(root / "corpus" / "gen_eval_0000.npz", tokens=tokens, mask=mask, features=features,
-                    prompt_kinds=np.array([0, 1, 2, 0, 1, 2], np.int8))
+                    hidden=hidden, prompt_kinds=np.array([0, 1, 2, 0, 1, 2], np.int8))
+  (root / "corpus" / "manifest.json").write_text(json.dumps({"hidden_layers": [0, 1]}))
+  # An EAGLE-3 draft over both layers, exported as train_eagle --export_layout=speculators writes it.
+  layer = eagle.EagleConfig.for_target(target.config, draft_vocab_size=40).layer
+  config3 = eagle.EagleConfig(layer, 40, kind="eagle3", fc_bias=False, taps=(0, 1))
+  params3 = feature_draft.initial_params(config3, jax.random.key(4), target.config, target.params, order)
+  bj.save_model(bj.Model(config3, {"draft": params3, "vocab_ids": order[:40]}, name="eagle3"),
+                root / "eagle3", format="speculators")
   return root, target
 
 
@@ -66,6 +75,28 @@ def test_each_draft_at_its_own_and_at_a_given_vocabulary_equals_the_librarys_eva
     for key in ("eval_agreement", "eval_agreement_doctest", "eval_mean_accepted_length"):
       assert row[key] == pytest.approx(float(reference[key]), abs=1e-9), key
     assert f"| tiny | {vocab_size} |" in done.stdout
+
+
+def test_an_eagle3_export_in_the_speculators_layout_is_evaluated_as_the_library_does(setup):
+  """A published-layout draft (train_eagle --architecture=eagle3 --export_layout=speculators) reads the
+  corpus's tapped hidden states; its V' target ids are its whole stored vocabulary."""
+  root, target = setup
+  data = corpus.load_shards([root / "corpus" / "gen_eval_0000.npz"])
+  done = _run(root, f"--drafts={root / 'eagle3'}", "--names=e3", f"--results_dir={root / 'e3'}")
+  assert done.returncode == 0, done.stderr[-2000:]
+  row = json.loads((root / "e3" / "eval_eagle.json").read_text())["drafts"]["e3"]
+  config, params = eagle_formats.load_published(root / "eagle3")
+  frozen, head = feature_draft.frozen_inputs(config, target.config, target.params,
+                                             np.asarray(params["vocab_ids"]), "float32")
+  reference = feature_draft.evaluate(params["draft"], data, config, frozen, head, "float32")
+  assert row["draft_vocab_size"] == 40
+  # The cross-entropy is a continuous function of every weight, the tapped states and the d2t ids.
+  assert row["eval_cross_entropy"] == pytest.approx(float(reference["eval_cross_entropy"]), rel=1e-6)
+  for key in ("eval_agreement", "eval_agreement_d2", "eval_mean_accepted_length"):
+    assert row[key] == pytest.approx(float(reference[key]), abs=1e-9), key
+  too_big = _run(root, f"--drafts={root / 'eagle3'}", "--names=e3", "--draft_vocab_size=41",
+                 f"--results_dir={root / 'e3big'}")
+  assert too_big.returncode == 2 and "exceeds e3's stored vocabulary of 40" in too_big.stderr
 
 
 @pytest.mark.parametrize("flags, message", [

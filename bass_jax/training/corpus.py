@@ -442,16 +442,45 @@ def save_shard(path: pathlib.Path, compress: bool = False, **arrays: np.ndarray)
   tmp.replace(path)
 
 
-def load_shards(paths: Sequence[pathlib.Path]) -> dict[str, np.ndarray]:
-  """Concatenates shards along the example axis.
+def load_shards(paths: Sequence[pathlib.Path], fields: Sequence[str] | None = None
+                ) -> dict[str, np.ndarray]:
+  """Concatenates shards along the example axis, in one copy (the peak is the result and one shard).
+
+  Args:
+    paths: ``.npz`` shards (``save_shard``'s). fields: the arrays to load (default: all, and every
+      shard must hold the same ones); with ``fields``, shards of different kinds (continuations with
+      ``prompt_kinds``, source windows without) load together.
 
   Raises:
-    FileNotFoundError: no shard given. ValueError: shards with different keys or window lengths.
+    FileNotFoundError: no shard given. ValueError: shards with different keys, a shard without one of
+      ``fields``, or different window lengths, shapes or dtypes.
   """
   if not paths:
     raise FileNotFoundError("no corpus shards found; build them with experiments/build_corpus.py")
-  parts = [dict(np.load(p)) for p in paths]
-  keys = set(parts[0])
-  if any(set(p) != keys for p in parts) or len({p["tokens"].shape[1] for p in parts}) != 1:
-    raise ValueError(f"shards {paths} disagree on fields or window length")
-  return {k: np.concatenate([p[k] for p in parts]) for k in sorted(keys)}
+  # Headers first, then each shard copied into its place: the peak is the corpus plus one shard, not
+  # twice the corpus (a corpus with tapped hidden states holds 4.6 KB per position).
+  headers = []
+  for path in paths:
+    with np.load(path) as shard:
+      headers.append((set(shard.files), shard["tokens"].shape))
+  keys = set(fields) if fields is not None else headers[0][0]
+  for path, (held, _) in zip(paths, headers):
+    if (fields is None and held != keys) or not keys <= held:
+      raise ValueError(f"shard {path} holds {sorted(held)}, not {sorted(keys)}: shards of one corpus "
+                       "(build_corpus with the same --labels) load together")
+  if len({shape[1] for _, shape in headers}) != 1:
+    raise ValueError(f"shards {paths} disagree on the window length")
+  total = sum(shape[0] for _, shape in headers)
+  out, start = {}, 0
+  for path, (_, shape) in zip(paths, headers):
+    with np.load(path) as shard:
+      for k in keys:
+        x = shard[k]
+        if k not in out:
+          out[k] = np.empty((total,) + x.shape[1:], x.dtype)
+        elif out[k].shape[1:] != x.shape[1:] or out[k].dtype != x.dtype:
+          raise ValueError(f"shard {path}: {k} is {x.dtype}{list(x.shape)}, the first shard's "
+                           f"{out[k].dtype}{list(out[k].shape)}")
+        out[k][start:start + shape[0]] = x
+    start += shape[0]
+  return {k: out[k] for k in sorted(keys)}

@@ -113,12 +113,14 @@ def chained_drafts(config: eagle.EagleConfig, bound: dict[str, Any], tokens: jax
 
 def bound_params(params: Any, frozen: dict[str, jax.Array]) -> dict[str, Any]:
   """What ``eagle.forward`` and ``eagle.draft_logits`` take: the trainable weights with the frozen
-  inputs; an EAGLE-3 draft's own head and final norm (trained) come out of ``params``."""
-  if "lm_head" not in params:
-    return {"draft": params, **frozen}
-  own = dict(params)
+  inputs; an EAGLE-3 draft's own head and final norm (trained) come out of ``params``, and so does a
+  published draft's own ``embed_tokens`` (in place of the target's embedding, as ``eagle.bind``)."""
+  own, frozen = dict(params), dict(frozen)
+  if "embed_tokens" in own:  # a published draft's own copy of the embedding, which its runtimes use
+    frozen["embedding"] = own.pop("embed_tokens")["embedding"]
+  if "lm_head" not in own:
+    return {"draft": own, **frozen}
   head, norm = own.pop("lm_head"), own.pop("norm")
-  frozen = dict(frozen)
   return {"draft": own, "head": head, "final_norm": {**norm, "eps": frozen.pop("norm_eps")},
           **frozen}
 
@@ -337,8 +339,8 @@ def objective(config: eagle.EagleConfig, cfg: distill.TrainConfig, target_config
   Args:
     ttt_depth, ttt_stride: :func:`feature_loss`'s training-time test (1: none).
     eval_depth: the chain length :func:`evaluate` measures.
-    init: ``key -> params`` for a fresh run (default: :func:`eagle.init_draft_params`; a fine-tune
-      passes a trained draft's weights).
+    init: ``key -> params`` for a fresh run (default: :func:`initial_params`; a fine-tune passes a
+      trained draft's weights).
 
   Raises:
     ValueError: a target outside the Llama family.
@@ -351,5 +353,38 @@ def objective(config: eagle.EagleConfig, cfg: distill.TrainConfig, target_config
       evaluate=lambda params, data: evaluate(params, data, config, frozen, full_head,
                                              cfg.compute_dtype, cls_weight, depth=eval_depth),
       fields=fields(config),
-      init=init or (lambda key: eagle.init_draft_params(config, key)),
+      init=init or (lambda key: initial_params(config, key, target_config, target_params, vocab_ids)),
       frozen=frozen)
+
+
+def initial_params(config: eagle.EagleConfig, key: jax.Array, target_config: Any, target_params: Any,
+                   vocab_ids: np.ndarray) -> dict[str, Any]:
+  """A fresh draft's trainable parameters: :func:`eagle.init_draft_params`, and for an EAGLE-3 draft a
+  warm start of its own head and final norm from the target's.
+
+  EAGLE-3's head ``lm_head [V', E]`` and final norm are its own (trained), where this project's draft
+  reads the target's frozen rows. Starting them at the target's head rows of
+  ``vocab_ids[:V']`` and the target's final-norm scale makes the draft's logits, at step 0, the target's
+  head applied to the draft's hidden state as to a last pre-norm hidden state of the target; only the
+  layer and ``fc`` start random. SpecForge offers the same start for a draft with the target's whole
+  vocabulary (``Eagle3DraftModel.load_lm_head``, ``specforge/modeling/draft/base.py`` at 078d71c); here
+  it takes the draft vocabulary's rows.
+
+  Args:
+    key: PRNG key of the random parts. vocab_ids: ``i32[>= V']`` the frequency-sorted vocabulary.
+
+  Returns:
+    the parameter tree :func:`feature_loss` trains (``fc``, ``layers_*``; an EAGLE-3 draft's also
+    ``lm_head [V', E]`` and ``norm {"scale" [E]}``), float32.
+
+  Raises:
+    ValueError: a target outside the Llama family (``eagle.lm_head_matrix``).
+  """
+  params = eagle.init_draft_params(config, key)
+  if config.kind != "eagle3":
+    return params
+  ids = jnp.asarray(vocab_ids[:config.draft_vocab_size], jnp.int32)
+  head = jnp.take(eagle.lm_head_matrix(target_config, target_params), ids, axis=0)
+  # Copies: the trainer donates its parameters, and the target's own arrays must outlive it.
+  return {**params, "lm_head": jnp.array(head, jnp.float32, copy=True),
+          "norm": {"scale": jnp.array(target_params["norm"]["scale"], jnp.float32, copy=True)}}
