@@ -9,6 +9,7 @@ near-tie, and reports the exact-match rate.
 
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -247,6 +248,39 @@ def test_the_compiled_decode_copies_no_cache(target, method, temperature, tree):
   copies = [line.strip() for line in hlo.splitlines()
             if re.search(rf"= {shape}\S* copy(-start)?\(", line)]
   assert not copies, copies[:3]
+
+
+@pytest.mark.parametrize("tree", [None, "top_k=2,depth=3,nodes=6"])
+def test_the_compiled_decode_keeps_eagle3_taps_in_place(target, tree):
+  """An EAGLE-3 draft reads the hidden states of tapped target layers: the decode keeps them for every
+  position in a feature buffer ``[B, P + N, taps x E]`` that each target forward writes, in place like
+  the caches: the compiled program holds no copy of it (chains and trees), and BASS emits regular
+  decoding's tokens."""
+  import re
+
+  from bass_jax.models import eagle
+  from bass_jax.sampling import programs
+  from bass_jax.training import feature_draft
+
+  layer = eagle.EagleConfig.for_target(target.config, draft_vocab_size=40).layer
+  config = eagle.EagleConfig(layer, 40, kind="eagle3", fc_bias=False, taps=(0, 1))
+  vocab = np.random.default_rng(2).permutation(target.config.vocab_size).astype(np.int32)
+  params = feature_draft.initial_params(config, jax.random.key(7), target.config, target.params, vocab)
+  draft = bj.Model(config, {"draft": params, "vocab_ids": jnp.asarray(vocab[:40])}, name="eagle3")
+  prompts = _prompts(target.config.vocab_size, (3, 9, 6), seed=3)
+  bj.clear_compile_cache()
+  kwargs = {"draft_tree": tree} if tree else {"draft_len": 3}
+  out = bj.generate(target, draft, prompts, max_new_tokens=10, **kwargs)
+  (_, decode), = programs._PROGRAMS._programs.values()  # pylint: disable=protected-access
+  hlo = decode.as_text()
+  width, rows = 2 * target.config.hidden_size, out.stats.batch_bucket
+  lengths = [int(n) for n in re.findall(rf"f32\[{rows},(\d+),{width}\]", hlo)]
+  assert lengths, "no [B, N, taps x E] array in the program: fix the test"
+  buffer = rf"f32\[{rows},{max(lengths)},{width}\]"  # the whole buffer, not a chunk's new features
+  copies = [line.strip() for line in hlo.splitlines() if re.search(rf"= {buffer}\S* copy(-start)?\(", line)]
+  assert not copies, copies[:3]
+  regular = bj.generate(target, None, prompts, method="regular", max_new_tokens=10)
+  assert out.sequences() == regular.sequences()
 
 
 def test_scanned_layers_decode_what_unrolled_layers_decode(target):
