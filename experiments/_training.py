@@ -63,19 +63,29 @@ def load_train_and_eval(fields: tuple[str, ...], labels: str
       (for the error message).
 
   Raises:
-    app.UsageError: the corpus lacks one of ``fields``. FileNotFoundError: no training or held-out
-      continuations (from ``corpus.load_shards``).
+    app.UsageError: no training or held-out continuations, or the corpus lacks one of ``fields``
+      (every training shard is checked).
   """
   generated, source = _paths("gen_train_*.npz"), _paths("src_train_*.npz")
-  missing = []
-  for first in [paths[0] for paths in (generated, source) if paths]:
-    with np.load(first) as shard:
-      missing += [f for f in fields if f not in shard.files and f not in missing]
+  if not generated:
+    raise app.UsageError(f"{CORPUS.value} holds no gen_train_*.npz shards (target continuations): "
+                         "build them with `python -m experiments.build_corpus`")
+  missing = set()
+  for path in generated + source:
+    with np.load(path) as shard:
+      missing |= set(fields) - set(shard.files)
   if missing:
-    raise app.UsageError(f"{CORPUS.value} holds no {', '.join(missing)}: build it with "
-                         f"`python -m experiments.build_corpus --labels={labels}`")
+    raise app.UsageError(f"{CORPUS.value} holds no {', '.join(sorted(missing))}: build it with "
+                         f"`python -m experiments.build_corpus --labels={labels}` (and --hidden_layers "
+                         "for a draft that reads hidden states)")
   train_data = corpus.load_shards(generated + source, fields)
-  eval_data = corpus.load_shards(_paths("gen_eval_*.npz"))
+  held_out = _paths("gen_eval_*.npz")
+  if not held_out:
+    raise app.UsageError(f"{CORPUS.value} holds no gen_eval_*.npz shards (held-out continuations): "
+                         "build them with `python -m experiments.build_corpus`")
+  with np.load(held_out[0]) as first:
+    kinds = ("prompt_kinds",) if "prompt_kinds" in first.files else ()
+  eval_data = corpus.load_shards(held_out, tuple(fields) + kinds)
   logging.info("train: %d windows (%d labelled tokens; %d shards of continuations, %d of source "
                "windows); eval: %d", len(train_data["tokens"]), int(train_data["mask"].sum()),
                len(generated), len(source), len(eval_data["tokens"]))

@@ -37,21 +37,58 @@ _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "The target who
 _DEPTH = flags.DEFINE_integer("depth", 4, "Drafts per chain (the simulated draft length).",
                               lower_bound=1)
 _VOCAB = flags.DEFINE_integer("draft_vocab_size", None, "Evaluate every draft at this V' (a prefix of "
-                              "its frequency-sorted vocabulary) instead of its own.", lower_bound=1)
+                              "its frequency-sorted vocabulary) instead of its own: drafts in this "
+                              "project's layout only.", lower_bound=1)
 _CORPUS = flags.DEFINE_string("corpus", "data/eagle2", "Corpus directory with held-out feature shards.")
 _RESULTS = flags.DEFINE_string("results_dir", None, "Write eval_eagle.json here (default: a fresh "
                                "outputs/eval_eagle-<time>/).")
 
 
-def _load_draft(path: pathlib.Path) -> tuple[eagle.EagleConfig, dict, np.ndarray]:
-  """``(config, params, vocab_order)``: a ``train_eagle`` export with its whole frequency-sorted
-  vocabulary (a larger V' than its own can be asked), or a published draft (EAGLE-1/2, EAGLE-3 in the
-  SafeAILab or speculators layout, ``train_eagle --export_layout``) with its V' target ids."""
-  if eagle_formats.published_kind(path) is not None:
+def _load_draft(path: pathlib.Path, name: str, target_config) -> tuple[eagle.EagleConfig, dict,
+                                                                       np.ndarray, bool]:
+  """``(config, params, vocab_order, published)`` of one draft, checked against the target and with an
+  EAGLE-3 draft's default taps resolved: a ``train_eagle`` export in this project's layout with its
+  whole frequency-sorted vocabulary, or a published-layout draft (EAGLE-1/2, EAGLE-3 in the SafeAILab
+  or speculators layout, also ``train_eagle --export_layout``'s) with its V' target ids.
+
+  Raises:
+    app.UsageError: the draft does not fit the target (``eagle.check_pair_configs``, named).
+  """
+  published = eagle_formats.published_kind(path) is not None
+  if published:
     config, params = eagle_formats.load_published(path)
-    return config, params, np.asarray(params["vocab_ids"], np.int32)
-  config, params = eagle.load_eagle(path)
-  return config, params, eagle.load_vocab_order(path)
+    order = np.asarray(params["vocab_ids"], np.int32)
+  else:
+    config, params = eagle.load_eagle(path)
+    order = eagle.load_vocab_order(path)
+  try:
+    eagle.check_pair_configs(config, target_config, name)
+    config = eagle.resolve_taps(config, target_config)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+  return config, params, order, published
+
+
+def _vocab_size(config: eagle.EagleConfig, order: np.ndarray, published: bool, name: str) -> int:
+  """The V' ``--draft_vocab_size`` asks for ``name``, or its own.
+
+  Raises:
+    app.UsageError: another V' for a published-layout draft (its ids need not be frequency-sorted, so
+      a prefix is no draft vocabulary), or a V' above what the draft stores (its vocabulary order, an
+      EAGLE-3 draft's head rows).
+  """
+  asked = _VOCAB.value
+  if not asked or asked == config.draft_vocab_size:
+    return config.draft_vocab_size
+  if published:
+    raise app.UsageError(f"--draft_vocab_size={asked}: {name} is a published-layout draft, evaluated "
+                         f"at its own V' = {config.draft_vocab_size} (its ids need not be sorted by "
+                         "frequency, so a prefix is no draft vocabulary)")
+  stored = config.draft_vocab_size if config.kind == "eagle3" else len(order)
+  if asked > stored:
+    raise app.UsageError(f"--draft_vocab_size={asked} exceeds {name}'s stored vocabulary of {stored} "
+                         "tokens" + (" (an EAGLE-3 draft's head rows)" if config.kind == "eagle3" else ""))
+  return asked
 
 
 def main(argv):
@@ -75,12 +112,8 @@ def main(argv):
   target = bass_jax.load_model(_TARGET.value, tokenizer=False)
   rows = {}
   for name, spec, path in zip(names, _DRAFTS.value, paths):
-    config, params, vocab_order = _load_draft(path)
-    if _VOCAB.value:
-      if _VOCAB.value > len(vocab_order):
-        raise app.UsageError(f"--draft_vocab_size={_VOCAB.value} exceeds {name}'s stored vocabulary "
-                             f"of {len(vocab_order)} tokens")
-      config = config.with_draft_vocab_size(_VOCAB.value)
+    config, params, vocab_order, published = _load_draft(path, name, target.config)
+    config = config.with_draft_vocab_size(_vocab_size(config, vocab_order, published, name))
     try:
       corpus.check_hidden_layers(_CORPUS.value, config.target_taps)
     except ValueError as e:

@@ -79,9 +79,15 @@ def main(argv):
     if fused or _LAYERS.value != 1 or _INIT_FROM.value:
       raise app.UsageError("--architecture=eagle3 is one layer reading --taps; --fused_layers, "
                            "--num_layers and --init_from are for this project's drafts")
-    config = eagle.resolve_taps(
-        eagle.EagleConfig(config.layer, _VOCAB.value, kind="eagle3", fc_bias=False,
-                          taps=tuple(int(i) for i in _TAPS.value)), target.config)
+    taps = tuple(int(i) for i in _TAPS.value)
+    if list(taps) != sorted(set(taps)):
+      raise app.UsageError(f"--taps={_TAPS.value}: give distinct layers in ascending order (fc reads "
+                           "them in that order, as the published runtimes do)")
+    try:
+      config = eagle.resolve_taps(eagle.EagleConfig(config.layer, _VOCAB.value, kind="eagle3",
+                                                    fc_bias=False, taps=taps), target.config)
+    except ValueError as e:
+      raise app.UsageError(str(e)) from e
   elif _TAPS.value or _EXPORT_LAYOUT.value != "bass":
     raise app.UsageError("--taps and --export_layout are for --architecture=eagle3")
   try:

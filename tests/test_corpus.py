@@ -172,18 +172,26 @@ def test_shards_load_as_their_concatenation_and_mixed_kinds_load_by_field(tmp_pa
   assert sorted(mixed) == ["features", "tokens"]
   np.testing.assert_array_equal(mixed["features"],
                                 np.concatenate([a["features"] for a in gen + src]))
-  with pytest.raises(ValueError, match="holds .* not .*prompt_kinds"):
+  with pytest.raises(ValueError, match="the first .*prompt_kinds.*: pass fields="):
     corpus.load_shards(paths)  # a source shard has no prompt_kinds
-  with pytest.raises(ValueError, match="not .*hidden"):
+  with pytest.raises(ValueError, match=r"lacks \['hidden'\]: label the corpus"):
     corpus.load_shards(paths, fields=("tokens", "hidden"))
+  for fields in ((), "tokens"):
+    with pytest.raises(ValueError, match="pass a sequence of array names"):
+      corpus.load_shards(paths, fields=fields)
 
 
 def test_shards_of_another_dtype_or_window_are_named(tmp_path):
   rng = np.random.default_rng(12)
   corpus.save_shard(tmp_path / "a.npz", **_shard(rng, 3))
   corpus.save_shard(tmp_path / "b.npz", **_shard(rng, 2, dtype=np.float32))
-  with pytest.raises(ValueError, match="features is float32.*float16"):
+  with pytest.raises(ValueError, match=r"features is float32 of rows \[12, 5\], in .*a.npz float16"):
     corpus.load_shards([tmp_path / "a.npz", tmp_path / "b.npz"])
+  short = _shard(rng, 3)
+  short["mask"] = short["mask"][:1]  # would broadcast over the 3 rows
+  corpus.save_shard(tmp_path / "d.npz", **short)
+  with pytest.raises(ValueError, match="mask has 1 rows, its tokens 3"):
+    corpus.load_shards([tmp_path / "a.npz", tmp_path / "d.npz"])
   other = _shard(rng, 2)
   other["tokens"] = other["tokens"][:, :8]
   corpus.save_shard(tmp_path / "c.npz", **other)

@@ -601,6 +601,11 @@ def test_a_fresh_eagle3_draft_starts_with_the_targets_head_over_its_vocabulary()
   normed = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + layer.rms_norm_eps) * norm_scale
   head = eagle.lm_head_matrix(target.config, target.params)[vocab[:40]]
   np.testing.assert_allclose(eagle.draft_logits(bound, h), normed @ head.T, rtol=1e-5, atol=1e-5)
+  # At a smaller V' the training/evaluation binding scores the head's first rows, as eagle.bind does.
+  frozen, _ = feature_draft.frozen_inputs(config.with_draft_vocab_size(24), target.config, params, vocab,
+                                          "float32")
+  np.testing.assert_allclose(eagle.draft_logits(feature_draft.bound_params(fresh, frozen), h),
+                             (normed @ head.T)[..., :24], rtol=1e-5, atol=1e-5)
   plain = eagle.EagleConfig.for_target(target.config, draft_vocab_size=40)
   assert set(feature_draft.initial_params(plain, jax.random.key(0), target.config, params, vocab)) \
       == set(eagle.init_draft_params(plain, jax.random.key(0)))  # nothing added to this project's

@@ -94,9 +94,63 @@ def test_an_eagle3_export_in_the_speculators_layout_is_evaluated_as_the_library_
   assert row["eval_cross_entropy"] == pytest.approx(float(reference["eval_cross_entropy"]), rel=1e-6)
   for key in ("eval_agreement", "eval_agreement_d2", "eval_mean_accepted_length"):
     assert row[key] == pytest.approx(float(reference[key]), abs=1e-9), key
-  too_big = _run(root, f"--drafts={root / 'eagle3'}", "--names=e3", "--draft_vocab_size=41",
-                 f"--results_dir={root / 'e3big'}")
-  assert too_big.returncode == 2 and "exceeds e3's stored vocabulary of 40" in too_big.stderr
+  other = _run(root, f"--drafts={root / 'eagle3'}", "--names=e3", "--draft_vocab_size=20",
+               f"--results_dir={root / 'e3other'}")
+  assert other.returncode == 2 and "published-layout draft, evaluated at its own V' = 40" in other.stderr
+  wrong_taps = root / "corpus_layer1"
+  wrong_taps.mkdir()
+  (wrong_taps / "gen_eval_0000.npz").symlink_to(root / "corpus" / "gen_eval_0000.npz")
+  (wrong_taps / "manifest.json").write_text(json.dumps({"hidden_layers": [1]}))
+  done = _run(root, f"--drafts={root / 'eagle3'}", "--names=e3", f"--corpus={wrong_taps}",
+              f"--results_dir={root / 'e3taps'}")
+  assert done.returncode == 2 and "reads target layers [0, 1] but" in done.stderr, done.stderr[-800:]
+
+
+def test_train_eagle_trains_eagle3_on_continuations_alone_and_eval_eagle_reads_its_export(setup):
+  """train_eagle as a user runs it: an EAGLE-3 draft on a corpus of continuations and source windows
+  (only the continuations carry prompt kinds) or of continuations alone (a corpus relabelled from token
+  ids), exported in the speculators layout, which eval_eagle then evaluates; bad taps and a corpus
+  without the tapped states are named before training."""
+  root, _ = setup
+  held_out = root / "corpus" / "gen_eval_0000.npz"
+  shard = dict(np.load(held_out))
+  both, alone, untapped = root / "train_both", root / "train_alone", root / "train_untapped"
+  for directory in (both, alone, untapped):
+    directory.mkdir()
+    (directory / "gen_eval_0000.npz").symlink_to(held_out)
+    (directory / "manifest.json").write_text(json.dumps({"hidden_layers": [0, 1]}))
+  corpus.save_shard(both / "gen_train_0000.npz", **shard)
+  corpus.save_shard(both / "src_train_0000.npz", **{k: v for k, v in shard.items() if k != "prompt_kinds"})
+  corpus.save_shard(alone / "gen_train_0000.npz", **shard)
+  corpus.save_shard(untapped / "gen_train_0000.npz", **{k: v for k, v in shard.items() if k != "hidden"})
+
+  def train(corpus_dir, workdir, *extra):
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.train_eagle", f"--target={root / 'target'}",
+         f"--corpus={corpus_dir}", f"--workdir={workdir}", "--architecture=eagle3", "--taps=0,1",
+         "--draft_vocab_size=40", "--cls_weight=1.0", "--ttt_depth=2", "--steps=2", "--batch_size=2",
+         "--warmup_steps=1", "--eval_every=2", "--checkpoint_every=2", "--export_layout=speculators",
+         *extra], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300, check=False)
+
+  for corpus_dir in (both, alone):
+    done = train(corpus_dir, root / f"run_{corpus_dir.name}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    windows = 12 if corpus_dir == both else 6
+    assert f"train: {windows} windows" in done.stderr
+  metrics = [json.loads(line) for line in (root / "run_train_alone" / "metrics.jsonl").read_text().splitlines()]
+  assert "eval_agreement_d2" in metrics[-1] and "eval_agreement_doctest" in metrics[-1]
+  export = bj.load_model(root / "run_train_alone" / "export")
+  assert export.config.kind == "eagle3" and export.config.taps == (0, 1)
+  done = _run(root, f"--drafts={root / 'run_train_alone' / 'export'}", "--names=trained",
+              f"--results_dir={root / 'trained'}")
+  assert done.returncode == 0, done.stderr[-2000:]
+  row = json.loads((root / "trained" / "eval_eagle.json").read_text())["drafts"]["trained"]
+  # The export is bfloat16; training evaluated the float32 weights: close, not equal.
+  assert row["eval_cross_entropy"] == pytest.approx(metrics[-1]["eval_cross_entropy"], rel=0.05)
+  for extra, corpus_dir, message in (((), untapped, "holds no hidden"),
+                                     (("--taps=1,0",), alone, "ascending order")):
+    done = train(corpus_dir, root / "refused", *extra)
+    assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("flags, message", [

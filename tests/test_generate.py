@@ -259,7 +259,7 @@ def test_the_compiled_decode_keeps_eagle3_taps_in_place(target, tree):
   import re
 
   from bass_jax.models import eagle
-  from bass_jax.sampling import programs
+  from bass_jax.sampling import plan, programs
   from bass_jax.training import feature_draft
 
   layer = eagle.EagleConfig.for_target(target.config, draft_vocab_size=40).layer
@@ -273,10 +273,11 @@ def test_the_compiled_decode_keeps_eagle3_taps_in_place(target, tree):
   out = bj.generate(target, draft, prompts, max_new_tokens=10, **kwargs)
   (_, decode), = programs._PROGRAMS._programs.values()  # pylint: disable=protected-access
   hlo = decode.as_text()
+  assert out.stats.compiled
   width, rows = 2 * target.config.hidden_size, out.stats.batch_bucket
-  lengths = [int(n) for n in re.findall(rf"f32\[{rows},(\d+),{width}\]", hlo)]
-  assert lengths, "no [B, N, taps x E] array in the program: fix the test"
-  buffer = rf"f32\[{rows},{max(lengths)},{width}\]"  # the whole buffer, not a chunk's new features
+  length = plan.prompt_bucket(9) + plan.output_bucket(10)  # the buffer holds prompt and output, P + N
+  buffer = rf"f32\[{rows},{length},{width}\]"
+  assert re.search(buffer, hlo), "no [B, P + N, taps x E] buffer in the program: fix the test"
   copies = [line.strip() for line in hlo.splitlines() if re.search(rf"= {buffer}\S* copy(-start)?\(", line)]
   assert not copies, copies[:3]
   regular = bj.generate(target, None, prompts, method="regular", max_new_tokens=10)

@@ -417,7 +417,8 @@ def row_lengths(mask: np.ndarray) -> np.ndarray:
 
 
 def check_hidden_layers(corpus_dir: str | os.PathLike, layers: Sequence[int]) -> None:
-  """Refuses a corpus whose stored hidden layers are not the ``layers`` a fused EAGLE draft reads.
+  """Refuses a corpus whose stored hidden layers are not the ``layers`` an EAGLE draft reads (a fused
+  draft's ``fused_layers``, an EAGLE-3 draft's taps: ``EagleConfig.target_taps``).
 
   Raises:
     ValueError: ``layers`` is not empty and the corpus's ``manifest.json`` records other (or no)
@@ -428,7 +429,8 @@ def check_hidden_layers(corpus_dir: str | os.PathLike, layers: Sequence[int]) ->
   manifest = pathlib.Path(corpus_dir) / "manifest.json"
   stored = json.loads(manifest.read_text()).get("hidden_layers") if manifest.exists() else None
   if stored != list(layers):
-    raise ValueError(f"fused layers {list(layers)} but {manifest} records hidden_layers {stored}: "
+    raise ValueError(f"the draft reads target layers {list(layers)} but {manifest} records "
+                     f"hidden_layers {stored}: "
                      "relabel with `python -m experiments.build_corpus --relabel_from=... "
                      f"--labels=features --hidden_layers={','.join(map(str, layers))}`")
 
@@ -457,17 +459,25 @@ def load_shards(paths: Sequence[pathlib.Path], fields: Sequence[str] | None = No
   """
   if not paths:
     raise FileNotFoundError("no corpus shards found; build them with experiments/build_corpus.py")
-  # Headers first, then each shard copied into its place: the peak is the corpus plus one shard, not
-  # twice the corpus (a corpus with tapped hidden states holds 4.6 KB per position).
+  if isinstance(fields, str) or (fields is not None and not fields):
+    raise ValueError(f"load_shards: fields={fields!r}; pass a sequence of array names, e.g. "
+                     "('tokens', 'mask', 'features')")
+  # Keys and row counts first, then each shard copied into its place: the peak is the corpus plus one
+  # array of one shard, not twice the corpus (a corpus with three taps holds 4.6 KB per position).
   headers = []
   for path in paths:
     with np.load(path) as shard:
+      if "tokens" not in shard.files:
+        raise ValueError(f"shard {path} holds no tokens: not a build_corpus shard")
       headers.append((set(shard.files), shard["tokens"].shape))
   keys = set(fields) if fields is not None else headers[0][0]
   for path, (held, _) in zip(paths, headers):
-    if (fields is None and held != keys) or not keys <= held:
-      raise ValueError(f"shard {path} holds {sorted(held)}, not {sorted(keys)}: shards of one corpus "
-                       "(build_corpus with the same --labels) load together")
+    if fields is None and held != keys:
+      raise ValueError(f"shard {path} holds {sorted(held)}, the first {sorted(keys)}: pass fields= to "
+                       "load shards of different kinds (continuations and source windows) together")
+    if not keys <= held:
+      raise ValueError(f"shard {path} lacks {sorted(keys - held)}: label the corpus with them "
+                       "(build_corpus --labels, --hidden_layers)")
   if len({shape[1] for _, shape in headers}) != 1:
     raise ValueError(f"shards {paths} disagree on the window length")
   total = sum(shape[0] for _, shape in headers)
@@ -478,9 +488,11 @@ def load_shards(paths: Sequence[pathlib.Path], fields: Sequence[str] | None = No
         x = shard[k]
         if k not in out:
           out[k] = np.empty((total,) + x.shape[1:], x.dtype)
-        elif out[k].shape[1:] != x.shape[1:] or out[k].dtype != x.dtype:
-          raise ValueError(f"shard {path}: {k} is {x.dtype}{list(x.shape)}, the first shard's "
-                           f"{out[k].dtype}{list(out[k].shape)}")
+        if len(x) != shape[0]:
+          raise ValueError(f"shard {path}: {k} has {len(x)} rows, its tokens {shape[0]}")
+        if out[k].shape[1:] != x.shape[1:] or out[k].dtype != x.dtype:
+          raise ValueError(f"shard {path}: {k} is {x.dtype} of rows {list(x.shape[1:])}, in {paths[0]} "
+                           f"{out[k].dtype} of rows {list(out[k].shape[1:])}")
         out[k][start:start + shape[0]] = x
     start += shape[0]
   return {k: out[k] for k in sorted(keys)}

@@ -121,6 +121,7 @@ def bound_params(params: Any, frozen: dict[str, jax.Array]) -> dict[str, Any]:
   if "lm_head" not in own:
     return {"draft": own, **frozen}
   head, norm = own.pop("lm_head"), own.pop("norm")
+  head = head[:frozen["vocab_ids"].shape[0]]  # a smaller V' scores the head's first rows (eagle.bind)
   return {"draft": own, "head": head, "final_norm": {**norm, "eps": frozen.pop("norm_eps")},
           **frozen}
 
