@@ -204,6 +204,7 @@ def test_the_draft_study_writes_every_cell_and_resumes(setup, tmp_path):
       assert cell["bass"]["tiny|goodput"]["step_costs"]["plain"] > 0
   text = (tmp_path / "study.md").read_text()
   assert text.count("| tiny | goodput |") == 2 and text.count("| ngram | goodput |") == 2  # 2 tables
+  assert "| 0.5 | tiny | " in text.split("## What the cost-aware policy measured")[1]  # goodput's costs
   assert not list(tmp_path.glob("draft_study_cell_*"))  # the children's files are merged and removed
   (tmp_path / "study.md").write_text(text + "\n## Reading\n\nHand-written.\n")
   again = subprocess.run(args + ["--resume"], cwd=REPO, capture_output=True, text=True, timeout=300,

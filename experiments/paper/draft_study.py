@@ -254,13 +254,15 @@ def _cell(ms: float, regular: float, best: bool) -> str:
 
 def _cost_table(raw, names, batches, sections) -> list[str]:
   """What each goodput run measured (``run_problems``' ``step_costs``): a verification pass over a
-  plain step, and the break-even acceptance (``draft_len.break_even_acceptance``)."""
-  lines = ["", "## What the cost-aware policy measured", "",
+  plain step, and the break-even acceptance (``draft_len.break_even_acceptance``); nothing when no
+  goodput run recorded its costs."""
+  header = ["", "## What the cost-aware policy measured", "",
            "Per goodput run: one verification pass (C positions) over one plain step, and the break-even "
            "acceptance rate above which some draft length beats a plain step (`-`: a cell measured "
            "before runs recorded their step costs).", "",
            "| T | proposer | " + " | ".join(f"B={b}" for b in batches) + " |",
            "|---|---|" + "---|" * len(batches)]
+  rows = []
   max_len = GoodputDraftLen().max_len
   for key, t, samples in sections:
     for name in names:
@@ -275,8 +277,8 @@ def _cost_table(raw, names, batches, sections) -> list[str]:
         cells.append(f"{c.verify_pass / c.plain:.2f}x, alpha* {alpha:.2f}")
       if any(cell != "-" for cell in cells):
         label = t if samples == 1 else f"{t}, {samples} samples"
-        lines.append(f"| {label} | {name} | " + " | ".join(cells) + " |")
-  return lines
+        rows.append(f"| {label} | {name} | " + " | ".join(cells) + " |")
+  return header + rows if rows else []
 
 
 def _render(raw, names, policies, batches, sections) -> str:
