@@ -120,7 +120,10 @@ def main(argv):
       raise app.UsageError(f"{name}: {e}") from e
     frozen, full_head = feature_draft.frozen_inputs(config, target.config, target.params, vocab_order,
                                                     "float32")
+    # eval_loss by the draft's own training loss: EAGLE's (regression + 0.1 x the token loss), or the
+    # token loss alone for an EAGLE-3 draft (train_eagle --architecture=eagle3 --cls_weight=1.0).
     metrics = feature_draft.evaluate(params["draft"], data, config, frozen, full_head, "float32",
+                                     cls_weight=1.0 if config.kind == "eagle3" else 0.1,
                                      depth=_DEPTH.value)
     rows[name] = {"draft": spec, "draft_vocab_size": config.draft_vocab_size, **metrics}
     logging.info("%s: %s", name, rows[name])

@@ -90,8 +90,10 @@ def test_an_eagle3_export_in_the_speculators_layout_is_evaluated_as_the_library_
                                              np.asarray(params["vocab_ids"]), "float32")
   reference = feature_draft.evaluate(params["draft"], data, config, frozen, head, "float32")
   assert row["draft_vocab_size"] == 40
-  # The cross-entropy is a continuous function of every weight, the tapped states and the d2t ids.
+  # The cross-entropy is a continuous function of every weight, the tapped states and the d2t ids; an
+  # EAGLE-3 draft's loss is the token loss alone.
   assert row["eval_cross_entropy"] == pytest.approx(float(reference["eval_cross_entropy"]), rel=1e-6)
+  assert row["eval_loss"] == pytest.approx(row["eval_cross_entropy"], rel=1e-9)
   for key in ("eval_agreement", "eval_agreement_d2", "eval_mean_accepted_length"):
     assert row[key] == pytest.approx(float(reference[key]), abs=1e-9), key
   other = _run(root, f"--drafts={root / 'eagle3'}", "--names=e3", "--draft_vocab_size=20",
