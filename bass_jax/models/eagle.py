@@ -499,24 +499,51 @@ def bind(draft_params: Any, vocab_ids: jax.Array, target_config: Any, target_par
       ``vocab_ids`` the head scores. norm_eps: an EAGLE-3 draft's final-norm epsilon.
 
   Returns:
-    ``{"draft", "embedding" [V, E], "head" [V', E], "vocab_ids" i32[V']}``.
+    ``{"draft", "embedding" [V, E], "head" [V', E], "vocab_ids" i32[V']}``, and an EAGLE-3 draft's
+    ``final_norm`` (:func:`own_weights` says which tensors are the draft's own).
+
+  Raises:
+    ValueError: an EAGLE-3 head without its final norm's epsilon; a target outside the Llama family.
   """
   ids = jnp.asarray(vocab_ids, jnp.int32)[:draft_vocab_size]
-  embedding = target_params["embed_tokens"]["embedding"]
-  own = dict(draft_params or {})
-  if "embed_tokens" in own:  # a published draft's own copy, which its runtimes use
-    embedding = own.pop("embed_tokens")["embedding"]
-  if "lm_head" in own:  # EAGLE-3: its own head and final norm
-    head, norm = own.pop("lm_head"), dict(own.pop("norm"))
+  own, replaced = own_weights(draft_params, draft_vocab_size, norm_eps)
+  bound = {"draft": None if draft_params is None else own,
+           "embedding": target_params["embed_tokens"]["embedding"], "vocab_ids": ids}
+  if "head" not in replaced:
+    bound["head"] = jnp.take(lm_head_matrix(target_config, target_params), ids, axis=0)
+  return {**bound, **replaced}
+
+
+def own_weights(draft_params: Any, draft_vocab_size: int, norm_eps: Any = None
+                ) -> tuple[dict[str, Any], dict[str, Any]]:
+  """Splits a draft's parameters into what its layers read and what replaces the target's tensors.
+
+  Args:
+    draft_params: ``fc``, ``layers_*`` (and ``fuse``); a published draft's own ``embed_tokens``; an
+      EAGLE-3 draft's ``lm_head [>= V', E]`` and final ``norm {"scale" [E]}``. None: nothing.
+    draft_vocab_size: V', the head rows kept. norm_eps: an EAGLE-3 draft's final-norm epsilon
+      (unless its ``norm`` holds ``eps``).
+
+  Returns:
+    ``(own, replaced)``: the parameters the draft module reads, and ``embedding [V, E]`` (a published
+    draft's own copy, which its runtimes use), ``head [V', E]`` and ``final_norm`` (EAGLE-3's) where
+    the draft has them; :func:`bind` and ``feature_draft.bound_params`` put these in place of the
+    target's.
+
+  Raises:
+    ValueError: an EAGLE-3 head without the final norm's epsilon.
+  """
+  own, replaced = dict(draft_params or {}), {}
+  if "embed_tokens" in own:
+    replaced["embedding"] = own.pop("embed_tokens")["embedding"]
+  if "lm_head" in own:
+    norm = dict(own.pop("norm"))
     if norm_eps is None and "eps" not in norm:
       raise ValueError("bind: an EAGLE-3 draft's final norm needs its epsilon (norm_eps, the layer "
                        "config's rms_norm_eps)")
     norm.setdefault("eps", jnp.asarray(norm_eps, jnp.float32))
-    return {"draft": own, "embedding": embedding, "head": head[:draft_vocab_size],
-            "final_norm": norm, "vocab_ids": ids}
-  head = jnp.take(lm_head_matrix(target_config, target_params), ids, axis=0)
-  return {"draft": draft_params if draft_params is None else own, "embedding": embedding,
-          "head": head, "vocab_ids": ids}
+    replaced.update(head=own.pop("lm_head")[:draft_vocab_size], final_norm=norm)
+  return own, replaced
 
 
 def forward(config: EagleConfig, params: dict[str, Any], tokens: jax.Array, features: jax.Array,

@@ -115,15 +115,9 @@ def bound_params(params: Any, frozen: dict[str, jax.Array]) -> dict[str, Any]:
   """What ``eagle.forward`` and ``eagle.draft_logits`` take: the trainable weights with the frozen
   inputs; an EAGLE-3 draft's own head and final norm (trained) come out of ``params``, and so does a
   published draft's own ``embed_tokens`` (in place of the target's embedding, as ``eagle.bind``)."""
-  own, frozen = dict(params), dict(frozen)
-  if "embed_tokens" in own:  # a published draft's own copy of the embedding, which its runtimes use
-    frozen["embedding"] = own.pop("embed_tokens")["embedding"]
-  if "lm_head" not in own:
-    return {"draft": own, **frozen}
-  head, norm = own.pop("lm_head"), own.pop("norm")
-  head = head[:frozen["vocab_ids"].shape[0]]  # a smaller V' scores the head's first rows (eagle.bind)
-  return {"draft": own, "head": head, "final_norm": {**norm, "eps": frozen.pop("norm_eps")},
-          **frozen}
+  frozen = dict(frozen)
+  own, replaced = eagle.own_weights(params, frozen["vocab_ids"].shape[0], frozen.pop("norm_eps", None))
+  return {"draft": own, **frozen, **replaced}
 
 
 def input_features(config: eagle.EagleConfig, batch: dict[str, jax.Array]) -> jax.Array:
