@@ -25,14 +25,14 @@ from bass_jax.sampling.generate import (PAD_TOKEN, FinishedPrompt, GenerateOutpu
                                         generate, load_draft_spec, lower, set_compile_cache_size)
 from bass_jax.sampling.plan import Plan, prepare
 from bass_jax.sampling.profiles import BackendProfile
-from bass_jax.sampling.proposers import Hybrid, NGramProposer, SiblingProposer
+from bass_jax.sampling.proposers import Hybrid, NGramProposer, Replay, SiblingProposer
 from bass_jax.sampling.runner import run
 from bass_jax.sampling.tree import TreeShape
 from bass_jax.text import generate_text
 
 __all__ = [
     "ALIASES", "BackendProfile", "CodeGenConfig", "DecodeConfig", "DynamicDraftLen", "FinishedPrompt", "FixedDraftLen", "GPT2Config", "GenerateOutput",
-    "GenerateStats", "GoodputDraftLen", "Hybrid", "KVCache", "Llama", "LlamaConfig", "Model",
+    "GenerateStats", "GoodputDraftLen", "Hybrid", "Replay", "KVCache", "Llama", "LlamaConfig", "Model",
     "NGramProposer", "OPTConfig", "PAD_TOKEN", "Plan", "SiblingProposer", "StepCosts", "TreeShape",
     "abstract_params", "attention_implementations", "check_same_tokenizer", "clear_compile_cache",
     "default_dtype",

@@ -14,7 +14,7 @@ from bass_jax.loading import Model, check_same_tokenizer, load_draft
 from bass_jax.models import eagle, medusa
 from bass_jax.preflight import parse_draft_spec
 from bass_jax.sampling.proposers import (EagleProposer, Hybrid, MedusaProposer, ModelProposer,
-                                         NGramProposer, Proposer, SiblingProposer)
+                                         NGramProposer, Proposer, Replay, SiblingProposer)
 
 
 def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any = None,
@@ -61,9 +61,23 @@ def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any =
                        f"{type(draft.siblings).__name__}")
     proposer, params = model_proposer(draft.model)
     return dataclasses.replace(draft, model=proposer), params, [draft.model]
+  if isinstance(draft, Replay):
+    if mesh is not None:
+      raise ValueError("a Replay draft runs on one device (its recording is not sharded); decode "
+                       "without a mesh")
+    if draft.text is None:
+      raise ValueError("Replay.text is None: pass the recording (bass_jax.sampling.proposers."
+                       "replay_text of a regular decode)")
+    proposer, params = model_proposer(draft.model)
+    if isinstance(proposer, MedusaProposer):
+      raise ValueError("Replay wraps a draft model or an EAGLE draft; Medusa heads draft trees of "
+                       "their own")
+    params = {"model": params, "text": jnp.asarray(draft.text, jnp.int32)}
+    return dataclasses.replace(draft, model=proposer, text=None), params, [draft.model]
   raise ValueError(
       "draft must be a bass_jax.Model (a draft model), a bass_jax.NGramProposer (model-free prompt "
-      "lookup), a bass_jax.SiblingProposer (model-free lookup in the other samples of the prompt) or "
+      "lookup), a bass_jax.SiblingProposer (model-free lookup in the other samples of the prompt), "
+      "a bass_jax.Replay(model, text) (a recorded continuation at set acceptance rates) or "
       f"a bass_jax.Hybrid(model, ngram, siblings); got {type(draft).__name__} (scripts take a spec "
       "string: see bass_jax.load_draft_spec)")
 

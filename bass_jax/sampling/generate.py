@@ -35,14 +35,14 @@ from bass_jax.sampling.profiles import BackendProfile
 from bass_jax.sampling.programs import (clear_compile_cache,  # pylint: disable=unused-import
                                         enable_persistent_compilation_cache,
                                         set_compile_cache_size)
-from bass_jax.sampling.proposers import Hybrid, NGramProposer, SiblingProposer
+from bass_jax.sampling.proposers import Hybrid, NGramProposer, Replay, SiblingProposer
 from bass_jax.sampling.runner import PAD_TOKEN, check_run_arguments, run  # pylint: disable=unused-import
 from bass_jax.sampling.tree import TreeShape, tree_shapes  # pylint: disable=unused-import
 
 
 def generate(
     target: Model,
-    draft: Model | NGramProposer | SiblingProposer | Hybrid | None,
+    draft: Model | NGramProposer | SiblingProposer | Hybrid | Replay | None,
     prompts: Sequence[Sequence[int]] | np.ndarray | jax.Array,
     *,
     method: str = "bass",
@@ -80,7 +80,8 @@ def generate(
   Args:
     target: the model whose distribution is sampled.
     draft: the draft side: a draft model sharing the target's tokenizer, an ``NGramProposer``, a
-      ``SiblingProposer`` or ``Hybrid(model, ngram, siblings=None)`` (``plan.prepare``). Ignored
+      ``SiblingProposer``, ``Hybrid(model, ngram, siblings=None)`` or ``Replay(model, text)``
+      (``plan.prepare``). Ignored
       (may be None) for ``method="regular"``.
     prompts: B token-id lists of any lengths, each non-empty; or an integer array ``[B, T]`` of B
       prompts of equal length. Ints may be Python or NumPy integers.

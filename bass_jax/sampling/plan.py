@@ -182,7 +182,8 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
     draft: the draft side (``bass_jax.sampling.proposers``): a draft model sharing the target's
       tokenizer; an ``NGramProposer`` (model-free prompt lookup); a ``SiblingProposer`` (model-free
       lookup in the other samples of each row's prompt: rows with identical prompts are siblings);
-      or ``Hybrid(model, ngram, siblings=None)``. Ignored (may be None) for ``method="regular"``.
+      ``Hybrid(model, ngram, siblings=None)``; or ``Replay(model, text)`` (a benchmark's recorded
+      continuation at set acceptance rates). Ignored (may be None) for ``method="regular"``.
     prompts: B token-id lists of any lengths, each non-empty; or an integer array ``[B, T]``.
     config: the :class:`DecodeConfig`.
     sequence_ids: with Gumbel acceptance, prompt i's noise is keyed by ``fold_in(key(seed),
@@ -217,6 +218,9 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
     raise ValueError(f"attention_impl must be a name, one of {attention_lib.attention_implementations()}")
   attention_lib.get_attention(attention_impl)  # raises for an unknown name
   bass = c.method == "bass"
+  attention_impl = attention_lib.implementation_for_heads(
+      attention_impl, _head_dims(target, draft if bass else None),
+      chosen_by_user=c.attention_impl is not None)
   mesh = sharding_lib.resolve_mesh(c.mesh) or sharding_lib.mesh_of(target.params)
   if c.draft_sharding not in sharding_lib.RULES:
     raise ValueError(f"draft_sharding must be one of {sorted(sharding_lib.RULES)}, got "
@@ -356,6 +360,24 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
               args_tail=(target_params, draft_params, *scalars), num_prompts=num_prompts,
               slots=slots, rows=rows, max_new_tokens=max_new_tokens, place=place, host=host,
               step_costs=step_costs, profile=profile.name)
+
+
+def _head_dims(target: Model, draft: Any) -> dict[str, int]:
+  """``{name: head dim}`` of the target and of the draft model inside ``draft`` (itself, or the model
+  a ``Hybrid`` or ``Replay`` wraps; an EAGLE draft's layer), for the attention's kernel choice."""
+  models = [target]
+  inner = draft
+  while inner is not None and not isinstance(inner, Model):
+    inner = getattr(inner, "model", None)
+  if isinstance(inner, Model):
+    models.append(inner)
+  dims = {}
+  for i, model in enumerate(models):
+    config = getattr(model.config, "layer", model.config)
+    head_dim = getattr(config, "head_dim", None)
+    if isinstance(head_dim, int):
+      dims[model.name or ("the target" if i == 0 else "the draft")] = head_dim
+  return dims
 
 
 def _check_tree_windows(trees, target: Model, draft_models, attention_impl: str) -> None:

@@ -40,6 +40,9 @@ whose proposer never proposes, so the loop compiles its plain step only):
   matches agree on, as far as they agree. No weights, no state, one-hot ``q``.
 * :class:`Hybrid` (``hybrid``): per row, sibling lookup (if given), else n-gram lookup, else a
   draft model (independent or EAGLE).
+* :class:`Replay` (``replay``): a draft model whose forwards run every step but whose tokens are a
+  recorded continuation, wrong at set per-position rates: a benchmark's realistic acceptance at any
+  model shape (random weights included).
 
 The interface, :class:`StepContext`, :class:`Proposal` and the drafting loop the model drafts share are
 in ``base``.
@@ -55,9 +58,10 @@ from bass_jax.sampling.proposers.eagle_draft import EagleProposer, EagleState
 from bass_jax.sampling.proposers.hybrid import Hybrid
 from bass_jax.sampling.proposers.medusa_heads import MedusaProposer
 from bass_jax.sampling.proposers.ngram import NGramProposer
+from bass_jax.sampling.proposers.replay import Replay, replay_text
 from bass_jax.sampling.proposers.siblings import SiblingProposer
 
 __all__ = ["DRAFT_SOURCES", "DraftCacheState", "EagleProposer", "EagleState", "FinishedSamples",
            "MedusaProposer",
            "Hybrid", "ModelProposer", "NGramProposer", "NoProposer", "Proposal", "Proposer",
-           "SiblingProposer", "StepContext", "draft_autoregressively"]
+           "Replay", "SiblingProposer", "StepContext", "draft_autoregressively", "replay_text"]
