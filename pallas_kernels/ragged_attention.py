@@ -164,16 +164,23 @@ def _ragged_attention_kernel(
       first_block = jnp.clip(oldest - start, 0, split_len) // block_k
   num_blocks = pl.cdiv(jnp.clip(end - start, 0, split_len), block_k)
 
-  q = q_ref[...]
+  chunks = head_chunks(q_ref.shape[-1])  # static (offset, size) column tiles, powers of two
+  qs = [q_ref[:, pl.ds(off, size)] for off, size in chunks]
 
   def body(i, carry):
-    acc, m_prev, l_prev = carry
+    accs, m_prev, l_prev = carry
     slots = start + i * block_k + jnp.arange(block_k)
     valid = slots < kv_length
     block = pl.ds(i * block_k, block_k)
     # Masked loads: slots past the row's length are never read (they may hold NaN or stale drafts).
-    k = plgpu.load(k_ref.at[block, :], mask=valid[:, None], other=0.0)
-    logits = plgpu.dot(q, k, trans_b=True, allow_tf32=allow_tf32) * sm_scale  # f32[block_r, block_k]
+    # A head that is not a power of two is taken in column tiles that are: q . k sums their
+    # products, and p . v fills each tile of the output.
+    logits = None
+    for q, (off, size) in zip(qs, chunks):
+      k = plgpu.load(k_ref.at[block, pl.ds(off, size)], mask=valid[:, None], other=0.0)
+      part = plgpu.dot(q, k, trans_b=True, allow_tf32=allow_tf32)  # f32[block_r, block_k]
+      logits = part if logits is None else logits + part
+    logits = logits * sm_scale
     if logit_soft_cap is not None:  # Gemma 2: cap the scaled scores before the mask
       logits = logit_soft_cap * jnp.tanh(logits / logit_soft_cap)
     visible = valid[None, :] & (slots[None, :] <= q_pos[:, None])
@@ -183,18 +190,46 @@ def _ragged_attention_kernel(
     m_next = jnp.maximum(m_prev, jnp.max(logits, axis=1))
     correction = jnp.exp(m_prev - m_next)
     p = jnp.where(visible, jnp.exp(logits - m_next[:, None]), 0.0)
-    v = plgpu.load(v_ref.at[block, :], mask=valid[:, None], other=0.0)
-    acc = correction[:, None] * acc + plgpu.dot(p.astype(v.dtype), v, allow_tf32=allow_tf32)
-    return acc, m_next, correction * l_prev + jnp.sum(p, axis=1)
+    new_accs = []
+    for acc, (off, size) in zip(accs, chunks):
+      v = plgpu.load(v_ref.at[block, pl.ds(off, size)], mask=valid[:, None], other=0.0)
+      new_accs.append(correction[:, None] * acc
+                      + plgpu.dot(p.astype(v.dtype), v, allow_tf32=allow_tf32))
+    return tuple(new_accs), m_next, correction * l_prev + jnp.sum(p, axis=1)
 
-  head_dim = q_ref.shape[-1]
-  init = (jnp.zeros((block_r, head_dim), jnp.float32), jnp.full((block_r,), _MASK_VALUE, jnp.float32),
-          jnp.zeros((block_r,), jnp.float32))
-  acc, m, l = lax.fori_loop(first_block, num_blocks, body, init)
+  init = (tuple(jnp.zeros((block_r, size), jnp.float32) for _, size in chunks),
+          jnp.full((block_r,), _MASK_VALUE, jnp.float32), jnp.zeros((block_r,), jnp.float32))
+  accs, m, l = lax.fori_loop(first_block, num_blocks, body, init)
   # A split that holds none of a row's visible slots has l == 0: it outputs 0 with weight 0.
-  o_ref[...] = (acc / jnp.where(l > 0, l, 1.0)[:, None]).astype(o_ref.dtype)
+  scale = 1.0 / jnp.where(l > 0, l, 1.0)[:, None]
+  for acc, (off, size) in zip(accs, chunks):
+    o_ref[:, pl.ds(off, size)] = (acc * scale).astype(o_ref.dtype)
   m_ref[...] = m
   l_ref[...] = l
+
+
+def head_chunks(head_dim: int) -> tuple[tuple[int, int], ...]:
+  """How the kernel tiles a head of ``head_dim`` channels: ``((offset, size), ...)``, each size a power
+  of two >= 16 (Triton's tensors must be powers of two, its dot at least 16 wide), largest first:
+  64 -> one tile; 80 -> 64 + 16 (Phi-2); 96 -> 64 + 32 (Phi-3-mini); 256 -> one tile (Gemma).
+
+  Raises:
+    ValueError: a head dim that is not a positive multiple of 16 (no such tiling exists).
+  """
+  if head_dim < _MIN_BLOCK or head_dim % _MIN_BLOCK:
+    raise ValueError(f"head dim must be a multiple of {_MIN_BLOCK} (>= {_MIN_BLOCK}) for the Pallas "
+                     f"kernel, got {head_dim}; use attention_impl='blocked_split' or 'reference'")
+  chunks, offset = [], 0
+  while offset < head_dim:
+    size = 1 << ((head_dim - offset).bit_length() - 1)  # the largest power of two that fits
+    chunks.append((offset, size))
+    offset += size
+  return tuple(chunks)
+
+
+def supports_head_dim(head_dim: int) -> bool:
+  """Whether the kernel takes heads of ``head_dim`` channels (:func:`head_chunks`)."""
+  return head_dim >= _MIN_BLOCK and head_dim % _MIN_BLOCK == 0
 
 
 def _block_k(split_len: int, block_k: int) -> int | None:
@@ -318,8 +353,7 @@ def _validate(q, k_cache, v_cache, lengths, kv_lengths, variant, block_sizes):
   if num_heads % k_cache.shape[1]:
     raise ValueError(f"query heads ({num_heads}) must be a multiple of key/value heads "
                      f"({k_cache.shape[1]})")
-  if head_dim < _MIN_BLOCK or head_dim & (head_dim - 1):
-    raise ValueError(f"head dim must be a power of two >= {_MIN_BLOCK}, got {head_dim}")
+  head_chunks(head_dim)  # raises for a head dim the kernel cannot tile
   if q.dtype not in (jnp.float32, jnp.bfloat16) or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
     raise ValueError(f"q, k_cache and v_cache must share one dtype, float32 or bfloat16; got "
                      f"{q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
@@ -365,7 +399,9 @@ def ragged_attention(
 
   Args:
     q: ``[B, T, N, H]`` float32 or bfloat16: the T newest tokens of each row, already written into the
-      cache at slots ``lengths[b] - T … lengths[b] - 1``.
+      cache at slots ``lengths[b] - T … lengths[b] - 1``. H is any multiple of 16 (64, 80, 96, 128,
+      256, ...): a head that is not a power of two runs in power-of-two column tiles
+      (:func:`head_chunks`).
     k_cache, v_cache: ``[B, K, S, H]`` in q's dtype, ``N % K == 0``; slots at and past ``lengths[b]`` are
       never read.
     lengths: ``i32[B]``, the end position of each row's queries: query t sits at ``lengths[b] - T + t``.
@@ -397,7 +433,7 @@ def ragged_attention(
     ``(out, (m, l))`` with ``return_residuals``.
 
   Raises:
-    ValueError: mismatched shapes or dtypes, a head dim that is not a power of two >= 16, a cache
+    ValueError: mismatched shapes or dtypes, a head dim that is not a multiple of 16, a cache
       length that does not split into ``num_splits`` multiples of 16, an unknown variant, a
       ``sliding_window < 1`` or ``logit_soft_cap <= 0``, or (when lengths are concrete) a length
       outside ``[T, S]``.

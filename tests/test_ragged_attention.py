@@ -4,7 +4,8 @@ On a CPU the kernels run in Pallas interpret mode; on a GPU (``pytest -m gpu``) 
 random draws; cache slots past each row's length are NaN and the kernel's output buffers start as NaN,
 so a stray read or an unwritten tile fails the comparison.
 
-The grid: every (batch, T) pair of B in {1, 3, 8} and T in {1, 2, 8, 33} is paired with one of the 12
+Every head size users bring (64, 80, 96, 128, 256) is checked too, the ones that are not powers of two
+as the kernel's column tiles. The grid: every (batch, T) pair of B in {1, 3, 8} and T in {1, 2, 8, 33} is paired with one of the 12
 combinations of GQA ratio {1, 3, 8} x head dim {64, 128} x dtype {f32, bf16}, so every value of every
 factor, and every combination of the last three, is covered; each case runs both variants. Gemma 2's
 logit soft cap (with and without a sliding window, split-K, and per-layer windows through the models'
@@ -98,6 +99,55 @@ def test_kernel_lowers_through_triton_for_cuda(batch, num_q, ratio, head_dim, dt
   assert exported.mlir_module().count(f"@{triton}") == 1
 
 
+# The head sizes of the families users bring: 64 (Llama 3.2 1B, SmolLM2), 80 (Phi-2, StableLM), 96
+# (Phi-3-mini, Phi-3.5-mini), 128 (Llama 3.1 8B, Qwen3), 256 (Gemma 2 and 3). 80 and 96 run in
+# power-of-two column tiles (head_chunks).
+HEAD_DIMS = [64, 80, 96, 128, 256]
+
+
+@pytest.mark.parametrize("variant", ["pad", "split"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_every_head_size_matches_the_reference(head_dim, variant):
+  num_q, ratio = (3, 3) if head_dim % 32 else (5, 4)  # T * G of 9 and 20: one 16-row block and two
+  dtype = jnp.bfloat16 if head_dim in (96, 256) else jnp.float32
+  q, k, v, lengths = _inputs(head_dim + (variant == "split"), 3, num_q, 2, ratio, head_dim, dtype,
+                             max_len=192)
+  out = ragged_attention(q, k, v, lengths, variant=variant, interpret=not ON_GPU,
+                         block_sizes=BlockSizes(block_r=16, block_k=32, num_splits=2),
+                         debug_poison_output=True)
+  assert out.shape == q.shape and out.dtype == q.dtype
+  _check(out, ragged_attention_reference(q, k, v, lengths), dtype)
+
+
+@pytest.mark.parametrize("head_dim", [80, 96, 256])
+def test_every_head_size_lowers_through_triton_for_cuda(head_dim):
+  """Triton takes only power-of-two tensors: an 80- or 96-channel head lowers as column tiles."""
+  from jax import export
+
+  q = jax.ShapeDtypeStruct((2, 5, 8, head_dim), jnp.bfloat16)
+  kv = jax.ShapeDtypeStruct((2, 2, 192, head_dim), jnp.bfloat16)
+  lengths = jax.ShapeDtypeStruct((2,), jnp.int32)
+  fn = jax.jit(lambda q, k, v, l: ragged_attention(q, k, v, l, variant="split"))
+  exported = export.export(fn, platforms=["cuda"], disabled_checks=[
+      export.DisabledSafetyCheck.custom_call(TRITON_CUSTOM_CALL)])(q, kv, kv, lengths)
+  assert exported.mlir_module().count(f"@{TRITON_CUSTOM_CALL}") == 1
+
+
+def test_head_chunks_tile_the_head_in_powers_of_two():
+  from pallas_kernels.ragged_attention import head_chunks, supports_head_dim
+
+  for head_dim in range(16, 513, 16):
+    chunks = head_chunks(head_dim)
+    assert sum(size for _, size in chunks) == head_dim and supports_head_dim(head_dim)
+    assert [off for off, _ in chunks] == list(np.cumsum([0] + [s for _, s in chunks])[:-1])
+    assert all(s >= 16 and s & (s - 1) == 0 for _, s in chunks)
+    assert [s for _, s in chunks] == sorted((s for _, s in chunks), reverse=True)
+  for bad in (8, 40, 72, 100):
+    assert not supports_head_dim(bad)
+    with pytest.raises(ValueError, match="multiple of 16"):
+      head_chunks(bad)
+
+
 @pytest.mark.parametrize("variant", ["pad", "split"])
 @pytest.mark.parametrize("num_q,block_sizes", [
     (96, BlockSizes(block_r=64, block_k=32)),  # prefill: 288 folded rows in 5 query blocks
@@ -156,8 +206,8 @@ def test_model_attention_with_the_kernels_matches_the_models_reference(impl):
     (dict(variant="ragged"), "variant"),
     (dict(q=jnp.zeros((2, 3, 6, 64))), "batch"),
     (dict(q=jnp.zeros((1, 3, 5, 64))), "multiple"),
-    (dict(q=jnp.zeros((1, 3, 6, 48)), k_cache=jnp.zeros((1, 3, 128, 48)),
-          v_cache=jnp.zeros((1, 3, 128, 48))), "power of two"),
+    (dict(q=jnp.zeros((1, 3, 6, 40)), k_cache=jnp.zeros((1, 3, 128, 40)),
+          v_cache=jnp.zeros((1, 3, 128, 40))), "multiple of 16.*blocked_split"),
     (dict(k_cache=jnp.zeros((1, 3, 100, 64)), v_cache=jnp.zeros((1, 3, 100, 64))), "multiples of 16"),
     (dict(v_cache=jnp.zeros((1, 3, 128, 64), jnp.bfloat16)), "v_cache"),
     (dict(lengths=jnp.array([2])), r"lengths\[b\] >= T=3"),
@@ -196,6 +246,34 @@ def test_greedy_bass_is_unchanged_by_the_kernels():
     out = bj.generate(target, draft, prompts, max_new_tokens=24, attention_impl=impl)
     assert np.array_equal(out.tokens, ref.tokens), impl
     np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-4)
+
+
+def test_a_phi3_sized_head_decodes_with_the_kernel_and_other_sizes_fall_back_before_tracing():
+  """A 96-channel head (Phi-3-mini's) decodes through the split kernel as the reference does; a head
+  the kernel cannot tile takes the plain-JAX strategy under the GPU profile's default, with one
+  warning line, and is refused when the kernel is asked for by name."""
+  import warnings
+
+  import bass_jax as bj
+  from conftest import tiny_model
+
+  target = tiny_model(seed=0, scale=2.5, head_dim=96, num_hidden_layers=1)
+  prompts = [[5, 9, 2], [7, 1, 4, 4, 8, 3, 2]]
+  ref = bj.generate(target, None, prompts, method="regular", max_new_tokens=8,
+                    attention_impl="reference")
+  out = bj.generate(target, None, prompts, method="regular", max_new_tokens=8,
+                    attention_impl="pallas_split")
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  odd = tiny_model(seed=0, head_dim=8, num_hidden_layers=1)  # 8 channels: no 16-wide tile
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    out = bj.generate(odd, None, prompts, method="regular", max_new_tokens=4, profile="gpu")
+  lines = [str(w.message) for w in caught if "multiples of 16" in str(w.message)]
+  assert len(lines) == 1 and "'blocked_split'" in lines[0] and "\n" not in lines[0], lines
+  assert out.stats.attention_impl == "blocked_split"
+  with pytest.raises(ValueError, match="head_dim 8.*blocked_split"):
+    bj.generate(odd, None, prompts, method="regular", max_new_tokens=4,
+                attention_impl="pallas_split")
 
 
 @pytest.mark.parametrize("variant", ["pad", "split"])

@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import warnings
 from typing import Callable, Protocol
 
 import jax
@@ -327,11 +328,23 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, sm_scale: floa
 def causal_implementation(dtype) -> str:
   """The causal attention a prefill or full forward runs (:func:`causal_attention`): ``"cudnn"``
   (flash attention through ``jax.nn.dot_product_attention``) on a GPU platform (:func:`compile_platform`)
-  for bf16 or f16, which cuDNN's fused kernel takes; ``"reference"`` elsewhere, the jnp path, which is
+  for bf16 or f16, which cuDNN's fused kernel takes (``"xla"`` when tracing for a GPU on a machine
+  without one, where cuDNN is absent); ``"reference"`` elsewhere, the jnp path, which is
   the faster one on a CPU and the only one for f32 on a GPU."""
   if compile_platform() in GPU_PLATFORMS and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
-    return "cudnn"
+    # cuDNN's version is checked while tracing: lowering for a GPU on a machine without one (the
+    # deviceless census, ``compiling_for``) takes XLA's own attention for the prefill instead.
+    return "cudnn" if _has_gpu() else "xla"
   return "reference"
+
+
+@functools.cache
+def _has_gpu() -> bool:
+  """Whether this process has a GPU device (cuDNN is then installed with JAX's CUDA plugin)."""
+  try:
+    return bool(jax.devices("gpu"))
+  except RuntimeError:
+    return False
 
 
 def blocked_attention(
@@ -503,6 +516,43 @@ _IMPLEMENTATIONS: dict[str, Callable[[], AttentionFn]] = {
     "blocked_pad": lambda: functools.partial(blocked_attention, variant="pad"),
     "blocked_split": lambda: functools.partial(blocked_attention, variant="split"),
 }
+
+
+def implementation_for_heads(name: str, head_dims: dict[str, int], *, chosen_by_user: bool) -> str:
+  """The attention implementation to trace for models whose heads have ``head_dims`` channels.
+
+  The Pallas kernels take heads whose size is a multiple of 16 (64, 80, 96, 128, 256, ...:
+  ``pallas_kernels.ragged_attention.head_chunks``). For another size a profile's Pallas default is
+  replaced, before anything is traced, by the same strategy in plain JAX (``blocked_pad`` /
+  ``blocked_split``), with a one-line warning; a Pallas kernel the caller asked for by name is refused.
+
+  Args:
+    name: the implementation chosen (a profile's default, or the caller's ``attention_impl``).
+    head_dims: ``{model name: head dim}`` of the models that will attend with it.
+    chosen_by_user: whether the caller named ``name`` (then a mismatch is an error).
+
+  Returns:
+    ``name``, or its plain-JAX counterpart.
+
+  Raises:
+    ValueError: ``chosen_by_user`` and a head size the Pallas kernel cannot take.
+  """
+  if not name.startswith("pallas_"):
+    return name
+  from pallas_kernels import ragged_attention  # pylint: disable=g-import-not-at-top
+
+  bad = {model: dim for model, dim in head_dims.items()
+         if not ragged_attention.supports_head_dim(dim)}
+  if not bad:
+    return name
+  fallback = name.replace("pallas_", "blocked_")
+  which = ", ".join(f"{model} (head_dim {dim})" for model, dim in bad.items())
+  if chosen_by_user:
+    raise ValueError(f"attention_impl={name!r}: the Pallas kernel takes head dims that are multiples "
+                     f"of 16, and {which} is not; use attention_impl={fallback!r} or 'reference'")
+  warnings.warn(f"{which}: the Pallas kernel takes head dims that are multiples of 16; attending "
+                f"with {fallback!r} (the same strategy in plain JAX) instead", stacklevel=3)
+  return fallback
 
 
 def get_tree_attention(name: str) -> Callable[..., jax.Array]:
