@@ -31,11 +31,14 @@ import numpy as np
 from bass_jax.sampling.proposers.base import Proposal, Proposer
 
 # The real SmolLM2-135M pair's per-position acceptance on one H200 (greedy, HumanEval 0-15, 128 new
-# tokens, ``hybrid:smollm2-135m-eagle`` under the cost-aware draft length; B = 1, 4 and 16 pooled by
-# their drafted positions and rounded; results/gpu_h200_2026-11-28/, ``position_acceptance``): the
+# tokens, ``hybrid:smollm2-135m-eagle`` under the cost-aware draft length; the mean of B = 1, 4 and 16
+# at each position, rounded to 0.005; results/gpu_h200_2026-11-28/, ``position_acceptance``): the
 # probability that draft i is accepted given that drafts 1 ... i - 1 were. Later positions repeat
-# the last rate. Replay's default, so that a random-weight benchmark accepts like the real pair.
-SMOLLM2_POSITION_ACCEPTANCE = (0.755, 0.745, 0.83, 0.93)
+# the last rate. Replay's default, so that a random-weight benchmark accepts like the real pair. The
+# later positions were reached mostly by n-gram drafts (the policy drafts long where lookup matches),
+# so they flatter a model draft: at a fixed draft length the replay accepts a little more than the
+# real pair did under its policy (2.4-2.6 tokens per step).
+SMOLLM2_POSITION_ACCEPTANCE = (0.755, 0.745, 0.84, 0.935)
 
 
 def _mix(x: jnp.ndarray) -> jnp.ndarray:
