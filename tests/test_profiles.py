@@ -44,6 +44,33 @@ def test_profiles_resolve_by_name_platform_and_value():
     profiles.BackendProfile("x", "flash", None, False)
 
 
+def test_a_profiles_compiler_options_reach_every_program_it_compiles(models):
+  """The GPU profile compiles without XLA's dot-strength-reduction; a profile's options reach the
+  decode's programs and the step-cost forwards (an option XLA does not know fails there), and a
+  known one changes no token."""
+  import dataclasses
+
+  target, draft, _ = models
+  assert dict(profiles.PROFILES["gpu"].compiler_options) == {
+      "xla_disable_hlo_passes": "dot-strength-reduction"}
+  assert profiles.PROFILES["cpu"].compiler_options == ()
+  for bad in ((("xla_x",),), (("jax_x", "1"),), [("xla_a", "b")], (("xla_a", 1),)):
+    with pytest.raises(ValueError, match="compiler_options"):
+      profiles.BackendProfile("x", "reference", None, False, compiler_options=bad)
+  prompts = _prompts(target.config.vocab_size, (3, 6))
+  plain = bj.generate(target, draft, prompts, max_new_tokens=6, draft_len=2)
+  options = dataclasses.replace(profiles.PROFILES["cpu"], compiler_options=(
+      ("xla_disable_hlo_passes", "dot-strength-reduction"),))
+  same = bj.generate(target, draft, prompts, max_new_tokens=6, draft_len=2, profile=options)
+  np.testing.assert_array_equal(same.tokens, plain.tokens)
+  unknown = dataclasses.replace(options, compiler_options=(("xla_no_such_option", "1"),))
+  with pytest.raises(Exception, match="xla_no_such_option"):
+    bj.generate(target, draft, prompts, max_new_tokens=6, draft_len=2, profile=unknown)
+  with pytest.raises(Exception, match="xla_no_such_option"):  # the cost-aware policy's forwards
+    bj.generate(target, draft, prompts, max_new_tokens=6, draft_len="goodput",
+                profile=dataclasses.replace(unknown, name="unknown-goodput"))
+
+
 def test_split_count_fills_the_sms_and_keeps_two_blocks_per_split():
   # SmolLM2 (3 KV heads, G = 3) at B = 1 verifying 5 positions: 3 programs on 132 SMs.
   assert split_count(1, 3, 5, 3, 512, sm_count=132) == 4  # 512 / 4 = 128 slots: two blocks of 64

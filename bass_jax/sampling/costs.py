@@ -44,6 +44,14 @@ from bass_jax.sampling.draft_len import GoodputDraftLen, StepCosts
 _CACHE: dict[Any, StepCosts] = {}
 _LOCK = threading.Lock()
 _REPEATS = 7
+_OPTIONS = threading.local()  # the XLA options of the decode being measured (measure_step_costs)
+
+
+def _compiler_options() -> dict[str, str] | None:
+  """The XLA options the timed forwards compile with: the decode's own, while its costs are measured
+  (a proposer's ``forward_costs`` times its forwards through here too), so each piece is timed as the
+  decode will run it."""
+  return getattr(_OPTIONS, "value", None)
 
 
 def median_seconds(call: Callable[[], Any], repeats: int = 5) -> float:
@@ -114,7 +122,7 @@ def cached_forward_calls(forward_fn: Callable[..., tuple[Any, Any]], params, cac
     if width is not None:
       mask = jnp.broadcast_to(jnp.tril(jnp.ones((p, width), bool), k=width - p), (batch, p, width))
 
-    @functools.partial(jax.jit, donate_argnums=2)
+    @functools.partial(jax.jit, donate_argnums=2, compiler_options=_compiler_options())
     def step(params, tokens, cache):
       extra = {} if mask is None else {"tree_mask": mask}
       outputs, cache = forward_fn(params, tokens, cache, **extra)
@@ -201,10 +209,22 @@ def measure_step_costs(spec, target_params: Any, draft_params: Any, batch: int) 
   """
   trees = spec.draft_trees if isinstance(spec.draft_len, GoodputDraftLen) else ()
   key = (spec.target, spec.target_dtype, spec.attention_impl, spec.proposer, batch, spec.cache_len,
-         spec.verify_chunk, spec.max_draft, spec.target_sharding, trees)
+         spec.verify_chunk, spec.max_draft, spec.target_sharding, trees, spec.compiler_options)
   with _LOCK:
     if key in _CACHE:
       return _CACHE[key]
+  _OPTIONS.value = spec.xla_options
+  try:
+    costs = _measure(spec, target_params, draft_params, batch, trees)
+  finally:
+    _OPTIONS.value = None
+  with _LOCK:
+    _CACHE[key] = costs
+  return costs
+
+
+def _measure(spec, target_params: Any, draft_params: Any, batch: int, trees) -> StepCosts:
+  """:func:`measure_step_costs`' timings, with the decode's XLA options in force."""
   # The plain step, the verification pass and each tree's verification interleaved: their ratios are
   # what the policy weighs.
   nodes = [t.nodes for t in trees]
@@ -219,12 +239,10 @@ def measure_step_costs(spec, target_params: Any, draft_params: Any, batch: int) 
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
 
     seconds = np.asarray(multihost_utils.broadcast_one_to_all(seconds))
-  costs = StepCosts(plain=float(seconds[0]), verify_pass=float(seconds[1]),
-                    propose_first=float(seconds[2]), propose_next=float(seconds[3]),
-                    chunk=spec.verify_chunk, tree_steps=tuple(map(float, seconds[4:])))
-  with _LOCK:
-    _CACHE[key] = costs
-  return costs
+  return StepCosts(plain=float(seconds[0]), verify_pass=float(seconds[1]),
+                   propose_first=float(seconds[2]), propose_next=float(seconds[3]),
+                   chunk=spec.verify_chunk, tree_steps=tuple(map(float, seconds[4:])),
+                   fixed_drafts=spec.max_draft if spec.branch_free else 0)
 
 
 def clear() -> None:

@@ -156,7 +156,9 @@ def measure_step_phases(target, draft, prompts, *, warm_steps: int = 4, steps: i
   plan = prepare(target, draft, prompts, config, **prepare_kw)
   spec = plan.spec
   target_params, draft_params, temperature, top_p = plan.args_tail
-  state = jax.jit(functools.partial(loop_lib.prefill, spec))(*plan.args_prefill)
+  options = spec.xla_options
+  state = jax.jit(functools.partial(loop_lib.prefill, spec),
+                  compiler_options=options)(*plan.args_prefill)
   # Every program takes the weights and sampling parameters as arguments, as the decode does: closed
   # over, they would be constants, which XLA's CPU backend folds and pre-packs for its matmuls (a
   # SmolLM2 head then costs about half of what it costs in the decode), and the programs would time
@@ -167,15 +169,18 @@ def measure_step_phases(target, draft, prompts, *, warm_steps: int = 4, steps: i
     return loop_lib.decode(spec, s.replace(limits=s.limits.replace(step_limit=limit)), target_params,
                            draft_params, temperature, top_p, jnp.bool_(False))
 
-  state = jax.jit(decode_until, donate_argnums=0)(state, jnp.int32(warm_steps), *weights)
+  state = jax.jit(decode_until, donate_argnums=0, compiler_options=options)(
+      state, jnp.int32(warm_steps), *weights)
   k = steps
   batch = state.tokens.shape[0]
 
   def repeat(body):  # k repetitions of body(weights, state) -> state, one program, the state donated
     return jax.jit(lambda s, *w: jax.lax.fori_loop(0, k, lambda _, s: body(*w, s), s),
+                   compiler_options=options,
                    donate_argnums=0)
 
-  loop_program = jax.jit(lambda s, *w: decode_until(s, s.step + k, *w), donate_argnums=0)
+  loop_program = jax.jit(lambda s, *w: decode_until(s, s.step + k, *w), donate_argnums=0,
+                         compiler_options=options)
   ran = loop_program(_fresh(state), *weights)  # what the timed steps do (the step alone does the same)
   if int(ran.step - state.step) != k:
     raise ValueError(f"every row finished within {int(ran.step)} steps, before the {k} timed steps "

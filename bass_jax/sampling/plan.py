@@ -307,7 +307,8 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
       acceptance=rule, draft_len=policy or NoDrafts(), verify_chunk=chunk or 0,
       target_sharding=target_plan, queue_len=queue_len,
       history_len=history_len if proposer.proposes else 0, draft_trees=trees,
-      admit_rows=min(profile.admit_rows, bucket_rows), admit_chunk=min(profile.admit_chunk, bucket))
+      admit_rows=min(profile.admit_rows, bucket_rows), admit_chunk=min(profile.admit_chunk, bucket),
+      compiler_options=profile.compiler_options)
   if chunk is None:
     spec = dataclasses.replace(spec, verify_chunk=spec.max_draft + 1)
   if max_cache_len is not None and spec.cache_len > max_cache_len:
@@ -344,7 +345,7 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
       prompts=prompts_q, prompt_len=prompt_len_q, keys=keys_q, group=group_q,
       num_prompts=np.int32(num_prompts), inert=np.arange(rows) >= slots,
       max_new=np.int32(max_new_tokens), step_limit=np.int32(step_limit), eos_ids=eos_array,
-      key=key, step_costs=step_costs.as_array() if step_costs else np.zeros(5, np.float32))
+      key=key, step_costs=step_costs.as_array() if step_costs else np.zeros(6, np.float32))
   if mesh is None:
     place, host = jnp.asarray, np.asarray
     inputs = jax.tree_util.tree_map(place, inputs)

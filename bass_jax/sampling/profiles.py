@@ -25,6 +25,14 @@ A CPU and a GPU want different decode programs (docs/design.md, "Backend profile
   nothing on padding rows; on a GPU a chunk below a few hundred positions costs about a whole weight
   read, so the GPU profile prefills up to 4 rows that free up together in chunks of 512 (not yet
   measured).
+* **XLA's own passes.** At one row per step a projection is a vector-matrix product, which XLA:GPU's
+  ``dot-strength-reduction`` pass rewrites into a multiply and a reduction. Compiled for an H100
+  without one (``experiments.benchmarks.lower_decode --compile_for=h100``, SmolLM2 at B = 1, bf16 and
+  f32), the multiply then writes an array the size of the weight matrix (``bf16[1536, 576]`` for the
+  gate and up projections) that the reduction reads back: three weight-sized transfers where a
+  GEMM reads one, and 21 kernels per decoder layer where the GEMMs leave 16 (docs/gpu.md). The GPU
+  profile compiles its programs without that pass (``compiler_options``), so every projection is a
+  GEMM at any batch size; not yet timed on a GPU: ``experiments.benchmarks.bench_scale`` times both.
 * **Layers.** XLA compiles every unrolled layer; a scanned model (``load_model(scan_layers=True)``)
   compiles one layer and runs it in a ``lax.scan`` over stacked weights and caches, as MaxText does on
   GPU. On a CPU each layer's dynamic slice of the stacked weights and cache is a copy that costs run
@@ -70,6 +78,9 @@ class BackendProfile:
       layer compiled, run in a ``lax.scan`` over stacked weights and caches) or unrolled. A layout
       belongs to the weights, so ``generate`` takes each model as it was loaded
       (``Model.with_scanned_layers`` converts).
+    compiler_options: XLA options every program of the decode is compiled with (``jax.jit``'s
+      ``compiler_options``: the decode, its prefill and the step-cost forwards), as ``(name, value)``
+      pairs; they override ``XLA_FLAGS`` for those programs only.
   """
 
   name: str
@@ -79,8 +90,15 @@ class BackendProfile:
   admit_rows: int = 1
   admit_chunk: int = 64
   scan_layers: bool = False
+  compiler_options: tuple[tuple[str, str], ...] = ()
 
   def __post_init__(self):
+    options = self.compiler_options
+    if not isinstance(options, tuple) or not all(
+        isinstance(o, tuple) and len(o) == 2 and isinstance(o[0], str) and o[0].startswith("xla_")
+        and isinstance(o[1], str) for o in options):
+      raise ValueError(f"BackendProfile.compiler_options must be a tuple of (name, value) string "
+                       f"pairs naming XLA options ('xla_...'), got {options!r}")
     # By name only: building a Pallas implementation reads the backend, which importing this module
     # must not initialize (jax.distributed.initialize has to come first).
     if self.attention_impl not in attention_lib.attention_implementations():
@@ -101,12 +119,17 @@ class BackendProfile:
                        f"the prompt bucket, a power of two), got {self.admit_chunk}")
 
 
+# One-row projections as GEMMs, not a multiply and a reduction through a weight-sized temporary
+# (module docstring, "XLA's own passes").
+GPU_COMPILER_OPTIONS = (("xla_disable_hlo_passes", "dot-strength-reduction"),)
+
 PROFILES = {
     # What the CPU measurements chose (docs/design.md): the reference attention, passes of 4.
     "cpu": BackendProfile(name="cpu", attention_impl="reference", verify_chunk=4, branch_free=False,
                           admit_rows=1, admit_chunk=64, scan_layers=False),
     "gpu": BackendProfile(name="gpu", attention_impl="pallas_split", verify_chunk=None,
-                          branch_free=True, admit_rows=4, admit_chunk=512, scan_layers=False),
+                          branch_free=True, admit_rows=4, admit_chunk=512, scan_layers=False,
+                          compiler_options=GPU_COMPILER_OPTIONS),
 }
 _PLATFORM_PROFILES = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu"}
 

@@ -186,6 +186,7 @@ def compiled(spec: state_lib.DecodeSpec, args_prefill: tuple,
       placed = {"out_shardings": shardings}
       state_shape = jax.tree_util.tree_map(
           lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state_shape, shardings)
+    placed["compiler_options"] = spec.xla_options  # the profile's (None: XLA's defaults)
     prefill = jax.jit(_fresh(loop.prefill), static_argnums=0, **placed).lower(spec, *args_prefill)
     decode = jax.jit(_fresh(loop.decode), static_argnums=0, donate_argnums=1, **placed).lower(
         spec, state_shape, *args_decode_tail)

@@ -57,6 +57,8 @@ class DecodeSpec:
       with another policy there is one shape and every speculative step verifies it. Empty: chains.
     admit_rows: A, the prompts an admission prefills at once at most (``batching._admit``).
     admit_chunk: positions per forward of an admission's chunked prefill (a power of two, <= P).
+    compiler_options: XLA options the decode's programs compile with (the backend profile's,
+      ``profiles.BackendProfile.compiler_options``).
   """
 
   target: DecoderConfig
@@ -74,6 +76,12 @@ class DecodeSpec:
   draft_trees: tuple[TreeShape, ...] = ()
   admit_rows: int = 1
   admit_chunk: int = 64
+  compiler_options: tuple[tuple[str, str], ...] = ()
+
+  @property
+  def xla_options(self) -> dict[str, str] | None:
+    """:attr:`compiler_options` as ``jax.jit``'s ``compiler_options`` (None: XLA's defaults)."""
+    return dict(self.compiler_options) or None
 
   def __post_init__(self):
     trees = tuple(self.draft_trees)
@@ -340,7 +348,7 @@ class DecodeInputs:
     step_limit: ``i32[]`` :attr:`Limits.step_limit`.
     eos_ids: ``i32[E]`` EOS ids padded with -1.
     key: PRNG key for the whole decode.
-    step_costs: ``f32[5 + T]`` ``StepCosts.as_array()`` for a cost-aware policy (ignored by others).
+    step_costs: ``f32[6 + T]`` ``StepCosts.as_array()`` for a cost-aware policy (ignored by others).
   """
 
   prompts: jax.Array
