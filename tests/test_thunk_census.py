@@ -78,7 +78,8 @@ import json, os, pathlib, sys, tempfile
 dump = tempfile.mkdtemp()
 sys.argv = ["lower_decode"]
 from experiments.benchmarks import lower_decode
-lower_decode._prepare_deviceless(sys.argv_plugin, dump, ".*small.*")
+from experiments import _deviceless
+_deviceless.prepare(sys.argv_plugin, dump, ".*small.*")
 import jax, jax.numpy as jnp
 from bass_jax.tooling import thunk_census
 config = (lower_decode._TARGET_CONFIGS / "h100_sxm.txtpb").read_text()

@@ -3,7 +3,7 @@
 XLA compiles a program for an H100 on a CPU-only machine given the device's target description
 (``configs/gpu/h100_sxm.txtpb``, an XLA ``GpuTargetConfig``) and JAX's CUDA plugin (no CUDA libraries
 needed), in a process that set ``JAX_PLATFORMS=cpu`` and XLA's dump flags before importing JAX
-(``experiments/benchmarks/lower_decode.py``, ``_prepare_deviceless``): :func:`compile_deviceless`. With ``--xla_dump_to`` XLA writes ``*.thunk_sequence.txt``, the
+(``experiments._deviceless.prepare``): :func:`compile_deviceless`. With ``--xla_dump_to`` XLA writes ``*.thunk_sequence.txt``, the
 exact list of kernels, device copies, loops and conditionals the GPU runtime will execute, in order;
 :func:`parse_thunks` reads it into a tree and :func:`count` multiplies loops by their trip counts
 (XLA's ``known_trip_count`` in the optimized HLO; such a loop runs its body that many times with no
@@ -219,6 +219,47 @@ def per_iteration(loop: Thunk, trips: dict[str, int]) -> Count:
           + Count(host_reads=1))
 
 
+
+
+def leaves(thunks: list[Thunk]) -> Iterator[Thunk]:
+  """Every thunk that launches device work (a kernel or a copy) in ``thunks``, loops' bodies and
+  conditions and conditionals' branches included, in order (each once, whatever its trip count)."""
+  for thunk in thunks:
+    if thunk.sections:
+      for section in thunk.sections.values():
+        yield from leaves(section)
+    elif thunk.kind not in _NOT_LAUNCHES:
+      yield thunk
+
+
+def kernels_per_layer(thunks: "Thunk | list[Thunk]", marker: str = "attention") -> dict[str, Any]:
+  """The kernels and copies one decoder layer launches in ``thunks`` (a program's sequence, or one
+  iteration of a loop ``Thunk``: its body), counted as the
+  period between consecutive launches of the layer's attention kernel (``marker`` in the kernel's
+  name: the Pallas kernels are ``bass_ragged_attention_*``, one launch per layer).
+
+  XLA's op names cannot say which layer a kernel serves (every unrolled layer is one traced
+  function, so each carries the first layer's name), but a decoder layer launches its attention
+  kernel once, so the launches from one attention kernel to the next are one layer's, whatever
+  XLA fused across the layer boundary.
+
+  Returns:
+    ``{"median": the median period, "layers": attention launches found, "example": the kernel names
+    of the middle period, in order}``; ``median`` None with fewer than two attention launches (the
+    jnp attention has no kernel of its own).
+  """
+  if isinstance(thunks, Thunk):
+    thunks = thunks.sections.get("body", [])
+  names = [t.name for t in leaves(thunks)]
+  marks = [i for i, name in enumerate(names) if marker in name]
+  if len(marks) < 2:
+    return {"median": None, "layers": len(marks), "example": []}
+  gaps = sorted(b - a for a, b in zip(marks, marks[1:]))
+  middle = len(marks) // 2
+  return {"median": gaps[len(gaps) // 2], "layers": len(marks),
+          "example": names[marks[middle - 1]:marks[middle]]}
+
+
 _WHILE_BODY = re.compile(r"^\s*(?:ROOT )?%?(?P<name>[\w.\-]+) = .*\bwhile\(.*\bbody=%?(?P<body>[\w.\-]+)")
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%?(?P<name>[\w.\-]+) \(.*\) -> .*\{\s*$")
 
@@ -296,7 +337,9 @@ def read_dump(directory: str | os.PathLike, module: str, *, after_passes: bool =
               optimized[0].read_text() if optimized else "")
 
 
-def compile_deviceless(fn: Any, args: Any, kwargs: dict[str, Any], target_config: str) -> Any:
+def compile_deviceless(fn: Any, args: Any, kwargs: dict[str, Any], target_config: str,
+                       compiler_options: dict[str, str] | None = None,
+                       donate_argnums: tuple[int, ...] = ()) -> Any:
   """Compiles ``fn`` (a jittable callable, e.g. ``Exported.call``) for one GPU described by
   ``target_config`` (``GpuTargetConfig`` text), on a machine without one (after
   ``experiments.benchmarks.lower_decode``'s set-up).
@@ -305,6 +348,9 @@ def compile_deviceless(fn: Any, args: Any, kwargs: dict[str, Any], target_config
     fn: the function. args, kwargs: its arguments as pytrees of shapes and dtypes
       (``jax.ShapeDtypeStruct`` or anything with ``.shape`` and ``.dtype``, e.g. an ``Exported``'s
       ``in_avals`` unflattened by its ``in_tree``). target_config: the device's description.
+    compiler_options: XLA options for this compile (``jax.jit``'s), e.g. a backend profile's.
+    donate_argnums: arguments whose buffers the program may update in place (a KV cache: without
+      it XLA copies the cache before writing it, copies a decode loop never makes).
 
   Returns:
     The compiled executable (XLA has written its dump).
@@ -325,4 +371,5 @@ def compile_deviceless(fn: Any, args: Any, kwargs: dict[str, Any], target_config
   sharding = jax.sharding.SingleDeviceSharding(topology.devices[0])
   args, kwargs = jax.tree_util.tree_map(
       lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), (tuple(args), kwargs))
-  return jax.jit(fn).lower(*args, **kwargs).compile()
+  return jax.jit(fn, compiler_options=compiler_options, donate_argnums=donate_argnums).lower(
+      *args, **kwargs).compile()

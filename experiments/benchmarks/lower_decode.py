@@ -30,12 +30,14 @@ launch; ``--command_buffers`` chooses which thunks they may hold)
 (docs/gpu.md, "Launches per step", with what a deviceless compile cannot see).
 """
 
+import dataclasses
 import os
 import pathlib
 import sys
 
 from absl import flags
 
+from experiments import _deviceless
 from experiments import _io
 
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target: alias, .gguf, or HF dir.")
@@ -55,6 +57,10 @@ _DRAFT_TREE = flags.DEFINE_multi_string("draft_tree", None, "Token-tree shapes, 
 _PLATFORM = flags.DEFINE_enum("platform", "cuda", ["cuda", "rocm", "cpu"], "Platform to lower for.")
 _PROFILE = flags.DEFINE_enum("profile", None, ["cpu", "gpu"],
                              "Backend profile; default: the platform's.")
+_PROFILE_OPTIONS = flags.DEFINE_bool(
+    "profile_compiler_options", True, "Compile with the profile's XLA options (the GPU profile's: "
+    "without dot-strength-reduction); --noprofile_compiler_options compiles with XLA's defaults, the "
+    "comparison of docs/gpu.md's census.")
 _SM_COUNT = flags.DEFINE_integer("sm_count", 132, "SMs the kernels' cache splits assume (H100: "
                                  "132).", lower_bound=1)
 _CACHE_COPIES = flags.DEFINE_bool("cache_copies", True, "Also compile for this machine and count "
@@ -66,6 +72,8 @@ _COMPILE_FOR = flags.DEFINE_enum(
     "compile_for", None, ["h100"], "Also compile the decode for this GPU on this machine, without one "
     "(XLA's deviceless compile, configs/gpu/<gpu>_sxm.txtpb), regular decoding and BASS, and count "
     "the launches of one step from XLA's thunk sequence (bass_jax.tooling.thunk_census).")
+_DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "The models' dtype; default: "
+                           "load_model's for this machine (float32 on a CPU; a GPU loads bfloat16).")
 _SCAN_LAYERS = flags.DEFINE_bool("scan_layers", None, "The target's layer layout: scanned or unrolled "
                                   "(--noscan_layers); absent: the profile's (unrolled).")
 _COMMAND_BUFFERS = flags.DEFINE_string(
@@ -78,7 +86,7 @@ _AOT_PLUGIN = flags.DEFINE_string("aot_plugin", None, "Folder holding JAX's CUDA
 flags.register_validator("top_p", lambda v: 0.0 < v <= 1.0, message="--top_p must be in (0, 1]")
 _io.require_tree_shapes()
 
-_TARGET_CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs" / "gpu"
+_TARGET_CONFIGS = _deviceless.TARGET_CONFIGS
 
 
 def _tree_lines(nodes, depth=0):
@@ -88,30 +96,6 @@ def _tree_lines(nodes, depth=0):
     step = f"  <- loop of {node['step_loop_of']}" if "step_loop_of" in node else ""
     yield f"{'  ' * depth}{kind}  {node['where']}{step}"
     yield from _tree_lines(node.get("children", []), depth + 1)
-
-
-def _prepare_deviceless(plugin_dir: str | os.PathLike | None, dump_dir: str | os.PathLike,
-                       module_re: str = ".*") -> None:
-  """Sets up this process, before JAX is imported, for ``thunk_census.compile_deviceless``: JAX on the CPU
-  (the CUDA plugin fails at ``cuInit`` without a GPU otherwise), the plugin's folder on the path, and
-  XLA's dump of ``module_re``'s modules into ``dump_dir``.
-
-  Raises:
-    RuntimeError: JAX was imported already (its platforms and XLA's flags are fixed by then).
-    FileNotFoundError: ``plugin_dir`` does not hold ``jax_plugins`` (``make aot-plugin`` installs it).
-  """
-  if "jax" in sys.modules:
-    raise RuntimeError("prepare_deviceless must run before jax is imported")
-  if plugin_dir is not None:
-    plugin_dir = pathlib.Path(plugin_dir).absolute()
-    if not (plugin_dir / "jax_plugins").is_dir():
-      raise FileNotFoundError(f"{plugin_dir} holds no JAX CUDA plugin; run `make aot-plugin` (it "
-                              "installs jax-cuda12-plugin of the installed jaxlib's version there)")
-    sys.path.insert(0, str(plugin_dir))
-  os.environ["JAX_PLATFORMS"] = "cpu"
-  flags = os.environ.get("XLA_FLAGS", "")
-  os.environ["XLA_FLAGS"] = (f"{flags} --xla_dump_to={pathlib.Path(dump_dir).absolute()} "
-                             f"--xla_dump_hlo_module_re={module_re}").strip()
 
 
 def _launch_census(target, draft, prompts, profile, dump_dir: pathlib.Path) -> dict:
@@ -138,7 +122,8 @@ def _launch_census(target, draft, prompts, profile, dump_dir: pathlib.Path) -> d
     call = lambda *a, **k: exported.call(*a, **k)  # pylint: disable=cell-var-from-loop
     call.__name__ = name
     args, kwargs = jax.tree_util.tree_unflatten(exported.in_tree, exported.in_avals)
-    thunk_census.compile_deviceless(call, args, kwargs, config)
+    thunk_census.compile_deviceless(call, args, kwargs, config,
+                                    compiler_options=lowered.spec.xla_options)
     kinds = ("plain_step",) + (() if method == "regular"
                                else ("chain_step", *(f"tree_step_{i}" for i in range(8))))
     for after_passes in (False, True):  # every kernel; what the runtime launches (command buffers)
@@ -162,7 +147,8 @@ def _launch_census(target, draft, prompts, profile, dump_dir: pathlib.Path) -> d
         else:
           steps[label] = {"kernels": step.kernels, "copies": step.copies, "launches": step.launches,
                          "host_reads": step.host_reads,
-                         "loops_of_unknown_trip_count": step.unknown_loops}
+                         "loops_of_unknown_trip_count": step.unknown_loops,
+                         "kernels_per_layer": thunk_census.kernels_per_layer(loop)}
     if ("regular_step" if method == "regular" else kinds[1]) not in steps and not any(
         k.startswith("tree_step") for k in steps):
       raise RuntimeError(f"{dump.module}: no loop of {kinds} found in its thunks")
@@ -174,6 +160,9 @@ def _launch_census(target, draft, prompts, profile, dump_dir: pathlib.Path) -> d
       "bass_over_plain": round(bass["launches"] / plain["launches"], 3),
       # ``*_per_step``: of the BASS step (the plain step's are under ``steps``).
       "kernels_per_step": bass["kernels"], "copies_per_step": bass["copies"],
+      # A typical decoder layer's kernels and copies in a plain step (thunk_census.kernels_per_layer).
+      "kernels_per_layer_plain_step": plain["kernels_per_layer"]["median"],
+      "layer_kernels_plain_step": plain["kernels_per_layer"]["example"],
       "host_reads_per_step": bass["host_reads"],
       "graph_launches_per_plain_step": plain.get("graph_launches"),
       "graph_launches_per_bass_step": bass.get("graph_launches"),
@@ -194,8 +183,8 @@ def main(argv):
 
     dump_dir = pathlib.Path(tempfile.mkdtemp(prefix="lower_decode_dump_"))
     try:
-      plugin = _AOT_PLUGIN.value or pathlib.Path(__file__).resolve().parents[2] / ".aot_plugin"
-      _prepare_deviceless(plugin, dump_dir, ".*bass_jax_decode.*")
+      plugin = _AOT_PLUGIN.value or _deviceless.DEFAULT_PLUGIN
+      _deviceless.prepare(plugin, dump_dir, ".*bass_jax_decode.*")
       if _COMMAND_BUFFERS.value is not None:
         os.environ["XLA_FLAGS"] += f" --xla_gpu_enable_command_buffer={_COMMAND_BUFFERS.value}"
     except (RuntimeError, FileNotFoundError) as e:
@@ -210,12 +199,14 @@ def main(argv):
   from bass_jax.sampling import generate as generate_lib  # pylint: disable=g-import-not-at-top
   from bass_jax.sampling import profiles  # pylint: disable=g-import-not-at-top
 
-  profile = _PROFILE.value or profiles.platform_profile(_PLATFORM.value)
+  profile = profiles.backend_profile(_PROFILE.value or profiles.platform_profile(_PLATFORM.value))
+  if not _PROFILE_OPTIONS.value:
+    profile = dataclasses.replace(profile, compiler_options=())
   # The layer layout the platform's machine would load; the draft follows it.
   scan = (profiles.backend_profile(profile).scan_layers if _SCAN_LAYERS.value is None
           else _SCAN_LAYERS.value)
-  target = bass_jax.load_model(_TARGET.value, scan_layers=scan)
-  draft = (bass_jax.load_draft_spec(_DRAFT.value, target)
+  target = bass_jax.load_model(_TARGET.value, scan_layers=scan, dtype=_DTYPE.value)
+  draft = (bass_jax.load_draft_spec(_DRAFT.value, target, dtype=_DTYPE.value)
            if _METHOD.value == "bass" or _COMPILE_FOR.value else None)  # the census compiles BASS too
   rng = np.random.default_rng(0)
   prompts = rng.integers(0, target.config.vocab_size, (_BATCH.value, _PROMPT_LEN.value))
@@ -233,9 +224,13 @@ def main(argv):
       "method": _METHOD.value, "batch_size": _BATCH.value, "prompt_len": _PROMPT_LEN.value,
       "max_new_tokens": _MAX_NEW.value, "temperature": _TEMPERATURE.value, "top_p": _TOP_P.value,
       "draft_len": _DRAFT_LEN.value, "draft_tree": _DRAFT_TREE.value, "platform": _PLATFORM.value,
-      "profile": profile, "sm_count": _SM_COUNT.value, "attention_impl": spec.attention_impl,
-      "scan_layers": target.scanned_layers, "command_buffers": _COMMAND_BUFFERS.value,
+      "profile": profile.name, "sm_count": _SM_COUNT.value, "attention_impl": spec.attention_impl,
+      "scan_layers": target.scanned_layers, "dtype": str(target.dtype), "command_buffers": _COMMAND_BUFFERS.value,
       "verify_chunk": spec.verify_chunk, "branch_free": spec.branch_free,
+      "compiler_options": dict(spec.compiler_options),
+      # XLA's flags as given (a disabled pass, say), without the dump settings this script adds.
+      "xla_flags": " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                            if not f.startswith("--xla_dump")),
       "jax_version": jax.__version__}
   result["cache_arrays"] = list(lowered.cache_arrays)
   copies = None
@@ -246,14 +241,14 @@ def main(argv):
   if dump_dir is not None:
     result["launch_census"] = _launch_census(target, draft, prompts, profile, dump_dir)
   if hlo_path is None:
-    hlo_path = pathlib.Path("outputs/lower_decode") / f"decode_{_PLATFORM.value}_{profile}.mlir"
+    hlo_path = pathlib.Path("outputs/lower_decode") / f"decode_{_PLATFORM.value}_{profile.name}.mlir"
     hlo_path.parent.mkdir(parents=True, exist_ok=True)
   _io.write_text_atomic(hlo_path, text)
   if json_path is not None:
     _io.write_json_atomic(json_path, result)
 
   print(f"decode of {target.name} + {result['settings']['draft']}, B = {_BATCH.value}, lowered for "
-        f"{_PLATFORM.value} with the {profile} profile (attention {spec.attention_impl}, verify "
+        f"{_PLATFORM.value} with the {profile.name} profile (attention {spec.attention_impl}, verify "
         f"chunk {spec.verify_chunk}, branch-free {spec.branch_free}); StableHLO: {hlo_path}\n")
   print("control flow (x N: a static trip count; data-dependent: the host reads a device value):")
   for line in _tree_lines(result["control_flow"]):
@@ -275,7 +270,8 @@ def main(argv):
           f"{launches['launches_per_plain_step']} launches, a BASS step "
           f"{launches['launches_per_bass_step']} ({launches['bass_over_plain']}x): "
           f"{launches['kernels_per_step']} kernels, {launches['copies_per_step']} copies, "
-          f"{launches['host_reads_per_step']} host reads; launched with XLA's command buffers "
+          f"{launches['host_reads_per_step']} host reads; {launches['kernels_per_layer_plain_step']} "
+          f"kernels per decoder layer in a plain step; launched with XLA's command buffers "
           f"({launches['command_buffers'] or 'its default'}): {launches['graph_launches_per_plain_step']}"
           f" and {launches['graph_launches_per_bass_step']} ({launches['caveats']})")
   print("largest arrays:")
