@@ -19,8 +19,8 @@ taken over --repeats rounds:
 * **torch**: transformers' PyTorch forward of the same model over a cache of the same length
   (`--torch`; f32 on a CPU, the run's dtype on a CUDA GPU).
 
-**Random weights of published shapes** (``--models=random:llama-3.1-8b``, :data:`SHAPES`; append
-``:layers=1`` for a draft of EAGLE's shape, one decoder layer and the target's head) set costs, never
+**Random weights of published shapes** (``--models=random:llama-3.1-8b``, ``experiments._shapes.SHAPES``;
+append ``:layers=1`` for a draft of EAGLE's shape, one decoder layer and the target's head) set costs, never
 acceptance: the model-size sweep of the GPU campaign (``experiments.benchmarks.bench_gpu``, part 2) times them
 with ``--project_only`` and prints, for each target and its one-layer draft, the accepted length per
 step at which a BASS step of l drafts breaks even with regular decoding (cost only: combine it with an
@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import _io
+from experiments._shapes import random_model  # pylint: disable=unused-import
 
 _MODELS = flags.DEFINE_list("models", ["smollm2-135m-instruct", "smollm2-135m-draft"],
                             "Model specs to time (Llama family).")
@@ -66,49 +67,6 @@ _RESULTS_DIR = flags.DEFINE_string("results_dir", None, "Directory for bench_for
 _SETTING = flags.DEFINE_string("setting", "full", "Name of the shape set (the file suffix).")
 _PROJECT_ONLY = flags.DEFINE_bool("project_only", False, "Time the project's forward alone (no "
                                   "minimal forward, no matmul floor): the size sweep.")
-
-# Published model shapes, for random weights (cost only; the rotary type does not change a cost):
-# SmolLM2-135M, Llama-3.2-1B, Llama-3.2-3B and Llama-3.1-8B as their config.json files give them.
-SHAPES = {
-    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                         head_dim=64, tie_word_embeddings=True),
-    "llama-3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
-                         num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                         head_dim=64, tie_word_embeddings=True),
-    "llama-3.2-3b": dict(vocab_size=128256, hidden_size=3072, intermediate_size=8192,
-                         num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8,
-                         head_dim=128, tie_word_embeddings=True),
-    "llama-3.1-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                         num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                         head_dim=128, tie_word_embeddings=False),
-}
-
-
-def random_model(spec: str, dtype: str):
-  """``random:<shape>[:layers=N]``: a Llama-family model of a published shape (:data:`SHAPES`) with
-  random weights (``bass_jax.init_params``, seed 0) in ``dtype``, ``N`` decoder layers if given.
-
-  Raises:
-    ValueError: an unknown shape or a malformed ``layers=``.
-  """
-  import bass_jax  # pylint: disable=g-import-not-at-top
-
-  _, _, rest = spec.partition(":")
-  name, _, option = rest.partition(":")
-  if name not in SHAPES:
-    raise ValueError(f"{spec}: unknown shape {name!r}; choose from {', '.join(SHAPES)}")
-  fields = dict(SHAPES[name], max_position_embeddings=131072, rope_theta=500000.0,
-                eos_token_id=None, bos_token_id=None)
-  if option:
-    key, _, value = option.partition("=")
-    if key != "layers" or not value.isdigit() or int(value) < 1:
-      raise ValueError(f"{spec}: write random:<shape>[:layers=N], N >= 1")
-    fields["num_hidden_layers"] = int(value)
-  config = bass_jax.LlamaConfig(**fields)
-  return bass_jax.Model(config, bass_jax.init_params(config, jax.random.key(0), jnp.dtype(dtype)),
-                        name=spec)
-
 
 def break_even(rows: list[dict]) -> list[dict]:
   """For each ``random:<shape>[:layers=N]`` target timed with its ``random:<shape>:layers=1`` draft: at each
