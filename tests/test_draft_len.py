@@ -1,6 +1,8 @@
 """Algorithm 1 of the BASS paper (§3.2) against the traces worked out in docs/bass.md ("Choosing the
 draft length")."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -52,7 +54,8 @@ import jax.numpy as jnp  # noqa: E402
 
 import bass_jax as bj  # noqa: E402
 from bass_jax.sampling import costs as costs_lib  # noqa: E402
-from bass_jax.sampling.draft_len import CHAIN, PLAIN, GoodputDraftLen, StepCosts  # noqa: E402
+from bass_jax.sampling import draft_len as draft_len_lib  # noqa: E402
+from bass_jax.sampling.draft_len import CHAIN, PLAIN, GoodputDraftLen, GoodputState, StepCosts  # noqa: E402
 from bass_jax.sampling.tree import TreeShape  # noqa: E402
 from conftest import tiny_model  # noqa: E402
 
@@ -332,3 +335,27 @@ def test_an_exploration_that_runs_plainly_does_not_back_off():
 def test_goodput_costs_need_one_cost_per_tree_shape():
   with pytest.raises(ValueError, match="tree_steps one cost"):
     GoodputDraftLen(trees=TREES, costs=StepCosts(1.0, 1.2, 0.0, 0.0, 4, tree_steps=(1.5,)))
+
+
+def test_a_branch_free_draft_loop_charges_every_chain_its_whole_loop():
+  """With the GPU profile's static draft loop (StepCosts.fixed_drafts = L) a chain of any length pays
+  all L drafts: costs an H200 measured (SmolLM2, B = 16: plain 1.79 ms, a pass 2.21 ms, the EAGLE
+  draft's first and further forwards 0.23 and 0.32 ms) make the per-l model speculate (l = 1) at 0.5
+  acceptance where the whole loop does not pay, and the fixed model decode plainly, as regular decoding would."""
+  policy = GoodputDraftLen(max_len=7)
+  per_l = StepCosts(plain=1.79, verify_pass=2.21, propose_first=0.23, propose_next=0.32, chunk=8)
+  fixed = dataclasses.replace(per_l, fixed_drafts=7)
+  assert fixed.as_array().shape == (6,) and float(fixed.as_array()[5]) == 7
+
+  def choice(costs, rate):
+    tried = jnp.full(policy.max_len, 1e7, jnp.float32)
+    return int(policy.choose(GoodputState(tried, rate * tried, costs.as_array())))
+
+  assert choice(per_l, 0.5) >= 1 and choice(fixed, 0.5) == 0
+  cost = np.asarray(policy._step_cost(fixed.as_array()))  # pylint: disable=protected-access
+  np.testing.assert_allclose(cost[1:], 0.23 + 6 * 0.32 + 2.21, rtol=1e-6)  # every l pays the loop
+  assert float(cost[0]) == pytest.approx(1.79)
+  assert choice(fixed, 0.95) == 7  # when the loop pays, its every draft is verified
+  # The break-even acceptance follows the same model.
+  assert draft_len_lib.break_even_acceptance(fixed, 7)[0] > draft_len_lib.break_even_acceptance(
+      per_l, 7)[0]

@@ -42,6 +42,10 @@ class StepCosts:
     tree_steps: seconds of a tree step of each shape the decode may choose (``generate``'s
       ``draft_tree``, in its order): the proposer's catch-up and growth plus the target's one forward
       over the tree's nodes under its ancestor mask. Empty without trees.
+    fixed_drafts: L when every chain step drafts L tokens whatever its length l (the branch-free draft
+      loop of the GPU profile, ``sampling.profiles``: its static ``L`` iterations run, the drafts past
+      l are padding), so a chain of any length pays ``propose_first + (L - 1) propose_next``; 0 when a
+      step drafts l tokens (the CPU profile's loop).
   """
 
   plain: float
@@ -50,13 +54,14 @@ class StepCosts:
   propose_next: float
   chunk: int
   tree_steps: tuple[float, ...] = ()
+  fixed_drafts: int = 0
 
   def as_array(self) -> jax.Array:
-    """``f32[5 + T]``: plain, verify_pass, propose_first, propose_next (seconds), chunk, then each tree
-    step's seconds; the traced form the decode program takes, so new measurements never recompile
-    it."""
+    """``f32[6 + T]``: plain, verify_pass, propose_first, propose_next (seconds), chunk,
+    fixed_drafts, then each tree step's seconds; the traced form the decode program takes, so new
+    measurements never recompile it."""
     return jnp.asarray([self.plain, self.verify_pass, self.propose_first, self.propose_next,
-                        self.chunk, *self.tree_steps], jnp.float32)
+                        self.chunk, self.fixed_drafts, *self.tree_steps], jnp.float32)
 
 
 class _MaxAcceptedPolicy:
@@ -175,7 +180,7 @@ class GoodputState:
   Attributes:
     tried: ``f32[L]`` decayed count of chain steps in which draft position i + 1 was checked.
     accepted: ``f32[L]`` decayed count of those in which it was accepted.
-    costs: ``f32[5 + T]`` :meth:`StepCosts.as_array`.
+    costs: ``f32[6 + T]`` :meth:`StepCosts.as_array`.
     since: ``i32[1 + T]`` (or a scalar for all) steps since a chain (entry 0) and each tree shape
       (entry 1 + j) was last verified: the exploration clocks.
     tree_tried, tree_accepted: ``f32[T, D]`` the same counts for each tree shape's level d + 1
@@ -211,7 +216,10 @@ class GoodputDraftLen:
   With ``a_i`` the running rate at which draft position i is accepted given that positions ``1 … i-1``
   were, a row emits ``E(l) = 1 + sum_{i<=l} prod_{j<=i} a_j`` tokens per step, and the step costs
   ``cost(0) = plain`` or ``cost(l) = propose_first + (l - 1) propose_next + ceil((l + 1) / C)
-  verify_pass`` seconds (every pass counted, early exits not: a slight overestimate for long drafts).
+  verify_pass`` seconds (every pass counted, early exits not: a slight overestimate for long drafts);
+  where the draft loop runs its static ``L`` iterations whatever l (``StepCosts.fixed_drafts``, the
+  GPU profile's branch-free loop), every chain pays ``propose_first + (L - 1) propose_next``, so a
+  short chain is no cheaper than a long one and plain steps win wherever the whole loop does not pay.
   All rows share the step, so the policy picks ``argmax_l E(l) / cost(l)``; ``l = 0`` is a plain
   decoding step, which emits exactly what regular decoding emits. The rates are counts of tried and
   accepted positions over live rows, decayed by ``decay`` every step (plain steps too) and smoothed
@@ -319,14 +327,15 @@ class GoodputDraftLen:
   def _step_cost(self, costs: jax.Array) -> jax.Array:
     """``f32[L + 1]`` seconds of a step of length ``l = 0 … L``; ``costs`` is
     :meth:`StepCosts.as_array`."""
-    plain, verify_pass, first, nxt, chunk = (costs[i] for i in range(5))
+    plain, verify_pass, first, nxt, chunk, fixed = (costs[i] for i in range(6))
     lengths = jnp.arange(self.max_len + 1, dtype=jnp.float32)
     passes = jnp.ceil((lengths + 1) / chunk)
-    return jnp.where(lengths == 0, plain, first + (lengths - 1) * nxt + passes * verify_pass)
+    drafted = jnp.where(fixed > 0, fixed, lengths)  # a branch-free loop drafts L whatever l
+    return jnp.where(lengths == 0, plain, first + (drafted - 1) * nxt + passes * verify_pass)
 
   def _option_cost(self, costs: jax.Array) -> jax.Array:
     """``f32[L + 1 + T]`` seconds of each option: plain, chains ``l = 1 … L``, each tree shape."""
-    return jnp.concatenate([self._step_cost(costs), costs[5:5 + len(self.trees)]])
+    return jnp.concatenate([self._step_cost(costs), costs[6:6 + len(self.trees)]])
 
   def _lengths(self) -> jax.Array:
     """``i32[L + 1 + T]`` the most drafts each option can accept: 0 (plain), ``l``, or a tree's
@@ -468,7 +477,8 @@ def break_even_acceptance(costs: StepCosts, max_len: int) -> tuple[float, int]:
     ``(alpha, l)``, alpha on a 0.001 grid; ``(1.0, 0)`` when no acceptance below 1 pays.
   """
   lengths = np.arange(1, max_len + 1)
-  cost = (costs.propose_first + (lengths - 1) * costs.propose_next
+  drafted = np.full_like(lengths, costs.fixed_drafts) if costs.fixed_drafts else lengths
+  cost = (costs.propose_first + (drafted - 1) * costs.propose_next
           + np.ceil((lengths + 1) / costs.chunk) * costs.verify_pass)
   for alpha in np.arange(0.0, 1.0, 0.001):
     expected = 1 + np.cumsum(alpha ** lengths)  # E(l) with alpha at every position
