@@ -269,7 +269,7 @@ def run_problems(
   steps = tokens = draft_len_sum = verified_sum = plain_steps = tree_steps = 0
   tree_nodes: list[np.ndarray] = []  # real nodes per live row in each tree step
   by_source = np.zeros((2, len(DRAFT_SOURCES)), np.int64)  # drafted and accepted tokens per source
-  wall = compile_seconds = useful_flops = executed_flops = 0.0
+  wall = compile_seconds = calibration_seconds = useful_flops = executed_flops = 0.0
   step_costs, was_continuous = None, False
   import tqdm  # pylint: disable=g-import-not-at-top  (the [experiments] extra)
 
@@ -295,7 +295,8 @@ def run_problems(
     else:  # the whole batch, as first decoded, so that its draws repeat; only the missing are emitted
       work.append((i, seed + i, batch, set(missing)))
   if warmup and not continuous and work:  # untimed; its compilation is still reported
-    compile_seconds = decode(work[0][2], encode(work[0][2]), work[0][1]).stats.compile_seconds
+    warm = decode(work[0][2], encode(work[0][2]), work[0][1]).stats
+    compile_seconds, calibration_seconds = warm.compile_seconds, warm.calibration_seconds
   # Progress by sequence, as records stream: finished of the total, tokens/s of wall time since the
   # bar started (compilation included) and tokens per step per row (the accepted length plus the bonus
   # token; 1 for regular decoding).
@@ -369,6 +370,7 @@ def run_problems(
       tokens += int(out.lengths.sum())
       wall += stats.wall_seconds
       compile_seconds += stats.compile_seconds
+      calibration_seconds += stats.calibration_seconds
       order = {(p.task_id, k): n for n, (p, k) in enumerate(rows)}
       held.sort(key=lambda r: order[record_key(r)])
       if check:
@@ -437,6 +439,8 @@ def run_problems(
       "mean_verified": verified_sum / steps if bass else None,
       "wall_seconds": wall,
       "compile_seconds": compile_seconds,
+      # Measuring the cost-aware policy's step costs in the decode's programs (sampling.calibration).
+      "calibration_seconds": calibration_seconds,
       "tokens": tokens,
       "pass_at_batch": pass_at_batch,
       "useful_flops": useful_flops,

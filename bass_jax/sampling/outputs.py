@@ -42,6 +42,8 @@ class GenerateStats:
     wall_seconds: prefill plus decode, compilation excluded (at least the largest ``finish_seconds``:
       a continuous decode returns once more after its last finish, to retire that prompt).
     compile_seconds: time spent compiling in this call (0 when the programs were cached).
+    calibration_seconds: time spent measuring the step costs in the decode's own programs before it
+      ran (``sampling.calibration``; 0 when they were known), in neither the wall nor the compile.
     compiled: whether this call compiled (False: it reused programs of an earlier call).
     prompt_bucket: P, the length prompts were padded to for the prefill.
     batch_bucket: the number of rows the programs ran (B plus inert padding rows).
@@ -99,6 +101,7 @@ class GenerateStats:
   prompt_steps: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
   prompt_drafted: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
   prompt_accepted: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
+  calibration_seconds: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,7 +46,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from bass_jax.sampling import calibration
 from bass_jax.sampling import costs
+from bass_jax.sampling import runner
 from bass_jax.sampling import loop as loop_lib
 from bass_jax.sampling import programs
 from bass_jax.sampling.config import split_keywords
@@ -154,6 +156,8 @@ def measure_step_phases(target, draft, prompts, *, warm_steps: int = 4, steps: i
     raise ValueError(f"warm_steps + steps = {warm_steps + steps} steps need max_new_tokens >= that "
                      f"(a row emits at least one token per step), got {config.max_new_tokens}")
   plan = prepare(target, draft, prompts, config, **prepare_kw)
+  if plan.calibrate:  # the costs the decode would decide by (runner.run does the same first)
+    plan, _ = calibration.calibrate(plan, runner.run)
   spec = plan.spec
   target_params, draft_params, temperature, top_p = plan.args_tail
   options = spec.xla_options

@@ -23,6 +23,7 @@ from bass_jax import preflight
 from bass_jax import sharding as sharding_lib
 from bass_jax.loading import Model
 from bass_jax.models import attention as attention_lib
+from bass_jax.sampling import calibration
 from bass_jax.sampling import costs as costs_lib
 from bass_jax.sampling import profiles
 from bass_jax.sampling import state as state_lib
@@ -57,8 +58,12 @@ class Plan:
     max_new_tokens: tokens per row at most.
     place: puts a host scalar where the programs expect it (the device, or replicated on the mesh).
     host: reads a device array back (``np.asarray``, or ``sharding.to_host`` on a mesh).
-    step_costs: the ``StepCosts`` a cost-aware draft length uses (None otherwise).
+    step_costs: the ``StepCosts`` a cost-aware draft length uses (None otherwise, and None until
+      ``run`` has measured them when ``calibrate``).
     profile: the backend profile's name.
+    calibrate: the step costs are still to be measured in the decode's own program
+      (``calibration.calibrate``, which ``run`` calls first); until then the decode's traced costs
+      make every step plain.
   """
 
   config: DecodeConfig
@@ -73,6 +78,7 @@ class Plan:
   host: Callable[[Any], np.ndarray]
   step_costs: Any
   profile: str
+  calibrate: bool = False
 
 
 def prompt_bucket(length: int) -> int:
@@ -338,14 +344,17 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
     target_params = sharding_lib.shard_params(target_params, target_plan)
     if draft_params is not None:
       draft_params = sharding_lib.shard_params(draft_params, proposer.sharding)
-  step_costs = None
-  if isinstance(policy, GoodputDraftLen):
+  step_costs, calibrate = None, calibration.needs_calibration(spec, policy)
+  traced_costs = calibration.forced(spec, speculate=False) if calibrate else None  # plain until run
+  if isinstance(policy, GoodputDraftLen) and not calibrate:
     step_costs = policy.costs or costs_lib.measure_step_costs(spec, target_params, draft_params, rows)
+    traced_costs = step_costs
   inputs = state_lib.DecodeInputs(
       prompts=prompts_q, prompt_len=prompt_len_q, keys=keys_q, group=group_q,
       num_prompts=np.int32(num_prompts), inert=np.arange(rows) >= slots,
       max_new=np.int32(max_new_tokens), step_limit=np.int32(step_limit), eos_ids=eos_array,
-      key=key, step_costs=step_costs.as_array() if step_costs else np.zeros(6, np.float32))
+      key=key, step_costs=(traced_costs.as_array() if traced_costs is not None
+                           else np.zeros(6, np.float32)))
   if mesh is None:
     place, host = jnp.asarray, np.asarray
     inputs = jax.tree_util.tree_map(place, inputs)
@@ -360,7 +369,7 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
   return Plan(config=c, spec=spec, args_prefill=(target_params, draft_params, inputs),
               args_tail=(target_params, draft_params, *scalars), num_prompts=num_prompts,
               slots=slots, rows=rows, max_new_tokens=max_new_tokens, place=place, host=host,
-              step_costs=step_costs, profile=profile.name)
+              step_costs=step_costs, profile=profile.name, calibrate=calibrate)
 
 
 def _head_dims(target: Model, draft: Any) -> dict[str, int]:

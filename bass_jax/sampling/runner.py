@@ -12,6 +12,7 @@ from typing import Callable
 import numpy as np
 
 from bass_jax import _checks
+from bass_jax.sampling import calibration
 from bass_jax.sampling.outputs import FinishedPrompt, GenerateOutput, GenerateStats
 from bass_jax.sampling.plan import Plan
 from bass_jax.sampling.programs import compiled
@@ -42,14 +43,23 @@ def run(plan: Plan, *, time_prompts: bool = True,
     ``i32[B]``, target log-probs ``f32[B, N]``, finished flags and :class:`GenerateStats`, in the
     order of the prompts.
 
+  A plan whose step costs are still to be measured (``Plan.calibrate``: the cost-aware draft length on
+  the GPU profile) first times its plain and speculative steps in these same programs
+  (``calibration.calibrate``: four short decodes of its first batch, discarded; once per setting and
+  process), ``GenerateStats.calibration_seconds`` long.
+
   Raises:
     ValueError: ``time_prompts`` not a bool, ``on_finish`` not callable.
     RuntimeError: the decode reached its step limit with prompts left (a bug; please report it).
   """
   time_prompts = check_run_arguments(time_prompts, on_finish)
-  spec, host, num_prompts, slots = plan.spec, plan.host, plan.num_prompts, plan.slots
   observe = plan.place(np.bool_(time_prompts))
-  (prefill, decode), compile_seconds = compiled(spec, plan.args_prefill, (*plan.args_tail, observe))
+  (prefill, decode), compile_seconds = compiled(plan.spec, plan.args_prefill,
+                                                (*plan.args_tail, observe))
+  calibration_seconds = 0.0
+  if plan.calibrate:  # the step costs, timed in these programs (calibration.py)
+    plan, calibration_seconds = calibration.calibrate(plan, run)
+  spec, host, num_prompts, slots = plan.spec, plan.host, plan.num_prompts, plan.slots
 
   clock = _PromptClock(num_prompts, started=slots)
   reported = np.zeros(num_prompts, bool)  # prompts handed to on_finish
@@ -74,7 +84,8 @@ def run(plan: Plan, *, time_prompts: bool = True,
       raise RuntimeError(f"generate: the decode reached its step limit ({limit}) with prompts left; "
                          "this is a bug in bass_jax, please report it with the call's arguments")
   wall = time.perf_counter() - start
-  output = _output(plan, state, clock, wall=wall, compile_seconds=compile_seconds)
+  output = _output(plan, state, clock, wall=wall, compile_seconds=compile_seconds,
+                   calibration_seconds=calibration_seconds)
   if on_finish is not None:  # whatever no return reported (time_prompts=False)
     for i in np.flatnonzero(~reported):
       on_finish(output.prompt(int(i)))
@@ -94,7 +105,7 @@ def check_run_arguments(time_prompts: bool, on_finish: Callable | None) -> bool:
 
 
 def _output(plan: Plan, state: DecodeState, clock: "_PromptClock", *, wall: float,
-            compile_seconds: float) -> GenerateOutput:
+            compile_seconds: float, calibration_seconds: float = 0.0) -> GenerateOutput:
   """The outputs every prompt retired into the queue, and the stats from the step log."""
   spec, host, n, slots = plan.spec, plan.host, plan.num_prompts, plan.slots
   max_new, queue, log = plan.max_new_tokens, state.queue, state.log
@@ -120,7 +131,8 @@ def _output(plan: Plan, state: DecodeState, clock: "_PromptClock", *, wall: floa
       mesh={} if spec.target_sharding is None else dict(spec.target_sharding.mesh.shape),
       admit_seconds=clock.admit, first_token_seconds=clock.first_token, batch_size=slots,
       continuous=n > slots, prompt_rows=prompt_rows, prompt_start_steps=prompt_start_steps,
-      prompt_steps=per_prompt[0], prompt_drafted=per_prompt[1], prompt_accepted=per_prompt[2])
+      prompt_steps=per_prompt[0], prompt_drafted=per_prompt[1], prompt_accepted=per_prompt[2],
+      calibration_seconds=calibration_seconds)
   return GenerateOutput(tokens=tokens, lengths=out_len, logprobs=logprobs,
                         finished=host(queue.eos)[:n], stats=stats)
 
