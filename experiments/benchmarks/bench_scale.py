@@ -43,6 +43,7 @@ decoder layer, GEMMs among them, and launches per forward (docs/gpu.md).
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -394,7 +395,13 @@ def _e2e_part(shape, target, draft, batches, s, done, add, left, variant):
                     "propose_first_ms": c.propose_first * 1e3,
                     "propose_next_ms": c.propose_next * 1e3}
     reg = regular[b]
+    policy = {}
+    if st.step_costs is not None:  # the cost-aware draft length: what it weighed and chose
+      policy = {"policy_step_costs": dataclasses.asdict(st.step_costs),
+                "plain_step_share": float(np.mean(st.draft_lens == 0)),
+                "mean_draft_len": float(np.mean(st.draft_lens))}
     add(key, kind="e2e", shape=shape, batch=b, method="bass", compile_s_all_batches=compile_s,
+        **policy,
         draft_len=str(draft_len), acceptance=list(acceptance),
         mean_accepted_length=got.mean_accepted_length,
         position_acceptance=list(got.position_acceptance),
