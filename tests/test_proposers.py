@@ -114,9 +114,11 @@ def test_draft_model_rollback_keeps_what_the_text_confirms():
   state = proposers.DraftCacheState(cache=cache, fed=fed, num_fed=jnp.int32(3))  # fed from 10 on
   tokens = np.zeros((2, 20), np.int32)
   tokens[0, 10:14] = [5, 6, 9, 1]  # confirms d_1, d_2
-  tokens[1, 10:12] = [5, 6]  # confirms d_1 only: the text ends at 11
+  tokens[1, 10:12] = [5, 6]  # the text ends at 11, with d_1 as its last token
   state = proposer.rollback(state, jnp.asarray(tokens), jnp.asarray([10, 10]), jnp.asarray([14, 11]))
-  assert state.cache.lengths.tolist() == [12, 11]
+  # Row 1's last token (its correction, equal to d_1: a hybrid's or a replay's other drafts were
+  # verified) stays out of the cache: the next catch-up feeds it for the next draft's logits.
+  assert state.cache.lengths.tolist() == [12, 10]
 
 
 def _prompts(vocab, lengths, seed=0):

@@ -159,6 +159,10 @@ class ModelProposer(Proposer):
     pos = jnp.minimum(old_seq_len[:, None] + slots, tokens.shape[1] - 1)
     confirmed = ((tokens[rows[:, None], pos] == state.fed) & (slots < state.num_fed)
                  & (old_seq_len[:, None] + slots < new_seq_len[:, None]))
-    kept = old_seq_len + leading_true(confirmed)
+    # At most the text less its last token, which the next catch-up must feed for the next draft's
+    # logits: where a hybrid or a replay verified other drafts than this model's, the target's
+    # correction can equal the model's own first draft, which would otherwise count as confirmed and
+    # leave the catch-up nothing to feed (it then read a stale slot: the next drafts were garbage).
+    kept = jnp.minimum(old_seq_len + leading_true(confirmed), new_seq_len - 1)
     return state.replace(cache=state.cache.with_lengths(jnp.minimum(state.cache.lengths, kept)),
                          num_fed=jnp.zeros((), jnp.int32))
