@@ -32,8 +32,9 @@ from bass_jax.text import generate_text
 
 __all__ = [
     "ALIASES", "BackendProfile", "CodeGenConfig", "DecodeConfig", "DynamicDraftLen", "FinishedPrompt", "FixedDraftLen", "GPT2Config", "GenerateOutput",
-    "GenerateStats", "GoodputDraftLen", "Hybrid", "Replay", "KVCache", "Llama", "LlamaConfig", "Model",
-    "NGramProposer", "OPTConfig", "PAD_TOKEN", "Plan", "SiblingProposer", "StepCosts", "TreeShape",
+    "GenerateStats", "GoodputDraftLen", "Hybrid", "KVCache", "Llama", "LlamaConfig", "Model",
+    "NGramProposer", "OPTConfig", "PAD_TOKEN", "Plan", "Replay", "SiblingProposer", "StepCosts",
+    "TreeShape",
     "abstract_params", "attention_implementations", "check_same_tokenizer", "clear_compile_cache",
     "default_dtype",
     "enable_persistent_compilation_cache", "generate", "generate_text", "init_params", "load_draft",

@@ -28,7 +28,8 @@ HEAVY_FIRST = ("test_sharding.py", "test_sampling_exact.py", "test_cli.py", "tes
                "test_profiles.py", "test_generate.py", "test_continuous.py", "test_proposers.py",
                "test_eagle.py", "test_experiment.py", "test_phases.py", "test_published_drafts.py",
                "test_tree_decode.py", "test_text.py", "test_programs.py", "test_llama.py",
-               "test_gguf_families.py", "test_checkpoints.py")
+               "test_gguf_families.py", "test_checkpoints.py", "test_bench_scale.py", "test_replay.py",
+               "test_calibration.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import bass_jax as bj
-from bass_jax.sampling import calibration, plan as plan_lib, profiles, programs, runner
+from bass_jax.sampling import calibration, profiles, programs, runner
 from conftest import noisy_copy, tiny_model
 
 # The GPU profile's decode (a static draft loop, one verification pass) with the jnp attention.
@@ -60,6 +60,17 @@ def test_calibrated_costs_charge_the_whole_loop_once_per_setting_with_no_compile
   assert cpu.stats.calibration_seconds == 0 and cpu.stats.step_costs.fixed_drafts == 0
 
 
+def test_a_useless_draft_decodes_plainly_after_calibration(pair):
+  """A random draft (almost never right) on the branch-free profile: the calibrated policy finds a
+  whole speculative step not worth its accepted tokens and decodes plainly, bar explorations."""
+  target, _, prompts = pair
+  useless = tiny_model(7)
+  out = bj.generate(target, useless, prompts, max_new_tokens=48, profile=BRANCH_FREE,
+                    draft_len=bj.GoodputDraftLen(max_len=4))
+  assert out.stats.step_costs.fixed_drafts == 4
+  assert np.mean(out.stats.draft_lens == 0) >= 0.8, out.stats.draft_lens
+
+
 def test_calibration_changes_no_sampled_output(pair):
   """The decode after calibration draws exactly what the same decode with those costs given does."""
   calibrated = runner.run(_plan(pair, temperature=0.8, seed=5))
@@ -72,12 +83,13 @@ def test_calibration_changes_no_sampled_output(pair):
 
 
 def test_what_is_calibrated():
-  spec = dataclasses.make_dataclass("Spec", ["branch_free", "draft_trees"])
+  make = dataclasses.make_dataclass("Spec", ["branch_free", "draft_trees", "verify_chunk", "max_draft"])
+  spec = lambda free, trees=(), chunk=9: make(free, trees, chunk, 8)
   policy = bj.GoodputDraftLen()
-  assert calibration.needs_calibration(spec(True, ()), policy)
-  assert not calibration.needs_calibration(spec(False, ()), policy)  # the CPU's per-l loop
+  assert calibration.needs_calibration(spec(True), policy)
+  assert not calibration.needs_calibration(spec(False), policy)  # the CPU's per-l loop
   assert not calibration.needs_calibration(spec(True, ("tree",)), policy)  # trees: measured pieces
-  assert not calibration.needs_calibration(spec(True, ()), bj.GoodputDraftLen(
+  assert not calibration.needs_calibration(spec(True, chunk=4), policy)  # passes depend on l
+  assert not calibration.needs_calibration(spec(True), bj.GoodputDraftLen(
       costs=bj.StepCosts(1.0, 1.0, 0.0, 0.0, 4)))  # given costs are kept
-  assert not calibration.needs_calibration(spec(True, ()), bj.FixedDraftLen(3))
-  assert plan_lib.Plan.__dataclass_fields__["calibrate"].default is False
+  assert not calibration.needs_calibration(spec(True), bj.FixedDraftLen(3))

@@ -340,12 +340,13 @@ def test_goodput_costs_need_one_cost_per_tree_shape():
 def test_a_branch_free_draft_loop_charges_every_chain_its_whole_loop():
   """With the GPU profile's static draft loop (StepCosts.fixed_drafts = L) a chain of any length pays
   all L drafts: costs an H200 measured (SmolLM2, B = 16: plain 1.79 ms, a pass 2.21 ms, the EAGLE
-  draft's first and further forwards 0.23 and 0.32 ms) make the per-l model speculate (l = 1) at 0.5
-  acceptance where the whole loop does not pay, and the fixed model decode plainly, as regular decoding would."""
-  policy = GoodputDraftLen(max_len=7)
-  per_l = StepCosts(plain=1.79, verify_pass=2.21, propose_first=0.23, propose_next=0.32, chunk=8)
-  fixed = dataclasses.replace(per_l, fixed_drafts=7)
-  assert fixed.as_array().shape == (6,) and float(fixed.as_array()[5]) == 7
+  draft's first and further forwards 0.23 and 0.32 ms, L = 8 in one pass of 9) make the per-l model
+  speculate (l = 1) at 0.5 acceptance where the whole loop does not pay, and the fixed model decode
+  plainly, as regular decoding would."""
+  policy = GoodputDraftLen(max_len=8)
+  per_l = StepCosts(plain=1.79, verify_pass=2.21, propose_first=0.23, propose_next=0.32, chunk=9)
+  fixed = dataclasses.replace(per_l, fixed_drafts=8)
+  assert fixed.as_array().shape == (6,) and float(fixed.as_array()[5]) == 8
 
   def choice(costs, rate):
     tried = jnp.full(policy.max_len, 1e7, jnp.float32)
@@ -353,9 +354,9 @@ def test_a_branch_free_draft_loop_charges_every_chain_its_whole_loop():
 
   assert choice(per_l, 0.5) >= 1 and choice(fixed, 0.5) == 0
   cost = np.asarray(policy._step_cost(fixed.as_array()))  # pylint: disable=protected-access
-  np.testing.assert_allclose(cost[1:], 0.23 + 6 * 0.32 + 2.21, rtol=1e-6)  # every l pays the loop
+  np.testing.assert_allclose(cost[1:], 0.23 + 7 * 0.32 + 2.21, rtol=1e-6)  # every l pays the loop
   assert float(cost[0]) == pytest.approx(1.79)
-  assert choice(fixed, 0.95) == 7  # when the loop pays, its every draft is verified
+  assert choice(fixed, 0.95) == 8  # when the loop pays, its every draft is verified
   # The break-even acceptance follows the same model.
-  assert draft_len_lib.break_even_acceptance(fixed, 7)[0] > draft_len_lib.break_even_acceptance(
-      per_l, 7)[0]
+  assert draft_len_lib.break_even_acceptance(fixed, 8)[0] > draft_len_lib.break_even_acceptance(
+      per_l, 8)[0]

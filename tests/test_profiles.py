@@ -66,9 +66,10 @@ def test_a_profiles_compiler_options_reach_every_program_it_compiles(models):
   unknown = dataclasses.replace(options, compiler_options=(("xla_no_such_option", "1"),))
   with pytest.raises(Exception, match="xla_no_such_option"):
     bj.generate(target, draft, prompts, max_new_tokens=6, draft_len=2, profile=unknown)
-  with pytest.raises(Exception, match="xla_no_such_option"):  # the cost-aware policy's forwards
-    bj.generate(target, draft, prompts, max_new_tokens=6, draft_len="goodput",
-                profile=dataclasses.replace(unknown, name="unknown-goodput"))
+  # prepare compiles no decode program, but the cost-aware policy's forwards it times.
+  with pytest.raises(Exception, match="xla_no_such_option"):
+    bj.prepare(target, draft, prompts, bj.DecodeConfig(max_new_tokens=6, draft_len="goodput",
+                                                       profile=unknown))
 
 
 def test_split_count_fills_the_sms_and_keeps_two_blocks_per_split():

@@ -77,6 +77,28 @@ def test_replay_at_zero_acceptance_and_a_wrong_recording_stay_exact(recorded):
   np.testing.assert_array_equal(out.tokens, regular.tokens)
 
 
+def test_replay_follows_the_recording_until_the_text_leaves_it(recorded):
+  """A recording wrong from its 12th output token on: the replayed draft there is rejected, and from
+  then on the row's text is not the recording's, so the row drafts with the model (here the target
+  itself: always right) instead of replaying a recording it has left."""
+  target, prompts, regular = recorded
+  text = replay_text(prompts, regular.tokens, regular.lengths)
+  wrong = text.copy()
+  for b, prompt in enumerate(prompts):
+    start = len(prompt) + 12
+    wrong[b, start:] = np.where(wrong[b, start:] >= 0, (wrong[b, start:] + 1) % 61, -1)
+  out = bj.generate(target, bj.Replay(target, wrong, acceptance=(1.0,)), prompts, max_new_tokens=NEW,
+                    draft_len=3)
+  np.testing.assert_array_equal(out.tokens, regular.tokens)
+  # One step per row rejects its drafts, where the recording turns wrong; every other step accepts
+  # all 3. (Replaying the wrong rest would reject every later step; and before the draft model's
+  # rollback kept its last text token out of its cache, the step after the rejection drafted garbage
+  # too: its own first draft had been the target's correction.)
+  for row in out.stats.accepted.T:
+    live = row[row >= 0]
+    assert (live == 0).sum() == 1 and set(live[live > 0].tolist()) == {3}, out.stats.accepted.T
+
+
 def test_replay_samples_exactly_with_one_hot_drafts(recorded):
   """At T > 0 the replayed drafts are deterministic (one-hot q): the same seed gives a sampled decode
   whose every token is the target's (checked by the draw being reproducible and in-vocabulary; the
@@ -97,8 +119,13 @@ def test_replay_arguments_are_checked(recorded):
   for bad in ((), (1.2,), (-0.1,), "0.5", (True,)):
     with pytest.raises(ValueError, match="acceptance"):
       bj.Replay(draft, text, acceptance=bad)
-  with pytest.raises(ValueError, match="seed"):
-    bj.Replay(draft, text, seed=-1)
+  for seed in (-1, 2**32, 1.5):
+    with pytest.raises(ValueError, match="seed"):
+      bj.Replay(draft, text, seed=seed)
+  with pytest.raises(ValueError, match="vocabulary of 61"):
+    bj.generate(target, bj.Replay(draft, text + 100), prompts, max_new_tokens=4)
+  with pytest.raises(ValueError, match="one static batch"):  # continuous batching: rows change prompts
+    bj.generate(target, bj.Replay(draft, text), prompts, max_new_tokens=4, batch_size=2)
   with pytest.raises(ValueError, match="text"):
     bj.Replay(draft, np.zeros((2, 3), np.float32))
   with pytest.raises(ValueError, match="text"):

@@ -44,6 +44,7 @@ import bass_jax as bj
 from bass_jax.sampling import acceptance
 from bass_jax.sampling import generate as generate_lib
 from bass_jax.sampling.profiles import BackendProfile
+from bass_jax.sampling.proposers import replay_text
 from bass_jax.sampling.warp import warped_log_probs
 
 VOCAB = 8
@@ -372,18 +373,33 @@ SIBLINGS = bj.SiblingProposer(max_n=2, min_n=1, max_siblings=3, max_matches=8)
 
 def _proposer(kind: str):
   ngram = bj.NGramProposer(max_n=2, min_n=1)  # min_n = 1: with V = 8 most rows find a match
+  if kind == "replay":  # the target's greedy text at 0.9: sampled rows leave it, then the model drafts
+    return bj.Replay(_models()[1], _greedy_text(), acceptance=(0.9,))
   return {"ngram": ngram, "siblings": SIBLINGS, "hybrid": bj.Hybrid(_models()[1], ngram),
           "hybrid_siblings": bj.Hybrid(_models()[1], ngram, SIBLINGS)}[kind]
+
+
+@functools.lru_cache(maxsize=None)
+def _greedy_text():
+  """Every row's regular greedy decode of PROMPT, as Replay's recording (half the rows: the rest
+  propose the model's own drafts)."""
+  target, _ = _models()
+  rows = NUM_ROWS // 2
+  out = bj.generate(target, None, [list(PROMPT)] * rows, method="regular", max_new_tokens=NUM_TOKENS,
+                    eos_token_id=())
+  return replay_text([list(PROMPT)] * rows, out.tokens, out.lengths)
 
 
 @pytest.mark.parametrize("kind,temperature,top_p,seed", [("ngram", 1.0, 0.8, 31),
                                                          ("hybrid", 0.6, 0.9, 32),
                                                          ("siblings", 1.0, 0.8, 34),
-                                                         ("hybrid_siblings", 0.6, 0.9, 35)])
+                                                         ("hybrid_siblings", 0.6, 0.9, 35),
+                                                         ("replay", 1.0, 0.8, 36)])
 def test_lookup_and_hybrid_proposers_match_exact_target_distribution(kind, temperature, top_p, seed):
   """Deterministic drafts (one-hot q, no draft distribution at all for lookup rows: n-gram lookup in
-  the row's own text, or sibling lookup in the other rows') keep the law exact; lookup drafts were
-  both accepted and rejected, and some rows had none to propose."""
+  the row's own text, or sibling lookup in the other rows'; a replayed recording, and the model's
+  drafts taken as one-hot where a row left it) keep the law exact; lookup drafts were both accepted
+  and rejected, and some rows had none to propose."""
   target, _ = _models()
   out = _generate(target, _proposer(kind), "bass", temperature, top_p, seed, draft_len=3)
   drafted, accepted = out.stats.drafted, out.stats.accepted

@@ -149,3 +149,23 @@ def test_command_buffers_are_one_launch_and_loops_inside_them_none():
   # reads: the outer predicate and the branch index
   assert thunk_census.per_iteration(outer, {}) == thunk_census.Count(kernels=2, graphs=1, host_reads=2)
   assert thunk_census.count(thunks[:1], {}) == thunk_census.Count(graphs=1)
+
+
+def test_kernels_per_layer_is_the_period_between_attention_kernels():
+  """Synthetic thunks: a layer's launches are those from one attention kernel to the next, nested
+  loop bodies included (once each), containers not counted; fewer than two attention kernels give no
+  period; a loop Thunk is counted by its body."""
+  k = lambda name: thunk_census.Thunk(0, "kCustomKernel", name)
+  copy = thunk_census.Thunk(0, "kCopy", "kCopy")
+  layer = lambda i: [k("bass_ragged_attention_split"), k(f"gemm_{i}"), copy, k(f"fusion_{i}")]
+  inner = thunk_census.Thunk(0, "kWhile", "kWhile", sections={"condition": [k("cond")],
+                                                               "body": [k("inner")]})
+  body = [k("embed")] + layer(0) + [inner] + layer(1) + layer(2) + layer(3) + [k("head")]
+  got = thunk_census.kernels_per_layer(body)
+  # Periods: layer 0 with the inner loop's condition and body (6), then 4 and 4: the median is 4.
+  assert got["median"] == 4 and got["layers"] == 4
+  assert got["example"] == ["bass_ragged_attention_split", "gemm_1", "kCopy", "fusion_1"]
+  loop = thunk_census.Thunk(0, "kWhile", "kWhile", sections={"body": body})
+  assert thunk_census.kernels_per_layer(loop) == got
+  assert thunk_census.kernels_per_layer(layer(0))["median"] is None  # one attention kernel
+  assert [t.name for t in thunk_census.leaves([inner])] == ["cond", "inner"]

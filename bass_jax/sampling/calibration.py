@@ -13,10 +13,12 @@ So where the decode is branch-free (the GPU profile: every chain step runs the d
 ``L`` iterations and verifies ``L + 1`` positions in one pass, whatever its length, so a speculative
 step costs the same for every ``l``), :func:`calibrate` times the two kinds of step *in the decode
 program itself*, with the very programs the decode will run (no other compile): it decodes a few
-tokens of the plan's own first batch twice with step costs that force every step to be plain, and
-twice with costs that force every step to speculate, at two lengths each, and takes each kind's
-seconds per step as the difference of the two wall times over the difference of their step counts (the
-prefill and the fixed costs of a call cancel). The policy then weighs ``plain`` against one
+tokens of the plan's own first batch with step costs that force every step to be plain, and with costs
+that force every step to speculate, at two lengths each (8 and 32 tokens per row, the fastest of two
+decodes each: eight short decodes), and takes each kind's seconds per step as the difference of the
+two wall times over the difference of their step counts (the prefill and the fixed costs of a call
+cancel). The calibration decodes run to 32 tokens whatever ``max_new_tokens`` is (within the output
+bucket the programs hold); their tokens are discarded. The policy then weighs ``plain`` against one
 speculative step's whole cost (``StepCosts(plain, verify_pass=speculative step, 0, 0, C,
 fixed_drafts=L)``), so it speculates only where the accepted tokens pay for everything a step does,
 and decodes plainly, as regular decoding does, elsewhere. The costs are remembered per setting for the
@@ -31,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+import warnings
 from typing import Any, Callable
 
 import jax
@@ -40,16 +43,19 @@ from bass_jax.sampling.draft_len import GoodputDraftLen, StepCosts
 
 _CACHE: dict[Any, StepCosts] = {}
 _LOCK = threading.Lock()
+# Held while measuring: two threads calibrating at once would each time the other's decodes.
+_MEASURING = threading.Lock()
 _NEVER = 1e30  # seconds: a step kind that must never win (finite: no inf - inf in the policy)
-SHORT, LONG = 8, 24  # tokens per row of the two calibration decodes of each kind (at most the bucket)
+SHORT, LONG = 8, 32  # tokens per row of the two calibration decodes of each kind (at most the bucket)
 
 
 def needs_calibration(spec, policy: Any) -> bool:
   """Whether a decode's costs come from :func:`calibrate`: a cost-aware draft length without given
-  costs, a branch-free decode (the GPU profile) and chains only (a tree step of each shape would need
-  its own forced decodes)."""
+  costs, a branch-free decode (the GPU profile) that verifies a whole chain in one pass (a step then
+  costs the same for every ``l``), and chains only (a tree step of each shape would need its own
+  forced decodes)."""
   return (isinstance(policy, GoodputDraftLen) and policy.costs is None and spec.branch_free
-          and not spec.draft_trees)
+          and spec.verify_chunk >= spec.max_draft + 1 and not spec.draft_trees)
 
 
 def forced(spec, *, speculate: bool) -> StepCosts:
@@ -79,18 +85,23 @@ def calibrate(plan, run: Callable[..., Any], *, repeats: int = 2) -> tuple[Any, 
   shapes = jax.tree_util.tree_map(lambda x: (np.shape(x), str(getattr(x, "dtype", ""))),
                                   plan.args_prefill)
   key = (spec, plan.rows, str(shapes))
-  with _LOCK:
-    costs = _CACHE.get(key)
   started = time.perf_counter()
   seconds = 0.0
-  if costs is None:
-    plain = _seconds_per_step(plan, run, forced(spec, speculate=False), repeats)
-    step = _seconds_per_step(plan, run, forced(spec, speculate=True), repeats)
-    costs = StepCosts(plain=plain, verify_pass=step, propose_first=0.0, propose_next=0.0,
-                      chunk=spec.verify_chunk, fixed_drafts=spec.max_draft)
+  with _MEASURING:
     with _LOCK:
-      _CACHE[key] = costs
-    seconds = time.perf_counter() - started
+      costs = _CACHE.get(key)
+    if costs is None:
+      timed = np.array([_seconds_per_step(plan, run, forced(spec, speculate=s), repeats)
+                        for s in (False, True)])
+      if jax.process_count() > 1:  # every process decides from process 0's timings (costs.py too)
+        from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+        timed = np.asarray(multihost_utils.broadcast_one_to_all(timed))
+      costs = StepCosts(plain=float(timed[0]), verify_pass=float(timed[1]), propose_first=0.0,
+                        propose_next=0.0, chunk=spec.verify_chunk, fixed_drafts=spec.max_draft)
+      with _LOCK:
+        _CACHE[key] = costs
+      seconds = time.perf_counter() - started
   return with_costs(plan, costs), seconds
 
 
@@ -116,9 +127,15 @@ def _seconds_per_step(plan, run: Callable[..., Any], costs: StepCosts, repeats: 
         best = out
     walls.append(best.stats.wall_seconds)
     steps.append(best.stats.steps)
-  if steps[1] <= steps[0]:  # one length (a bucket of SHORT tokens): the whole call over its steps
-    return walls[1] / max(steps[1], 1)
-  return max((walls[1] - walls[0]) / (steps[1] - steps[0]), 1e-9)
+  whole = walls[1] / max(steps[1], 1)  # the longer call over its steps: prefill included
+  if steps[1] > steps[0]:
+    per_step = (walls[1] - walls[0]) / (steps[1] - steps[0])
+    if 0 < per_step <= whole:  # a per-step cost can only be below the whole call's average
+      return per_step
+  warnings.warn(f"bass_jax calibration: a decode of {steps[1]} steps was not slower than one of "
+                f"{steps[0]} (a busy machine?); taking {whole * 1e3:.3f} ms per step, the longer "
+                "call's average, prefill included", stacklevel=2)
+  return whole
 
 
 def _shortened(plan, tokens: int):

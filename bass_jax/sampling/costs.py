@@ -26,6 +26,7 @@ an unlucky measurement.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import statistics
@@ -52,6 +53,19 @@ def _compiler_options() -> dict[str, str] | None:
   (a proposer's ``forward_costs`` times its forwards through here too), so each piece is timed as the
   decode will run it."""
   return getattr(_OPTIONS, "value", None)
+
+
+@contextlib.contextmanager
+def compiled_with(options: dict[str, str] | None):
+  """Within the block, the forwards this module times (``time_forwards``, a proposer's
+  ``forward_costs``) compile with XLA ``options`` (``jax.jit``'s ``compiler_options``; None: XLA's
+  defaults), in this thread: a backend profile's, as ``measure_step_costs`` sets for the decode's."""
+  previous = getattr(_OPTIONS, "value", None)
+  _OPTIONS.value = options
+  try:
+    yield
+  finally:
+    _OPTIONS.value = previous
 
 
 def median_seconds(call: Callable[[], Any], repeats: int = 5) -> float:
@@ -213,11 +227,8 @@ def measure_step_costs(spec, target_params: Any, draft_params: Any, batch: int) 
   with _LOCK:
     if key in _CACHE:
       return _CACHE[key]
-  _OPTIONS.value = spec.xla_options
-  try:
+  with compiled_with(spec.xla_options):
     costs = _measure(spec, target_params, draft_params, batch, trees)
-  finally:
-    _OPTIONS.value = None
   with _LOCK:
     _CACHE[key] = costs
   return costs

@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 from bass_jax import sharding as sharding_lib
 from bass_jax.loading import Model, check_same_tokenizer, load_draft
@@ -72,7 +73,15 @@ def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any =
     if isinstance(proposer, MedusaProposer):
       raise ValueError("Replay wraps a draft model or an EAGLE draft; Medusa heads draft trees of "
                        "their own")
-    params = {"model": params, "text": jnp.asarray(draft.text, jnp.int32)}
+    vocab = target.config.vocab_size
+    if vocab < 2 or int(np.max(draft.text)) >= vocab:
+      raise ValueError(f"Replay.text holds token ids up to {int(np.max(draft.text))}, outside the "
+                       f"target's vocabulary of {vocab}; record it with this target")
+    # The recording, the rates and the seed are data, not part of the program's key: another
+    # recording, rate or seed reuses the compiled decode.
+    params = {"model": params, "text": jnp.asarray(draft.text, jnp.int32),
+              "acceptance": jnp.asarray(draft.acceptance, jnp.float32),
+              "seed": jnp.asarray(draft.seed, jnp.uint32)}
     return dataclasses.replace(draft, model=proposer, text=None), params, [draft.model]
   raise ValueError(
       "draft must be a bass_jax.Model (a draft model), a bass_jax.NGramProposer (model-free prompt "

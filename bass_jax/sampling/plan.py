@@ -32,7 +32,7 @@ from bass_jax.sampling.acceptance import AcceptanceRule
 from bass_jax.sampling.config import DecodeConfig
 from bass_jax.sampling.draft_len import MAX_DRAFT_LEN, GoodputDraftLen, NoDrafts
 from bass_jax.sampling.drafts import resolve_draft
-from bass_jax.sampling.proposers import NoProposer
+from bass_jax.sampling.proposers import NoProposer, Replay
 
 _MIN_PROMPT_BUCKET = 16
 _OUTPUT_BUCKET = 32  # the output buffer holds a multiple of this many tokens
@@ -242,7 +242,7 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
   if bass:
     if draft is None:
       raise ValueError("method='bass' needs a draft: a draft model, an NGramProposer, a "
-                       "SiblingProposer or a Hybrid")
+                       "SiblingProposer, a Hybrid or a Replay")
     proposer, draft_params, draft_models = resolve_draft(draft, target, attention_impl, mesh=mesh,
                                                          draft_sharding=c.draft_sharding)
   if mesh is not None:
@@ -289,6 +289,10 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
   if mesh is not None:  # inert rows up to a multiple of the data axis
     rows = -(-rows // mesh.shape[sharding_lib.DATA]) * mesh.shape[sharding_lib.DATA]
   waits = num_prompts > slots
+  if waits and isinstance(draft, Replay) and bass:
+    raise ValueError(f"a Replay draft reads row b's recording for row b: decode its {num_prompts} "
+                     f"prompts in one static batch (batch_size >= {num_prompts}), not {slots} at a "
+                     "time")
   if waits and mesh is not None and mesh.shape[sharding_lib.DATA] > 1:
     raise ValueError(
         f"continuous batching (batch_size={batch_size} < {num_prompts} prompts) runs its admission "

@@ -45,7 +45,7 @@ def run(plan: Plan, *, time_prompts: bool = True,
 
   A plan whose step costs are still to be measured (``Plan.calibrate``: the cost-aware draft length on
   the GPU profile) first times its plain and speculative steps in these same programs
-  (``calibration.calibrate``: four short decodes of its first batch, discarded; once per setting and
+  (``calibration.calibrate``: eight short decodes of its first batch, discarded; once per setting and
   process), ``GenerateStats.calibration_seconds`` long.
 
   Raises:

@@ -3,7 +3,8 @@
 XLA compiles a program for an H100 on a CPU-only machine given the device's target description
 (``configs/gpu/h100_sxm.txtpb``, an XLA ``GpuTargetConfig``) and JAX's CUDA plugin (no CUDA libraries
 needed), in a process that set ``JAX_PLATFORMS=cpu`` and XLA's dump flags before importing JAX
-(``experiments._deviceless.prepare``): :func:`compile_deviceless`. With ``--xla_dump_to`` XLA writes ``*.thunk_sequence.txt``, the
+(``experiments._deviceless.prepare``): :func:`compile_deviceless`. With ``--xla_dump_to`` XLA
+writes ``*.thunk_sequence.txt``, the
 exact list of kernels, device copies, loops and conditionals the GPU runtime will execute, in order;
 :func:`parse_thunks` reads it into a tree and :func:`count` multiplies loops by their trip counts
 (XLA's ``known_trip_count`` in the optimized HLO; such a loop runs its body that many times with no
@@ -233,10 +234,9 @@ def leaves(thunks: list[Thunk]) -> Iterator[Thunk]:
 
 
 def kernels_per_layer(thunks: "Thunk | list[Thunk]", marker: str = "attention") -> dict[str, Any]:
-  """The kernels and copies one decoder layer launches in ``thunks`` (a program's sequence, or one
-  iteration of a loop ``Thunk``: its body), counted as the
-  period between consecutive launches of the layer's attention kernel (``marker`` in the kernel's
-  name: the Pallas kernels are ``bass_ragged_attention_*``, one launch per layer).
+  """The kernels and copies one decoder layer launches in ``thunks``, counted as the period between
+  consecutive launches of the layer's attention kernel (``marker`` in the kernel's name: the Pallas
+  kernels are ``bass_ragged_attention_*``, one launch per layer).
 
   XLA's op names cannot say which layer a kernel serves (every unrolled layer is one traced
   function, so each carries the first layer's name), but a decoder layer launches its attention
@@ -247,6 +247,11 @@ def kernels_per_layer(thunks: "Thunk | list[Thunk]", marker: str = "attention") 
     ``{"median": the median period, "layers": attention launches found, "example": the kernel names
     of the middle period, in order}``; ``median`` None with fewer than two attention launches (the
     jnp attention has no kernel of its own).
+
+  Args:
+    thunks: a program's thunks (``Dump.thunks``), or a loop ``Thunk``, whose body is counted (one
+      iteration). A nested loop's body and condition count once each.
+    marker: the substring that names the attention kernel.
   """
   if isinstance(thunks, Thunk):
     thunks = thunks.sections.get("body", [])

@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import _io
-from experiments._shapes import random_model  # pylint: disable=unused-import
+from experiments._shapes import random_model
 
 _MODELS = flags.DEFINE_list("models", ["smollm2-135m-instruct", "smollm2-135m-draft"],
                             "Model specs to time (Llama family).")

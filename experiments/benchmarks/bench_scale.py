@@ -1,9 +1,9 @@
 r"""The decode step at 135M, 1B and 8B scale on a GPU, in one command that needs nothing beyond the
 repository: random weights of published shapes, each with a one-layer EAGLE-shaped draft.
 
-    python -m experiments.benchmarks.bench_scale --results_dir=gpu_scale     # a GPU, <= 8 minutes
-    python -m experiments.benchmarks.bench_scale --quick                     # CPU smoke run (the suite's)
-    python -m experiments.benchmarks.bench_scale --census --results_dir=R    # CPU: deviceless H100 census
+    python -m experiments.benchmarks.bench_scale --results_dir=gpu_scale   # a GPU, <= 8 minutes
+    python -m experiments.benchmarks.bench_scale --quick                   # CPU smoke run (the suite's)
+    python -m experiments.benchmarks.bench_scale --census --results_dir=R  # CPU: deviceless census
 
 What it measures, in this order, each figure written the moment it exists (``bench_scale.jsonl``, one
 record a line; ``bench_scale.json`` and ``bench_scale.md`` rendered after every part), so a run cut
@@ -14,8 +14,7 @@ short keeps what it finished and ``--resume`` measures only the rest:
 2. **Forward table**, per shape: the target's forward (the backend profile's attention and XLA
    options, logits at every position) at B x T over a cache holding ``--context`` entries per row, the
    median of ``--repeats`` calls, and its fraction of the HBM roofline: (weight bytes + the KV bytes the
-   rows hold) / bandwidth over the measured time. The goal cells (B = 1, 16; T = 1, 5, 9) first, then
-   the rest of the grid; the draft's own step (one position) at each B.
+   rows hold) / bandwidth over the measured time; the draft's own step (one position) at each B.
 3. **End to end**, per shape and B: regular decoding, then BASS chains through ``bass_jax.generate``
    with a :class:`bass_jax.Replay` proposer over the EAGLE draft: its forwards run every draft step
    (their cost counts), and it proposes the target's own continuation recorded by the regular decode,
@@ -29,6 +28,9 @@ short keeps what it finished and ``--resume`` measures only the rest:
 5. **XLA's defaults** (a third process): the forward's goal cells compiled without the profile's
    ``compiler_options`` (with XLA's ``dot-strength-reduction``), for the comparison.
 
+The first process works in phases across the shapes, the goals first: every shape's goal cells of
+the forward table (B = 1, 16; T = 1, 5, 9), then end to end for every shape, then the rest of the
+table; a failure (an out-of-memory cell, say) is recorded and the next shape or cell runs.
 Programs of a shape are compiled in parallel threads (XLA compiles without the GIL; a GPU machine has
 16 cores) before any is timed, and JAX's persistent cache (``--compilation_cache_dir``) keeps them for
 a second call. Each process gets a share of ``--budget_s`` (it stops starting work past it, and is
@@ -49,6 +51,7 @@ import hashlib
 import json
 import os
 import pathlib
+import platform
 import statistics
 import subprocess
 import sys
@@ -102,7 +105,8 @@ _DEADLINE = flags.DEFINE_float("deadline", None, "Internal: the child's deadline
 
 WHILE_FLAGS = "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
 # The parts' processes: (variant, part it serves, XLA_FLAGS added, share of the budget it may end at).
-VARIANTS = (("default", ("forward", "e2e"), "", 0.62), ("while", ("command_buffers",), WHILE_FLAGS, 0.87),
+VARIANTS = (("default", ("forward", "e2e"), "", 0.62),
+            ("while", ("command_buffers",), WHILE_FLAGS, 0.87),
             ("xla_defaults", ("xla_defaults",), "", 1.0))
 GOAL_CELLS = [(1, 1), (1, 5), (1, 9), (16, 1), (16, 5), (16, 9)]  # (B, T): the issue's goal cells
 MARGIN_S = 8.0  # stop starting work this long before a deadline
@@ -129,14 +133,23 @@ class Records:
     self.path = path
 
   def read(self) -> list[dict]:
+    """Every record; a line cut short (a process ended at its deadline mid-write) is skipped."""
     if not self.path.exists():
       return []
-    return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+    records = []
+    for line in self.path.read_text().splitlines():
+      try:
+        records.append(json.loads(line))
+      except json.JSONDecodeError:
+        continue
+    return records
 
   def keys(self) -> set:
-    return {r["key"] for r in self.read() if "key" in r}
+    """The keys measured (a record with an error is not: ``--resume`` tries it again)."""
+    return {r["key"] for r in self.read() if "key" in r and "error" not in r}
 
   def add(self, record: dict) -> None:
+    """Appends ``record`` as one line, flushed to disk."""
     with open(self.path, "a") as f:
       f.write(json.dumps(record, default=float) + "\n")
       f.flush()
@@ -173,28 +186,46 @@ def _child(variant: str, run_dir: pathlib.Path, deadline: float) -> None:
   if variant == "default" and "forward" in _PARTS.value and f"{variant}/bandwidth" not in done:
     add("bandwidth", kind="bandwidth", gbps=_bandwidth(s["bandwidth_mib"]))
   bandwidth = next((r["gbps"] for r in records.read() if r.get("kind") == "bandwidth"), None)
-  for shape in s["shapes"]:
-    if left() <= 0:
-      break
-    target = draft = None
-    try:
+  models = {}
+
+  def pair(shape):  # each shape's target and draft, made once and kept (the largest is 16 GB)
+    if shape not in models:
       from experiments import _shapes  # pylint: disable=g-import-not-at-top
 
       target = _shapes.random_model(f"random:{shape}", s["dtype"])
-      draft = _shapes.random_eagle_draft(target, _DRAFT_VOCAB.value)
-      if variant == "default" and "forward" in _PARTS.value:
-        _forward_part(variant, shape, target, draft, s, bandwidth, done, add, left,
-                      cells=None, options=None)
-      if variant == "default" and "e2e" in _PARTS.value:
-        _e2e_part(shape, target, draft, s["batches"], s, done, add, left, variant)
-      if variant == "while":
-        _e2e_part(shape, target, draft, s["while_batches"], s, done, add, left, variant)
-      if variant == "xla_defaults":
-        _forward_part(variant, shape, target, draft, s, bandwidth, done, add, left,
-                      cells=s["goal_cells"], options=())
-    finally:
-      del target, draft
-      programs.clear_compile_cache()
+      models[shape] = (target, _shapes.random_eagle_draft(target, _DRAFT_VOCAB.value))
+    return models[shape]
+
+  # The goals first, across shapes: the forward's goal cells, then end to end, then the rest.
+  phases = {"default": [("forward_goals", "forward"), ("e2e", "e2e"), ("forward_rest", "forward")],
+            "while": [("e2e_while", "command_buffers")],
+            "xla_defaults": [("forward_defaults", "xla_defaults")]}[variant]
+  for phase, part in phases:
+    if part not in _PARTS.value:
+      continue
+    for shape in s["shapes"]:
+      if left() <= 0:
+        return
+      try:
+        target, draft = pair(shape)
+        if phase == "forward_goals":
+          _forward_part(variant, shape, target, draft, s, bandwidth, done, add, left,
+                        cells=s["goal_cells"], options=None)
+        elif phase == "forward_rest":
+          _forward_part(variant, shape, target, draft, s, bandwidth, done, add, left,
+                        cells=None, options=None)
+        elif phase == "forward_defaults":
+          _forward_part(variant, shape, target, draft, s, bandwidth, done, add, left,
+                        cells=s["goal_cells"], options=())
+        else:
+          batches = s["while_batches"] if variant == "while" else s["batches"]
+          _e2e_part(shape, target, draft, batches, s, done, add, left, variant)
+      except Exception as e:  # pylint: disable=broad-except
+        # Recorded, and the next shape runs (an out-of-memory 8B cell must not cost the 1B table).
+        add(f"{phase}/{shape}/error", kind="error", shape=shape,
+            error=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+      finally:
+        programs.clear_compile_cache()
 
 
 def _bandwidth(mib: int) -> float:
@@ -214,6 +245,7 @@ def _bandwidth(mib: int) -> float:
 
 
 def _nbytes(tree) -> int:
+  """Bytes of every array of ``tree``."""
   import jax  # pylint: disable=g-import-not-at-top
 
   return sum(int(x.size) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree))
@@ -246,16 +278,16 @@ def _forward_part(variant, shape, target, draft, s, bandwidth, done, add, left, 
   impl = profile.attention_impl
   options = dict(profile.compiler_options if options is None else options) or None
   cfg, dtype = target.config, s["dtype"]
-  grid = cells or ([c for c in s["goal_cells"]] + [(b, t) for b in s["batches"] for t in s["num_new"]
-                                                   if (b, t) not in s["goal_cells"]])
+  grid = cells or [(b, t) for b in s["batches"] for t in s["num_new"]]
   grid = [(b, t) for b, t in dict.fromkeys(grid) if f"{variant}/forward/{shape}/{b}x{t}" not in done
           and s["context"] + t <= s["cache_len"]]
   weights = _nbytes(target.params) - (0 if cfg.tie_word_embeddings else
                                       _nbytes(target.params["embed_tokens"]))
-  kv_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * jnp.dtype(dtype).itemsize
+  kv_token = (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
+              * jnp.dtype(dtype).itemsize)  # bytes of one position's K and V, every layer
   caches = {}
 
-  def cache_for(batch):
+  def cache_for(batch):  # a real cache, made when a cell of this B is timed (main thread)
     if batch not in caches:
       cache = cfg.init_cache(batch, s["cache_len"], jnp.dtype(dtype))
       caches[batch] = cache.with_lengths(jnp.full((batch,), s["context"], jnp.int32))
@@ -266,23 +298,22 @@ def _forward_part(variant, shape, target, draft, s, bandwidth, done, add, left, 
       logits, cache = common.forward(cfg, params, tokens, cache, dtype=dtype, attention_impl=impl)
       return logits, cache.with_lengths(cache.lengths - num_new)
     tokens = jax.ShapeDtypeStruct((batch, num_new), jnp.int32)
+    shapes = jax.eval_shape(lambda: cfg.init_cache(batch, s["cache_len"], jnp.dtype(dtype)))
     return lambda: jax.jit(run, donate_argnums=2, compiler_options=options).lower(
-        target.params, tokens, cache_for(batch)).compile()
+        target.params, tokens, shapes).compile()
 
-  for chunk in (grid[:len(s["goal_cells"])], grid[len(s["goal_cells"]):]):
-    if not chunk or left() <= 0:
-      continue
-    start = time.perf_counter()
-    compiled = _compile_all({cell: program(*cell) for cell in chunk})
-    compile_s = time.perf_counter() - start
-    for (batch, num_new), prog in compiled.items():
-      key = f"forward/{shape}/{batch}x{num_new}"
+  if not grid or left() <= 0:
+    return
+  start = time.perf_counter()
+  compiled = _compile_all({cell: program(*cell) for cell in grid})
+  compile_s = time.perf_counter() - start
+  for batch, num_new in grid:
+    key, prog = f"forward/{shape}/{batch}x{num_new}", compiled[(batch, num_new)]
+    if left() <= 0:
+      break
+    try:
       if isinstance(prog, Exception):
-        add(key, kind="forward", shape=shape, batch=batch, num_new=num_new,
-            error=f"{type(prog).__name__}: {str(prog)[:300]}")
-        continue
-      if left() <= 0:
-        break
+        raise prog
       tokens = jnp.ones((batch, num_new), jnp.int32)
       state = {"cache": cache_for(batch)}
 
@@ -292,11 +323,16 @@ def _forward_part(variant, shape, target, draft, s, bandwidth, done, add, left, 
 
       ms = costs.median_seconds(call, s["repeats"]) * 1e3
       caches[batch] = state["cache"]
-      moved = weights + batch * (s["context"] + num_new) * kv_token
-      roofline_ms = None if not bandwidth else moved / (bandwidth * 1e9) * 1e3
-      add(key, kind="forward", shape=shape, batch=batch, num_new=num_new, ms=ms, bytes=moved,
-          roofline_ms=roofline_ms, hbm_fraction=None if roofline_ms is None else roofline_ms / ms,
-          attention_impl=impl, compiler_options=options or {}, compile_s_all_cells=compile_s)
+    except Exception as e:  # pylint: disable=broad-except
+      caches.pop(batch, None)  # a failed call may have consumed the donated cache
+      add(key, kind="forward", shape=shape, batch=batch, num_new=num_new,
+          error=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+      continue
+    moved = weights + batch * (s["context"] + num_new) * kv_token
+    roofline_ms = None if not bandwidth else moved / (bandwidth * 1e9) * 1e3
+    add(key, kind="forward", shape=shape, batch=batch, num_new=num_new, ms=ms, bytes=moved,
+        roofline_ms=roofline_ms, hbm_fraction=None if roofline_ms is None else roofline_ms / ms,
+        attention_impl=impl, compiler_options=options or {}, compile_s_all_cells=compile_s)
   if cells is not None:
     return
   proposer, params, _ = resolve_draft(draft, target, impl)
@@ -304,8 +340,10 @@ def _forward_part(variant, shape, target, draft, s, bandwidth, done, add, left, 
     key = f"draft_forward/{shape}/{batch}"
     if f"{variant}/{key}" in done or left() <= 0:
       continue
-    first, nxt = proposer.forward_costs(params, batch, s["cache_len"], 4)
-    add(key, kind="draft_forward", shape=shape, batch=batch, first_ms=first * 1e3, next_ms=nxt * 1e3)
+    with costs.compiled_with(options):  # the profile's options, as the target's table
+      first, nxt = proposer.forward_costs(params, batch, s["cache_len"], 4)
+    add(key, kind="draft_forward", shape=shape, batch=batch, first_ms=first * 1e3, next_ms=nxt * 1e3,
+        compiler_options=options or {})
 
 
 def _e2e_part(shape, target, draft, batches, s, done, add, left, variant):
@@ -316,7 +354,7 @@ def _e2e_part(shape, target, draft, batches, s, done, add, left, variant):
   from bass_jax.evaluation import metrics  # pylint: disable=g-import-not-at-top
   from bass_jax.sampling import costs, programs  # pylint: disable=g-import-not-at-top
   from bass_jax.sampling.proposers import replay_text  # pylint: disable=g-import-not-at-top
-  from bass_jax.sampling.proposers.replay import SMOLLM2_POSITION_ACCEPTANCE  # pylint: disable=g-import-not-at-top
+  from bass_jax.sampling.proposers import replay  # pylint: disable=g-import-not-at-top
 
   vocab = target.config.vocab_size
   # Distinct random prompts, the same for a batch size in every process (seeded by B).
@@ -324,12 +362,13 @@ def _e2e_part(shape, target, draft, batches, s, done, add, left, variant):
              for b in batches}
   draft_len = _DRAFT_LEN.value if _DRAFT_LEN.value == "goodput" else int(_DRAFT_LEN.value)
   acceptance = (tuple(float(a) for a in _ACCEPTANCE.value) if _ACCEPTANCE.value
-                else SMOLLM2_POSITION_ACCEPTANCE)
+                else replay.SMOLLM2_POSITION_ACCEPTANCE)
   todo = [b for b in batches if f"{variant}/e2e/{shape}/{b}/bass" not in done]
 
   def config(method):
     return bass_jax.DecodeConfig(method=method, max_new_tokens=s["max_new"], temperature=0.0,
-                                 eos_token_id=(), draft_len=draft_len if method == "bass" else "dynamic")
+                                 eos_token_id=(),
+                                 draft_len=draft_len if method == "bass" else "dynamic")
 
   def precompile(plans):
     jobs = {b: (lambda p=p: programs.compiled(p.spec, p.args_prefill,
@@ -366,9 +405,10 @@ def _e2e_part(shape, target, draft, batches, s, done, add, left, variant):
       add(f"e2e/{shape}/{b}/regular", kind="e2e", shape=shape, batch=b, method="regular",
           error=f"{type(compiled[b]).__name__}: {str(compiled[b])[:300]}")
       continue
-    regular[b], fields = timed(plans[b])
-    add(f"e2e/{shape}/{b}/regular", kind="e2e", shape=shape, batch=b, method="regular",
-        compile_s_all_batches=compile_s, **fields)
+    regular[b], fields = timed(plans[b])  # also the recording the BASS run replays
+    if f"{variant}/e2e/{shape}/{b}/regular" not in done:
+      add(f"e2e/{shape}/{b}/regular", kind="e2e", shape=shape, batch=b, method="regular",
+          compile_s_all_batches=compile_s, **fields)
   plans = {}
   for b, out in regular.items():
     text = replay_text(prompts[b], out.tokens, out.lengths)
@@ -406,7 +446,8 @@ def _e2e_part(shape, target, draft, batches, s, done, add, left, variant):
         mean_accepted_length=got.mean_accepted_length,
         position_acceptance=list(got.position_acceptance),
         tokens_equal_regular=bool(np.array_equal(out.tokens, reg.tokens)),
-        rows_equal_regular=float(np.mean([np.array_equal(a, r) for a, r in zip(out.tokens, reg.tokens)])),
+        rows_equal_regular=float(np.mean([np.array_equal(a, r)
+                                          for a, r in zip(out.tokens, reg.tokens)])),
         isolated_step_costs=step_costs, **fields)
 
 
@@ -427,6 +468,7 @@ def _census_child(run_dir: pathlib.Path) -> None:
   from experiments import _shapes  # pylint: disable=g-import-not-at-top
 
   records = Records(run_dir / "bench_scale.jsonl")
+  done = records.keys()
   target_config = (_deviceless.TARGET_CONFIGS / "h100_sxm.txtpb").read_text()
   profile = profiles.PROFILES["gpu"]
   shapes = ["smollm2-135m"] if _QUICK.value else _SHAPES.value + ["phi-3-mini"]
@@ -436,6 +478,9 @@ def _census_child(run_dir: pathlib.Path) -> None:
     params = jax.eval_shape(lambda: bass_jax.init_params(cfg, jax.random.key(0), jnp.bfloat16))
     for (batch, num_new) in cells:
       for label, options in (("profile", dict(profile.compiler_options)), ("xla_defaults", {})):
+        key = f"census/{shape}/{batch}x{num_new}/{label}"
+        if key in done:
+          continue
         name = f"census_{shape.replace('-', '_').replace('.', '_')}_{batch}x{num_new}_{label}"
         cache = jax.eval_shape(lambda b=batch: cfg.init_cache(b, 2048, jnp.bfloat16))
 
@@ -452,9 +497,12 @@ def _census_child(run_dir: pathlib.Path) -> None:
         thunks = dump.thunks()
         per_layer = thunk_census.kernels_per_layer(thunks)
         names = per_layer["example"]
-        record = {"kind": "census", "variant": label, "shape": shape, "batch": batch,
+        record = {"key": key, "kind": "census", "variant": label, "shape": shape, "batch": batch,
                   "num_new": num_new, "compile_for": "h100", "jax_version": jax.__version__,
-                  "date": datetime.date.today().isoformat(), "compiler_options": options,
+                  "device": f"{platform.machine()} CPU, deviceless compile for an H100",
+                  "date": datetime.date.today().isoformat(), "dtype": "bfloat16",
+                  "command": "python -m experiments.benchmarks.bench_scale --census",
+                  "compiler_options": options,
                   "launches_per_forward": thunk_census.count(thunks, dump.trips()).launches,
                   "kernels_per_layer": per_layer["median"],
                   "gemms_per_layer": sum("gemm" in n or "cublas" in n for n in names),
@@ -470,6 +518,8 @@ def _census_child(run_dir: pathlib.Path) -> None:
 
 
 def _run_children(run_dir: pathlib.Path, argv: list[str]) -> None:
+  """Runs each variant's process (:data:`VARIANTS`) with its XLA flags and its share of the budget,
+  rendering the report after each; a process that fails or runs out of time leaves its records."""
   start = time.time()
   for variant, parts, xla_flags, share in VARIANTS:
     if not set(parts) & set(_PARTS.value):
@@ -480,12 +530,17 @@ def _run_children(run_dir: pathlib.Path, argv: list[str]) -> None:
       continue
     env = dict(os.environ)
     env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
-    command = [sys.executable, "-m", "experiments.benchmarks.bench_scale", *argv, f"--child={variant}",
-               f"--deadline={deadline}", f"--results_dir={run_dir}", "--resume"]
+    command = [sys.executable, "-m", "experiments.benchmarks.bench_scale", *argv,
+               f"--child={variant}", f"--deadline={deadline}", f"--results_dir={run_dir}",
+               "--resume"]
     print(f"bench_scale: the {variant} process ({xla_flags or 'XLA flags as given'}), "
           f"{deadline - time.time():.0f} s", flush=True)
     try:
-      subprocess.run(command, env=env, timeout=max(deadline - time.time(), 1) + 5, check=False)
+      done = subprocess.run(command, env=env, timeout=max(deadline - time.time(), 1) + 5,
+                            check=False)
+      if done.returncode:
+        print(f"bench_scale: the {variant} process failed (exit {done.returncode}; its error is "
+              "above); what it measured is kept", flush=True)
     except subprocess.TimeoutExpired:
       print(f"bench_scale: the {variant} process reached its deadline", flush=True)
     _report(run_dir)
@@ -500,37 +555,48 @@ def _report(run_dir: pathlib.Path) -> None:
 
 
 def render(records: list[dict]) -> str:
-  """The Markdown report of ``records`` (bench_scale.jsonl's)."""
+  """The Markdown report of ``records`` (bench_scale.jsonl's; of records with one key, the last)."""
+  records = list({r.get("key", i): r for i, r in enumerate(records)}.values())
   lines = []
   first = next((r for r in records if "device" in r), None)
-  if first:
+  if first and first.get("kind") == "census":
+    lines.append(f"{first['device']}, JAX {first['jax_version']}, {first['date']} "
+                 f"(`{first['command']}`).\n")
+  elif first:
     lines.append(f"Device {first['device']}, JAX {first['jax_version']}, {first['date']}, "
-                 f"{first['dtype']}; random weights (cost only), the replay's acceptance "
+                 f"{first.get('dtype')}; random weights (cost only), the replay's acceptance "
                  "(cost at scale with a realistic acceptance).\n")
   bw = next((r["gbps"] for r in records if r.get("kind") == "bandwidth"), None)
   if bw:
     lines.append(f"Measured copy bandwidth: {bw:,.0f} GB/s.\n")
   fwd = [r for r in records if r.get("kind") == "forward" and "ms" in r]
+  widths = sorted({r["num_new"] for r in fwd})
   for variant in dict.fromkeys(r["variant"] for r in fwd):
+    mine = [r for r in fwd if r["variant"] == variant]
     lines.append(f"Forward ms (fraction of the HBM roofline), {variant}:\n")
-    lines.append("| shape | B | " + " | ".join(f"T = {t}" for t in sorted({r['num_new'] for r in fwd})) + " |")
-    lines.append("|---|---|" + "---|" * len({r['num_new'] for r in fwd}))
-    for shape in dict.fromkeys(r["shape"] for r in fwd if r["variant"] == variant):
-      for b in sorted({r["batch"] for r in fwd if r["shape"] == shape and r["variant"] == variant}):
-        cells = {r["num_new"]: r for r in fwd if (r["shape"], r["batch"], r["variant"]) == (shape, b, variant)}
-        row = [(f"{cells[t]['ms']:.2f}" + (f" ({cells[t]['hbm_fraction']:.0%})" if cells[t].get("hbm_fraction") else ""))
-               if t in cells else "" for t in sorted({r['num_new'] for r in fwd})]
+    lines.append("| shape | B | " + " | ".join(f"T = {t}" for t in widths) + " |")
+    lines.append("|---|---|" + "---|" * len(widths))
+    for shape in dict.fromkeys(r["shape"] for r in mine):
+      for b in sorted({r["batch"] for r in mine if r["shape"] == shape}):
+        cells = {r["num_new"]: r for r in mine if (r["shape"], r["batch"]) == (shape, b)}
+        row = []
+        for t in widths:
+          cell = cells.get(t)
+          fraction = cell and cell.get("hbm_fraction")
+          row.append("" if cell is None else f"{cell['ms']:.2f}"
+                     + (f" ({fraction:.0%})" if fraction else ""))
         lines.append(f"| {shape} | {b} | " + " | ".join(row) + " |")
     lines.append("")
   e2e = [r for r in records if r.get("kind") == "e2e" and "wall_s" in r]
   if e2e:
     lines.append("End to end (regular decoding, then BASS chains with the replay):\n")
-    lines.append("| process | shape | B | regular tok/s | BASS tok/s | ratio | regular ms/token | BASS ms/token "
-                 "| ratio | accepted length | BASS tokens = regular |")
+    lines.append("| process | shape | B | regular tok/s | BASS tok/s | ratio | regular ms/token | "
+                 "BASS ms/token | ratio | accepted length | BASS tokens = regular |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in (r for r in e2e if r["method"] == "bass"):
-      reg = next((x for x in e2e if x["method"] == "regular" and (x["variant"], x["shape"], x["batch"])
-                  == (r["variant"], r["shape"], r["batch"])), None)
+      reg = next((x for x in e2e if x["method"] == "regular"
+                  and (x["variant"], x["shape"], x["batch"]) == (r["variant"], r["shape"], r["batch"])),
+                 None)
       if reg is None:
         continue
       lines.append(f"| {r['variant']} | {r['shape']} | {r['batch']} | {reg['tokens_per_s']:,.0f} | "
@@ -541,20 +607,22 @@ def render(records: list[dict]) -> str:
     lines.append("")
     same = []
     for r in (r for r in e2e if r["variant"] == "while"):
-      base = next((x for x in e2e if x["variant"] == "default" and (x["shape"], x["batch"], x["method"])
-                   == (r["shape"], r["batch"], r["method"])), None)
+      base = next((x for x in e2e if x["variant"] == "default"
+                   and (x["shape"], x["batch"], x["method"]) == (r["shape"], r["batch"], r["method"])),
+                  None)
       if base is not None:
         same.append(f"| {r['shape']} | {r['batch']} | {r['method']} | {base['ms_per_step']:.2f} | "
                     f"{r['ms_per_step']:.2f} | {base['tokens_sha1'] == r['tokens_sha1']} |")
     if same:
-      lines += ["Command buffers over loops and branches (`+WHILE,+CONDITIONAL`) against XLA's default:\n",
+      lines += ["Command buffers over loops and branches (`+WHILE,+CONDITIONAL`) against XLA's "
+                "default:\n",
                 "| shape | B | method | ms/step default | ms/step while | tokens equal |",
                 "|---|---|---|---|---|---|", *same, ""]
   census = [r for r in records if r.get("kind") == "census"]
   if census:
     lines += ["Deviceless H100 census of the forward (3 layers, bf16):\n",
-              "| shape | B | T | XLA options | kernels per layer | GEMMs per layer | multiply fusions per "
-              "layer | launches per forward |", "|---|---|---|---|---|---|---|---|"]
+              "| shape | B | T | XLA options | kernels per layer | GEMMs per layer | multiply "
+              "fusions per layer | launches per forward |", "|---|---|---|---|---|---|---|---|"]
     for r in census:
       lines.append(f"| {r['shape']} | {r['batch']} | {r['num_new']} | {r['variant']} | "
                    f"{r['kernels_per_layer']} | {r['gemms_per_layer']} | "
@@ -567,8 +635,12 @@ def render(records: list[dict]) -> str:
 
 
 def main(argv):
+  if _CHILD.value == "census":  # before JAX starts: the deviceless set-up must come first
+    _census_child(pathlib.Path(_RESULTS.value))
+    return
   _io.init_script()
-  if _DRAFT_LEN.value != "goodput" and not (_DRAFT_LEN.value.isdigit() and int(_DRAFT_LEN.value) >= 1):
+  draft_len = _DRAFT_LEN.value
+  if draft_len != "goodput" and not (draft_len.isdigit() and int(draft_len) >= 1):
     raise _io.Refusal(f"--draft_len must be an int >= 1 or 'goodput', got {_DRAFT_LEN.value!r}")
   if _ACCEPTANCE.value:
     try:
@@ -581,12 +653,16 @@ def main(argv):
   if unknown:
     raise _io.Refusal(f"--parts: unknown {sorted(unknown)}; choose from forward, e2e, "
                       "command_buffers, xla_defaults")
+  from experiments import _shapes  # pylint: disable=g-import-not-at-top
+
+  for shape in _SHAPES.value:
+    try:
+      _shapes.shape_config(shape)
+    except ValueError as e:
+      raise _io.Refusal(f"--shapes: {e}") from e
   run_dir = _io.run_directory(_RESULTS.value, "bench_scale")
   run_dir.mkdir(parents=True, exist_ok=True)
   jsonl = run_dir / "bench_scale.jsonl"
-  if _CHILD.value == "census":
-    _census_child(run_dir)
-    return
   if _CHILD.value:
     _child(_CHILD.value, run_dir, _DEADLINE.value or time.time() + _BUDGET.value)
     return
@@ -597,9 +673,13 @@ def main(argv):
                                                          "--deadline", "--census"))]
   if _CENSUS.value:
     if not (_deviceless.DEFAULT_PLUGIN / "jax_plugins").is_dir():
-      raise _io.Refusal(f"--census needs JAX's CUDA plugin in {_DEVICELESS_HINT}")
-    subprocess.run([sys.executable, "-m", "experiments.benchmarks.bench_scale", *passed,
-                    "--child=census", f"--results_dir={run_dir}"], check=True)
+      raise _io.Refusal(f"--census needs JAX's CUDA plugin in {_deviceless.DEFAULT_PLUGIN}: run "
+                        "`make aot-plugin` first")
+    done = subprocess.run([sys.executable, "-m", "experiments.benchmarks.bench_scale", *passed,
+                           "--child=census", f"--results_dir={run_dir}"], check=False)
+    if done.returncode:
+      print(f"bench_scale: the census process failed (exit {done.returncode}; its error is above)",
+            file=sys.stderr)
   else:
     _run_children(run_dir, passed)
   _report(run_dir)
@@ -607,7 +687,9 @@ def main(argv):
   print(f"bench_scale: results in {run_dir}")
 
 
-_DEVICELESS_HINT = f"{_deviceless.DEFAULT_PLUGIN}: run `make aot-plugin` first"
+_io.require_positive_ints("batch_sizes")
+_io.require_positive_ints("num_new")
+_io.require_positive_ints("while_batch_sizes")
 
 if __name__ == "__main__":
   _io.run(main)

@@ -225,7 +225,8 @@ def main(argv):
       "max_new_tokens": _MAX_NEW.value, "temperature": _TEMPERATURE.value, "top_p": _TOP_P.value,
       "draft_len": _DRAFT_LEN.value, "draft_tree": _DRAFT_TREE.value, "platform": _PLATFORM.value,
       "profile": profile.name, "sm_count": _SM_COUNT.value, "attention_impl": spec.attention_impl,
-      "scan_layers": target.scanned_layers, "dtype": str(target.dtype), "command_buffers": _COMMAND_BUFFERS.value,
+      "scan_layers": target.scanned_layers, "dtype": str(target.dtype),
+      "command_buffers": _COMMAND_BUFFERS.value,
       "verify_chunk": spec.verify_chunk, "branch_free": spec.branch_free,
       "compiler_options": dict(spec.compiler_options),
       # XLA's flags as given (a disabled pass, say), without the dump settings this script adds.
@@ -241,7 +242,9 @@ def main(argv):
   if dump_dir is not None:
     result["launch_census"] = _launch_census(target, draft, prompts, profile, dump_dir)
   if hlo_path is None:
-    hlo_path = pathlib.Path("outputs/lower_decode") / f"decode_{_PLATFORM.value}_{profile.name}.mlir"
+    options = "" if _PROFILE_OPTIONS.value else "_xla_defaults"
+    hlo_path = (pathlib.Path("outputs/lower_decode")
+                / f"decode_{_PLATFORM.value}_{profile.name}{options}.mlir")
     hlo_path.parent.mkdir(parents=True, exist_ok=True)
   _io.write_text_atomic(hlo_path, text)
   if json_path is not None:

@@ -9,6 +9,10 @@ prints them with the break-even acceptance rate: the smallest per-position accep
 same at every position) at which some draft length ``l >= 1`` has a higher goodput than a plain step,
 ``(1 + alpha + ... + alpha^l) / cost(l) > 1 / plain`` (``draft_len.break_even_acceptance``). Above
 it the cost-aware policy speculates; below it it decodes plainly.
+
+On a GPU (the branch-free profile) the costs are measured in the decode's own programs
+(``bass_jax.sampling.calibration``): a plain step and a whole speculative step, which the table shows
+as "plain step" and "speculative step", its draft columns 0 (``fixed_drafts`` says the loop's L).
 """
 
 from absl import flags
@@ -36,15 +40,16 @@ def main(argv):
                                                    _NUM_PROMPTS.value, batches)
   print(f"target {target.name}, draft {_DRAFT.value}; ms per piece of a step (fastest of 7; plain "
         "step and verification pass timed interleaved)\n")
-  print("| B | plain step | verify pass (C positions) | C | first draft | next draft | "
-        "break-even alpha | at l |")
-  print("|---|---|---|---|---|---|---|---|")
+  print("| B | plain step | verify pass (C positions), or the whole speculative step when calibrated | "
+        "C | first draft | next draft | fixed drafts (calibrated) | break-even alpha | at l |")
+  print("|---|---|---|---|---|---|---|---|---|")
   for b in batches:
     c = bass_jax.generate(target, draft, by_batch[b], max_new_tokens=_MAX_NEW.value,
                           draft_len="goodput").stats.step_costs
     alpha, length = break_even_acceptance(c, max_len=bass_jax.GoodputDraftLen().max_len)
     print(f"| {b} | {1e3 * c.plain:.1f} | {1e3 * c.verify_pass:.1f} | {c.chunk} | "
-          f"{1e3 * c.propose_first:.1f} | {1e3 * c.propose_next:.1f} | {alpha:.2f} | {length} |",
+          f"{1e3 * c.propose_first:.1f} | {1e3 * c.propose_next:.1f} | {c.fixed_drafts or ''} | "
+          f"{alpha:.2f} | {length} |",
           flush=True)
 
 

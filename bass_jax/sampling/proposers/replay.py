@@ -13,11 +13,13 @@ accepted length follows the real pair's while every cost is the shape's own.
 
 Exactness does not depend on the recording: the drafts are deterministic (one-hot ``q``) and verified
 like any others, so a wrong recording only costs acceptance (greedy equality is tested like every
-proposer's). Where the text has left the recording (a row past its recorded length, or a decode that
-diverged) the row proposes the draft model's own tokens.
+proposer's). Where the text has left the recording (a row past its recorded length, or a row whose
+last token differs from the recording's at that position: a decode that diverged, or sampling) the
+row proposes the draft model's own tokens.
 
-The replacement is a fixed hash of (``seed``, row, text position), so a rerun, another batch size or
-another draft length replaces the same positions, and costs a few integer operations per draft.
+Whether a draft is replaced is a fixed hash of (``seed``, row, text position) against the rate of the
+draft's index in its step, so a rerun or another batch size replaces the same positions (another draft
+length too where the rates are uniform), and it costs a few integer operations per draft.
 """
 
 from __future__ import annotations
@@ -84,8 +86,10 @@ class Replay(Proposer):
 
   What a user passes to ``generate`` holds the draft *model* (a ``bass_jax.Model``: an independent
   draft or an EAGLE draft of the target) and the recording; ``drafts.resolve_draft`` replaces the
-  model by its proposer and moves the recording into the proposer's weights (it is data, not part of
-  the compiled program's key). Static batches only: row b of the batch reads row b of ``text``.
+  model by its proposer and moves the recording, the rates and the seed into the proposer's weights
+  (``{"model", "text", "acceptance", "seed"}``: data, not part of the compiled program's key, so
+  another recording, rate or seed reuses the program). Static batches only: row b of the batch reads
+  row b of ``text`` (``prepare`` refuses a queue longer than the batch).
 
   Attributes:
     model: the draft model (a ``Model``; once resolved, its ``ModelProposer`` or ``EagleProposer``),
@@ -104,8 +108,10 @@ class Replay(Proposer):
 
   model: Any
   text: Any = dataclasses.field(default=None, compare=False, hash=False)
-  acceptance: tuple[float, ...] = SMOLLM2_POSITION_ACCEPTANCE
-  seed: int = 0
+  # Not part of the compiled program's key: they travel in the weights (``resolve_draft``).
+  acceptance: tuple[float, ...] = dataclasses.field(default=SMOLLM2_POSITION_ACCEPTANCE,
+                                                    compare=False, hash=False)
+  seed: int = dataclasses.field(default=0, compare=False, hash=False)
   source = "model"
 
   def __post_init__(self):
@@ -115,8 +121,9 @@ class Replay(Proposer):
       raise ValueError(f"Replay.acceptance must be a non-empty sequence of rates in [0, 1], got "
                        f"{self.acceptance!r}")
     object.__setattr__(self, "acceptance", tuple(float(r) for r in rates))
-    if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
-      raise ValueError(f"Replay.seed must be an int >= 0, got {self.seed!r}")
+    if (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))
+        or not 0 <= self.seed < 2**32):
+      raise ValueError(f"Replay.seed must be an int in [0, 2**32), got {self.seed!r}")
     if self.text is not None:
       text = np.asarray(self.text)
       if text.ndim != 2 or text.shape[1] == 0 or not np.issubdtype(text.dtype, np.integer) or (
@@ -167,7 +174,9 @@ class Replay(Proposer):
     Draft ``i`` (0-based) of row b sits at text position ``p = seq_len[b] + i``: it is ``text[b, p]``
     where the hash of (seed, b, p) falls below ``acceptance[i]``, else ``(text[b, p] + 1 + h) % V``
     for another hash h (never the recorded token), and the model's own draft where the recording has
-    no token at p. ``log_q`` becomes one-hot at the drafts when sampling (the drafts are deterministic).
+    no token at p or the row's last token is not the recording's (the text left it). ``log_q``
+    becomes one-hot at the drafts when sampling: each draft is chosen independently of the target's
+    draws, which keeps rejection sampling exact (Leviathan et al. 2023, §3.5, for any ``q``).
     """
     state, by_model = self.model.propose(params["model"], state, ctx, max_len=max_len, chunk=chunk,
                                          greedy=greedy)
@@ -176,18 +185,20 @@ class Replay(Proposer):
     if text.shape[0] < batch:  # rows without a recording (a padded batch) keep the model's drafts
       text = jnp.pad(text, ((0, batch - text.shape[0]), (0, 0)), constant_values=-1)
     text = text[:batch]
-    rates = np.array([self.acceptance[min(i, len(self.acceptance) - 1)] for i in range(max_len)])
+    given = params["acceptance"]  # f32[n]: the resolved proposer's rates travel as data
+    rates = given[jnp.minimum(jnp.arange(max_len), given.shape[0] - 1)]
     positions = ctx.seq_len[:, None] + jnp.arange(max_len)  # [B, L]
     recorded = jnp.take_along_axis(text, jnp.clip(positions, 0, text.shape[1] - 1), axis=1)
-    recorded = jnp.where(positions < text.shape[1], recorded, -1)
+    last = ctx.seq_len - 1  # the row's last token: still on the recording?
+    on_track = jnp.take_along_axis(text, jnp.clip(last, 0, text.shape[1] - 1)[:, None], axis=1)[:, 0]
+    on_track = (last < text.shape[1]) & (on_track == ctx.tokens[jnp.arange(batch), last])
+    recorded = jnp.where((positions < text.shape[1]) & on_track[:, None], recorded, -1)
     rows = jnp.arange(batch, dtype=jnp.uint32)[:, None]
     h = _mix(_mix(positions.astype(jnp.uint32) ^ _mix(rows + jnp.uint32(0x9E3779B9)))
-             ^ jnp.uint32(self.seed))
+             ^ params["seed"])
     # The top 24 bits as a uniform in [0, 1): keep the recorded token below the position's rate.
-    keep = (h >> 8).astype(jnp.float32) * (1.0 / (1 << 24)) < jnp.asarray(rates, jnp.float32)
-    vocab = self.model.config.vocab_size if hasattr(self.model, "config") else None
-    if vocab is None or vocab < 2:
-      raise ValueError("Replay needs a draft model with a vocabulary of at least 2 tokens")
+    keep = (h >> 8).astype(jnp.float32) * (1.0 / (1 << 24)) < rates[None, :]
+    vocab = self.model.config.vocab_size  # checked >= 2 by drafts.resolve_draft
     other = (recorded + 1 + (_mix(h) % jnp.uint32(vocab - 1)).astype(jnp.int32)) % vocab
     drafts = jnp.where(recorded < 0, by_model.drafts, jnp.where(keep, recorded, other))
     drafts = drafts.astype(jnp.int32)
