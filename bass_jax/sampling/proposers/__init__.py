@@ -44,15 +44,17 @@ whose proposer never proposes, so the loop compiles its plain step only):
   recorded continuation, wrong at set per-position rates: a benchmark's realistic acceptance at any
   model shape (random weights included).
 
-The interface, :class:`StepContext`, :class:`Proposal` and the drafting loop the model drafts share are
-in ``base``.
+The interface, :class:`StepContext`, :class:`Proposal`, the drafting loop the model drafts share and
+:class:`WrapsModel` (what a proposer built around a draft model, ``Hybrid`` or ``Replay``, hands to
+its model) are in ``base``.
 
 Axes: B batch, T token buffer (prompt bucket + output bucket), L max draft length, C verification
 chunk, V vocabulary, E the target's feature size.
 """
 
 from bass_jax.sampling.proposers.base import (DRAFT_SOURCES, FinishedSamples, NoProposer, Proposal,
-                                              Proposer, StepContext, draft_autoregressively)
+                                              Proposer, StepContext, WrapsModel,
+                                              draft_autoregressively)
 from bass_jax.sampling.proposers.draft_model import DraftCacheState, ModelProposer
 from bass_jax.sampling.proposers.eagle_draft import EagleProposer, EagleState
 from bass_jax.sampling.proposers.hybrid import Hybrid
@@ -64,4 +66,5 @@ from bass_jax.sampling.proposers.siblings import SiblingProposer
 __all__ = ["DRAFT_SOURCES", "DraftCacheState", "EagleProposer", "EagleState", "FinishedSamples",
            "MedusaProposer",
            "Hybrid", "ModelProposer", "NGramProposer", "NoProposer", "Proposal", "Proposer",
-           "Replay", "SiblingProposer", "StepContext", "draft_autoregressively", "replay_text"]
+           "Replay", "SiblingProposer", "StepContext", "WrapsModel", "draft_autoregressively",
+           "replay_text"]

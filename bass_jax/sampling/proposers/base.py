@@ -304,6 +304,50 @@ def draft_autoregressively(step, carry: Any, first: tuple[jax.Array, jax.Array |
   return carry, Proposal(drafts=drafts, num_drafts=num_drafts, log_q=draft_log_probs)
 
 
+class WrapsModel(Proposer):
+  """A proposer built around a draft model's proposer (its ``model`` field, once resolved a
+  ``ModelProposer`` or ``EagleProposer``), whose forwards and state it keeps: what the decode asks of
+  the draft side's features, placement, costs, state and rollback is the model's
+  (``Hybrid``, ``Replay``). ``model_params`` picks the model's weights out of the proposer's."""
+
+  model: Any
+
+  def model_params(self, params: Any) -> Any:
+    """The model's weights among the proposer's (default: they are the same)."""
+    return params
+
+  @property
+  def needs_features(self) -> bool:
+    return self.model.needs_features
+
+  @property
+  def feature_taps(self) -> tuple[int, ...]:
+    return self.model.feature_taps
+
+  @property
+  def final_feature(self) -> bool:
+    return self.model.final_feature
+
+  @property
+  def sharding(self):
+    return self.model.sharding
+
+  def forward_costs(self, params, batch, cache_len, max_len):
+    return self.model.forward_costs(self.model_params(params), batch, cache_len, max_len)
+
+  def tree_level_cost(self, params, batch, cache_len, shape):
+    return self.model.tree_level_cost(self.model_params(params), batch, cache_len, shape)
+
+  def init_state(self, params, prompts, prompt_len, *, cache_len, max_len, features=None,
+                 prefill_chunk=None):
+    return self.model.init_state(self.model_params(params), prompts, prompt_len,
+                                 cache_len=cache_len, max_len=max_len, features=features,
+                                 prefill_chunk=prefill_chunk)
+
+  def rollback(self, state, tokens, old_seq_len, new_seq_len):
+    return self.model.rollback(state, tokens, old_seq_len, new_seq_len)
+
+
 @dataclasses.dataclass(frozen=True)
 class NoProposer(Proposer):
   """The proposer of regular decoding: it never proposes, so every step of the decode is a plain

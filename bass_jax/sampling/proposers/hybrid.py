@@ -7,7 +7,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from bass_jax.sampling.proposers.base import Proposal, Proposer
+from bass_jax.sampling.proposers.base import Proposal, Proposer, WrapsModel
 from bass_jax.sampling.proposers.draft_model import ModelProposer
 from bass_jax.sampling.proposers.eagle_draft import EagleProposer
 from bass_jax.sampling.proposers.ngram import NGramProposer
@@ -15,7 +15,7 @@ from bass_jax.sampling.proposers.siblings import SiblingProposer
 
 
 @dataclasses.dataclass(frozen=True)
-class Hybrid(Proposer):
+class Hybrid(WrapsModel):
   """Per row, every step: sibling lookup where the row's siblings match (when ``siblings`` is
   given), else n-gram lookup where the row's own text matches, else the draft model.
 
@@ -47,33 +47,6 @@ class Hybrid(Proposer):
   def name(self) -> str:
     """``hybrid([siblings(8-2), ]ngram(4-2), <model name>)``, as in results files."""
     return f"hybrid({', '.join(p.name for p in self.lookups + (self.model,))})"
-
-  @property
-  def needs_features(self) -> bool:
-    return self.model.needs_features
-
-  @property
-  def feature_taps(self) -> tuple[int, ...]:
-    return self.model.feature_taps
-
-  @property
-  def final_feature(self) -> bool:
-    return self.model.final_feature
-
-  @property
-  def sharding(self):
-    return self.model.sharding
-
-  def forward_costs(self, params, batch, cache_len, max_len):
-    return self.model.forward_costs(params, batch, cache_len, max_len)
-
-  def tree_level_cost(self, params, batch, cache_len, shape):
-    return self.model.tree_level_cost(params, batch, cache_len, shape)
-
-  def init_state(self, params, prompts, prompt_len, *, cache_len, max_len, features=None,
-                 prefill_chunk=None):
-    return self.model.init_state(params, prompts, prompt_len, cache_len=cache_len, max_len=max_len,
-                                 features=features, prefill_chunk=prefill_chunk)
 
   def propose(self, params, state, ctx, *, max_len, chunk, greedy):
     state, by_model = self.model.propose(params, state, ctx, max_len=max_len, chunk=chunk,
@@ -109,6 +82,3 @@ class Hybrid(Proposer):
       source = jnp.where(hit, lookup.source_index, source)
     state, tree = self.model.propose_tree(params, state, ctx, shape=shape, prior=prior)
     return state, tree.replace(source=source)
-
-  def rollback(self, state, tokens, old_seq_len, new_seq_len):
-    return self.model.rollback(state, tokens, old_seq_len, new_seq_len)

@@ -30,7 +30,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from bass_jax.sampling.proposers.base import Proposal, Proposer
+from bass_jax.sampling.proposers.base import Proposal, WrapsModel
 
 # The real SmolLM2-135M pair's per-position acceptance on one H200 (greedy, HumanEval 0-15, 128 new
 # tokens, ``hybrid:smollm2-135m-eagle`` under the cost-aware draft length; the mean of B = 1, 4 and 16
@@ -80,7 +80,7 @@ def replay_text(prompts: Any, tokens: Any, lengths: Any) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
-class Replay(Proposer):
+class Replay(WrapsModel):
   """A draft model whose proposed tokens are a recorded continuation, each replaced by a wrong token
   at a set per-position rate (the module docstring says why).
 
@@ -138,35 +138,8 @@ class Replay(Proposer):
     model = getattr(self.model, "name", type(self.model).__name__)
     return f"replay({model}, acceptance={'/'.join(f'{r:g}' for r in self.acceptance)})"
 
-  @property
-  def needs_features(self) -> bool:
-    return self.model.needs_features
-
-  @property
-  def feature_taps(self) -> tuple[int, ...]:
-    return self.model.feature_taps
-
-  @property
-  def final_feature(self) -> bool:
-    return self.model.final_feature
-
-  @property
-  def sharding(self):
-    return self.model.sharding
-
-  def forward_costs(self, params, batch, cache_len, max_len):
-    return self.model.forward_costs(params["model"], batch, cache_len, max_len)
-
-  def tree_level_cost(self, params, batch, cache_len, shape):
-    return self.model.tree_level_cost(params["model"], batch, cache_len, shape)
-
-  def init_state(self, params, prompts, prompt_len, *, cache_len, max_len, features=None,
-                 prefill_chunk=None):
-    return self.model.init_state(params["model"], prompts, prompt_len, cache_len=cache_len,
-                                 max_len=max_len, features=features, prefill_chunk=prefill_chunk)
-
-  def rollback(self, state, tokens, old_seq_len, new_seq_len):
-    return self.model.rollback(state, tokens, old_seq_len, new_seq_len)
+  def model_params(self, params):
+    return params["model"]
 
   def propose(self, params, state, ctx, *, max_len, chunk, greedy):
     """The model's proposal (its forwards run), its tokens replaced by the recording's.
