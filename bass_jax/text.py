@@ -3,12 +3,15 @@ tokenizer, its chat template, its stop ids (:func:`stop_ids`) and stop strings."
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Sequence
 
 import numpy as np
 
+from bass_jax import _checks
 from bass_jax.evaluation import data
 from bass_jax.loading import Model
+from bass_jax.sampling import programs
 from bass_jax.sampling.generate import generate
 
 
@@ -86,7 +89,8 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[str], *, chat: bool = False
 
 
 def generate_text(target: Model, draft: Any, prompts: Sequence[str], *, chat: bool = False,
-                  stop: str | Sequence[str] | None = None, **generate_kwargs: Any) -> list[str]:
+                  stop: str | Sequence[str] | None = None, verbose: bool = True,
+                  **generate_kwargs: Any) -> list[str]:
   """Decodes strings to strings with BASS (or regular decoding), using the target's tokenizer.
 
   Args:
@@ -105,6 +109,8 @@ def generate_text(target: Model, draft: Any, prompts: Sequence[str], *, chat: bo
       and the tokenizer's EOS token, so that a chat reply ends at the template's end-of-turn token
       (``<|im_end|>``, ``<|eot_id|>``) even where config.json names only ``<|end_of_text|>``; given, it
       replaces them.
+    verbose: say on stderr, in one line, when the decode's programs compile and how long it took
+      (``programs.printing``), so that a first call is not mistaken for a hang.
 
   Returns:
     B strings: each row's emitted tokens up to (not including) its first stop id, decoded with special
@@ -122,7 +128,8 @@ def generate_text(target: Model, draft: Any, prompts: Sequence[str], *, chat: bo
   ids = encode_prompts(target.tokenizer, prompts, chat=chat)
   if generate_kwargs.get("eos_token_id") is None:
     generate_kwargs["eos_token_id"] = stop_ids(target) or None
-  out = generate(target, draft, ids, **generate_kwargs)
+  with programs.printing() if _checks.as_bool("verbose", verbose) else contextlib.nullcontext():
+    out = generate(target, draft, ids, **generate_kwargs)
   ends = generate_kwargs["eos_token_id"]
   ends = [] if ends is None else np.asarray(ends).reshape(-1).tolist()  # generate checked them
   texts = [target.tokenizer.decode(cut_at_stop_id(seq, ends), skip_special_tokens=True)

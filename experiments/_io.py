@@ -22,8 +22,10 @@ from typing import Any, Callable, Iterable, NoReturn
 from absl import flags
 
 COMPILATION_CACHE_DIR = flags.DEFINE_string(
-    "compilation_cache_dir", None, "Keep compiled programs in this directory (JAX's persistent "
-    "compilation cache), so that the next run of a script with the same settings does not compile.")
+    "compilation_cache_dir", None, "Where compiled programs persist (JAX's persistent compilation "
+    "cache), so that the next run with the same settings loads instead of compiling; 'off' turns it "
+    "off. Default: $BASS_JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/bass_jax/xla or "
+    "~/.cache/bass_jax/xla (bass_jax.sampling.compile_cache).")
 
 MESH = flags.DEFINE_string(
     "mesh", None, "Decode on a jax.sharding mesh of DATA,MODEL devices (e.g. '2,4' or "
@@ -380,15 +382,15 @@ def fail(message: str, argv0: str | None = None) -> NoReturn:
 
 
 def init_script() -> None:
-  """What every script does first: silence third-party log noise; with --compilation_cache_dir, turn
-  on the persistent compilation cache; with --coordinator_address, join the other processes
+  """What every script does first: silence third-party log noise; with --compilation_cache_dir, move
+  the persistent compilation cache or turn it off (it is on by default: ``compile_cache``); with --coordinator_address, join the other processes
   (``jax.distributed.initialize``); with --mesh, set the mesh that ``bass_jax.load_model`` and
   ``bass_jax.generate`` then use (``jax.set_mesh``)."""
   quiet_third_party_logs()
-  if COMPILATION_CACHE_DIR.value:
-    from bass_jax.sampling.generate import enable_persistent_compilation_cache  # pylint: disable=g-import-not-at-top
+  if COMPILATION_CACHE_DIR.value is not None:  # else the first decode configures the default
+    from bass_jax.sampling import compile_cache  # pylint: disable=g-import-not-at-top
 
-    enable_persistent_compilation_cache(COMPILATION_CACHE_DIR.value)
+    compile_cache.configure(COMPILATION_CACHE_DIR.value)
   if COORDINATOR_ADDRESS.value or MESH.value:
     import jax  # pylint: disable=g-import-not-at-top
 

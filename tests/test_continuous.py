@@ -194,13 +194,13 @@ def test_one_program_call_without_prompt_timing(target, monkeypatch):
   compiled = runner.compiled
 
   def counting(*args):
-    (prefill, decode), seconds = compiled(*args)
+    (prefill, decode), seconds, source = compiled(*args)
 
     def counted(*a):
       calls.append(1)
       return decode(*a)
 
-    return (prefill, counted), seconds
+    return (prefill, counted), seconds, source
 
   monkeypatch.setattr(runner, "compiled", counting)
   prompts = _prompts(target.config.vocab_size)

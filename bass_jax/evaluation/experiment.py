@@ -18,6 +18,7 @@ from bass_jax import _checks, preflight, text
 from bass_jax.evaluation import humaneval, metrics
 from bass_jax.evaluation.data import Problem
 from bass_jax.loading import Model
+from bass_jax.sampling import compile_cache, programs
 from bass_jax.sampling.generate import generate, tree_shapes
 from bass_jax.sampling.proposers import DRAFT_SOURCES
 
@@ -276,14 +277,22 @@ def run_problems(
   # A sequence's id (its draws under acceptance="gumbel") is its place in the plan, wherever it decodes.
   sequence_id = {(p.task_id, k): n for n, (p, k) in enumerate(row for batch in plan for row in batch)}
 
+  # Every prompt tokenized once; the longest of the run is the programs' prompt capacity, so that the
+  # run compiles once per batch size, not once per prompt-length bucket (DecodeConfig.max_prompt_len).
+  unique = list({p.task_id: p for batch in plan for p, _ in batch}.values())
+  token_ids = dict(zip((p.task_id for p in unique),
+                       text.encode_prompts(tokenizer, [p.prompt for p in unique])))
+  capacity = max(len(ids) for ids in token_ids.values())
+
   def decode(rows, prompt_ids: list[list[int]], batch_seed: int, on_finish=None):
     return generate(target, draft, prompt_ids, method=method, max_new_tokens=max_new_tokens,
                     temperature=temperature, top_p=top_p, draft_len=draft_len, seed=batch_seed,
                     attention_impl=attention_impl, verify_chunk=verify_chunk, batch_size=batch_size,
                     on_finish=on_finish, acceptance=acceptance, draft_tree=draft_tree,
-                    sequence_ids=[sequence_id[(p.task_id, k)] for p, k in rows])
+                    sequence_ids=[sequence_id[(p.task_id, k)] for p, k in rows],
+                    max_prompt_len=capacity)
 
-  encode = lambda rows: text.encode_prompts(tokenizer, [p.prompt for p, _ in rows])
+  encode = lambda rows: [token_ids[p.task_id] for p, _ in rows]
   # What each decode call covers: (batch index, its seed, the rows it decodes, which of them to emit).
   work = []
   for i, batch in enumerate(plan):
@@ -294,95 +303,117 @@ def run_problems(
       work.append((None, seed, [batch[j] for j in missing], None))
     else:  # the whole batch, as first decoded, so that its draws repeat; only the missing are emitted
       work.append((i, seed + i, batch, set(missing)))
+  before = compile_cache.stats()  # the run's builds, its warm-up's included
   if warmup and not continuous and work:  # untimed; its compilation is still reported
     warm = decode(work[0][2], encode(work[0][2]), work[0][1]).stats
     compile_seconds, calibration_seconds = warm.compile_seconds, warm.calibration_seconds
   # Progress by sequence, as records stream: finished of the total, tokens/s of wall time since the
   # bar started (compilation included) and tokens per step per row (the accepted length plus the bonus
   # token; 1 for regular decoding).
+  description = f"{method} B={batch_size}"
   bar = tqdm.tqdm(total=sum(len(rows) if emit is None else len(emit) for _, _, rows, emit in work),
-                  desc=f"{method} B={batch_size}", unit="seq", disable=not progress)
+                  desc=description, unit="seq", disable=not progress)
   streamed = {"tokens": 0, "steps": 0, "start": time.perf_counter()}
-  try:
-    for batch_index, batch_seed, rows, emit in work:
-      prompt_ids = encode(rows)
-      prompt_lengths = np.array([len(p) for p in prompt_ids])
-      run_start = wall  # the run's clock: the summed wall time of the batches before this one
-      held: list[dict[str, Any]] = []
+  startups: list[float] = []
 
-      def finished(result):  # called during this iteration's decode
-        if emit is not None and result.index not in emit:
-          return  # a resumed batch's sequence that is already on disk
-        problem, sample_index = rows[result.index]
-        record = {
-            "task_id": problem.task_id,
-            "sample_index": sample_index,
-            "batch_index": batch_index,
-            "row": result.row,
-            "batch_size": batch_size,
-            "prompt_tokens": int(prompt_lengths[result.index]),
-            "completion": tokenizer.decode(result.tokens.tolist(), skip_special_tokens=True),
-            "num_tokens": len(result.tokens),
-            "accepted_drafts": result.accepted if method == "bass" else None,
-            "drafted": result.drafted if method == "bass" else None,
-            "steps": result.steps,
-            "mean_logprob": float(np.mean(result.logprobs)) if len(result.tokens) else 0.0,
-            "finished": result.finished,
-            "finish_seconds": result.finish_seconds - result.admit_seconds,
-            "wait_seconds": run_start + result.admit_seconds,
-            "ttft_seconds": run_start + result.first_token_seconds,
-        }
-        held.append(record)
-        streamed["tokens"] += record["num_tokens"]
-        streamed["steps"] += record["steps"]
-        bar.update(1)
-        bar.set_postfix_str(
-            f"{streamed['tokens'] / max(time.perf_counter() - streamed['start'], 1e-9):.1f} tok/s, "
-            f"{streamed['tokens'] / max(streamed['steps'], 1):.2f} tokens/step")
-        if on_record is not None and not check:
-          on_record(record)
+  def show_compile(event: str, program: str, seconds: float, source: str) -> None:
+    """A build in the bar's description while it runs, and one line when it is done."""
+    if event == "start":
+      bar.set_description(f"{description} (compiling the {program})")
+      return
+    bar.set_description(description)
+    how = "loaded from the compilation cache" if source == "disk" else source
+    if progress:
+      bar.write(f"bass_jax: {program}: {how} in {seconds:.1f} s")
 
-      out = decode(rows, prompt_ids, batch_seed, finished)
-      stats = out.stats
-      step_costs = stats.step_costs  # the same for every batch of a run (measured once per setting)
-      was_continuous = stats.continuous
-      # Each sequence from the start of its own decoding: its batch's start, or its admission.
-      own_seconds = stats.finish_seconds - stats.admit_seconds
-      latencies.append(metrics.per_token_latency(own_seconds, out.lengths))
-      if not stats.continuous:  # a continuous batch has no batches to be ragged within
-        ragged.append(metrics.raggedness(prompt_lengths, out.lengths,
-                                         stats.accepted if method == "bass" else None))
-      if method == "bass":
-        accept_parts.append(metrics.acceptance(stats.draft_lens, stats.accepted, stats.drafted))
-        is_tree = stats.trees >= 0
-        tree_steps += int(is_tree.sum())
-        tree_nodes.append((stats.drafted + 1)[is_tree][stats.accepted[is_tree] >= 0])
-        for code in range(len(DRAFT_SOURCES)):
-          mine = (stats.sources == code) & (stats.accepted >= 0)
-          by_source[:, code] += (int(stats.drafted[mine].sum()), int(stats.accepted[mine].sum()))
-      flops = metrics.decode_flops(target, draft, prompt_lengths, out, method=method)
-      useful_flops += flops.useful
-      executed_flops += flops.executed
-      steps += stats.steps
-      draft_len_sum += int(stats.draft_lens.sum())
-      plain_steps += int((stats.draft_lens == 0).sum())
-      verified_sum += int(stats.verified.sum())
-      tokens += int(out.lengths.sum())
-      wall += stats.wall_seconds
-      compile_seconds += stats.compile_seconds
-      calibration_seconds += stats.calibration_seconds
-      order = {(p.task_id, k): n for n, (p, k) in enumerate(rows)}
-      held.sort(key=lambda r: order[record_key(r)])
-      if check:
-        passed = humaneval.check_completions([rows[order[record_key(r)]][0] for r in held],
-                                             [r["completion"] for r in held])
-        for record, ok in zip(held, passed):
-          record["passed"] = ok
-          if on_record is not None:
+  with programs.reporting(show_compile):
+    try:
+      for batch_index, batch_seed, rows, emit in work:
+        prompt_ids = encode(rows)
+        prompt_lengths = np.array([len(p) for p in prompt_ids])
+        run_start = wall  # the run's clock: the summed wall time of the batches before this one
+        held: list[dict[str, Any]] = []
+
+        def finished(result):  # called during this iteration's decode
+          if emit is not None and result.index not in emit:
+            return  # a resumed batch's sequence that is already on disk
+          problem, sample_index = rows[result.index]
+          record = {
+              "task_id": problem.task_id,
+              "sample_index": sample_index,
+              "batch_index": batch_index,
+              "row": result.row,
+              "batch_size": batch_size,
+              "prompt_tokens": int(prompt_lengths[result.index]),
+              "completion": tokenizer.decode(result.tokens.tolist(), skip_special_tokens=True),
+              "num_tokens": len(result.tokens),
+              "accepted_drafts": result.accepted if method == "bass" else None,
+              "drafted": result.drafted if method == "bass" else None,
+              "steps": result.steps,
+              "mean_logprob": float(np.mean(result.logprobs)) if len(result.tokens) else 0.0,
+              "finished": result.finished,
+              "finish_seconds": result.finish_seconds - result.admit_seconds,
+              "wait_seconds": run_start + result.admit_seconds,
+              "ttft_seconds": run_start + result.first_token_seconds,
+          }
+          held.append(record)
+          streamed["tokens"] += record["num_tokens"]
+          streamed["steps"] += record["steps"]
+          bar.update(1)
+          bar.set_postfix_str(
+              f"{streamed['tokens'] / max(time.perf_counter() - streamed['start'], 1e-9):.1f} tok/s, "
+              f"{streamed['tokens'] / max(streamed['steps'], 1):.2f} tokens/step")
+          if on_record is not None and not check:
             on_record(record)
-      records.extend(held)
-  finally:
-    bar.close()
+
+        out = decode(rows, prompt_ids, batch_seed, finished)
+        stats = out.stats
+        startups.append(stats.startup_seconds)
+        if progress and (len(startups) == 1 or stats.startup_seconds >= 0.5):
+          bar.write(f"bass_jax: {method} call {len(startups)} started decoding after "
+                    f"{stats.startup_seconds:.1f} s (prepare {stats.prepare_seconds:.1f} s, programs "
+                    f"{stats.compile_seconds:.1f} s from {stats.program_source}, calibration "
+                    f"{stats.calibration_seconds:.1f} s)")
+        step_costs = stats.step_costs  # the same for every batch of a run (measured once per setting)
+        was_continuous = stats.continuous
+        # Each sequence from the start of its own decoding: its batch's start, or its admission.
+        own_seconds = stats.finish_seconds - stats.admit_seconds
+        latencies.append(metrics.per_token_latency(own_seconds, out.lengths))
+        if not stats.continuous:  # a continuous batch has no batches to be ragged within
+          ragged.append(metrics.raggedness(prompt_lengths, out.lengths,
+                                           stats.accepted if method == "bass" else None))
+        if method == "bass":
+          accept_parts.append(metrics.acceptance(stats.draft_lens, stats.accepted, stats.drafted))
+          is_tree = stats.trees >= 0
+          tree_steps += int(is_tree.sum())
+          tree_nodes.append((stats.drafted + 1)[is_tree][stats.accepted[is_tree] >= 0])
+          for code in range(len(DRAFT_SOURCES)):
+            mine = (stats.sources == code) & (stats.accepted >= 0)
+            by_source[:, code] += (int(stats.drafted[mine].sum()), int(stats.accepted[mine].sum()))
+        flops = metrics.decode_flops(target, draft, prompt_lengths, out, method=method)
+        useful_flops += flops.useful
+        executed_flops += flops.executed
+        steps += stats.steps
+        draft_len_sum += int(stats.draft_lens.sum())
+        plain_steps += int((stats.draft_lens == 0).sum())
+        verified_sum += int(stats.verified.sum())
+        tokens += int(out.lengths.sum())
+        wall += stats.wall_seconds
+        compile_seconds += stats.compile_seconds
+        calibration_seconds += stats.calibration_seconds
+        order = {(p.task_id, k): n for n, (p, k) in enumerate(rows)}
+        held.sort(key=lambda r: order[record_key(r)])
+        if check:
+          passed = humaneval.check_completions([rows[order[record_key(r)]][0] for r in held],
+                                               [r["completion"] for r in held])
+          for record, ok in zip(held, passed):
+            record["passed"] = ok
+            if on_record is not None:
+              on_record(record)
+        records.extend(held)
+    finally:
+      bar.close()
+  built = compile_cache.stats()
 
   pass_at_batch = None
   if check and records:
@@ -441,6 +472,15 @@ def run_problems(
       "compile_seconds": compile_seconds,
       # Measuring the cost-aware policy's step costs in the decode's programs (sampling.calibration).
       "calibration_seconds": calibration_seconds,
+      # Before each call's decode: prepare (step costs included), programs, calibration.
+      "first_startup_seconds": startups[0] if startups else None,
+      "startup_seconds": float(sum(startups)),
+      "prompt_capacity": capacity,
+      # The decode programs this run built (compile_cache.stats()): settings, and XLA programs
+      # loaded from the persistent cache or compiled (a setting is a prefill and a decode program).
+      "settings_built": built.built - before.built,
+      "programs_loaded": built.programs_loaded - before.programs_loaded,
+      "programs_compiled": built.programs_compiled - before.programs_compiled,
       "tokens": tokens,
       "pass_at_batch": pass_at_batch,
       "useful_flops": useful_flops,

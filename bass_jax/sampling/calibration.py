@@ -39,6 +39,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from bass_jax.sampling import compile_cache
 from bass_jax.sampling.draft_len import GoodputDraftLen, StepCosts
 
 _CACHE: dict[Any, StepCosts] = {}
@@ -91,6 +92,8 @@ def calibrate(plan, run: Callable[..., Any], *, repeats: int = 2) -> tuple[Any, 
     with _LOCK:
       costs = _CACHE.get(key)
     if costs is None:
+      costs = StepCosts.stored(compile_cache.load_costs("calibration", key))
+    if costs is None:
       timed = np.array([_seconds_per_step(plan, run, forced(spec, speculate=s), repeats)
                         for s in (False, True)])
       if jax.process_count() > 1:  # every process decides from process 0's timings (costs.py too)
@@ -99,9 +102,10 @@ def calibrate(plan, run: Callable[..., Any], *, repeats: int = 2) -> tuple[Any, 
         timed = np.asarray(multihost_utils.broadcast_one_to_all(timed))
       costs = StepCosts(plain=float(timed[0]), verify_pass=float(timed[1]), propose_first=0.0,
                         propose_next=0.0, chunk=spec.verify_chunk, fixed_drafts=spec.max_draft)
-      with _LOCK:
-        _CACHE[key] = costs
+      compile_cache.store_costs("calibration", key, costs.to_json())
       seconds = time.perf_counter() - started
+    with _LOCK:
+      _CACHE[key] = costs
   return with_costs(plan, costs), seconds
 
 

@@ -75,6 +75,12 @@ class DecodeConfig:
       continuous batching needs a ``data`` axis of size 1 (its admission prefill does not split
       over rows).
     max_cache_len: if given, the most cache slots per row the decode may allocate.
+    max_prompt_len: the prompt capacity the programs are built for (rounded up to a power of two,
+      at least 16): every call of this setting with prompts up to this long runs the same programs,
+      whatever its prompts' lengths (the prefill's work follows the true lengths; the cache has the
+      capacity's slots). None: the longest prompt's bucket, or the capacity of programs this process
+      already built for the setting if larger (a later call with shorter prompts compiles nothing).
+      Scripts pass the longest prompt of the whole run, so that a run compiles once per batch size.
 
   **Backend.**
 
@@ -110,6 +116,7 @@ class DecodeConfig:
   # Batching.
   batch_size: int | None = None
   max_cache_len: int | None = None
+  max_prompt_len: int | None = None
   # Backend.
   attention_impl: str | None = None
   profile: str | BackendProfile | None = None
@@ -121,7 +128,7 @@ class DecodeConfig:
 # generate's keywords that are not DecodeConfig fields: what prepare takes beside the config, and what
 # run takes.
 PREPARE_KEYWORDS = ("sequence_ids",)
-RUN_KEYWORDS = ("time_prompts", "on_finish")
+RUN_KEYWORDS = ("time_prompts", "on_finish", "compilation_cache")  # the last: the process's cache
 
 
 def split_keywords(keywords: dict[str, Any]) -> tuple[DecodeConfig, dict[str, Any], dict[str, Any]]:

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bass_jax.models import common
+from bass_jax.sampling import compile_cache
 from bass_jax.models.common import forward
 from bass_jax.sampling.draft_len import GoodputDraftLen, StepCosts
 
@@ -208,7 +209,9 @@ def time_forward(config, dtype: str, attention_impl: str, params, batch: int, po
 
 
 def measure_step_costs(spec, target_params: Any, draft_params: Any, batch: int) -> StepCosts:
-  """The :class:`StepCosts` of a decode setting, measured on first use and remembered.
+  """The :class:`StepCosts` of a decode setting, measured on first use and remembered: in memory, and
+  beside the persistent compilation cache (``compile_cache.store_costs``, keyed by the setting, the
+  device kind, JAX's version and bass_jax's code), so that a later process does not measure again.
 
   Args:
     spec: the decode's ``state.DecodeSpec`` (with a proposer).
@@ -227,8 +230,11 @@ def measure_step_costs(spec, target_params: Any, draft_params: Any, batch: int) 
   with _LOCK:
     if key in _CACHE:
       return _CACHE[key]
-  with compiled_with(spec.xla_options):
-    costs = _measure(spec, target_params, draft_params, batch, trees)
+  costs = StepCosts.stored(compile_cache.load_costs("step_costs", key))
+  if costs is None:
+    with compiled_with(spec.xla_options):
+      costs = _measure(spec, target_params, draft_params, batch, trees)
+    compile_cache.store_costs("step_costs", key, costs.to_json())
   with _LOCK:
     _CACHE[key] = costs
   return costs

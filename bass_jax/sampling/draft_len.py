@@ -16,6 +16,7 @@ every step, when there is one. :class:`NoDrafts` is the policy of a decode witho
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import flax.struct
 import jax
@@ -62,6 +63,33 @@ class StepCosts:
     measurements never recompile it."""
     return jnp.asarray([self.plain, self.verify_pass, self.propose_first, self.propose_next,
                         self.chunk, self.fixed_drafts, *self.tree_steps], jnp.float32)
+
+  def to_json(self) -> dict[str, Any]:
+    """The fields as JSON values (what ``compile_cache.store_costs`` keeps on disk)."""
+    return {**dataclasses.asdict(self), "tree_steps": list(self.tree_steps)}
+
+  @classmethod
+  def stored(cls, fields: dict[str, Any] | None) -> "StepCosts | None":
+    """:meth:`from_json` of what a cache holds, None for nothing or for fields that do not fit (an
+    entry another version wrote: measured again)."""
+    if fields is None:
+      return None
+    try:
+      return cls.from_json(fields)
+    except ValueError:
+      return None
+
+  @classmethod
+  def from_json(cls, fields: dict[str, Any]) -> "StepCosts":
+    """The inverse of :meth:`to_json`.
+
+    Raises:
+      ValueError: fields that are not those of a :class:`StepCosts`.
+    """
+    try:
+      return cls(**{**fields, "tree_steps": tuple(fields.get("tree_steps", ()))})
+    except TypeError as e:
+      raise ValueError(f"stored step costs {fields} are not a StepCosts: {e}") from e
 
 
 class _MaxAcceptedPolicy:

@@ -8,13 +8,14 @@ same programs for a platform without running them.
 Compilation. A program is specialized to its shapes and to the static settings of
 :class:`state.DecodeSpec`; shapes come in buckets (``plan``'s docstring) so that nearby calls share
 one. The prefill and decode programs of a setting are compiled in parallel and kept in a bounded LRU
-cache (:func:`clear_compile_cache`, :func:`set_compile_cache_size`); JAX's persistent compilation cache
-(:func:`enable_persistent_compilation_cache`, or the environment variable ``JAX_COMPILATION_CACHE_DIR``)
-makes them survive the process.
+cache (:func:`clear_compile_cache`, :func:`set_compile_cache_size`); JAX's persistent compilation cache, on
+by default (``sampling.compile_cache``; ``BASS_JAX_COMPILATION_CACHE_DIR``, the ``compilation_cache``
+keyword), makes them survive the process. :func:`compile_cache_stats` counts what was compiled.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Sequence
 
 import jax
@@ -22,6 +23,7 @@ import numpy as np
 
 from bass_jax.loading import Model
 # The names below are the sampling package's public surface; they stay importable from here.
+from bass_jax.sampling import compile_cache
 from bass_jax.sampling.acceptance import RULES as ACCEPTANCE_RULES  # pylint: disable=unused-import
 from bass_jax.sampling.config import DecodeConfig, with_settings  # pylint: disable=unused-import
 from bass_jax.sampling.draft_len import (MAX_DRAFT_LEN, DraftLenPolicy,  # pylint: disable=unused-import
@@ -35,6 +37,7 @@ from bass_jax.sampling.profiles import BackendProfile
 from bass_jax.sampling.programs import (clear_compile_cache,  # pylint: disable=unused-import
                                         enable_persistent_compilation_cache,
                                         set_compile_cache_size)
+from bass_jax.sampling.compile_cache import stats as compile_cache_stats  # pylint: disable=unused-import
 from bass_jax.sampling.proposers import Hybrid, NGramProposer, Replay, SiblingProposer
 from bass_jax.sampling.runner import PAD_TOKEN, check_run_arguments, run  # pylint: disable=unused-import
 from bass_jax.sampling.tree import TreeShape, tree_shapes  # pylint: disable=unused-import
@@ -55,6 +58,7 @@ def generate(
     attention_impl: str | None = None,
     verify_chunk: int | None = None,
     max_cache_len: int | None = None,
+    max_prompt_len: int | None = None,
     mesh: jax.sharding.Mesh | None = None,
     draft_sharding: str = "replicated",
     batch_size: int | None = None,
@@ -64,6 +68,7 @@ def generate(
     sequence_ids: Sequence[int] | None = None,
     draft_tree: str | TreeShape | Sequence[str | TreeShape] | None = None,
     profile: str | BackendProfile | None = None,
+    compilation_cache: str | os.PathLike | bool | None = None,
 ) -> GenerateOutput:
   """Decodes a batch of prompts with batched speculative sampling (BASS) or regular decoding.
 
@@ -86,11 +91,16 @@ def generate(
     prompts: B token-id lists of any lengths, each non-empty; or an integer array ``[B, T]`` of B
       prompts of equal length. Ints may be Python or NumPy integers.
     method, max_new_tokens, temperature, top_p, draft_len, seed, eos_token_id, attention_impl,
-      verify_chunk, max_cache_len, mesh, draft_sharding, batch_size, acceptance, draft_tree,
-      profile: the fields of :class:`DecodeConfig` (documented there).
+      verify_chunk, max_cache_len, max_prompt_len, mesh, draft_sharding, batch_size, acceptance,
+      draft_tree, profile: the fields of :class:`DecodeConfig` (documented there).
     time_prompts, on_finish: as ``runner.run``: time every prompt's admission, first token and
       finish; hand each prompt to ``on_finish`` as soon as it is complete.
     sequence_ids: as ``plan.prepare``: the ids that key each prompt's noise under Gumbel acceptance.
+    compilation_cache: the persistent compilation cache, for this process from this call on
+      (``sampling.compile_cache``): a directory, False (or ``"off"``) to turn it off, True for the
+      default directory; None (default) leaves it as it is (on by default, in
+      ``$XDG_CACHE_HOME/bass_jax/xla`` or ``~/.cache/bass_jax/xla``, or
+      ``$BASS_JAX_COMPILATION_CACHE_DIR``).
 
   Returns:
     :class:`GenerateOutput` with tokens ``i32[B, N]``, lengths ``i32[B]``, target log-probs
@@ -101,6 +111,8 @@ def generate(
   """
   config = DecodeConfig(**{name: value for name, value in locals().items() if name in _SETTINGS})
   check_run_arguments(time_prompts, on_finish)  # before prepare: a bad argument copies no weights
+  if compilation_cache is not None:
+    compile_cache.configure(compilation_cache)
   plan = prepare(target, draft, prompts, config, sequence_ids=sequence_ids)
   return run(plan, time_prompts=time_prompts, on_finish=on_finish)
 

@@ -63,7 +63,9 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any,
             inputs: DecodeInputs) -> DecodeState:
   """Fills the target's cache (and the proposer's state) with every prompt token but the last, which
   the first step consumes, for the rows' first prompts (row r serves prompt r; the batch's inert
-  padding rows a one-token prompt, done from the start).
+  padding rows a one-token prompt, done from the start), in chunks of ``spec.admit_chunk`` positions
+  up to the longest prompt (a chunked prefill, as an admission's: the work follows the prompts' true
+  lengths, not the capacity P).
 
   Args:
     draft_params: the proposer's weights (None for a model-free proposer or regular decoding).
@@ -78,11 +80,14 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any,
   prompt_len = jnp.where(inert, 1, inputs.prompt_len[:batch]).astype(jnp.int32)
   n = spec.max_new_bucket
 
+  # Chunked: the work follows the longest real prompt, not the capacity P the programs are built for
+  # (DecodeConfig.max_prompt_len), so one program serves prompts of every length up to P.
   prefilled = prefill_cache(spec.target, target_params, prompts, prompt_len,
                             cache_len=spec.cache_len, dtype=spec.target_dtype,
                             attention_impl=spec.attention_impl,
                             return_features=spec.keeps_features, sharding=spec.target_sharding,
-                            hidden_layers=spec.feature_taps, final_feature=spec.final_feature)
+                            chunk=spec.admit_chunk, hidden_layers=spec.feature_taps,
+                            final_feature=spec.final_feature)
   target_cache, prompt_features, features = prefilled, None, None
   if spec.keeps_features:
     target_cache, prompt_features = prefilled
@@ -90,7 +95,7 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any,
                          prompt_features.dtype).at[:, :prompts.shape[1]].set(prompt_features)
   proposer_state = spec.proposer.init_state(draft_params, prompts, prompt_len,
                                             cache_len=spec.cache_len, max_len=spec.max_draft,
-                                            features=prompt_features)
+                                            features=prompt_features, prefill_chunk=spec.admit_chunk)
   l0, policy_state = spec.draft_len.start(inputs.step_costs)
   return DecodeState(
       tokens=jnp.concatenate([prompts, jnp.zeros((batch, n), jnp.int32)], axis=1),

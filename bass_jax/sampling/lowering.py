@@ -106,7 +106,7 @@ def lower(target: Model, draft: Any, prompts: Any, config: DecodeConfig | None =
       profile = profiles.backend_profile(config.profile or profiles.platform_profile(platform))
       host = prepare(target, draft, prompts, dataclasses.replace(
           config, profile=profile, attention_impl="reference"))
-      (_, host_decode), _ = compiled(host.spec, host.args_prefill,
+      (_, host_decode), _, _ = compiled(host.spec, host.args_prefill,
                                      (*host.args_tail, host.place(True)))
     host_hlo = host_decode.as_text()
   return LoweredDecode(prefill=prefill, decode=decode, spec=spec, cache_arrays=cache_arrays,

@@ -44,7 +44,12 @@ class GenerateStats:
     compile_seconds: time spent compiling in this call (0 when the programs were cached).
     calibration_seconds: time spent measuring the step costs in the decode's own programs before it
       ran (``sampling.calibration``; 0 when they were known), in neither the wall nor the compile.
-    compiled: whether this call compiled (False: it reused programs of an earlier call).
+    compiled: whether this call built its programs (False: it reused programs of an earlier call
+      held in memory).
+    program_source: where the programs came from (``programs.Built.source``): ``"memory"``,
+      ``"disk"`` (JAX's persistent compilation cache), ``"compiled"`` or ``"partly disk"``.
+    prepare_seconds: time ``prepare`` took (checks, placing the inputs and, for the cost-aware draft
+      length on a CPU, measuring the step costs unless known: ``costs.measure_step_costs``).
     prompt_bucket: P, the length prompts were padded to for the prefill.
     batch_bucket: the number of rows the programs ran (B plus inert padding rows).
     verify_chunk: positions per verification forward (0 for regular decoding).
@@ -102,6 +107,14 @@ class GenerateStats:
   prompt_drafted: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
   prompt_accepted: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
   calibration_seconds: float = 0.0
+  program_source: str = ""
+  prepare_seconds: float = 0.0
+
+  @property
+  def startup_seconds(self) -> float:
+    """Seconds before the decode started: ``prepare_seconds + compile_seconds +
+    calibration_seconds``."""
+    return self.prepare_seconds + self.compile_seconds + self.calibration_seconds
 
 
 @dataclasses.dataclass(frozen=True)

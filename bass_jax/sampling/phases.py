@@ -358,7 +358,7 @@ def profile_step_scopes(target, draft, prompts, **kwargs) -> dict[str, float]:
   events = events["traceEvents"] if isinstance(events, dict) else events
   config, prepare_kw, _ = split_keywords(kwargs)
   plan = prepare(target, draft, prompts, config, **prepare_kw)
-  (_, decode), _ = programs.compiled(plan.spec, plan.args_prefill,
+  (_, decode), _, _ = programs.compiled(plan.spec, plan.args_prefill,
                                      (*plan.args_tail, plan.place(True)))  # cached
   text = decode.as_text()
   module = re.match(r"HloModule ([\w.\-]+)", text).group(1)

@@ -12,6 +12,7 @@ and the output buffer to a multiple of 32 tokens, while ``max_new_tokens``, the 
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Callable, Sequence
 
 import jax
@@ -24,8 +25,10 @@ from bass_jax import sharding as sharding_lib
 from bass_jax.loading import Model
 from bass_jax.models import attention as attention_lib
 from bass_jax.sampling import calibration
+from bass_jax.sampling import compile_cache
 from bass_jax.sampling import costs as costs_lib
 from bass_jax.sampling import profiles
+from bass_jax.sampling import programs
 from bass_jax.sampling import state as state_lib
 from bass_jax.sampling import warp
 from bass_jax.sampling.acceptance import AcceptanceRule
@@ -64,6 +67,7 @@ class Plan:
     calibrate: the step costs are still to be measured in the decode's own program
       (``calibration.calibrate``, which ``run`` calls first); until then the decode's traced costs
       make every step plain.
+    prepare_seconds: the wall seconds :func:`prepare` took.
   """
 
   config: DecodeConfig
@@ -79,6 +83,7 @@ class Plan:
   step_costs: Any
   profile: str
   calibrate: bool = False
+  prepare_seconds: float = 0.0
 
 
 def prompt_bucket(length: int) -> int:
@@ -210,6 +215,7 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
       axis larger than 1 under continuous batching; ``sequence_ids`` of the wrong length, out of
       range or repeated.
   """
+  started = time.perf_counter()
   c = config
   if not isinstance(c, DecodeConfig):
     raise ValueError(f"config must be a DecodeConfig, got {type(c).__name__}")
@@ -308,7 +314,13 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
       -(-batch_bucket(num_prompts) * max_new_bucket // -(-rows // 2)) if waits else 0)
   step_limit = max_new_tokens + (-(-num_prompts * max_new_tokens // slots) if waits else 0)
 
-  bucket = prompt_bucket(int(lengths.max()))  # P; an admission's chunk tiles it
+  longest = int(lengths.max())
+  max_prompt_len = (None if c.max_prompt_len is None
+                    else _checks.as_int("max_prompt_len", c.max_prompt_len, min_value=1))
+  if max_prompt_len is not None and longest > max_prompt_len:
+    raise ValueError(f"a prompt has {longest} tokens, more than max_prompt_len={max_prompt_len}; "
+                     "raise max_prompt_len (or leave it None) or shorten the prompt")
+  bucket = prompt_bucket(max(longest, max_prompt_len or 0))  # P; an admission's chunk tiles it
   rule = AcceptanceRule(greedy=temperature == 0, name="rejection" if temperature == 0 else c.acceptance,
                         branch_free=profile.branch_free)
   spec = state_lib.DecodeSpec(
@@ -321,6 +333,8 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
       compiler_options=profile.compiler_options)
   if chunk is None:
     spec = dataclasses.replace(spec, verify_chunk=spec.max_draft + 1)
+  if max_prompt_len is None:  # the prompt capacity of programs already built, where they fit
+    spec = _reuse_capacity(spec, rows, profile, max_cache_len)
   if max_cache_len is not None and spec.cache_len > max_cache_len:
     raise ValueError(
         f"the decode needs {spec.cache_len} cache slots per row (prompt padded to {spec.prompt_len} + "
@@ -348,6 +362,7 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
     target_params = sharding_lib.shard_params(target_params, target_plan)
     if draft_params is not None:
       draft_params = sharding_lib.shard_params(draft_params, proposer.sharding)
+  compile_cache.ensure_configured()  # the persistent cache, before the cost forwards compile
   step_costs, calibrate = None, calibration.needs_calibration(spec, policy)
   traced_costs = calibration.forced(spec, speculate=False) if calibrate else None  # plain until run
   if isinstance(policy, GoodputDraftLen) and not calibrate:
@@ -373,7 +388,23 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
   return Plan(config=c, spec=spec, args_prefill=(target_params, draft_params, inputs),
               args_tail=(target_params, draft_params, *scalars), num_prompts=num_prompts,
               slots=slots, rows=rows, max_new_tokens=max_new_tokens, place=place, host=host,
-              step_costs=step_costs, profile=profile.name, calibrate=calibrate)
+              step_costs=step_costs, profile=profile.name, calibrate=calibrate,
+              prepare_seconds=time.perf_counter() - started)
+
+
+def _reuse_capacity(spec: state_lib.DecodeSpec, rows: int, profile: profiles.BackendProfile,
+                    max_cache_len: int | None) -> state_lib.DecodeSpec:
+  """``spec`` at the largest prompt capacity P of the programs in memory for its setting
+  (``programs.largest_prompt_len``), if that is larger and its cache fits ``max_cache_len``: a call
+  with shorter prompts then runs those programs (the prefill's work follows the prompts' true
+  lengths, ``loop.prefill``) instead of compiling programs of its own bucket."""
+  largest = programs.largest_prompt_len(programs.family_key(spec, rows))
+  if largest <= spec.prompt_len:
+    return spec
+  wider = dataclasses.replace(spec, prompt_len=largest, admit_chunk=min(profile.admit_chunk, largest))
+  if max_cache_len is not None and wider.cache_len > max_cache_len:
+    return spec
+  return wider
 
 
 def _head_dims(target: Model, draft: Any) -> dict[str, int]:

@@ -27,15 +27,19 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
+import logging
 import os
+import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 
 from bass_jax import _checks
+from bass_jax.sampling import compile_cache
 from bass_jax.sampling import loop
 from bass_jax.sampling import state as state_lib
 
@@ -53,6 +57,7 @@ class _ProgramCache:
   def __init__(self, max_size: int = DEFAULT_CACHE_SIZE):
     self.max_size = max_size
     self._programs: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+    self._families: dict[Any, tuple[Any, int]] = {}
     self._lock = threading.Lock()
 
   def get(self, key):
@@ -63,25 +68,33 @@ class _ProgramCache:
         return self._programs[key]
       return None
 
-  def put(self, key, programs) -> None:
-    """Stores ``programs`` under ``key`` as the most recently used, evicting beyond ``max_size``."""
+  def put(self, key, programs, family: Any = None, prompt_len: int = 0) -> None:
+    """Stores ``programs`` under ``key`` as the most recently used, evicting beyond ``max_size``;
+    ``family`` and ``prompt_len`` are what :meth:`largest` finds them by."""
     with self._lock:
       self._programs[key] = programs
       self._programs.move_to_end(key)
+      self._families[key] = (family, prompt_len)
       while len(self._programs) > self.max_size:
-        self._programs.popitem(last=False)
+        self._families.pop(self._programs.popitem(last=False)[0], None)
+
+  def largest(self, family: Any) -> int:
+    """The largest ``prompt_len`` stored with ``family``, 0 if none."""
+    with self._lock:
+      return max((p for f, p in self._families.values() if f == family), default=0)
 
   def clear(self) -> None:
     """Drops every entry."""
     with self._lock:
       self._programs.clear()
+      self._families.clear()
 
   def resize(self, max_size: int) -> None:
     """Keeps at most ``max_size`` entries from now on, evicting the least recently used."""
     with self._lock:
       self.max_size = max_size
       while len(self._programs) > self.max_size:
-        self._programs.popitem(last=False)
+        self._families.pop(self._programs.popitem(last=False)[0], None)
 
   def __len__(self) -> int:
     return len(self._programs)
@@ -110,31 +123,43 @@ def set_compile_cache_size(max_programs: int) -> None:
 
 
 def enable_persistent_compilation_cache(path: str | os.PathLike | None = None, *,
-                                        min_compile_seconds: float = 0.5) -> str:
+                                        min_compile_seconds: float | None = None) -> str | None:
   """Stores compiled programs on disk so that a new process reuses them (JAX's persistent cache).
 
-  The same as setting JAX's ``jax_compilation_cache_dir`` (or the environment variable
-  ``JAX_COMPILATION_CACHE_DIR`` before starting Python); scripts take ``--compilation_cache_dir``.
+  The cache is on by default (``compile_cache``: ``$XDG_CACHE_HOME/bass_jax/xla`` or
+  ``~/.cache/bass_jax/xla``, or ``$BASS_JAX_COMPILATION_CACHE_DIR``); call this to move it or, with
+  ``path="off"``, to turn it off. Scripts take ``--compilation_cache_dir``, ``generate`` its
+  ``compilation_cache`` keyword.
 
   Args:
-    path: the cache directory; default ``$BASS_JAX_COMPILATION_CACHE_DIR`` or
-      ``~/.cache/bass_jax/xla``. Call before the first compilation.
-    min_compile_seconds: programs that compiled faster than this are not stored.
+    path: the cache directory; None: ``$BASS_JAX_COMPILATION_CACHE_DIR`` or the default; ``"off"``:
+      no persistent cache.
+    min_compile_seconds: programs that compiled faster than this are not stored (default
+      ``compile_cache.MIN_COMPILE_SECONDS``).
 
   Returns:
-    The directory in use.
+    The directory in use, or None when off (asked, or not writable: one warning line).
 
   Raises:
-    ValueError: ``min_compile_seconds`` not a number >= 0.
+    ValueError: ``min_compile_seconds`` not a number >= 0, ``path`` of the wrong type.
   """
-  min_compile_seconds = _checks.as_float("min_compile_seconds", min_compile_seconds, min_value=0.0)
-  path = str(path or os.environ.get("BASS_JAX_COMPILATION_CACHE_DIR")
-             or os.path.join(os.path.expanduser("~"), ".cache", "bass_jax", "xla"))
-  os.makedirs(path, exist_ok=True)
-  jax.config.update("jax_compilation_cache_dir", path)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_seconds)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  return path
+  directory = compile_cache.configure(True if path is None else path)
+  if min_compile_seconds is not None and directory is not None:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", _checks.as_float(
+        "min_compile_seconds", min_compile_seconds, min_value=0.0))
+  return None if directory is None else str(directory)
+
+
+def largest_prompt_len(family: Any) -> int:
+  """The largest prompt capacity P of the programs in memory for ``family`` (:func:`family_key`),
+  0 if none: a call whose prompts fit it reuses those programs instead of compiling smaller ones."""
+  return _PROGRAMS.largest(family)
+
+
+def family_key(spec: state_lib.DecodeSpec, rows: int) -> Any:
+  """What the programs of ``spec`` share with those of the same setting at any prompt capacity: the
+  spec less its prompt length (and the admission chunk that follows it), and the rows."""
+  return (dataclasses.replace(spec, prompt_len=0, admit_chunk=0), rows)
 
 
 def _fresh(fn: Callable) -> Callable:
@@ -148,25 +173,97 @@ def _fresh(fn: Callable) -> Callable:
   return call
 
 
-def compiled(spec: state_lib.DecodeSpec, args_prefill: tuple,
-             args_decode_tail: tuple) -> tuple[tuple[Any, Any], float]:
-  """Compiled ``(prefill, decode)`` for this spec and these shapes, and the seconds spent compiling.
+class Built(NamedTuple):
+  """What :func:`compiled` returns.
+
+  Attributes:
+    programs: ``(prefill, decode)``, two ``jax.stages.Compiled``.
+    seconds: wall seconds spent lowering and compiling or loading them (0.0 from memory).
+    source: ``"memory"`` (the LRU), ``"disk"`` (every XLA program from the persistent cache),
+      ``"compiled"`` (XLA compiled them) or ``"partly disk"``.
+  """
+
+  programs: tuple[Any, Any]
+  seconds: float
+  source: str
+
+
+# Called as fn(event, description, seconds, source) with event "start" (seconds 0, source "") or
+# "done": what scripts show while a program compiles (:func:`reporting`).
+_REPORTERS: list[Callable[[str, str, float, str], None]] = []
+_LOG = logging.getLogger("bass_jax")
+
+
+@contextlib.contextmanager
+def reporting(fn: Callable[[str, str, float, str], None]):
+  """Within the block, ``fn(event, description, seconds, source)`` is called when a decode's programs
+  start to build (``event="start"``) and when they are built (``"done"``, with :class:`Built`'s
+  seconds and source); programs found in memory report nothing. The same lines go to the
+  ``bass_jax`` logger at INFO whatever the block."""
+  _REPORTERS.append(fn)
+  try:
+    yield
+  finally:
+    _REPORTERS.remove(fn)
+
+
+def printing(stream: Any = None):
+  """:func:`reporting` that writes one line per build to ``stream`` (default ``sys.stderr``):
+  ``bass_jax: compiling the BASS decode, 4 rows, prompts <= 128 tokens ... compiled in 7.2 s`` (or
+  ``loaded from the compilation cache in 0.9 s``), the start written as it begins so that a compile is
+  never mistaken for a hang."""
+
+  def show(event: str, description: str, seconds: float, source: str) -> None:
+    out = sys.stderr if stream is None else stream
+    if event == "start":
+      out.write(f"bass_jax: compiling the {description} ...")
+    else:
+      how = "loaded from the compilation cache" if source == "disk" else source
+      out.write(f" {how} in {seconds:.1f} s\n")
+    out.flush()
+
+  return reporting(show)
+
+
+def describe(spec: state_lib.DecodeSpec, rows: int) -> str:
+  """``"BASS decode, 4 rows, prompts <= 128 tokens"``: what a program is, in a user's terms."""
+  kind = "BASS" if spec.proposer.proposes else "regular"
+  return f"{kind} decode, {rows} rows, prompts <= {spec.prompt_len} tokens"
+
+
+def _report(event: str, description: str, seconds: float = 0.0, source: str = "") -> None:
+  if event == "start":
+    _LOG.info("compiling the %s ...", description)
+  else:
+    _LOG.info("%s: %s in %.1f s", description,
+              "loaded from the compilation cache" if source == "disk" else source, seconds)
+  for fn in list(_REPORTERS):
+    fn(event, description, seconds, source)
+
+
+def compiled(spec: state_lib.DecodeSpec, args_prefill: tuple, args_decode_tail: tuple) -> Built:
+  """Compiled ``(prefill, decode)`` for this spec and these shapes, and how long they took.
 
   Args:
     spec: the static settings of the decode.
     args_prefill: the arguments of ``loop.prefill`` after ``spec`` (arrays or
-      ``jax.ShapeDtypeStruct``; only shapes, dtypes and shardings count).
+      ``jax.ShapeDtypeStruct``; only shapes, dtypes and shardings count); the last is the
+      ``DecodeInputs``, whose ``inert`` gives the rows.
     args_decode_tail: the arguments of ``loop.decode`` after ``spec`` and the state.
 
   Returns:
-    ``((prefill, decode), seconds)``: the two ``jax.stages.Compiled`` programs, and the wall seconds
-    spent lowering and compiling them (0.0 when they came from the cache).
+    :class:`Built`: the two ``jax.stages.Compiled`` programs, the wall seconds spent lowering and
+    compiling (or loading) them, 0.0 when they came from memory, and where they came from.
 
-  The two programs are lowered here and compiled in two threads (XLA compiles without holding the
-  GIL), so a first call waits for the slower of the two, not for both. On a mesh both programs return
-  the state laid out by ``state.state_shardings``, and the decode takes it so. The programs are jitted
-  from fresh function objects, so that JAX keeps nothing of them once the LRU drops them (module
-  docstring). Errors of tracing, lowering or compiling propagate (nothing is cached then).
+  Programs an earlier process built for this key on one device are loaded as they were stored
+  (``compile_cache.load_programs``: nothing traced, lowered or compiled); otherwise the two programs
+  are lowered here and compiled in two threads (XLA compiles without holding the GIL), so a first
+  call waits for the slower of the two, not for both, and stored for the next process in the
+  background (JAX's persistent cache holds them too, and is what a mesh's programs use). On a mesh both programs
+  return the state laid out by ``state.state_shardings``, and the decode takes it so. The programs are
+  jitted from fresh function objects, so that JAX keeps nothing of them once the LRU drops them
+  (module docstring). Every call counts in ``compile_cache.stats()``. Errors of tracing, lowering or
+  compiling propagate (nothing is cached then).
   """
   # An executable takes its inputs in one layout: where they lie is part of the key.
   shapes = jax.tree_util.tree_map(lambda x: (x.shape, str(x.dtype), str(getattr(x, "sharding", ""))),
@@ -174,8 +271,45 @@ def compiled(spec: state_lib.DecodeSpec, args_prefill: tuple,
   key = (spec, str(shapes))
   cached = _PROGRAMS.get(key)
   if cached is not None:
-    return cached, 0.0
+    compile_cache.count(memory_hit=True)
+    return Built(cached, 0.0, "memory")
+  rows = int(args_prefill[-1].inert.shape[0])
+  description = describe(spec, rows)
+  one_device = spec.target_sharding is None  # a mesh's programs are left to JAX's own cache
+  _report("start", description)
   start = time.perf_counter()
+  programs = compile_cache.load_programs(key) if one_device else None
+  if programs is not None:
+    loaded = len(programs)
+  else:
+    programs, loaded = _build(spec, args_prefill, args_decode_tail)
+    if one_device:
+      compile_cache.store_programs(key, programs)
+  seconds = time.perf_counter() - start
+  source = ("disk" if loaded == len(programs) else "partly disk" if loaded else "compiled")
+  compile_cache.count(loaded=loaded, compiled=len(programs) - loaded)
+  _PROGRAMS.put(key, programs, family_key(spec, rows), spec.prompt_len)
+  _report("done", description, seconds, source)
+  return Built(programs, seconds, source)
+
+
+def _build(spec: state_lib.DecodeSpec, args_prefill: tuple, args_decode_tail: tuple):
+  """:func:`compiled`'s lowering and compiling: ``((prefill, decode), programs loaded from disk)``."""
+  prefill, decode = lowered(spec, args_prefill, args_decode_tail)
+  with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+    built = list(pool.map(compile_cache.compile_counting, (prefill, decode)))
+  del prefill, decode  # the lowered stages hold the fresh functions
+  return tuple(b[0] for b in built), sum(b[1] for b in built)
+
+
+def lowered(spec: state_lib.DecodeSpec, args_prefill: tuple, args_decode_tail: tuple,
+            compiler_options: dict[str, str] | None = None) -> tuple[Any, Any]:
+  """The prefill and decode programs of ``spec`` traced and lowered (``jax.stages.Lowered``), as
+  :func:`compiled` compiles them (``experiments.benchmarks.bench_compile`` times the two stages).
+
+  Args:
+    compiler_options: XLA options over the spec's own (``DecodeSpec.xla_options``).
+  """
   mesh = None if spec.target_sharding is None else spec.target_sharding.mesh
   # Traced under the decode's own mesh (Auto axes), whatever mesh the caller set with jax.set_mesh.
   with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
@@ -186,12 +320,9 @@ def compiled(spec: state_lib.DecodeSpec, args_prefill: tuple,
       placed = {"out_shardings": shardings}
       state_shape = jax.tree_util.tree_map(
           lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state_shape, shardings)
-    placed["compiler_options"] = spec.xla_options  # the profile's (None: XLA's defaults)
+    # The profile's options (None: XLA's defaults), and the caller's over them.
+    placed["compiler_options"] = {**(spec.xla_options or {}), **(compiler_options or {})} or None
     prefill = jax.jit(_fresh(loop.prefill), static_argnums=0, **placed).lower(spec, *args_prefill)
     decode = jax.jit(_fresh(loop.decode), static_argnums=0, donate_argnums=1, **placed).lower(
         spec, state_shape, *args_decode_tail)
-  with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-    programs = tuple(pool.map(lambda lowered: lowered.compile(), (prefill, decode)))
-  del prefill, decode  # the lowered stages hold the fresh functions
-  _PROGRAMS.put(key, programs)
-  return programs, time.perf_counter() - start
+  return prefill, decode

@@ -54,8 +54,8 @@ def run(plan: Plan, *, time_prompts: bool = True,
   """
   time_prompts = check_run_arguments(time_prompts, on_finish)
   observe = plan.place(np.bool_(time_prompts))
-  (prefill, decode), compile_seconds = compiled(plan.spec, plan.args_prefill,
-                                                (*plan.args_tail, observe))
+  (prefill, decode), compile_seconds, source = compiled(plan.spec, plan.args_prefill,
+                                                        (*plan.args_tail, observe))
   calibration_seconds = 0.0
   if plan.calibrate:  # the step costs, timed in these programs (calibration.py)
     plan, calibration_seconds = calibration.calibrate(plan, run)
@@ -85,7 +85,7 @@ def run(plan: Plan, *, time_prompts: bool = True,
                          "this is a bug in bass_jax, please report it with the call's arguments")
   wall = time.perf_counter() - start
   output = _output(plan, state, clock, wall=wall, compile_seconds=compile_seconds,
-                   calibration_seconds=calibration_seconds)
+                   calibration_seconds=calibration_seconds, source=source)
   if on_finish is not None:  # whatever no return reported (time_prompts=False)
     for i in np.flatnonzero(~reported):
       on_finish(output.prompt(int(i)))
@@ -105,7 +105,8 @@ def check_run_arguments(time_prompts: bool, on_finish: Callable | None) -> bool:
 
 
 def _output(plan: Plan, state: DecodeState, clock: "_PromptClock", *, wall: float,
-            compile_seconds: float, calibration_seconds: float = 0.0) -> GenerateOutput:
+            compile_seconds: float, calibration_seconds: float = 0.0,
+            source: str = "") -> GenerateOutput:
   """The outputs every prompt retired into the queue, and the stats from the step log."""
   spec, host, n, slots = plan.spec, plan.host, plan.num_prompts, plan.slots
   max_new, queue, log = plan.max_new_tokens, state.queue, state.log
@@ -121,7 +122,7 @@ def _output(plan: Plan, state: DecodeState, clock: "_PromptClock", *, wall: floa
   stats = GenerateStats(
       steps=steps, draft_lens=host(log.draft_len)[:steps], accepted=accepted,
       finish_seconds=clock.finish, wall_seconds=wall, compile_seconds=compile_seconds,
-      compiled=compile_seconds > 0, prompt_bucket=spec.prompt_len, batch_bucket=plan.rows,
+      compiled=source != "memory", prompt_bucket=spec.prompt_len, batch_bucket=plan.rows,
       verify_chunk=spec.verify_chunk, attention_impl=spec.attention_impl, profile=plan.profile,
       admit_rows=spec.admit_rows, admit_chunk=spec.admit_chunk,
       admitted_positions=int(host(queue.prefilled)), verified=host(log.verified)[:steps],
@@ -132,7 +133,8 @@ def _output(plan: Plan, state: DecodeState, clock: "_PromptClock", *, wall: floa
       admit_seconds=clock.admit, first_token_seconds=clock.first_token, batch_size=slots,
       continuous=n > slots, prompt_rows=prompt_rows, prompt_start_steps=prompt_start_steps,
       prompt_steps=per_prompt[0], prompt_drafted=per_prompt[1], prompt_accepted=per_prompt[2],
-      calibration_seconds=calibration_seconds)
+      calibration_seconds=calibration_seconds, program_source=source,
+      prepare_seconds=plan.prepare_seconds)
   return GenerateOutput(tokens=tokens, lengths=out_len, logprobs=logprobs,
                         finished=host(queue.eos)[:n], stats=stats)
 

@@ -1,0 +1,385 @@
+"""Where compiled decode programs and measured step costs outlive the process, and how often programs
+were compiled, loaded from disk or reused: the persistent side of ``programs.compiled``.
+
+**The persistent compilation cache is on by default.** The first decode of a process (``prepare``)
+points JAX's persistent compilation cache (``jax_compilation_cache_dir``) at the user's cache
+directory, ``$XDG_CACHE_HOME/bass_jax/xla`` or ``~/.cache/bass_jax/xla``, so that a new process loads
+the programs an earlier one compiled instead of compiling them (vLLM keeps its compiled artifacts in a
+user cache directory the same way). JAX keys every entry by the program's HLO, the compile options,
+the JAX and jaxlib versions and the devices, so a change of code, JAX version or device compiles
+afresh and never reuses a stale program. The environment variable ``BASS_JAX_COMPILATION_CACHE_DIR``
+moves it (a path) or turns it off (``off``, ``0``, ``false`` or ``none``); ``generate(...,
+compilation_cache=...)`` and the scripts' ``--compilation_cache_dir`` do the same per call or run
+(:func:`configure`). A directory that cannot be written is one warning line and a run without the
+cache, never a failure. A cache directory a user set through JAX itself (``JAX_COMPILATION_CACHE_DIR``
+or ``jax.config``) is left as it is.
+
+JAX's cache is process-wide: once on, every jitted function of the process may store its programs
+there (those that compile for at least :data:`MIN_COMPILE_SECONDS`).
+
+**Measured step costs** (the cost-aware draft length's, ``costs.measure_step_costs`` and
+``calibration.calibrate``) are kept beside it, in ``step_costs.json``, keyed by the setting, the
+device kind, the JAX version and bass_jax's version (:func:`load_costs`, :func:`store_costs`), so that a
+second process starts decoding without timing them again.
+
+**Statistics** (:func:`stats`): settings looked up, found in memory and built, and of the XLA programs
+built those JAX loaded from the persistent cache (its ``/jax/compilation_cache/cache_hits`` event) and
+those XLA compiled: what tests and scripts count compiles with, instead of timing them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import pathlib
+import pickle
+import tempfile
+import threading
+import warnings
+from typing import Any
+
+import jax
+
+ENV_VAR = "BASS_JAX_COMPILATION_CACHE_DIR"
+OFF = ("off", "0", "false", "none", "")
+MIN_COMPILE_SECONDS = 0.2  # programs compiling faster than this are not stored
+MAX_CACHE_BYTES = 8 << 30  # JAX evicts the least recently used entries beyond this
+COSTS_FILE = "step_costs.json"
+
+_LOCK = threading.Lock()
+
+
+@dataclasses.dataclass
+class CompileStats:
+  """Counts since the process started (or :func:`reset_stats`).
+
+  Attributes:
+    lookups: decode settings asked for (``programs.compiled`` calls).
+    memory_hits: settings whose programs were in the in-memory LRU (nothing compiled or loaded).
+    built: settings whose programs were built (each a prefill and a decode program), loaded from the
+      persistent cache or compiled.
+    programs_loaded: XLA programs of those JAX loaded from the persistent cache.
+    programs_compiled: XLA programs of those XLA compiled.
+  """
+
+  lookups: int = 0
+  memory_hits: int = 0
+  built: int = 0
+  programs_loaded: int = 0
+  programs_compiled: int = 0
+
+
+_STATS = CompileStats()
+_THREAD = threading.local()  # JAX's cache events of the compile running in this thread
+
+
+def _on_event(event: str, **kwargs) -> None:
+  del kwargs
+  if event == "/jax/compilation_cache/cache_hits":
+    _THREAD.hits = getattr(_THREAD, "hits", 0) + 1
+
+
+jax.monitoring.register_event_listener(_on_event)
+
+
+def stats() -> CompileStats:
+  """A copy of the process's :class:`CompileStats`."""
+  with _LOCK:
+    return dataclasses.replace(_STATS)
+
+
+def reset_stats() -> None:
+  """Sets every count of :func:`stats` to 0."""
+  global _STATS
+  with _LOCK:
+    _STATS = CompileStats()
+
+
+def compile_counting(lowered) -> tuple[Any, bool]:
+  """``(lowered.compile(), loaded)``: the program, and whether JAX loaded it from its persistent cache
+  (a ``/jax/compilation_cache/cache_hits`` event in this thread while it compiled)."""
+  _THREAD.hits = 0
+  program = lowered.compile()
+  return program, _THREAD.hits > 0
+
+
+def count(*, memory_hit: bool = False, loaded: int = 0, compiled: int = 0) -> None:
+  """Adds one lookup to :func:`stats`: found in memory, or built from ``loaded`` programs out of the
+  persistent cache and ``compiled`` compiled ones."""
+  with _LOCK:
+    _STATS.lookups += 1
+    if memory_hit:
+      _STATS.memory_hits += 1
+    else:
+      _STATS.built += 1
+      _STATS.programs_loaded += loaded
+      _STATS.programs_compiled += compiled
+
+
+# The directory bass_jax configured (None: off, or not configured yet) and whether it was configured.
+_STATE = {"configured": False, "dir": None, "ours": False}
+
+
+def default_dir() -> pathlib.Path:
+  """``$XDG_CACHE_HOME/bass_jax/xla``, or ``~/.cache/bass_jax/xla``."""
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return pathlib.Path(base) / "bass_jax" / "xla"
+
+
+def _requested(setting: Any) -> pathlib.Path | None:
+  """The directory a setting asks for (None: off): a path; True or None for the environment
+  variable's choice or the default; False or one of :data:`OFF` for off.
+
+  Raises:
+    ValueError: a setting that is none of these.
+  """
+  if setting is None or setting is True:
+    env = os.environ.get(ENV_VAR)
+    if env is None:
+      return default_dir()
+    setting = env
+  if setting is False:
+    return None
+  if isinstance(setting, (str, os.PathLike)):
+    text = os.fspath(setting)
+    if text.strip().lower() in OFF:
+      return None
+    return pathlib.Path(text).expanduser()
+  raise ValueError(f"compilation_cache must be a directory, True (the default directory), False "
+                   f"(off) or None, got {type(setting).__name__}")
+
+
+def _writable(path: pathlib.Path) -> str | None:
+  """None if ``path`` can hold the cache (created if missing), else why not."""
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-"):
+      pass
+  except OSError as e:
+    return e.strerror or type(e).__name__
+  return None
+
+
+def configure(setting: Any = None) -> pathlib.Path | None:
+  """Turns the persistent compilation cache on (in the directory ``setting`` asks for) or off, for
+  every compilation of the process from now on.
+
+  Args:
+    setting: a directory; True or None: ``$BASS_JAX_COMPILATION_CACHE_DIR`` if set, else
+      :func:`default_dir`; False, ``"off"``, ``"0"``, ``"false"``, ``"none"``: off.
+
+  Returns:
+    The directory in use, or None when off (asked, or not writable).
+
+  Raises:
+    ValueError: a setting of the wrong type.
+
+  A directory that cannot be created or written gives one warning line naming it and the reason, and
+  the process runs without the cache. A directory set through JAX itself (``jax_compilation_cache_dir``
+  by someone other than bass_jax) is kept when ``setting`` is None.
+  """
+  if _STATE["configured"] and _STATE.get("setting", object()) == setting and setting is not None:
+    return _STATE["dir"]  # asked again for what is in force
+  path = _requested(setting)
+  with _LOCK:
+    current = jax.config.jax_compilation_cache_dir
+    if setting is None and current and not _STATE["ours"]:  # the user's own JAX setting
+      _STATE.update(configured=True, dir=pathlib.Path(current), ours=False)
+      return _STATE["dir"]
+    if path is not None:
+      why = _writable(path)
+      if why is not None:
+        warnings.warn(f"bass_jax: compilation cache {path} is not writable ({why}); compiling "
+                      f"without it (set {ENV_VAR} to another directory, or to 'off')", stacklevel=3)
+        path = None
+    wanted = None if path is None else str(path)
+    if wanted != (current or None):
+      from jax.experimental.compilation_cache import compilation_cache as jax_cache  # pylint: disable=g-import-not-at-top
+
+      jax.config.update("jax_compilation_cache_dir", wanted)
+      jax_cache.reset_cache()  # JAX opens its cache once; a new directory needs a new one
+      if wanted is not None:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+        jax.config.update("jax_compilation_cache_max_size", MAX_CACHE_BYTES)
+    _STATE.update(configured=True, dir=path, ours=True, setting=setting)
+    return path
+
+
+def ensure_configured() -> pathlib.Path | None:
+  """The cache directory in use, configuring the default (:func:`configure`) on the first call."""
+  if not _STATE["configured"]:
+    return configure(None)
+  return _STATE["dir"]
+
+
+def directory() -> pathlib.Path | None:
+  """The persistent cache's directory now (None: off or not configured yet)."""
+  return _STATE["dir"]
+
+
+# --- Measured step costs, beside the cache -----------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+  """A digest of the source files of bass_jax and its kernels (their contents): any change of the code
+  is a new version."""
+  package = pathlib.Path(__file__).resolve().parents[1]
+  digest = hashlib.sha256()
+  for root in (package, package.parent / "pallas_kernels"):
+    for file in sorted(root.rglob("*.py")):
+      digest.update(str(file.relative_to(root.parent)).encode())
+      digest.update(file.read_bytes())
+  return digest.hexdigest()[:16]
+
+
+def _environment() -> tuple:
+  """What besides the code and the setting decides a compiled program: the devices, JAX's version and
+  the options that change what JAX traces or XLA compiles."""
+  device = jax.devices()[0]
+  return (device.platform, device.device_kind, jax.device_count(), jax.process_count(),
+          jax.__version__, code_version(), os.environ.get("XLA_FLAGS", ""),
+          jax.config.jax_enable_x64, str(jax.config.jax_default_matmul_precision),
+          jax.config.jax_threefry_partitionable)
+
+
+def costs_key(setting: Any) -> str | None:
+  """A digest of a setting (a measured one, or a program's) with the devices, JAX's version and options
+  and bass_jax's code (:func:`code_version`); None where the setting has no stable text (an object
+  shown by its address), which is then kept in memory only."""
+  text = repr((setting, _environment()))
+  if " at 0x" in text:
+    return None
+  return hashlib.sha256(text.encode()).hexdigest()
+
+
+def load_costs(kind: str, setting: Any) -> dict[str, Any] | None:
+  """The fields stored for ``setting`` under ``kind`` (``"step_costs"`` or ``"calibration"``), or None
+  (not stored, the cache off, an unreadable file)."""
+  key = costs_key(setting)
+  path = _STATE["dir"]
+  if key is None or path is None:
+    return None
+  try:
+    entries = json.loads((path / COSTS_FILE).read_text())
+  except (OSError, ValueError):
+    return None
+  entry = entries.get(f"{kind}:{key}") if isinstance(entries, dict) else None
+  return entry if isinstance(entry, dict) else None
+
+
+def store_costs(kind: str, setting: Any, fields: dict[str, Any]) -> None:
+  """Stores ``fields`` (JSON values) for ``setting`` under ``kind``; silent where it cannot (the cache
+  off, an unwritable directory): the costs are then measured again by the next process."""
+  key = costs_key(setting)
+  path = _STATE["dir"]
+  if key is None or path is None:
+    return
+  with _LOCK:
+    try:
+      file = path / COSTS_FILE
+      try:
+        entries = json.loads(file.read_text())
+        entries = entries if isinstance(entries, dict) else {}
+      except (OSError, ValueError):
+        entries = {}
+      entries[f"{kind}:{key}"] = fields
+      with tempfile.NamedTemporaryFile("w", dir=path, prefix=".costs-", delete=False) as out:
+        json.dump(entries, out, indent=0, sort_keys=True)
+      os.replace(out.name, file)
+    except OSError:
+      pass
+
+
+# --- Compiled decode programs, by setting -------------------------------------------------------------
+
+PROGRAMS_DIR = "programs"
+MAX_PROGRAM_BYTES = 4 << 30  # the oldest stored programs are deleted beyond this
+
+
+def load_programs(setting: Any) -> tuple[Any, ...] | None:
+  """The compiled programs stored for ``setting`` (:func:`store_programs`), loaded onto this process's
+  devices without tracing or lowering anything; None when not stored, the cache is off, the setting
+  has no stable key, or the file does not load (it is then deleted)."""
+  key = costs_key(setting)
+  path = _STATE["dir"]
+  if key is None or path is None:
+    return None
+  file = path / PROGRAMS_DIR / f"{key}.pkl"
+  if not file.exists():
+    return None
+  from jax.experimental import serialize_executable  # pylint: disable=g-import-not-at-top
+
+  try:
+    stored = pickle.loads(file.read_bytes())
+    # Loading links each executable's code (XLA:CPU), without the GIL: the programs load in parallel.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(stored)) as pool:
+      programs = tuple(pool.map(lambda entry: serialize_executable.deserialize_and_load(*entry),
+                                stored))
+    os.utime(file)  # recently used: kept longest
+    return programs
+  except Exception:  # pylint: disable=broad-except  (any unreadable entry: compile instead)
+    with contextlib.suppress(OSError):
+      file.unlink()
+    return None
+
+
+def store_programs(setting: Any, programs: tuple[Any, ...]) -> threading.Thread | None:
+  """Stores compiled programs for ``setting`` beside the persistent cache, in a background thread (the
+  decode need not wait for the write; the process waits for it before exiting; :func:`wait_for_writes`). Silent where it
+  cannot: an unstable key, the cache off, a program that does not serialize, a full disk.
+
+  Returns:
+    The writing thread (tests join it), or None when nothing is written.
+  """
+  key = costs_key(setting)
+  path = _STATE["dir"]
+  if key is None or path is None:
+    return None
+
+  def write() -> None:
+    from jax.experimental import serialize_executable  # pylint: disable=g-import-not-at-top
+
+    try:
+      blob = pickle.dumps(tuple(serialize_executable.serialize(p) for p in programs))
+      folder = path / PROGRAMS_DIR
+      folder.mkdir(parents=True, exist_ok=True)
+      with tempfile.NamedTemporaryFile(dir=folder, prefix=".program-", delete=False) as out:
+        out.write(blob)
+      os.replace(out.name, folder / f"{key}.pkl")
+      _evict(folder)
+    except Exception:  # pylint: disable=broad-except  (a cache write never fails a decode)
+      pass
+
+  thread = threading.Thread(target=write, name="bass_jax-store-programs")
+  thread.start()
+  with _LOCK:
+    _WRITERS[:] = [t for t in _WRITERS if t.is_alive()] + [thread]
+  return thread
+
+
+_WRITERS: list[threading.Thread] = []
+
+
+def wait_for_writes() -> None:
+  """Returns once every program write started so far has finished."""
+  with _LOCK:
+    writers = list(_WRITERS)
+  for thread in writers:
+    thread.join()
+
+
+def _evict(folder: pathlib.Path) -> None:
+  """Deletes the least recently used stored programs beyond :data:`MAX_PROGRAM_BYTES`."""
+  files = sorted(folder.glob("*.pkl"), key=lambda f: f.stat().st_mtime, reverse=True)
+  total = 0
+  for file in files:
+    total += file.stat().st_size
+    if total > MAX_PROGRAM_BYTES:
+      with contextlib.suppress(OSError):
+        file.unlink()

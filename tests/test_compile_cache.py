@@ -1,0 +1,200 @@
+"""Compile once, start at once (issue 52): programs that do not depend on the prompts' lengths, the
+persistent cache of programs and step costs, its configuration and its statistics.
+
+Compiles are counted through ``compile_cache.stats()``, never timed.
+"""
+
+import io
+import warnings
+
+import numpy as np
+import pytest
+
+import bass_jax as bj
+from bass_jax.sampling import compile_cache, costs, programs
+from bass_jax.sampling.draft_len import StepCosts
+
+from conftest import tiny_model
+
+
+@pytest.fixture(scope="module")
+def pair():
+  return tiny_model(0), tiny_model(1)
+
+
+@pytest.fixture
+def cache_dir(tmp_path):
+  """A fresh persistent cache for one test; the suite's own is restored after it."""
+  before = compile_cache.directory()
+  path = compile_cache.configure(tmp_path / "xla")
+  assert path == tmp_path / "xla"
+  yield path
+  compile_cache.wait_for_writes()
+  compile_cache.configure(before if before is not None else "off")
+
+
+def _prompts(rng, *lengths):
+  return [rng.integers(0, 61, n).tolist() for n in lengths]
+
+
+def _built(before):
+  now = compile_cache.stats()
+  return now.built - before.built, now.memory_hits - before.memory_hits
+
+
+def test_one_program_for_every_prompt_length_up_to_the_capacity(pair):
+  """max_prompt_len: prompts of 3 to 64 tokens and another max_new_tokens in its bucket run one
+  program, and each row's tokens equal its own decode at its own bucket (the capacity changes no
+  token)."""
+  target, draft = pair
+  rng = np.random.default_rng(11)
+  calls = [(_prompts(rng, 40, 7), 16), (_prompts(rng, 3, 64), 16), (_prompts(rng, 12, 30), 20)]
+  programs.clear_compile_cache()
+  before = compile_cache.stats()
+  outs = [bj.generate(target, draft, p, max_new_tokens=n, draft_len=2, max_prompt_len=64)
+          for p, n in calls]
+  assert _built(before) == (1, 2)
+  assert {o.stats.prompt_bucket for o in outs} == {64}
+  for (prompts, n), out in zip(calls, outs):
+    for i, prompt in enumerate(prompts):  # alone, at its own (smaller) bucket
+      alone = bj.generate(target, None, [prompt], method="regular", max_new_tokens=n)
+      np.testing.assert_array_equal(out.tokens[i], alone.tokens[0])
+
+
+def test_a_shorter_call_reuses_the_larger_programs(pair):
+  """Without max_prompt_len a call runs the programs already built for its setting at a larger
+  capacity instead of compiling its own bucket's; a longer one builds a larger capacity."""
+  target, draft = pair
+  rng = np.random.default_rng(12)
+  programs.clear_compile_cache()
+  long, short, longer = _prompts(rng, 100, 9), _prompts(rng, 5, 20), _prompts(rng, 200, 3)
+  before = compile_cache.stats()
+  first = bj.generate(target, draft, long, max_new_tokens=8, draft_len=2)
+  second = bj.generate(target, draft, short, max_new_tokens=8, draft_len=2)
+  assert _built(before) == (1, 1)
+  assert first.stats.prompt_bucket == second.stats.prompt_bucket == 128
+  third = bj.generate(target, draft, longer, max_new_tokens=8, draft_len=2)
+  assert third.stats.prompt_bucket == 256 and _built(before) == (2, 1)
+  programs.clear_compile_cache()
+  fresh = bj.generate(target, draft, short, max_new_tokens=8, draft_len=2)
+  assert fresh.stats.prompt_bucket == 32
+  np.testing.assert_array_equal(second.tokens, fresh.tokens)
+
+
+def test_max_prompt_len_refuses_a_longer_prompt(pair):
+  target, draft = pair
+  with pytest.raises(ValueError, match=r"^a prompt has 20 tokens, more than max_prompt_len=16; "):
+    bj.generate(target, draft, [[1] * 20], max_new_tokens=4, max_prompt_len=16)
+  with pytest.raises(ValueError, match="max_prompt_len"):
+    bj.generate(target, draft, [[1] * 4], max_new_tokens=4, max_prompt_len=0)
+
+
+def test_programs_load_from_disk_in_a_new_process_as_they_ran(pair, cache_dir):
+  """Built programs are stored; once memory forgets them (a new process) they load from disk, run
+  the same tokens, and a change of the code's version is a miss."""
+  target, draft = pair
+  rng = np.random.default_rng(13)
+  prompts = _prompts(rng, 6, 11, 2)
+  programs.clear_compile_cache()
+  built = bj.generate(target, draft, prompts, max_new_tokens=12, draft_len=3, temperature=0.7,
+                      seed=5)
+  assert built.stats.program_source == "compiled"
+  compile_cache.wait_for_writes()
+  assert list((cache_dir / compile_cache.PROGRAMS_DIR).glob("*.pkl"))
+  programs.clear_compile_cache()
+  before = compile_cache.stats()
+  loaded = bj.generate(target, draft, prompts, max_new_tokens=12, draft_len=3, temperature=0.7,
+                       seed=5)
+  assert loaded.stats.program_source == "disk"
+  now = compile_cache.stats()
+  assert (now.programs_loaded - before.programs_loaded, now.programs_compiled
+          - before.programs_compiled) == (2, 0)
+  np.testing.assert_array_equal(loaded.tokens, built.tokens)
+  np.testing.assert_allclose(loaded.logprobs, built.logprobs, rtol=1e-6)
+
+  # Another code version misses the stored programs (JAX's own cache, keyed by the HLO, may still
+  # serve the identical HLO) and stores its own.
+  programs.clear_compile_cache()
+  version = compile_cache.code_version
+  try:
+    compile_cache.code_version = lambda: "another version"
+    bj.generate(target, draft, prompts, max_new_tokens=12, draft_len=3, temperature=0.7, seed=5)
+    compile_cache.wait_for_writes()
+  finally:
+    compile_cache.code_version = version
+  assert len(list((cache_dir / compile_cache.PROGRAMS_DIR).glob("*.pkl"))) == 2
+
+
+def test_a_corrupt_stored_program_is_compiled_again(pair, cache_dir):
+  target, draft = pair
+  prompts = [[3, 4, 5]]
+  programs.clear_compile_cache()
+  bj.generate(target, draft, prompts, max_new_tokens=4, draft_len=2)
+  compile_cache.wait_for_writes()
+  (stored,) = (cache_dir / compile_cache.PROGRAMS_DIR).glob("*.pkl")
+  stored.write_bytes(b"not a program")
+  programs.clear_compile_cache()
+  out = bj.generate(target, draft, prompts, max_new_tokens=4, draft_len=2)
+  assert out.stats.program_source in ("compiled", "partly disk", "disk")  # JAX's own cache may serve
+  assert out.stats.program_source != "disk" or stored.read_bytes() != b"not a program"
+
+
+def test_step_costs_are_kept_beside_the_cache(pair, cache_dir, monkeypatch):
+  """The cost-aware policy's measured step costs are stored once per setting and device; a new
+  process (memory cleared) reads them instead of timing the forwards again."""
+  target, draft = pair
+  prompts = [[1, 2, 3, 4], [5, 6]]
+  costs.clear()
+  first = bj.generate(target, draft, prompts, max_new_tokens=6, draft_len="goodput",
+                      profile="cpu").stats.step_costs
+  assert isinstance(first, StepCosts)
+  costs.clear()
+
+  def never(*args, **kwargs):
+    raise AssertionError("measured again")
+
+  monkeypatch.setattr(costs, "_measure", never)
+  again = bj.generate(target, draft, prompts, max_new_tokens=6, draft_len="goodput",
+                      profile="cpu").stats.step_costs
+  assert again == first
+  assert StepCosts.from_json(first.to_json()) == first
+  assert StepCosts.stored({"plain": 1.0}) is None  # an entry that does not fit: measured again
+
+
+def test_configuration(tmp_path, monkeypatch):
+  """The environment variable moves or turns off the cache; an unwritable directory is one warning
+  and no cache; a bad setting is a one-line error."""
+  before = compile_cache.directory()
+  try:
+    monkeypatch.setenv(compile_cache.ENV_VAR, str(tmp_path / "moved"))
+    assert compile_cache.configure(None) == tmp_path / "moved"
+    for off in ("off", "0", "false", "None"):
+      monkeypatch.setenv(compile_cache.ENV_VAR, off)
+      assert compile_cache.configure(None) is None
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      assert compile_cache.configure(blocked / "xla") is None
+    (warning,) = caught
+    assert "is not writable" in str(warning.message) and "\n" not in str(warning.message)
+    with pytest.raises(ValueError, match="^compilation_cache must be a directory"):
+      compile_cache.configure(3)
+    monkeypatch.delenv(compile_cache.ENV_VAR)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert compile_cache.default_dir() == tmp_path / "xdg" / "bass_jax" / "xla"
+  finally:
+    compile_cache.configure(before if before is not None else "off")
+
+
+def test_printing_says_when_a_program_compiles_and_how_long(pair):
+  target, draft = pair
+  programs.clear_compile_cache()
+  stream = io.StringIO()
+  with programs.printing(stream):
+    bj.generate(target, draft, [[1, 2, 3]], max_new_tokens=4, draft_len=1)
+    bj.generate(target, draft, [[4, 5]], max_new_tokens=4, draft_len=1)  # from memory: silent
+  (line,) = stream.getvalue().splitlines()
+  assert line.startswith("bass_jax: compiling the BASS decode, 1 rows, prompts <= 16 tokens ...")
+  assert line.endswith(" s") and (" compiled in " in line or " loaded from the compilation cache in "
+                                   in line)
