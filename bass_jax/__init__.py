@@ -21,8 +21,9 @@ from bass_jax.models.opt import OPTConfig
 from bass_jax.sampling.config import DecodeConfig
 from bass_jax.sampling.draft_len import DynamicDraftLen, FixedDraftLen, GoodputDraftLen, StepCosts
 from bass_jax.sampling.generate import (PAD_TOKEN, FinishedPrompt, GenerateOutput, GenerateStats,
-                                        clear_compile_cache, enable_persistent_compilation_cache,
-                                        generate, load_draft_spec, lower, set_compile_cache_size)
+                                        clear_compile_cache, compile_cache_stats,
+                                        enable_persistent_compilation_cache, generate,
+                                        load_draft_spec, lower, set_compile_cache_size)
 from bass_jax.sampling.plan import Plan, prepare
 from bass_jax.sampling.profiles import BackendProfile
 from bass_jax.sampling.proposers import Hybrid, NGramProposer, Replay, SiblingProposer
@@ -36,6 +37,7 @@ __all__ = [
     "NGramProposer", "OPTConfig", "PAD_TOKEN", "Plan", "Replay", "SiblingProposer", "StepCosts",
     "TreeShape",
     "abstract_params", "attention_implementations", "check_same_tokenizer", "clear_compile_cache",
+    "compile_cache_stats",
     "default_dtype",
     "enable_persistent_compilation_cache", "generate", "generate_text", "init_params", "load_draft",
     "load_draft_spec", "load_model", "lower", "prepare", "reference_attention", "run", "save_model",

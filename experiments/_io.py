@@ -443,13 +443,17 @@ def is_primary() -> bool:
 
 def quiet_third_party_logs() -> None:
   """Silences log lines that say nothing about the run: JAX probing for TPU/GPU plugins on a CPU,
-  orbax's per-checkpoint INFO lines, and transformers' and absl's INFO chatter."""
+  orbax's per-checkpoint INFO lines, JAX's compilation-cache lines, transformers' and absl's INFO
+  chatter, and bass_jax's compile lines (which the progress bars show)."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
   os.environ.setdefault("HF_HUB_OFFLINE", "1")
   os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.ERROR)  # "Unable to initialize backend"
-  for name in ("orbax", "orbax.checkpoint", "etils", "transformers"):
+  # JAX's persistent-cache INFO lines, and bass_jax's own compile lines (the scripts show those in
+  # their progress bars instead).
+  for name in ("orbax", "orbax.checkpoint", "etils", "transformers", "jax._src.compilation_cache",
+               "bass_jax"):
     logging.getLogger(name).setLevel(logging.WARNING)
   absl_logger = logging.getLogger("absl")  # orbax logs its INFO lines through absl's logger
   if not any(isinstance(f, _QuietLibraries) for f in absl_logger.filters):

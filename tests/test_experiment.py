@@ -378,6 +378,10 @@ def test_greedy_runs_decode_distinct_prompts_and_report_how_ragged(tiny_pair):
   s = result.summary
   assert s["distinct_prompts"] and s["num_batches"] == 2
   assert s["length_spread"] > 0  # the long prompt makes the second batch ragged
+  # One program for both batches (issue 52): the run's longest prompt is the capacity, so the short
+  # batch reuses what the first built (0 when an earlier test of this module built it).
+  assert s["prompt_capacity"] == max(r["prompt_tokens"] for r in result.records)
+  assert s["settings_built"] <= 1 and s["programs_compiled"] + s["programs_loaded"] <= 2
   sampled = experiment.run_problems(target, draft, problems[:1], batch_size=2, max_new_tokens=12,
                                     draft_len=3, temperature=1.0, progress=False)
   assert not sampled.summary["distinct_prompts"]
@@ -387,6 +391,7 @@ def test_greedy_runs_decode_distinct_prompts_and_report_how_ragged(tiny_pair):
   warm = experiment.run_problems(target, draft, problems, batch_size=2, max_new_tokens=12,
                                  draft_len=3, progress=False, warmup=True)
   assert [r["completion"] for r in warm.records] == [r["completion"] for r in result.records]
+  assert warm.summary["settings_built"] == 0  # the first run's program, warm-up included
   accept = warm.summary["acceptance"]
   assert accept == s["acceptance"] and sum(accept["position_accepted"]) == accept["accepted"]
   assert len(warm.summary["position_acceptance"]) == 3

@@ -330,8 +330,10 @@ def load_programs(setting: Any) -> tuple[Any, ...] | None:
 
 
 def store_programs(setting: Any, programs: tuple[Any, ...]) -> threading.Thread | None:
-  """Stores compiled programs for ``setting`` beside the persistent cache, in a background thread (the
-  decode need not wait for the write; the process waits for it before exiting; :func:`wait_for_writes`). Silent where it
+  """Stores compiled programs for ``setting`` beside the persistent cache: serialized here, written in
+  a background thread (the decode need not wait for the disk; the process waits for it before
+  exiting; :func:`wait_for_writes`). Give it only executables XLA compiled in this process: one JAX
+  loaded from its persistent cache serializes without all its code on XLA:CPU (JAX 0.10). Silent where it
   cannot: an unstable key, the cache off, a program that does not serialize, a full disk.
 
   Returns:
@@ -341,12 +343,15 @@ def store_programs(setting: Any, programs: tuple[Any, ...]) -> threading.Thread 
   path = _STATE["dir"]
   if key is None or path is None:
     return None
+  from jax.experimental import serialize_executable  # pylint: disable=g-import-not-at-top
+
+  try:  # here, before the programs first run; only the write waits for nobody
+    blob = pickle.dumps(tuple(serialize_executable.serialize(p) for p in programs))
+  except Exception:  # pylint: disable=broad-except  (a program that does not serialize: not stored)
+    return None
 
   def write() -> None:
-    from jax.experimental import serialize_executable  # pylint: disable=g-import-not-at-top
-
     try:
-      blob = pickle.dumps(tuple(serialize_executable.serialize(p) for p in programs))
       folder = path / PROGRAMS_DIR
       folder.mkdir(parents=True, exist_ok=True)
       with tempfile.NamedTemporaryFile(dir=folder, prefix=".program-", delete=False) as out:

@@ -77,8 +77,7 @@ class DecodeConfig:
     max_cache_len: if given, the most cache slots per row the decode may allocate.
     max_prompt_len: the prompt capacity the programs are built for (rounded up to a power of two,
       at least 16): every call of this setting with prompts up to this long runs the same programs,
-      whatever its prompts' lengths (the prefill's work follows the true lengths; the cache has the
-      capacity's slots). None: the longest prompt's bucket, or the capacity of programs this process
+      whatever its prompts' lengths (the prefill and the cache have the capacity's positions). None: the longest prompt's bucket, or the capacity of programs this process
       already built for the setting if larger (a later call with shorter prompts compiles nothing).
       Scripts pass the longest prompt of the whole run, so that a run compiles once per batch size.
 

@@ -63,9 +63,7 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any,
             inputs: DecodeInputs) -> DecodeState:
   """Fills the target's cache (and the proposer's state) with every prompt token but the last, which
   the first step consumes, for the rows' first prompts (row r serves prompt r; the batch's inert
-  padding rows a one-token prompt, done from the start), in chunks of ``spec.admit_chunk`` positions
-  up to the longest prompt (a chunked prefill, as an admission's: the work follows the prompts' true
-  lengths, not the capacity P).
+  padding rows a one-token prompt, done from the start), in one forward over the prompt capacity P.
 
   Args:
     draft_params: the proposer's weights (None for a model-free proposer or regular decoding).
@@ -80,14 +78,15 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any,
   prompt_len = jnp.where(inert, 1, inputs.prompt_len[:batch]).astype(jnp.int32)
   n = spec.max_new_bucket
 
-  # Chunked: the work follows the longest real prompt, not the capacity P the programs are built for
-  # (DecodeConfig.max_prompt_len), so one program serves prompts of every length up to P.
+  # One forward over the P positions: the chunked prefill (the admission's), whose work would follow
+  # the longest real prompt rather than the capacity, took 35 % longer for prompts that fill their
+  # bucket on this CPU (248 against 184 ms, SmolLM2, 125 tokens) and slowed the static decodes that
+  # ab_commits times by 10-15 %, so the capacity's prefill is paid whole (docs/design.md).
   prefilled = prefill_cache(spec.target, target_params, prompts, prompt_len,
                             cache_len=spec.cache_len, dtype=spec.target_dtype,
                             attention_impl=spec.attention_impl,
                             return_features=spec.keeps_features, sharding=spec.target_sharding,
-                            chunk=spec.admit_chunk, hidden_layers=spec.feature_taps,
-                            final_feature=spec.final_feature)
+                            hidden_layers=spec.feature_taps, final_feature=spec.final_feature)
   target_cache, prompt_features, features = prefilled, None, None
   if spec.keeps_features:
     target_cache, prompt_features = prefilled
@@ -95,7 +94,7 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any,
                          prompt_features.dtype).at[:, :prompts.shape[1]].set(prompt_features)
   proposer_state = spec.proposer.init_state(draft_params, prompts, prompt_len,
                                             cache_len=spec.cache_len, max_len=spec.max_draft,
-                                            features=prompt_features, prefill_chunk=spec.admit_chunk)
+                                            features=prompt_features)
   l0, policy_state = spec.draft_len.start(inputs.step_costs)
   return DecodeState(
       tokens=jnp.concatenate([prompts, jnp.zeros((batch, n), jnp.int32)], axis=1),

@@ -4,9 +4,11 @@ first half of the public seam ``plan = prepare(target, draft, prompts, config)``
 (``bass_jax.sampling.runner``) is the second.
 
 Shapes come in buckets so that nearby calls share one compiled program: the batch is padded with inert
-rows to a batch bucket (1, 2, 4, 8, 16, then multiples of 16), prompts to a power of two (at least 16)
-and the output buffer to a multiple of 32 tokens, while ``max_new_tokens``, the EOS ids,
-``temperature``, ``top_p`` and the seed are traced values.
+rows to a batch bucket (1, 2, 4, 8, 16, then multiples of 16), prompts to a prompt capacity (a power of
+two, at least 16: ``max_prompt_len``'s, else the longest prompt's, or the larger capacity of programs
+already built for the same setting, so that a shorter call compiles nothing) and the output buffer to
+a multiple of 32 tokens, while ``max_new_tokens``, the EOS ids, ``temperature``, ``top_p`` and the seed
+are traced values.
 """
 
 from __future__ import annotations
@@ -396,8 +398,8 @@ def _reuse_capacity(spec: state_lib.DecodeSpec, rows: int, profile: profiles.Bac
                     max_cache_len: int | None) -> state_lib.DecodeSpec:
   """``spec`` at the largest prompt capacity P of the programs in memory for its setting
   (``programs.largest_prompt_len``), if that is larger and its cache fits ``max_cache_len``: a call
-  with shorter prompts then runs those programs (the prefill's work follows the prompts' true
-  lengths, ``loop.prefill``) instead of compiling programs of its own bucket."""
+  with shorter prompts then runs those programs (paying their capacity's prefill) instead of compiling
+  programs of its own bucket."""
   largest = programs.largest_prompt_len(programs.family_key(spec, rows))
   if largest <= spec.prompt_len:
     return spec

@@ -283,7 +283,10 @@ def compiled(spec: state_lib.DecodeSpec, args_prefill: tuple, args_decode_tail: 
     loaded = len(programs)
   else:
     programs, loaded = _build(spec, args_prefill, args_decode_tail)
-    if one_device:
+    # Only programs XLA compiled here: an executable JAX loaded from its own cache serializes without
+    # all of its code on XLA:CPU, and a program stored from it fails when run ("Function ... not
+    # found"; tests/test_compile_cache.py).
+    if one_device and not loaded:
       compile_cache.store_programs(key, programs)
   seconds = time.perf_counter() - start
   source = ("disk" if loaded == len(programs) else "partly disk" if loaded else "compiled")

@@ -38,7 +38,8 @@ class DecodeSpec:
       decoding).
     target_dtype: parameter/compute dtype name of the target (``"float32"``, ``"bfloat16"``).
     attention_impl: name in the attention registry, used by the target (and by a draft model).
-    prompt_len: P, prompts are right-padded to it.
+    prompt_len: P, the prompt capacity: prompts are right-padded to it (``DecodeConfig.max_prompt_len``,
+      or the longest prompt's bucket, or a larger capacity already built for the setting).
     max_new_bucket: N, the size of the output buffer (the true limit is ``Limits.max_new``).
     acceptance: the :class:`acceptance.AcceptanceRule` (greedy at temperature 0, rejection sampling or
       Gumbel acceptance), which also says whether the program is branch-free.
