@@ -12,13 +12,11 @@ _FLAGS = os.environ.get("XLA_FLAGS", "")
 if "--xla_backend_optimization_level" not in _FLAGS:
   os.environ["XLA_FLAGS"] = f"{_FLAGS} --xla_backend_optimization_level=0".strip()
 
-# The persistent compilation cache (on by default, bass_jax.sampling.compile_cache) goes to a fresh
-# directory per run, shared by the run's worker processes (they inherit the variable), never the
-# user's own cache.
-if "BASS_JAX_COMPILATION_CACHE_DIR" not in os.environ:
-  import tempfile  # pylint: disable=g-import-not-at-top
-
-  os.environ["BASS_JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="bass_jax-tests-xla-")
+# The persistent compilation cache (on by default, bass_jax.sampling.compile_cache) is off in the
+# suite, children included: its settings rarely repeat across processes, so storing each build only
+# costs time, and the user's own cache stays untouched. tests/test_compile_cache.py turns it on in
+# directories of its own.
+os.environ.setdefault("BASS_JAX_COMPILATION_CACHE_DIR", "off")
 
 # tests/multidevice needs 8 host devices, which must be set before JAX starts: tests/test_sharding.py
 # runs it in a child process with that set (and MULTIDEVICE_ENV); the suite itself keeps one device.

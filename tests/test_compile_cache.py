@@ -4,6 +4,7 @@ persistent cache of programs and step costs, its configuration and its statistic
 Compiles are counted through ``compile_cache.stats()``, never timed.
 """
 
+import dataclasses
 import io
 import warnings
 
@@ -135,7 +136,9 @@ def test_a_corrupt_stored_program_is_deleted_and_built_again(pair, cache_dir):
   stored.write_bytes(b"not a program")
   programs.clear_compile_cache()
   out = bj.generate(target, draft, prompts, max_new_tokens=4, draft_len=2)
-  assert not stored.exists()  # deleted; the build came from JAX's own cache, so not stored again
+  assert out.stats.program_source == "compiled"
+  compile_cache.wait_for_writes()
+  assert stored.read_bytes() != b"not a program"  # deleted, compiled and stored afresh
   np.testing.assert_array_equal(out.tokens, first.tokens)
 
 
@@ -200,17 +203,20 @@ def test_printing_says_when_a_program_compiles_and_how_long(pair):
                                    in line)
 
 
-def test_programs_jax_loaded_from_its_own_cache_are_not_stored_again(pair, cache_dir):
+def test_programs_jax_loaded_from_its_own_cache_are_not_stored_again(pair, cache_dir, monkeypatch):
   """An executable JAX loaded from its persistent cache serializes without all of its code on
   XLA:CPU: storing it made the next process fail ("Function ... not found"). Only freshly compiled
-  programs are stored; the programs built from JAX's cache run, and so does the next build."""
+  programs are stored (and those stay out of JAX's cache); programs JAX's cache serves (here written
+  by a build that did not keep them out) run, and so does the next build."""
   import shutil
 
   target, draft = pair
   prompts = [[1, 2, 3, 4, 5], [6, 7]]
   settings = dict(max_new_tokens=12, draft_len="goodput", profile="cpu")
   programs.clear_compile_cache()
-  first = bj.generate(target, draft, prompts, **settings)
+  with monkeypatch.context() as m:  # a build that lets JAX write its own entries
+    m.setattr(compile_cache, "directory", lambda: None)
+    first = bj.generate(target, draft, prompts, **settings)
   compile_cache.wait_for_writes()
   shutil.rmtree(cache_dir / compile_cache.PROGRAMS_DIR)  # JAX's own entries stay
   programs.clear_compile_cache()
@@ -221,3 +227,39 @@ def test_programs_jax_loaded_from_its_own_cache_are_not_stored_again(pair, cache
   programs.clear_compile_cache()
   again = bj.generate(target, draft, prompts, **settings)
   np.testing.assert_array_equal(again.tokens, first.tokens)
+
+
+def test_stored_programs_stay_out_of_jax_cache(pair, cache_dir):
+  """A build whose programs are stored whole leaves JAX's own cache without them: a later build
+  (its stored programs gone) compiles afresh and stores again, instead of loading from JAX's cache
+  what cannot be stored."""
+  import shutil
+
+  target, draft = pair
+  prompts = [[9, 8, 7]]
+  programs.clear_compile_cache()
+  bj.generate(target, draft, prompts, max_new_tokens=6, draft_len=3)
+  compile_cache.wait_for_writes()
+  shutil.rmtree(cache_dir / compile_cache.PROGRAMS_DIR)
+  programs.clear_compile_cache()
+  again = bj.generate(target, draft, prompts, max_new_tokens=6, draft_len=3)
+  assert again.stats.program_source == "compiled"
+  compile_cache.wait_for_writes()
+  assert len(list((cache_dir / compile_cache.PROGRAMS_DIR).glob("*.pkl"))) == 1
+
+
+@dataclasses.dataclass(frozen=True)
+class _UsersOwnPolicy:
+  """Stands for a user's own class in a decode's setting (a proposer, a draft-length policy)."""
+
+  depth: int = 2
+
+
+def test_a_users_own_code_is_part_of_the_key():
+  """Programs depend on a user's own classes as much as on bass_jax's: their source files are in the
+  key, and a class without one (a notebook's, ``__main__``'s) keeps its programs in memory only."""
+  key = compile_cache.costs_key(("spec", _UsersOwnPolicy()))
+  assert key is not None and key != compile_cache.costs_key(("spec", "no class of the user's"))
+  assert len(compile_cache._user_code((_UsersOwnPolicy(),))) == 1  # pylint: disable=protected-access
+  notebook_class = type("InANotebook", (), {"__module__": "__main__"})
+  assert compile_cache.costs_key(("spec", notebook_class())) is None

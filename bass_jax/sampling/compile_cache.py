@@ -38,12 +38,14 @@ import json
 import os
 import pathlib
 import pickle
+import sys
 import tempfile
 import threading
 import warnings
 from typing import Any
 
 import jax
+from jax._src import config as _jax_config  # the thread-local write threshold (compile_counting)
 
 ENV_VAR = "BASS_JAX_COMPILATION_CACHE_DIR"
 OFF = ("off", "0", "false", "none", "")
@@ -100,11 +102,21 @@ def reset_stats() -> None:
     _STATS = CompileStats()
 
 
-def compile_counting(lowered) -> tuple[Any, bool]:
+def compile_counting(lowered, keep_out_of_jax_cache: bool = False) -> tuple[Any, bool]:
   """``(lowered.compile(), loaded)``: the program, and whether JAX loaded it from its persistent cache
-  (a ``/jax/compilation_cache/cache_hits`` event in this thread while it compiled)."""
+  (a ``/jax/compilation_cache/cache_hits`` event in this thread while it compiled).
+
+  Args:
+    keep_out_of_jax_cache: JAX does not write the program into its own persistent cache (it is
+      stored whole instead, :func:`store_programs`): so JAX's cache never serves it later in a form
+      that cannot be stored again. Uses JAX's thread-local threshold of compile time
+      (``jax._src.config``; where a JAX version lacks it, the program is written as usual).
+  """
   _THREAD.hits = 0
-  program = lowered.compile()
+  threshold = getattr(_jax_config, "persistent_cache_min_compile_time_secs", None)
+  with (threshold(float("inf")) if keep_out_of_jax_cache and callable(threshold)
+        else contextlib.nullcontext()):
+    program = lowered.compile()
   return program, _THREAD.hits > 0
 
 
@@ -248,11 +260,48 @@ def _environment() -> tuple:
           jax.config.jax_threefry_partitionable)
 
 
+def _user_code(setting: Any) -> tuple[str, ...] | None:
+  """Digests of the source files of every class in ``setting`` (dataclass fields and tuples, walked)
+  that lives outside bass_jax: a user's own proposer, draft-length policy or family, whose code
+  decides the program as much as bass_jax's does. None where such a class has no source file (one
+  defined in a notebook or ``__main__``): its programs are then kept in memory only."""
+  digests, seen, stack = set(), set(), [setting]
+  while stack:
+    value = stack.pop()
+    if id(value) in seen:
+      continue
+    seen.add(id(value))
+    if isinstance(value, (tuple, list, frozenset, set)):
+      stack.extend(value)
+      continue
+    if isinstance(value, dict):
+      stack.extend(value.values())
+      continue
+    for cls in type(value).__mro__:
+      module = sys.modules.get(cls.__module__)
+      name = cls.__module__.split(".")[0]
+      if name in ("builtins", "bass_jax", "pallas_kernels", "jax", "jaxlib", "numpy", "flax", "abc",
+                  "typing", "enum"):
+        continue
+      file = getattr(module, "__file__", None)
+      if not file or cls.__module__ == "__main__":
+        return None
+      digests.add(hashlib.sha256(pathlib.Path(file).read_bytes()).hexdigest()[:16])
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+      stack.extend(getattr(value, f.name) for f in dataclasses.fields(value))
+  return tuple(sorted(digests))
+
+
 def costs_key(setting: Any) -> str | None:
-  """A digest of a setting (a measured one, or a program's) with the devices, JAX's version and options
-  and bass_jax's code (:func:`code_version`); None where the setting has no stable text (an object
-  shown by its address), which is then kept in memory only."""
-  text = repr((setting, _environment()))
+  """A digest of a setting (a measured one, or a program's) with the devices, JAX's version and options,
+  bass_jax's code (:func:`code_version`) and the source files of any class of the user's in it
+  (:func:`_user_code`); None where the setting has no stable text (an object shown by its address, a
+  class without a source file), which is then kept in memory only. Code changed by monkeypatching a
+  running process is not seen: turn the cache off for that (the test suite does)."""
+  user_code = _user_code(setting)
+  if user_code is None:
+    return None
+  text = repr((setting, _environment(), user_code))
   if " at 0x" in text:
     return None
   return hashlib.sha256(text.encode()).hexdigest()

@@ -275,14 +275,17 @@ def compiled(spec: state_lib.DecodeSpec, args_prefill: tuple, args_decode_tail: 
     return Built(cached, 0.0, "memory")
   rows = int(args_prefill[-1].inert.shape[0])
   description = describe(spec, rows)
-  one_device = spec.target_sharding is None  # a mesh's programs are left to JAX's own cache
+  # A mesh's programs, and any program of a process with several devices (an executable is loaded
+  # onto the devices it names), are left to JAX's own cache.
+  one_device = spec.target_sharding is None and jax.device_count() == 1
   _report("start", description)
   start = time.perf_counter()
   programs = compile_cache.load_programs(key) if one_device else None
   if programs is not None:
     loaded = len(programs)
   else:
-    programs, loaded = _build(spec, args_prefill, args_decode_tail)
+    programs, loaded = _build(spec, args_prefill, args_decode_tail,
+                              stored=one_device and compile_cache.directory() is not None)
     # Only programs XLA compiled here: an executable JAX loaded from its own cache serializes without
     # all of its code on XLA:CPU, and a program stored from it fails when run ("Function ... not
     # found"; tests/test_compile_cache.py).
@@ -296,11 +299,14 @@ def compiled(spec: state_lib.DecodeSpec, args_prefill: tuple, args_decode_tail: 
   return Built(programs, seconds, source)
 
 
-def _build(spec: state_lib.DecodeSpec, args_prefill: tuple, args_decode_tail: tuple):
-  """:func:`compiled`'s lowering and compiling: ``((prefill, decode), programs loaded from disk)``."""
+def _build(spec: state_lib.DecodeSpec, args_prefill: tuple, args_decode_tail: tuple,
+           stored: bool = False):
+  """:func:`compiled`'s lowering and compiling: ``((prefill, decode), programs loaded from disk)``;
+  ``stored``: the programs will be stored whole, so JAX does not write them into its own cache."""
   prefill, decode = lowered(spec, args_prefill, args_decode_tail)
+  compile_one = functools.partial(compile_cache.compile_counting, keep_out_of_jax_cache=stored)
   with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-    built = list(pool.map(compile_cache.compile_counting, (prefill, decode)))
+    built = list(pool.map(compile_one, (prefill, decode)))
   del prefill, decode  # the lowered stages hold the fresh functions
   return tuple(b[0] for b in built), sum(b[1] for b in built)
 
