@@ -116,14 +116,14 @@ def test_programs_load_from_disk_in_a_new_process_as_they_ran(pair, cache_dir):
   # Another version of the code is another key: its programs are never those stored.
   setting = ("a setting", 1)
   version = compile_cache.code_version
-  key = compile_cache.costs_key(setting)
+  key = compile_cache.setting_key(setting)
   try:
     compile_cache.code_version = lambda: "another version"
-    assert compile_cache.costs_key(setting) != key
+    assert compile_cache.setting_key(setting) != key
   finally:
     compile_cache.code_version = version
-  assert compile_cache.costs_key(setting) == key
-  assert compile_cache.costs_key(object()) is None  # no stable text: memory only
+  assert compile_cache.setting_key(setting) == key
+  assert compile_cache.setting_key(object()) is None  # no stable text: memory only
 
 
 def test_a_corrupt_stored_program_is_deleted_and_built_again(pair, cache_dir):
@@ -258,8 +258,8 @@ class _UsersOwnPolicy:
 def test_a_users_own_code_is_part_of_the_key():
   """Programs depend on a user's own classes as much as on bass_jax's: their source files are in the
   key, and a class without one (a notebook's, ``__main__``'s) keeps its programs in memory only."""
-  key = compile_cache.costs_key(("spec", _UsersOwnPolicy()))
-  assert key is not None and key != compile_cache.costs_key(("spec", "no class of the user's"))
+  key = compile_cache.setting_key(("spec", _UsersOwnPolicy()))
+  assert key is not None and key != compile_cache.setting_key(("spec", "no class of the user's"))
   assert len(compile_cache._user_code((_UsersOwnPolicy(),))) == 1  # pylint: disable=protected-access
   notebook_class = type("InANotebook", (), {"__module__": "__main__"})
-  assert compile_cache.costs_key(("spec", notebook_class())) is None
+  assert compile_cache.setting_key(("spec", notebook_class())) is None

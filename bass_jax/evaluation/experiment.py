@@ -322,9 +322,8 @@ def run_problems(
       bar.set_description(f"{description} (compiling the {program})")
       return
     bar.set_description(description)
-    how = "loaded from the compilation cache" if source == "disk" else source
     if progress:
-      bar.write(f"bass_jax: {program}: {how} in {seconds:.1f} s")
+      bar.write(f"bass_jax: {program}: {programs.outcome(source, seconds)}")
 
   with programs.reporting(show_compile):
     try:

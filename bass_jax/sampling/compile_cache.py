@@ -292,7 +292,7 @@ def _user_code(setting: Any) -> tuple[str, ...] | None:
   return tuple(sorted(digests))
 
 
-def costs_key(setting: Any) -> str | None:
+def setting_key(setting: Any) -> str | None:
   """A digest of a setting (a measured one, or a program's) with the devices, JAX's version and options,
   bass_jax's code (:func:`code_version`) and the source files of any class of the user's in it
   (:func:`_user_code`); None where the setting has no stable text (an object shown by its address, a
@@ -310,7 +310,7 @@ def costs_key(setting: Any) -> str | None:
 def load_costs(kind: str, setting: Any) -> dict[str, Any] | None:
   """The fields stored for ``setting`` under ``kind`` (``"step_costs"`` or ``"calibration"``), or None
   (not stored, the cache off, an unreadable file)."""
-  key = costs_key(setting)
+  key = setting_key(setting)
   path = _STATE["dir"]
   if key is None or path is None:
     return None
@@ -325,7 +325,7 @@ def load_costs(kind: str, setting: Any) -> dict[str, Any] | None:
 def store_costs(kind: str, setting: Any, fields: dict[str, Any]) -> None:
   """Stores ``fields`` (JSON values) for ``setting`` under ``kind``; silent where it cannot (the cache
   off, an unwritable directory): the costs are then measured again by the next process."""
-  key = costs_key(setting)
+  key = setting_key(setting)
   path = _STATE["dir"]
   if key is None or path is None:
     return
@@ -355,7 +355,7 @@ def load_programs(setting: Any) -> tuple[Any, ...] | None:
   """The compiled programs stored for ``setting`` (:func:`store_programs`), loaded onto this process's
   devices without tracing or lowering anything; None when not stored, the cache is off, the setting
   has no stable key, or the file does not load (it is then deleted)."""
-  key = costs_key(setting)
+  key = setting_key(setting)
   path = _STATE["dir"]
   if key is None or path is None:
     return None
@@ -388,7 +388,7 @@ def store_programs(setting: Any, programs: tuple[Any, ...]) -> threading.Thread 
   Returns:
     The writing thread (tests join it), or None when nothing is written.
   """
-  key = costs_key(setting)
+  key = setting_key(setting)
   path = _STATE["dir"]
   if key is None or path is None:
     return None

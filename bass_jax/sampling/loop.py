@@ -79,9 +79,8 @@ def prefill(spec: DecodeSpec, target_params: Any, draft_params: Any,
   n = spec.max_new_bucket
 
   # One forward over the P positions: the chunked prefill (the admission's), whose work would follow
-  # the longest real prompt rather than the capacity, took 35 % longer for prompts that fill their
-  # bucket on this CPU (248 against 184 ms, SmolLM2, 125 tokens) and slowed the static decodes that
-  # ab_commits times by 10-15 %, so the capacity's prefill is paid whole (docs/design.md).
+  # the longest real prompt rather than the capacity, slowed the static decodes that ab_commits times
+  # by 10-15 % (commit 8676557), so the capacity's prefill is paid whole (docs/design.md).
   prefilled = prefill_cache(spec.target, target_params, prompts, prompt_len,
                             cache_len=spec.cache_len, dtype=spec.target_dtype,
                             attention_impl=spec.attention_impl,

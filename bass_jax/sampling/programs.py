@@ -218,8 +218,7 @@ def printing(stream: Any = None):
     if event == "start":
       out.write(f"bass_jax: compiling the {description} ...")
     else:
-      how = "loaded from the compilation cache" if source == "disk" else source
-      out.write(f" {how} in {seconds:.1f} s\n")
+      out.write(f" {outcome(source, seconds)}\n")
     out.flush()
 
   return reporting(show)
@@ -231,12 +230,18 @@ def describe(spec: state_lib.DecodeSpec, rows: int) -> str:
   return f"{kind} decode, {rows} rows, prompts <= {spec.prompt_len} tokens"
 
 
+def outcome(source: str, seconds: float) -> str:
+  """How a build ended, in words: ``"compiled in 7.2 s"``, ``"loaded from the compilation cache in
+  0.9 s"`` (``source`` as :class:`Built` gives it; ``seconds`` of wall time)."""
+  how = "loaded from the compilation cache" if source == "disk" else source
+  return f"{how} in {seconds:.1f} s"
+
+
 def _report(event: str, description: str, seconds: float = 0.0, source: str = "") -> None:
   if event == "start":
     _LOG.info("compiling the %s ...", description)
   else:
-    _LOG.info("%s: %s in %.1f s", description,
-              "loaded from the compilation cache" if source == "disk" else source, seconds)
+    _LOG.info("%s: %s", description, outcome(source, seconds))
   for fn in list(_REPORTERS):
     fn(event, description, seconds, source)
 
@@ -317,7 +322,15 @@ def lowered(spec: state_lib.DecodeSpec, args_prefill: tuple, args_decode_tail: t
   :func:`compiled` compiles them (``experiments.benchmarks.bench_compile`` times the two stages).
 
   Args:
-    compiler_options: XLA options over the spec's own (``DecodeSpec.xla_options``).
+    spec, args_prefill, args_decode_tail: as :func:`compiled`.
+    compiler_options: XLA options over the spec's own (``DecodeSpec.xla_options``), name -> value.
+
+  Returns:
+    ``(prefill, decode)``, two ``jax.stages.Lowered``; the decode donates its state.
+
+  Raises:
+    Whatever tracing or lowering raises (a shape the model does not take, an unknown XLA option
+    only when compiled).
   """
   mesh = None if spec.target_sharding is None else spec.target_sharding.mesh
   # Traced under the decode's own mesh (Auto axes), whatever mesh the caller set with jax.set_mesh.
