@@ -25,7 +25,7 @@ from bass_jax.sampling.generate import (PAD_TOKEN, FinishedPrompt, GenerateOutpu
                                         enable_persistent_compilation_cache, generate,
                                         load_draft_spec, lower, set_compile_cache_size)
 from bass_jax.sampling.plan import Plan, prepare
-from bass_jax.sampling.profiles import BackendProfile
+from bass_jax.profiles import BackendProfile
 from bass_jax.sampling.proposers import Hybrid, NGramProposer, Replay, SiblingProposer
 from bass_jax.sampling.runner import run
 from bass_jax.sampling.tree import TreeShape

@@ -16,11 +16,14 @@ import jax
 import jax.numpy as jnp
 
 from bass_jax import _checks
+from bass_jax import profiles
 from bass_jax import sharding as sharding_lib
 from bass_jax.checkpoints import atomic
+from bass_jax.checkpoints import eagle_files
 from bass_jax.checkpoints import eagle_formats
 from bass_jax.checkpoints import gguf as gguf_ckpt
 from bass_jax.checkpoints import hf as hf_ckpt
+from bass_jax.checkpoints import medusa_files
 from bass_jax.checkpoints import orbax_ckpt
 from bass_jax.models import common
 from bass_jax.models import eagle
@@ -419,7 +422,7 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
         cache (``HF_HUB_CACHE``, else ``HF_HOME``/hub, else ``~/.cache/huggingface/hub``; read at the
         call: :func:`hf_hub_cache`), found with huggingface_hub offline;
       * a directory written by :func:`save_model` in orbax format (``config.json`` + ``params/``);
-      * an EAGLE feature draft written by ``bass_jax.models.eagle.save_eagle`` or by :func:`save_model`
+      * an EAGLE feature draft written by ``bass_jax.checkpoints.eagle_files.save_eagle`` or by :func:`save_model`
         in either format (its config is an ``EagleConfig``; it drafts only through ``generate``, with
         the target it was trained for).
     dtype: parameter and compute dtype: ``float32``, ``bfloat16`` or ``float16`` (a name or a jnp
@@ -434,7 +437,7 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
       over ``model``) or ``"replicated"`` (a small draft: whole on every device).
     scan_layers: lay the decoder layers out scanned (:meth:`Model.with_scanned_layers`: one layer
       compiled, run in a ``lax.scan``) or unrolled; None takes the backend profile's
-      (``sampling.profiles``: unrolled on a CPU and a GPU, where scanned layers copy their slices). On a mesh
+      (``bass_jax.profiles``: unrolled on a CPU and a GPU, where scanned layers copy their slices). On a mesh
       the layers are always unrolled. An EAGLE draft's layers are always unrolled.
 
   Returns:
@@ -493,10 +496,10 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
     config, params = gguf_ckpt.load_gguf(path, expected=expected, dtype=dtype)
     if tokenizer:
       tok = _load_tokenizer(path.parent, path.name)
-  elif path.is_dir() and medusa.is_medusa(path):
+  elif path.is_dir() and medusa_files.is_medusa(path):
     if num_layers is not None or scan_layers:
       raise ValueError(f"{name} holds Medusa heads; num_layers and scan_layers do not apply to them")
-    config, params = medusa.load_medusa(path, dtype=dtype)
+    config, params = medusa_files.load_medusa(path, dtype=dtype)
   elif path.is_dir() and (_is_eagle(path) or eagle_formats.published_kind(path)):
     if num_layers is not None:
       raise ValueError(f"{name} is an EAGLE draft; num_layers does not apply to it")
@@ -504,7 +507,7 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
       raise ValueError(f"{name} is an EAGLE draft, whose layers are always unrolled; load it with "
                        "scan_layers=False (or None)")
     if _is_eagle(path):
-      config, params = eagle.load_eagle(path, dtype=dtype)
+      config, params = eagle_files.load_eagle(path, dtype=dtype)
     else:  # EAGLE-1/2, EAGLE-3 or speculators, as published
       config, params = eagle_formats.load_published(path, dtype=dtype)
     if mesh is not None:  # a small draft, read whole and then placed
@@ -546,7 +549,6 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
   if num_layers is not None:
     model = model.with_first_layers(num_layers)
   if scan_layers is None:
-    from bass_jax.sampling import profiles  # pylint: disable=g-import-not-at-top
     scan_layers = (mesh is None and config.model_type != eagle.MODEL_TYPE
                    and getattr(config, "uniform_layers", True)
                    and profiles.backend_profile().scan_layers)
@@ -620,7 +622,7 @@ _DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _is_eagle(path: pathlib.Path) -> bool:
-  """Whether directory ``path`` holds an EAGLE draft (``models.eagle.save_eagle``).
+  """Whether directory ``path`` holds an EAGLE draft (``checkpoints.eagle_files.save_eagle``).
 
   Raises:
     ValueError: its config.json is not valid JSON or not a JSON object (the file named).
@@ -782,8 +784,8 @@ def save_model(model: Model, path: str | os.PathLike, *, format: str = "safetens
   still running are kept.
 
   An EAGLE draft (config an ``eagle.EagleConfig``, params ``{"draft": …, "vocab_ids": i32[V']}``) is
-  written in its own layouts (``models.eagle.write_files``): ``config.json`` + ``model.safetensors``
-  (what ``eagle.save_eagle`` writes and the shipped draft holds) or ``config.json`` + orbax
+  written in its own layouts (``checkpoints.eagle_files.write_files``): ``config.json`` + ``model.safetensors``
+  (what ``eagle_files.save_eagle`` writes and the shipped draft holds) or ``config.json`` + orbax
   ``params/``; the stored ``vocab_ids`` are the model's (a loaded draft's are cut to its V', so the
   rest of a shipped draft's frequency order is not carried over).
 
@@ -841,7 +843,7 @@ def save_model(model: Model, path: str | os.PathLike, *, format: str = "safetens
       if format in eagle_formats.LAYOUTS:
         eagle_formats.write_published(tmp, model.config, model.params, layout=format, dtype=dtype)
       else:
-        eagle.write_files(tmp, model.config, model.params["draft"], model.params["vocab_ids"],
+        eagle_files.write_files(tmp, model.config, model.params["draft"], model.params["vocab_ids"],
                           format=format, dtype=dtype)
       if model.tokenizer is not None:
         model.tokenizer.save_pretrained(str(tmp))

@@ -14,13 +14,16 @@ import os
 import pathlib
 from typing import Any
 
+from bass_jax import loading
+from bass_jax.checkpoints import eagle_formats
+from bass_jax.checkpoints import gguf as gguf_ckpt
 from bass_jax.checkpoints import hf as hf_ckpt
+from bass_jax.checkpoints import medusa_files
+from bass_jax.models import eagle, llama, medusa
+from bass_jax.sampling.drafts import parse_draft_spec
+from bass_jax.sampling.proposers import NGramProposer, SiblingProposer
 
-_NGRAM_KEYS = ("max_n", "min_n")
-_SIBLING_KEYS = ("max_n", "min_n", "pool", "max_matches", "max_siblings", "min_agreement")
-_FLOAT_KEYS = ("min_agreement",)
 _N_POSITIONS_FAMILIES = ("gpt2", "codegen")  # whose context field is ``n_positions``
-_SPECIAL_IDS = ("bos_token_id", "eos_token_id")  # loading.SPECIAL_IDS (not imported: it loads jax)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,9 +67,6 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
       model: a file that is not ``.gguf``, a directory without ``config.json``, a config that is not a
       JSON object or names an unsupported architecture (each naming the file).
   """
-  from bass_jax import loading  # pylint: disable=g-import-not-at-top
-  from bass_jax.models import eagle  # pylint: disable=g-import-not-at-top
-
   name = str(spec)
   path = loading.model_path(spec)  # an alias, a path, a Hugging Face cache entry or repo id
   if not path.exists():
@@ -77,14 +77,13 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
     if path.suffix != ".gguf":
       raise ValueError(f"{path}: a model file must be .gguf; for a checkpoint pass its directory")
     config = _gguf_config(path)
-    special = {f: getattr(config, f) for f in _SPECIAL_IDS if getattr(config, f, None) is not None}
+    special = {f: getattr(config, f) for f in loading.SPECIAL_IDS
+               if getattr(config, f, None) is not None}
     return ModelSource(name, path, "gguf", config.max_positions, config.vocab_size, True,
                        config.model_type, config.hidden_size, config.num_hidden_layers, special)
   fields = hf_ckpt.read_config_fields(path)
   has_tokenizer = loading.has_tokenizer(path)
-  from bass_jax.checkpoints import eagle_formats  # pylint: disable=g-import-not-at-top
-  from bass_jax.models import llama, medusa  # pylint: disable=g-import-not-at-top
-  if medusa.is_medusa(path):  # its sizes are checked against the target when it loads
+  if medusa_files.is_medusa(path):  # its sizes are checked against the target when it loads
     return ModelSource(name, path, "medusa", medusa.MedusaConfig.max_positions,
                        int(fields.get("vocab_size") or 0), has_tokenizer, medusa.MODEL_TYPE,
                        int(fields.get("hidden_size") or 0))
@@ -102,7 +101,8 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
     # Read through the family config (transformers' defaults for absent fields, a multimodal Gemma 3's
     # text_config, longrope's shorter exact context): the fields alone would tell another story.
     config = hf_ckpt.config_from_hf(fields)
-    special = {f: getattr(config, f) for f in _SPECIAL_IDS if getattr(config, f, None) is not None}
+    special = {f: getattr(config, f) for f in loading.SPECIAL_IDS
+               if getattr(config, f, None) is not None}
     if isinstance(special.get("eos_token_id"), tuple):
       special["eos_token_id"] = list(special["eos_token_id"])
     return ModelSource(name, path, "hf", config.max_positions, config.vocab_size, has_tokenizer,
@@ -127,7 +127,7 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       raise ValueError(f"{path / 'config.json'}: no positive integer {key!r}")
     numbers[key] = value
-  special = {f: fields[f] for f in _SPECIAL_IDS if fields.get(f) is not None}
+  special = {f: fields[f] for f in loading.SPECIAL_IDS if fields.get(f) is not None}
   fused = ()
   if kind == "eagle":
     fused = outer.get("fused_layers") or ()
@@ -150,7 +150,6 @@ def _gguf_config(path: pathlib.Path) -> Any:
 @functools.lru_cache(maxsize=8)
 def _gguf_config_cached(path: str, size: int, mtime_ns: int) -> Any:
   del size, mtime_ns  # the cache key
-  from bass_jax.checkpoints import gguf as gguf_ckpt  # pylint: disable=g-import-not-at-top
 
   return gguf_ckpt.read_config(gguf_ckpt._open(pathlib.Path(path)), pathlib.Path(path))  # pylint: disable=protected-access
 
@@ -167,8 +166,6 @@ def check_pair(target: ModelSource, draft: ModelSource) -> None:
   Raises:
     ValueError: the first mismatch, naming both models, the field and both values.
   """
-  from bass_jax import loading  # pylint: disable=g-import-not-at-top
-  from bass_jax.models import eagle  # pylint: disable=g-import-not-at-top
 
   where = f"draft {draft.spec!r} and target {target.spec!r}"
   if draft.kind == "eagle":
@@ -188,68 +185,14 @@ def check_pair(target: ModelSource, draft: ModelSource) -> None:
     raise ValueError(f"{where} {conflict}")
 
 
-def parse_draft_spec(spec: str) -> tuple[str | None, dict[str, int] | None, dict[str, Any] | None]:
-  """The parts of a draft spec (``bass_jax.load_draft_spec``): ``(model spec or None, n-gram settings
-  or None, sibling-lookup settings or None)``.
-
-  ``ngram[:max_n=4,min_n=2]`` is n-gram lookup alone; ``siblings[:max_n=8,min_n=2,pool=8,
-  max_matches=32,max_siblings=15,min_agreement=0.1]`` sibling lookup alone;
-  ``hybrid:<model>[:max_n=..,min_n=..]`` n-gram lookup and a model;
-  ``hybrid+siblings:<model>[:max_n=..,min_n=..]`` sibling lookup (at its defaults), then n-gram
-  lookup, then the model; anything else a model alone. (No commas outside
-  settings: scripts take lists of specs.)
-
-  Raises:
-    ValueError: a malformed setting, an empty hybrid or one without a model (the accepted form
-      named).
-  """
-  spec = str(spec)
-
-  def settings(text: str, keys: tuple[str, ...], form: str) -> dict[str, Any]:
-    kwargs = {}
-    for item in filter(None, text.split(",")):
-      key, _, value = item.partition("=")
-      value = value.strip()
-      number = value.isdigit() or (key in _FLOAT_KEYS and value.replace(".", "", 1).isdigit())
-      if key not in keys or not number:
-        raise ValueError(f"draft spec {spec!r}: {form}, got {item!r}")
-      kwargs[key] = float(value) if key in _FLOAT_KEYS else int(value)
-    return kwargs
-
-  def ngram(text: str) -> dict[str, int]:
-    return settings(text, _NGRAM_KEYS, "n-gram settings are max_n=<int>,min_n=<int>")
-
-  kind, _, rest = spec.partition(":")
-  if kind == "ngram":
-    return None, ngram(rest), None
-  if kind == "siblings":
-    return None, None, settings(rest, _SIBLING_KEYS, "sibling settings are max_n=<int>,min_n=<int>,"
-                                "pool=<int>,max_matches=<int>,max_siblings=<int>,"
-                                "min_agreement=<float>")
-  if kind in ("hybrid", "hybrid+siblings"):
-    if rest == "siblings" or rest.startswith(("siblings,", "siblings:", "siblings+")):
-      raise ValueError(f"draft spec {spec!r}: sibling lookup in a hybrid is written "
-                       "hybrid+siblings:<model spec>[:max_n=4,min_n=2]")
-    if not rest:
-      raise ValueError(f"draft spec {spec!r}: write {kind}:<model spec>[:max_n=4,min_n=2]")
-    model_spec, _, text = rest.rpartition(":") if "=" in rest else (rest, "", "")
-    return model_spec, ngram(text), ({} if kind == "hybrid+siblings" else None)
-  if not spec:
-    raise ValueError("draft spec is empty: give a model, 'ngram', 'siblings' or 'hybrid:<model>'")
-  return spec, None, None
-
-
 def inspect_draft_spec(spec: str) -> ModelSource | None:
   """Checks a draft spec without loading it: its grammar, the n-gram settings' ranges, and the model it
   names (:func:`inspect_model`). Returns the model's source, or None for a lookup alone.
 
   Raises:
-    FileNotFoundError, ValueError: as :func:`parse_draft_spec` and :func:`inspect_model`, the spec
+    FileNotFoundError, ValueError: as ``sampling.drafts.parse_draft_spec`` and :func:`inspect_model`, the spec
       named.
   """
-  # pylint: disable-next=g-import-not-at-top
-  from bass_jax.sampling.proposers import NGramProposer, SiblingProposer
-
   model_spec, ngram, siblings = parse_draft_spec(spec)
   for kind, settings in ((NGramProposer, ngram), (SiblingProposer, siblings)):
     if settings is not None:
@@ -279,82 +222,3 @@ def load_tokenizer(source: ModelSource) -> Any:
     return transformers.AutoTokenizer.from_pretrained(str(source.path.parent),
                                                       gguf_file=source.path.name)
   return transformers.AutoTokenizer.from_pretrained(str(source.path))
-
-
-MAX_SEED = 2**63 - 1  # generate's seeds: all 64 bits of the threefry key count (generate.prng_key)
-
-
-def check_seed(seed: Any, runs: int = 1) -> int:
-  """Checks a run's seed: an int such that every seed the run derives from it, ``seed .. seed + runs -
-  1`` (a static batch ``i`` decodes with ``seed + i``), lies in ``[0, MAX_SEED]``.
-
-  Args:
-    seed: the run's seed (a Python or NumPy int). runs: the seeds the run derives (its static batches).
-
-  Returns:
-    The seed as a Python int.
-
-  Raises:
-    ValueError: not an int, negative, or too large for ``runs`` batches (the largest allowed named).
-  """
-  from bass_jax import _checks  # pylint: disable=g-import-not-at-top
-
-  runs = _checks.as_int("runs", runs, min_value=1)
-  return _checks.as_int("seed" if runs == 1 else f"seed (with {runs} batches, seed + {runs - 1})",
-                        seed, min_value=0, max_value=MAX_SEED - (runs - 1))
-
-
-def check_speculation(method: str, draft_len: Any, draft_tree: Any, *, vocab_size: int | None = None,
-                      context: int | None = None) -> tuple[Any, tuple[Any, ...]]:
-  """The speculation settings of a run, checked together: the one place ``generate`` and every script
-  decide them.
-
-  Args:
-    method: ``"bass"`` or ``"regular"``.
-    draft_len: ``"dynamic"``, ``"goodput"``, an int in ``[1, draft_len.MAX_DRAFT_LEN]`` or a policy.
-    draft_tree: None, or shapes as ``tree.tree_shapes`` takes them.
-    vocab_size, context: the models' (when known), which a tree shape must fit
-      (``TreeShape.check_fits``) and a fixed draft length must stay below.
-
-  Returns:
-    ``(policy, trees)``: the draft-length policy (None for regular decoding; with one tree shape and
-    the default policy, a fixed length of its depth; with goodput, the policy choosing among the
-    shapes) and the tree shapes (empty for chains).
-
-  Raises:
-    ValueError: an unknown method, a bad draft length or tree shape (``tree.TreeShape.parse``), a tree
-      with regular decoding, several shapes without ``draft_len="goodput"``, a tree with a fixed
-      length, or a shape or length that does not fit the models.
-  """
-  import dataclasses as dc  # pylint: disable=g-import-not-at-top,reimported
-
-  from bass_jax.sampling import draft_len as draft_len_lib  # pylint: disable=g-import-not-at-top
-  from bass_jax.sampling import tree as tree_lib  # pylint: disable=g-import-not-at-top
-
-  if method not in ("bass", "regular"):
-    raise ValueError(f"method must be 'bass' or 'regular', got {method!r}")
-  trees = tree_lib.tree_shapes(draft_tree)
-  if method == "regular":
-    if trees:
-      raise ValueError("draft_tree needs method='bass': regular decoding drafts nothing")
-    return None, ()
-  policy = draft_len_lib.as_policy(draft_len)
-  if context is not None and isinstance(policy, draft_len_lib.FixedDraftLen):
-    if policy.length >= context:
-      raise ValueError(f"draft_len={policy.length} must be below the models' context of {context} "
-                       "positions; lower it")
-  for shape in trees:
-    if vocab_size is not None and context is not None:
-      shape.check_fits(vocab_size=vocab_size, context=context)
-  if not trees:
-    return policy, ()
-  if isinstance(policy, draft_len_lib.GoodputDraftLen):
-    return dc.replace(policy, trees=trees), trees
-  if not (isinstance(draft_len, str) and draft_len == "dynamic"):
-    raise ValueError(f"draft_len={draft_len!r} chooses chain lengths; with draft_tree leave it at its "
-                     "default (every step verifies the tree) or pass 'goodput' (each step chooses "
-                     "among plain steps, chains and the tree shapes)")
-  if len(trees) > 1:
-    raise ValueError(f"draft_tree names {len(trees)} shapes: choosing among them per step needs "
-                     "draft_len='goodput' (or give one shape)")
-  return draft_len_lib.as_policy(trees[0].depth), trees

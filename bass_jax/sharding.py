@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from bass_jax.cache import KVCache
 
 DATA = "data"
 MODEL = "model"
@@ -431,8 +432,6 @@ def state_shardings(tree: Any, plan_: ShardingPlan, batch: int) -> Any:
   """Shardings for a tree of per-row decode state (arrays or ``ShapeDtypeStruct``): KV caches as
   :meth:`ShardingPlan.cache_sharding` lays them out, other leaves whose leading axis is ``batch`` split
   over data, the rest (counters, keys) replicated."""
-  from bass_jax.cache import KVCache  # pylint: disable=g-import-not-at-top
-
   def one(leaf):
     if isinstance(leaf, KVCache) and leaf.scanned:
       raise ValueError("a stacked cache (a model with scanned layers) has no sharding rules yet; "

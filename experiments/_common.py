@@ -96,7 +96,7 @@ def prepare(experiment: str, *, greedy: bool = False) -> pathlib.Path:
 def _check_speculation(experiment: str, target: Any = None, draft: Any = None) -> None:
   """``--draft_len`` and ``--draft_tree`` make sense together, for this experiment and, once the
   models' configs are read (``target``, ``draft``: ``preflight.ModelSource``), for their vocabulary
-  and context (``bass_jax.preflight.check_speculation``)."""
+  and context (``bass_jax.sampling.config.check_speculation``)."""
   if experiment == "latency":
     if DRAFT_LEN.present:
       raise app.UsageError("--draft_len: latency's --configs name their draft lengths (bass_pad, "

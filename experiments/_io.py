@@ -117,20 +117,20 @@ def require_tree_shapes(flag_name: str = "draft_tree") -> None:
 def check_speculation(method: str, draft_len: str, draft_tree: list[str], *, target: Any = None,
                       draft: Any = None) -> None:
   """A script's ``--method``, ``--draft_len`` and ``--draft_tree`` together
-  (``bass_jax.preflight.check_speculation``) and, once the models' configs are read (``target``,
+  (``bass_jax.sampling.config.check_speculation``) and, once the models' configs are read (``target``,
   ``draft``: ``preflight.ModelSource``, the draft None for a lookup), against their vocabulary and
   context.
 
   Raises:
     Refusal: the first problem, naming the flags.
   """
-  from bass_jax import preflight  # pylint: disable=g-import-not-at-top
+  from bass_jax.sampling import config  # pylint: disable=g-import-not-at-top
 
   context = None if target is None else min(m.context for m in (target, draft) if m is not None)
   try:
-    preflight.check_speculation(method, draft_len_value(draft_len), draft_tree or None,
-                                vocab_size=None if target is None else target.vocab_size,
-                                context=context)
+    config.check_speculation(method, draft_len_value(draft_len), draft_tree or None,
+                             vocab_size=None if target is None else target.vocab_size,
+                             context=context)
   except ValueError as e:
     raise Refusal(f"--draft_len/--draft_tree: {e}") from e
 

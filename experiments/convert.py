@@ -8,7 +8,7 @@ an alias, an orbax directory, an EAGLE draft directory in either layout). The co
 missing, extra or mis-shaped tensor, or a config field the port would ignore, stops it with an error
 that names it. The tokenizer, if the source has one, is written too. An EAGLE draft
 (`--from=smollm2-135m-eagle`) is written in its own layouts: --format=safetensors gives config.json +
-model.safetensors (as `eagle.save_eagle` writes), --format=orbax config.json + params/; its stored
+model.safetensors (as `eagle_files.save_eagle` writes), --format=orbax config.json + params/; its stored
 vocab_ids are the draft's V' (the rest of a shipped draft's frequency order is not carried over).
 The parameters are written in --dtype (the dtype they are loaded in).
 

@@ -25,6 +25,7 @@ import numpy as np
 import bass_jax
 from bass_jax.checkpoints import eagle_formats
 from bass_jax.evaluation import reproduce
+from bass_jax.checkpoints import eagle_files
 from bass_jax.models import eagle
 from bass_jax.training import corpus, feature_draft
 from experiments import _io
@@ -59,8 +60,8 @@ def _load_draft(path: pathlib.Path, name: str, target_config) -> tuple[eagle.Eag
     config, params = eagle_formats.load_published(path)
     order = np.asarray(params["vocab_ids"], np.int32)
   else:
-    config, params = eagle.load_eagle(path)
-    order = eagle.load_vocab_order(path)
+    config, params = eagle_files.load_eagle(path)
+    order = eagle_files.load_vocab_order(path)
   try:
     eagle.check_pair_configs(config, target_config, name)
     config = eagle.resolve_taps(config, target_config)

@@ -96,7 +96,7 @@ _DRAFT_TREE = flags.DEFINE_multi_string(
     "--draft_len=goodput each step chooses among plain steps, chains and the shapes given (repeat the "
     "flag for several).")
 _SEED = flags.DEFINE_integer(
-    # bass_jax.preflight.MAX_SEED, spelled out: bass_jax loads only after the flags are checked.
+    # bass_jax.sampling.config.MAX_SEED, spelled out: bass_jax loads only after the flags are checked.
     "seed", 0, "PRNG seed in [0, 2**63 - 1] (with --nocontinuous, batch i uses seed + i).",
     lower_bound=0, upper_bound=2**63 - 1)
 _ATTENTION = flags.DEFINE_string(
@@ -110,7 +110,7 @@ _CHUNK = flags.DEFINE_integer(
 _SCAN_LAYERS = flags.DEFINE_bool(
     "scan_layers", None, "The target's (and a draft model's) layer layout: scanned (--scan_layers, "
     "one layer compiled) or unrolled (--noscan_layers); absent: the backend profile's (unrolled on "
-    "a CPU and a GPU: sampling.profiles).")
+    "a CPU and a GPU: bass_jax.profiles).")
 _DTYPE = flags.DEFINE_enum("dtype", "auto", ["auto", "float32", "bfloat16"],
                            "Parameter/compute dtype; auto: float32 on a CPU, bfloat16 on a GPU.")
 _OUTPUT = flags.DEFINE_string("output", None, "JSONL file, one record per sequence, appended as each "
@@ -227,8 +227,8 @@ def _check_run() -> _Checked:
     raise _io.Refusal(str(e)) from e
 
   from bass_jax.evaluation import experiment  # pylint: disable=g-import-not-at-top
-  from bass_jax import preflight  # pylint: disable=g-import-not-at-top
   from bass_jax.evaluation.data import load_problems  # pylint: disable=g-import-not-at-top
+  from bass_jax.sampling import config  # pylint: disable=g-import-not-at-top
 
   records_file = _runs.RecordsFile(output)
   settings = _runs.settings(__name__)
@@ -253,7 +253,7 @@ def _check_run() -> _Checked:
   except (FileNotFoundError, ValueError) as e:
     raise _io.Refusal(f"--resume: {output}: {e}" if done else str(e)) from e
   try:
-    preflight.check_seed(_SEED.value, 1 if _CONTINUOUS.value else len(plan))
+    config.check_seed(_SEED.value, 1 if _CONTINUOUS.value else len(plan))
   except ValueError as e:
     raise _io.Refusal(f"--seed: {e}") from e
   _preflight(problems)

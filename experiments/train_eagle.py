@@ -34,6 +34,7 @@ from absl import flags
 from absl import logging
 
 import bass_jax
+from bass_jax.checkpoints import eagle_files
 from bass_jax.models import eagle
 from bass_jax.training import corpus, distill, feature_draft
 from experiments import _io
@@ -106,7 +107,7 @@ def main(argv):
   (workdir / "vocab_coverage.json").write_text(json.dumps(coverage, indent=2))
   init = None
   if _INIT_FROM.value:
-    start_config, start = eagle.load_eagle(_INIT_FROM.value)
+    start_config, start = eagle_files.load_eagle(_INIT_FROM.value)
     same_layers = dataclasses.replace(config.layer, num_hidden_layers=start_config.num_layers)
     if (start_config.layer != same_layers or start_config.num_layers > config.num_layers
         or start_config.fused_layers not in ((), fused)):
@@ -135,7 +136,7 @@ def main(argv):
                                     "vocab_ids": vocab_ids[:config.draft_vocab_size]}, name="eagle3")
     bass_jax.save_model(draft, export, format=_EXPORT_LAYOUT.value, overwrite=True, dtype="bfloat16")
   else:
-    eagle.save_eagle(export, config, params, vocab_ids, overwrite=True,
+    eagle_files.save_eagle(export, config, params, vocab_ids, overwrite=True,
                      extra={"trained": {"corpus": _training.CORPUS.value, "steps": cfg.steps,
                                         "batch_size": cfg.batch_size}})
   logging.info("exported %s (%d trained parameters)", export, config.num_params())

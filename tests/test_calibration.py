@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import bass_jax as bj
-from bass_jax.sampling import calibration, profiles, programs, runner
+from bass_jax import profiles
+from bass_jax.sampling import calibration, programs, runner
 from conftest import noisy_copy, tiny_model
 
 # The GPU profile's decode (a static draft loop, one verification pass) with the jnp attention.

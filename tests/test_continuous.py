@@ -25,7 +25,7 @@ import pytest
 
 import bass_jax as bj
 from bass_jax.sampling import runner
-from bass_jax.sampling import profiles
+from bass_jax import profiles
 from conftest import assert_lossless, assert_reported, noisy_copy, random_eagle_draft, tiny_model
 import test_sampling_exact as exact
 

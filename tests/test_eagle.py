@@ -21,6 +21,7 @@ import pytest
 import safetensors.numpy
 
 import bass_jax as bj
+from bass_jax.checkpoints import eagle_files
 from bass_jax.models import common, eagle
 from bass_jax.sampling import proposers
 from bass_jax.training import distill, feature_draft
@@ -196,7 +197,7 @@ def test_files_round_trip_and_load_model_reads_them(tmp_path):
   target = tiny_model(0)
   draft = _random_draft(target)
   vocab = np.asarray(_vocab_ids())
-  eagle.save_eagle(tmp_path / "d", draft.config, draft.params["draft"], vocab, dtype=np.float32)
+  eagle_files.save_eagle(tmp_path / "d", draft.config, draft.params["draft"], vocab, dtype=np.float32)
   loaded = bj.load_model(tmp_path / "d")
   assert loaded.config == draft.config
   np.testing.assert_array_equal(loaded.params["vocab_ids"], vocab[:DRAFT_VOCAB])
@@ -204,7 +205,7 @@ def test_files_round_trip_and_load_model_reads_them(tmp_path):
                   jax.tree_util.tree_leaves(draft.params["draft"])):
     np.testing.assert_array_equal(a, b)
   smaller = draft.config.with_draft_vocab_size(8)
-  eagle.save_eagle(tmp_path / "small", smaller, draft.params["draft"], vocab)
+  eagle_files.save_eagle(tmp_path / "small", smaller, draft.params["draft"], vocab)
   assert bj.load_model(tmp_path / "small").params["vocab_ids"].tolist() == vocab[:8].tolist()
 
 
@@ -282,7 +283,7 @@ def test_a_damaged_draft_file_is_named(tmp_path, damage):
   data = file.read_bytes()
   cut = int(np.random.default_rng().integers(9, len(data) - 1)) if damage == "truncated" else 8
   file.write_bytes(data[:cut])
-  for read in (bj.load_model, eagle.load_vocab_order):
+  for read in (bj.load_model, eagle_files.load_vocab_order):
     with pytest.raises(ValueError) as error:
       read(tmp_path / "d")
     message = str(error.value)
@@ -300,7 +301,7 @@ def test_bad_input_is_named(tmp_path):
   draft = _random_draft(target)
   wrong = eagle.EagleConfig.for_target(tiny_model(0, intermediate_size=40).config,
                                        draft_vocab_size=DRAFT_VOCAB)
-  eagle.save_eagle(tmp_path / "d", wrong, draft.params["draft"], np.asarray(_vocab_ids()))
+  eagle_files.save_eagle(tmp_path / "d", wrong, draft.params["draft"], np.asarray(_vocab_ids()))
   with pytest.raises(ValueError, match="mlp"):
     bj.load_model(tmp_path / "d")
 

@@ -14,6 +14,7 @@ import pytest
 
 import bass_jax as bj
 from bass_jax.checkpoints import eagle_formats
+from bass_jax.checkpoints import eagle_files
 from bass_jax.models import eagle
 from bass_jax.training import corpus, feature_draft
 from conftest import tiny_model
@@ -30,7 +31,7 @@ def setup(tmp_path_factory):
   target = bj.load_model(root / "target", tokenizer=False)  # what the script reads: the saved weights
   config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=40)
   order = np.random.default_rng(0).permutation(61).astype(np.int32)
-  eagle.save_eagle(root / "draft", config, eagle.init_draft_params(config, jax.random.key(2)), order)
+  eagle_files.save_eagle(root / "draft", config, eagle.init_draft_params(config, jax.random.key(2)), order)
   rng = np.random.default_rng(1)
   tokens, mask = corpus.pack([rng.integers(1, 61, size=n).tolist() for n in (24, 9, 17, 2, 24, 13)],
                              window=24, pad_id=0)
@@ -55,9 +56,9 @@ def _run(root, *flags):
 
 
 def _reference(target, path, vocab_size, data):
-  config, params = eagle.load_eagle(path)
+  config, params = eagle_files.load_eagle(path)
   config = config.with_draft_vocab_size(vocab_size)
-  order = eagle.load_vocab_order(path)
+  order = eagle_files.load_vocab_order(path)
   frozen, head = feature_draft.frozen_inputs(config, target.config, target.params, order, "float32")
   return feature_draft.evaluate(params["draft"], data, config, frozen, head, "float32")
 

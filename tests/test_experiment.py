@@ -471,10 +471,10 @@ def test_a_resumed_run_decodes_only_what_is_missing_and_equals_an_uninterrupted_
     experiment.run_problems(target, draft, problems[:2], done={("p4", 0): full.records[4]},
                             **kwargs)
   # Static batch i decodes with seed + i: a seed whose last batch's would overflow is refused first.
-  from bass_jax import preflight  # pylint: disable=g-import-not-at-top
+  from bass_jax.sampling import config  # pylint: disable=g-import-not-at-top
 
   top = 2**63 - 1 - (0 if continuous else 2)
-  assert preflight.check_seed(top, 1 if continuous else 3) == top
+  assert config.check_seed(top, 1 if continuous else 3) == top
   with pytest.raises(ValueError, match="seed"):
     experiment.run_problems(target, draft, problems, **{**kwargs, "seed": top + 1})
 

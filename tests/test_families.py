@@ -223,7 +223,7 @@ def test_scanned_layers_match_transformers_and_save_as_per_layer(family, tmp_pat
   cache: its logits, in a full forward and decoded through a ragged NaN-padded cache, are
   transformers'; a save writes Hugging Face's per-layer tensors back; left out, the layout is the
   backend profile's."""
-  from bass_jax.sampling import profiles
+  from bass_jax import profiles
 
   hf = _hf_model(family, seed=2)
   hf.save_pretrained(tmp_path / "hf")

@@ -1,4 +1,4 @@
-"""Backend profiles (``bass_jax.sampling.profiles``) and the census of a decode lowered for CUDA
+"""Backend profiles (``bass_jax.profiles``) and the census of a decode lowered for CUDA
 (``bass_jax.tooling.hlo_census``, ``generate.lower``): the GPU profile's program decodes what the CPU's does,
 and, lowered for CUDA on this CPU, a BASS step reads at most 3 device values and copies no cache."""
 
@@ -9,7 +9,7 @@ import bass_jax as bj
 from bass_jax.tooling import hlo_census
 from bass_jax.models import attention as attention_lib
 from bass_jax.sampling import generate as generate_lib
-from bass_jax.sampling import profiles
+from bass_jax import profiles
 from conftest import noisy_copy, random_eagle_draft, tiny_model
 from pallas_kernels.ragged_attention import TRITON_CUSTOM_CALL, split_count
 

@@ -43,7 +43,7 @@ from scipy import stats
 import bass_jax as bj
 from bass_jax.sampling import acceptance
 from bass_jax.sampling import generate as generate_lib
-from bass_jax.sampling.profiles import BackendProfile
+from bass_jax.profiles import BackendProfile
 from bass_jax.sampling.proposers import replay_text
 from bass_jax.sampling.warp import warped_log_probs
 

@@ -259,14 +259,14 @@ def _draft() -> bj.Model:
 
 def _eagle_writers():
   """Every way an EAGLE draft is written: ``(name, write(path, overwrite))``."""
-  from bass_jax.models import eagle  # pylint: disable=g-import-not-at-top
+  from bass_jax.checkpoints import eagle_files  # pylint: disable=g-import-not-at-top
 
   draft = _draft()
   return [("save_model-safetensors",
            lambda p, overwrite: bj.save_model(draft, p, overwrite=overwrite)),
           ("save_model-orbax",
            lambda p, overwrite: bj.save_model(draft, p, format="orbax", overwrite=overwrite)),
-          ("save_eagle", lambda p, overwrite: eagle.save_eagle(
+          ("save_eagle", lambda p, overwrite: eagle_files.save_eagle(
               p, draft.config, draft.params["draft"], np.asarray(draft.params["vocab_ids"]),
               overwrite=overwrite))]
 
@@ -306,7 +306,7 @@ def test_an_eagle_save_refuses_a_directory_with_other_files_and_replaces_its_own
 
 
 def test_a_failed_eagle_save_leaves_no_partial_destination(tmp_path, monkeypatch):
-  from bass_jax.models import eagle  # pylint: disable=g-import-not-at-top
+  from bass_jax.checkpoints import eagle_files  # pylint: disable=g-import-not-at-top
 
   real_save_file = safetensors.numpy.save_file
 
@@ -321,7 +321,7 @@ def test_a_failed_eagle_save_leaves_no_partial_destination(tmp_path, monkeypatch
     raise OSError("disk full")
 
   existing = tmp_path / "existing"
-  eagle.save_eagle(existing, _draft().config, _draft().params["draft"],
+  eagle_files.save_eagle(existing, _draft().config, _draft().params["draft"],
                    np.asarray(_draft().params["vocab_ids"]))
   before = _snapshot(existing)
   monkeypatch.setattr(safetensors.numpy, "save_file", half_then_crash)

@@ -180,7 +180,7 @@ def test_settings_are_checked_and_the_spec_parses(target):
       max_n=6, min_agreement=0.25)
   with pytest.raises(ValueError, match="sibling settings are max_n=<int>"):
     bj.load_draft_spec("siblings:depth=3", target)
-  from bass_jax.preflight import parse_draft_spec  # pylint: disable=g-import-not-at-top
+  from bass_jax.sampling.drafts import parse_draft_spec  # pylint: disable=g-import-not-at-top
   assert parse_draft_spec("hybrid+siblings:some/model:max_n=3") == ("some/model", {"max_n": 3}, {})
   assert parse_draft_spec("hybrid:some/model") == ("some/model", {}, None)
   with pytest.raises(ValueError, match="written hybrid\\+siblings:<model spec>"):

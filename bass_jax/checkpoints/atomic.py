@@ -32,7 +32,7 @@ from typing import Iterator
 # -- what a save writes -------------------------------------------------------------------------------
 # The one list of what a checkpoint directory may hold for ``overwrite=True`` to replace it. It is what
 # bass_jax's saves write (``bass_jax.save_model``: ``hf.save_hf_checkpoint`` or config + orbax
-# ``params/``, then the tokenizer's ``save_pretrained``; ``models.eagle.save_eagle``), plus what
+# ``params/``, then the tokenizer's ``save_pretrained``; ``checkpoints.eagle_files.save_eagle``), plus what
 # transformers' own ``save_pretrained`` writes into the HF checkpoint directories ``load_model`` reads
 # (shards and their index, PyTorch ``.bin``, ``generation_config.json``), so that re-saving over a
 # converted or downloaded checkpoint works. None of these saves writes metadata of its own beside them;

@@ -216,7 +216,7 @@ def load_published(path: str | os.PathLike, *, dtype: Any = jnp.float32
   """Reads a published EAGLE draft directory (:func:`published_kind`) into ``(config, params)``.
 
   Returns:
-    ``params = {"draft": …, "vocab_ids": i32[V']}`` as ``eagle.load_eagle`` returns them; an EAGLE-3
+    ``params = {"draft": …, "vocab_ids": i32[V']}`` as ``eagle_files.load_eagle`` returns them; an EAGLE-3
     draft's ``draft`` also holds its ``lm_head [V', E]`` and final ``norm`` (``eagle.bind`` takes them
     as the head), and ``vocab_ids = arange(V') + d2t``.
 
@@ -398,7 +398,7 @@ def write_published(directory: str | os.PathLike, config: EagleConfig, params: d
 
   Raises:
     ValueError: another layout or draft kind (this project's own drafts have their own layout,
-      ``eagle.write_files``); a draft vocabulary that is not distinct target ids.
+      ``eagle_files.write_files``); a draft vocabulary that is not distinct target ids.
   """
   import torch  # pylint: disable=g-import-not-at-top
 

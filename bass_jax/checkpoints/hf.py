@@ -23,6 +23,7 @@ from bass_jax.models.codegen import MP_NUM, CodeGenConfig
 from bass_jax.models.gpt2 import GPT2Config
 from bass_jax.models.llama import LlamaConfig
 from bass_jax.models.opt import OPTConfig
+from bass_jax.models import common
 
 _T = (transpose,)
 CONFIG_CLASSES = {"llama": LlamaConfig, "qwen2": LlamaConfig, "mistral": LlamaConfig,
@@ -224,8 +225,6 @@ def _gemma3_text_config(fields: dict[str, Any]) -> dict[str, Any]:
     ValueError: no ``text_config``, or a top-level field that is neither the vision tower's nor
       transformers' generic bookkeeping (named).
   """
-  from bass_jax.models import common  # pylint: disable=g-import-not-at-top
-
   text = fields.get("text_config")
   if not isinstance(text, dict):
     raise ValueError("gemma3: config.json has no text_config object; a Gemma 3 text checkpoint "

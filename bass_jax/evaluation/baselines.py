@@ -12,6 +12,7 @@ import time
 from typing import Any, Sequence
 
 import numpy as np
+from bass_jax import loading
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +49,6 @@ def load_torch_model(spec: str | os.PathLike):
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
 
-  from bass_jax import loading  # pylint: disable=g-import-not-at-top
 
   spec = str(spec)
   if spec in loading.ALIASES:

@@ -16,6 +16,7 @@ import os
 import pathlib
 import sysconfig
 from typing import Any
+from bass_jax.training import corpus
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,8 +32,6 @@ STDLIB_HELDOUT = "stdlib-heldout"
 
 
 def _stdlib_heldout() -> list[Problem]:
-  from bass_jax.training import corpus  # pylint: disable=g-import-not-at-top
-
   files = [f for f in corpus.stdlib_files() if corpus.is_held_out(f, corpus.HELD_OUT_FRACTION)]
   prompts = corpus.docstring_prompts(files)
   root = pathlib.Path(sysconfig.get_paths()["stdlib"])

@@ -14,11 +14,12 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from bass_jax import _checks, preflight, text
+from bass_jax import _checks, text
 from bass_jax.evaluation import humaneval, metrics
 from bass_jax.evaluation.data import Problem
 from bass_jax.loading import Model
 from bass_jax.sampling import compile_cache, programs
+from bass_jax.sampling import config as config_lib
 from bass_jax.sampling.generate import generate, tree_shapes
 from bass_jax.sampling.proposers import DRAFT_SOURCES
 
@@ -254,7 +255,7 @@ def run_problems(
                        samples_per_prompt, sample_order)
   num_batches = len(plan)
   continuous = _checks.as_bool("continuous", continuous)
-  seed = preflight.check_seed(seed, 1 if continuous else num_batches)  # batch i: seed + i
+  seed = config_lib.check_seed(seed, 1 if continuous else num_batches)  # batch i: seed + i
   if continuous:
     plan = [[row for batch in plan for row in batch]]  # one queue, batch_size rows at a time
   done = dict(done or {})

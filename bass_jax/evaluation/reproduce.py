@@ -30,6 +30,9 @@ from bass_jax.evaluation import experiment, metrics
 from bass_jax.evaluation.data import Problem
 from bass_jax.loading import Model
 from bass_jax.sampling.generate import tree_shapes
+from bass_jax import loading
+from bass_jax.sampling.generate import load_draft_spec
+from bass_jax.evaluation import baselines as hf
 
 # name -> (method, draft_len, attention strategy); "pad"/"split" resolve to the Pallas kernels on a GPU
 # and to their plain-JAX counterparts elsewhere (bass_jax.models.attention).
@@ -63,9 +66,6 @@ def load_pair(target: str, draft: str, draft_num_layers: int | None = None,
   """The target (with its tokenizer) and the draft side, via ``load_model`` / ``load_draft_spec``
   (a draft model, ``ngram[:…]`` or ``hybrid:<model>[:…]``). ``scan_layers`` is the target's layer
   layout (``load_model``; None: the backend profile's); a draft model follows the target's."""
-  from bass_jax import loading  # pylint: disable=g-import-not-at-top
-  from bass_jax.sampling.generate import load_draft_spec  # pylint: disable=g-import-not-at-top
-
   target_model = loading.load_model(target, scan_layers=scan_layers)
   return target_model, load_draft_spec(draft, target_model, num_layers=draft_num_layers)
 
@@ -415,8 +415,6 @@ def baselines(target: Model, draft: Model, problems: Sequence[Problem], *, hf_ta
   system stops at EOS; latencies are per emitted token. ``save`` receives the result so far after
   every run.
   """
-  from bass_jax.evaluation import baselines as hf  # pylint: disable=g-import-not-at-top
-
   eos = target.config.eos_token_id
   eos = eos[0] if isinstance(eos, tuple) else eos
   distinct = temperature == 0

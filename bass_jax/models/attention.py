@@ -46,6 +46,7 @@ from typing import Callable, Protocol
 
 import jax
 import jax.numpy as jnp
+from pallas_kernels import ragged_attention
 
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: no inf - inf in online softmaxes
 
@@ -487,8 +488,6 @@ def _pallas(variant: str) -> AttentionFn:
   chosen from the shape and the SM count (``ragged_attention.split_count``); interpreted, unsplit,
   on any other platform (:func:`compile_platform`). The keywords (``sm_scale``, ``sliding_window``,
   ``logit_soft_cap``, ``kv_lengths``, ``return_residuals``) go to the kernel as they are."""
-  from pallas_kernels import ragged_attention  # pylint: disable=g-import-not-at-top
-
   if compile_platform() not in GPU_PLATFORMS:
     return functools.partial(ragged_attention.ragged_attention, variant=variant, interpret=True)
   sm_count = _sm_count()
@@ -539,7 +538,6 @@ def implementation_for_heads(name: str, head_dims: dict[str, int], *, chosen_by_
   """
   if not name.startswith("pallas_"):
     return name
-  from pallas_kernels import ragged_attention  # pylint: disable=g-import-not-at-top
 
   bad = {model: dim for model, dim in head_dims.items()
          if not ragged_attention.supports_head_dim(dim)}

@@ -57,7 +57,7 @@ class AcceptanceRule:
       and the target; a model draft is accepted somewhat less often, at worst ``(1 - TV) / (1 +
       TV)`` instead of ``1 - TV``).
     branch_free: the warp finds the nucleus with one sort per row, no device-side loop
-      (``sampling.profiles``).
+      (``bass_jax.profiles``).
 
   Raises:
     ValueError: an unknown ``name``.

@@ -11,8 +11,11 @@ from typing import Any, Sequence
 
 import jax
 
+from bass_jax import _checks
+from bass_jax.profiles import BackendProfile
+from bass_jax.sampling import draft_len as draft_len_lib
+from bass_jax.sampling import tree as tree_lib
 from bass_jax.sampling.draft_len import DraftLenPolicy
-from bass_jax.sampling.profiles import BackendProfile
 from bass_jax.sampling.tree import TreeShape
 
 
@@ -88,7 +91,7 @@ class DecodeConfig:
       None takes the profile's (``"reference"`` on a CPU, ``"pallas_split"`` on a GPU).
     profile: the backend profile whose defaults fill ``attention_impl`` and ``verify_chunk``, say
       whether the program is branch-free, and how a continuous batch prefills the prompts it admits
-      (``sampling.profiles``): ``"cpu"``, ``"gpu"``, a :class:`BackendProfile`, or None for the
+      (``bass_jax.profiles``): ``"cpu"``, ``"gpu"``, a :class:`BackendProfile`, or None for the
       profile of the platform the decode is compiled for (``jax.default_backend()``).
     mesh: a ``jax.sharding.Mesh`` with axes ``"data"`` and ``"model"`` (``bass_jax.sharding``): rows
       split over ``data`` (padded with inert rows to a multiple of its size), the target's weights
@@ -154,3 +157,75 @@ def with_settings(config: DecodeConfig | None, settings: dict[str, Any]) -> Deco
     raise TypeError(f"unknown decode setting {unknown[0]!r}; DecodeConfig's fields are "
                     f"{sorted(names)}")
   return dataclasses.replace(config or DecodeConfig(), **settings)
+
+
+MAX_SEED = 2**63 - 1  # generate's seeds: all 64 bits of the threefry key count (generate.prng_key)
+
+
+def check_seed(seed: Any, runs: int = 1) -> int:
+  """Checks a run's seed: an int such that every seed the run derives from it, ``seed .. seed + runs -
+  1`` (a static batch ``i`` decodes with ``seed + i``), lies in ``[0, MAX_SEED]``.
+
+  Args:
+    seed: the run's seed (a Python or NumPy int). runs: the seeds the run derives (its static batches).
+
+  Returns:
+    The seed as a Python int.
+
+  Raises:
+    ValueError: not an int, negative, or too large for ``runs`` batches (the largest allowed named).
+  """
+  runs = _checks.as_int("runs", runs, min_value=1)
+  return _checks.as_int("seed" if runs == 1 else f"seed (with {runs} batches, seed + {runs - 1})",
+                        seed, min_value=0, max_value=MAX_SEED - (runs - 1))
+
+
+def check_speculation(method: str, draft_len: Any, draft_tree: Any, *, vocab_size: int | None = None,
+                      context: int | None = None) -> tuple[Any, tuple[Any, ...]]:
+  """The speculation settings of a run, checked together: the one place ``generate`` and every script
+  decide them.
+
+  Args:
+    method: ``"bass"`` or ``"regular"``.
+    draft_len: ``"dynamic"``, ``"goodput"``, an int in ``[1, draft_len.MAX_DRAFT_LEN]`` or a policy.
+    draft_tree: None, or shapes as ``tree.tree_shapes`` takes them.
+    vocab_size, context: the models' (when known), which a tree shape must fit
+      (``TreeShape.check_fits``) and a fixed draft length must stay below.
+
+  Returns:
+    ``(policy, trees)``: the draft-length policy (None for regular decoding; with one tree shape and
+    the default policy, a fixed length of its depth; with goodput, the policy choosing among the
+    shapes) and the tree shapes (empty for chains).
+
+  Raises:
+    ValueError: an unknown method, a bad draft length or tree shape (``tree.TreeShape.parse``), a tree
+      with regular decoding, several shapes without ``draft_len="goodput"``, a tree with a fixed
+      length, or a shape or length that does not fit the models.
+  """
+  if method not in ("bass", "regular"):
+    raise ValueError(f"method must be 'bass' or 'regular', got {method!r}")
+  trees = tree_lib.tree_shapes(draft_tree)
+  if method == "regular":
+    if trees:
+      raise ValueError("draft_tree needs method='bass': regular decoding drafts nothing")
+    return None, ()
+  policy = draft_len_lib.as_policy(draft_len)
+  if context is not None and isinstance(policy, draft_len_lib.FixedDraftLen):
+    if policy.length >= context:
+      raise ValueError(f"draft_len={policy.length} must be below the models' context of {context} "
+                       "positions; lower it")
+  for shape in trees:
+    if vocab_size is not None and context is not None:
+      shape.check_fits(vocab_size=vocab_size, context=context)
+  if not trees:
+    return policy, ()
+  if isinstance(policy, draft_len_lib.GoodputDraftLen):
+    return dataclasses.replace(policy, trees=trees), trees
+  if not (isinstance(draft_len, str) and draft_len == "dynamic"):
+    raise ValueError(f"draft_len={draft_len!r} chooses chain lengths; with draft_tree leave it at its "
+                     "default (every step verifies the tree) or pass 'goodput' (each step chooses "
+                     "among plain steps, chains and the tree shapes)")
+  if len(trees) > 1:
+    raise ValueError(f"draft_tree names {len(trees)} shapes: choosing among them per step needs "
+                     "draft_len='goodput' (or give one shape)")
+  return draft_len_lib.as_policy(trees[0].depth), trees

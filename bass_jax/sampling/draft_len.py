@@ -44,7 +44,7 @@ class StepCosts:
       ``draft_tree``, in its order): the proposer's catch-up and growth plus the target's one forward
       over the tree's nodes under its ancestor mask. Empty without trees.
     fixed_drafts: L when every chain step drafts L tokens whatever its length l (the branch-free draft
-      loop of the GPU profile, ``sampling.profiles``: its static ``L`` iterations run, the drafts past
+      loop of the GPU profile, ``bass_jax.profiles``: its static ``L`` iterations run, the drafts past
       l are padding), so a chain of any length pays ``propose_first + (L - 1) propose_next``; 0 when a
       step drafts l tokens (the CPU profile's loop).
   """

@@ -13,9 +13,63 @@ import numpy as np
 from bass_jax import sharding as sharding_lib
 from bass_jax.loading import Model, check_same_tokenizer, load_draft
 from bass_jax.models import eagle, medusa
-from bass_jax.preflight import parse_draft_spec
 from bass_jax.sampling.proposers import (EagleProposer, Hybrid, MedusaProposer, ModelProposer,
                                          NGramProposer, Proposer, Replay, SiblingProposer)
+
+_NGRAM_KEYS = ("max_n", "min_n")
+_SIBLING_KEYS = ("max_n", "min_n", "pool", "max_matches", "max_siblings", "min_agreement")
+_FLOAT_KEYS = ("min_agreement",)
+
+
+def parse_draft_spec(spec: str) -> tuple[str | None, dict[str, int] | None, dict[str, Any] | None]:
+  """The parts of a draft spec (``bass_jax.load_draft_spec``): ``(model spec or None, n-gram settings
+  or None, sibling-lookup settings or None)``.
+
+  ``ngram[:max_n=4,min_n=2]`` is n-gram lookup alone; ``siblings[:max_n=8,min_n=2,pool=8,
+  max_matches=32,max_siblings=15,min_agreement=0.1]`` sibling lookup alone;
+  ``hybrid:<model>[:max_n=..,min_n=..]`` n-gram lookup and a model;
+  ``hybrid+siblings:<model>[:max_n=..,min_n=..]`` sibling lookup (at its defaults), then n-gram
+  lookup, then the model; anything else a model alone. (No commas outside
+  settings: scripts take lists of specs.)
+
+  Raises:
+    ValueError: a malformed setting, an empty hybrid or one without a model (the accepted form
+      named).
+  """
+  spec = str(spec)
+
+  def settings(text: str, keys: tuple[str, ...], form: str) -> dict[str, Any]:
+    kwargs = {}
+    for item in filter(None, text.split(",")):
+      key, _, value = item.partition("=")
+      value = value.strip()
+      number = value.isdigit() or (key in _FLOAT_KEYS and value.replace(".", "", 1).isdigit())
+      if key not in keys or not number:
+        raise ValueError(f"draft spec {spec!r}: {form}, got {item!r}")
+      kwargs[key] = float(value) if key in _FLOAT_KEYS else int(value)
+    return kwargs
+
+  def ngram(text: str) -> dict[str, int]:
+    return settings(text, _NGRAM_KEYS, "n-gram settings are max_n=<int>,min_n=<int>")
+
+  kind, _, rest = spec.partition(":")
+  if kind == "ngram":
+    return None, ngram(rest), None
+  if kind == "siblings":
+    return None, None, settings(rest, _SIBLING_KEYS, "sibling settings are max_n=<int>,min_n=<int>,"
+                                "pool=<int>,max_matches=<int>,max_siblings=<int>,"
+                                "min_agreement=<float>")
+  if kind in ("hybrid", "hybrid+siblings"):
+    if rest == "siblings" or rest.startswith(("siblings,", "siblings:", "siblings+")):
+      raise ValueError(f"draft spec {spec!r}: sibling lookup in a hybrid is written "
+                       "hybrid+siblings:<model spec>[:max_n=4,min_n=2]")
+    if not rest:
+      raise ValueError(f"draft spec {spec!r}: write {kind}:<model spec>[:max_n=4,min_n=2]")
+    model_spec, _, text = rest.rpartition(":") if "=" in rest else (rest, "", "")
+    return model_spec, ngram(text), ({} if kind == "hybrid+siblings" else None)
+  if not spec:
+    raise ValueError("draft spec is empty: give a model, 'ngram', 'siblings' or 'hybrid:<model>'")
+  return spec, None, None
 
 
 def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any = None,

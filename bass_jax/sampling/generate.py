@@ -33,7 +33,7 @@ from bass_jax.sampling.lowering import LoweredDecode, lower  # pylint: disable=u
 from bass_jax.sampling.outputs import FinishedPrompt, GenerateOutput, GenerateStats  # pylint: disable=unused-import
 from bass_jax.sampling.plan import (MAX_SEED, Plan, batch_bucket,  # pylint: disable=unused-import
                                     output_bucket, prepare, prng_key, prompt_bucket)
-from bass_jax.sampling.profiles import BackendProfile
+from bass_jax.profiles import BackendProfile
 from bass_jax.sampling.programs import (clear_compile_cache,  # pylint: disable=unused-import
                                         enable_persistent_compilation_cache,
                                         set_compile_cache_size)

@@ -13,13 +13,14 @@ from bass_jax.loading import Model
 from bass_jax.models import attention as attention_lib
 from bass_jax.sampling import costs as costs_lib
 from bass_jax.sampling import loop
-from bass_jax.sampling import profiles
+from bass_jax import profiles
 from bass_jax.sampling import state as state_lib
 from bass_jax.sampling.config import DecodeConfig, with_settings
 from bass_jax.sampling.draft_len import GoodputDraftLen, as_policy
 from bass_jax.sampling.plan import prepare
 from bass_jax.sampling.programs import compiled
 from bass_jax.sampling.tree import tree_shapes
+from pallas_kernels.ragged_attention import TRITON_CUSTOM_CALL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +72,6 @@ def lower(target: Model, draft: Any, prompts: Any, config: DecodeConfig | None =
   """
   from jax import export  # pylint: disable=g-import-not-at-top
 
-  from pallas_kernels.ragged_attention import TRITON_CUSTOM_CALL  # pylint: disable=g-import-not-at-top
 
   config = with_settings(config, settings)
   policy = config.draft_len

@@ -54,7 +54,7 @@ class GenerateStats:
     batch_bucket: the number of rows the programs ran (B plus inert padding rows).
     verify_chunk: positions per verification forward (0 for regular decoding).
     attention_impl: the attention implementation both models ran.
-    profile: the backend profile whose defaults the call took (``sampling.profiles``).
+    profile: the backend profile whose defaults the call took (``bass_jax.profiles``).
     proposer: the draft side's name (empty for regular decoding).
     step_costs: the ``StepCosts`` a cost-aware draft length used (None otherwise).
     mesh: ``{"data": d, "model": m}`` of the mesh the decode ran on (empty on one device).

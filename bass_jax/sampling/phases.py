@@ -56,6 +56,7 @@ from bass_jax.sampling.plan import prepare
 from bass_jax.sampling.proposers import Hybrid
 from bass_jax.sampling.step import (STEP_SCOPES, _target_forward, chain_step, plain_step,
                                     step_context)
+from bass_jax.sampling import generate as generate_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -340,7 +341,6 @@ def profile_step_scopes(target, draft, prompts, **kwargs) -> dict[str, float]:
       ``**kwargs``).
   """
 
-  from bass_jax.sampling import generate as generate_lib  # pylint: disable=g-import-not-at-top
 
   if jax.default_backend() != "cpu":
     raise ValueError(f"profile_step_scopes reads the CPU backend's trace; this is "

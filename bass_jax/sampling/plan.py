@@ -22,14 +22,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from bass_jax import _checks
-from bass_jax import preflight
+from bass_jax import profiles
 from bass_jax import sharding as sharding_lib
 from bass_jax.loading import Model
 from bass_jax.models import attention as attention_lib
 from bass_jax.sampling import calibration
 from bass_jax.sampling import compile_cache
+from bass_jax.sampling import config as config_lib
 from bass_jax.sampling import costs as costs_lib
-from bass_jax.sampling import profiles
 from bass_jax.sampling import programs
 from bass_jax.sampling import state as state_lib
 from bass_jax.sampling import warp
@@ -42,7 +42,7 @@ from bass_jax.sampling.proposers import NoProposer, Replay
 _MIN_PROMPT_BUCKET = 16
 _OUTPUT_BUCKET = 32  # the output buffer holds a multiple of this many tokens
 MAX_EOS_IDS = 8  # EOS ids are a traced array of this many slots (padded with -1)
-MAX_SEED = preflight.MAX_SEED
+MAX_SEED = config_lib.MAX_SEED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +114,7 @@ def prng_key(seed: int) -> jax.Array:
   Raises:
     ValueError: a seed that is not an int in range (names ``seed``).
   """
-  seed = preflight.check_seed(seed)
+  seed = config_lib.check_seed(seed)
   data = np.array([seed >> 32, seed & 0xFFFFFFFF], np.uint32)
   return jax.random.wrap_key_data(data, impl="threefry2x32")
 
@@ -211,7 +211,7 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
     ValueError: naming the setting, for an argument of the wrong type or out of range; an unknown
       method, acceptance, attention_impl or profile; no draft for BASS; a draft whose tokenizer
       differs from the target's; empty prompts or token ids outside the vocabulary; a bad draft
-      length, chunk size or tree shape (``preflight.check_speculation``); prompt + ``max_new_tokens``
+      length, chunk size or tree shape (``config_lib.check_speculation``); prompt + ``max_new_tokens``
       beyond the models' context or ``max_cache_len``; a mesh without the axes ``data`` and
       ``model``, with ``jax_threefry_partitionable`` off, with scanned layers, or with a ``data``
       axis larger than 1 under continuous batching; ``sequence_ids`` of the wrong length, out of
@@ -262,7 +262,7 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
   max_cache_len = (None if c.max_cache_len is None
                    else _checks.as_int("max_cache_len", c.max_cache_len, min_value=1))
   context = min(m.config.max_positions for m in [target] + draft_models)
-  policy, trees = preflight.check_speculation(c.method, c.draft_len, c.draft_tree,
+  policy, trees = config_lib.check_speculation(c.method, c.draft_len, c.draft_tree,
                                               vocab_size=target.config.vocab_size, context=context)
   _check_tree_windows(trees, target, draft_models, attention_impl)
   chunk = 0  # with a proposer, None until the spec knows L: one pass of L + 1 (profiles)

@@ -119,7 +119,7 @@ class DecodeSpec:
 
   @property
   def branch_free(self) -> bool:
-    """No device-side decision where work can replace it (the GPU profile, ``sampling.profiles``)."""
+    """No device-side decision where work can replace it (the GPU profile, ``bass_jax.profiles``)."""
     return self.acceptance.branch_free
 
   @property

@@ -62,7 +62,7 @@ def top_p_filter(log_probs: jax.Array, top_p: jax.Array, *, branch_free: bool = 
     log_probs: ``f32[..., V]`` normalized log-probabilities.
     top_p: scalar in ``(0, 1]``.
     branch_free: find every row's threshold with one sort (:func:`_sorted_threshold`), with no
-      ``lax.cond`` and no loop: the GPU profile's (``sampling.profiles``). On XLA:GPU a ``cond``'s
+      ``lax.cond`` and no loop: the GPU profile's (``bass_jax.profiles``). On XLA:GPU a ``cond``'s
       branch index is a host round trip and each of the bisection's 31 iterations a few launches,
       where a real GPU sorts a row in one CUB kernel. Otherwise (a CPU, where a 49k sort
       costs ~10 ms a row) the top-k fast path, and the bisection under a ``lax.cond`` for rows whose

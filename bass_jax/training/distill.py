@@ -31,6 +31,7 @@ import numpy as np
 import optax
 
 from bass_jax.models.llama import LlamaConfig
+from bass_jax import loading
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,8 +171,6 @@ class Objective:
 def distillation(config: LlamaConfig, cfg: TrainConfig,
                  init_params: Callable[[jax.Array], Any] | None = None) -> Objective:
   """The independent draft's objective: :func:`distill_loss` and :func:`evaluate` (the default)."""
-  from bass_jax import loading  # pylint: disable=g-import-not-at-top
-
   return Objective(
       loss=lambda params, frozen, batch: distill_loss(params, batch, config, cfg.compute_dtype),
       evaluate=lambda params, data: evaluate(params, config, data, dtype=cfg.compute_dtype,

@@ -299,7 +299,7 @@ def frozen_inputs(config: eagle.EagleConfig, target_config: Any, target_params: 
     config: the draft's config; its ``draft_vocab_size`` V' picks the head rows.
     target_config, target_params: the target (a Llama-family model).
     vocab_ids: ``i32[n]`` the frequency-sorted vocabulary, n >= V' (:func:`token_frequencies`, or a
-      draft's stored order: ``eagle.load_vocab_order``).
+      draft's stored order: ``eagle_files.load_vocab_order``).
     dtype: the compute dtype of the embedding and head rows.
 
   Returns:
@@ -313,7 +313,7 @@ def frozen_inputs(config: eagle.EagleConfig, target_config: Any, target_params: 
   """
   if len(vocab_ids) < config.draft_vocab_size:
     raise ValueError(f"V' = {config.draft_vocab_size} needs as many vocab_ids, got {len(vocab_ids)}: "
-                     "pass the draft's whole stored order (eagle.load_vocab_order)")
+                     "pass the draft's whole stored order (eagle_files.load_vocab_order)")
   frozen = eagle.bind(None, vocab_ids, target_config, target_params, config.draft_vocab_size)
   del frozen["draft"]
   if config.kind == "eagle3":  # its own head is trained; the target's rows give the target's law

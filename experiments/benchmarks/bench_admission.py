@@ -18,7 +18,7 @@ from absl import app
 from absl import flags
 
 import bass_jax
-from bass_jax.sampling import profiles
+from bass_jax import profiles
 from experiments import _io
 
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target model spec.")

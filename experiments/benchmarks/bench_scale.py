@@ -271,7 +271,8 @@ def _forward_part(variant, shape, target, draft, s, bandwidth, done, add, left, 
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   from bass_jax.models import common  # pylint: disable=g-import-not-at-top
-  from bass_jax.sampling import costs, profiles  # pylint: disable=g-import-not-at-top
+  from bass_jax import profiles  # pylint: disable=g-import-not-at-top
+  from bass_jax.sampling import costs  # pylint: disable=g-import-not-at-top
   from bass_jax.sampling.drafts import resolve_draft  # pylint: disable=g-import-not-at-top
 
   profile = profiles.backend_profile()
@@ -463,7 +464,7 @@ def _census_child(run_dir: pathlib.Path) -> None:
 
   import bass_jax  # pylint: disable=g-import-not-at-top
   from bass_jax.models import attention, common  # pylint: disable=g-import-not-at-top
-  from bass_jax.sampling import profiles  # pylint: disable=g-import-not-at-top
+  from bass_jax import profiles  # pylint: disable=g-import-not-at-top
   from bass_jax.tooling import thunk_census  # pylint: disable=g-import-not-at-top
   from experiments import _shapes  # pylint: disable=g-import-not-at-top
 

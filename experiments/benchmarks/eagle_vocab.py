@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 import bass_jax
+from bass_jax.checkpoints import eagle_files
 from bass_jax.models import eagle
 from bass_jax.sampling import costs
 from bass_jax.sampling.generate import output_bucket, prompt_bucket
@@ -52,7 +53,7 @@ def main(argv):
   if not isinstance(draft.config, eagle.EagleConfig):
     raise app.UsageError(f"{_DRAFT.value} is not an EAGLE draft")
   # The whole stored frequency order (the loaded draft keeps only its own V' of it).
-  full_vocab = eagle.load_vocab_order(bass_jax.loading.model_path(_DRAFT.value))
+  full_vocab = eagle_files.load_vocab_order(bass_jax.loading.model_path(_DRAFT.value))
   sizes = list(map(int, _SIZES.value))
   coverage = feature_draft.vocab_coverage(full_vocab, eval_data["tokens"], eval_data["mask"], sizes)
   dtype = np.dtype(draft.dtype).name

@@ -5,7 +5,7 @@ one BASS step, host callbacks, kernels and the largest arrays. No GPU needed.
 
 The decode is the one ``bass_jax.generate`` would run for these flags (target, draft, batch,
 sampling and draft length as in ``experiments.generate``), under the backend profile of
-``--platform`` unless ``--profile`` says otherwise (``bass_jax.sampling.profiles``): it is traced as
+``--platform`` unless ``--profile`` says otherwise (``bass_jax.profiles``): it is traced as
 for that platform (the Pallas kernels lowered natively, their cache splits sized for ``--sm_count``
 SMs) and exported with ``jax.export`` (``bass_jax.sampling.generate.lower``). The prompts are
 ``--batch_size`` distinct random token sequences of ``--prompt_len`` tokens: only shapes matter.
@@ -197,7 +197,7 @@ def main(argv):
   import bass_jax  # pylint: disable=g-import-not-at-top
   from bass_jax.tooling import hlo_census  # pylint: disable=g-import-not-at-top
   from bass_jax.sampling import generate as generate_lib  # pylint: disable=g-import-not-at-top
-  from bass_jax.sampling import profiles  # pylint: disable=g-import-not-at-top
+  from bass_jax import profiles  # pylint: disable=g-import-not-at-top
 
   profile = profiles.backend_profile(_PROFILE.value or profiles.platform_profile(_PLATFORM.value))
   if not _PROFILE_OPTIONS.value:

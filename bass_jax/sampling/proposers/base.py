@@ -60,7 +60,7 @@ class StepContext:
     finished: the samples retired into the queue (:class:`FinishedSamples`); None for a context
       built by hand.
     branch_free: static; draft loops run their static ``L`` iterations and warps find the nucleus
-      with one sort per row (``DecodeSpec.branch_free``, ``sampling.profiles``).
+      with one sort per row (``DecodeSpec.branch_free``, ``bass_jax.profiles``).
   """
 
   tokens: jax.Array
