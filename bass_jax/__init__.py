@@ -26,7 +26,8 @@ from bass_jax.sampling.generate import (PAD_TOKEN, FinishedPrompt, GenerateOutpu
                                         load_draft_spec, lower, set_compile_cache_size)
 from bass_jax.sampling.plan import Plan, prepare
 from bass_jax.profiles import BackendProfile
-from bass_jax.sampling.proposers import Hybrid, NGramProposer, Replay, SiblingProposer
+from bass_jax.sampling.proposers import (Hybrid, NGramProposer, Proposal, Proposer, Replay,
+                                         SiblingProposer, StepContext)
 from bass_jax.sampling.runner import run
 from bass_jax.sampling.tree import TreeShape
 from bass_jax.text import generate_text
@@ -34,7 +35,8 @@ from bass_jax.text import generate_text
 __all__ = [
     "ALIASES", "BackendProfile", "CodeGenConfig", "DecodeConfig", "DynamicDraftLen", "FinishedPrompt", "FixedDraftLen", "GPT2Config", "GenerateOutput",
     "GenerateStats", "GoodputDraftLen", "Hybrid", "KVCache", "Llama", "LlamaConfig", "Model",
-    "NGramProposer", "OPTConfig", "PAD_TOKEN", "Plan", "Replay", "SiblingProposer", "StepCosts",
+    "NGramProposer", "OPTConfig", "PAD_TOKEN", "Plan", "Proposal", "Proposer", "Replay",
+    "SiblingProposer", "StepContext", "StepCosts",
     "TreeShape",
     "abstract_params", "attention_implementations", "check_same_tokenizer", "clear_compile_cache",
     "compile_cache_stats",

@@ -74,7 +74,10 @@ def parse_draft_spec(spec: str) -> tuple[str | None, dict[str, int] | None, dict
 
 def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any = None,
                   draft_sharding: str = "replicated") -> tuple[Proposer, Any, list[Model]]:
-  """``(proposer, its weights, its models)`` from what :func:`generate` accepts as ``draft``.
+  """``(proposer, its weights, its models)`` from what :func:`generate` accepts as ``draft``: a draft
+  ``Model`` (an independent draft, an EAGLE draft or Medusa heads), a lookup proposer, a ``Hybrid``,
+  a ``Replay``, or any other ``Proposer`` (a user's own, docs/extending.md), alone or as ``(proposer,
+  params)`` with its weights (a pytree of arrays, traced).
 
   With a ``mesh``, the proposer of a draft model carries the plan of the rules ``draft_sharding`` names
   (``bass_jax.sharding.RULES``); ``generate`` places the weights by it.
@@ -137,12 +140,33 @@ def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any =
               "acceptance": jnp.asarray(draft.acceptance, jnp.float32),
               "seed": jnp.asarray(draft.seed, jnp.uint32)}
     return dataclasses.replace(draft, model=proposer, text=None), params, [draft.model]
+  if isinstance(draft, tuple) and len(draft) == 2 and isinstance(draft[0], Proposer):
+    return _own_proposer(*draft, mesh=mesh)
+  if isinstance(draft, Proposer):
+    return _own_proposer(draft, None, mesh=mesh)
   raise ValueError(
       "draft must be a bass_jax.Model (a draft model), a bass_jax.NGramProposer (model-free prompt "
       "lookup), a bass_jax.SiblingProposer (model-free lookup in the other samples of the prompt), "
-      "a bass_jax.Replay(model, text) (a recorded continuation at set acceptance rates) or "
-      f"a bass_jax.Hybrid(model, ngram, siblings); got {type(draft).__name__} (scripts take a spec "
+      "a bass_jax.Replay(model, text) (a recorded continuation at set acceptance rates), "
+      "a bass_jax.Hybrid(model, ngram, siblings), or your own bass_jax.Proposer (with its weights: "
+      f"(proposer, params); docs/extending.md); got {type(draft).__name__} (scripts take a spec "
       "string: see bass_jax.load_draft_spec)")
+
+
+def _own_proposer(proposer: Proposer, params: Any, *, mesh: Any) -> tuple[Proposer, Any, list[Model]]:
+  """A user's own proposer (docs/extending.md) and its weights, as :func:`resolve_draft` returns them.
+
+  Raises:
+    ValueError: a built-in model proposer without its weights (the ``bass_jax.Model`` is the way to
+      pass it), weights on a mesh without the proposer's ``sharding`` plan.
+  """
+  if params is None and isinstance(proposer, (ModelProposer, EagleProposer, MedusaProposer)):
+    raise ValueError(f"{type(proposer).__name__} drafts with a model's weights: pass the draft "
+                     "bass_jax.Model itself (or (proposer, params))")
+  if params is not None and mesh is not None and proposer.sharding is None:
+    raise ValueError(f"{proposer.name} has weights but no sharding plan (Proposer.sharding) for the "
+                     "mesh; give it one (bass_jax.sharding.plan) or decode without a mesh")
+  return proposer, params, []
 
 
 def load_draft_spec(spec: str, target: Model, *, num_layers: int | None = None, dtype: Any = None
