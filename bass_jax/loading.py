@@ -87,7 +87,7 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
         ``model.safetensors.index.json`` or not, or ``*.bin``) of a supported family: Llama (2, 3.x),
         Qwen2, Qwen3, Mistral, Gemma 2, Gemma 3 (text, or a multimodal checkpoint's text decoder),
         Phi-3/4, OPT, CodeGen, GPT-2; a published EAGLE-1/2 or EAGLE-3 draft
-        (``checkpoints.eagle_formats``) or Medusa heads (``models.medusa``); a snapshot of a Hugging
+        (``checkpoints.eagle_formats``) or Medusa heads (``checkpoints.medusa_files``); a snapshot of a Hugging
         Face cache
         (``…/hub/models--org--name/snapshots/<commit>/``, its files symlinks into ``../../blobs/``) is
         one;
@@ -175,13 +175,13 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
     if num_layers is not None or scan_layers:
       raise ValueError(f"{name} holds Medusa heads; num_layers and scan_layers do not apply to them")
     config, params = medusa_files.load_medusa(path, dtype=dtype)
-  elif path.is_dir() and (_is_eagle(path) or eagle_formats.published_kind(path)):
+  elif path.is_dir() and (eagle_files.is_eagle(path) or eagle_formats.published_kind(path)):
     if num_layers is not None:
       raise ValueError(f"{name} is an EAGLE draft; num_layers does not apply to it")
     if scan_layers:
       raise ValueError(f"{name} is an EAGLE draft, whose layers are always unrolled; load it with "
                        "scan_layers=False (or None)")
-    if _is_eagle(path):
+    if eagle_files.is_eagle(path):
       config, params = eagle_files.load_eagle(path, dtype=dtype)
     else:  # EAGLE-1/2, EAGLE-3 or speculators, as published
       config, params = eagle_formats.load_published(path, dtype=dtype)
@@ -228,17 +228,6 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
                    and getattr(config, "uniform_layers", True)
                    and profiles.backend_profile().scan_layers)
   return model.with_scanned_layers(scan_layers)
-
-
-def _is_eagle(path: pathlib.Path) -> bool:
-  """Whether directory ``path`` holds an EAGLE draft (``checkpoints.eagle_files.save_eagle``).
-
-  Raises:
-    ValueError: its config.json is not valid JSON or not a JSON object (the file named).
-  """
-  if not (path / atomic.CONFIG_FILE).is_file():
-    return False
-  return hf_ckpt.read_config_fields(path).get("model_type") == eagle.MODEL_TYPE
 
 
 def load_draft(spec: str | os.PathLike, target: Model, *, num_layers: int | None = None,

@@ -150,7 +150,6 @@ def _gguf_config(path: pathlib.Path) -> Any:
 @functools.lru_cache(maxsize=8)
 def _gguf_config_cached(path: str, size: int, mtime_ns: int) -> Any:
   del size, mtime_ns  # the cache key
-
   return gguf_ckpt.read_config(gguf_ckpt._open(pathlib.Path(path)), pathlib.Path(path))  # pylint: disable=protected-access
 
 
@@ -166,7 +165,6 @@ def check_pair(target: ModelSource, draft: ModelSource) -> None:
   Raises:
     ValueError: the first mismatch, naming both models, the field and both values.
   """
-
   where = f"draft {draft.spec!r} and target {target.spec!r}"
   if draft.kind == "eagle":
     eagle.check_pair(draft.hidden_size, draft.vocab_size, draft.fused_layers,

@@ -57,6 +57,13 @@ def test_the_pages_call_runs_and_greedy_decoding_emits_regular_decodings_tokens(
   assert set(np.unique(own.stats.sources[live & (own.stats.drafted > 0)]).tolist()) == {1}  # "ngram"
 
 
+def test_a_class_without_a_source_file_keeps_its_programs_in_memory_only(repeat_last):
+  """The page's claim: a proposer defined where no source file holds it (here exec'd, as a notebook
+  cell is) has no key in the persistent cache; one from a file does."""
+  assert compile_cache.setting_key(("spec", repeat_last())) is None
+  assert compile_cache.setting_key(("spec", NextTable())) is not None
+
+
 def test_the_proposer_keeps_the_targets_law(repeat_last):
   target, _ = exact._models()  # pylint: disable=protected-access
   out = exact._generate(target, repeat_last(times=2), "bass", 0.8, 0.9, seed=61, draft_len=3)  # pylint: disable=protected-access
@@ -115,6 +122,9 @@ def test_what_a_proposer_cannot_be_passed_as():
     bj.generate(target, model_proposer, _prompts(), max_new_tokens=4)
   with pytest.raises(ValueError, match="or your own bass_jax.Proposer"):
     bj.generate(target, object(), _prompts(), max_new_tokens=4)
+  with pytest.raises(ValueError, match="carries its draft model: pass it alone"):
+    bj.generate(target, (bj.Hybrid(tiny_model(1), bj.NGramProposer()), None), _prompts(),
+                max_new_tokens=4)
   mesh = sharding.make_mesh(1, 1)
   with pytest.raises(ValueError, match="no sharding plan"):
     bj.generate(target, (NextTable(), {"next": jnp.zeros(61, jnp.int32)}), _prompts(),

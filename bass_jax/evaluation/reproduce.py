@@ -25,14 +25,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bass_jax import sharding, text
+from bass_jax import loading, sharding, text
+from bass_jax.evaluation import baselines as hf
 from bass_jax.evaluation import experiment, metrics
 from bass_jax.evaluation.data import Problem
 from bass_jax.loading import Model
-from bass_jax.sampling.generate import tree_shapes
-from bass_jax import loading
-from bass_jax.sampling.generate import load_draft_spec
-from bass_jax.evaluation import baselines as hf
+from bass_jax.sampling.generate import load_draft_spec, tree_shapes
 
 # name -> (method, draft_len, attention strategy); "pad"/"split" resolve to the Pallas kernels on a GPU
 # and to their plain-JAX counterparts elsewhere (bass_jax.models.attention).

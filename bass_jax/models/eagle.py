@@ -441,7 +441,7 @@ def grown_params(config: EagleConfig, start: dict[str, Any], key: jax.Array) -> 
 
   Args:
     config: the deeper draft's config (``num_layers`` >= ``start``'s).
-    start: a draft's trainable parameters (``load_eagle(...)[1]["draft"]``), a nested dict of arrays.
+    start: a draft's trainable parameters (``checkpoints.eagle_files.load_eagle(...)[1]["draft"]``), a nested dict of arrays.
     key: PRNG key for the new layers' initializers.
 
   Returns:

@@ -33,7 +33,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 MODEL_TYPE = "medusa"
 

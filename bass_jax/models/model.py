@@ -1,6 +1,6 @@
 """The model object: a causal LM's architecture, weights and tokenizer (:class:`Model`), and its
-parameters' shapes or random initialization from a config. Loading and saving are ``bass_jax.loading``'s;
-the families are ``bass_jax.models``'s."""
+parameters' shapes or random initialization from a config. Loading is ``bass_jax.loading``'s, saving
+``bass_jax.checkpoints.save``'s; the families are ``bass_jax.models``'s."""
 
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ class Model:
 
   @property
   def dtype(self) -> jnp.dtype:
+    """The dtype of the parameters (of the first leaf: a loaded model's leaves share one)."""
     return jax.tree_util.tree_leaves(self.params)[0].dtype
 
   def logits(self, tokens: jax.Array) -> jax.Array:
@@ -123,7 +124,19 @@ def _full_forward(params, tokens, *, config, dtype):
 
 
 def abstract_params(config, dtype: Any = jnp.float32) -> dict[str, Any]:
-  """The parameter tree's shapes and dtypes (``jax.ShapeDtypeStruct``), without allocating weights."""
+  """The parameter tree's shapes and dtypes, without allocating weights.
+
+  Args:
+    config: a decoder family's config (``LlamaConfig``, ``OPTConfig``, ``CodeGenConfig``,
+      ``GPT2Config``: anything with ``make_module``). dtype: the parameters' dtype.
+
+  Returns:
+    The tree :func:`init_params` returns (one subtree per layer, HF's unrolled layout), with
+    ``jax.ShapeDtypeStruct`` leaves.
+
+  Raises:
+    AttributeError: a config without ``make_module`` (an EAGLE draft's or Medusa heads').
+  """
   module = config.make_module(dtype=dtype)
 
   def init():
@@ -133,7 +146,19 @@ def abstract_params(config, dtype: Any = jnp.float32) -> dict[str, Any]:
 
 
 def init_params(config, key: jax.Array, dtype: Any = jnp.float32) -> dict[str, Any]:
-  """Randomly initialized parameters (for tests and for training a draft from scratch)."""
+  """Randomly initialized parameters (for tests and for training a draft from scratch): the Flax
+  modules' own initializers, traced on an ``i32[1, 1]`` input.
+
+  Args:
+    config: as :func:`abstract_params`. key: a ``jax.random.key``. dtype: the parameters' dtype.
+
+  Returns:
+    A nested dict of arrays in ``dtype``, one subtree per layer (``layers_i``; ``h_i`` for CodeGen
+    and GPT-2).
+
+  Raises:
+    AttributeError: a config without ``make_module``.
+  """
   module = config.make_module(dtype=dtype)
   return module.init(key, jnp.zeros((1, 1), jnp.int32))["params"]
 
@@ -141,8 +166,8 @@ def init_params(config, key: jax.Array, dtype: Any = jnp.float32) -> dict[str, A
 DTYPES = ("float32", "bfloat16", "float16")  # a model's parameters' dtypes
 
 
-def model_dtype(dtype: Any) -> Any:
-  """``dtype`` as a jnp dtype, one of :data:`DTYPES`.
+def model_dtype(dtype: Any) -> jnp.dtype:
+  """``dtype`` (a name or a dtype) as a ``jnp.dtype``, one of :data:`DTYPES`.
 
   Raises:
     ValueError: anything else (names the parameter and the choices).

@@ -58,22 +58,24 @@ _LOCK = threading.Lock()
 
 @dataclasses.dataclass
 class CompileStats:
-  """Counts since the process started (or :func:`reset_stats`).
+  """Counts since the process started.
 
   Attributes:
     lookups: decode settings asked for (``programs.compiled`` calls).
     memory_hits: settings whose programs were in the in-memory LRU (nothing compiled or loaded).
-    built: settings whose programs were built (each a prefill and a decode program), loaded from the
-      persistent cache or compiled.
-    programs_loaded: XLA programs of those JAX loaded from the persistent cache.
-    programs_compiled: XLA programs of those XLA compiled.
+    programs_loaded: XLA programs of the settings built (:attr:`built`) that were loaded from the
+      persistent cache. programs_compiled: those XLA compiled.
   """
 
   lookups: int = 0
   memory_hits: int = 0
-  built: int = 0
   programs_loaded: int = 0
   programs_compiled: int = 0
+
+  @property
+  def built(self) -> int:
+    """Settings whose programs were built: every lookup that missed memory."""
+    return self.lookups - self.memory_hits
 
 
 _STATS = CompileStats()
@@ -95,22 +97,20 @@ def stats() -> CompileStats:
     return dataclasses.replace(_STATS)
 
 
-def reset_stats() -> None:
-  """Sets every count of :func:`stats` to 0."""
-  global _STATS
-  with _LOCK:
-    _STATS = CompileStats()
-
-
 def compile_counting(lowered, keep_out_of_jax_cache: bool = False) -> tuple[Any, bool]:
   """``(lowered.compile(), loaded)``: the program, and whether JAX loaded it from its persistent cache
   (a ``/jax/compilation_cache/cache_hits`` event in this thread while it compiled).
 
   Args:
+    lowered: a ``jax.stages.Lowered`` program.
     keep_out_of_jax_cache: JAX does not write the program into its own persistent cache (it is
       stored whole instead, :func:`store_programs`): so JAX's cache never serves it later in a form
       that cannot be stored again. Uses JAX's thread-local threshold of compile time
-      (``jax._src.config``; where a JAX version lacks it, the program is written as usual).
+      (``jax._src.config``, checked with JAX 0.10; where a JAX version lacks it, the program is
+      written as usual).
+
+  Returns:
+    ``(jax.stages.Compiled, bool)``. Errors of compiling propagate.
   """
   _THREAD.hits = 0
   threshold = getattr(_jax_config, "persistent_cache_min_compile_time_secs", None)
@@ -128,7 +128,6 @@ def count(*, memory_hit: bool = False, loaded: int = 0, compiled: int = 0) -> No
     if memory_hit:
       _STATS.memory_hits += 1
     else:
-      _STATS.built += 1
       _STATS.programs_loaded += loaded
       _STATS.programs_compiled += compiled
 
@@ -260,6 +259,16 @@ def _environment() -> tuple:
           jax.config.jax_threefry_partitionable)
 
 
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement (or type())
+
+
+@functools.lru_cache(maxsize=256)
+def _file_digest(file: str, size: int, mtime_ns: int) -> str:
+  """The first 16 hex digits of ``file``'s SHA-256, remembered by path, size and modification time."""
+  del size, mtime_ns  # the cache key
+  return hashlib.sha256(pathlib.Path(file).read_bytes()).hexdigest()[:16]
+
+
 def _user_code(setting: Any) -> tuple[str, ...] | None:
   """Digests of the source files of every class in ``setting`` (dataclass fields and tuples, walked)
   that lives outside bass_jax: a user's own proposer, draft-length policy or family, whose code
@@ -278,15 +287,20 @@ def _user_code(setting: Any) -> tuple[str, ...] | None:
       stack.extend(value.values())
       continue
     for cls in type(value).__mro__:
+      # Python's own types report "builtins"; so does a class exec'd without a module name, which a
+      # class statement made (a heap type; refused below: it has no source file).
+      if cls.__module__ == "builtins" and not cls.__flags__ & _HEAP_TYPE:
+        continue
       module = sys.modules.get(cls.__module__)
       name = cls.__module__.split(".")[0]
-      if name in ("builtins", "bass_jax", "pallas_kernels", "jax", "jaxlib", "numpy", "flax", "abc",
-                  "typing", "enum"):
+      if name in ("bass_jax", "pallas_kernels", "jax", "jaxlib", "numpy", "flax", "abc", "typing",
+                  "enum"):
         continue
       file = getattr(module, "__file__", None)
-      if not file or cls.__module__ == "__main__":
+      if not file or cls.__module__ in ("__main__", "builtins"):  # builtins: a class exec'd bare
         return None
-      digests.add(hashlib.sha256(pathlib.Path(file).read_bytes()).hexdigest()[:16])
+      stat = os.stat(file)
+      digests.add(_file_digest(file, stat.st_size, stat.st_mtime_ns))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
       stack.extend(getattr(value, f.name) for f in dataclasses.fields(value))
   return tuple(sorted(digests))
@@ -307,13 +321,34 @@ def setting_key(setting: Any) -> str | None:
   return hashlib.sha256(text.encode()).hexdigest()
 
 
+def stored_key(setting: Any) -> str | None:
+  """:func:`setting_key` of ``setting`` where the persistent cache is on; None (kept in memory only)
+  where it is off or the setting has no stable key."""
+  return None if directory() is None else setting_key(setting)
+
+
+def _atomic_write(file: pathlib.Path, data: bytes, prefix: str) -> None:
+  """Writes ``data`` as ``file`` through a temporary sibling renamed into place (readers see the old
+  file or the new one, never a part); the temporary file is removed if the write fails (OSError
+  propagates)."""
+  with tempfile.NamedTemporaryFile(dir=file.parent, prefix=prefix, delete=False) as out:
+    name = out.name
+    try:
+      out.write(data)
+    except BaseException:
+      out.close()
+      os.unlink(name)
+      raise
+  os.replace(name, file)
+
+
 def load_costs(kind: str, setting: Any) -> dict[str, Any] | None:
   """The fields stored for ``setting`` under ``kind`` (``"step_costs"`` or ``"calibration"``), or None
   (not stored, the cache off, an unreadable file)."""
-  key = setting_key(setting)
-  path = _STATE["dir"]
-  if key is None or path is None:
+  key = stored_key(setting)
+  if key is None:
     return None
+  path = _STATE["dir"]
   try:
     entries = json.loads((path / COSTS_FILE).read_text())
   except (OSError, ValueError):
@@ -325,10 +360,10 @@ def load_costs(kind: str, setting: Any) -> dict[str, Any] | None:
 def store_costs(kind: str, setting: Any, fields: dict[str, Any]) -> None:
   """Stores ``fields`` (JSON values) for ``setting`` under ``kind``; silent where it cannot (the cache
   off, an unwritable directory): the costs are then measured again by the next process."""
-  key = setting_key(setting)
-  path = _STATE["dir"]
-  if key is None or path is None:
+  key = stored_key(setting)
+  if key is None:
     return
+  path = _STATE["dir"]
   with _LOCK:
     try:
       file = path / COSTS_FILE
@@ -338,9 +373,7 @@ def store_costs(kind: str, setting: Any, fields: dict[str, Any]) -> None:
       except (OSError, ValueError):
         entries = {}
       entries[f"{kind}:{key}"] = fields
-      with tempfile.NamedTemporaryFile("w", dir=path, prefix=".costs-", delete=False) as out:
-        json.dump(entries, out, indent=0, sort_keys=True)
-      os.replace(out.name, file)
+      _atomic_write(file, json.dumps(entries, indent=0, sort_keys=True).encode(), ".costs-")
     except OSError:
       pass
 
@@ -351,13 +384,13 @@ PROGRAMS_DIR = "programs"
 MAX_PROGRAM_BYTES = 4 << 30  # the oldest stored programs are deleted beyond this
 
 
-def load_programs(setting: Any) -> tuple[Any, ...] | None:
-  """The compiled programs stored for ``setting`` (:func:`store_programs`), loaded onto this process's
-  devices without tracing or lowering anything; None when not stored, the cache is off, the setting
-  has no stable key, or the file does not load (it is then deleted)."""
-  key = setting_key(setting)
+def load_programs(key: str) -> tuple[Any, ...] | None:
+  """The compiled programs (``jax.stages.Compiled``) stored under ``key`` (:func:`stored_key` of
+  their setting; :func:`store_programs`), loaded onto this process's devices without tracing or
+  lowering anything; None when not stored, the cache is off, or the file does not load (it is then
+  deleted)."""
   path = _STATE["dir"]
-  if key is None or path is None:
+  if path is None:
     return None
   file = path / PROGRAMS_DIR / f"{key}.pkl"
   if not file.exists():
@@ -378,19 +411,19 @@ def load_programs(setting: Any) -> tuple[Any, ...] | None:
     return None
 
 
-def store_programs(setting: Any, programs: tuple[Any, ...]) -> threading.Thread | None:
-  """Stores compiled programs for ``setting`` beside the persistent cache: serialized here, written in
-  a background thread (the decode need not wait for the disk; the process waits for it before
-  exiting; :func:`wait_for_writes`). Give it only executables XLA compiled in this process: one JAX
-  loaded from its persistent cache serializes without all its code on XLA:CPU (JAX 0.10). Silent where it
-  cannot: an unstable key, the cache off, a program that does not serialize, a full disk.
+def store_programs(key: str, programs: tuple[Any, ...]) -> threading.Thread | None:
+  """Stores compiled programs (``jax.stages.Compiled``) under ``key`` (:func:`stored_key` of their
+  setting) beside the persistent cache: serialized here, written in a background thread (the decode
+  need not wait for the disk; the process waits for it before exiting; :func:`wait_for_writes`).
+  Give it only executables XLA compiled in this process: one JAX loaded from its persistent cache
+  serializes without all its code on XLA:CPU (JAX 0.10). Silent where it cannot: the cache off, a
+  program that does not serialize, a full disk.
 
   Returns:
     The writing thread (tests join it), or None when nothing is written.
   """
-  key = setting_key(setting)
   path = _STATE["dir"]
-  if key is None or path is None:
+  if path is None:
     return None
   from jax.experimental import serialize_executable  # pylint: disable=g-import-not-at-top
 
@@ -403,9 +436,7 @@ def store_programs(setting: Any, programs: tuple[Any, ...]) -> threading.Thread 
     try:
       folder = path / PROGRAMS_DIR
       folder.mkdir(parents=True, exist_ok=True)
-      with tempfile.NamedTemporaryFile(dir=folder, prefix=".program-", delete=False) as out:
-        out.write(blob)
-      os.replace(out.name, folder / f"{key}.pkl")
+      _atomic_write(folder / f"{key}.pkl", blob, ".program-")
       _evict(folder)
     except Exception:  # pylint: disable=broad-except  (a cache write never fails a decode)
       pass

@@ -14,7 +14,8 @@ from bass_jax import sharding as sharding_lib
 from bass_jax.loading import Model, check_same_tokenizer, load_draft
 from bass_jax.models import eagle, medusa
 from bass_jax.sampling.proposers import (EagleProposer, Hybrid, MedusaProposer, ModelProposer,
-                                         NGramProposer, Proposer, Replay, SiblingProposer)
+                                         NGramProposer, Proposer, Replay, SiblingProposer,
+                                         WrapsModel)
 
 _NGRAM_KEYS = ("max_n", "min_n")
 _SIBLING_KEYS = ("max_n", "min_n", "pool", "max_matches", "max_siblings", "min_agreement")
@@ -84,7 +85,8 @@ def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any =
 
   Raises:
     ValueError: anything else, or a draft model whose tokenizer differs from the target's; sharding
-      rules the draft's shapes do not allow (``bass_jax.sharding.plan``).
+      rules the draft's shapes do not allow (``bass_jax.sharding.plan``); as :func:`_own_proposer`
+      for a proposer of the user's.
   """
   def model_proposer(model):
     """An independent draft model's proposer and weights, or an EAGLE draft's with the target's head."""
@@ -158,8 +160,12 @@ def _own_proposer(proposer: Proposer, params: Any, *, mesh: Any) -> tuple[Propos
 
   Raises:
     ValueError: a built-in model proposer without its weights (the ``bass_jax.Model`` is the way to
-      pass it), weights on a mesh without the proposer's ``sharding`` plan.
+      pass it), a ``Hybrid`` or ``Replay`` in a pair (they carry their models: pass them alone),
+      weights on a mesh without the proposer's ``sharding`` plan.
   """
+  if isinstance(proposer, WrapsModel):
+    raise ValueError(f"{type(proposer).__name__} carries its draft model: pass it alone, not as "
+                     "(proposer, params)")
   if params is None and isinstance(proposer, (ModelProposer, EagleProposer, MedusaProposer)):
     raise ValueError(f"{type(proposer).__name__} drafts with a model's weights: pass the draft "
                      "bass_jax.Model itself (or (proposer, params))")

@@ -16,7 +16,7 @@ keyword), makes them survive the process. :func:`compile_cache_stats` counts wha
 from __future__ import annotations
 
 import os
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -38,14 +38,15 @@ from bass_jax.sampling.programs import (clear_compile_cache,  # pylint: disable=
                                         enable_persistent_compilation_cache,
                                         set_compile_cache_size)
 from bass_jax.sampling.compile_cache import stats as compile_cache_stats  # pylint: disable=unused-import
-from bass_jax.sampling.proposers import Hybrid, NGramProposer, Replay, SiblingProposer
+from bass_jax.sampling.proposers import Hybrid, NGramProposer, Proposer, Replay, SiblingProposer
 from bass_jax.sampling.runner import PAD_TOKEN, check_run_arguments, run  # pylint: disable=unused-import
 from bass_jax.sampling.tree import TreeShape, tree_shapes  # pylint: disable=unused-import
 
 
 def generate(
     target: Model,
-    draft: Model | NGramProposer | SiblingProposer | Hybrid | Replay | None,
+    draft: Model | NGramProposer | SiblingProposer | Hybrid | Replay | Proposer
+           | tuple[Proposer, Any] | None,
     prompts: Sequence[Sequence[int]] | np.ndarray | jax.Array,
     *,
     method: str = "bass",
@@ -85,9 +86,9 @@ def generate(
   Args:
     target: the model whose distribution is sampled.
     draft: the draft side: a draft model sharing the target's tokenizer, an ``NGramProposer``, a
-      ``SiblingProposer``, ``Hybrid(model, ngram, siblings=None)`` or ``Replay(model, text)``
-      (``plan.prepare``). Ignored
-      (may be None) for ``method="regular"``.
+      ``SiblingProposer``, ``Hybrid(model, ngram, siblings=None)``, ``Replay(model, text)``, or your
+      own ``Proposer``, alone or as ``(proposer, params)`` (``plan.prepare``; docs/extending.md).
+      Ignored (may be None) for ``method="regular"``.
     prompts: B token-id lists of any lengths, each non-empty; or an integer array ``[B, T]`` of B
       prompts of equal length. Ints may be Python or NumPy integers.
     method, max_new_tokens, temperature, top_p, draft_len, seed, eos_token_id, attention_impl,

@@ -72,7 +72,6 @@ def lower(target: Model, draft: Any, prompts: Any, config: DecodeConfig | None =
   """
   from jax import export  # pylint: disable=g-import-not-at-top
 
-
   config = with_settings(config, settings)
   policy = config.draft_len
   if (isinstance(policy, str) and policy == "goodput") or (isinstance(policy, GoodputDraftLen)

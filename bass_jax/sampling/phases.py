@@ -340,8 +340,6 @@ def profile_step_scopes(target, draft, prompts, **kwargs) -> dict[str, float]:
       ``generate`` (the two ``generate`` calls and the compiled program looked up take the same
       ``**kwargs``).
   """
-
-
   if jax.default_backend() != "cpu":
     raise ValueError(f"profile_step_scopes reads the CPU backend's trace; this is "
                      f"{jax.default_backend()!r} (read the op names in a profiler's view there)")

@@ -195,8 +195,9 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
     draft: the draft side (``bass_jax.sampling.proposers``): a draft model sharing the target's
       tokenizer; an ``NGramProposer`` (model-free prompt lookup); a ``SiblingProposer`` (model-free
       lookup in the other samples of each row's prompt: rows with identical prompts are siblings);
-      ``Hybrid(model, ngram, siblings=None)``; or ``Replay(model, text)`` (a benchmark's recorded
-      continuation at set acceptance rates). Ignored (may be None) for ``method="regular"``.
+      ``Hybrid(model, ngram, siblings=None)``; ``Replay(model, text)`` (a benchmark's recorded
+      continuation at set acceptance rates); or your own ``Proposer``, alone or as ``(proposer,
+      params)`` with its weights (docs/extending.md). Ignored (may be None) for ``method="regular"``.
     prompts: B token-id lists of any lengths, each non-empty; or an integer array ``[B, T]``.
     config: the :class:`DecodeConfig`.
     sequence_ids: with Gumbel acceptance, prompt i's noise is keyed by ``fold_in(key(seed),

@@ -134,8 +134,9 @@ def enable_persistent_compilation_cache(path: str | os.PathLike | None = None, *
   Args:
     path: the cache directory; None: ``$BASS_JAX_COMPILATION_CACHE_DIR`` or the default; ``"off"``:
       no persistent cache.
-    min_compile_seconds: programs that compiled faster than this are not stored (default
-      ``compile_cache.MIN_COMPILE_SECONDS``).
+    min_compile_seconds: programs JAX's cache holds only if they compiled for at least this many
+      seconds (default ``compile_cache.MIN_COMPILE_SECONDS``); a one-device decode's programs are
+      stored whole whatever their compile time.
 
   Returns:
     The directory in use, or None when off (asked, or not writable: one warning line).
@@ -143,10 +144,11 @@ def enable_persistent_compilation_cache(path: str | os.PathLike | None = None, *
   Raises:
     ValueError: ``min_compile_seconds`` not a number >= 0, ``path`` of the wrong type.
   """
+  if min_compile_seconds is not None:
+    min_compile_seconds = _checks.as_float("min_compile_seconds", min_compile_seconds, min_value=0.0)
   directory = compile_cache.configure(True if path is None else path)
   if min_compile_seconds is not None and directory is not None:
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", _checks.as_float(
-        "min_compile_seconds", min_compile_seconds, min_value=0.0))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_seconds)
   return None if directory is None else str(directory)
 
 
@@ -263,8 +265,9 @@ def compiled(spec: state_lib.DecodeSpec, args_prefill: tuple, args_decode_tail: 
   Programs an earlier process built for this key on one device are loaded as they were stored
   (``compile_cache.load_programs``: nothing traced, lowered or compiled); otherwise the two programs
   are lowered here and compiled in two threads (XLA compiles without holding the GIL), so a first
-  call waits for the slower of the two, not for both, and stored for the next process in the
-  background (JAX's persistent cache holds them too, and is what a mesh's programs use). On a mesh both programs
+  call waits for the slower of the two, not for both, and stored whole for the next process in the
+  background (kept out of JAX's own persistent cache then; a mesh's programs, a process with several
+  devices and a setting without a stable key use JAX's cache instead). On a mesh both programs
   return the state laid out by ``state.state_shardings``, and the decode takes it so. The programs are
   jitted from fresh function objects, so that JAX keeps nothing of them once the LRU drops them
   (module docstring). Every call counts in ``compile_cache.stats()``. Errors of tracing, lowering or
@@ -282,20 +285,21 @@ def compiled(spec: state_lib.DecodeSpec, args_prefill: tuple, args_decode_tail: 
   description = describe(spec, rows)
   # A mesh's programs, and any program of a process with several devices (an executable is loaded
   # onto the devices it names), are left to JAX's own cache.
+  # A setting without a stable key (a notebook's class) is kept in memory, and in JAX's cache.
   one_device = spec.target_sharding is None and jax.device_count() == 1
+  digest = compile_cache.stored_key(key) if one_device else None
   _report("start", description)
   start = time.perf_counter()
-  programs = compile_cache.load_programs(key) if one_device else None
+  programs = None if digest is None else compile_cache.load_programs(digest)
   if programs is not None:
     loaded = len(programs)
   else:
-    programs, loaded = _build(spec, args_prefill, args_decode_tail,
-                              stored=one_device and compile_cache.directory() is not None)
+    programs, loaded = _build(spec, args_prefill, args_decode_tail, stored=digest is not None)
     # Only programs XLA compiled here: an executable JAX loaded from its own cache serializes without
     # all of its code on XLA:CPU, and a program stored from it fails when run ("Function ... not
     # found"; tests/test_compile_cache.py).
-    if one_device and not loaded:
-      compile_cache.store_programs(key, programs)
+    if digest is not None and not loaded:
+      compile_cache.store_programs(digest, programs)
   seconds = time.perf_counter() - start
   source = ("disk" if loaded == len(programs) else "partly disk" if loaded else "compiled")
   compile_cache.count(loaded=loaded, compiled=len(programs) - loaded)

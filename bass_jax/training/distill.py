@@ -30,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bass_jax.models import model as model_lib
 from bass_jax.models.llama import LlamaConfig
-from bass_jax import loading
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,7 +176,7 @@ def distillation(config: LlamaConfig, cfg: TrainConfig,
       evaluate=lambda params, data: evaluate(params, config, data, dtype=cfg.compute_dtype,
                                              draft_len=cfg.eval_draft_len),
       fields=("tokens", "mask", "topk_ids", "topk_logprobs"),
-      init=init_params or (lambda key: loading.init_params(config, key)))
+      init=init_params or (lambda key: model_lib.init_params(config, key)))
 
 
 def make_train_step(objective: Objective, optimizer: optax.GradientTransformation):
