@@ -28,6 +28,7 @@ from bass_jax.sampling.plan import Plan, prepare
 from bass_jax.profiles import BackendProfile
 from bass_jax.sampling.proposers import (Hybrid, NGramProposer, Proposal, Proposer, Replay,
                                          SiblingProposer, StepContext)
+from bass_jax.sampling.proposers.registry import proposer_kinds, register_proposer
 from bass_jax.sampling.runner import run
 from bass_jax.sampling.tree import TreeShape
 from bass_jax.text import generate_text
@@ -42,6 +43,6 @@ __all__ = [
     "compile_cache_stats",
     "default_dtype",
     "enable_persistent_compilation_cache", "generate", "generate_text", "init_params", "load_draft",
-    "load_draft_spec", "load_model", "lower", "prepare", "reference_attention", "run", "save_model",
-    "set_compile_cache_size",
+    "load_draft_spec", "load_model", "lower", "prepare", "proposer_kinds", "reference_attention",
+    "register_proposer", "run", "save_model", "set_compile_cache_size",
 ]

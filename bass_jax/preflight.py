@@ -21,7 +21,6 @@ from bass_jax.checkpoints import hf as hf_ckpt
 from bass_jax.checkpoints import medusa_files
 from bass_jax.models import eagle, llama, medusa
 from bass_jax.sampling.drafts import parse_draft_spec
-from bass_jax.sampling.proposers import NGramProposer, SiblingProposer
 
 _N_POSITIONS_FAMILIES = ("gpt2", "codegen")  # whose context field is ``n_positions``
 
@@ -184,20 +183,15 @@ def check_pair(target: ModelSource, draft: ModelSource) -> None:
 
 
 def inspect_draft_spec(spec: str) -> ModelSource | None:
-  """Checks a draft spec without loading it: its grammar, the n-gram settings' ranges, and the model it
-  names (:func:`inspect_model`). Returns the model's source, or None for a lookup alone.
+  """Checks a draft spec without loading it: its grammar, the proposers' settings (their types and
+  ranges, by constructing them), and the model it names (:func:`inspect_model`). Returns the model's
+  source, or None for a proposer alone.
 
   Raises:
-    FileNotFoundError, ValueError: as ``sampling.drafts.parse_draft_spec`` and :func:`inspect_model`, the spec
-      named.
+    FileNotFoundError, ValueError: as ``sampling.drafts.parse_draft_spec`` and :func:`inspect_model`,
+      the spec named.
   """
-  model_spec, ngram, siblings = parse_draft_spec(spec)
-  for kind, settings in ((NGramProposer, ngram), (SiblingProposer, siblings)):
-    if settings is not None:
-      try:
-        kind(**settings)
-      except ValueError as e:
-        raise ValueError(f"draft spec {spec!r}: {e}") from e
+  model_spec = parse_draft_spec(spec).model
   if model_spec is None:
     return None
   try:

@@ -27,6 +27,22 @@ COMPILATION_CACHE_DIR = flags.DEFINE_string(
     "off. Default: $BASS_JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/bass_jax/xla or "
     "~/.cache/bass_jax/xla (bass_jax.sampling.compile_cache).")
 
+# What a --draft flag takes (bass_jax.sampling.drafts.parse_draft_spec; --draft=help prints the grammar
+# with every registered proposer's settings, generated from the registry).
+DRAFT_SPEC_FORMS = (
+    "a draft model (alias, .gguf, HF dir or cached org/name; a published EAGLE-1/2, EAGLE-3 or Medusa "
+    "directory); a proposer by name: 'ngram[:max_n=4,min_n=2]' (prompt lookup), 'siblings[:...]' "
+    "(lookup in the other samples of the prompt), one registered with bass_jax.register_proposer, or "
+    "'py:<module>.<Class>[:key=value,...]'; or 'hybrid[+<lookup>...]:<model>[:max_n=4,min_n=2]' "
+    "(the lookups where a row matches, the model elsewhere). --draft=help lists them all with their "
+    "settings")
+
+
+def define_draft_flag(default: str | None, what: str = "The draft side") -> Any:
+  """The --draft flag of a script: ``what`` then the spec forms it takes (:data:`DRAFT_SPEC_FORMS`)."""
+  return flags.DEFINE_string("draft", default, f"{what}: {DRAFT_SPEC_FORMS}.")
+
+
 MESH = flags.DEFINE_string(
     "mesh", None, "Decode on a jax.sharding mesh of DATA,MODEL devices (e.g. '2,4' or "
     "'data:2,model:4'): rows split over data, the target's weights tensor-parallel over model "
@@ -382,11 +398,17 @@ def fail(message: str, argv0: str | None = None) -> NoReturn:
 
 
 def init_script() -> None:
-  """What every script does first: silence third-party log noise; with --compilation_cache_dir, move
+  """What every script does first: silence third-party log noise; with --draft=help, print the draft
+  spec grammar and exit; with --compilation_cache_dir, move
   the persistent compilation cache or turn it off (it is on by default: ``compile_cache``); with --coordinator_address, join the other processes
   (``jax.distributed.initialize``); with --mesh, set the mesh that ``bass_jax.load_model`` and
   ``bass_jax.generate`` then use (``jax.set_mesh``)."""
   quiet_third_party_logs()
+  if "draft" in flags.FLAGS and flags.FLAGS.draft == "help":
+    from bass_jax.sampling import drafts  # pylint: disable=g-import-not-at-top
+
+    print(drafts.draft_spec_help())
+    sys.exit(0)
   if COMPILATION_CACHE_DIR.value is not None:  # else the first decode configures the default
     from bass_jax.sampling import compile_cache  # pylint: disable=g-import-not-at-top
 

@@ -54,9 +54,9 @@ _PACKAGES = flags.DEFINE_list("packages", list(corpus.DEFAULT_PACKAGES),
 _MIX = flags.DEFINE_string("mix", "", "Prompt kinds and weights, e.g. 'doctest=0.4,docstring=0.3,"
                            "instruction=0.3' (corpus.PROMPT_KINDS); empty: every docstring prompt as "
                            "found, no instructions.")
-_DRAFT = flags.DEFINE_string("draft", "", "Continue the prompts with greedy BASS and this draft spec "
-                             "(lossless: the target's greedy tokens up to float near-ties) instead of "
-                             "regular decoding; empty: regular decoding.")
+_DRAFT = _io.define_draft_flag("", "Continue the prompts with greedy BASS and this draft side "
+                                "(lossless: the target's greedy tokens up to float near-ties) instead "
+                                "of regular decoding; empty: regular decoding. The draft side is")
 _K = flags.DEFINE_integer("k", 16, "Top-k log-probabilities kept per position (--labels=topk).")
 _HIDDEN = flags.DEFINE_list("hidden_layers", [], "With --labels=features: also store these decoder "
                             "layers' outputs (0-based) as `hidden`, for an EAGLE-3 draft.")

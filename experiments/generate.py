@@ -44,12 +44,7 @@ from experiments import _io
 from experiments import _runs
 
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target: alias, .gguf, or HF dir.")
-_DRAFT = flags.DEFINE_string(
-    "draft", "smollm2-135m-draft", "The draft side: a draft model (alias, .gguf, HF dir or cached "
-    "org/name; a published EAGLE-1/2, EAGLE-3 or Medusa directory); 'ngram' or "
-    "'ngram:max_n=4,min_n=2' (model-free prompt lookup); 'siblings[:...]' (lookup in the other samples "
-    "of the prompt); 'hybrid:<model>[:max_n=4,min_n=2]' (n-gram where a row matches, the model "
-    "elsewhere); 'hybrid+siblings:<model>' (sibling lookup first).")
+_DRAFT = _io.define_draft_flag("smollm2-135m-draft")
 _DRAFT_LAYERS = flags.DEFINE_integer(
     "draft_num_layers", 0, "Keep only the draft's first N layers (0 = all). With --draft equal to "
     "--target this is the placeholder draft built from the target.", lower_bound=0)

@@ -1,13 +1,17 @@
 """docs/extending.md, run: a user's own proposer reaches ``generate`` without editing the library, and
 the decode stays exact with it (greedy equality with regular decoding, and the chi-square test of
 tests/test_sampling_exact.py, whose power against a broken correction step is shown with it too); a
-proposer with weights passed as ``(proposer, params)`` reuses its program for new weights."""
+proposer with weights passed as ``(proposer, params)`` reuses its program for new weights; a registered
+proposer is named by draft specs, an unregistered one by its import path, and either stands in a
+``Hybrid`` in front of a draft model, exactly."""
 
 from __future__ import annotations
 
 import dataclasses
 import pathlib
 import re
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -15,9 +19,9 @@ import pytest
 
 import bass_jax as bj
 from bass_jax import sharding
-from bass_jax.sampling import acceptance, compile_cache
+from bass_jax.sampling import acceptance, compile_cache, drafts
 from bass_jax.sampling.proposers import ModelProposer
-from conftest import tiny_model
+from conftest import noisy_copy, tiny_model
 import test_sampling_exact as exact
 from test_sampling_exact import fresh_programs  # pylint: disable=unused-import  # a fixture
 
@@ -129,3 +133,107 @@ def test_what_a_proposer_cannot_be_passed_as():
   with pytest.raises(ValueError, match="no sharding plan"):
     bj.generate(target, (NextTable(), {"next": jnp.zeros(61, jnp.int32)}), _prompts(),
                 max_new_tokens=4, mesh=mesh)
+
+
+def test_a_registered_proposer_is_named_by_specs_and_listed_in_the_help(repeat_last):
+  target = tiny_model(0)
+  namespace = {"bj": bj, "RepeatLast": repeat_last, "target": target}
+  exec(compile(_examples("Your proposer by name, and in a hybrid")[0], str(DOC), "exec"), namespace)  # pylint: disable=exec-used
+  assert namespace["draft"] == repeat_last(times=3)
+  assert "repeat_last" in [kind.name for kind in bj.proposer_kinds()]
+  assert "  repeat_last[:times=<int>]\n      Where a row's text ends in a run" in drafts.draft_spec_help()
+  with pytest.raises(ValueError, match=r"repeat_last takes no setting 'n'; its form is "
+                     r"repeat_last\[:times=<int>\]"):
+    bj.load_draft_spec("repeat_last:n=3", target)
+  with pytest.raises(ValueError, match="repeat_last's times is <int>, got '2.5'"):
+    bj.load_draft_spec("repeat_last:times=2.5", target)
+  spec = drafts.parse_draft_spec("hybrid+repeat_last+siblings:some/model:repeat_last.times=4,max_n=3")
+  assert spec.model == "some/model"
+  assert [s for _, s in spec.proposers] == [repeat_last(times=4), bj.SiblingProposer(),
+                                            bj.NGramProposer(max_n=3)]
+
+
+def test_a_proposer_in_a_module_is_named_by_its_import_path(tmp_path, monkeypatch):
+  """What a script does with --draft=py:<module>.<Class>: the page's class, saved as a module."""
+  (tmp_path / "my_proposers.py").write_text(_examples("Your own proposer")[0])
+  monkeypatch.syspath_prepend(str(tmp_path))
+  target = tiny_model(0)
+  draft = bj.load_draft_spec("py:my_proposers.RepeatLast:times=3", target)
+  assert type(draft).__name__ == "RepeatLast" and draft.times == 3
+  spec = drafts.parse_draft_spec("hybrid+my_proposers.RepeatLast:some/model:"
+                                 "my_proposers.RepeatLast.times=1")
+  assert [s for _, s in spec.proposers] == [draft.__class__(times=1), bj.NGramProposer()]
+  with pytest.raises(ValueError, match="cannot import 'my_proposers.Missing'"):
+    bj.load_draft_spec("py:my_proposers.Missing", target)
+  with pytest.raises(ValueError, match="is not a Proposer dataclass"):
+    bj.load_draft_spec("py:my_proposers.dataclasses", target)
+
+
+def test_a_hybrid_with_the_users_lookup_is_regular_decoding_when_greedy(repeat_last):
+  target = tiny_model(0, scale=2.5)
+  namespace = {"bj": bj, "RepeatLast": repeat_last, "draft_model": noisy_copy(target, 0.3, seed=5),
+               "target": target, "prompts": _prompts()}
+  exec(compile(_examples("Your proposer by name, and in a hybrid")[1], str(DOC), "exec"), namespace)  # pylint: disable=exec-used
+  assert namespace["out"].tokens.shape == (3, 64)
+  regular = bj.generate(target, None, _prompts(), method="regular", max_new_tokens=32)
+  out = bj.generate(target, namespace["hybrid"], _prompts(), max_new_tokens=32, draft_len=3)
+  np.testing.assert_array_equal(out.tokens, regular.tokens)
+  used = out.stats.sources[(out.stats.accepted >= 0) & (out.stats.drafted > 0)]
+  assert {0, 1} <= set(np.unique(used).tolist())  # the model's drafts and the lookup's
+
+
+def test_a_hybrid_keeps_the_targets_law_with_a_lookup_that_calls_itself_model(repeat_last):
+  """A lookup whose drafts are counted as the model's (``source = "model"``) still has its own
+  one-hot q: a hybrid that told its rows apart by source used the model's q for them."""
+
+  @dataclasses.dataclass(frozen=True)
+  class Mislabeled(repeat_last):
+    source = "model"
+
+  target, draft = exact._models()  # pylint: disable=protected-access
+  out = exact._generate(target, bj.Hybrid(draft, Mislabeled(times=2)), "bass", 0.8, 0.9, seed=63,  # pylint: disable=protected-access
+                        draft_len=3)
+  live = out.stats.accepted >= 0
+  assert (live & (out.stats.accepted > 0)).sum() > 100
+  exact.assert_fits_target(out, 0.8, 0.9)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stateful(bj.Proposer):
+  def init_state(self, params, prompts, prompt_len, **kwargs):
+    return prompt_len
+
+  def propose(self, params, state, ctx, *, max_len, chunk, greedy):
+    raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unknown(NextTable):
+  source = "oracle"
+
+
+@pytest.mark.parametrize("lookup, message", [
+    (_Stateful(), "keep no state and read no features; _Stateful keeps a state"),
+    (_Unknown(), "_Unknown.source is 'oracle'; it must be one of"),
+    ("ngram", "Hybrid.lookups holds proposers, got str"),
+    ((), "Hybrid.lookups is empty"),
+])
+def test_what_a_hybrid_refuses_as_a_lookup(lookup, message):
+  target = tiny_model(0)
+  with pytest.raises(ValueError, match=re.escape(message)):
+    bj.generate(target, bj.Hybrid(tiny_model(1), lookup), _prompts(), max_new_tokens=4)
+  with pytest.raises(ValueError, match="drafts with a model"):
+    bj.generate(target, bj.Hybrid(tiny_model(1), ModelProposer(target.config, "float32",
+                                                               "reference")),
+                _prompts(), max_new_tokens=4)
+
+
+def test_a_scripts_draft_help_lists_the_registry():
+  """--draft=help prints the grammar generated from the registry, and exits before any model."""
+  done = subprocess.run([sys.executable, "-m", "experiments.benchmarks.step_costs", "--draft=help"],
+                        capture_output=True, text=True, cwd=DOC.parents[1], timeout=120, check=False)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.startswith("Draft specs (bass_jax.load_draft_spec):\n")
+  for kind in bj.proposer_kinds():
+    if kind.name != "repeat_last":  # registered in this process only
+      assert f"  {kind.grammar()}\n      {kind.summary}\n" in done.stdout

@@ -593,7 +593,7 @@ def test_bass_decodes_to_the_last_position_of_the_context(family, tmp_path):
     target.logits(np.zeros((1, CONTEXT + 1), np.int32))
   ngram = bj.NGramProposer(max_n=2, min_n=1)
   sides = {
-      "hybrid chain": (bj.Hybrid(draft, ngram, siblings=bj.SiblingProposer()), dict(draft_len=7)),
+      "hybrid chain": (bj.Hybrid(draft, (bj.SiblingProposer(), ngram)), dict(draft_len=7)),
       "model tree": (draft, dict(draft_tree="top_k=2,depth=7,nodes=12")),
   }
   # The look-ahead past the context meets the family's positions; the other draft sides run the same

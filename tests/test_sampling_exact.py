@@ -376,7 +376,7 @@ def _proposer(kind: str):
   if kind == "replay":  # the target's greedy text at 0.9: sampled rows leave it, then the model drafts
     return bj.Replay(_models()[1], _greedy_text(), acceptance=(0.9,))
   return {"ngram": ngram, "siblings": SIBLINGS, "hybrid": bj.Hybrid(_models()[1], ngram),
-          "hybrid_siblings": bj.Hybrid(_models()[1], ngram, SIBLINGS)}[kind]
+          "hybrid_siblings": bj.Hybrid(_models()[1], (SIBLINGS, ngram))}[kind]
 
 
 @functools.lru_cache(maxsize=None)

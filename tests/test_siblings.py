@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import bass_jax as bj
+from bass_jax.sampling.drafts import parse_draft_spec
 from bass_jax.sampling.proposers import FinishedSamples, StepContext
 from conftest import noisy_copy, tiny_model
 
@@ -178,12 +179,14 @@ def test_settings_are_checked_and_the_spec_parses(target):
     bj.SiblingProposer(pool=-1)
   assert bj.load_draft_spec("siblings:max_n=6,min_agreement=0.25", target) == bj.SiblingProposer(
       max_n=6, min_agreement=0.25)
-  with pytest.raises(ValueError, match="sibling settings are max_n=<int>"):
+  with pytest.raises(ValueError, match="siblings takes no setting 'depth'; its form is siblings\\[:max_n=<int>"):
     bj.load_draft_spec("siblings:depth=3", target)
-  from bass_jax.sampling.drafts import parse_draft_spec  # pylint: disable=g-import-not-at-top
-  assert parse_draft_spec("hybrid+siblings:some/model:max_n=3") == ("some/model", {"max_n": 3}, {})
-  assert parse_draft_spec("hybrid:some/model") == ("some/model", {}, None)
-  with pytest.raises(ValueError, match="written hybrid\\+siblings:<model spec>"):
+  spec = parse_draft_spec("hybrid+siblings:some/model:max_n=3")
+  assert spec.model == "some/model"
+  assert [s for _, s in spec.proposers] == [bj.SiblingProposer(), bj.NGramProposer(max_n=3)]
+  spec = parse_draft_spec("hybrid:some/model")
+  assert (spec.model, [s for _, s in spec.proposers]) == ("some/model", [bj.NGramProposer()])
+  with pytest.raises(ValueError, match="written before its model, hybrid\\+siblings:<model spec>"):
     bj.load_draft_spec("hybrid:siblings,x", target)
 
 
@@ -221,8 +224,8 @@ def test_greedy_sibling_drafting_is_regular_decoding(target, prompts, regular, b
 
 @pytest.mark.parametrize("draft_tree", [None, "top_k=2,depth=3,nodes=6"])
 def test_greedy_hybrid_with_siblings_is_regular_decoding(target, prompts, regular, draft_tree):
-  hybrid = bj.Hybrid(noisy_copy(target, 0.1, seed=3), bj.NGramProposer(max_n=2, min_n=1),
-                     bj.SiblingProposer())
+  hybrid = bj.Hybrid(noisy_copy(target, 0.1, seed=3),
+                     (bj.SiblingProposer(), bj.NGramProposer(max_n=2, min_n=1)))
   assert hybrid.name.startswith("hybrid(siblings(8-2), ngram(2-1), ")
   out = bj.generate(target, hybrid, prompts, max_new_tokens=MAX_NEW, eos_token_id=(),
                     draft_len=3 if draft_tree is None else "dynamic", draft_tree=draft_tree,

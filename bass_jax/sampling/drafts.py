@@ -1,6 +1,7 @@
 """What ``generate`` accepts as its draft side, and how it becomes a proposer:
-:func:`resolve_draft` (a model, a lookup or a hybrid to a ``Proposer`` and its weights) and
-:func:`load_draft_spec` (the scripts' ``--draft`` strings)."""
+:func:`resolve_draft` (a model, a lookup or a hybrid to a ``Proposer`` and its weights),
+:func:`parse_draft_spec` and :func:`load_draft_spec` (the scripts' ``--draft`` strings, whose grammar
+the proposer registry generates: ``proposers.registry``)."""
 
 from __future__ import annotations
 
@@ -13,64 +14,115 @@ import numpy as np
 from bass_jax import sharding as sharding_lib
 from bass_jax.loading import Model, check_same_tokenizer, load_draft
 from bass_jax.models import eagle, medusa
-from bass_jax.sampling.proposers import (EagleProposer, Hybrid, MedusaProposer, ModelProposer,
-                                         NGramProposer, Proposer, Replay, SiblingProposer,
-                                         WrapsModel)
+from bass_jax.sampling.proposers import (DRAFT_SOURCES, EagleProposer, Hybrid, MedusaProposer,
+                                         ModelProposer, NGramProposer, Proposer, Replay,
+                                         SiblingProposer, WrapsModel)
+from bass_jax.sampling.proposers.registry import ProposerKind, proposer_kind, proposer_kinds
 
-_NGRAM_KEYS = ("max_n", "min_n")
-_SIBLING_KEYS = ("max_n", "min_n", "pool", "max_matches", "max_siblings", "min_agreement")
-_FLOAT_KEYS = ("min_agreement",)
+@dataclasses.dataclass(frozen=True)
+class DraftSpec:
+  """A parsed draft spec (:func:`parse_draft_spec`).
+
+  Attributes:
+    model: the draft model's spec (``bass_jax.load_draft``), or None for a proposer alone.
+    proposers: ``(kind, settings)`` pairs (``proposers.registry.ProposerKind`` and a settings
+      instance): the proposer alone (one pair, no model), or a hybrid's lookups, first choice first.
+  """
+
+  model: str | None
+  proposers: tuple[tuple[ProposerKind, Any], ...] = ()
+
+  @property
+  def hybrid(self) -> bool:
+    """Whether the spec is a model with lookups (``hybrid...:<model>``)."""
+    return self.model is not None and bool(self.proposers)
 
 
-def parse_draft_spec(spec: str) -> tuple[str | None, dict[str, int] | None, dict[str, Any] | None]:
-  """The parts of a draft spec (``bass_jax.load_draft_spec``): ``(model spec or None, n-gram settings
-  or None, sibling-lookup settings or None)``.
+def _kinds_text() -> str:
+  return ", ".join(kind.name for kind in proposer_kinds())
 
-  ``ngram[:max_n=4,min_n=2]`` is n-gram lookup alone; ``siblings[:max_n=8,min_n=2,pool=8,
-  max_matches=32,max_siblings=15,min_agreement=0.1]`` sibling lookup alone;
-  ``hybrid:<model>[:max_n=..,min_n=..]`` n-gram lookup and a model;
-  ``hybrid+siblings:<model>[:max_n=..,min_n=..]`` sibling lookup (at its defaults), then n-gram
-  lookup, then the model; anything else a model alone. (No commas outside
-  settings: scripts take lists of specs.)
+
+def draft_spec_help() -> str:
+  """The draft spec grammar, one form per line with every registered proposer's settings: what the
+  scripts print for ``--draft=help`` (generated from ``proposers.registry``)."""
+  lookups = "|".join(kind.name for kind in proposer_kinds() if kind.model_free)
+  forms = [("<model spec>", "a draft model: an alias, a .gguf file, a checkpoint directory, a "
+            "published EAGLE or Medusa directory")]
+  forms += [(kind.grammar(), kind.summary) for kind in proposer_kinds()]
+  forms += [("py:<module>.<Class>[:key=value,...]", "a Proposer dataclass of yours, imported "
+             "(registered or not)"),
+            (f"hybrid[+{lookups}|<module>.<Class>...]:<model spec>[:key=value,...]",
+             "the model with lookups in front of it: those named, in order, then n-gram lookup "
+             "unless named; key=value sets n-gram lookup, <lookup>.key=value another")]
+  return "Draft specs (bass_jax.load_draft_spec):\n" + "\n".join(
+      f"  {form}\n      {summary}" for form, summary in forms)
+
+
+def parse_draft_spec(spec: str) -> DraftSpec:
+  """The parts of a draft spec (the scripts' ``--draft``; ``bass_jax.load_draft_spec``).
+
+  Grammar (:func:`draft_spec_help` writes it with every registered kind's settings):
+
+  * ``<kind>[:key=value,...]``: a registered proposer alone (``proposers.registry``: ``ngram``,
+    ``siblings``, and the user's own), e.g. ``ngram:max_n=4,min_n=2``;
+  * ``py:<module>.<Class>[:key=value,...]``: an unregistered ``Proposer`` dataclass, imported;
+  * ``hybrid[+<kind>...]:<model spec>[:key=value,...]``: the draft model with model-free lookups in
+    front of it: the kinds named (registered names, or import paths ``<module>.<Class>``), in order,
+    then n-gram lookup unless named (``hybrid:<model>`` is n-gram lookup and the model;
+    ``hybrid+siblings:<model>`` sibling lookup, n-gram lookup, the model). ``key=value`` sets the
+    n-gram lookup, ``<kind>.key=value`` another lookup;
+  * anything else: a draft model spec.
+
+  No commas outside settings: scripts take lists of specs.
 
   Raises:
-    ValueError: a malformed setting, an empty hybrid or one without a model (the accepted form
-      named).
+    ValueError: an unknown setting or a value of the wrong type (the accepted form named), settings
+      the proposer refuses, a hybrid without a model or with a lookup that is not model-free, an empty
+      spec.
   """
   spec = str(spec)
-
-  def settings(text: str, keys: tuple[str, ...], form: str) -> dict[str, Any]:
-    kwargs = {}
-    for item in filter(None, text.split(",")):
-      key, _, value = item.partition("=")
-      value = value.strip()
-      number = value.isdigit() or (key in _FLOAT_KEYS and value.replace(".", "", 1).isdigit())
-      if key not in keys or not number:
-        raise ValueError(f"draft spec {spec!r}: {form}, got {item!r}")
-      kwargs[key] = float(value) if key in _FLOAT_KEYS else int(value)
-    return kwargs
-
-  def ngram(text: str) -> dict[str, int]:
-    return settings(text, _NGRAM_KEYS, "n-gram settings are max_n=<int>,min_n=<int>")
-
-  kind, _, rest = spec.partition(":")
-  if kind == "ngram":
-    return None, ngram(rest), None
-  if kind == "siblings":
-    return None, None, settings(rest, _SIBLING_KEYS, "sibling settings are max_n=<int>,min_n=<int>,"
-                                "pool=<int>,max_matches=<int>,max_siblings=<int>,"
-                                "min_agreement=<float>")
-  if kind in ("hybrid", "hybrid+siblings"):
-    if rest == "siblings" or rest.startswith(("siblings,", "siblings:", "siblings+")):
-      raise ValueError(f"draft spec {spec!r}: sibling lookup in a hybrid is written "
-                       "hybrid+siblings:<model spec>[:max_n=4,min_n=2]")
-    if not rest:
-      raise ValueError(f"draft spec {spec!r}: write {kind}:<model spec>[:max_n=4,min_n=2]")
-    model_spec, _, text = rest.rpartition(":") if "=" in rest else (rest, "", "")
-    return model_spec, ngram(text), ({} if kind == "hybrid+siblings" else None)
   if not spec:
-    raise ValueError("draft spec is empty: give a model, 'ngram', 'siblings' or 'hybrid:<model>'")
-  return spec, None, None
+    raise ValueError(f"draft spec is empty: give a model, a proposer ({_kinds_text()}) or "
+                     "'hybrid:<model>'")
+  head, _, rest = spec.partition(":")
+  if head == "py":
+    path, _, rest = rest.partition(":")
+    head = f"py:{path}"
+  kind = proposer_kind(head, spec)
+  if kind is not None:
+    return DraftSpec(model=None, proposers=((kind, kind.parse(rest, spec)),))
+  if head != "hybrid" and not head.startswith("hybrid+"):
+    return DraftSpec(model=spec)
+  names = [n for n in head.split("+")[1:]]
+  if any(not n for n in names):
+    raise ValueError(f"draft spec {spec!r}: lookups are hybrid+<kind>+<kind>:<model spec>, kinds "
+                     f"from {_kinds_text()}")
+  if "ngram" not in names:
+    names.append("ngram")
+  model_spec, _, text = rest.rpartition(":") if "=" in rest else (rest, "", "")
+  if not model_spec:
+    raise ValueError(f"draft spec {spec!r}: write {head}:<model spec>[:max_n=4,min_n=2]")
+  first = model_spec.split(",")[0].split(":")[0]
+  if first in names or proposer_kind(first, spec) is not None:
+    raise ValueError(f"draft spec {spec!r}: a hybrid's lookups are written before its model, "
+                     f"hybrid+{first}:<model spec>")
+  settings: dict[str, list[str]] = {name: [] for name in names}
+  for item in filter(None, text.split(",")):
+    key, equals, value = item.partition("=")
+    lookup, dot, setting = key.rpartition(".")
+    lookup, setting = (lookup, setting + equals + value) if dot else ("ngram", item)
+    if lookup not in settings:
+      raise ValueError(f"draft spec {spec!r}: {item!r} sets {lookup!r}, which is not among the "
+                       f"hybrid's lookups ({', '.join(names)})")
+    settings[lookup].append(setting)
+  proposers = []
+  for name in names:
+    kind = proposer_kind(f"py:{name}" if "." in name else name, spec)
+    if kind is None or not kind.model_free:
+      raise ValueError(f"draft spec {spec!r}: {name!r} is not a model-free proposer; a hybrid's "
+                       f"lookups are among {', '.join(k.name for k in proposer_kinds() if k.model_free)}")
+    proposers.append((kind, kind.parse(",".join(settings[name]), spec)))
+  return DraftSpec(model=model_spec, proposers=tuple(proposers))
 
 
 def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any = None,
@@ -114,11 +166,8 @@ def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any =
   if isinstance(draft, (NGramProposer, SiblingProposer)):
     return draft, None, []
   if isinstance(draft, Hybrid):
-    if not isinstance(draft.ngram, NGramProposer):
-      raise ValueError(f"Hybrid.ngram must be an NGramProposer, got {type(draft.ngram).__name__}")
-    if draft.siblings is not None and not isinstance(draft.siblings, SiblingProposer):
-      raise ValueError(f"Hybrid.siblings must be None or a SiblingProposer, got "
-                       f"{type(draft.siblings).__name__}")
+    for lookup in draft.lookups:
+      _check_lookup(lookup)
     proposer, params = model_proposer(draft.model)
     return dataclasses.replace(draft, model=proposer), params, [draft.model]
   if isinstance(draft, Replay):
@@ -150,9 +199,31 @@ def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any =
       "draft must be a bass_jax.Model (a draft model), a bass_jax.NGramProposer (model-free prompt "
       "lookup), a bass_jax.SiblingProposer (model-free lookup in the other samples of the prompt), "
       "a bass_jax.Replay(model, text) (a recorded continuation at set acceptance rates), "
-      "a bass_jax.Hybrid(model, ngram, siblings), or your own bass_jax.Proposer (with its weights: "
+      "a bass_jax.Hybrid(model, lookups), or your own bass_jax.Proposer (with its weights: "
       f"(proposer, params); docs/extending.md); got {type(draft).__name__} (scripts take a spec "
       "string: see bass_jax.load_draft_spec)")
+
+
+def _check_lookup(lookup: Proposer) -> None:
+  """Refuses a ``Hybrid`` lookup that is not model-free: the hybrid runs each lookup without weights
+  or state, and counts its drafts under its :attr:`Proposer.source`.
+
+  Raises:
+    ValueError: a lookup with a model (a draft model's proposer, a ``Hybrid`` or ``Replay``), one that
+      keeps a state or reads the target's features, or an unknown ``source``.
+  """
+  name = type(lookup).__name__
+  if isinstance(lookup, (WrapsModel, ModelProposer, EagleProposer, MedusaProposer)):
+    raise ValueError(f"a Hybrid's lookups are model-free; {name} drafts with a model (pass the "
+                     "model as Hybrid's model)")
+  stateful = any(getattr(type(lookup), m) is not getattr(Proposer, m)
+                 for m in ("init_state", "admit", "rollback"))
+  if stateful or lookup.needs_features:
+    raise ValueError(f"a Hybrid's lookups keep no state and read no features; {name} "
+                     f"{'keeps a state' if stateful else 'reads the target features'}: decode with "
+                     "it alone")
+  if lookup.source not in DRAFT_SOURCES:
+    raise ValueError(f"{name}.source is {lookup.source!r}; it must be one of {DRAFT_SOURCES}")
 
 
 def _own_proposer(proposer: Proposer, params: Any, *, mesh: Any) -> tuple[Proposer, Any, list[Model]]:
@@ -176,30 +247,29 @@ def _own_proposer(proposer: Proposer, params: Any, *, mesh: Any) -> tuple[Propos
 
 
 def load_draft_spec(spec: str, target: Model, *, num_layers: int | None = None, dtype: Any = None
-                    ) -> Model | NGramProposer | SiblingProposer | Hybrid:
-  """The draft side named by a spec string (the scripts' ``--draft``), loading models as needed.
+                    ) -> Any:
+  """The draft side named by a spec string (the scripts' ``--draft``, :func:`parse_draft_spec`),
+  loading models as needed: a draft ``Model``, a registered proposer built by its kind's builder (a
+  ``Proposer``, or ``(proposer, params)``), or a ``Hybrid`` of a draft model and lookups.
 
-  Specs:
-    * ``ngram`` or ``ngram:max_n=4,min_n=2``: model-free prompt lookup (:class:`NGramProposer`);
-    * ``siblings`` or ``siblings:max_n=8,min_n=2,pool=8,max_matches=32,max_siblings=15,
-      min_agreement=0.1``: model-free
-      lookup in the other samples of each row's prompt (:class:`SiblingProposer`);
-    * ``hybrid:<model spec>`` or ``hybrid:<model spec>:max_n=4,min_n=2``: n-gram where a row matches,
-      the draft model elsewhere (:class:`Hybrid`); ``hybrid+siblings:<model spec>[:...]`` puts sibling
-      lookup (at its defaults) before the n-gram lookup;
-    * anything else: a draft model spec for ``bass_jax.load_draft`` (an alias, a ``.gguf`` file, a
-      checkpoint directory; the target's own name with ``num_layers`` for a placeholder).
+  Specs, e.g.: ``ngram`` or ``ngram:max_n=4,min_n=2`` (prompt lookup, :class:`NGramProposer`);
+  ``siblings[:pool=8,...]`` (lookup in the other samples of each row's prompt,
+  :class:`SiblingProposer`); ``hybrid:<model spec>[:max_n=4,min_n=2]`` (n-gram lookup where a row
+  matches, the draft model elsewhere: :class:`Hybrid`); ``hybrid+siblings:<model spec>`` (sibling
+  lookup, then n-gram lookup, then the model); a user's registered proposer by its name
+  (docs/extending.md); anything else a draft model spec for ``bass_jax.load_draft`` (an alias, a
+  ``.gguf`` file, a checkpoint directory; the target's own name with ``num_layers`` for a
+  placeholder).
 
   ``num_layers`` and ``dtype`` apply to the draft model, as in ``load_draft``.
 
   Raises:
-    ValueError: a malformed lookup setting or spec (names the key and the accepted form);
-      whatever ``load_draft`` raises for the model.
+    ValueError: as :func:`parse_draft_spec` (names the key and the accepted form); whatever
+      ``load_draft`` or a kind's builder raises.
   """
-  model_spec, ngram, siblings = parse_draft_spec(spec)
-  lookup = None if ngram is None else NGramProposer(**ngram)
-  from_siblings = None if siblings is None else SiblingProposer(**siblings)
-  if model_spec is None:
-    return lookup or from_siblings
-  model = load_draft(model_spec, target, num_layers=num_layers, dtype=dtype)
-  return model if lookup is None else Hybrid(model, lookup, from_siblings)
+  parsed = parse_draft_spec(spec)
+  built = tuple(kind.build(settings, target) for kind, settings in parsed.proposers)
+  if parsed.model is None:
+    return built[0]
+  model = load_draft(parsed.model, target, num_layers=num_layers, dtype=dtype)
+  return Hybrid(model, built) if built else model

@@ -86,7 +86,7 @@ def generate(
   Args:
     target: the model whose distribution is sampled.
     draft: the draft side: a draft model sharing the target's tokenizer, an ``NGramProposer``, a
-      ``SiblingProposer``, ``Hybrid(model, ngram, siblings=None)``, ``Replay(model, text)``, or your
+      ``SiblingProposer``, ``Hybrid(model, lookups)``, ``Replay(model, text)``, or your
       own ``Proposer``, alone or as ``(proposer, params)`` (``plan.prepare``; docs/extending.md).
       Ignored (may be None) for ``method="regular"``.
     prompts: B token-id lists of any lengths, each non-empty; or an integer array ``[B, T]`` of B

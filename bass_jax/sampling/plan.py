@@ -195,7 +195,7 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
     draft: the draft side (``bass_jax.sampling.proposers``): a draft model sharing the target's
       tokenizer; an ``NGramProposer`` (model-free prompt lookup); a ``SiblingProposer`` (model-free
       lookup in the other samples of each row's prompt: rows with identical prompts are siblings);
-      ``Hybrid(model, ngram, siblings=None)``; ``Replay(model, text)`` (a benchmark's recorded
+      ``Hybrid(model, lookups)``; ``Replay(model, text)`` (a benchmark's recorded
       continuation at set acceptance rates); or your own ``Proposer``, alone or as ``(proposer,
       params)`` with its weights (docs/extending.md). Ignored (may be None) for ``method="regular"``.
     prompts: B token-id lists of any lengths, each non-empty; or an integer array ``[B, T]``.

@@ -20,7 +20,7 @@ from absl import flags
 from experiments import _io
 
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target model spec.")
-_DRAFT = flags.DEFINE_string("draft", "smollm2-135m-eagle", "Draft side spec (as experiments.generate).")
+_DRAFT = _io.define_draft_flag("smollm2-135m-eagle")
 _PROMPTS = flags.DEFINE_string("prompts", "stdlib-heldout", "Prompt source (the tuning prompts).")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 4, "Prompts; each is one batch.", lower_bound=1)
 _BATCH = flags.DEFINE_integer("batch_size", 4, "Samples of each prompt decoded together.", lower_bound=1)

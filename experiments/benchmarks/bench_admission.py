@@ -22,8 +22,7 @@ from bass_jax import profiles
 from experiments import _io
 
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target model spec.")
-_DRAFT = flags.DEFINE_string("draft", "hybrid:smollm2-135m-eagle",
-                             "Draft spec (bass_jax.load_draft_spec).")
+_DRAFT = _io.define_draft_flag("hybrid:smollm2-135m-eagle")
 _PROMPTS = flags.DEFINE_string("prompts", "stdlib-heldout", "Prompt set (a tuning set, not HumanEval).")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 12, "First N prompts: the queue.", lower_bound=2)
 _BATCH = flags.DEFINE_integer("batch_size", 4, "Rows decoding at once (< num_prompts).", lower_bound=1)

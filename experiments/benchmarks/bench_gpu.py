@@ -48,8 +48,8 @@ _PART = flags.DEFINE_list("part", ["1", "2", "3", "4"], "The campaign's parts to
                           "(1: the like-for-like table; 2: kernels and scale; 3: launch overhead; 4: "
                           "the decode's census on the device, utilization, admission).")
 _STEPS = flags.DEFINE_list("steps", None, "Run only these steps of those parts (default: all).")
-_DRAFT = flags.DEFINE_string("draft", "hybrid:smollm2-135m-eagle",
-                             "BASS's draft side in the full run (--quick decodes tiny models).")
+_DRAFT = _io.define_draft_flag("hybrid:smollm2-135m-eagle",
+                                "BASS's draft side in the full run (--quick decodes tiny models)")
 _RESUME = flags.DEFINE_bool("resume", False, "Pass --resume to the steps that keep finished runs "
                             "(latency): a part cut by its timeout, run again, measures only the rest; "
                             "the record and the logs of the earlier call in --results_dir are kept.")

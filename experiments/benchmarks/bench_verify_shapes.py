@@ -24,8 +24,7 @@ _PROMPTS = flags.DEFINE_string("prompts", "stdlib-heldout", "Prompt set (bass_ja
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 8, "First N prompts (>= batch_size).")
 _BATCH = flags.DEFINE_integer("batch_size", 4, "Distinct prompts per batch.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens per sequence.")
-_DRAFT = flags.DEFINE_string("draft", "smollm2-135m-draft", "Draft side: a model spec, ngram[:...] or "
-                             "hybrid:<model> (bass_jax.load_draft_spec).")
+_DRAFT = _io.define_draft_flag("smollm2-135m-draft")
 _CHUNKS = flags.DEFINE_list("chunks", ["2", "4", "8", "16"], "Chunk sizes to compare.")
 _RESULTS_DIR = flags.DEFINE_string("results_dir", None, "Directory for bench_verify_shapes_<setting>.json "
                                    "(default: a fresh outputs/bench_verify_shapes-<time>/).")

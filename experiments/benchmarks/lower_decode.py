@@ -41,8 +41,7 @@ from experiments import _deviceless
 from experiments import _io
 
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target: alias, .gguf, or HF dir.")
-_DRAFT = flags.DEFINE_string("draft", "hybrid:smollm2-135m-eagle",
-                             "The draft side, as experiments.generate's --draft.")
+_DRAFT = _io.define_draft_flag("hybrid:smollm2-135m-eagle")
 _METHOD = flags.DEFINE_enum("method", "bass", ["bass", "regular"], "Decoding method.")
 _BATCH = flags.DEFINE_integer("batch_size", 4, "Rows (distinct random prompts).", lower_bound=1)
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 100, "Tokens per prompt.", lower_bound=1)

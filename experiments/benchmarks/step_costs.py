@@ -22,7 +22,7 @@ from bass_jax.sampling.draft_len import break_even_acceptance
 from experiments import _io
 
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target model spec.")
-_DRAFT = flags.DEFINE_string("draft", "smollm2-135m-draft", "Draft spec (bass_jax.load_draft_spec).")
+_DRAFT = _io.define_draft_flag("smollm2-135m-draft")
 _PROMPTS = flags.DEFINE_string("prompts", "stdlib-heldout", "Prompt set whose buckets are used.")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 8, "First N prompts (>= the largest batch).",
                                     lower_bound=1)

@@ -24,8 +24,7 @@ from experiments import _io
 from experiments import _runs
 
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target: alias, .gguf, or HF dir.")
-_DRAFT = flags.DEFINE_string("draft", "smollm2-135m-instruct", "Draft side: a model (alias, .gguf, HF dir), "
-                             "ngram[:max_n=..,min_n=..] or hybrid:<model>.")
+_DRAFT = _io.define_draft_flag("smollm2-135m-instruct")
 _DRAFT_LAYERS = flags.DEFINE_integer("draft_num_layers", 4, "Keep the draft's first N layers (0 = all).")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 16, "First N HumanEval prompts.")
 _BATCH = flags.DEFINE_integer("batch_size", 4, "Distinct prompts per batch.")

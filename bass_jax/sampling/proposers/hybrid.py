@@ -1,4 +1,4 @@
-"""Lookups where a row matches, a draft model elsewhere: :class:`Hybrid`."""
+"""Model-free lookups where a row matches, a draft model elsewhere: :class:`Hybrid`."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ from bass_jax.sampling.proposers.base import Proposal, Proposer, WrapsModel
 from bass_jax.sampling.proposers.draft_model import ModelProposer
 from bass_jax.sampling.proposers.eagle_draft import EagleProposer
 from bass_jax.sampling.proposers.ngram import NGramProposer
-from bass_jax.sampling.proposers.siblings import SiblingProposer
 
 
 @dataclasses.dataclass(frozen=True)
 class Hybrid(WrapsModel):
-  """Per row, every step: sibling lookup where the row's siblings match (when ``siblings`` is
-  given), else n-gram lookup where the row's own text matches, else the draft model.
+  """Per row, every step: the first of ``lookups`` that proposes anything for the row, else the draft
+  model.
 
+  The lookups are model-free proposers (no weights, no state): the built-in n-gram lookup
+  (``NGramProposer``), sibling lookup (``SiblingProposer``), or a user's own (docs/extending.md).
   What a user passes to ``generate`` holds the draft *model* (a ``bass_jax.Model``);
   ``drafts.resolve_draft`` replaces it with the model's proposer (``ModelProposer`` or
   ``EagleProposer``), which is what the decode runs.
@@ -26,32 +27,42 @@ class Hybrid(WrapsModel):
   The draft model runs every step (its cost is paid whatever matches), so the hybrid gains over the
   model alone where lookup continuations are accepted longer, e.g. in code that repeats its own
   identifiers, or text a sibling sample already wrote. Rows that took lookup drafts keep only the
-  draft-model K/V the text confirms.
+  draft-model K/V the text confirms. A row's drafts keep the ``q`` they were drawn from: the
+  lookup's ``log_q`` (one-hot for a deterministic lookup), else the model's, so acceptance stays
+  exact whatever the mix.
 
   Attributes:
     model: the draft model (a ``Model``, or once resolved its ``ModelProposer`` or
-      ``EagleProposer``). ngram: the n-gram lookup's settings.
-    siblings: the sibling lookup's settings, or None for none.
+      ``EagleProposer``).
+    lookups: the model-free proposers, first choice first (default: n-gram lookup at its defaults);
+      a single proposer is taken as a tuple of one.
+
+  Raises:
+    ValueError: from the constructor, for a lookup that is not a ``Proposer``, or none at all.
   """
 
   model: "Any | ModelProposer | EagleProposer"
-  ngram: NGramProposer = NGramProposer()
-  siblings: SiblingProposer | None = None
+  lookups: tuple[Proposer, ...] = (NGramProposer(),)
 
-  @property
-  def lookups(self) -> tuple[Proposer, ...]:
-    """The model-free lookups, first choice first."""
-    return tuple(p for p in (self.siblings, self.ngram) if p is not None)
+  def __post_init__(self):
+    lookups = (self.lookups,) if isinstance(self.lookups, Proposer) else tuple(self.lookups)
+    for lookup in lookups:
+      if not isinstance(lookup, Proposer):
+        raise ValueError(f"Hybrid.lookups holds proposers, got {type(lookup).__name__}")
+    if not lookups:
+      raise ValueError("Hybrid.lookups is empty: give at least one lookup (e.g. NGramProposer()), "
+                       "or pass the draft model alone")
+    object.__setattr__(self, "lookups", lookups)
 
   @property
   def name(self) -> str:
-    """``hybrid([siblings(8-2), ]ngram(4-2), <model name>)``, as in results files."""
+    """``hybrid(<lookup names>, <model name>)``, e.g. ``hybrid(siblings(8-2), ngram(4-2), m)``."""
     return f"hybrid({', '.join(p.name for p in self.lookups + (self.model,))})"
 
   def propose(self, params, state, ctx, *, max_len, chunk, greedy):
     state, by_model = self.model.propose(params, state, ctx, max_len=max_len, chunk=chunk,
                                          greedy=greedy)
-    drafts, num_drafts = by_model.drafts, by_model.num_drafts
+    drafts, num_drafts, log_q = by_model.drafts, by_model.num_drafts, by_model.log_q
     source = jnp.full(num_drafts.shape, self.model.source_index, jnp.int32)
     for lookup in reversed(self.lookups):  # the first choice applied last
       _, found = lookup.propose(None, None, ctx, max_len=max_len, chunk=chunk, greedy=greedy)
@@ -59,12 +70,12 @@ class Hybrid(WrapsModel):
       drafts = jnp.where(hit[:, None], found.drafts, drafts)
       num_drafts = jnp.where(hit, found.num_drafts, num_drafts)
       source = jnp.where(hit, lookup.source_index, source)
-    looked_up = source != self.model.source_index
-    log_q = by_model.log_q
-    if log_q is not None:  # one-hot q for the looked-up rows
-      padded = jnp.pad(drafts, ((0, 0), (0, log_q.shape[1] - max_len)))
-      one_hot = jnp.where(jnp.arange(log_q.shape[2]) == padded[..., None], 0.0, -jnp.inf)
-      log_q = jnp.where(looked_up[:, None, None], one_hot, log_q)
+      if log_q is not None:  # the looked-up rows' q: the lookup's own, one-hot when it has none
+        found_q = found.log_q
+        if found_q is None:
+          padded = jnp.pad(found.drafts, ((0, 0), (0, log_q.shape[1] - max_len)))
+          found_q = jnp.where(jnp.arange(log_q.shape[2]) == padded[..., None], 0.0, -jnp.inf)
+        log_q = jnp.where(hit[:, None, None], found_q, log_q)
     return state, Proposal(drafts=drafts, num_drafts=num_drafts, log_q=log_q, source=source)
 
   def propose_tree(self, params, state, ctx, *, shape):

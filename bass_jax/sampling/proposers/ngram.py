@@ -10,8 +10,11 @@ import jax.numpy as jnp
 from bass_jax import _checks
 from bass_jax.sampling import tree as tree_lib
 from bass_jax.sampling.proposers.base import Proposal, Proposer
+from bass_jax.sampling.proposers.registry import register_proposer
 
 
+@register_proposer("ngram", summary="prompt lookup: what followed the row's last n tokens earlier "
+                   "in its own text")
 @dataclasses.dataclass(frozen=True)
 class NGramProposer(Proposer):
   """Prompt lookup decoding: propose what followed the most recent earlier occurrence of the row's last

@@ -19,8 +19,11 @@ import jax.numpy as jnp
 from bass_jax import _checks
 from bass_jax.sampling import tree as tree_lib
 from bass_jax.sampling.proposers.base import Proposal, Proposer, StepContext
+from bass_jax.sampling.proposers.registry import register_proposer
 
 
+@register_proposer("siblings", summary="lookup in the other samples of the row's prompt "
+                   "(SuffixDecoding's idea)")
 @dataclasses.dataclass(frozen=True)
 class SiblingProposer(Proposer):
   """Propose, for each row, the continuation its siblings agree on after the row's last tokens.

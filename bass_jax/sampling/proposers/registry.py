@@ -1,0 +1,197 @@
+"""Proposers by name: what the scripts' ``--draft`` specs can name (``bass_jax.load_draft_spec``).
+
+A *proposer kind* is a name, a settings dataclass (whose fields the spec's ``key=value`` items set)
+and a builder (settings and the target to what ``generate`` takes as its draft). The built-in
+model-free proposers register themselves (``ngram``, ``siblings``); a user's proposer joins them with
+:func:`register_proposer` (docs/extending.md), or is named by its import path in a spec without
+registering (``py:my_pkg.my_module.MyProposer``). Draft *models* are not kinds: a spec that names no
+kind is a model spec (``bass_jax.load_draft``).
+
+The pattern is SGLang's ``@register_algorithm`` and vLLM's ``SpeculativeMethod`` names: one name
+list, defined where the proposer is, which the scripts' grammar and help are generated from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import typing
+from typing import Any, Callable
+
+from bass_jax.sampling.proposers.base import Proposer
+
+# The settings a spec can write, by field type: what a value must look like, and its parse.
+_BOOLS = {"true": True, "false": False, "1": True, "0": False}
+
+
+def _parse_int(text: str) -> int:
+  if not text.lstrip("-").isdigit():
+    raise ValueError
+  return int(text)
+
+
+def _parse_float(text: str) -> float:
+  value = float(text)
+  if value != value:  # NaN  # pylint: disable=comparison-with-itself
+    raise ValueError
+  return value
+
+
+def _parse_bool(text: str) -> bool:
+  return _BOOLS[text.lower()]
+
+
+_PARSERS: dict[Any, tuple[str, Callable[[str], Any]]] = {
+    int: ("<int>", _parse_int), float: ("<float>", _parse_float), bool: ("true|false", _parse_bool),
+    str: ("<text>", str)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ProposerKind:
+  """A proposer a draft spec can name.
+
+  Attributes:
+    name: the spec's name for it (``ngram``); letters, digits and ``_``.
+    settings: a dataclass whose fields of type int, float, bool or str a spec sets as ``key=value``
+      (for a model-free proposer, the proposer class itself).
+    build: ``build(settings, target) -> draft``: anything ``generate`` takes as its draft (a
+      ``Proposer``, or ``(proposer, params)`` for one with weights) from a settings instance and the
+      target ``bass_jax.Model``.
+    summary: one line for the scripts' help.
+    model_free: True when ``build`` returns a proposer without weights or state, which a ``Hybrid``
+      may use as a lookup (``hybrid+<name>:<model>``).
+  """
+
+  name: str
+  settings: type
+  build: Callable[[Any, Any], Any]
+  summary: str
+  model_free: bool
+
+  def fields(self) -> dict[str, tuple[str, Callable[[str], Any]]]:
+    """The settable fields: name -> (the value's form, its parse)."""
+    hints = typing.get_type_hints(self.settings)
+    return {f.name: _PARSERS[hints[f.name]] for f in dataclasses.fields(self.settings)
+            if f.init and hints.get(f.name) in _PARSERS}
+
+  def grammar(self) -> str:
+    """``name[:key=<form>,...]``, as the help and errors write it."""
+    fields = self.fields()
+    settings = ",".join(f"{key}={form}" for key, (form, _) in fields.items())
+    return f"{self.name}[:{settings}]" if settings else self.name
+
+  def parse(self, text: str, spec: str) -> Any:
+    """A settings instance from ``key=value,...`` (empty: the defaults).
+
+    Raises:
+      ValueError: an unknown key, a value not of the field's type, or the settings' own refusal
+        (their constructor's), each naming the spec and the accepted form.
+    """
+    fields = self.fields()
+    values = {}
+    for item in filter(None, text.split(",")):
+      key, _, value = item.partition("=")
+      key, value = key.strip(), value.strip()
+      if key not in fields:
+        raise ValueError(f"draft spec {spec!r}: {self.name} takes no setting {key!r}; its form is "
+                         f"{self.grammar()}")
+      form, parse = fields[key]
+      try:
+        values[key] = parse(value)
+      except (ValueError, KeyError):
+        raise ValueError(f"draft spec {spec!r}: {self.name}'s {key} is {form}, got {value!r}"
+                         ) from None
+    try:
+      return self.settings(**values)
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"draft spec {spec!r}: {e}") from e
+
+
+_KINDS: dict[str, ProposerKind] = {}
+# Names a spec gives another meaning: ``hybrid`` (a model with lookups), ``py`` (an import path).
+RESERVED = ("hybrid", "py")
+
+
+def register_proposer(name: str, settings: type | None = None, *,
+                      build: Callable[[Any, Any], Any] | None = None, summary: str | None = None,
+                      model_free: bool | None = None):
+  """Registers a proposer kind under ``name``, for the scripts' ``--draft`` specs.
+
+  As a class decorator on a model-free proposer (a frozen dataclass, its fields the settings)::
+
+    @bass_jax.register_proposer("repeat_last")
+    @dataclasses.dataclass(frozen=True)
+    class RepeatLast(bass_jax.Proposer): ...
+
+  or as a call with a separate settings dataclass and a builder, e.g. for a proposer with weights:
+  ``register_proposer("mine", MySettings, build=lambda s, target: (MyProposer(...), params))``.
+
+  Args:
+    name: the spec's name; letters, digits and ``_``, not a reserved word (``hybrid``, ``py``).
+    settings: the settings dataclass; with no ``build``, a ``Proposer`` dataclass built as itself.
+    build: ``build(settings, target) -> draft``; default: the settings instance is the proposer.
+    summary: one line for the help; default: the first line of the class's docstring.
+    model_free: whether a ``Hybrid`` may use it as a lookup; default: True without ``build``.
+
+  Returns:
+    ``settings`` (so that it decorates), or a decorator when ``settings`` is None.
+
+  Raises:
+    ValueError: a malformed or reserved name, a name registered to another class, settings that are
+      not a dataclass, or no ``build`` for settings that are not a ``Proposer``.
+  """
+  if settings is None:
+    return lambda cls: register_proposer(name, cls, build=build, summary=summary,
+                                         model_free=model_free)
+  if not (isinstance(name, str) and name.replace("_", "a").isalnum() and name[:1].isalpha()):
+    raise ValueError(f"a proposer's name is letters, digits and '_', starting with a letter; got "
+                     f"{name!r}")
+  if name in RESERVED:
+    raise ValueError(f"{name!r} is reserved in draft specs ({', '.join(RESERVED)}); pick another name")
+  if not (isinstance(settings, type) and dataclasses.is_dataclass(settings)):
+    raise ValueError(f"register_proposer({name!r}): settings must be a dataclass, got {settings!r}")
+  if build is None and not issubclass(settings, Proposer):
+    raise ValueError(f"register_proposer({name!r}): {settings.__name__} is not a Proposer; give a "
+                     "build(settings, target) that makes one")
+  old = _KINDS.get(name)
+  if old is not None and old.settings.__qualname__ != settings.__qualname__:
+    raise ValueError(f"proposer {name!r} is already registered to {old.settings.__qualname__}; "
+                     "pick another name")
+  doc = (summary or (settings.__doc__ or name).strip().splitlines()[0]).strip()
+  _KINDS[name] = ProposerKind(name=name, settings=settings,
+                              build=build or (lambda s, target: s), summary=doc,
+                              model_free=build is None if model_free is None else bool(model_free))
+  return settings
+
+
+def proposer_kinds() -> tuple[ProposerKind, ...]:
+  """Every registered kind, in order of registration."""
+  return tuple(_KINDS.values())
+
+
+def proposer_kind(name: str, spec: str) -> ProposerKind | None:
+  """The kind a spec's first part names: a registered name, ``py:<module>.<Class>`` (imported), or
+  None when it names no kind (then the spec is a model's).
+
+  Raises:
+    ValueError: a ``py:`` path that does not import, or names no ``Proposer`` dataclass.
+  """
+  if name in _KINDS:
+    return _KINDS[name]
+  if not name.startswith("py:"):
+    return None
+  path = name[3:]
+  module, _, attr = path.rpartition(".")
+  try:
+    cls = getattr(importlib.import_module(module), attr)
+  except (ImportError, AttributeError, ValueError) as e:
+    raise ValueError(f"draft spec {spec!r}: cannot import {path!r} ({e}); write "
+                     "py:<module>.<Class> for an importable module") from None
+  for kind in _KINDS.values():
+    if kind.settings is cls:
+      return kind
+  if not (isinstance(cls, type) and issubclass(cls, Proposer) and dataclasses.is_dataclass(cls)):
+    raise ValueError(f"draft spec {spec!r}: {path} is not a Proposer dataclass; register a builder "
+                     "for it with bass_jax.register_proposer")
+  return ProposerKind(name=name, settings=cls, build=lambda s, target: s,
+                      summary=(cls.__doc__ or path).strip().splitlines()[0], model_free=True)
