@@ -38,7 +38,7 @@ run: $(STAMP)
 	$(PY) -m experiments.generate --method=bass $(RUN_FLAGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
+	$(PY) -m pytest -q --durations=60 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 # On a GPU machine: kernel tests compiled, attention and forward benchmarks, the decode census, latency
 # and utilization at B = 1-16 (experiments/benchmarks/bench_gpu.py); results and logs in outputs/bench_gpu-<time>/.

@@ -20,9 +20,9 @@ from bass_jax.checkpoints import gguf as gguf_ckpt
 from bass_jax.checkpoints import hf as hf_ckpt
 from bass_jax.checkpoints import medusa_files
 from bass_jax.models import eagle, llama, medusa
+from bass_jax.models import family as family_lib
 from bass_jax.sampling.drafts import parse_draft_spec
 
-_N_POSITIONS_FAMILIES = ("gpt2", "codegen")  # whose context field is ``n_positions``
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,9 +94,10 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
                        config.layer.sliding_window)
   model_type = fields.get("model_type")
   outer = fields
+  registered = family_lib.find(model_type) or family_lib.wrapped_by(model_type)
   if model_type == eagle.MODEL_TYPE:
-    kind, fields = "eagle", fields.get("layer")
-  elif model_type in llama.TRAITS or model_type == "gemma3":
+    kind, fields, table = "eagle", fields.get("layer"), llama.LlamaConfig.FIELDS
+  elif registered is not None and registered.config_class is llama.LlamaConfig:
     # Read through the family config (transformers' defaults for absent fields, a multimodal Gemma 3's
     # text_config, longrope's shorter exact context): the fields alone would tell another story.
     config = hf_ckpt.config_from_hf(fields)
@@ -107,19 +108,19 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
     return ModelSource(name, path, "hf", config.max_positions, config.vocab_size, has_tokenizer,
                        config.model_type, config.hidden_size, config.num_hidden_layers, special, (),
                        config.sliding_window)
-  elif model_type in hf_ckpt.CONFIG_CLASSES:
-    kind = "hf"
+  elif registered is not None:
+    kind, table = "hf", registered.config_class.FIELDS
   else:
     raise ValueError(f"{path / 'config.json'}: unsupported model_type {model_type!r}; supported: "
-                     f"{', '.join(sorted(hf_ckpt.CONFIG_CLASSES))}")
-  # The context field of each family (its config class's ``max_positions``), read directly: building
-  # the config class would import transformers' rotary helpers (and torch), seconds for one number.
-  key = "n_positions" if model_type in _N_POSITIONS_FAMILIES else "max_position_embeddings"
+                     f"{', '.join(family_lib.model_types())}")
+  # The context field of each family (its config class's ``FIELDS.max_positions``), read directly:
+  # building the config class would import transformers' rotary helpers (and torch), seconds for one
+  # number.
+  key = table.max_positions
   context = fields.get(key) if isinstance(fields, dict) else None
   if not isinstance(context, int) or context < 1:
     raise ValueError(f"{path / 'config.json'}: no positive integer {key!r} (the model's context)")
-  width_key, layers_key = (("n_embd", "n_layer") if model_type in _N_POSITIONS_FAMILIES
-                           else ("hidden_size", "num_hidden_layers"))
+  width_key, layers_key = table.hidden_size, table.num_layers
   numbers = {}
   for key in ("vocab_size", width_key, layers_key):
     value = fields.get(key)

@@ -126,36 +126,49 @@ _EAGLE = (
 # Medusa heads: small, whole on every device.
 _MEDUSA = (("blocks/kernel", (None, None, None, None)), ("blocks/bias", (None, None, None)),
            ("heads", (None, None, None)), ("vocab_ids", (None,)))
+# The tables by parameter layout: the name of the config class whose models hold the parameters
+# (every Llama-like family shares LlamaConfig's; this module sits below the models and names no family).
 PARAM_AXES: dict[str, tuple[tuple[str, tuple[str | None, ...]], ...]] = {
-    "llama": _LLAMA, "qwen2": _LLAMA, "mistral": _LLAMA, "qwen3": _LLAMA, "gemma2": _LLAMA,
-    "gemma3_text": _LLAMA, "phi3": _LLAMA, "opt": _OPT, "codegen": _CODEGEN,
-    "gpt2": _GPT2, "bass_eagle": _EAGLE, "medusa": _MEDUSA,
+    "LlamaConfig": _LLAMA, "OPTConfig": _OPT, "CodeGenConfig": _CODEGEN, "GPT2Config": _GPT2,
+    "EagleConfig": _EAGLE, "MedusaConfig": _MEDUSA,
 }
+# The MLP width's field of each layout (a rule splitting ``mlp`` must divide it); None: 4 x the width.
+_MLP_FIELD = {"LlamaConfig": "intermediate_size", "OPTConfig": "ffn_dim", "CodeGenConfig": "n_inner",
+              "GPT2Config": "n_inner"}
+
+
+def layout(config: Any) -> str:
+  """The parameter layout of a config, the key of its :data:`PARAM_AXES` table: its class's name."""
+  return type(config).__name__
 
 
 @functools.lru_cache(maxsize=4096)
-def _rule(model_type: str, name: str) -> tuple[str | None, ...] | None:
-  """The logical axes of parameter ``name`` from the family's table (the first rule matching it)."""
-  return next((axes for pattern, axes in PARAM_AXES[model_type] if re.fullmatch(pattern, name)), None)
+def _rule(layout_name: str, name: str) -> tuple[str | None, ...] | None:
+  """The logical axes of parameter ``name`` from the layout's table (the first rule matching it)."""
+  return next((axes for pattern, axes in PARAM_AXES[layout_name] if re.fullmatch(pattern, name)),
+              None)
 
 
 def logical_sizes(config: Any) -> dict[str, int]:
   """The sizes a rule must divide to split a logical axis: ``heads`` (N), ``kv_heads`` (K), ``mlp``
-  (F) and ``vocab`` (V) of a family config (an EAGLE draft: its layer's)."""
-  if config.model_type == "bass_eagle":
+  (F) and ``vocab`` (V) of a family config (an EAGLE draft: its layer's).
+
+  Raises:
+    ValueError: a config of no layout in :data:`PARAM_AXES` (its class named).
+  """
+  kind = layout(config)
+  if kind == "EagleConfig":
     return logical_sizes(config.layer)
-  if config.model_type == "medusa":
+  if kind == "MedusaConfig":
     return {HEADS: 1, KV_HEADS: 1, MLP: 1, VOCAB: config.vocab_size}
-  if PARAM_AXES.get(config.model_type) is _LLAMA:  # the Llama family (models.llama.TRAITS)
-    heads, mlp = config.num_attention_heads, config.intermediate_size
-  elif config.model_type == "opt":
-    heads, mlp = config.num_attention_heads, config.ffn_dim
-  elif config.model_type in ("codegen", "gpt2"):
-    heads, mlp = config.n_head, config.n_inner or 4 * config.n_embd
-  else:
-    raise ValueError(f"no sharding rules for model_type {config.model_type!r}; add its table to "
+  if kind not in _MLP_FIELD:
+    raise ValueError(f"no sharding rules for {kind} (model_type "
+                     f"{getattr(config, 'model_type', None)!r}); add its table to "
                      "bass_jax.sharding.PARAM_AXES")
-  return {HEADS: heads, KV_HEADS: config.num_kv_heads, MLP: mlp, VOCAB: config.vocab_size}
+  fields = config.FIELDS  # models.common.FieldTable: which field holds what
+  mlp = getattr(config, _MLP_FIELD[kind]) or 4 * getattr(config, fields.hidden_size)
+  return {HEADS: getattr(config, fields.num_heads), KV_HEADS: config.num_kv_heads, MLP: mlp,
+          VOCAB: config.vocab_size}
 
 
 # -- the mesh ------------------------------------------------------------------------------------------
@@ -255,7 +268,8 @@ class ShardingPlan:
 
   Attributes:
     mesh: the ``("data", "model")`` mesh (Auto axes).
-    model_type: the family, whose :data:`PARAM_AXES` table places the parameters.
+    layout: the parameter layout (:func:`layout`), whose :data:`PARAM_AXES` table places the
+      parameters.
     axes: logical axis -> mesh axis (or None), after divisibility.
     replicated: logical axes the rules split but whose size the mesh axis does not divide, so they are
       replicated instead (e.g. ``("kv_heads",)`` for 3 KV heads on a model axis of 2).
@@ -263,7 +277,7 @@ class ShardingPlan:
   """
 
   mesh: Mesh
-  model_type: str
+  layout: str
   axes: tuple[tuple[str, str | None], ...]
   replicated: tuple[str, ...] = ()
   sizes: tuple[tuple[str, int], ...] = ()
@@ -308,10 +322,10 @@ class ShardingPlan:
     out = {}
     for path, leaf in flax.traverse_util.flatten_dict(dict(params)).items():
       name = "/".join(path)
-      axes = _rule(self.model_type, name)
+      axes = _rule(self.layout, name)
       if axes is None:
-        raise ValueError(f"no sharding rule for parameter {name!r} of a {self.model_type} model; add "
-                         f"one to bass_jax.sharding.PARAM_AXES[{self.model_type!r}]")
+        raise ValueError(f"no sharding rule for parameter {name!r} of a {self.layout} model; add "
+                         f"one to bass_jax.sharding.PARAM_AXES[{self.layout!r}]")
       exact = lambda axis, dim: dim == sizes[axis] if axis in (MLP, VOCAB) else dim % sizes[axis] == 0
       if len(axes) != len(leaf.shape) or not all(
           exact(axis, dim) for axis, dim in zip(axes, leaf.shape) if axis in sizes):
@@ -369,7 +383,7 @@ def plan(config: Any, mesh: Mesh, rules: str | Rules = "tensor_parallel", *,
         f"{sizes[MLP]} hidden units of {name} ({config.model_type}), so it would split nothing of "
         f"its layers; choose a model axis size that divides {sizes[HEADS]} or {sizes[MLP]}, and give "
         "the other devices to 'data'")
-  return ShardingPlan(mesh=mesh, model_type=config.model_type, axes=tuple(resolved),
+  return ShardingPlan(mesh=mesh, layout=layout(config), axes=tuple(resolved),
                       replicated=tuple(replicated), sizes=tuple(sorted(sizes.items())))
 
 

@@ -126,7 +126,7 @@ def _torch_logits(model, tokens):
 
 # Time: families whose cached decoding differs from an older family's only by their rotary tables
 # (positions are the same, so the chunked decode adds nothing to the logits check), and families whose
-# features no EAGLE draft reads (eagle.TARGET_TYPES) or another case of the family covers.
+# features no EAGLE draft reads (eagle.target_types()) or another case of the family covers.
 ROTARY_ONLY = {"llama3-rope", "qwen2-yarn"}
 FEATURES_ELSEWHERE = ROTARY_ONLY | {"gemma2-softcap", "gemma3-local-global",
                                     "qwen3-tied-window-layers"}

@@ -158,7 +158,7 @@ def test_every_parameter_of_every_family_has_exactly_one_rule(family):
   axes = plan.param_axes(abstract)
   assert len(axes) == len(jax.tree_util.tree_leaves(abstract))
   for path, logical in axes.items():  # no rule claims a dimension that is not of its kind
-    matching = [a for pattern, a in sharding.PARAM_AXES[config.model_type]
+    matching = [a for pattern, a in sharding.PARAM_AXES[sharding.layout(config)]
                 if re.fullmatch(pattern, "/".join(path))]
     assert len(matching) == 1, (path, matching)
   with pytest.raises(ValueError, match="no sharding rule for parameter 'extra/kernel'"):

@@ -64,6 +64,7 @@ import numpy as np
 
 from bass_jax.checkpoints import hf
 from bass_jax.checkpoints._mapping import CheckpointError
+from bass_jax.models import family as family_lib
 
 # -- the tensor transforms ------------------------------------------------------------------------------
 
@@ -185,8 +186,8 @@ class Family:
   """How one llama.cpp architecture (``general.architecture``) reads as a transformers model.
 
   Attributes:
-    model_type: the HF ``model_type``.
-    architecture: the HF class, for ``architectures``.
+    arch: llama.cpp's name (``general.architecture``); the model family that claims it
+      (``models.family.Family.gguf_architectures``) gives the HF ``model_type`` and class.
     renames: metadata key (``{arch}.`` suffix) -> HF field, copied as they are.
     steps: the fields that take more than a rename, each step marked with the keys it reads
       (:func:`_step`); the family accepts exactly ``renames`` and its steps' keys.
@@ -198,8 +199,7 @@ class Family:
     norm_shift: what llama.cpp added to every ``*norm.weight`` tensor (Gemma's ``w + 1``).
   """
 
-  model_type: str
-  architecture: str
+  arch: str
   renames: Mapping[str, str]
   steps: tuple[Step, ...]
   tensors: Mapping[str, str]
@@ -207,6 +207,23 @@ class Family:
   head_dim_field: bool = True
   permute_qk: bool = False
   norm_shift: float = 0.0
+
+  @property
+  def model_type(self) -> str:
+    """The HF ``model_type`` of the family that claims :attr:`arch`."""
+    return self._model_family().model_type
+
+  @property
+  def architecture(self) -> str:
+    """The HF class, for ``architectures``."""
+    return self._model_family().architecture
+
+  def _model_family(self) -> family_lib.Family:
+    registered = family_lib.by_gguf_architecture(self.arch)
+    if registered is None:
+      raise ValueError(f"no model family claims the GGUF architecture {self.arch!r} "
+                       "(models.family.Family.gguf_architectures)")
+    return registered
 
   @property
   def keys(self) -> frozenset[str]:
@@ -398,15 +415,15 @@ def _full_attention(src: _Source, out: dict, family: Family) -> None:
 
 # llama.cpp's Gemma defaults (llama-model.cpp, llm_load_hparams): the layer pattern, and the 27B
 # models (told by their layer count), whose queries are scaled by hidden_size / heads, not the head size.
-_GEMMA = {"gemma2": dict(pattern=2, layers_27b=46), "gemma3_text": dict(pattern=6, layers_27b=62)}
+_GEMMA = {"gemma2": dict(pattern=2, layers_27b=46), "gemma3": dict(pattern=6, layers_27b=62)}
 
 
 @_step("attention.sliding_window", "attention.sliding_window_pattern", "attn_logit_softcapping",
        "final_logit_softcapping", "rope.freq_base_swa")
 def _gemma(src: _Source, out: dict, family: Family) -> None:
   """Gemma 2 / 3's window, layer types, soft-caps, query scale and (Gemma 3) per-type rotary."""
-  gemma3 = family.model_type == "gemma3_text"
-  known = _GEMMA[family.model_type]
+  gemma3 = family.arch == "gemma3"
+  known = _GEMMA[family.arch]
   layers = out["num_hidden_layers"]
   if gemma3 and not src.has("attention.sliding_window"):
     raise ValueError(f"{src.path}: no {src.key('attention.sliding_window')} (llama.cpp requires it)")
@@ -472,28 +489,22 @@ _LLAMA_LIKE_STEPS = (_heads, _vocab, _rope, _dense_causal, _bias_and_head)
 _SILU = {"hidden_act": "silu"}
 _GELU = {"hidden_activation": "gelu_pytorch_tanh"}
 
-FAMILIES: dict[str, Family] = {
-    "llama": Family(
-        "llama", "LlamaForCausalLM", _SHAPE_KEYS, (*_LLAMA_LIKE_STEPS, _llama3_rope),
-        {**_DECODER, **_PRE_MLP_NORM}, {**_SILU, "attention_bias": False, "mlp_bias": False},
-        permute_qk=True),
-    "qwen2": Family(
-        "qwen2", "Qwen2ForCausalLM", _SHAPE_KEYS, (*_LLAMA_LIKE_STEPS, _full_attention),
-        {**_DECODER, **_PRE_MLP_NORM}, _SILU, head_dim_field=False),
-    "qwen3": Family(
-        "qwen3", "Qwen3ForCausalLM", _SHAPE_KEYS, (*_LLAMA_LIKE_STEPS, _full_attention),
-        {**_DECODER, **_PRE_MLP_NORM, **_QK_NORM}, {**_SILU, "attention_bias": False}),
-    "gemma2": Family(
-        "gemma2", "Gemma2ForCausalLM", _SHAPE_KEYS, (*_LLAMA_LIKE_STEPS, _gemma),
-        {**_DECODER, **_GEMMA_NORMS}, {**_GELU, "attention_bias": False}, norm_shift=1.0),
-    "gemma3": Family(
-        "gemma3_text", "Gemma3ForCausalLM", _SHAPE_KEYS, (*_LLAMA_LIKE_STEPS, _gemma),
-        {**_DECODER, **_GEMMA_NORMS, **_QK_NORM}, {**_GELU, "attention_bias": False}, norm_shift=1.0),
-    "phi3": Family(
-        "phi3", "Phi3ForCausalLM", _SHAPE_KEYS, (_heads, _vocab, _phi3, _dense_causal, _bias_and_head),
-        _PHI3, _SILU,
-        head_dim_field=False),
-}
+FAMILIES: dict[str, Family] = {family.arch: family for family in (
+    Family("llama", _SHAPE_KEYS, (*_LLAMA_LIKE_STEPS, _llama3_rope),
+           {**_DECODER, **_PRE_MLP_NORM}, {**_SILU, "attention_bias": False, "mlp_bias": False},
+           permute_qk=True),
+    Family("qwen2", _SHAPE_KEYS, (*_LLAMA_LIKE_STEPS, _full_attention),
+           {**_DECODER, **_PRE_MLP_NORM}, _SILU, head_dim_field=False),
+    Family("qwen3", _SHAPE_KEYS, (*_LLAMA_LIKE_STEPS, _full_attention),
+           {**_DECODER, **_PRE_MLP_NORM, **_QK_NORM}, {**_SILU, "attention_bias": False}),
+    Family("gemma2", _SHAPE_KEYS, (*_LLAMA_LIKE_STEPS, _gemma),
+           {**_DECODER, **_GEMMA_NORMS}, {**_GELU, "attention_bias": False}, norm_shift=1.0),
+    Family("gemma3", _SHAPE_KEYS, (*_LLAMA_LIKE_STEPS, _gemma),
+           {**_DECODER, **_GEMMA_NORMS, **_QK_NORM}, {**_GELU, "attention_bias": False},
+           norm_shift=1.0),
+    Family("phi3", _SHAPE_KEYS, (_heads, _vocab, _phi3, _dense_causal, _bias_and_head), _PHI3, _SILU,
+           head_dim_field=False),
+)}
 
 # -- reading a file -------------------------------------------------------------------------------------
 

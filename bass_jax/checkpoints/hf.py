@@ -24,11 +24,9 @@ from bass_jax.models.gpt2 import GPT2Config
 from bass_jax.models.llama import LlamaConfig
 from bass_jax.models.opt import OPTConfig
 from bass_jax.models import common
+from bass_jax.models import family as family_lib
 
 _T = (transpose,)
-CONFIG_CLASSES = {"llama": LlamaConfig, "qwen2": LlamaConfig, "mistral": LlamaConfig,
-                  "qwen3": LlamaConfig, "gemma2": LlamaConfig, "gemma3_text": LlamaConfig,
-                  "phi3": LlamaConfig, "opt": OPTConfig, "codegen": CodeGenConfig, "gpt2": GPT2Config}
 # Buffers that PyTorch checkpoints of some versions carry: precomputed tables, not parameters.
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
 _BUFFER = re.compile(r"(rotary_emb\.(original_)?inv_freq|attn\.(bias|masked_bias|causal_mask|embed_positions))$")
@@ -194,20 +192,24 @@ def rules_for(config) -> list[Rule | Fused]:
 
 
 def config_from_hf(fields: dict[str, Any]):
-  """The family config for an HF config dict (``config.json``).
+  """The family config for an HF config dict (``config.json``): its ``model_type``'s family
+  (``models.family``), or the text config a multimodal one wraps (Gemma 3's ``gemma3``).
 
   Raises:
     ValueError: no or an unsupported ``model_type`` (the supported ones are named), or what the
       family's ``from_hf_config`` rejects.
   """
   model_type = fields.get("model_type")
-  if model_type == "gemma3":
-    fields = _gemma3_text_config(fields)
+  outer = family_lib.wrapped_by(model_type)
+  if outer is not None:
+    fields = _text_config(fields, model_type, outer.model_type)
     model_type = fields["model_type"]
-  if model_type not in CONFIG_CLASSES:
+  registered = family_lib.find(model_type)
+  if registered is None:
+    wrappers = [t for f in family_lib.families() for t in f.wrapper_types]
     raise ValueError(f"unsupported model_type {model_type!r}; supported: "
-                     f"{sorted(CONFIG_CLASSES) + ['gemma3']}")
-  return CONFIG_CLASSES[model_type].from_hf_config(fields)
+                     f"{sorted(family_lib.model_types() + tuple(wrappers))}")
+  return registered.config_class.from_hf_config(fields)
 
 
 # The fields of a multimodal Gemma 3 config (``Gemma3Config``) beside its ``text_config``: the vision
@@ -217,9 +219,10 @@ _GEMMA3_VISION_FIELDS = frozenset({"vision_config", "mm_tokens_per_image", "boi_
                                    "boi_token_id", "eoi_token_id", "initializer_range"})
 
 
-def _gemma3_text_config(fields: dict[str, Any]) -> dict[str, Any]:
-  """The ``gemma3_text`` config inside a multimodal ``gemma3`` one (``Gemma3ForConditionalGeneration``
-  checkpoints such as gemma-3-4b-it): its ``text_config``, decoded as text only.
+def _text_config(fields: dict[str, Any], model_type: str, text_type: str) -> dict[str, Any]:
+  """The ``text_type`` config inside a multimodal ``model_type`` one (Gemma 3's
+  ``Gemma3ForConditionalGeneration`` checkpoints such as gemma-3-4b-it): its ``text_config``, decoded
+  as text only.
 
   Raises:
     ValueError: no ``text_config``, or a top-level field that is neither the vision tower's nor
@@ -227,14 +230,14 @@ def _gemma3_text_config(fields: dict[str, Any]) -> dict[str, Any]:
   """
   text = fields.get("text_config")
   if not isinstance(text, dict):
-    raise ValueError("gemma3: config.json has no text_config object; a Gemma 3 text checkpoint "
-                     "has model_type 'gemma3_text'")
+    raise ValueError(f"{model_type}: config.json has no text_config object; a text-only checkpoint "
+                     f"has model_type {text_type!r}")
   rest = {k: v for k, v in fields.items() if k != "text_config"}
-  common.parse_hf_fields(rest, model_types=("gemma3",),
+  common.parse_hf_fields(rest, model_types=(model_type,),
                          known=("tie_word_embeddings", "bos_token_id", "eos_token_id",
                                 "pad_token_id"), ignored=_GEMMA3_VISION_FIELDS)
   text = dict(text)
-  text.setdefault("model_type", "gemma3_text")
+  text.setdefault("model_type", text_type)
   # transformers' Gemma3ForConditionalGeneration applies no final soft cap, whatever text_config says
   text["final_logit_softcapping"] = None
   for name in ("bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings"):
@@ -252,10 +255,10 @@ _GEMMA3_VISION = re.compile(r"^(model\.)?(vision_tower|multi_modal_projector)\."
 
 
 def text_decoder_tensors(fields: dict[str, Any], tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """The tensors of the text decoder under the text model's names: a multimodal Gemma 3's
-  (``fields["model_type"] == "gemma3"``) renamed and its vision tower dropped; any other's as they
-  are."""
-  if fields.get("model_type") != "gemma3":
+  """The tensors of the text decoder under the text model's names: a multimodal checkpoint's (a
+  ``model_type`` that wraps a family's text config, ``models.family.Family.wrapper_types``: Gemma 3's)
+  renamed and its vision tower dropped; any other's as they are."""
+  if family_lib.wrapped_by(fields.get("model_type")) is None:
     return tensors
   out = {}
   for name, value in tensors.items():

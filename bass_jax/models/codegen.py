@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from bass_jax.cache import KVCache, KVUpdate
 from bass_jax.models import common
+from bass_jax.models import family
 
 MP_NUM = 4  # CodeGen's fused qkv is laid out as 4 model-parallel shards of [q | v | k]
 
@@ -171,3 +172,7 @@ class CodeGen(nn.Module):
     bias = self.param("lm_head_bias", nn.initializers.zeros, (cfg.vocab_size,), self.dtype)
     logits = jnp.einsum("BTD,VD->BTV", x, weight, preferred_element_type=jnp.float32)
     return logits + bias.astype(jnp.float32), update
+
+
+family.register_family(family.Family("codegen", CodeGenConfig, CodeGenConfig.FIELDS.architecture,
+                                     layers_key="h"))

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from bass_jax import sharding as sharding_lib
 from bass_jax.cache import KVCache, KVUpdate, LayerSlice, write_entries
 from bass_jax.models import attention as attention_lib
+from bass_jax.models import family as family_lib
 
 
 class DecoderConfig(Protocol):
@@ -62,18 +63,20 @@ class DecoderConfig(Protocol):
   def to_hf_config(self) -> Any: ...
 
 
-# The parameter key of each family's decoder layers: ``{key}_{i}`` per layer when unrolled (as Hugging
-# Face's ``model.layers.{i}``), ``{key}`` stacked ``[L, ...]`` when scanned (:func:`run_layers`).
-LAYERS_KEY = {"llama": "layers", "qwen2": "layers", "mistral": "layers", "qwen3": "layers",
-              "gemma2": "layers", "gemma3_text": "layers", "phi3": "layers", "opt": "layers",
-              "codegen": "h", "gpt2": "h"}
+def layers_key(config: Any) -> str | None:
+  """The parameter key of a family's decoder layers (``models.family.Family.layers_key``): ``{key}_{i}``
+  per layer when unrolled (as Hugging Face's ``model.layers.{i}``), ``{key}`` stacked ``[L, ...]`` when
+  scanned (:func:`run_layers`); None for a config of no registered family (an EAGLE draft, Medusa
+  heads)."""
+  registered = family_lib.find(getattr(config, "model_type", None))
+  return None if registered is None else registered.layers_key
 
 
 def scanned_layers(config: DecoderConfig, params: Any) -> bool:
   """Whether ``params`` (a family's Flax params tree, without the ``"params"`` wrapper) hold the
-  decoder layers scanned, stacked under :data:`LAYERS_KEY` (:func:`stack_layers`), rather than one
+  decoder layers scanned, stacked under :func:`layers_key` (:func:`stack_layers`), rather than one
   subtree per layer. A model's layout is that of its weights; its caches follow it."""
-  key = LAYERS_KEY.get(getattr(config, "model_type", None))
+  key = layers_key(config)
   return key is not None and key in params
 
 

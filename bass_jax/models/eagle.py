@@ -50,6 +50,7 @@ import numpy as np
 from bass_jax import sharding as sharding_lib
 from bass_jax.cache import KVCache, KVUpdate
 from bass_jax.models import common
+from bass_jax.models import family as family_lib
 from bass_jax.models.llama import LlamaAttention, LlamaConfig, LlamaDecoderLayer, LlamaMLP, RMSNorm
 
 MODEL_TYPE = "bass_eagle"
@@ -237,16 +238,18 @@ class EagleConfig:
                norm_before_residual=bool(fields.get("norm_before_residual", False)))
 
 
-# The targets whose features and head an EAGLE draft reads as it computes them: Llama-family models
-# whose embedding is unscaled and whose logits are uncapped (not Gemma's sqrt(D) and soft caps).
-TARGET_TYPES = ("llama", "qwen2", "mistral", "qwen3", "phi3")
+def target_types() -> tuple[str, ...]:
+  """The targets whose features and head an EAGLE draft reads as it computes them: the families marked
+  ``eagle_target`` (``models.family``; Llama-like models whose embedding is unscaled and whose logits
+  are uncapped, not Gemma's sqrt(D) and soft caps)."""
+  return tuple(f.model_type for f in family_lib.families() if f.eagle_target)
 
 
 def check_target(target_config: Any) -> None:
-  """Raises ValueError unless an EAGLE draft can read the target (:data:`TARGET_TYPES`)."""
+  """Raises ValueError unless an EAGLE draft can read the target (:func:`target_types`)."""
   model_type = getattr(target_config, "model_type", type(target_config).__name__)
-  if not isinstance(target_config, LlamaConfig) or model_type not in TARGET_TYPES:
-    raise ValueError(f"an EAGLE draft needs a target of {', '.join(TARGET_TYPES)} (Gemma's scaled "
+  if not isinstance(target_config, LlamaConfig) or model_type not in target_types():
+    raise ValueError(f"an EAGLE draft needs a target of {', '.join(target_types())} (Gemma's scaled "
                      f"embeddings and capped logits are not read yet), got model_type {model_type!r}")
 
 
@@ -267,8 +270,8 @@ def check_pair(hidden_size: int, vocab_size: int, fused_layers: tuple[int, ...],
   Raises:
     ValueError: the first mismatch, naming the field and both values.
   """
-  if target_model_type not in TARGET_TYPES:
-    raise ValueError(f"{name} needs a target of {', '.join(TARGET_TYPES)} (Gemma's scaled embeddings "
+  if target_model_type not in target_types():
+    raise ValueError(f"{name} needs a target of {', '.join(target_types())} (Gemma's scaled embeddings "
                      f"and capped logits are not read yet), got model_type {target_model_type!r}")
   if hidden_size != target_hidden_size:
     raise ValueError(f"{name} reads features of width hidden_size={hidden_size}, and the target's "

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from bass_jax.cache import KVCache, KVUpdate
 from bass_jax.models import common
+from bass_jax.models import family
 
 # GPT2Config fields with no effect on a causal LM forward (the sequence-summary head is another model).
 _IGNORED = {"summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
@@ -153,3 +154,7 @@ class GPT2(nn.Module):
       weight = self.param("lm_head", nn.initializers.lecun_normal(), (cfg.vocab_size, cfg.n_embd),
                           self.dtype)
     return jnp.einsum("BTD,VD->BTV", x, weight, preferred_element_type=jnp.float32), update
+
+
+family.register_family(family.Family("gpt2", GPT2Config, GPT2Config.FIELDS.architecture,
+                                     layers_key="h"))

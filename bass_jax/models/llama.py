@@ -33,43 +33,13 @@ import jax.numpy as jnp
 
 from bass_jax.cache import KVCache, KVUpdate
 from bass_jax.models import common
+from bass_jax.models import family
 from bass_jax.models import rope as rope_lib
 
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                  "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                  "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
-                  "phi3": "Phi3ForCausalLM"}
 SLIDING, FULL = "sliding_attention", "full_attention"
 
-
-@dataclasses.dataclass(frozen=True)
-class Traits:
-  """What a ``model_type`` fixes about the architecture (no config field says it).
-
-  Attributes:
-    qkv_bias: bias on q, k, v only, always (Qwen2).
-    qk_norm: ``"rms"`` (Qwen3) or ``"gemma"`` (Gemma 3) per-head norms of q and k before rotary; None.
-    gemma: Gemma's norms (``x̂ (1 + w)`` in f32), the post-attention and pre/post-feedforward norms,
-      embeddings scaled by ``sqrt(D)``.
-    window_everywhere: ``sliding_window`` applies to every layer (Mistral, Phi-3); otherwise only to
-      the layers ``layer_types`` marks ``sliding_attention``.
-    fused: the checkpoint stores ``qkv_proj`` and ``gate_up_proj`` fused (Phi-3).
-  """
-
-  qkv_bias: bool = False
-  qk_norm: str | None = None
-  gemma: bool = False
-  window_everywhere: bool = False
-  fused: bool = False
-
-
-TRAITS = {"llama": Traits(), "qwen2": Traits(qkv_bias=True), "mistral": Traits(window_everywhere=True),
-          "qwen3": Traits(qk_norm="rms"), "gemma2": Traits(gemma=True),
-          "gemma3_text": Traits(qk_norm="gemma", gemma=True),
-          "phi3": Traits(window_everywhere=True, fused=True)}
-
-# The config.json fields each family's port reads (besides transformers' generic ones and training-only
-# fields); any other field is refused by name.
+# The config.json fields every Llama-like family's port reads (besides transformers' generic ones and
+# training-only fields); a family's own are in its Traits row, and any other field is refused by name.
 _COMMON_FIELDS = frozenset({
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
@@ -78,25 +48,72 @@ _COMMON_FIELDS = frozenset({
 _GEMMA_FIELDS = frozenset({"hidden_activation", "attention_bias", "query_pre_attn_scalar",
                            "sliding_window", "layer_types", "final_logit_softcapping",
                            "attn_logit_softcapping", "use_bidirectional_attention"})
-_FAMILY_FIELDS = {
-    "llama": frozenset({"attention_bias", "mlp_bias", "pretraining_tp"}),
-    "mistral": frozenset({"sliding_window"}),
-    "qwen2": frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"}),
-    "qwen3": frozenset({"attention_bias", "sliding_window", "use_sliding_window", "max_window_layers",
-                        "layer_types"}),
-    "gemma2": _GEMMA_FIELDS,
-    "gemma3_text": _GEMMA_FIELDS | {"rope_local_base_freq", "sliding_window_pattern"},
-    "phi3": frozenset({"original_max_position_embeddings", "sliding_window"}),
+_QWEN_WINDOW = frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Traits:
+  """One Llama-like family: what its ``model_type`` fixes about the architecture (no config field says
+  it) and how its Hugging Face files read. A new Llama-like family is one row of :data:`TRAITS`.
+
+  Attributes:
+    architecture: transformers' model class (``"Qwen3ForCausalLM"``).
+    fields: the config.json fields of this family the port reads, beyond the common ones.
+    qkv_bias: bias on q, k, v only, always (Qwen2).
+    qk_norm: ``"rms"`` (Qwen3) or ``"gemma"`` (Gemma 3) per-head norms of q and k before rotary; None.
+    gemma: Gemma's norms (``x̂ (1 + w)`` in f32), the post-attention and pre/post-feedforward norms,
+      embeddings scaled by ``sqrt(D)``.
+    window_everywhere: ``sliding_window`` applies to every layer (Mistral, Phi-3); otherwise only to
+      the layers ``layer_types`` marks ``sliding_attention``.
+    fused: the checkpoint stores ``qkv_proj`` and ``gate_up_proj`` fused (Phi-3).
+    required: ``(field, value)`` pairs a family's published configs carry that must hold the value
+      transformers' model assumes.
+    ignored: fields with no effect on inference that the family's configs carry.
+    eagle_target: an EAGLE draft can read the family (unscaled embedding, uncapped logits).
+    wrapper_types: multimodal ``model_type`` values holding this family's config as ``text_config``.
+    gguf_architectures: llama.cpp's names of the family (``general.architecture``).
+  """
+
+  architecture: str
+  fields: frozenset[str] = frozenset()
+  qkv_bias: bool = False
+  qk_norm: str | None = None
+  gemma: bool = False
+  window_everywhere: bool = False
+  fused: bool = False
+  required: tuple[tuple[str, Any], ...] = ()
+  ignored: frozenset[str] = frozenset()
+  eagle_target: bool = False
+  wrapper_types: tuple[str, ...] = ()
+  gguf_architectures: tuple[str, ...] = ()
+
+
+TRAITS = {
+    "llama": Traits("LlamaForCausalLM", frozenset({"attention_bias", "mlp_bias", "pretraining_tp"}),
+                    eagle_target=True, gguf_architectures=("llama",)),
+    "qwen2": Traits("Qwen2ForCausalLM", _QWEN_WINDOW, qkv_bias=True, eagle_target=True,
+                    gguf_architectures=("qwen2",)),
+    "mistral": Traits("MistralForCausalLM", frozenset({"sliding_window"}), window_everywhere=True,
+                      eagle_target=True),
+    "qwen3": Traits("Qwen3ForCausalLM", _QWEN_WINDOW | {"attention_bias"}, qk_norm="rms",
+                    eagle_target=True, gguf_architectures=("qwen3",)),
+    "gemma2": Traits("Gemma2ForCausalLM", _GEMMA_FIELDS, gemma=True,
+                     ignored=frozenset({"cache_implementation"}), gguf_architectures=("gemma2",)),
+    "gemma3_text": Traits(
+        "Gemma3ForCausalLM", _GEMMA_FIELDS | {"rope_local_base_freq", "sliding_window_pattern"},
+        qk_norm="gemma", gemma=True,
+        ignored=frozenset({"cache_implementation", "_sliding_window_pattern"}),
+        wrapper_types=("gemma3",), gguf_architectures=("gemma3",)),
+    # Phi-3-mini and Phi-4-mini write the required fields for their remote code; transformers' Phi3
+    # has no biases.
+    "phi3": Traits("Phi3ForCausalLM", frozenset({"original_max_position_embeddings",
+                                                  "sliding_window"}),
+                   window_everywhere=True, fused=True, eagle_target=True,
+                   required=(("attention_bias", False), ("mlp_bias", False), ("lm_head_bias", False),
+                             ("full_attn_mod", 1), ("interpolate_factor", 1)),
+                   gguf_architectures=("phi3",)),
 }
-# Fields a family's published configs carry that must hold the value transformers' model assumes.
-_REQUIRED = {
-    # Phi-3-mini and Phi-4-mini write these for their remote code; transformers' Phi3 has no biases.
-    "phi3": {"attention_bias": False, "mlp_bias": False, "lm_head_bias": False, "full_attn_mod": 1,
-             "interpolate_factor": 1},
-}
-# Fields with no effect on inference that a family's configs carry.
-_IGNORED = {"gemma2": frozenset({"cache_implementation"}),
-            "gemma3_text": frozenset({"cache_implementation", "_sliding_window_pattern"})}
+_ARCHITECTURES = {model_type: traits.architecture for model_type, traits in TRAITS.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,15 +309,15 @@ class LlamaConfig(common.CacheFromShape):
     if model_type not in _ARCHITECTURES:
       raise ValueError(f"model_type {model_type!r} is not one of {tuple(_ARCHITECTURES)}")
     _check_rope_spellings(fields)
-    known = _COMMON_FIELDS | _FAMILY_FIELDS[model_type]
+    traits = TRAITS[model_type]
+    known = _COMMON_FIELDS | traits.fields
     required: dict[str, Any] = {"pretraining_tp": 1, "use_bidirectional_attention": False,
-                                **_REQUIRED.get(model_type, {})}
+                                **dict(traits.required)}
     if model_type == "gemma3_text":
       _check_no_per_type_truncate(fields)
     common.parse_hf_fields(dict(fields, model_type=model_type), model_types=(model_type,),
-                           known=known, ignored=_IGNORED.get(model_type, ()), required=required)
+                           known=known, ignored=traits.ignored, required=required)
     hf = _transformers_config(model_type, fields)
-    traits = TRAITS[model_type]
     heads = hf.num_attention_heads
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
     kwargs = dict(
@@ -649,3 +666,9 @@ class Llama(nn.Module):
                           (cfg.hidden_size, cfg.vocab_size), self.dtype)
       logits = jnp.einsum("BTD,DV->BTV", x, kernel, preferred_element_type=jnp.float32)
     return soft_cap(logits, cfg.final_logit_softcapping), update
+
+
+for _model_type, _traits in TRAITS.items():
+  family.register_family(family.Family(
+      _model_type, LlamaConfig, _traits.architecture, eagle_target=_traits.eagle_target,
+      wrapper_types=_traits.wrapper_types, gguf_architectures=_traits.gguf_architectures))

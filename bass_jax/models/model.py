@@ -77,7 +77,7 @@ class Model:
     total = self.config.num_layers
     if not 1 <= num_layers <= total:
       raise ValueError(f"num_layers must be in [1, {total}], got {num_layers}")
-    name = common.LAYERS_KEY[self.config.model_type]
+    name = common.layers_key(self.config)
     if self.scanned_layers:  # the stacked leaves' first num_layers entries
       params = {**self.params,
                 name: jax.tree_util.tree_map(lambda x: x[:num_layers], self.params[name])}
@@ -105,7 +105,7 @@ class Model:
     scanned = _checks.as_bool("scanned", scanned)
     if scanned == self.scanned_layers:
       return self
-    key = common.LAYERS_KEY.get(getattr(self.config, "model_type", None))
+    key = common.layers_key(self.config)
     if key is None:
       raise ValueError(f"{self.name or 'this model'} ({type(self.config).__name__}) has no scanned "
                        "layout (only the decoder families do); load it with scan_layers=False")

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from bass_jax.cache import KVCache, KVUpdate
 from bass_jax.models import common
+from bass_jax.models import family
 
 POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding: row 0 of the table serves position -2
 
@@ -196,3 +197,6 @@ class OPT(nn.Module):
                         (cfg.vocab_size, cfg.word_embed_proj_dim), self.dtype)
     logits = jnp.einsum("BTE,VE->BTV", x, head, preferred_element_type=jnp.float32)
     return logits, update
+
+
+family.register_family(family.Family("opt", OPTConfig, OPTConfig.FIELDS.architecture))
