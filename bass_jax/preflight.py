@@ -112,7 +112,7 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
     kind, table = "hf", registered.config_class.FIELDS
   else:
     raise ValueError(f"{path / 'config.json'}: unsupported model_type {model_type!r}; supported: "
-                     f"{', '.join(family_lib.model_types())}")
+                     f"{', '.join(_supported_types())}")
   # The context field of each family (its config class's ``FIELDS.max_positions``), read directly:
   # building the config class would import transformers' rotary helpers (and torch), seconds for one
   # number.
@@ -199,6 +199,11 @@ def inspect_draft_spec(spec: str) -> ModelSource | None:
     return inspect_model(model_spec)
   except (FileNotFoundError, ValueError) as e:
     raise type(e)(f"draft spec {spec!r}: {e}") from e
+
+
+def _supported_types() -> tuple[str, ...]:
+  """Every ``model_type`` a config.json may name: the families' and the multimodal wrappers'."""
+  return family_lib.model_types() + tuple(w for f in family_lib.families() for w in f.wrapper_types)
 
 
 def load_tokenizer(source: ModelSource) -> Any:

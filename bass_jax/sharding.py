@@ -15,7 +15,8 @@ A mesh has two named axes (``jax.make_mesh((2, 4), ("data", "model"))``):
   (each model shard holds every head; vLLM instead duplicates each KV head onto the shards that read it,
   which saves memory and is not built here).
 
-How a parameter is split is written once per family as a table from parameter paths to *logical* axes
+How a parameter is split is written once per parameter layout (a config class: the Llama-like families
+share ``LlamaConfig``'s) as a table from parameter paths to *logical* axes
 (``PARAM_AXES``: ``q_proj/kernel`` is ``("embed", "heads")``), and the logical axes map to mesh axes by
 a rule table (:data:`TENSOR_PARALLEL`, :data:`REPLICATED`), as in MaxText's ``logical_axis_rules``. A
 logical axis whose size the mesh axis does not divide is replicated instead (named in
@@ -164,7 +165,7 @@ def logical_sizes(config: Any) -> dict[str, int]:
   if kind not in _MLP_FIELD:
     raise ValueError(f"no sharding rules for {kind} (model_type "
                      f"{getattr(config, 'model_type', None)!r}); add its table to "
-                     "bass_jax.sharding.PARAM_AXES")
+                     "bass_jax.sharding.PARAM_AXES and its MLP width's field to _MLP_FIELD")
   fields = config.FIELDS  # models.common.FieldTable: which field holds what
   mlp = getattr(config, _MLP_FIELD[kind]) or 4 * getattr(config, fields.hidden_size)
   return {HEADS: getattr(config, fields.num_heads), KV_HEADS: config.num_kv_heads, MLP: mlp,

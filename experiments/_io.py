@@ -32,7 +32,7 @@ COMPILATION_CACHE_DIR = flags.DEFINE_string(
 DRAFT_SPEC_FORMS = (
     "a draft model (alias, .gguf, HF dir or cached org/name; a published EAGLE-1/2, EAGLE-3 or Medusa "
     "directory); a proposer by name: 'ngram[:max_n=4,min_n=2]' (prompt lookup), 'siblings[:...]' "
-    "(lookup in the other samples of the prompt), one registered with bass_jax.register_proposer, or "
+    "(lookup in the other samples of the prompt), or your own Proposer by import path "
     "'py:<module>.<Class>[:key=value,...]'; or 'hybrid[+<lookup>...]:<model>[:max_n=4,min_n=2]' "
     "(the lookups where a row matches, the model elsewhere). --draft=help lists them all with their "
     "settings")

@@ -147,6 +147,12 @@ def test_a_registered_proposer_is_named_by_specs_and_listed_in_the_help(repeat_l
     bj.load_draft_spec("repeat_last:n=3", target)
   with pytest.raises(ValueError, match="repeat_last's times is <int>, got '2.5'"):
     bj.load_draft_spec("repeat_last:times=2.5", target)
+  for bad, message in [("hybrid+ngram+ngram:m", "a lookup is named twice"),
+                       ("hybrid+py:mod.C:m", "without 'py:' (hybrid+my_module.MyLookup"),
+                       ("hybrid+siblings:m:pool=4", "write siblings.pool=4 for siblings"),
+                       ("hybrid:m:siblings.pool=4", "which is not among the hybrid's lookups")]:
+    with pytest.raises(ValueError, match=re.escape(message)):
+      drafts.parse_draft_spec(bad)
   spec = drafts.parse_draft_spec("hybrid+repeat_last+siblings:some/model:repeat_last.times=4,max_n=3")
   assert spec.model == "some/model"
   assert [s for _, s in spec.proposers] == [repeat_last(times=4), bj.SiblingProposer(),

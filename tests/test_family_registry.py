@@ -86,9 +86,10 @@ def test_every_familys_record_agrees_with_the_tables_that_read_it():
     if registered.eagle_target:  # EAGLE reads an unscaled embedding and uncapped logits
       assert cls is llama.LlamaConfig and not llama.TRAITS[registered.model_type].gemma
   assert set(eagle.target_types()) == {f.model_type for f in family.families() if f.eagle_target}
-  # Every GGUF architecture the reader knows is claimed by exactly one family.
-  for arch, rules in gguf.FAMILIES.items():
-    assert family.by_gguf_architecture(arch).model_type == rules.model_type
+  # Every GGUF architecture the reader knows is claimed by exactly one family, and no family claims
+  # one the reader lacks.
+  claimed = [a for f in family.families() for a in f.gguf_architectures]
+  assert sorted(claimed) == sorted(gguf.FAMILIES)
   assert family.wrapped_by("gemma3").model_type == "gemma3_text"
   assert family.find("gemma3") is None and family.find(["llama"]) is None
 
@@ -100,6 +101,11 @@ def test_a_model_type_cannot_be_registered_twice():
 
   with pytest.raises(ValueError, match="'qwen3' is already registered to LlamaConfig"):
     family.register_family(family.Family("qwen3", OtherConfig, "X"))
+  with pytest.raises(ValueError, match="'llama' is already registered to LlamaConfig"):
+    family.register_family(family.Family("llama", llama.LlamaConfig, "X"))  # same class, new record
   with pytest.raises(ValueError, match=r"\['phi3'\] already belong to the family 'phi3'"):
     family.register_family(family.Family("phi5", OtherConfig, "X", gguf_architectures=("phi3",)))
+  with pytest.raises(ValueError, match=r"\['qwen2'\] would be both a model_type and a multimodal"):
+    family.register_family(family.Family("phi5", OtherConfig, "X", wrapper_types=("qwen2",)))
   assert family.find("phi5") is None
+  family.register_family(family.find("qwen3"))  # the same record again: a reloaded module

@@ -210,12 +210,18 @@ class Family:
 
   @property
   def model_type(self) -> str:
-    """The HF ``model_type`` of the family that claims :attr:`arch`."""
+    """The HF ``model_type`` of the family that claims :attr:`arch`.
+
+    Raises:
+      ValueError: no registered family claims it."""
     return self._model_family().model_type
 
   @property
   def architecture(self) -> str:
-    """The HF class, for ``architectures``."""
+    """The HF class, for ``architectures``.
+
+    Raises:
+      ValueError: no registered family claims :attr:`arch`."""
     return self._model_family().architecture
 
   def _model_family(self) -> family_lib.Family:

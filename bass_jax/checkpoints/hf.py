@@ -222,7 +222,9 @@ _GEMMA3_VISION_FIELDS = frozenset({"vision_config", "mm_tokens_per_image", "boi_
 def _text_config(fields: dict[str, Any], model_type: str, text_type: str) -> dict[str, Any]:
   """The ``text_type`` config inside a multimodal ``model_type`` one (Gemma 3's
   ``Gemma3ForConditionalGeneration`` checkpoints such as gemma-3-4b-it): its ``text_config``, decoded
-  as text only.
+  as text only. The vision fields it drops and the final soft cap it removes are Gemma 3's, the only
+  wrapper registered (``models.family.Family.wrapper_types``); another wrapper family would add its
+  own here.
 
   Raises:
     ValueError: no ``text_config``, or a top-level field that is neither the vision tower's nor

@@ -1,10 +1,11 @@
 """The model families bass-jax ports, by Hugging Face ``model_type``: one :class:`Family` record each,
 declared in the family's own file (``llama.py`` for the Llama-like families, one row each of its
-``TRAITS``; ``opt.py``, ``gpt2.py``, ``codegen.py``), which the loaders, the preflight, the sharding
-rules and the EAGLE checks read instead of lists of their own.
+``TRAITS``; ``opt.py``, ``gpt2.py``, ``codegen.py``), which the loaders, the preflight, the GGUF
+reader, the layer layout and the EAGLE checks read instead of lists of their own.
 
 The pattern is levanter's and gemma's: a family's file says everything that is particular to it, and a
-new Llama-like family is one row of ``llama.TRAITS`` plus its test (docs/extending.md).
+new Llama-like family is one row of ``llama.TRAITS`` plus its test against transformers
+(docs/design.md, "Model families").
 """
 
 from __future__ import annotations
@@ -48,12 +49,14 @@ def register_family(family: Family) -> Family:
   """Adds ``family`` to the registry (a family's file calls this at import).
 
   Raises:
-    ValueError: its ``model_type``, a wrapper type or a GGUF name is already another family's.
+    ValueError: its ``model_type`` is registered with another record (re-registering the same
+      record, as a module reloaded in a notebook does, is allowed), a wrapper type or a GGUF name is
+      already another family's, or a wrapper type is a registered ``model_type`` (or the reverse).
   """
   old = _FAMILIES.get(family.model_type)
-  if old is not None and old.config_class.__qualname__ != family.config_class.__qualname__:
+  if old is not None and _identity(old) != _identity(family):
     raise ValueError(f"model_type {family.model_type!r} is already registered to "
-                     f"{old.config_class.__qualname__}")
+                     f"{old.config_class.__qualname__} ({old}); give yours another model_type")
   for other in _FAMILIES.values():
     if other.model_type == family.model_type:
       continue
@@ -61,8 +64,18 @@ def register_family(family: Family) -> Family:
         set(other.gguf_architectures) & set(family.gguf_architectures))
     if shared:
       raise ValueError(f"{sorted(shared)} already belong to the family {other.model_type!r}")
+    clash = ({other.model_type} & set(family.wrapper_types)) | (
+        {family.model_type} & set(other.wrapper_types))
+    if clash:
+      raise ValueError(f"{sorted(clash)} would be both a model_type and a multimodal wrapper type")
   _FAMILIES[family.model_type] = family
   return family
+
+
+def _identity(family: Family) -> tuple:
+  """A record with its config class by module and name (a reloaded module's class is a new object)."""
+  cls = family.config_class
+  return (dataclasses.replace(family, config_class=object), cls.__module__, cls.__qualname__)
 
 
 def families() -> tuple[Family, ...]:

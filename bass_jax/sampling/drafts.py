@@ -32,11 +32,6 @@ class DraftSpec:
   model: str | None
   proposers: tuple[tuple[ProposerKind, Any], ...] = ()
 
-  @property
-  def hybrid(self) -> bool:
-    """Whether the spec is a model with lookups (``hybrid...:<model>``)."""
-    return self.model is not None and bool(self.proposers)
-
 
 def _kinds_text() -> str:
   return ", ".join(kind.name for kind in proposer_kinds())
@@ -77,8 +72,9 @@ def parse_draft_spec(spec: str) -> DraftSpec:
 
   Raises:
     ValueError: an unknown setting or a value of the wrong type (the accepted form named), settings
-      the proposer refuses, a hybrid without a model or with a lookup that is not model-free, an empty
-      spec.
+      the proposer refuses, a ``py:`` path that does not import or names no ``Proposer`` dataclass, a
+      hybrid without a model, with a lookup that is not model-free, named twice or empty, or with a
+      setting aimed at a lookup it lacks; an empty spec.
   """
   spec = str(spec)
   if not spec:
@@ -97,6 +93,11 @@ def parse_draft_spec(spec: str) -> DraftSpec:
   if any(not n for n in names):
     raise ValueError(f"draft spec {spec!r}: lookups are hybrid+<kind>+<kind>:<model spec>, kinds "
                      f"from {_kinds_text()}")
+  if "py" in names:
+    raise ValueError(f"draft spec {spec!r}: in a hybrid, name a lookup by its import path without "
+                     "'py:' (hybrid+my_module.MyLookup:<model spec>)")
+  if len(set(names)) != len(names):
+    raise ValueError(f"draft spec {spec!r}: a lookup is named twice; name each once")
   if "ngram" not in names:
     names.append("ngram")
   model_spec, _, text = rest.rpartition(":") if "=" in rest else (rest, "", "")
@@ -115,13 +116,21 @@ def parse_draft_spec(spec: str) -> DraftSpec:
       raise ValueError(f"draft spec {spec!r}: {item!r} sets {lookup!r}, which is not among the "
                        f"hybrid's lookups ({', '.join(names)})")
     settings[lookup].append(setting)
-  proposers = []
+  kinds = {}
   for name in names:
     kind = proposer_kind(f"py:{name}" if "." in name else name, spec)
     if kind is None or not kind.model_free:
       raise ValueError(f"draft spec {spec!r}: {name!r} is not a model-free proposer; a hybrid's "
                        f"lookups are among {', '.join(k.name for k in proposer_kinds() if k.model_free)}")
-    proposers.append((kind, kind.parse(",".join(settings[name]), spec)))
+    kinds[name] = kind
+  for setting in settings["ngram"]:  # a bare key=value meant for another lookup: say how to aim it
+    key = setting.partition("=")[0]
+    owner = next((n for n in names if n != "ngram" and key in kinds[n].fields()
+                  and key not in kinds["ngram"].fields()), None)
+    if owner is not None:
+      raise ValueError(f"draft spec {spec!r}: a bare {key}=... sets n-gram lookup; write "
+                       f"{owner}.{setting} for {owner}")
+  proposers = [(kinds[name], kinds[name].parse(",".join(settings[name]), spec)) for name in names]
   return DraftSpec(model=model_spec, proposers=tuple(proposers))
 
 

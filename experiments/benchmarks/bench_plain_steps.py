@@ -23,7 +23,8 @@ from experiments import _io
 
 _PROPOSERS = flags.DEFINE_list(
     "proposers", ["smollm2-135m-draft", "ngram", "hybrid:smollm2-135m-draft"],
-    "Draft specs (bass_jax.load_draft_spec).")
+    "Draft specs (bass_jax.load_draft_spec; the grammar: --draft=help of experiments.generate), "
+    "comma-separated, so without settings.")
 _PROMPTS = flags.DEFINE_string("prompts", "stdlib-heldout", "Prompt set (bass_jax.evaluation.data.load_problems).")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 8, "First N prompts (>= batch_size).", lower_bound=1)
 _BATCH = flags.DEFINE_integer("batch_size", 8, "Distinct prompts per batch.", lower_bound=1)

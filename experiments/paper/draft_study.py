@@ -56,7 +56,8 @@ from experiments import _io
 
 _PROPOSERS = flags.DEFINE_list(
     "proposers", ["smollm2-135m-draft", "ngram", "hybrid:smollm2-135m-draft"],
-    "Draft specs (bass_jax.load_draft_spec): model specs, ngram[:max_n=..,min_n=..], hybrid:<model>.")
+    "Draft specs (bass_jax.load_draft_spec; the grammar: --draft=help of experiments.generate), "
+    "comma-separated, so without settings: model specs, ngram, siblings, hybrid:<model>.")
 _NAMES = flags.DEFINE_list("names", [], "Display names of the proposers (default: the specs).")
 _DRAFT_LENS = flags.DEFINE_list("draft_lens", ["dynamic", "4", "goodput"],
                                 "Draft-length policies: dynamic, goodput, or a fixed int >= 1.")

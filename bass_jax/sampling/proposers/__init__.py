@@ -38,8 +38,8 @@ whose proposer never proposes, so the loop compiles its plain step only):
   device): match the row's last tokens against the text of the other samples of its prompt (rows of
   the batch, and a continuous batch's finished samples) and propose the continuation most of the
   matches agree on, as far as they agree. No weights, no state, one-hot ``q``.
-* :class:`Hybrid` (``hybrid``): per row, sibling lookup (if given), else n-gram lookup, else a
-  draft model (independent or EAGLE).
+* :class:`Hybrid` (``hybrid``): per row, the first of its model-free lookups that proposes (n-gram,
+  sibling or a user's lookup), else a draft model (independent or EAGLE).
 * :class:`Replay` (``replay``): a draft model whose forwards run every step but whose tokens are a
   recorded continuation, wrong at set per-position rates: a benchmark's realistic acceptance at any
   model shape (random weights included).

@@ -29,7 +29,9 @@ class Hybrid(WrapsModel):
   identifiers, or text a sibling sample already wrote. Rows that took lookup drafts keep only the
   draft-model K/V the text confirms. A row's drafts keep the ``q`` they were drawn from: the
   lookup's ``log_q`` (one-hot for a deterministic lookup), else the model's, so acceptance stays
-  exact whatever the mix.
+  exact whatever the mix, as long as whether a lookup proposes for a row (``num_drafts > 0``) is a
+  function of the context, not of the lookup's own random draws (the same rule as for any proposer:
+  docs/extending.md).
 
   Attributes:
     model: the draft model (a ``Model``, or once resolved its ``ModelProposer`` or
@@ -72,6 +74,9 @@ class Hybrid(WrapsModel):
       source = jnp.where(hit, lookup.source_index, source)
       if log_q is not None:  # the looked-up rows' q: the lookup's own, one-hot when it has none
         found_q = found.log_q
+        if found_q is not None and found_q.shape != log_q.shape:
+          raise ValueError(f"{lookup.name}'s log_q has shape {found_q.shape}; a lookup in a Hybrid "
+                           f"returns the model's {log_q.shape} ([B, max_len + chunk, V]) or None")
         if found_q is None:
           padded = jnp.pad(found.drafts, ((0, 0), (0, log_q.shape[1] - max_len)))
           found_q = jnp.where(jnp.arange(log_q.shape[2]) == padded[..., None], 0.0, -jnp.inf)

@@ -53,7 +53,8 @@ class ProposerKind:
   Attributes:
     name: the spec's name for it (``ngram``); letters, digits and ``_``.
     settings: a dataclass whose fields of type int, float, bool or str a spec sets as ``key=value``
-      (for a model-free proposer, the proposer class itself).
+      (for a model-free proposer, the proposer class itself); fields of other types keep their
+      defaults.
     build: ``build(settings, target) -> draft``: anything ``generate`` takes as its draft (a
       ``Proposer``, or ``(proposer, params)`` for one with weights) from a settings instance and the
       target ``bass_jax.Model``.
@@ -154,10 +155,16 @@ def register_proposer(name: str, settings: type | None = None, *,
     raise ValueError(f"register_proposer({name!r}): {settings.__name__} is not a Proposer; give a "
                      "build(settings, target) that makes one")
   old = _KINDS.get(name)
-  if old is not None and old.settings.__qualname__ != settings.__qualname__:
+  same = lambda a, b: (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
+  if old is not None and not same(old.settings, settings):
     raise ValueError(f"proposer {name!r} is already registered to {old.settings.__qualname__}; "
                      "pick another name")
   doc = (summary or (settings.__doc__ or name).strip().splitlines()[0]).strip()
+  try:
+    typing.get_type_hints(settings)
+  except Exception as e:  # pylint: disable=broad-except  # an annotation that does not resolve
+    raise ValueError(f"register_proposer({name!r}): the annotations of {settings.__name__} do not "
+                     f"resolve ({type(e).__name__}: {e}); import the types they name") from None
   _KINDS[name] = ProposerKind(name=name, settings=settings,
                               build=build or (lambda s, target: s), summary=doc,
                               model_free=build is None if model_free is None else bool(model_free))
@@ -184,9 +191,9 @@ def proposer_kind(name: str, spec: str) -> ProposerKind | None:
   module, _, attr = path.rpartition(".")
   try:
     cls = getattr(importlib.import_module(module), attr)
-  except (ImportError, AttributeError, ValueError) as e:
-    raise ValueError(f"draft spec {spec!r}: cannot import {path!r} ({e}); write "
-                     "py:<module>.<Class> for an importable module") from None
+  except Exception as e:  # pylint: disable=broad-except  # whatever the user's module raises
+    raise ValueError(f"draft spec {spec!r}: cannot import {path!r} ({type(e).__name__}: {e}); "
+                     "write py:<module>.<Class> for an importable module") from None
   for kind in _KINDS.values():
     if kind.settings is cls:
       return kind
