@@ -27,13 +27,11 @@ from bass_jax.checkpoints.generation_config import generation_eos_ids, merge_eos
 from bass_jax.checkpoints import medusa_files
 from bass_jax.checkpoints import orbax_ckpt
 from bass_jax.checkpoints.save import save_model
-from bass_jax.checkpoints.sources import (ALIASES, ORBAX_PARAMS_DIR, cache_entry_snapshot,
-                                          cached_snapshot, check_links, download_hint, has_tokenizer,
-                                          hf_hub_cache, looks_like_repo_id, model_path, resolve_alias,
-                                          weight_formats)
-from bass_jax.models import eagle
+from bass_jax.checkpoints.sources import (ALIASES, ORBAX_PARAMS_DIR, check_links, download_hint,
+                                          has_tokenizer, hf_hub_cache, looks_like_repo_id,
+                                          model_path, resolve_alias, weight_formats)
+from bass_jax.models import common, eagle
 from bass_jax.models.model import Model, abstract_params, init_params, model_dtype
-
 
 
 def _load_tokenizer(directory: pathlib.Path, gguf_file: str | None = None):
@@ -175,13 +173,14 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
     if num_layers is not None or scan_layers:
       raise ValueError(f"{name} holds Medusa heads; num_layers and scan_layers do not apply to them")
     config, params = medusa_files.load_medusa(path, dtype=dtype)
-  elif path.is_dir() and (eagle_files.is_eagle(path) or eagle_formats.published_kind(path)):
+  elif path.is_dir() and ((own_eagle := eagle_files.is_eagle(path))
+                          or eagle_formats.published_kind(path)):
     if num_layers is not None:
       raise ValueError(f"{name} is an EAGLE draft; num_layers does not apply to it")
     if scan_layers:
       raise ValueError(f"{name} is an EAGLE draft, whose layers are always unrolled; load it with "
                        "scan_layers=False (or None)")
-    if eagle_files.is_eagle(path):
+    if own_eagle:
       config, params = eagle_files.load_eagle(path, dtype=dtype)
     else:  # EAGLE-1/2, EAGLE-3 or speculators, as published
       config, params = eagle_formats.load_published(path, dtype=dtype)
@@ -224,7 +223,7 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
   if num_layers is not None:
     model = model.with_first_layers(num_layers)
   if scan_layers is None:
-    scan_layers = (mesh is None and config.model_type != eagle.MODEL_TYPE
+    scan_layers = (mesh is None and common.layers_key(config) is not None  # a decoder family
                    and getattr(config, "uniform_layers", True)
                    and profiles.backend_profile().scan_layers)
   return model.with_scanned_layers(scan_layers)
@@ -264,7 +263,7 @@ def load_draft(spec: str | os.PathLike, target: Model, *, num_layers: int | None
   check_same_tokenizer(target, draft)
   if scan_layers is None:
     scan_layers = (mesh is None and target.scanned_layers
-                   and draft.config.model_type != eagle.MODEL_TYPE)
+                   and common.layers_key(draft.config) is not None)  # not EAGLE, not Medusa
   return draft.with_scanned_layers(scan_layers)
 
 
@@ -338,7 +337,6 @@ def count_params(params: Any) -> int:
   return sum(x.size for x in flax.traverse_util.flatten_dict(dict(params)).values())
 
 
-__all__ = ["ALIASES", "Model", "abstract_params", "cache_entry_snapshot", "cached_snapshot",
-           "check_same_tokenizer", "count_params", "default_dtype", "generation_eos_ids", "hf_hub_cache",
+__all__ = ["ALIASES", "Model", "abstract_params", "check_same_tokenizer", "count_params", "default_dtype", "generation_eos_ids", "hf_hub_cache",
            "init_params", "load_draft", "load_model", "merge_eos_ids", "model_path", "resolve_alias",
            "save_model", "weight_formats"]

@@ -19,6 +19,7 @@ from bass_jax.checkpoints import eagle_formats
 from bass_jax.checkpoints import gguf as gguf_ckpt
 from bass_jax.checkpoints import hf as hf_ckpt
 from bass_jax.checkpoints import medusa_files
+from bass_jax.checkpoints import sources
 from bass_jax.models import eagle, llama, medusa
 from bass_jax.models import family as family_lib
 from bass_jax.sampling.drafts import parse_draft_spec
@@ -67,9 +68,9 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
       JSON object or names an unsupported architecture (each naming the file).
   """
   name = str(spec)
-  path = loading.model_path(spec)  # an alias, a path, a Hugging Face cache entry or repo id
+  path = sources.model_path(spec)  # an alias, a path, a Hugging Face cache entry or repo id
   if not path.exists():
-    raise FileNotFoundError(f"no model at {name!r}: not an alias ({', '.join(sorted(loading.ALIASES))}),"
+    raise FileNotFoundError(f"no model at {name!r}: not an alias ({', '.join(sorted(sources.ALIASES))}),"
                             " an existing .gguf file or checkpoint directory, nor a repository in the "
                             "local Hugging Face cache")
   if path.is_file():
@@ -81,7 +82,7 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
     return ModelSource(name, path, "gguf", config.max_positions, config.vocab_size, True,
                        config.model_type, config.hidden_size, config.num_hidden_layers, special)
   fields = hf_ckpt.read_config_fields(path)
-  has_tokenizer = loading.has_tokenizer(path)
+  has_tokenizer = sources.has_tokenizer(path)
   if medusa_files.is_medusa(path):  # its sizes are checked against the target when it loads
     return ModelSource(name, path, "medusa", medusa.MedusaConfig.max_positions,
                        int(fields.get("vocab_size") or 0), has_tokenizer, medusa.MODEL_TYPE,
@@ -112,7 +113,7 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
     kind, table = "hf", registered.config_class.FIELDS
   else:
     raise ValueError(f"{path / 'config.json'}: unsupported model_type {model_type!r}; supported: "
-                     f"{', '.join(_supported_types())}")
+                     f"{', '.join(family_lib.supported_model_types())}")
   # The context field of each family (its config class's ``FIELDS.max_positions``), read directly:
   # building the config class would import transformers' rotary helpers (and torch), seconds for one
   # number.
@@ -199,11 +200,6 @@ def inspect_draft_spec(spec: str) -> ModelSource | None:
     return inspect_model(model_spec)
   except (FileNotFoundError, ValueError) as e:
     raise type(e)(f"draft spec {spec!r}: {e}") from e
-
-
-def _supported_types() -> tuple[str, ...]:
-  """Every ``model_type`` a config.json may name: the families' and the multimodal wrappers'."""
-  return family_lib.model_types() + tuple(w for f in family_lib.families() for w in f.wrapper_types)
 
 
 def load_tokenizer(source: ModelSource) -> Any:

@@ -133,9 +133,6 @@ PARAM_AXES: dict[str, tuple[tuple[str, tuple[str | None, ...]], ...]] = {
     "LlamaConfig": _LLAMA, "OPTConfig": _OPT, "CodeGenConfig": _CODEGEN, "GPT2Config": _GPT2,
     "EagleConfig": _EAGLE, "MedusaConfig": _MEDUSA,
 }
-# The MLP width's field of each layout (a rule splitting ``mlp`` must divide it); None: 4 x the width.
-_MLP_FIELD = {"LlamaConfig": "intermediate_size", "OPTConfig": "ffn_dim", "CodeGenConfig": "n_inner",
-              "GPT2Config": "n_inner"}
 
 
 def layout(config: Any) -> str:
@@ -162,12 +159,12 @@ def logical_sizes(config: Any) -> dict[str, int]:
     return logical_sizes(config.layer)
   if kind == "MedusaConfig":
     return {HEADS: 1, KV_HEADS: 1, MLP: 1, VOCAB: config.vocab_size}
-  if kind not in _MLP_FIELD:
+  if kind not in PARAM_AXES:
     raise ValueError(f"no sharding rules for {kind} (model_type "
                      f"{getattr(config, 'model_type', None)!r}); add its table to "
-                     "bass_jax.sharding.PARAM_AXES and its MLP width's field to _MLP_FIELD")
+                     "bass_jax.sharding.PARAM_AXES")
   fields = config.FIELDS  # models.common.FieldTable: which field holds what
-  mlp = getattr(config, _MLP_FIELD[kind]) or 4 * getattr(config, fields.hidden_size)
+  mlp = getattr(config, fields.mlp_width) or 4 * getattr(config, fields.hidden_size)
   return {HEADS: getattr(config, fields.num_heads), KV_HEADS: config.num_kv_heads, MLP: mlp,
           VOCAB: config.vocab_size}
 

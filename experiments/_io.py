@@ -27,8 +27,9 @@ COMPILATION_CACHE_DIR = flags.DEFINE_string(
     "off. Default: $BASS_JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/bass_jax/xla or "
     "~/.cache/bass_jax/xla (bass_jax.sampling.compile_cache).")
 
-# What a --draft flag takes (bass_jax.sampling.drafts.parse_draft_spec; --draft=help prints the grammar
-# with every registered proposer's settings, generated from the registry).
+# What a --draft flag takes, in words: the flags are defined before bass_jax is imported, so this text is
+# written by hand; the grammar itself is bass_jax.sampling.drafts.parse_draft_spec's, and --draft=help
+# prints it with every registered proposer's settings, generated from the registry.
 DRAFT_SPEC_FORMS = (
     "a draft model (alias, .gguf, HF dir or cached org/name; a published EAGLE-1/2, EAGLE-3 or Medusa "
     "directory); a proposer by name: 'ngram[:max_n=4,min_n=2]' (prompt lookup), 'siblings[:...]' "
@@ -38,8 +39,9 @@ DRAFT_SPEC_FORMS = (
     "settings")
 
 
-def define_draft_flag(default: str | None, what: str = "The draft side") -> Any:
-  """The --draft flag of a script: ``what`` then the spec forms it takes (:data:`DRAFT_SPEC_FORMS`)."""
+def define_draft_flag(default: str | None, what: str = "The draft side") -> flags.FlagHolder:
+  """The --draft flag of a script (an absl ``FlagHolder[str]``): ``what`` then the spec forms it takes
+  (:data:`DRAFT_SPEC_FORMS`)."""
   return flags.DEFINE_string("draft", default, f"{what}: {DRAFT_SPEC_FORMS}.")
 
 

@@ -228,10 +228,56 @@ def test_what_a_hybrid_refuses_as_a_lookup(lookup, message):
   target = tiny_model(0)
   with pytest.raises(ValueError, match=re.escape(message)):
     bj.generate(target, bj.Hybrid(tiny_model(1), lookup), _prompts(), max_new_tokens=4)
+
+
+def test_a_hybrid_refuses_a_model_proposer_as_a_lookup():
+  target = tiny_model(0)
   with pytest.raises(ValueError, match="drafts with a model"):
     bj.generate(target, bj.Hybrid(tiny_model(1), ModelProposer(target.config, "float32",
                                                                "reference")),
                 _prompts(), max_new_tokens=4)
+
+
+@dataclasses.dataclass(frozen=True)
+class _TableSettings:
+  """Settings of a proposer with weights: the seed of its random table."""
+
+  seed: int = 0
+
+
+@pytest.mark.parametrize("name, settings, kwargs, message", [
+    ("1bad", NextTable, {}, "letters, digits and '_', starting with a letter"),
+    ("hybrid", NextTable, {}, "'hybrid' is reserved in draft specs"),
+    ("ngram", NextTable, {}, "proposer 'ngram' is already registered to NGramProposer"),
+    ("table", object, {}, "settings must be a dataclass"),
+    ("table", _TableSettings, {}, "_TableSettings is not a Proposer; give a build(settings, target)"),
+])
+def test_what_register_proposer_refuses(name, settings, kwargs, message):
+  with pytest.raises(ValueError, match=re.escape(message)):
+    bj.register_proposer(name, settings, **kwargs)
+  assert name not in [k.name for k in bj.proposer_kinds()] or name == "ngram"
+
+
+def test_a_proposer_with_weights_is_named_by_a_spec_through_its_builder():
+  """docs/extending.md's last paragraph: settings, a builder that makes (proposer, params), and the
+  spec's settings reaching the builder; the decode stays regular decoding when greedy."""
+  target = tiny_model(0, scale=2.5)
+
+  def build(settings, target):
+    table = np.random.default_rng(settings.seed).integers(0, target.config.vocab_size, 61)
+    return NextTable(), {"next": jnp.asarray(table, jnp.int32)}
+
+  bj.register_proposer("random_table", _TableSettings, build=build)
+  kind = {k.name: k for k in bj.proposer_kinds()}["random_table"]
+  assert not kind.model_free and kind.grammar() == "random_table[:seed=<int>]"
+  proposer, params = bj.load_draft_spec("random_table:seed=3", target)
+  assert isinstance(proposer, NextTable)
+  np.testing.assert_array_equal(params["next"], build(_TableSettings(3), target)[1]["next"])
+  with pytest.raises(ValueError, match="'random_table' is not a model-free proposer"):
+    drafts.parse_draft_spec("hybrid+random_table:some/model")
+  regular = bj.generate(target, None, _prompts(), method="regular", max_new_tokens=16)
+  out = bj.generate(target, (proposer, params), _prompts(), max_new_tokens=16, draft_len=3)
+  np.testing.assert_array_equal(out.tokens, regular.tokens)
 
 
 def test_a_scripts_draft_help_lists_the_registry():
@@ -241,5 +287,5 @@ def test_a_scripts_draft_help_lists_the_registry():
   assert done.returncode == 0, done.stderr
   assert done.stdout.startswith("Draft specs (bass_jax.load_draft_spec):\n")
   for kind in bj.proposer_kinds():
-    if kind.name != "repeat_last":  # registered in this process only
+    if kind.settings.__module__.startswith("bass_jax."):  # the tests register theirs in-process
       assert f"  {kind.grammar()}\n      {kind.summary}\n" in done.stdout

@@ -21,7 +21,8 @@ from bass_jax.models import eagle, family, llama
 LIBRARY = pathlib.Path(bass_jax.__file__).resolve().parent
 # Strings equal to a model_type that are another namespace's names, with the reason they stay.
 NOT_MODEL_TYPES = {
-    # llama.cpp's general.architecture names (the families claim them in gguf_architectures).
+    # llama.cpp's general.architecture names (the families claim them in gguf_architectures). Six of
+    # them equal model types, so a stray model_type string among them in gguf.py would pass here.
     "checkpoints/gguf.py": {a for f in family.families() for a in f.gguf_architectures},
     # The published EAGLE heads' config.json says model_type "llama": a fact of that file format.
     "checkpoints/eagle_formats.py": {"llama"},

@@ -11,6 +11,7 @@ pairs and tensors are refused by name.
 
 import json
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -211,6 +212,18 @@ def test_greedy_bass_with_medusa_heads_equals_regular_decoding(layout, tmp_path,
     bass = bj.generate(target, heads, prompts, method="bass", max_new_tokens=16, eos_token_id=(),
                        **kwargs)
     assert np.array_equal(bass.tokens, regular.tokens), (layout, kwargs)
+
+
+def test_medusa_heads_load_beside_a_scanned_target(tmp_path, target_pair):
+  """A scanned target makes its drafts scanned by default, unless they have no decoder layers to
+  scan (EAGLE drafts, Medusa heads): loading heads beside a scanned target raised before."""
+  hf, target = target_pair
+  medusa_ref.write_medusa_checkpoint(tmp_path, hf, seed=6, **MEDUSA["fasterdecoding"])
+  scanned = target.with_scanned_layers(True)
+  heads = bj.load_draft(tmp_path, scanned)
+  assert not heads.scanned_layers
+  assert jax.tree_util.tree_all(jax.tree_util.tree_map(
+      np.array_equal, heads.params, bj.load_draft(tmp_path, target).params))
 
 
 def test_the_command_lines_preflight_reads_published_drafts(tmp_path, target_pair):

@@ -44,6 +44,7 @@ def write_files(directory: str | os.PathLike, config: eagle.EagleConfig, params:
   ``checkpoints.atomic.replace_directory``).
 
   Args:
+    directory: the existing, empty directory written into.
     config: the draft's config.
     params: its trainable parameters (``fc``, ``layers_*``, ``fuse``), a nested dict of float arrays.
     vocab_ids: ``int[>= V']`` the draft vocabulary, most frequent first; stored as ``int32``.

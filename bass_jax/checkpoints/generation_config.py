@@ -59,7 +59,11 @@ def merge_eos_ids(config_ids: int | tuple[int, ...] | list[int] | None,
 def write_generation_config(directory: pathlib.Path, config: Any) -> None:
   """Writes ``generation_config.json`` with the config's special ids (``bos_token_id``,
   ``eos_token_id``: all stop ids, a list when several; ``pad_token_id``), as transformers'
-  ``GenerationConfig`` writes and reads it; nothing when the config has no ``eos_token_id``."""
+  ``GenerationConfig`` writes and reads it; nothing when the config has no ``eos_token_id``.
+
+  Raises:
+    ImportError: transformers is not installed. OSError: the file cannot be written.
+  """
   import transformers  # pylint: disable=g-import-not-at-top
 
   if getattr(config, "eos_token_id", None) is None:

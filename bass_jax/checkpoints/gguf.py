@@ -11,7 +11,7 @@ path (:mod:`bass_jax.checkpoints.hf`), exactly as a checkpoint directory is:
    (Q4_1, Q8_0, …) dequantized to f32 with ``gguf.quants.dequantize``, for ``hf.params_from_tensors``
    and the family's name table.
 
-Supporting a llama.cpp architecture is one row of :data:`FAMILIES` (a :class:`Family`): the metadata
+Supporting a llama.cpp architecture is one row of :data:`FAMILIES` (an :class:`Architecture`): the metadata
 keys it may carry and the HF field each becomes (a rename, or a named step for keys that need more),
 its tensor names, and which of llama.cpp's transforms it went through. Every ``{arch}.*`` key is mapped,
 checked or refused by name: a key the row does not list, or one that does not apply with the file's
@@ -170,7 +170,7 @@ class _Source:
     return int(self.tensors[name].shape[-1])  # GGML lists the dimensions innermost first
 
 
-Step = Callable[[_Source, dict, "Family"], None]
+Step = Callable[[_Source, dict, "Architecture"], None]
 
 
 def _step(*keys: str) -> Callable[[Step], Step]:
@@ -182,7 +182,7 @@ def _step(*keys: str) -> Callable[[Step], Step]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Family:
+class Architecture:
   """How one llama.cpp architecture (``general.architecture``) reads as a transformers model.
 
   Attributes:
@@ -241,7 +241,7 @@ class Family:
 
 
 @_step("attention.head_count_kv", "attention.key_length", "attention.value_length")
-def _heads(src: _Source, out: dict, family: Family) -> None:
+def _heads(src: _Source, out: dict, family: Architecture) -> None:
   """KV heads (default: as many as query heads) and the head size (default: hidden / heads)."""
   heads, hidden = out["num_attention_heads"], out["hidden_size"]
   out["num_key_value_heads"] = src.int("attention.head_count_kv", heads)
@@ -257,7 +257,7 @@ def _heads(src: _Source, out: dict, family: Family) -> None:
 
 
 @_step("vocab_size")
-def _vocab(src: _Source, out: dict, family: Family) -> None:
+def _vocab(src: _Source, out: dict, family: Architecture) -> None:
   """The vocabulary: the embedding's rows (``vocab_size`` when written must agree)."""
   del family
   rows = src.rows("token_embd.weight")
@@ -274,7 +274,7 @@ _YARN_KEYS = {"rope.scaling.yarn_attn_factor": "attention_factor",
        "rope.scale_linear", "rope.scaling.original_context_length", "rope.scaling.attn_factor",
        "rope.scaling.finetuned", "rope.scaling.yarn_ext_factor", "rope.scaling.yarn_log_multiplier",
        *_YARN_KEYS)
-def _rope(src: _Source, out: dict, family: Family) -> None:
+def _rope(src: _Source, out: dict, family: Architecture) -> None:
   """``rope_parameters`` of the (global) layers from ``rope.*`` (``TextModel.set_gguf_parameters``)."""
   del family
   head_dim = out.get("head_dim", out["hidden_size"] // out["num_attention_heads"])
@@ -372,7 +372,7 @@ def llama3_parameters(factors: np.ndarray, theta: float, head_dim: int) -> dict[
 
 
 @_step()
-def _llama3_rope(src: _Source, out: dict, family: Family) -> None:
+def _llama3_rope(src: _Source, out: dict, family: Architecture) -> None:
   """Llama 3's scaling from the ``rope_freqs`` tensor (after :func:`_rope`)."""
   del family
   factors = src.tensor("rope_freqs.weight")
@@ -391,7 +391,7 @@ def _llama3_rope(src: _Source, out: dict, family: Family) -> None:
 
 
 @_step("expert_count", "expert_used_count", "attention.causal")
-def _dense_causal(src: _Source, out: dict, family: Family) -> None:
+def _dense_causal(src: _Source, out: dict, family: Architecture) -> None:
   """Checked only: a dense decoder (an expert count of 0, as some converters write) and causal."""
   del out, family
   for key in ("expert_count", "expert_used_count"):
@@ -402,7 +402,7 @@ def _dense_causal(src: _Source, out: dict, family: Family) -> None:
 
 
 @_step()
-def _bias_and_head(src: _Source, out: dict, family: Family) -> None:
+def _bias_and_head(src: _Source, out: dict, family: Architecture) -> None:
   """``tie_word_embeddings`` (no ``output.weight``) and the bias flags, read off the tensors."""
   out["tie_word_embeddings"] = "output.weight" not in src.tensors
   if "attention_bias" in family.fields:
@@ -412,7 +412,7 @@ def _bias_and_head(src: _Source, out: dict, family: Family) -> None:
 
 
 @_step()
-def _full_attention(src: _Source, out: dict, family: Family) -> None:
+def _full_attention(src: _Source, out: dict, family: Architecture) -> None:
   """Qwen's window fields: llama.cpp reads none, so every layer attends to the whole prefix."""
   del src, family
   out["use_sliding_window"] = False
@@ -426,7 +426,7 @@ _GEMMA = {"gemma2": dict(pattern=2, layers_27b=46), "gemma3": dict(pattern=6, la
 
 @_step("attention.sliding_window", "attention.sliding_window_pattern", "attn_logit_softcapping",
        "final_logit_softcapping", "rope.freq_base_swa")
-def _gemma(src: _Source, out: dict, family: Family) -> None:
+def _gemma(src: _Source, out: dict, family: Architecture) -> None:
   """Gemma 2 / 3's window, layer types, soft-caps, query scale and (Gemma 3) per-type rotary."""
   gemma3 = family.arch == "gemma3"
   known = _GEMMA[family.arch]
@@ -458,7 +458,7 @@ def _gemma(src: _Source, out: dict, family: Family) -> None:
 
 @_step("rope.freq_base", "rope.dimension_count", "rope.scaling.original_context_length",
        "rope.scaling.attn_factor", "attention.sliding_window")
-def _phi3(src: _Source, out: dict, family: Family) -> None:
+def _phi3(src: _Source, out: dict, family: Architecture) -> None:
   """Phi-3's rotary (``Phi3MiniModel``: partial, LongRoPE from tensors) and its window."""
   del family
   head_dim = out["hidden_size"] // out["num_attention_heads"]
@@ -495,20 +495,20 @@ _LLAMA_LIKE_STEPS = (_heads, _vocab, _rope, _dense_causal, _bias_and_head)
 _SILU = {"hidden_act": "silu"}
 _GELU = {"hidden_activation": "gelu_pytorch_tanh"}
 
-FAMILIES: dict[str, Family] = {family.arch: family for family in (
-    Family("llama", _SHAPE_KEYS, (*_LLAMA_LIKE_STEPS, _llama3_rope),
+FAMILIES: dict[str, Architecture] = {family.arch: family for family in (
+    Architecture("llama", _SHAPE_KEYS, (*_LLAMA_LIKE_STEPS, _llama3_rope),
            {**_DECODER, **_PRE_MLP_NORM}, {**_SILU, "attention_bias": False, "mlp_bias": False},
            permute_qk=True),
-    Family("qwen2", _SHAPE_KEYS, (*_LLAMA_LIKE_STEPS, _full_attention),
+    Architecture("qwen2", _SHAPE_KEYS, (*_LLAMA_LIKE_STEPS, _full_attention),
            {**_DECODER, **_PRE_MLP_NORM}, _SILU, head_dim_field=False),
-    Family("qwen3", _SHAPE_KEYS, (*_LLAMA_LIKE_STEPS, _full_attention),
+    Architecture("qwen3", _SHAPE_KEYS, (*_LLAMA_LIKE_STEPS, _full_attention),
            {**_DECODER, **_PRE_MLP_NORM, **_QK_NORM}, {**_SILU, "attention_bias": False}),
-    Family("gemma2", _SHAPE_KEYS, (*_LLAMA_LIKE_STEPS, _gemma),
+    Architecture("gemma2", _SHAPE_KEYS, (*_LLAMA_LIKE_STEPS, _gemma),
            {**_DECODER, **_GEMMA_NORMS}, {**_GELU, "attention_bias": False}, norm_shift=1.0),
-    Family("gemma3", _SHAPE_KEYS, (*_LLAMA_LIKE_STEPS, _gemma),
+    Architecture("gemma3", _SHAPE_KEYS, (*_LLAMA_LIKE_STEPS, _gemma),
            {**_DECODER, **_GEMMA_NORMS, **_QK_NORM}, {**_GELU, "attention_bias": False},
            norm_shift=1.0),
-    Family("phi3", _SHAPE_KEYS, (_heads, _vocab, _phi3, _dense_causal, _bias_and_head), _PHI3, _SILU,
+    Architecture("phi3", _SHAPE_KEYS, (_heads, _vocab, _phi3, _dense_causal, _bias_and_head), _PHI3, _SILU,
            head_dim_field=False),
 )}
 
@@ -557,7 +557,7 @@ def _open(path: pathlib.Path):
     raise CheckpointError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
 
 
-def _family(reader, path: pathlib.Path) -> tuple[str, Family]:
+def _family(reader, path: pathlib.Path) -> tuple[str, Architecture]:
   field = reader.fields.get("general.architecture")
   arch = field.contents() if field is not None else None
   if arch not in FAMILIES:
@@ -570,7 +570,7 @@ def _family(reader, path: pathlib.Path) -> tuple[str, Family]:
   return arch, FAMILIES[arch]
 
 
-def _translate_config(src: _Source, family: Family) -> dict[str, Any]:
+def _translate_config(src: _Source, family: Architecture) -> dict[str, Any]:
   unknown = sorted(set(src.meta) - family.keys)
   if unknown:
     raise ValueError(f"{src.path}: unsupported GGUF metadata key {src.key(unknown[0])!r}="
@@ -618,7 +618,7 @@ class HFView:
   arch: str
   config: dict[str, Any]
   names: dict[str, str]
-  _family: Family
+  _family: Architecture
   _tensors: dict[str, Any]
 
   def read(self, name: str) -> np.ndarray:
@@ -652,7 +652,7 @@ class HFView:
     return re.sub(r"'((?:model|lm_head)[\w.]*)'", name, message)
 
 
-def _hf_name(gguf_name: str, family: Family) -> str | None:
+def _hf_name(gguf_name: str, family: Architecture) -> str | None:
   layer = re.match(r"blk\.(\d+)\.(.+)\.(weight|bias)$", gguf_name)
   if layer:
     stem = family.tensors.get("blk.{i}." + layer.group(2))
@@ -690,7 +690,12 @@ def read_hf(path: str | os.PathLike) -> HFView:
 
 
 def hf_config(reader, path: pathlib.Path) -> dict[str, Any]:
-  """The HF config dict of an open GGUF file (``reader``: a ``gguf.GGUFReader``)."""
+  """The HF config dict of an open GGUF file (``reader``: a ``gguf.GGUFReader``).
+
+  Raises:
+    ValueError: an unsupported architecture or metadata key (named). CheckpointError: a tensor with
+      no place in the HF model.
+  """
   return _view(reader, path).config
 
 
@@ -707,6 +712,7 @@ def read_config(reader, path: pathlib.Path) -> Any:
 
   Raises:
     ValueError: an unsupported architecture or metadata key, or a config the port refuses.
+    CheckpointError: a tensor with no place in the HF model.
   """
   return _config(hf_config(reader, path), path)
 

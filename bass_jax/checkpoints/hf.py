@@ -206,9 +206,8 @@ def config_from_hf(fields: dict[str, Any]):
     model_type = fields["model_type"]
   registered = family_lib.find(model_type)
   if registered is None:
-    wrappers = [t for f in family_lib.families() for t in f.wrapper_types]
     raise ValueError(f"unsupported model_type {model_type!r}; supported: "
-                     f"{sorted(family_lib.model_types() + tuple(wrappers))}")
+                     f"{list(family_lib.supported_model_types())}")
   return registered.config_class.from_hf_config(fields)
 
 

@@ -26,7 +26,11 @@ _VLLM_HEAD = re.compile(r"^lm_heads\.(\d+)\.weight$")
 
 
 def is_medusa(path: str | os.PathLike) -> bool:
-  """Whether directory ``path`` holds Medusa heads in either layout (by its config.json)."""
+  """Whether directory ``path`` holds Medusa heads in either layout (by its config.json).
+
+  Raises:
+    ValueError: a config.json that is not a JSON object (``hf.read_config_fields``).
+  """
   path = pathlib.Path(path)
   if not (path / "config.json").is_file():
     return False
@@ -59,8 +63,11 @@ def load_medusa(path: str | os.PathLike, *, vocab_size: int | None = None, dtype
 
   Raises:
     FileNotFoundError: no weight file. ValueError: a tensor that is not a block or head of the
-      layout (named); heads of different shapes; a head whose blocks are missing; a FasterDecoding
-      head whose block copies differ (the published code shares one).
+      layout (named); heads of different shapes; a head whose blocks are missing or lie outside
+      the heads x layers the config names; a block of the wrong shape; head rows that disagree with
+      the ``token_map``, or ``token_map`` ids out of range or repeated; a FasterDecoding head whose
+      block copies differ (the published code shares one). CheckpointError: an unreadable weight
+      file.
   """
   path = pathlib.Path(path)
   fields = hf_ckpt.read_config_fields(path)

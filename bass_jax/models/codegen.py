@@ -53,7 +53,8 @@ class CodeGenConfig(common.CacheFromShape):
   model_type: str = "codegen"
 
   FIELDS = common.FieldTable(num_layers="n_layer", max_positions="n_positions", num_heads="n_head",
-                             hidden_size="n_embd", architecture="CodeGenForCausalLM")
+                             hidden_size="n_embd", architecture="CodeGenForCausalLM",
+                             mlp_width="n_inner")
 
   def __post_init__(self):
     for name in ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions"):

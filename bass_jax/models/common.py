@@ -580,6 +580,8 @@ class FieldTable:
     num_kv_heads: the field of the KV heads, or None: as many as the query heads.
     head_dim: the field of the head size, or None: ``hidden_size // num_heads``.
     architecture: the transformers architecture, or one per ``model_type``.
+    mlp_width: the field of the MLP's hidden width (what a tensor-parallel rule splitting ``mlp``
+      must divide: ``bass_jax.sharding.logical_sizes``); a None value in it means 4 x the width.
   """
 
   num_layers: str
@@ -587,6 +589,7 @@ class FieldTable:
   num_heads: str
   hidden_size: str
   architecture: str | Mapping[str, str]
+  mlp_width: str
   num_kv_heads: str | None = None
   head_dim: str | None = None
 

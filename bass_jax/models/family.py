@@ -88,6 +88,12 @@ def model_types() -> tuple[str, ...]:
   return tuple(sorted(_FAMILIES))
 
 
+def supported_model_types() -> tuple[str, ...]:
+  """Every ``model_type`` a config.json may name (sorted): the families' and the multimodal types
+  that wrap one, as error messages list them."""
+  return tuple(sorted(_FAMILIES.keys() | {t for f in _FAMILIES.values() for t in f.wrapper_types}))
+
+
 def find(model_type: Any) -> Family | None:
   """The family of ``model_type``, or None (also for a value that is not a string)."""
   return _FAMILIES.get(model_type) if isinstance(model_type, str) else None

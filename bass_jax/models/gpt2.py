@@ -50,7 +50,8 @@ class GPT2Config(common.CacheFromShape):
   model_type: str = "gpt2"
 
   FIELDS = common.FieldTable(num_layers="n_layer", max_positions="n_positions", num_heads="n_head",
-                             hidden_size="n_embd", architecture="GPT2LMHeadModel")
+                             hidden_size="n_embd", architecture="GPT2LMHeadModel",
+                             mlp_width="n_inner")
 
   def __post_init__(self):
     for name in ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions"):

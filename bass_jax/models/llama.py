@@ -171,7 +171,8 @@ class LlamaConfig(common.CacheFromShape):
   FIELDS = common.FieldTable(num_layers="num_hidden_layers", max_positions="max_position_embeddings",
                              num_heads="num_attention_heads", hidden_size="hidden_size",
                              num_kv_heads="num_key_value_heads", head_dim="head_dim",
-                             architecture=_ARCHITECTURES)
+                             architecture=_ARCHITECTURES,
+                             mlp_width="intermediate_size")
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -186,8 +187,8 @@ class LlamaConfig(common.CacheFromShape):
           f"num_key_value_heads={self.num_key_value_heads} (grouped-query attention needs it)")
     if self.head_dim % 2:
       raise ValueError(f"LlamaConfig.head_dim must be even for rotary embeddings, got {self.head_dim}")
-    if self.model_type not in _ARCHITECTURES:
-      raise ValueError(f"LlamaConfig.model_type must be one of {sorted(_ARCHITECTURES)}, "
+    if self.model_type not in TRAITS:
+      raise ValueError(f"LlamaConfig.model_type must be one of {sorted(TRAITS)}, "
                        f"got {self.model_type!r}")
     acts = ("gelu_pytorch_tanh",) if self.traits.gemma else ("silu",)
     if self.hidden_act not in acts:
@@ -306,8 +307,8 @@ class LlamaConfig(common.CacheFromShape):
     """
     fields = dict(hf_config if isinstance(hf_config, dict) else hf_config.to_dict())
     model_type = fields.get("model_type", "llama")
-    if model_type not in _ARCHITECTURES:
-      raise ValueError(f"model_type {model_type!r} is not one of {tuple(_ARCHITECTURES)}")
+    if model_type not in TRAITS:
+      raise ValueError(f"model_type {model_type!r} is not one of {tuple(TRAITS)}")
     _check_rope_spellings(fields)
     traits = TRAITS[model_type]
     known = _COMMON_FIELDS | traits.fields

@@ -38,8 +38,10 @@ class Model:
 
   @property
   def dtype(self) -> jnp.dtype:
-    """The dtype of the parameters (of the first leaf: a loaded model's leaves share one)."""
-    return jax.tree_util.tree_leaves(self.params)[0].dtype
+    """The dtype of the weights: of the first floating leaf (a loaded model's weights share one;
+    EAGLE drafts and Medusa heads also keep ``int32`` vocabulary maps)."""
+    leaves = jax.tree_util.tree_leaves(self.params)
+    return next((x.dtype for x in leaves if jnp.issubdtype(x.dtype, jnp.floating)), leaves[0].dtype)
 
   def logits(self, tokens: jax.Array) -> jax.Array:
     """Full causal forward without a persistent cache (the tokens attend among themselves), for
@@ -72,12 +74,16 @@ class Model:
     the full model's greedy token only 1-10 % of the time.
 
     Raises:
-      ValueError: unless ``1 <= num_layers <= config.num_layers``.
+      ValueError: a model of no decoder family (an EAGLE draft, Medusa heads: ``common.layers_key``
+        is None), or unless ``1 <= num_layers <= config.num_layers``.
     """
+    name = common.layers_key(self.config)
+    if name is None:
+      raise ValueError(f"{self.name or 'this model'} ({type(self.config).__name__}) has no decoder "
+                       "layers to cut (only the decoder families do)")
     total = self.config.num_layers
     if not 1 <= num_layers <= total:
       raise ValueError(f"num_layers must be in [1, {total}], got {num_layers}")
-    name = common.layers_key(self.config)
     if self.scanned_layers:  # the stacked leaves' first num_layers entries
       params = {**self.params,
                 name: jax.tree_util.tree_map(lambda x: x[:num_layers], self.params[name])}
@@ -86,7 +92,6 @@ class Model:
                 if (i := layer_index(k, name)) is None or i < num_layers}
     config = self.config.with_num_layers(num_layers)
     return Model(config, params, self.tokenizer, f"{self.name}[:{num_layers} layers]")
-
 
   @property
   def scanned_layers(self) -> bool:
@@ -99,8 +104,9 @@ class Model:
     per layer, HF's layout): a copy of the layer weights, unless already in that layout.
 
     Raises:
-      ValueError: an EAGLE draft (its layers are always unrolled); ``scanned=True`` for a model whose
-        layers alternate kinds (Gemma's sliding and global layers).
+      ValueError: a ``scanned`` that is not a bool; a model of no decoder family (an EAGLE draft,
+        Medusa heads: their layers are always unrolled); ``scanned=True`` for a model whose layers
+        alternate kinds (Gemma's sliding and global layers).
     """
     scanned = _checks.as_bool("scanned", scanned)
     if scanned == self.scanned_layers:

@@ -55,7 +55,8 @@ class OPTConfig(common.CacheFromShape):
 
   FIELDS = common.FieldTable(num_layers="num_hidden_layers", max_positions="max_position_embeddings",
                              num_heads="num_attention_heads", hidden_size="hidden_size",
-                             architecture="OPTForCausalLM")
+                             architecture="OPTForCausalLM",
+                             mlp_width="ffn_dim")
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "num_hidden_layers", "ffn_dim", "num_attention_heads",

@@ -64,7 +64,8 @@ class CompileStats:
     lookups: decode settings asked for (``programs.compiled`` calls).
     memory_hits: settings whose programs were in the in-memory LRU (nothing compiled or loaded).
     programs_loaded: XLA programs of the settings built (:attr:`built`) that were loaded from the
-      persistent cache. programs_compiled: those XLA compiled.
+      persistent cache.
+    programs_compiled: XLA programs of the settings built that XLA compiled.
   """
 
   lookups: int = 0
@@ -333,13 +334,12 @@ def _atomic_write(file: pathlib.Path, data: bytes, prefix: str) -> None:
   propagates)."""
   with tempfile.NamedTemporaryFile(dir=file.parent, prefix=prefix, delete=False) as out:
     name = out.name
-    try:
-      out.write(data)
-    except BaseException:
-      out.close()
-      os.unlink(name)
-      raise
-  os.replace(name, file)
+  try:
+    pathlib.Path(name).write_bytes(data)
+    os.replace(name, file)
+  except BaseException:
+    pathlib.Path(name).unlink(missing_ok=True)
+    raise
 
 
 def load_costs(kind: str, setting: Any) -> dict[str, Any] | None:

@@ -14,9 +14,8 @@ import numpy as np
 from bass_jax import sharding as sharding_lib
 from bass_jax.loading import Model, check_same_tokenizer, load_draft
 from bass_jax.models import eagle, medusa
-from bass_jax.sampling.proposers import (DRAFT_SOURCES, EagleProposer, Hybrid, MedusaProposer,
-                                         ModelProposer, NGramProposer, Proposer, Replay,
-                                         SiblingProposer, WrapsModel)
+from bass_jax.sampling.proposers import (EagleProposer, Hybrid, MedusaProposer, ModelProposer,
+                                         Proposer, Replay, WrapsModel)
 from bass_jax.sampling.proposers.registry import ProposerKind, proposer_kind, proposer_kinds
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +88,7 @@ def parse_draft_spec(spec: str) -> DraftSpec:
     return DraftSpec(model=None, proposers=((kind, kind.parse(rest, spec)),))
   if head != "hybrid" and not head.startswith("hybrid+"):
     return DraftSpec(model=spec)
-  names = [n for n in head.split("+")[1:]]
+  names = head.split("+")[1:]
   if any(not n for n in names):
     raise ValueError(f"draft spec {spec!r}: lookups are hybrid+<kind>+<kind>:<model spec>, kinds "
                      f"from {_kinds_text()}")
@@ -172,11 +171,7 @@ def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any =
   if isinstance(draft, Model):
     proposer, params = model_proposer(draft)
     return proposer, params, [draft]
-  if isinstance(draft, (NGramProposer, SiblingProposer)):
-    return draft, None, []
-  if isinstance(draft, Hybrid):
-    for lookup in draft.lookups:
-      _check_lookup(lookup)
+  if isinstance(draft, Hybrid):  # its lookups were checked when it was built
     proposer, params = model_proposer(draft.model)
     return dataclasses.replace(draft, model=proposer), params, [draft.model]
   if isinstance(draft, Replay):
@@ -211,28 +206,6 @@ def resolve_draft(draft: Any, target: Model, attention_impl: str, *, mesh: Any =
       "a bass_jax.Hybrid(model, lookups), or your own bass_jax.Proposer (with its weights: "
       f"(proposer, params); docs/extending.md); got {type(draft).__name__} (scripts take a spec "
       "string: see bass_jax.load_draft_spec)")
-
-
-def _check_lookup(lookup: Proposer) -> None:
-  """Refuses a ``Hybrid`` lookup that is not model-free: the hybrid runs each lookup without weights
-  or state, and counts its drafts under its :attr:`Proposer.source`.
-
-  Raises:
-    ValueError: a lookup with a model (a draft model's proposer, a ``Hybrid`` or ``Replay``), one that
-      keeps a state or reads the target's features, or an unknown ``source``.
-  """
-  name = type(lookup).__name__
-  if isinstance(lookup, (WrapsModel, ModelProposer, EagleProposer, MedusaProposer)):
-    raise ValueError(f"a Hybrid's lookups are model-free; {name} drafts with a model (pass the "
-                     "model as Hybrid's model)")
-  stateful = any(getattr(type(lookup), m) is not getattr(Proposer, m)
-                 for m in ("init_state", "admit", "rollback"))
-  if stateful or lookup.needs_features:
-    raise ValueError(f"a Hybrid's lookups keep no state and read no features; {name} "
-                     f"{'keeps a state' if stateful else 'reads the target features'}: decode with "
-                     "it alone")
-  if lookup.source not in DRAFT_SOURCES:
-    raise ValueError(f"{name}.source is {lookup.source!r}; it must be one of {DRAFT_SOURCES}")
 
 
 def _own_proposer(proposer: Proposer, params: Any, *, mesh: Any) -> tuple[Proposer, Any, list[Model]]:

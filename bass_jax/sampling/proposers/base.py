@@ -145,7 +145,14 @@ class Proposer(abc.ABC):
 
   @property
   def source_index(self) -> int:
-    """:attr:`source` as its index into :data:`DRAFT_SOURCES` (what the histories record)."""
+    """:attr:`source` as its index into :data:`DRAFT_SOURCES` (what the histories record).
+
+    Raises:
+      ValueError: a ``source`` that is not one of :data:`DRAFT_SOURCES`.
+    """
+    if self.source not in DRAFT_SOURCES:
+      raise ValueError(f"{type(self).__name__}.source is {self.source!r}; it must be one of "
+                       f"{DRAFT_SOURCES}")
     return DRAFT_SOURCES.index(self.source)
 
   def init_state(self, params: Any, prompts: jax.Array, prompt_len: jax.Array, *, cache_len: int,
@@ -302,6 +309,22 @@ def draft_autoregressively(step, carry: Any, first: tuple[jax.Array, jax.Array |
   carry, drafts, draft_log_probs = jax.lax.fori_loop(1, stop, body, (carry, drafts, draft_log_probs))
   num_drafts = jnp.broadcast_to(ctx.draft_len, (batch,)).astype(jnp.int32)
   return carry, Proposal(drafts=drafts, num_drafts=num_drafts, log_q=draft_log_probs)
+
+
+def not_model_free(proposer: "Proposer | type[Proposer]") -> str | None:
+  """Why a proposer (or proposer class) is not model-free, or None when it is: when it drafts with
+  no weights, no state and no target features, what a ``Hybrid`` may use as a lookup (it calls
+  lookups with ``params`` and ``state`` None). A proposer built around a model (:class:`WrapsModel`),
+  one that overrides the state methods (``init_state``, ``admit``, ``rollback``: every draft model's
+  proposer does) or one that reads the target's features is not."""
+  cls = proposer if isinstance(proposer, type) else type(proposer)
+  if issubclass(cls, WrapsModel):
+    return "wraps a draft model"
+  if any(getattr(cls, m) is not getattr(Proposer, m) for m in ("init_state", "admit", "rollback")):
+    return "keeps a state"
+  if cls.needs_features is not False:
+    return "reads the target features"
+  return None
 
 
 class WrapsModel(Proposer):

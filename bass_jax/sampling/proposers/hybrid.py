@@ -7,9 +7,10 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from bass_jax.sampling.proposers.base import Proposal, Proposer, WrapsModel
+from bass_jax.sampling.proposers.base import Proposal, Proposer, WrapsModel, not_model_free
 from bass_jax.sampling.proposers.draft_model import ModelProposer
 from bass_jax.sampling.proposers.eagle_draft import EagleProposer
+from bass_jax.sampling.proposers.medusa_heads import MedusaProposer
 from bass_jax.sampling.proposers.ngram import NGramProposer
 
 
@@ -40,7 +41,9 @@ class Hybrid(WrapsModel):
       a single proposer is taken as a tuple of one.
 
   Raises:
-    ValueError: from the constructor, for a lookup that is not a ``Proposer``, or none at all.
+    ValueError: from the constructor, for a lookup that is not a model-free ``Proposer``
+      (``base.not_model_free``: it keeps a state, reads the target's features or drafts with a model)
+      or whose ``source`` is unknown, or for no lookup at all.
   """
 
   model: "Any | ModelProposer | EagleProposer"
@@ -51,6 +54,15 @@ class Hybrid(WrapsModel):
     for lookup in lookups:
       if not isinstance(lookup, Proposer):
         raise ValueError(f"Hybrid.lookups holds proposers, got {type(lookup).__name__}")
+      name = type(lookup).__name__
+      problem = not_model_free(lookup)
+      if isinstance(lookup, (ModelProposer, EagleProposer, MedusaProposer, WrapsModel)):
+        raise ValueError(f"a Hybrid's lookups are model-free; {name} drafts with a model (pass the "
+                         "model as Hybrid's model)")
+      if problem is not None:
+        raise ValueError(f"a Hybrid's lookups keep no state and read no features; {name} "
+                         f"{problem}: decode with it alone")
+      lookup.source_index  # pylint: disable=pointless-statement  # raises for an unknown source
     if not lookups:
       raise ValueError("Hybrid.lookups is empty: give at least one lookup (e.g. NGramProposer()), "
                        "or pass the draft model alone")
@@ -66,21 +78,24 @@ class Hybrid(WrapsModel):
                                          greedy=greedy)
     drafts, num_drafts, log_q = by_model.drafts, by_model.num_drafts, by_model.log_q
     source = jnp.full(num_drafts.shape, self.model.source_index, jnp.int32)
+    one_hot = jnp.zeros(num_drafts.shape, bool)  # rows drafted by a lookup without a q of its own
     for lookup in reversed(self.lookups):  # the first choice applied last
       _, found = lookup.propose(None, None, ctx, max_len=max_len, chunk=chunk, greedy=greedy)
       hit = found.num_drafts > 0
       drafts = jnp.where(hit[:, None], found.drafts, drafts)
       num_drafts = jnp.where(hit, found.num_drafts, num_drafts)
       source = jnp.where(hit, lookup.source_index, source)
-      if log_q is not None:  # the looked-up rows' q: the lookup's own, one-hot when it has none
-        found_q = found.log_q
-        if found_q is not None and found_q.shape != log_q.shape:
-          raise ValueError(f"{lookup.name}'s log_q has shape {found_q.shape}; a lookup in a Hybrid "
-                           f"returns the model's {log_q.shape} ([B, max_len + chunk, V]) or None")
-        if found_q is None:
-          padded = jnp.pad(found.drafts, ((0, 0), (0, log_q.shape[1] - max_len)))
-          found_q = jnp.where(jnp.arange(log_q.shape[2]) == padded[..., None], 0.0, -jnp.inf)
-        log_q = jnp.where(hit[:, None, None], found_q, log_q)
+      if log_q is not None and found.log_q is not None:  # a sampling lookup: its own q
+        if found.log_q.shape != log_q.shape:
+          raise ValueError(f"{lookup.name}'s log_q has shape {found.log_q.shape}; a lookup in a "
+                           f"Hybrid returns the model's {log_q.shape} ([B, max_len + chunk, V]) "
+                           "or None")
+        log_q = jnp.where(hit[:, None, None], found.log_q, log_q)
+      one_hot = jnp.where(hit, found.log_q is None, one_hot)
+    if log_q is not None:  # one one-hot q, at the merged drafts, for the deterministic lookups' rows
+      padded = jnp.pad(drafts, ((0, 0), (0, log_q.shape[1] - max_len)))
+      at_draft = jnp.where(jnp.arange(log_q.shape[2]) == padded[..., None], 0.0, -jnp.inf)
+      log_q = jnp.where(one_hot[:, None, None], at_draft, log_q)
     return state, Proposal(drafts=drafts, num_drafts=num_drafts, log_q=log_q, source=source)
 
   def propose_tree(self, params, state, ctx, *, shape):

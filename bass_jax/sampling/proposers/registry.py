@@ -18,7 +18,7 @@ import importlib
 import typing
 from typing import Any, Callable
 
-from bass_jax.sampling.proposers.base import Proposer
+from bass_jax.sampling.proposers.base import Proposer, not_model_free
 
 # The settings a spec can write, by field type: what a value must look like, and its parse.
 _BOOLS = {"true": True, "false": False, "1": True, "0": False}
@@ -61,6 +61,8 @@ class ProposerKind:
     summary: one line for the scripts' help.
     model_free: True when ``build`` returns a proposer without weights or state, which a ``Hybrid``
       may use as a lookup (``hybrid+<name>:<model>``).
+    settable: the settable fields, name -> (the value's form, its parse), read once from the
+      settings' annotations (:func:`_make_kind`).
   """
 
   name: str
@@ -68,12 +70,12 @@ class ProposerKind:
   build: Callable[[Any, Any], Any]
   summary: str
   model_free: bool
+  settable: dict[str, tuple[str, Callable[[str], Any]]] = dataclasses.field(
+      default_factory=dict, compare=False, hash=False)
 
   def fields(self) -> dict[str, tuple[str, Callable[[str], Any]]]:
     """The settable fields: name -> (the value's form, its parse)."""
-    hints = typing.get_type_hints(self.settings)
-    return {f.name: _PARSERS[hints[f.name]] for f in dataclasses.fields(self.settings)
-            if f.init and hints.get(f.name) in _PARSERS}
+    return self.settable
 
   def grammar(self) -> str:
     """``name[:key=<form>,...]``, as the help and errors write it."""
@@ -82,7 +84,8 @@ class ProposerKind:
     return f"{self.name}[:{settings}]" if settings else self.name
 
   def parse(self, text: str, spec: str) -> Any:
-    """A settings instance from ``key=value,...`` (empty: the defaults).
+    """A settings instance from ``key=value,...`` (empty: the defaults); ``spec``, the whole draft
+    spec, is for the error messages only.
 
     Raises:
       ValueError: an unknown key, a value not of the field's type, or the settings' own refusal
@@ -106,6 +109,33 @@ class ProposerKind:
       return self.settings(**values)
     except (TypeError, ValueError) as e:
       raise ValueError(f"draft spec {spec!r}: {e}") from e
+
+
+def _identity(settings: Any, target: Any) -> Any:
+  """The default builder: the settings instance is the proposer."""
+  del target
+  return settings
+
+
+def _make_kind(name: str, settings: type, build: Callable[[Any, Any], Any] | None,
+               summary: str | None, model_free: bool | None, where: str) -> ProposerKind:
+  """A :class:`ProposerKind`, its settable fields read from the settings' annotations once.
+
+  Raises:
+    ValueError: annotations that do not resolve (``where`` says whose).
+  """
+  try:
+    hints = typing.get_type_hints(settings)
+  except Exception as e:  # pylint: disable=broad-except  # an annotation that does not resolve
+    raise ValueError(f"{where}: the annotations of {settings.__name__} do not resolve "
+                     f"({type(e).__name__}: {e}); import the types they name") from None
+  settable = {f.name: _PARSERS[hints[f.name]] for f in dataclasses.fields(settings)
+              if f.init and hints.get(f.name) in _PARSERS}
+  if model_free is None:
+    model_free = build is None and not_model_free(settings) is None
+  doc = (summary or (settings.__doc__ or name).strip().splitlines()[0]).strip()
+  return ProposerKind(name=name, settings=settings, build=build or _identity, summary=doc,
+                      model_free=bool(model_free), settable=settable)
 
 
 _KINDS: dict[str, ProposerKind] = {}
@@ -132,14 +162,16 @@ def register_proposer(name: str, settings: type | None = None, *,
     settings: the settings dataclass; with no ``build``, a ``Proposer`` dataclass built as itself.
     build: ``build(settings, target) -> draft``; default: the settings instance is the proposer.
     summary: one line for the help; default: the first line of the class's docstring.
-    model_free: whether a ``Hybrid`` may use it as a lookup; default: True without ``build``.
+    model_free: whether a ``Hybrid`` may use it as a lookup; default: without ``build``, whether
+      the class is model-free (``base.not_model_free``).
 
   Returns:
     ``settings`` (so that it decorates), or a decorator when ``settings`` is None.
 
   Raises:
     ValueError: a malformed or reserved name, a name registered to another class, settings that are
-      not a dataclass, or no ``build`` for settings that are not a ``Proposer``.
+      not a dataclass or whose annotations do not resolve, or no ``build`` for settings that are not
+      a ``Proposer``.
   """
   if settings is None:
     return lambda cls: register_proposer(name, cls, build=build, summary=summary,
@@ -159,15 +191,8 @@ def register_proposer(name: str, settings: type | None = None, *,
   if old is not None and not same(old.settings, settings):
     raise ValueError(f"proposer {name!r} is already registered to {old.settings.__qualname__}; "
                      "pick another name")
-  doc = (summary or (settings.__doc__ or name).strip().splitlines()[0]).strip()
-  try:
-    typing.get_type_hints(settings)
-  except Exception as e:  # pylint: disable=broad-except  # an annotation that does not resolve
-    raise ValueError(f"register_proposer({name!r}): the annotations of {settings.__name__} do not "
-                     f"resolve ({type(e).__name__}: {e}); import the types they name") from None
-  _KINDS[name] = ProposerKind(name=name, settings=settings,
-                              build=build or (lambda s, target: s), summary=doc,
-                              model_free=build is None if model_free is None else bool(model_free))
+  _KINDS[name] = _make_kind(name, settings, build, summary, model_free,
+                            where=f"register_proposer({name!r})")
   return settings
 
 
@@ -180,8 +205,13 @@ def proposer_kind(name: str, spec: str) -> ProposerKind | None:
   """The kind a spec's first part names: a registered name, ``py:<module>.<Class>`` (imported), or
   None when it names no kind (then the spec is a model's).
 
+  Args:
+    name: the spec's first part (``ngram``, ``py:my_module.MyProposer``).
+    spec: the whole spec, for the error messages only.
+
   Raises:
-    ValueError: a ``py:`` path that does not import, or names no ``Proposer`` dataclass.
+    ValueError: a ``py:`` path that does not import, names no ``Proposer`` dataclass, or names one
+      whose annotations do not resolve.
   """
   if name in _KINDS:
     return _KINDS[name]
@@ -200,5 +230,5 @@ def proposer_kind(name: str, spec: str) -> ProposerKind | None:
   if not (isinstance(cls, type) and issubclass(cls, Proposer) and dataclasses.is_dataclass(cls)):
     raise ValueError(f"draft spec {spec!r}: {path} is not a Proposer dataclass; register a builder "
                      "for it with bass_jax.register_proposer")
-  return ProposerKind(name=name, settings=cls, build=lambda s, target: s,
-                      summary=(cls.__doc__ or path).strip().splitlines()[0], model_free=True)
+  return _make_kind(name, cls, None, (cls.__doc__ or path).strip().splitlines()[0], None,
+                    where=f"draft spec {spec!r}")
