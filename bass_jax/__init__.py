@@ -18,6 +18,8 @@ from bass_jax.models.codegen import CodeGenConfig
 from bass_jax.models.gpt2 import GPT2Config
 from bass_jax.models.llama import Llama, LlamaConfig
 from bass_jax.models.opt import OPTConfig
+from bass_jax.sampling.acceptance import (AcceptanceRule, MatchingRule, acceptance_rules,
+                                         register_acceptance)
 from bass_jax.sampling.config import DecodeConfig
 from bass_jax.sampling.draft_len import DynamicDraftLen, FixedDraftLen, GoodputDraftLen, StepCosts
 from bass_jax.sampling.generate import (PAD_TOKEN, FinishedPrompt, GenerateOutput, GenerateStats,
@@ -31,18 +33,19 @@ from bass_jax.sampling.proposers import (Hybrid, NGramProposer, Proposal, Propos
 from bass_jax.sampling.proposers.registry import proposer_kinds, register_proposer
 from bass_jax.sampling.runner import run
 from bass_jax.sampling.tree import TreeShape
+from bass_jax.sampling.warp import position_uniforms
 from bass_jax.text import generate_text
 
 __all__ = [
-    "ALIASES", "BackendProfile", "CodeGenConfig", "DecodeConfig", "DynamicDraftLen", "FinishedPrompt", "FixedDraftLen", "GPT2Config", "GenerateOutput",
-    "GenerateStats", "GoodputDraftLen", "Hybrid", "KVCache", "Llama", "LlamaConfig", "Model",
+    "ALIASES", "AcceptanceRule", "BackendProfile", "CodeGenConfig", "DecodeConfig", "DynamicDraftLen", "FinishedPrompt", "FixedDraftLen", "GPT2Config", "GenerateOutput",
+    "GenerateStats", "GoodputDraftLen", "Hybrid", "KVCache", "Llama", "LlamaConfig", "MatchingRule", "Model",
     "NGramProposer", "OPTConfig", "PAD_TOKEN", "Plan", "Proposal", "Proposer", "Replay",
     "SiblingProposer", "StepContext", "StepCosts",
     "TreeShape",
-    "abstract_params", "attention_implementations", "check_same_tokenizer", "clear_compile_cache",
+    "abstract_params", "acceptance_rules", "attention_implementations", "check_same_tokenizer", "clear_compile_cache",
     "compile_cache_stats",
     "default_dtype",
     "enable_persistent_compilation_cache", "generate", "generate_text", "init_params", "load_draft",
-    "load_draft_spec", "load_model", "lower", "prepare", "proposer_kinds", "reference_attention",
-    "register_proposer", "run", "save_model", "set_compile_cache_size",
+    "load_draft_spec", "load_model", "lower", "position_uniforms", "prepare", "proposer_kinds",
+    "reference_attention", "register_acceptance", "register_proposer", "run", "save_model", "set_compile_cache_size",
 ]

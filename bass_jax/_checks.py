@@ -8,6 +8,7 @@ an int is meant are refused instead of being coerced, so that ``"70"`` can never
 
 from __future__ import annotations
 
+import importlib
 import math
 import numbers
 from typing import Any
@@ -95,3 +96,22 @@ def as_int_tuple(name: str, value: Any, *, min_value: int | None = None,
     raise ValueError(f"{name} must be an int or a sequence of ints, got {_describe(value)}")
   return tuple(as_int(f"{name}[{i}]", v, min_value=min_value, max_value=max_value)
                for i, v in enumerate(value))
+
+
+def import_object(path: str, what: str) -> Any:
+  """The object at ``path``, ``<module>.<name>`` (the ``py:`` paths of draft specs and acceptance
+  rules), imported.
+
+  Args:
+    path: a dotted path whose last part names an attribute of the importable module before it.
+    what: who asks, for the error message (``"draft spec 'py:x.Y'"``).
+
+  Raises:
+    ValueError: the module does not import (whatever it raised) or lacks the name.
+  """
+  module, _, attr = path.rpartition(".")
+  try:
+    return getattr(importlib.import_module(module), attr)
+  except Exception as e:  # pylint: disable=broad-except  # whatever the user's module raises
+    raise ValueError(f"{what}: cannot import {path!r} ({type(e).__name__}: {e}); write "
+                     "py:<module>.<Name> for an importable module") from None

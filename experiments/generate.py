@@ -76,11 +76,13 @@ _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per sequence at m
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 = greedy.",
                                   lower_bound=0.0)
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus mass in (0, 1].", upper_bound=1.0)
-_ACCEPTANCE = flags.DEFINE_enum(
-    "acceptance", "rejection", ["rejection", "gumbel"], "How sampled drafts are accepted: 'rejection' "
-    "(speculative rejection sampling, the paper's) or 'gumbel' (Gumbel acceptance: each sequence's "
-    "tokens depend only on the seed, its place in the run and the target, so a resumed continuous run "
-    "repeats an uninterrupted one exactly; a model draft is accepted a little less often).")
+_ACCEPTANCE = flags.DEFINE_string(
+    "acceptance", "rejection", "How sampled drafts are accepted: 'rejection' (speculative rejection "
+    "sampling, the paper's), 'gumbel' (Gumbel acceptance: each sequence's tokens depend only on the "
+    "seed, its place in the run and the target, so a resumed continuous run repeats an uninterrupted "
+    "one exactly; a model draft is accepted a little less often), another registered rule "
+    "(bass_jax.acceptance_rules()), or py:<module>.<Class>, a bass_jax.AcceptanceRule of one's own "
+    "(docs/extending.md).")
 _DRAFT_LEN = flags.DEFINE_string(
     "draft_len", "dynamic", "'dynamic' (BASS Algorithm 1), 'goodput' (per step the length, 0 = plain "
     "decoding, that maximizes expected tokens per second from measured step costs) or an int >= 1.")
@@ -152,6 +154,12 @@ def _preflight(problems):
   --max_new_tokens fits the models' context."""
   from bass_jax import preflight  # pylint: disable=g-import-not-at-top
   from bass_jax.models import attention  # pylint: disable=g-import-not-at-top
+  from bass_jax.sampling import acceptance  # pylint: disable=g-import-not-at-top
+
+  try:
+    acceptance.acceptance_rule(_ACCEPTANCE.value)
+  except ValueError as e:
+    raise _io.Refusal(f"--acceptance: {e}") from None
 
   if (_ATTENTION.value is not None
       and _ATTENTION.value not in attention.attention_implementations()):

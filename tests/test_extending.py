@@ -3,7 +3,9 @@ the decode stays exact with it (greedy equality with regular decoding, and the c
 tests/test_sampling_exact.py, whose power against a broken correction step is shown with it too); a
 proposer with weights passed as ``(proposer, params)`` reuses its program for new weights; a registered
 proposer is named by draft specs, an unregistered one by its import path, and either stands in a
-``Hybrid`` in front of a draft model, exactly."""
+``Hybrid`` in front of a draft model, exactly. A user's own acceptance rule reaches ``generate`` by
+instance, registered name and import path, and keeps the target's law under the same chi-square test,
+which rejects a mutant of it."""
 
 from __future__ import annotations
 
@@ -289,3 +291,84 @@ def test_a_scripts_draft_help_lists_the_registry():
   for kind in bj.proposer_kinds():
     if kind.settings.__module__.startswith("bass_jax."):  # the tests register theirs in-process
       assert f"  {kind.grammar()}\n      {kind.summary}\n" in done.stdout
+
+
+# -- an acceptance rule of one's own (docs/extending.md, "Your own acceptance rule") -------------------
+
+
+@pytest.fixture(scope="module")
+def inverse_cdf():
+  """The page's acceptance rule class, defined by running the section's first example."""
+  namespace = {}
+  exec(compile(_examples("Your own acceptance rule")[0], str(DOC), "exec"), namespace)  # pylint: disable=exec-used
+  return namespace["InverseCDF"]
+
+
+def _decode_with(rule, draft, seed: int, rows: int = exact.NUM_ROWS) -> bj.GenerateOutput:
+  """``rows`` copies of the exactness tests' prompt, sampled at T = 0.8, top-p 0.9 under ``rule``
+  (regular decoding when ``draft`` is None)."""
+  target, _ = exact._models()  # pylint: disable=protected-access
+  return bj.generate(target, draft, [list(exact.PROMPT)] * rows,
+                     method="regular" if draft is None else "bass", max_new_tokens=exact.NUM_TOKENS,
+                     temperature=0.8, top_p=0.9, seed=seed, eos_token_id=(), draft_len=3,
+                     acceptance=rule)
+
+
+def test_the_users_rule_keeps_the_targets_law_whatever_the_draft(inverse_cdf):  # pylint: disable=redefined-outer-name
+  """Regular decoding under the page's rule fits the target's law (chi-square), and BASS with a far
+  draft emits its tokens row for row, through drafts accepted and rejected."""
+  regular = _decode_with(inverse_cdf(), None, seed=71)
+  exact.assert_fits_target(regular, 0.8, 0.9)
+  _, far = exact._models()  # pylint: disable=protected-access
+  rows = exact.NUM_ROWS // 8  # row i's draws are keyed by its id i: the first rows of the larger batch
+  out = _decode_with(inverse_cdf(), far, seed=71, rows=rows)
+  live = out.stats.accepted >= 0
+  assert (live & (out.stats.accepted > 0)).sum() > 100
+  assert (live & (out.stats.accepted < out.stats.drafted)).sum() > 100
+  np.testing.assert_array_equal(out.tokens, regular.tokens[:rows])
+
+
+def test_a_rule_that_forgets_the_position_is_detected(inverse_cdf):  # pylint: disable=redefined-outer-name
+  """Power: the same rule drawing all of a row's tokens with one uniform (each token alone still has
+  the right law) is rejected by the chi-square test of the joint law."""
+
+  @dataclasses.dataclass(frozen=True)
+  class OneUniform(inverse_cdf):
+    def choose(self, log_probs, row_keys, positions):
+      return super().choose(log_probs, row_keys, positions * 0)
+
+  out = _decode_with(OneUniform(), None, seed=72)
+  p_value = exact.chisquare_p_value(out.tokens[:, :exact.NUM_TOKENS], exact._target_joint(0.8, 0.9))  # pylint: disable=protected-access
+  assert p_value < exact.REJECT_P_VALUE, p_value
+
+
+def test_the_rule_by_instance_by_name_and_by_import_path(inverse_cdf, tmp_path, monkeypatch):  # pylint: disable=redefined-outer-name
+  target = tiny_model(0, scale=2.5)
+  namespace = {"bj": bj, "InverseCDF": inverse_cdf, "target": target,
+               "draft": noisy_copy(target, 0.3, seed=5), "prompts": _prompts()}
+  exec(compile(_examples("Your own acceptance rule")[1], str(DOC), "exec"), namespace)  # pylint: disable=exec-used
+  np.testing.assert_array_equal(namespace["again"].tokens, namespace["out"].tokens)
+  assert "inverse_cdf" in bj.acceptance_rules()
+  assert inverse_cdf().name == "inverse_cdf"
+  (tmp_path / "my_rules.py").write_text(_examples("Your own acceptance rule")[0])
+  monkeypatch.syspath_prepend(str(tmp_path))
+  by_path = bj.generate(target, namespace["draft"], _prompts(), max_new_tokens=64, temperature=0.8,
+                        acceptance="py:my_rules.InverseCDF")
+  np.testing.assert_array_equal(by_path.tokens, namespace["out"].tokens)
+  with pytest.raises(ValueError, match="cannot import 'my_rules.Missing'"):
+    bj.generate(target, None, _prompts(), method="regular", max_new_tokens=4,
+                acceptance="py:my_rules.Missing")
+  with pytest.raises(ValueError, match="acceptance must be one of .*'inverse_cdf'"):
+    bj.generate(target, None, _prompts(), method="regular", max_new_tokens=4, acceptance="inverse")
+
+
+@pytest.mark.parametrize("name, rule, message", [
+    ("2x", acceptance.Rejection, "letters, digits and '_', starting with a letter"),
+    ("gumbel", acceptance.Rejection, "'gumbel' is already registered to Gumbel"),
+    ("argmax", acceptance.Greedy, "is not a sampled AcceptanceRule dataclass"),
+    ("plain", object, "is not a sampled AcceptanceRule dataclass"),
+])
+def test_what_register_acceptance_refuses(name, rule, message):
+  with pytest.raises(ValueError, match=re.escape(message)):
+    bj.register_acceptance(name, rule)
+  assert bj.acceptance_rules()[:2] == ("rejection", "gumbel") and name not in bj.acceptance_rules()[2:]

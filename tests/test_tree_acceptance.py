@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from bass_jax.sampling import tree as tree_lib
-from bass_jax.sampling.acceptance import AcceptanceRule
+from bass_jax.sampling.acceptance import Greedy, Gumbel, Rejection
 from bass_jax.sampling import warp
 import test_sampling_exact as exact
 
@@ -39,9 +39,9 @@ GARBAGE_PARENT = -7
 # The rules, through their one entry point. The tables below are already log-probabilities, which the
 # warp at temperature 1 (a log-softmax) leaves as they are; a tree is walked (``chain=False``) even when
 # it is a chain, so that the chain path can be checked against the walk.
-GREEDY = AcceptanceRule(greedy=True)
-REJECTION = AcceptanceRule(greedy=False, name="rejection")
-GUMBEL = AcceptanceRule(greedy=False, name="gumbel")
+GREEDY = Greedy()
+REJECTION = Rejection()
+GUMBEL = Gumbel()
 T1 = jnp.float32(1.0)
 walked = lambda tree: tree.replace(chain=False)
 greedy_tree = jax.jit(lambda tree, logits: GREEDY.accept(walked(tree), logits))

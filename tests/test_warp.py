@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers
 
-from bass_jax.sampling.warp import warped_log_probs
+from bass_jax.sampling.warp import position_uniforms, sequence_keys, warped_log_probs
 
 
 BOTH_PATHS = pytest.mark.parametrize("branch_free", [False, True], ids=["top_k+bisect", "sort"])
@@ -72,3 +72,17 @@ def test_the_sort_finds_the_bisections_threshold_on_ties_and_random_rows():
   for top_p in (0.3, 0.8, 0.95):
     np.testing.assert_array_equal(np.asarray(warp._sorted_threshold(probs, top_p)),  # pylint: disable=protected-access
                                   np.asarray(warp._bisect_threshold(probs, top_p)))  # pylint: disable=protected-access
+
+
+def test_position_uniforms_are_keyed_by_sequence_and_position_only():
+  """``position_uniforms`` at (row, position) is ``uniform(fold_in(key_b, t))`` whatever the array it
+  sits in: the same for a row at the same position in [B] and [B, C] calls, different between rows
+  and positions."""
+  keys = sequence_keys(jax.random.key(7), [3, 9])
+  positions = np.array([[5, 6, 7], [5, 6, 7]], np.int32)
+  grid = np.asarray(position_uniforms(keys, jnp.asarray(positions)))
+  column = np.asarray(position_uniforms(keys, jnp.asarray(positions[:, 1])))
+  np.testing.assert_array_equal(grid[:, 1], column)
+  by_hand = jax.random.uniform(jax.random.fold_in(jax.random.wrap_key_data(keys[1]), 7), ())
+  assert grid[1, 2] == np.float32(by_hand)
+  assert len(np.unique(grid)) == grid.size and ((grid >= 0) & (grid < 1)).all()

@@ -218,7 +218,8 @@ def run_problems(
       would need the whole run's shapes; the first execution's extra cost is paid once, inside the
       measured run).
     done: records of sequences already decoded, keyed by :func:`record_key` (resuming, above).
-    acceptance: ``generate``'s acceptance rule, ``"rejection"`` or ``"gumbel"`` (Gumbel acceptance).
+    acceptance: ``generate``'s acceptance rule: ``"rejection"``, ``"gumbel"`` (Gumbel acceptance),
+      another registered name, ``py:<module>.<Class>`` or an ``AcceptanceRule``.
     draft_tree: ``generate``'s ``draft_tree`` (a token tree per row each step, or several shapes for the
       goodput policy to choose among; None: chains).
 

@@ -1,7 +1,9 @@
-"""Acceptance of a step's drafts, per row: one rule object (:class:`AcceptanceRule`: greedy,
-speculative rejection sampling, Gumbel acceptance) with one entry point, :meth:`AcceptanceRule.accept`,
-over a :class:`tree.DraftTree` of drafts per row. A chain is the tree ``parents[i] = i - 1``
-(``tree.chain_tree``); a plain step is the tree of its root alone.
+"""Acceptance of a step's drafts, per row: the acceptance rule protocol (:class:`AcceptanceRule`,
+one entry point :meth:`AcceptanceRule.accept` over a :class:`tree.DraftTree` of drafts per row), the
+built-in rules (:class:`Greedy`, :class:`Rejection`, :class:`Gumbel`; :class:`MatchingRule` for
+rules whose target token at each node is its own choice) and the registry of the names a decode
+takes (:func:`register_acceptance`, :func:`acceptance_rule`). A chain is the tree ``parents[i] = i -
+1`` (``tree.chain_tree``); a plain step is the tree of its root alone.
 
 Implements step 3 of BASS (docs/bass.md, "One step for the whole batch"), i.e. Leviathan et al. 2023
 (Algorithm 1) and Chen et al. 2023 (Algorithm 2), independently for every row of a batch: draft token
@@ -32,59 +34,70 @@ Axes: B batch, N nodes per row (node 0 the root: the last emitted token), V voca
 
 from __future__ import annotations
 
+import abc
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
 
+from bass_jax import _checks
 from bass_jax.sampling import warp
 from bass_jax.sampling.tree import DraftTree, TreeAcceptance, node_depths
 
-RULES = ("rejection", "gumbel")  # generate's acceptance= (sampled decoding; greedy needs no rule name)
-
-
 @dataclasses.dataclass(frozen=True)
-class AcceptanceRule:
-  """How a row's drafts are accepted and its next token drawn.
+class AcceptanceRule(abc.ABC):
+  """How a row's drafts are accepted and its next token drawn: the acceptance rule protocol.
+
+  A rule is a frozen dataclass (static: part of the compiled program's key) with one entry point,
+  :meth:`accept`, which sees every row's drafts as a :class:`tree.DraftTree` (a chain, a chunk of one,
+  a token tree, or the root alone for a plain step) and the target's logits at its nodes. The built-in
+  rules: :class:`Greedy` (temperature 0), :class:`Rejection` (speculative rejection sampling, the
+  paper's) and :class:`Gumbel` (drafter-invariant Gumbel acceptance). A rule whose target token at
+  every node is a fixed function of that node's law (and of the row's keys) subclasses
+  :class:`MatchingRule` and writes only :meth:`MatchingRule.choose`. A new rule registers its name with
+  :func:`register_acceptance`, or is passed as an instance (``generate(acceptance=MyRule())``;
+  docs/extending.md, "Your own acceptance rule").
+
+  **Exactness** is the rule's to keep: the tokens a row emits must follow the target's warped law
+  whatever the drafts. ``tests/test_sampling_exact.py``'s chi-square test checks the built-in rules,
+  ``tests/test_extending.py`` the documented user rule.
 
   Attributes:
-    greedy: temperature 0: a draft is accepted when it is the target's argmax (``name`` is then
-      ignored).
-    name: ``"rejection"`` (speculative rejection sampling, the paper's: the highest acceptance) or
-      ``"gumbel"`` (Gumbel acceptance: every token is the target's Gumbel-max draw keyed by
-      sequence and text position, so a sequence's tokens depend only on the seed, its sequence id
-      and the target; a model draft is accepted somewhat less often, at worst ``(1 - TV) / (1 +
-      TV)`` instead of ``1 - TV``).
     branch_free: the warp finds the nucleus with one sort per row, no device-side loop
-      (``bass_jax.profiles``).
-
-  Raises:
-    ValueError: an unknown ``name``.
+      (``bass_jax.profiles``); set by the decode from its backend profile.
+    keyed: class-level; True when the rule reads per-sequence keys: the decode then gives every
+      sequence the key data ``fold_in(key(seed), sequence_id)`` (``warp.sequence_keys``), which
+      :meth:`accept` and :meth:`draw_draft` receive as ``row_keys`` (else None).
+    greedy: class-level; True only for :class:`Greedy`.
   """
 
-  greedy: bool = True
-  name: str = "rejection"
   branch_free: bool = False
-
-  def __post_init__(self):
-    if self.name not in RULES:
-      raise ValueError(f"acceptance must be one of {RULES}, got {self.name!r}")
+  keyed: ClassVar[bool] = False
+  greedy: ClassVar[bool] = False
 
   @property
-  def gumbel(self) -> bool:
-    """Whether sampled tokens are Gumbel-max draws keyed by (sequence, text position)."""
-    return self.name == "gumbel" and not self.greedy
+  def name(self) -> str:
+    """The registered name of the rule's class (:func:`register_acceptance`), else its class name."""
+    for name, cls in _RULES.items():
+      if cls is type(self):
+        return name
+    return type(self).__name__
 
   def warp(self, logits: jax.Array, temperature: jax.Array, top_p: jax.Array | None) -> jax.Array:
     """``warp.warped_log_probs`` of ``logits: f32[..., V]`` (branch-free as the rule says)."""
     return warp.warped_log_probs(logits, temperature, top_p, branch_free=self.branch_free)
 
+  @abc.abstractmethod
   def accept(self, tree: DraftTree, logits: jax.Array, *, temperature: jax.Array | None = None,
              top_p: jax.Array | None = None, key: jax.Array | None = None,
              draft_log_probs: jax.Array | None = None, row_keys: jax.Array | None = None,
              seq_len: jax.Array | None = None) -> TreeAcceptance:
     """Accepts one root-to-node path per row and draws the token after it.
+
+    Every random decision must be keyed by its node's index in the whole tree (``tree.first + u``)
+    or its text position, never by how the check is organized: the decode checks a chain in chunks
+    and must make the draws a whole check would (module docstring).
 
     Args:
       tree: the drafts (node 0 the root). A chain may come with one position fewer of ``logits``
@@ -93,44 +106,213 @@ class AcceptanceRule:
       logits: ``f32[B, N, V]`` (or ``[B, N - 1, V]`` for a chain) the target's raw logits at each
         node, for the token after the node's path.
       temperature: ``f32[]`` > 0, and top_p: ``f32[]`` in (0, 1) or None (no nucleus): the warp of
-        sampled rules. Unused when greedy.
-      key: PRNG key of the step's acceptance (rejection sampling).
+        sampled rules (:meth:`warp`). Unused when greedy.
+      key: PRNG key of the step's acceptance (the same for every chunk of a step).
       draft_log_probs: None for deterministic drafts (one-hot ``q``), or ``f32[B, N, V]`` warped
-        ``log q_u`` at each node that has children (rejection sampling).
-      row_keys: ``u32[B, 2]`` each row's sequence key data, and seq_len: ``i32[B]`` the rows' text
-        lengths, root included (Gumbel acceptance: node u draws the token at text position
-        ``seq_len + first + depth(u)``).
+        ``log q_u`` at each node that has children.
+      row_keys: ``u32[B, 2]`` each row's sequence key data for a :attr:`keyed` rule, else None.
+      seq_len: ``i32[B]`` the rows' text lengths, root included: node u's token is at text position
+        ``seq_len + tree.first + depth(u)``.
 
     Returns:
       :class:`tree.TreeAcceptance`: the row emits ``tokens[path[1 : num_accepted + 1]]`` and then
       ``next_token``.
     """
-    if tree.tokens.shape[1] == 1:  # a plain step: the rule's draw at the root
-      return self._draw(logits[:, 0], temperature, top_p, key, row_keys, seq_len, tree.first)
-    if self.greedy:
-      chosen = warp.first_argmax(logits)
-    elif self.gumbel:
+
+  def draw_draft(self, log_q: jax.Array, *, key: jax.Array, row_keys: jax.Array | None,
+                 positions: jax.Array) -> jax.Array:
+    """How a proposer draws a sampled draft under this rule (``StepContext.draw``): ``log_q: f32[B,
+    V]`` warped -> ``i32[B]``. The default is an independent draw with ``key``; a keyed rule may
+    couple the draft to the target's own draw at the same text position (``positions: i32[B]``)."""
+    del row_keys, positions
+    return warp.categorical(key, log_q)
+
+
+@dataclasses.dataclass(frozen=True)
+class MatchingRule(AcceptanceRule):
+  """A rule under which the target's token at each node is its own choice, a function of that node's
+  warped law, the row's keys and the node's text position (:meth:`choose`): a draft is accepted when
+  it equals the choice at its parent, and the row emits the choice where it stops. Exact when
+  ``choose`` is a draw from the law it is given, independent across positions given the text; the
+  emitted tokens then do not depend on the draft at all (drafter invariance). A keyed matching rule
+  draws sampled drafts with the same ``choose`` at the same position, which couples them to the
+  target's draws."""
+
+  @abc.abstractmethod
+  def choose(self, log_probs: jax.Array, row_keys: jax.Array | None,
+             positions: jax.Array | None) -> jax.Array:
+    """The token chosen from ``log_probs: f32[B, V]`` or ``f32[B, C, V]`` (warped, ``-inf`` outside
+    the nucleus) at text ``positions: i32[B]`` or ``i32[B, C]`` of rows keyed by ``row_keys: u32[B,
+    2]`` (None unless :attr:`keyed`; positions None when the caller gave no ``seq_len``) ->
+    ``i32[B]`` or ``i32[B, C]``."""
+
+  def accept(self, tree: DraftTree, logits: jax.Array, *, temperature: jax.Array | None = None,
+             top_p: jax.Array | None = None, key: jax.Array | None = None,
+             draft_log_probs: jax.Array | None = None, row_keys: jax.Array | None = None,
+             seq_len: jax.Array | None = None) -> TreeAcceptance:
+    """:meth:`AcceptanceRule.accept` by matching: ``key`` and ``draft_log_probs`` are not read."""
+    del key, draft_log_probs
+    plain = tree.tokens.shape[1] == 1
+    log_probs = self.warp(logits[:, 0] if plain else logits, temperature, top_p)
+    positions = None
+    if seq_len is not None and plain:
+      positions = seq_len + tree.first
+    elif seq_len is not None:
       depths = (jnp.arange(tree.tokens.shape[1])[None, :] if tree.chain else node_depths(tree))
       positions = seq_len[:, None] + tree.first + depths[:, :logits.shape[1]]
-      chosen = warp.gumbel_choice(self.warp(logits, temperature, top_p), row_keys, positions)
-    else:
-      log_p = self.warp(logits, temperature, top_p)
-      if tree.chain:
-        return _rejection_chain(key, tree, log_p, draft_log_probs)
-      return _rejection_tree(key, tree, log_p, draft_log_probs)
+    chosen = self.choose(log_probs, row_keys, positions)
+    if plain:
+      return _root_only(chosen)
     return _match_chain(tree, chosen) if tree.chain else _match_tree(tree, chosen)
 
-  def _draw(self, logits, temperature, top_p, key, row_keys, seq_len, first) -> TreeAcceptance:
-    """The root's own token (no drafts): argmax, the Gumbel-max draw at text position ``seq_len +
-    first``, or a draw from the warped law with ``key``."""
-    if self.gumbel:
-      token = warp.gumbel_choice(self.warp(logits, temperature, top_p), row_keys, seq_len + first)
-    else:
-      token, _ = warp.sample(logits, key, greedy=self.greedy, temperature=temperature, top_p=top_p,
-                             branch_free=self.branch_free)
-    batch = token.shape[0]
-    return TreeAcceptance(path=jnp.zeros((batch, 1), jnp.int32),
-                          num_accepted=jnp.zeros((batch,), jnp.int32), next_token=token)
+  def draw_draft(self, log_q: jax.Array, *, key: jax.Array, row_keys: jax.Array | None,
+                 positions: jax.Array) -> jax.Array:
+    """A keyed rule's draft is its own :meth:`choose` at the draft's text position (coupled to the
+    target's draw there); an unkeyed rule's an independent draw."""
+    if self.keyed:
+      return self.choose(log_q, row_keys, positions)
+    return super().draw_draft(log_q, key=key, row_keys=row_keys, positions=positions)
+
+
+@dataclasses.dataclass(frozen=True)
+class Greedy(MatchingRule):
+  """Temperature 0: the target's token is its argmax (the first on ties), drafts accepted while they
+  equal it; the logits are not warped."""
+
+  greedy: ClassVar[bool] = True
+
+  def warp(self, logits, temperature, top_p):
+    del temperature, top_p
+    return logits
+
+  def choose(self, log_probs, row_keys, positions):
+    del row_keys, positions
+    return warp.first_argmax(log_probs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejection(AcceptanceRule):
+  """Speculative rejection sampling (Leviathan et al. 2023, Algorithm 1; Chen et al. 2023, Algorithm
+  2), on trees SpecInfer's multi-step speculative sampling: a draft ``d`` is accepted with probability
+  ``min(1, p(d) / q(d))``, a rejection emits a draw from ``norm(max(0, p - q))``. The highest
+  acceptance of the exact rules (``1 - TV(p, q)`` per position)."""
+
+  def accept(self, tree: DraftTree, logits: jax.Array, *, temperature: jax.Array | None = None,
+             top_p: jax.Array | None = None, key: jax.Array | None = None,
+             draft_log_probs: jax.Array | None = None, row_keys: jax.Array | None = None,
+             seq_len: jax.Array | None = None) -> TreeAcceptance:
+    """:meth:`AcceptanceRule.accept` by rejection sampling (:func:`_rejection_chain`,
+    :func:`_rejection_tree`); ``row_keys`` and ``seq_len`` are not read."""
+    del row_keys, seq_len
+    if tree.tokens.shape[1] == 1:  # a plain step: a draw from the warped law at the root
+      return _root_only(warp.categorical(key, self.warp(logits[:, 0], temperature, top_p)))
+    log_p = self.warp(logits, temperature, top_p)
+    if tree.chain:
+      return _rejection_chain(key, tree, log_p, draft_log_probs)
+    return _rejection_tree(key, tree, log_p, draft_log_probs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Gumbel(MatchingRule):
+  """Gumbel acceptance, i.e. drafter-invariant speculative decoding (Daliri, Musco and Suresh 2024):
+  the target's token at text position ``t`` is its Gumbel-max draw with noise keyed by the sequence
+  and ``t`` (``warp.gumbel_choice``), so a sequence's tokens depend only on the seed, its sequence id
+  and the target. A model draft drawn with the same noise is accepted somewhat less often than under
+  :class:`Rejection`: at worst ``(1 - TV) / (1 + TV)`` instead of ``1 - TV``."""
+
+  keyed: ClassVar[bool] = True
+
+  def choose(self, log_probs, row_keys, positions):
+    return warp.gumbel_choice(log_probs, row_keys, positions)
+
+
+# -- the registry: the rules a decode (generate's acceptance=, the scripts' --acceptance) can name ------
+
+_RULES: dict[str, type[AcceptanceRule]] = {}
+
+
+def register_acceptance(name: str, rule: type[AcceptanceRule] | None = None):
+  """Registers a sampled acceptance rule under ``name`` (``generate(acceptance=name)``,
+  ``--acceptance=name``); as a call, or as a class decorator when ``rule`` is None.
+
+  Args:
+    name: letters, digits and ``_``, starting with a letter.
+    rule: an :class:`AcceptanceRule` dataclass, constructible as ``rule(branch_free=...)``; not
+      :class:`Greedy` (temperature 0 chooses it).
+
+  Returns:
+    ``rule`` (so that it decorates), or a decorator when ``rule`` is None.
+
+  Raises:
+    ValueError: a malformed name, a name registered to another class, or a ``rule`` that is not an
+      AcceptanceRule dataclass or is greedy.
+  """
+  if rule is None:
+    return lambda cls: register_acceptance(name, cls)
+  if not (isinstance(name, str) and name.replace("_", "a").isalnum() and name[:1].isalpha()):
+    raise ValueError(f"an acceptance rule's name is letters, digits and '_', starting with a letter; "
+                     f"got {name!r}")
+  if not (isinstance(rule, type) and issubclass(rule, AcceptanceRule)
+          and dataclasses.is_dataclass(rule)) or rule.greedy:
+    raise ValueError(f"register_acceptance({name!r}): {rule!r} is not a sampled AcceptanceRule "
+                     "dataclass; subclass bass_jax.AcceptanceRule or bass_jax.MatchingRule")
+  old = _RULES.get(name)
+  same = lambda a, b: (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
+  if old is not None and not same(old, rule):
+    raise ValueError(f"acceptance rule {name!r} is already registered to {old.__qualname__}; pick "
+                     "another name")
+  _RULES[name] = rule
+  return rule
+
+
+register_acceptance("rejection", Rejection)
+register_acceptance("gumbel", Gumbel)
+
+
+def acceptance_rules() -> tuple[str, ...]:
+  """The registered rules' names, in order of registration (``"rejection"`` first: the default)."""
+  return tuple(_RULES)
+
+
+def acceptance_rule(choice: str | AcceptanceRule, *, greedy: bool = False,
+                    branch_free: bool = False) -> AcceptanceRule:
+  """The rule of a decode: ``choice`` checked, then :class:`Greedy` at temperature 0, else the rule it
+  names.
+
+  Args:
+    choice: a registered name (:func:`acceptance_rules`), ``py:<module>.<Class>`` (an
+      :class:`AcceptanceRule` class, imported), or an :class:`AcceptanceRule` instance.
+    greedy: the decode's temperature is 0 (then ``choice`` is only checked).
+    branch_free: the backend profile's (``AcceptanceRule.branch_free``).
+
+  Raises:
+    ValueError: an unknown name, a ``py:`` path that does not import or names no AcceptanceRule
+      class, a greedy rule given for sampling, or anything else.
+  """
+  if isinstance(choice, str) and choice in _RULES:
+    rule = _RULES[choice]
+  elif isinstance(choice, str) and choice.startswith("py:"):
+    rule = _checks.import_object(choice[3:], f"acceptance {choice!r}")
+  elif isinstance(choice, AcceptanceRule):
+    rule = choice
+  else:
+    raise ValueError(f"acceptance must be one of {acceptance_rules()}, py:<module>.<Class> or an "
+                     f"AcceptanceRule, got {choice!r}")
+  if isinstance(rule, type) and issubclass(rule, AcceptanceRule):
+    rule = rule()
+  if not isinstance(rule, AcceptanceRule) or rule.greedy:
+    raise ValueError(f"acceptance {choice!r} is not a sampled AcceptanceRule (temperature 0 is greedy "
+                     "whatever the rule); name a subclass of bass_jax.AcceptanceRule")
+  if greedy:
+    return Greedy(branch_free=branch_free)
+  return dataclasses.replace(rule, branch_free=branch_free)
+
+
+def _root_only(token: jax.Array) -> TreeAcceptance:
+  """A plain step's :class:`TreeAcceptance`: no drafts, ``token: i32[B]`` next."""
+  batch = token.shape[0]
+  return TreeAcceptance(path=jnp.zeros((batch, 1), jnp.int32),
+                        num_accepted=jnp.zeros((batch,), jnp.int32), next_token=token)
 
 
 def leading_true(mask: jax.Array) -> jax.Array:

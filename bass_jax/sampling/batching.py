@@ -37,7 +37,7 @@ def start_queue(spec: DecodeSpec, inputs: DecodeInputs) -> Queue:
       prompt_row=jnp.where(ids < started, ids, -1), start_step=jnp.zeros((q,), jnp.int32),
       tokens=jnp.zeros((q, n), jnp.int32), logprobs=jnp.zeros((q, n), jnp.float32),
       lengths=jnp.zeros((q,), jnp.int32), eos=jnp.zeros((q,), bool),
-      keys=inputs.keys if spec.gumbel else None, group=inputs.group,
+      keys=inputs.keys if spec.keyed else None, group=inputs.group,
       prefilled=jnp.zeros((), jnp.int32), admits=spec.queue_len > inert.shape[0])
 
 

@@ -15,6 +15,7 @@ from bass_jax import _checks
 from bass_jax.profiles import BackendProfile
 from bass_jax.sampling import draft_len as draft_len_lib
 from bass_jax.sampling import tree as tree_lib
+from bass_jax.sampling.acceptance import AcceptanceRule
 from bass_jax.sampling.draft_len import DraftLenPolicy
 from bass_jax.sampling.tree import TreeShape
 
@@ -43,6 +44,8 @@ class DecodeConfig:
       draft length, batch, ``batch_size`` or ``method="regular"`` (up to float near-ties), so an
       interrupted run can be resumed exactly. A model draft is accepted somewhat less often (at
       worst ``(1 - TV) / (1 + TV)`` instead of ``1 - TV``); a deterministic proposer loses nothing.
+      Also: another registered name (``acceptance.register_acceptance``), ``py:<module>.<Class>``,
+      or an ``AcceptanceRule`` instance of one's own (docs/extending.md).
 
   **Speculation.**
 
@@ -109,7 +112,7 @@ class DecodeConfig:
   top_p: float = 1.0
   seed: int = 0
   eos_token_id: int | Sequence[int] | None = None
-  acceptance: str = "rejection"
+  acceptance: str | AcceptanceRule = "rejection"
   # Speculation.
   method: str = "bass"
   draft_len: int | str | DraftLenPolicy = "dynamic"

@@ -24,7 +24,7 @@ import numpy as np
 from bass_jax.loading import Model
 # The names below are the sampling package's public surface; they stay importable from here.
 from bass_jax.sampling import compile_cache
-from bass_jax.sampling.acceptance import RULES as ACCEPTANCE_RULES  # pylint: disable=unused-import
+from bass_jax.sampling.acceptance import AcceptanceRule, acceptance_rules  # pylint: disable=unused-import
 from bass_jax.sampling.config import DecodeConfig, with_settings  # pylint: disable=unused-import
 from bass_jax.sampling.draft_len import (MAX_DRAFT_LEN, DraftLenPolicy,  # pylint: disable=unused-import
                                          GoodputDraftLen, as_policy)
@@ -65,7 +65,7 @@ def generate(
     batch_size: int | None = None,
     time_prompts: bool = True,
     on_finish: Callable[[FinishedPrompt], None] | None = None,
-    acceptance: str = "rejection",
+    acceptance: str | AcceptanceRule = "rejection",
     sequence_ids: Sequence[int] | None = None,
     draft_tree: str | TreeShape | Sequence[str | TreeShape] | None = None,
     profile: str | BackendProfile | None = None,
@@ -96,7 +96,8 @@ def generate(
       draft_tree, profile: the fields of :class:`DecodeConfig` (documented there).
     time_prompts, on_finish: as ``runner.run``: time every prompt's admission, first token and
       finish; hand each prompt to ``on_finish`` as soon as it is complete.
-    sequence_ids: as ``plan.prepare``: the ids that key each prompt's noise under Gumbel acceptance.
+    sequence_ids: as ``plan.prepare``: the ids that key each prompt's draws under a keyed acceptance
+      rule (Gumbel acceptance).
     compilation_cache: the persistent compilation cache, for this process from this call on
       (``sampling.compile_cache``): a directory, False (or ``"off"``) to turn it off, True for the
       default directory; None (default) leaves it as it is (on by default, in

@@ -161,7 +161,7 @@ def _steps(spec: DecodeSpec, target_params: Any, draft_params: Any, temperature:
     return jax.lax.while_loop(running, step_of(kinds[0]), state)  # no plain step can occur
 
   def speculate(s: DecodeState):
-    ctx = step_context(s, s.key, temperature, top_p, branch_free=spec.branch_free)
+    ctx = step_context(s, s.key, temperature, top_p, spec.acceptance)
     return (s.draft_len > 0) & spec.proposer.can_propose(ctx)
 
   def chosen(kind):  # whether the policy's next speculative step is of this kind

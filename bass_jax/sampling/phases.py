@@ -197,7 +197,7 @@ def measure_step_phases(target, draft, prompts, *, warm_steps: int = 4, steps: i
 
     def body(target_params, draft_params, temperature, top_p, s):
       del target_params
-      ctx = step_context(s, s.key, temperature, top_p, branch_free=spec.branch_free)
+      ctx = step_context(s, s.key, temperature, top_p, spec.acceptance)
       proposer_state, proposal = proposer.propose(draft_params if own else None, s.proposer_state,
                                                   ctx, max_len=spec.max_draft,
                                                   chunk=spec.verify_chunk, greedy=spec.greedy)

@@ -33,7 +33,7 @@ from bass_jax.sampling import costs as costs_lib
 from bass_jax.sampling import programs
 from bass_jax.sampling import state as state_lib
 from bass_jax.sampling import warp
-from bass_jax.sampling.acceptance import AcceptanceRule
+from bass_jax.sampling.acceptance import acceptance_rule
 from bass_jax.sampling.config import DecodeConfig
 from bass_jax.sampling.draft_len import MAX_DRAFT_LEN, GoodputDraftLen, NoDrafts
 from bass_jax.sampling.drafts import resolve_draft
@@ -174,7 +174,8 @@ def _sequence_ids(sequence_ids, num_prompts: int) -> np.ndarray:
   if len(set(ids)) != len(ids):
     repeated = sorted({i for i in ids if ids.count(i) > 1})[:5]
     raise ValueError(f"sequence_ids repeats {repeated}: two sequences with one id would share their "
-                     "noise (acceptance='gumbel'); give each sequence its own id")
+                     "keys under a keyed acceptance rule (acceptance='gumbel'); give each sequence "
+                     "its own id")
   return np.asarray(ids, np.uint32)
 
 
@@ -200,8 +201,8 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
       params)`` with its weights (docs/extending.md). Ignored (may be None) for ``method="regular"``.
     prompts: B token-id lists of any lengths, each non-empty; or an integer array ``[B, T]``.
     config: the :class:`DecodeConfig`.
-    sequence_ids: with Gumbel acceptance, prompt i's noise is keyed by ``fold_in(key(seed),
-      sequence_ids[i])``: distinct ints in ``[0, 2**32)``, one per prompt (default: the prompt's
+    sequence_ids: with a keyed acceptance rule (Gumbel acceptance), prompt i's draws are keyed by
+      ``fold_in(key(seed), sequence_ids[i])``: distinct ints in ``[0, 2**32)``, one per prompt (default: the prompt's
       index). Give a sequence the same id wherever it is decoded (a resumed run decodes only what is
       missing) and it gets the same tokens.
 
@@ -273,8 +274,7 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
                                  max_value=MAX_DRAFT_LEN + 1))
   batch_size = (None if c.batch_size is None
                 else _checks.as_int("batch_size", c.batch_size, min_value=1))
-  if c.acceptance not in ("rejection", "gumbel"):
-    raise ValueError(f"acceptance must be one of ('rejection', 'gumbel'), got {c.acceptance!r}")
+  rule = acceptance_rule(c.acceptance, greedy=temperature == 0, branch_free=profile.branch_free)
   eos_ids = _eos_ids(c.eos_token_id, target)
   if len(eos_ids) > MAX_EOS_IDS:
     raise ValueError(f"eos_token_id has {len(eos_ids)} ids; at most {MAX_EOS_IDS} are supported")
@@ -324,8 +324,6 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
     raise ValueError(f"a prompt has {longest} tokens, more than max_prompt_len={max_prompt_len}; "
                      "raise max_prompt_len (or leave it None) or shorten the prompt")
   bucket = prompt_bucket(max(longest, max_prompt_len or 0))  # P; an admission's chunk tiles it
-  rule = AcceptanceRule(greedy=temperature == 0, name="rejection" if temperature == 0 else c.acceptance,
-                        branch_free=profile.branch_free)
   spec = state_lib.DecodeSpec(
       target=target.config, proposer=proposer, target_dtype=jnp.dtype(target.dtype).name,
       attention_impl=attention_impl, prompt_len=bucket, max_new_bucket=max_new_bucket,
@@ -350,7 +348,7 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
   prompt_len_q = np.ones(queue_len, np.int32)  # padding: a one-token prompt, never decoded
   prompt_len_q[:num_prompts] = lengths
   keys_q = np.zeros((queue_len, 2), np.uint32)
-  if spec.gumbel:
+  if spec.keyed:
     keys_q[:num_prompts] = warp.sequence_keys(key, sequence_ids)
   # Identical prompts are siblings (a proposer may draft from each other's text); padding prompts
   # are groups of their own.

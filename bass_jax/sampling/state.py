@@ -41,8 +41,9 @@ class DecodeSpec:
     prompt_len: P, the prompt capacity: prompts are right-padded to it (``DecodeConfig.max_prompt_len``,
       or the longest prompt's bucket, or a larger capacity already built for the setting).
     max_new_bucket: N, the size of the output buffer (the true limit is ``Limits.max_new``).
-    acceptance: the :class:`acceptance.AcceptanceRule` (greedy at temperature 0, rejection sampling or
-      Gumbel acceptance), which also says whether the program is branch-free.
+    acceptance: the :class:`acceptance.AcceptanceRule` (``Greedy`` at temperature 0, else the decode's
+      sampled rule: rejection sampling, Gumbel acceptance or a user's), which also says whether the
+      program is branch-free.
     draft_len: the draft-length policy (fixed, Algorithm 1, goodput, or ``NoDrafts``; ``draft_len.py``).
     verify_chunk: C, the positions one verification forward scores; ``l + 1`` positions take
       ``ceil((l + 1) / C)`` passes at most (0 without a proposer).
@@ -113,9 +114,10 @@ class DecodeSpec:
     return self.acceptance.greedy
 
   @property
-  def gumbel(self) -> bool:
-    """Whether sampled tokens are Gumbel-max draws keyed by (sequence, text position)."""
-    return self.acceptance.gumbel
+  def keyed(self) -> bool:
+    """Whether the acceptance rule reads per-sequence keys (``AcceptanceRule.keyed``): the queue then
+    carries each prompt's key data."""
+    return self.acceptance.keyed
 
   @property
   def branch_free(self) -> bool:

@@ -20,6 +20,7 @@ from bass_jax.cache import KVCache, keep_path
 from bass_jax.models.attention import mask_depths
 from bass_jax.models.common import feature_value, forward
 from bass_jax.sampling import tree as tree_lib
+from bass_jax.sampling.acceptance import AcceptanceRule
 from bass_jax.sampling.draft_len import CHAIN, PLAIN
 from bass_jax.sampling.proposers import FinishedSamples, StepContext
 from bass_jax.sampling.state import DecodeSpec, DecodeState
@@ -212,7 +213,7 @@ def chain_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p
   key, draft_key, accept_key = jax.random.split(state.key, 3)
   live = ~state.done
   draft_len = state.draft_len
-  ctx = step_context(state, draft_key, temperature, top_p, branch_free=spec.branch_free)
+  ctx = step_context(state, draft_key, temperature, top_p, spec.acceptance)
   with jax.named_scope("propose"):
     proposer_state, proposal = spec.proposer.propose(
         draft_params, state.proposer_state, ctx, max_len=spec.max_draft, chunk=spec.verify_chunk,
@@ -293,7 +294,7 @@ def tree_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
   key, draft_key, accept_key = jax.random.split(state.key, 3)
   live = ~state.done
   rows = jnp.arange(state.tokens.shape[0])
-  ctx = step_context(state, draft_key, temperature, top_p, branch_free=spec.branch_free)
+  ctx = step_context(state, draft_key, temperature, top_p, spec.acceptance)
   with jax.named_scope("propose"):
     proposer_state, draft = spec.proposer.propose_tree(draft_params, state.proposer_state, ctx,
                                                        shape=shape)
@@ -328,11 +329,11 @@ def tree_step(spec: DecodeSpec, target_params, draft_params, temperature, top_p,
                       source=_source(spec, draft.source, drafted)))
 
 
-def step_context(state: DecodeState, key, temperature, top_p, *,
-                 branch_free: bool = False) -> StepContext:
+def step_context(state: DecodeState, key, temperature, top_p,
+                 acceptance: AcceptanceRule) -> StepContext:
   """What the proposer may read of ``state`` this step (:class:`StepContext`), with the proposal's
-  PRNG ``key``, the warp's ``temperature: f32[]`` and ``top_p: f32[] | None``, and the spec's
-  static ``branch_free``."""
+  PRNG ``key``, the warp's ``temperature: f32[]`` and ``top_p: f32[] | None``, and the decode's
+  static acceptance rule (how sampled drafts are drawn, and whether the warps are branch-free)."""
   queue = state.queue
   finished = None  # without admission a retired row's text stays in the batch (Queue.admits)
   if queue.admits:
@@ -341,4 +342,5 @@ def step_context(state: DecodeState, key, temperature, top_p, *,
   return StepContext(tokens=state.tokens, seq_len=state.seq_len, live=~state.done,
                      draft_len=state.draft_len, key=key, temperature=temperature, top_p=top_p,
                      features=state.features, row_keys=queue.row_keys(), group=queue.row_group(),
-                     finished=finished, branch_free=branch_free)
+                     finished=finished, branch_free=acceptance.branch_free,
+                     acceptance=acceptance)

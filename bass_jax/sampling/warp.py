@@ -170,6 +170,23 @@ def gumbel_noise(row_keys: jax.Array, positions: jax.Array, vocab_size: int) -> 
   return per_row.reshape(positions.shape + (vocab_size,))
 
 
+def position_uniforms(row_keys: jax.Array, positions: jax.Array) -> jax.Array:
+  """Uniforms in ``[0, 1)`` that depend only on a row's sequence key and a text position, like
+  :func:`gumbel_noise` (for a keyed acceptance rule of one's own, docs/extending.md).
+
+  Args:
+    row_keys: ``u32[B, 2]`` threefry key data per row (:func:`sequence_keys`).
+    positions: ``i32[B]`` or ``i32[B, C]`` text positions.
+
+  Returns:
+    ``f32[B]`` or ``f32[B, C]``: ``uniform(fold_in(key_b, position))``.
+  """
+  keys = jax.random.wrap_key_data(row_keys, impl="threefry2x32")
+  one = lambda key, t: jax.random.uniform(jax.random.fold_in(key, t), (), jnp.float32)
+  per_row = jax.vmap(jax.vmap(one, in_axes=(None, 0)))(keys, positions.reshape(len(keys), -1))
+  return per_row.reshape(positions.shape)
+
+
 def gumbel_choice(log_probs: jax.Array, row_keys: jax.Array, positions: jax.Array) -> jax.Array:
   """The Gumbel-max draw ``argmax(log_probs + G)`` with :func:`gumbel_noise` ``G``.
 

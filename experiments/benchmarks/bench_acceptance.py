@@ -1,4 +1,5 @@
-r"""What Gumbel acceptance costs: rejection sampling vs Gumbel acceptance, side by side.
+r"""What Gumbel acceptance costs: rejection sampling vs Gumbel acceptance (or any acceptance rules,
+``--acceptance``), side by side.
 
     python -m experiments.benchmarks.bench_acceptance --draft=smollm2-135m-eagle --temperatures=0.2,0.6,0.8,1.0
 
@@ -8,10 +9,10 @@ interrupted continuous run resumes exactly), at the price of some acceptance: a 
 matches the target's draw with probability at least ``(1 - TV) / (1 + TV)`` instead of rejection
 sampling's ``1 - TV``; a deterministic proposer loses nothing. This script measures that price on the
 tuning prompts (never HumanEval): for each temperature, both rules decode the same batches
-(``--batch_size`` samples of each of ``--num_prompts`` prompts, a fixed draft length), the two rules
-alternating batch by batch so that a busy machine slows both alike. It prints one markdown row per
+(``--batch_size`` samples of each of ``--num_prompts`` prompts, a fixed draft length), the rules
+taking turns to go first batch by batch so that a busy machine slows both alike. It prints one markdown row per
 temperature and rule: mean accepted length (tokens per step per row), the share of drafts accepted,
-and tokens per second with its ratio to rejection sampling's.
+and tokens per second with its ratio to the first rule's.
 """
 
 from absl import app
@@ -31,7 +32,10 @@ _TOP_P = flags.DEFINE_float("top_p", 0.95, "Nucleus mass.")
 _SEED = flags.DEFINE_integer("seed", 0, "PRNG seed in [0, 2**63 - 1].", lower_bound=0,
                              upper_bound=2**63 - 1)
 
-RULES = ("rejection", "gumbel")
+_ACCEPTANCE = flags.DEFINE_list(
+    "acceptance", None, "The acceptance rules compared: registered names or py:<module>.<Class> (a "
+    "bass_jax.AcceptanceRule of one's own); the first is the ratio column's baseline. Default: every "
+    "registered rule, rejection sampling first.")
 
 
 def main(argv):
@@ -45,7 +49,14 @@ def main(argv):
   from bass_jax import text  # pylint: disable=g-import-not-at-top
   from bass_jax.evaluation import metrics, reproduce  # pylint: disable=g-import-not-at-top
   from bass_jax.evaluation.data import load_problems  # pylint: disable=g-import-not-at-top
+  from bass_jax.sampling import acceptance  # pylint: disable=g-import-not-at-top
 
+  rules = tuple(_ACCEPTANCE.value or bj.acceptance_rules())
+  for rule in rules:
+    try:
+      acceptance.acceptance_rule(rule)
+    except ValueError as e:
+      raise app.UsageError(f"--acceptance: {e}") from None
   target, draft = reproduce.load_pair(_TARGET.value, _DRAFT.value)
   problems = load_problems(_PROMPTS.value, _NUM_PROMPTS.value)
   prompts = text.encode_prompts(target.tokenizer, [p.prompt for p in problems])
@@ -55,27 +66,28 @@ def main(argv):
                        temperature=temperature, top_p=_TOP_P.value, draft_len=_DRAFT_LEN.value,
                        seed=seed, acceptance=rule)
 
-  for rule in RULES:  # compile both programs first (the temperature is traced: one program per rule)
+  for rule in rules:  # compile every rule's program first (the temperature is traced: one per rule)
     decode(prompts[0], rule, temperatures[0], _SEED.value)
-  print("| T | acceptance | mean accepted length | draft acceptance | tokens/s | vs rejection |")
+  print(f"| T | acceptance | mean accepted length | draft acceptance | tokens/s | vs {rules[0]} |")
   print("|---|---|---|---|---|---|")
   for temperature in temperatures:
-    parts = {rule: [] for rule in RULES}
-    tokens = {rule: 0 for rule in RULES}
-    seconds = {rule: 0.0 for rule in RULES}
+    parts = {rule: [] for rule in rules}
+    tokens = {rule: 0 for rule in rules}
+    seconds = {rule: 0.0 for rule in rules}
     for i, prompt in enumerate(prompts):
-      for rule in (RULES if i % 2 == 0 else RULES[::-1]):  # alternate which rule runs first
+      turn = i % len(rules)
+      for rule in rules[turn:] + rules[:turn]:  # rotate which rule runs first
         out = decode(prompt, rule, temperature, _SEED.value + i)
         stats = out.stats
         parts[rule].append(metrics.acceptance(stats.draft_lens, stats.accepted, stats.drafted))
         tokens[rule] += int(out.lengths.sum())
         seconds[rule] += stats.wall_seconds
-    speed = {rule: tokens[rule] / seconds[rule] for rule in RULES}
-    for rule in RULES:
+    speed = {rule: tokens[rule] / seconds[rule] for rule in rules}
+    for rule in rules:
       pooled = metrics.Acceptance.pooled(parts[rule])
       print(f"| {temperature:g} | {rule} | {pooled.mean_accepted_length:.2f} | "
             f"{pooled.draft_acceptance_rate:.3f} | {speed[rule]:.1f} | "
-            f"{speed[rule] / speed['rejection']:.2f}x |", flush=True)
+            f"{speed[rule] / speed[rules[0]]:.2f}x |", flush=True)
   machine = reproduce.machine()
   print(f"\n{machine['device']}, JAX {machine['jax_version']}, {machine['date']}; "
         f"B={_BATCH.value}, {_NUM_PROMPTS.value} prompts of {_PROMPTS.value}, l={_DRAFT_LEN.value}, "

@@ -105,7 +105,7 @@ INT_FLAGS = {"num_prompts": (0, 164), "batch_size": (1, 4096), "max_new_tokens":
              "summary_every": (1, None), "seed": (0, MAX_SEED), "num_processes": (1, None),
              "process_id": (0, None)}
 ENUM_FLAGS = {"method": ("bass", "regular"), "sample_order": ("grouped", "interleaved"),
-              "acceptance": ("rejection", "gumbel"), "dtype": ("auto", "float32", "bfloat16")}
+              "acceptance": bass_jax.acceptance_rules(), "dtype": ("auto", "float32", "bfloat16")}
 BOOL_FLAGS = ("continuous", "distinct_prompts", "scan_layers", "resume", "overwrite")
 WORD = st.text(st.characters(codec="utf-8", exclude_characters="\n\r\x00"), min_size=0, max_size=12)
 
@@ -225,7 +225,7 @@ def valid_run(draw, files):
           f"--batch_size={draw(st.integers(1, num_prompts))}",
           f"--max_new_tokens={draw(st.integers(1, 512))}",
           f"--top_p={draw(st.floats(0.0, 1.0, exclude_min=True))!r}",
-          f"--acceptance={draw(st.sampled_from(['rejection', 'gumbel']))}",
+          f"--acceptance={draw(st.sampled_from(bass_jax.acceptance_rules()))}",
           f"--dtype={draw(st.sampled_from(['auto', 'float32', 'bfloat16']))}",
           f"--summary_every={draw(st.integers(1, 100))}",
           f"--output={files['dir']}/valid/records.jsonl", f"--summary_json={files['dir']}/valid/s.json"]
@@ -319,6 +319,9 @@ def test_generated_valid_settings_pass_every_check(files):
     (["--draft_tree=top_k=2,depth=3,nodes=6,"], "an empty part (a stray comma?)"),
     (["--batch_size=5000"], "--batch_size=5000"),
     (["--verify_chunk=34"], "--verify_chunk=34"),
+    (["--acceptance=py:no_such_module.Rule"], "--acceptance: acceptance 'py:no_such_module.Rule': "
+     "cannot import 'no_such_module.Rule'"),
+    (["--acceptance=py:json.JSONDecoder"], "is not a sampled AcceptanceRule"),
 ])
 def test_each_late_or_unnamed_refusal_is_one_line_before_loading(files, argv, match):
   assert_refused(["--num_prompts=4", "--batch_size=2", *(a.format(**files) for a in argv)],

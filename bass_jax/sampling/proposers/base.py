@@ -15,7 +15,8 @@ import jax.numpy as jnp
 
 from bass_jax.cache import write_rows
 from bass_jax.sampling import tree as tree_lib
-from bass_jax.sampling.warp import categorical, gumbel_choice, warped_log_probs
+from bass_jax.sampling.acceptance import AcceptanceRule, Rejection
+from bass_jax.sampling.warp import warped_log_probs
 
 
 @flax.struct.dataclass
@@ -52,15 +53,18 @@ class StepContext:
     features: ``[B, T, E]`` the target's feature at every text position it has scored
       (``features[b, i]`` for ``i < seq_len[b] - 1`` are valid; the rest is stale), or None unless the
       proposer ``needs_features``.
-    row_keys: ``u32[B, 2]`` each row's sequence key data under Gumbel acceptance
-      (``acceptance="gumbel"``): a sampled draft must then be drawn with :meth:`draw`, which uses the
-      noise the target will use at the same text position; None for rejection sampling.
+    row_keys: ``u32[B, 2]`` each row's sequence key data under a keyed acceptance rule (Gumbel
+      acceptance, ``acceptance="gumbel"``): a sampled draft must then be drawn with :meth:`draw`,
+      which couples it to the target's draw at the same text position, and range over the target's
+      whole vocabulary; None under an unkeyed rule (rejection sampling).
     group: ``i32[B]`` each row's prompt group (``state.Queue.row_group``): rows with identical prompts
       share one; None (a context built by hand) means every row is its own group.
     finished: the samples retired into the queue (:class:`FinishedSamples`); None for a context
       built by hand.
     branch_free: static; draft loops run their static ``L`` iterations and warps find the nucleus
       with one sort per row (``DecodeSpec.branch_free``, ``bass_jax.profiles``).
+    acceptance: static; the decode's ``acceptance.AcceptanceRule``, whose ``draw_draft`` :meth:`draw`
+      uses; None (a context built by hand) draws as rejection sampling does.
   """
 
   tokens: jax.Array
@@ -75,6 +79,7 @@ class StepContext:
   group: jax.Array | None = None
   finished: FinishedSamples | None = None
   branch_free: bool = flax.struct.field(pytree_node=False, default=False)
+  acceptance: AcceptanceRule | None = flax.struct.field(pytree_node=False, default=None)
 
   def warp(self, logits: jax.Array) -> jax.Array:
     """``logits: f32[..., V]`` warped by the step's temperature and nucleus
@@ -85,13 +90,14 @@ class StepContext:
     """Draws draft ``i`` (0-based: the token at text position ``seq_len + i``) of every row from its
     warped ``log_q: f32[B, V]`` -> ``i32[B]`` indices into ``log_q``'s last axis.
 
-    Rejection sampling: an independent draw keyed by ``fold_in(key, i)``. Gumbel acceptance
-    (``row_keys`` set): the Gumbel-max draw with the row's noise at that text position
-    (``warp.gumbel_choice``), which must then range over the target's whole vocabulary.
+    The rule's ``AcceptanceRule.draw_draft``: under rejection sampling an independent draw keyed by
+    ``fold_in(key, i)``; under Gumbel acceptance (a keyed rule: ``row_keys`` set) the Gumbel-max draw
+    with the row's noise at that text position (``warp.gumbel_choice``), which must then range over
+    the target's whole vocabulary.
     """
-    if self.row_keys is None:
-      return categorical(jax.random.fold_in(self.key, i), log_q)
-    return gumbel_choice(log_q, self.row_keys, self.seq_len + i)
+    rule = self.acceptance or Rejection()
+    return rule.draw_draft(log_q, key=jax.random.fold_in(self.key, i), row_keys=self.row_keys,
+                           positions=self.seq_len + i)
 
 
 # Where a row's drafts came from (``StepLog.source``, ``GenerateStats.sources``): an index

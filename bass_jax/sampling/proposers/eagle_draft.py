@@ -159,7 +159,7 @@ class EagleProposer(Proposer):
       full = eagle.to_full_vocab(log_q, vocab_ids, self.config.vocab_size)
       if ctx.row_keys is None:
         return vocab_ids[ctx.draw(log_q, i)], full
-      return ctx.draw(full, i), full  # Gumbel acceptance: the target's noise is indexed by full-vocabulary id
+      return ctx.draw(full, i), full  # a keyed rule couples draws by full-vocabulary id
 
     def step(carry, previous, i):  # the pair (f̂ of the last draft, the last draft) -> next draft
       cache, feature = carry

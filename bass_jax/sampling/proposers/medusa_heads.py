@@ -63,7 +63,7 @@ class MedusaProposer(Proposer):
       for i in range(max_len):
         if ctx.row_keys is None:
           draws.append(vocab_ids[ctx.draw(warped[:, i], i)])
-        else:  # Gumbel acceptance: the target's noise is indexed by full-vocabulary id
+        else:  # a keyed rule (Gumbel acceptance) couples draws by full-vocabulary id
           draws.append(ctx.draw(full[:, i], i))
       drafts = jnp.stack(draws, axis=1)
       log_q = jnp.concatenate([full, jnp.zeros((batch, chunk, self.config.vocab_size),

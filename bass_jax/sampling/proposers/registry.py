@@ -14,10 +14,10 @@ list, defined where the proposer is, which the scripts' grammar and help are gen
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import typing
 from typing import Any, Callable
 
+from bass_jax import _checks
 from bass_jax.sampling.proposers.base import Proposer, not_model_free
 
 # The settings a spec can write, by field type: what a value must look like, and its parse.
@@ -218,12 +218,7 @@ def proposer_kind(name: str, spec: str) -> ProposerKind | None:
   if not name.startswith("py:"):
     return None
   path = name[3:]
-  module, _, attr = path.rpartition(".")
-  try:
-    cls = getattr(importlib.import_module(module), attr)
-  except Exception as e:  # pylint: disable=broad-except  # whatever the user's module raises
-    raise ValueError(f"draft spec {spec!r}: cannot import {path!r} ({type(e).__name__}: {e}); "
-                     "write py:<module>.<Class> for an importable module") from None
+  cls = _checks.import_object(path, f"draft spec {spec!r}")
   for kind in _KINDS.values():
     if kind.settings is cls:
       return kind
