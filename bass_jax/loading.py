@@ -24,11 +24,11 @@ from bass_jax.checkpoints import eagle_formats
 from bass_jax.checkpoints import gguf as gguf_ckpt
 from bass_jax.checkpoints import hf as hf_ckpt
 from bass_jax.checkpoints.generation_config import generation_eos_ids, merge_eos_ids
+from bass_jax.checkpoints.locate import locate
 from bass_jax.checkpoints import medusa_files
 from bass_jax.checkpoints import orbax_ckpt
 from bass_jax.checkpoints.save import save_model
-from bass_jax.checkpoints.sources import (ALIASES, ORBAX_PARAMS_DIR, check_links, download_hint,
-                                          has_tokenizer, hf_hub_cache, looks_like_repo_id,
+from bass_jax.checkpoints.sources import (ALIASES, ORBAX_PARAMS_DIR, has_tokenizer, hf_hub_cache,
                                           model_path, resolve_alias, weight_formats)
 from bass_jax.models import common, eagle
 from bass_jax.models.model import Model, abstract_params, init_params, model_dtype
@@ -160,45 +160,35 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
         sharding_lib.plan(config, mesh, sharding).param_shardings(abstract))
 
   tok = None
-  path = model_path(spec)
-  if path.is_symlink() or path.exists():
-    check_links(path)
-  if path.suffix == ".gguf" or path.is_file():
-    if path.suffix != ".gguf":
-      raise ValueError(f"{path}: a model file must be .gguf; for HF checkpoints pass the directory")
+  found = locate(spec)
+  path = found.path
+  if found.kind == "gguf":
     config, params = gguf_ckpt.load_gguf(path, expected=expected, dtype=dtype)
     if tokenizer:
       tok = _load_tokenizer(path.parent, path.name)
-  elif path.is_dir() and medusa_files.is_medusa(path):
+  elif found.kind == "medusa":
     if num_layers is not None or scan_layers:
       raise ValueError(f"{name} holds Medusa heads; num_layers and scan_layers do not apply to them")
     config, params = medusa_files.load_medusa(path, dtype=dtype)
-  elif path.is_dir() and ((own_eagle := eagle_files.is_eagle(path))
-                          or eagle_formats.published_kind(path)):
+  elif found.model_kind == "eagle":
     if num_layers is not None:
       raise ValueError(f"{name} is an EAGLE draft; num_layers does not apply to it")
     if scan_layers:
       raise ValueError(f"{name} is an EAGLE draft, whose layers are always unrolled; load it with "
                        "scan_layers=False (or None)")
-    if own_eagle:
-      config, params = eagle_files.load_eagle(path, dtype=dtype)
-    else:  # EAGLE-1/2, EAGLE-3 or speculators, as published
+    if found.published_eagle:  # EAGLE-1/2, EAGLE-3 or speculators, as published
       config, params = eagle_formats.load_published(path, dtype=dtype)
+    else:
+      config, params = eagle_files.load_eagle(path, dtype=dtype)
     if mesh is not None:  # a small draft, read whole and then placed
       params = sharding_lib.shard_params(params, sharding_lib.plan(config, mesh, sharding))
-  elif path.is_dir():
-    formats = weight_formats(path)
-    if len(formats) > 1:
-      raise ValueError(
-          f"{path} holds weights in {len(formats)} formats ({'; '.join(formats)}); it is ambiguous "
-          "which to load (a save over an earlier one?). Keep one: re-save with "
-          "save_model(..., overwrite=True), or delete the stale files")
-    config = hf_ckpt.read_config(path)
+  else:  # a family's model, in orbax or Hugging Face format
+    config = hf_ckpt.config_from_hf(found.fields)
     # before the weights, as the tokenizer: a bad generation_config.json fails in a moment
     generation_eos = generation_eos_ids(path, config.vocab_size, config.eos_token_id)
     if tokenizer:  # before the weights: a broken tokenizer fails in a moment, not after the load
       tok = _load_tokenizer(path)
-    if formats and formats[0].startswith(ORBAX_PARAMS_DIR):
+    if found.kind == "orbax":
       params = orbax_ckpt.restore_params(path / ORBAX_PARAMS_DIR, expected(config), config=config,
                                          shapes_for=lambda c: abstract_params(c, dtype))
     else:
@@ -206,14 +196,6 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
     eos = merge_eos_ids(config.eos_token_id, generation_eos)
     if eos != config.eos_token_id:
       config = dataclasses.replace(config, eos_token_id=eos)
-  elif looks_like_repo_id(name):
-    raise FileNotFoundError(
-        f"no model at {name!r}: not an alias or a local path, and not in the local Hugging Face cache "
-        f"({hf_hub_cache()}; nothing is downloaded). Get it with {download_hint(name)}, or pass its "
-        "checkpoint directory")
-  else:
-    raise FileNotFoundError(
-        f"no model at {name!r}: not an alias ({sorted(ALIASES)}), a .gguf file or a directory")
   if tok is not None and len(tok) > config.vocab_size:
     raise ValueError(
         f"{name}: the tokenizer has {len(tok)} tokens but the model's vocab_size is "

@@ -18,8 +18,8 @@ from bass_jax import loading
 from bass_jax.checkpoints import eagle_formats
 from bass_jax.checkpoints import gguf as gguf_ckpt
 from bass_jax.checkpoints import hf as hf_ckpt
-from bass_jax.checkpoints import medusa_files
 from bass_jax.checkpoints import sources
+from bass_jax.checkpoints.locate import locate
 from bass_jax.models import eagle, llama, medusa
 from bass_jax.models import family as family_lib
 from bass_jax.sampling.drafts import parse_draft_spec
@@ -60,34 +60,31 @@ class ModelSource:
 
 
 def inspect_model(spec: str | os.PathLike) -> ModelSource:
-  """Resolves ``spec`` as ``bass_jax.load_model`` would and reads its config, not its weights.
+  """Resolves ``spec`` as ``bass_jax.load_model`` does (the same dispatch: ``checkpoints.locate``) and
+  reads its config, not its weights.
 
   Raises:
-    FileNotFoundError: no alias, file or directory by that name (the fix named). ValueError: not a
-      model: a file that is not ``.gguf``, a directory without ``config.json``, a config that is not a
-      JSON object or names an unsupported architecture (each naming the file).
+    FileNotFoundError: no alias, file or directory by that name (the fix named), or a directory without
+      ``config.json``. ValueError: not a model: a file that is not ``.gguf``, a config that is not a
+      JSON object or names an unsupported architecture, a directory with weights in two formats (each
+      naming the file).
   """
   name = str(spec)
-  path = sources.model_path(spec)  # an alias, a path, a Hugging Face cache entry or repo id
-  if not path.exists():
-    raise FileNotFoundError(f"no model at {name!r}: not an alias ({', '.join(sorted(sources.ALIASES))}),"
-                            " an existing .gguf file or checkpoint directory, nor a repository in the "
-                            "local Hugging Face cache")
-  if path.is_file():
-    if path.suffix != ".gguf":
-      raise ValueError(f"{path}: a model file must be .gguf; for a checkpoint pass its directory")
+  found = locate(spec)
+  path = found.path
+  if found.kind == "gguf":
     config = _gguf_config(path)
     special = {f: getattr(config, f) for f in loading.SPECIAL_IDS
                if getattr(config, f, None) is not None}
     return ModelSource(name, path, "gguf", config.max_positions, config.vocab_size, True,
                        config.model_type, config.hidden_size, config.num_hidden_layers, special)
-  fields = hf_ckpt.read_config_fields(path)
+  fields = found.fields
   has_tokenizer = sources.has_tokenizer(path)
-  if medusa_files.is_medusa(path):  # its sizes are checked against the target when it loads
+  if found.kind == "medusa":  # its sizes are checked against the target when it loads
     return ModelSource(name, path, "medusa", medusa.MedusaConfig.max_positions,
                        int(fields.get("vocab_size") or 0), has_tokenizer, medusa.MODEL_TYPE,
                        int(fields.get("hidden_size") or 0))
-  if eagle_formats.published_kind(path):  # EAGLE-1/2, EAGLE-3, speculators
+  if found.published_eagle:  # EAGLE-1/2, EAGLE-3, speculators
     config = eagle_formats.published_config(path)
     return ModelSource(name, path, "eagle", config.max_positions, config.layer.vocab_size,
                        has_tokenizer, eagle.MODEL_TYPE, config.tap_size or config.feature_size,
@@ -96,7 +93,7 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
   model_type = fields.get("model_type")
   outer = fields
   registered = family_lib.find(model_type) or family_lib.wrapped_by(model_type)
-  if model_type == eagle.MODEL_TYPE:
+  if found.kind == "eagle":
     kind, fields, table = "eagle", fields.get("layer"), llama.LlamaConfig.FIELDS
   elif registered is not None and registered.config_class is llama.LlamaConfig:
     # Read through the family config (transformers' defaults for absent fields, a multimodal Gemma 3's

@@ -26,6 +26,7 @@ import transformers
 import bass_jax as bj
 from bass_jax import loading
 from bass_jax import text
+from bass_jax.checkpoints import sources
 
 VOCAB = 200
 SPECIAL = ["<unk>", "<s>", "</s>", "<|eot|>", "<|user|>", "<|assistant|>"]  # ids 0 to 5
@@ -345,5 +346,5 @@ def test_hub_cache_follows_the_environment(monkeypatch, tmp_path):
   assert loading.hf_hub_cache() == tmp_path / "legacy"
   monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
   assert loading.hf_hub_cache() == tmp_path / "hub"
-  assert not loading.looks_like_repo_id("org/model.gguf") and not loading.looks_like_repo_id("a/b/c")
-  assert loading.looks_like_repo_id("HuggingFaceTB/SmolLM2-135M-Instruct")
+  assert not sources.looks_like_repo_id("org/model.gguf") and not sources.looks_like_repo_id("a/b/c")
+  assert sources.looks_like_repo_id("HuggingFaceTB/SmolLM2-135M-Instruct")

@@ -21,6 +21,9 @@ import torch
 import transformers
 
 import bass_jax
+from bass_jax import preflight
+from bass_jax.checkpoints import hf as hf_ckpt
+from bass_jax.checkpoints import locate
 from bass_jax.checkpoints._mapping import CheckpointError
 from bass_jax.checkpoints.gguf import unpermute_rotary
 from bass_jax.models.llama import LlamaConfig
@@ -489,3 +492,36 @@ def test_a_damaged_orbax_checkpoint_is_named(orbax_dir, tmp_path, damage):
   with pytest.raises(ValueError) as error:
     bass_jax.load_model(ckpt)
   _one_line_naming(error, params, "damaged")
+
+
+# -- one dispatch: load_model and the preflight resolve a spec the same way -----------------------------
+
+
+def test_load_model_and_the_preflight_share_one_dispatch(hf_dir, orbax_dir, tmp_path, monkeypatch):
+  """``checkpoints.locate`` tells the formats apart, reading config.json once; the preflight's kind is
+  its model kind; what is not a model is refused by both with the very same message."""
+  assert [locate.locate(p).kind for p in (hf_dir, orbax_dir, "smollm2-135m-draft",
+                                         "smollm2-135m-eagle")] == ["hf", "orbax", "hf", "eagle"]
+  assert [preflight.inspect_model(p).kind for p in (hf_dir, orbax_dir, "smollm2-135m-eagle")] == [
+      "hf", "hf", "eagle"]
+  reads = []
+  real = hf_ckpt.read_config_fields
+  monkeypatch.setattr(hf_ckpt, "read_config_fields", lambda path: reads.append(path) or real(path))
+  locate.locate(orbax_dir)
+  assert len(reads) == 1
+  monkeypatch.undo()
+
+  both = shutil.copytree(orbax_dir, tmp_path / "both")
+  shutil.copy(next(hf_dir.glob("*.safetensors")), both)
+  (tmp_path / "weights.bin").write_bytes(b"x")
+  (tmp_path / "empty").mkdir()
+  for spec in (both, tmp_path / "weights.bin", tmp_path / "empty", tmp_path / "missing",
+               "no-such-org/no-such-model"):
+    with pytest.raises((ValueError, FileNotFoundError)) as loaded:
+      bass_jax.load_model(spec)
+    with pytest.raises(type(loaded.value)) as inspected:
+      preflight.inspect_model(spec)
+    assert str(inspected.value) == str(loaded.value)
+    assert "\n" not in str(loaded.value)
+  with pytest.raises(ValueError, match="holds weights in 2 formats"):
+    preflight.inspect_model(both)  # before: the preflight passed it, and the load refused it

@@ -17,7 +17,9 @@ import pytest
 import torch
 
 import bass_jax as bj
+from bass_jax import preflight
 from bass_jax.checkpoints import eagle_formats
+from bass_jax.checkpoints import locate
 from bass_jax.models import common, eagle
 from draft_formats import _common, eagle1, eagle3
 
@@ -130,14 +132,23 @@ def test_greedy_bass_with_a_published_draft_equals_regular_decoding(name, tmp_pa
 
 
 def test_published_kinds_are_told_apart(tmp_path, target_pair):
+  """By eagle_formats, and the same by the one dispatch that load_model and the preflight share
+  (``checkpoints.locate``), Medusa heads and a plain model included."""
   hf, _ = target_pair
   for name, write in LAYOUTS.items():
     write(tmp_path / name, hf)
-    assert eagle_formats.published_kind(tmp_path / name) == (
-        "eagle1" if name.startswith("eagle1") else
-        "eagle3-speculators" if "speculators" in name or "vllm" in name else "eagle3"), name
+    kind = ("eagle1" if name.startswith("eagle1") else
+            "eagle3-speculators" if "speculators" in name or "vllm" in name else "eagle3")
+    assert eagle_formats.published_kind(tmp_path / name) == kind, name
+    assert locate.locate(tmp_path / name).kind == kind, name
+    assert preflight.inspect_model(tmp_path / name).kind == "eagle", name
   hf.save_pretrained(tmp_path / "plain")
   assert eagle_formats.published_kind(tmp_path / "plain") is None
+  assert locate.locate(tmp_path / "plain").kind == "hf"
+  for layout in MEDUSA:
+    medusa_ref.write_medusa_checkpoint(tmp_path / layout, hf, seed=6, **MEDUSA[layout])
+    assert locate.locate(tmp_path / layout).kind == "medusa", layout
+    assert preflight.inspect_model(tmp_path / layout).kind == "medusa", layout
 
 
 def test_refusals_name_the_problem(tmp_path, target_pair):

@@ -109,17 +109,20 @@ def save_eagle(path: str | os.PathLike, config: eagle.EagleConfig, params: Any, 
     write_files(tmp, config, params, vocab_ids, dtype=dtype, extra=extra)
 
 
-def is_eagle(path: str | os.PathLike) -> bool:
+def is_eagle(path: str | os.PathLike, fields: dict[str, Any] | None = None) -> bool:
   """Whether directory ``path`` holds this project's EAGLE draft (:func:`save_eagle`'s or
-  ``bass_jax.save_model``'s layout; the published layouts are ``eagle_formats.published_kind``'s).
+  ``bass_jax.save_model``'s layout; the published layouts are ``eagle_formats.published_kind``'s), by
+  its config.json or its ``fields`` when already read.
 
   Raises:
     ValueError: its config.json is not valid JSON or not a JSON object (the file named).
   """
   path = pathlib.Path(path)
-  if not (path / atomic.CONFIG_FILE).is_file():
-    return False
-  return hf_ckpt.read_config_fields(path).get("model_type") == eagle.MODEL_TYPE
+  if fields is None:
+    if not (path / atomic.CONFIG_FILE).is_file():
+      return False
+    fields = hf_ckpt.read_config_fields(path)
+  return fields.get("model_type") == eagle.MODEL_TYPE
 
 
 def _layout(path: pathlib.Path) -> str:

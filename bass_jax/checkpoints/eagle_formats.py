@@ -83,13 +83,15 @@ def _weight_names(path: pathlib.Path) -> set[str] | None:
   return None
 
 
-def published_kind(path: str | os.PathLike) -> str | None:
+def published_kind(path: str | os.PathLike, fields: dict[str, Any] | None = None) -> str | None:
   """``"eagle1"``, ``"eagle3"`` or ``"eagle3-speculators"`` for a directory holding a published EAGLE
-  draft, else None (a model of a family, this project's own EAGLE format, or no checkpoint)."""
+  draft, else None (a model of a family, this project's own EAGLE format, or no checkpoint); by its
+  config.json, or its ``fields`` when already read."""
   path = pathlib.Path(path)
-  if not (path / "config.json").is_file():
-    return None
-  fields = hf_ckpt.read_config_fields(path)
+  if fields is None:
+    if not (path / "config.json").is_file():
+      return None
+    fields = hf_ckpt.read_config_fields(path)
   if fields.get("speculators_model_type") is not None:
     return "eagle3-speculators"
   if _EAGLE3_ARCHITECTURE in (fields.get("architectures") or []) or "draft_vocab_size" in fields:
@@ -226,10 +228,10 @@ def load_published(path: str | os.PathLike, *, dtype: Any = jnp.float32
       config (missing, extra, mis-shaped: named), a ``d2t`` mapping outside the vocabulary.
   """
   path = pathlib.Path(path)
-  kind = published_kind(path)
+  fields = hf_ckpt.read_config_fields(path) if (path / "config.json").is_file() else {}
+  kind = published_kind(path, fields) if fields else None
   if kind is None:
     raise ValueError(f"{path}: not a published EAGLE draft (EAGLE-1/2, EAGLE-3 or speculators)")
-  fields = hf_ckpt.read_config_fields(path)
   tensors = _read(path)
   if kind == "eagle1":
     return _eagle1(path, fields, tensors, dtype)
@@ -244,10 +246,10 @@ def published_config(path: str | os.PathLike) -> EagleConfig:
     ValueError: not a published layout; what :func:`load_published` refuses of the config.
   """
   path = pathlib.Path(path)
-  kind = published_kind(path)
+  fields = hf_ckpt.read_config_fields(path) if (path / "config.json").is_file() else {}
+  kind = published_kind(path, fields) if fields else None
   if kind is None:
     raise ValueError(f"{path}: not a published EAGLE draft (EAGLE-1/2, EAGLE-3 or speculators)")
-  fields = hf_ckpt.read_config_fields(path)
   if kind == "eagle1":
     return _eagle1_config(path, fields)
   return _eagle3_config(path, fields, speculators=kind == "eagle3-speculators")

@@ -25,16 +25,18 @@ _VLLM_BLOCK = re.compile(r"^blocks\.(\d+)\.layers\.(\d+)\.(weight|bias)$")
 _VLLM_HEAD = re.compile(r"^lm_heads\.(\d+)\.weight$")
 
 
-def is_medusa(path: str | os.PathLike) -> bool:
-  """Whether directory ``path`` holds Medusa heads in either layout (by its config.json).
+def is_medusa(path: str | os.PathLike, fields: dict[str, Any] | None = None) -> bool:
+  """Whether directory ``path`` holds Medusa heads in either layout (by its config.json, or its
+  ``fields`` when already read).
 
   Raises:
     ValueError: a config.json that is not a JSON object (``hf.read_config_fields``).
   """
   path = pathlib.Path(path)
-  if not (path / "config.json").is_file():
-    return False
-  fields = hf_ckpt.read_config_fields(path)
+  if fields is None:
+    if not (path / "config.json").is_file():
+      return False
+    fields = hf_ckpt.read_config_fields(path)
   return fields.get("model_type") == medusa.MODEL_TYPE or "medusa_num_heads" in fields
 
 
