@@ -16,7 +16,8 @@ from bass_jax.loading import (ALIASES, Model, abstract_params, check_same_tokeni
 from bass_jax.models.attention import attention_implementations, reference_attention
 from bass_jax.models.codegen import CodeGenConfig
 from bass_jax.models.gpt2 import GPT2Config
-from bass_jax.models.llama import Llama, LlamaConfig
+from bass_jax.models.llama import Llama, LlamaConfig, register_llama_family
+from bass_jax.models.llama import Traits as LlamaTraits
 from bass_jax.models.opt import OPTConfig
 from bass_jax.sampling.acceptance import (AcceptanceRule, MatchingRule, acceptance_rules,
                                          register_acceptance)
@@ -38,7 +39,7 @@ from bass_jax.text import generate_text
 
 __all__ = [
     "ALIASES", "AcceptanceRule", "BackendProfile", "CodeGenConfig", "DecodeConfig", "DynamicDraftLen", "FinishedPrompt", "FixedDraftLen", "GPT2Config", "GenerateOutput",
-    "GenerateStats", "GoodputDraftLen", "Hybrid", "KVCache", "Llama", "LlamaConfig", "MatchingRule", "Model",
+    "GenerateStats", "GoodputDraftLen", "Hybrid", "KVCache", "Llama", "LlamaConfig", "LlamaTraits", "MatchingRule", "Model",
     "NGramProposer", "OPTConfig", "PAD_TOKEN", "Plan", "Proposal", "Proposer", "Replay",
     "SiblingProposer", "StepContext", "StepCosts",
     "TreeShape",
@@ -47,5 +48,5 @@ __all__ = [
     "default_dtype",
     "enable_persistent_compilation_cache", "generate", "generate_text", "init_params", "load_draft",
     "load_draft_spec", "load_model", "lower", "position_uniforms", "prepare", "proposer_kinds",
-    "reference_attention", "register_acceptance", "register_proposer", "run", "save_model", "set_compile_cache_size",
+    "reference_attention", "register_acceptance", "register_llama_family", "register_proposer", "run", "save_model", "set_compile_cache_size",
 ]

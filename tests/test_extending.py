@@ -5,7 +5,8 @@ proposer with weights passed as ``(proposer, params)`` reuses its program for ne
 proposer is named by draft specs, an unregistered one by its import path, and either stands in a
 ``Hybrid`` in front of a draft model, exactly. A user's own acceptance rule reaches ``generate`` by
 instance, registered name and import path, and keeps the target's law under the same chi-square test,
-which rejects a mutant of it."""
+which rejects a mutant of it. A Llama-like family registered with one Traits row (Ministral) loads with
+transformers' logits, decodes greedy BASS as regular decoding, and saves as transformers reads it."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ import numpy as np
 import pytest
 
 import bass_jax as bj
-from bass_jax import sharding
+from bass_jax import preflight, sharding
+from bass_jax.models import family
 from bass_jax.sampling import acceptance, compile_cache, drafts
 from bass_jax.sampling.proposers import ModelProposer
 from conftest import noisy_copy, tiny_model
@@ -372,3 +374,71 @@ def test_what_register_acceptance_refuses(name, rule, message):
   with pytest.raises(ValueError, match=re.escape(message)):
     bj.register_acceptance(name, rule)
   assert bj.acceptance_rules()[:2] == ("rejection", "gumbel") and name not in bj.acceptance_rules()[2:]
+
+
+# -- a model family of one's own (docs/extending.md, "Your own model family") ---------------------------
+
+
+@pytest.fixture(scope="module")
+def ministral_dir(tmp_path_factory):
+  """The page's family registered (its example, run up to the load), and a tiny random transformers
+  MinistralForCausalLM saved: three layers, a window of 4 positions on the first and the last."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+
+  example = _examples("Your own model family")[0]
+  exec(compile(example.split("\nmodel = ")[0], str(DOC), "exec"), {})  # pylint: disable=exec-used
+  config = transformers.MinistralConfig(
+      vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
+      sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+      tie_word_embeddings=False)
+  torch.manual_seed(0)
+  path = tmp_path_factory.mktemp("ministral")
+  model = transformers.MinistralForCausalLM(config).eval()
+  for param in model.parameters():  # larger weights: a sharper law, so greedy drafts get accepted
+    param.data.mul_(3.0)
+  model.save_pretrained(path)
+  return path, model
+
+
+def _torch_logits(model, tokens: np.ndarray) -> np.ndarray:
+  import torch  # pylint: disable=import-outside-toplevel
+
+  with torch.no_grad():
+    return model(torch.tensor(tokens)).logits.numpy()
+
+
+def test_a_registered_family_loads_decodes_and_saves_as_transformers_reads_it(ministral_dir,  # pylint: disable=redefined-outer-name
+                                                                             tmp_path):
+  import transformers  # pylint: disable=import-outside-toplevel
+
+  path, reference = ministral_dir
+  target = bj.load_model(path, dtype="float32")
+  assert target.config.model_type == "ministral" and target.config.sliding_window == 4
+  tokens = np.random.default_rng(3).integers(0, 61, (2, 14))  # longer than the window
+  want = _torch_logits(reference, tokens)
+  np.testing.assert_allclose(np.asarray(target.logits(jnp.asarray(tokens))), want, atol=1e-5, rtol=0)
+
+  source = preflight.inspect_model(path)
+  assert (source.kind, source.model_type, source.sliding_window) == ("hf", "ministral", 4)
+  regular = bj.generate(target, None, _prompts(), method="regular", max_new_tokens=24)
+  bass = bj.generate(target, noisy_copy(target, 0.05, seed=2), _prompts(), max_new_tokens=24,
+                     draft_len=3)
+  np.testing.assert_array_equal(bass.tokens, regular.tokens)
+  assert bass.stats.accepted.clip(0).sum() > 0
+
+  bj.save_model(target, tmp_path / "saved")
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved").eval()
+  assert type(reloaded).__name__ == "MinistralForCausalLM"
+  np.testing.assert_allclose(_torch_logits(reloaded, tokens), want, atol=1e-5, rtol=0)
+
+
+def test_what_register_llama_family_refuses():
+  with pytest.raises(ValueError, match="already has a Traits row"):
+    bj.register_llama_family("llama", bj.LlamaTraits("MyLlamaForCausalLM"))
+  with pytest.raises(ValueError, match="traits must be a llama.Traits, got dict"):
+    bj.register_llama_family("mine", {"architecture": "MineForCausalLM"})
+  with pytest.raises(ValueError, match="already"):  # llama.cpp's name is Qwen2's
+    bj.register_llama_family("mine", bj.LlamaTraits("MineForCausalLM", gguf_architectures=("qwen2",)))
+  assert "mine" not in family.model_types()

@@ -421,12 +421,23 @@ class LlamaConfig(common.CacheFromShape):
       original = rope.get("original_max_position_embeddings", self.max_position_embeddings)
       return transformers.Phi3Config(**fields, rope_parameters=rope,
                                      original_max_position_embeddings=original)
-    fields["hidden_activation"] = fields.pop("hidden_act")
-    if self.model_type == "gemma2":
-      return transformers.Gemma2Config(**fields, rope_parameters=rope, **extra)
-    local = rope_lib.to_parameters(self.local_rope or self.rotary, self.head_dim)
-    return transformers.Gemma3TextConfig(**fields, **extra,
-                                         rope_parameters={FULL: rope, SLIDING: local})
+    if self.model_type in ("gemma2", "gemma3_text"):
+      fields["hidden_activation"] = fields.pop("hidden_act")
+      if self.model_type == "gemma2":
+        return transformers.Gemma2Config(**fields, rope_parameters=rope, **extra)
+      local = rope_lib.to_parameters(self.local_rope or self.rotary, self.head_dim)
+      return transformers.Gemma3TextConfig(**fields, **extra,
+                                           rope_parameters={FULL: rope, SLIDING: local})
+    # A family added with register_llama_family: transformers' own config class of its model_type,
+    # given the common fields and those its Traits row reads.
+    for name, value in (("attention_bias", fields.pop("attention_bias")),
+                        ("sliding_window", fields.pop("sliding_window")),
+                        ("layer_types", extra.pop("layer_types", None))):
+      if name in traits.fields:
+        fields[name] = value
+      elif value:
+        raise ValueError(f"{self.model_type} has no {name} (its Traits row does not read it)")
+    return transformers.AutoConfig.for_model(self.model_type, **fields, rope_parameters=rope)
 
 
 def _qwen_window(config: LlamaConfig, extra: dict[str, Any]) -> dict[str, Any]:
@@ -669,7 +680,39 @@ class Llama(nn.Module):
     return soft_cap(logits, cfg.final_logit_softcapping), update
 
 
-for _model_type, _traits in TRAITS.items():
+def register_llama_family(model_type: str, traits: Traits) -> Traits:
+  """Adds a Llama-like family: ``traits`` as the :data:`TRAITS` row of ``model_type``, and its
+  ``family.Family`` record, so that ``load_model``, ``save_model``, the preflight, the layer layout and
+  (with ``eagle_target``) EAGLE drafts take its checkpoints (docs/extending.md, "Your own model
+  family"). The built-in rows register through it at import.
+
+  Args:
+    model_type: the Hugging Face ``config.json`` ``model_type`` (``"ministral"``).
+    traits: what the ``model_type`` fixes (:class:`Traits`); the config fields it names beyond the
+      common ones must be fields :class:`LlamaConfig` reads.
+
+  Returns:
+    ``traits``.
+
+  Raises:
+    ValueError: ``traits`` is not a :class:`Traits`; ``model_type`` has another row already (the same
+      row again is allowed); whatever ``family.register_family`` refuses (a GGUF name or wrapper type
+      of another family).
+  """
+  if not isinstance(traits, Traits):
+    raise ValueError(f"register_llama_family({model_type!r}): traits must be a llama.Traits, got "
+                     f"{type(traits).__name__}")
+  old = TRAITS.get(model_type)
+  if old is not None and old != traits:
+    raise ValueError(f"model_type {model_type!r} already has a Traits row ({old}); give yours another "
+                     "model_type")
   family.register_family(family.Family(
-      _model_type, LlamaConfig, _traits.architecture, eagle_target=_traits.eagle_target,
-      wrapper_types=_traits.wrapper_types, gguf_architectures=_traits.gguf_architectures))
+      model_type, LlamaConfig, traits.architecture, eagle_target=traits.eagle_target,
+      wrapper_types=traits.wrapper_types, gguf_architectures=traits.gguf_architectures))
+  TRAITS[model_type] = traits
+  _ARCHITECTURES[model_type] = traits.architecture
+  return traits
+
+
+for _model_type, _traits in tuple(TRAITS.items()):
+  register_llama_family(_model_type, _traits)
