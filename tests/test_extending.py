@@ -364,6 +364,57 @@ def test_the_rule_by_instance_by_name_and_by_import_path(inverse_cdf, tmp_path, 
     bj.generate(target, None, _prompts(), method="regular", max_new_tokens=4, acceptance="inverse")
 
 
+def test_the_users_rule_on_token_trees_emits_regular_decodings_tokens(inverse_cdf):  # pylint: disable=redefined-outer-name
+  """The shared tree walk of matching rules, with the page's rule: drafter-invariant on trees too."""
+  _, far = exact._models()  # pylint: disable=protected-access
+  rows = exact.NUM_ROWS // 8
+  regular = _decode_with(inverse_cdf(), None, seed=73, rows=rows)
+  target, _ = exact._models()  # pylint: disable=protected-access
+  tree = bj.generate(target, far, [list(exact.PROMPT)] * rows, max_new_tokens=exact.NUM_TOKENS,
+                     temperature=0.8, top_p=0.9, seed=73, eos_token_id=(), acceptance=inverse_cdf(),
+                     draft_tree="top_k=2,depth=2,nodes=5")
+  assert (tree.stats.accepted > 0).sum() > 100
+  np.testing.assert_array_equal(tree.tokens, regular.tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unkeyed(bj.MatchingRule):
+  def choose(self, log_probs, row_keys, positions):
+    raise NotImplementedError
+
+
+class _Undecorated(acceptance.Gumbel):
+  def __init__(self, scale=1.0, branch_free=False):
+    super().__init__(branch_free=branch_free)
+    object.__setattr__(self, "scale", scale)
+
+
+@pytest.mark.parametrize("rule, message", [
+    ("py:bass_jax.MatchingRule", "MatchingRule is abstract (it lacks choose)"),
+    ("py:bass_jax.AcceptanceRule", "AcceptanceRule is abstract (it lacks accept)"),
+    (_Unkeyed(), "_Unkeyed is a MatchingRule without keyed = True"),
+    (_Undecorated(scale=2.0), "decorate _Undecorated with @dataclasses.dataclass(frozen=True)"),
+])
+def test_what_a_decode_refuses_as_an_acceptance_rule(rule, message):
+  with pytest.raises(ValueError, match=re.escape(message)):
+    bj.generate(tiny_model(0), None, _prompts(), method="regular", max_new_tokens=4,
+                temperature=0.8, acceptance=rule)
+
+
+def test_register_acceptance_decorates_a_class():
+  @bj.register_acceptance("gumbel_again")
+  @dataclasses.dataclass(frozen=True)
+  class GumbelAgain(acceptance.Gumbel):
+    """Gumbel acceptance under another name."""
+
+  assert "gumbel_again" in bj.acceptance_rules() and GumbelAgain().name == "gumbel_again"
+  out = bj.generate(tiny_model(0), None, _prompts(), method="regular", max_new_tokens=8,
+                    temperature=0.8, acceptance="gumbel_again")
+  gumbel = bj.generate(tiny_model(0), None, _prompts(), method="regular", max_new_tokens=8,
+                       temperature=0.8, acceptance="gumbel")
+  np.testing.assert_array_equal(out.tokens, gumbel.tokens)
+
+
 @pytest.mark.parametrize("name, rule, message", [
     ("2x", acceptance.Rejection, "letters, digits and '_', starting with a letter"),
     ("gumbel", acceptance.Rejection, "'gumbel' is already registered to Gumbel"),
@@ -437,6 +488,9 @@ def test_a_registered_family_loads_decodes_and_saves_as_transformers_reads_it(mi
 def test_what_register_llama_family_refuses():
   with pytest.raises(ValueError, match="already has a Traits row"):
     bj.register_llama_family("llama", bj.LlamaTraits("MyLlamaForCausalLM"))
+  with pytest.raises(ValueError, match=r"the port reads no field \['num_experts'\]"):
+    bj.register_llama_family("mine", bj.LlamaTraits("MineForCausalLM",
+                                                    fields=frozenset({"num_experts"})))
   with pytest.raises(ValueError, match="traits must be a llama.Traits, got dict"):
     bj.register_llama_family("mine", {"architecture": "MineForCausalLM"})
   with pytest.raises(ValueError, match="already"):  # llama.cpp's name is Qwen2's

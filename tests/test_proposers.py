@@ -64,6 +64,23 @@ def test_ngram_proposes_the_continuation_capped_at_l():
       live=jnp.asarray([False, True]))))
 
 
+def test_a_context_built_by_hand_draws_as_its_keys_say():
+  """Without the decode's rule, a StepContext with row keys draws drafts as Gumbel acceptance does
+  (the target's noise at the draft's text position), and without them independently."""
+  from bass_jax.sampling import warp  # pylint: disable=import-outside-toplevel
+
+  log_q = jax.nn.log_softmax(jax.random.normal(jax.random.key(1), (2, 11)))
+  keys = warp.sequence_keys(jax.random.key(2), [0, 1])
+  ctx = proposers.StepContext(tokens=jnp.zeros((2, 8), jnp.int32), seq_len=jnp.asarray([3, 5]),
+                              live=jnp.asarray([True, True]), draft_len=jnp.int32(2),
+                              key=jax.random.key(3), temperature=jnp.float32(1),
+                              top_p=jnp.float32(1), row_keys=jnp.asarray(keys))
+  np.testing.assert_array_equal(ctx.draw(log_q, 1),
+                                warp.gumbel_choice(log_q, jnp.asarray(keys), jnp.asarray([4, 6])))
+  np.testing.assert_array_equal(ctx.replace(row_keys=None).draw(log_q, 1),
+                                warp.categorical(jax.random.fold_in(jax.random.key(3), 1), log_q))
+
+
 def test_proposer_arguments_are_checked():
   with pytest.raises(ValueError, match="min_n <= max_n"):
     bj.NGramProposer(max_n=2, min_n=3)

@@ -157,7 +157,7 @@ def run_problems(
     on_record: Callable[[dict[str, Any]], None] | None = None,
     continuous: bool = False,
     done: Mapping[tuple[str, int], dict[str, Any]] | None = None,
-    acceptance: str = "rejection",
+    acceptance: Any = "rejection",
     draft_tree: str | Sequence[str] | None = None,
 ) -> RunResult:
   """Decodes the problems batch by batch (:func:`make_batches`), or with continuous batching, and
@@ -440,7 +440,8 @@ def run_problems(
       "max_new_tokens": max_new_tokens,
       "temperature": temperature,
       "top_p": top_p,
-      "acceptance_rule": acceptance if temperature > 0 else None,
+      "acceptance_rule": ((acceptance if isinstance(acceptance, str) else acceptance.name)
+                          if temperature > 0 else None),
       "draft_len": str(draft_len) if method == "bass" else None,
       "draft_tree": ("; ".join(map(str, tree_shapes(draft_tree)))
                      if method == "bass" and draft_tree is not None else None),

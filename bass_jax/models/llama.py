@@ -114,6 +114,8 @@ TRAITS = {
                    gguf_architectures=("phi3",)),
 }
 _ARCHITECTURES = {model_type: traits.architecture for model_type, traits in TRAITS.items()}
+# The config fields some branch of the port reads: what a registered family's row may name.
+_PORTED_FIELDS = _COMMON_FIELDS.union(*(traits.fields for traits in TRAITS.values()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -372,7 +374,9 @@ class LlamaConfig(common.CacheFromShape):
 
     Raises:
       ValueError: a combination the family's HF config cannot express (Qwen2 without its q/k/v bias, a
-        Llama with a window or layer types, a local rotary outside Gemma 3).
+        Llama with a window or layer types, a local rotary outside Gemma 3, a field a registered
+        family's row does not read, a registered family with Gemma's traits), or transformers
+        knowing no config class of a registered ``model_type``.
     """
     import transformers  # pylint: disable=g-import-not-at-top
 
@@ -429,7 +433,10 @@ class LlamaConfig(common.CacheFromShape):
       return transformers.Gemma3TextConfig(**fields, **extra,
                                            rope_parameters={FULL: rope, SLIDING: local})
     # A family added with register_llama_family: transformers' own config class of its model_type,
-    # given the common fields and those its Traits row reads.
+    # given the common fields and those its Traits row reads (Gemma's norms would need Gemma's names).
+    if traits.gemma:
+      raise ValueError(f"{self.model_type}: saving a registered family with Gemma's traits is not "
+                       "supported (its config names differ); save it in orbax format")
     for name, value in (("attention_bias", fields.pop("attention_bias")),
                         ("sliding_window", fields.pop("sliding_window")),
                         ("layer_types", extra.pop("layer_types", None))):
@@ -702,6 +709,11 @@ def register_llama_family(model_type: str, traits: Traits) -> Traits:
   if not isinstance(traits, Traits):
     raise ValueError(f"register_llama_family({model_type!r}): traits must be a llama.Traits, got "
                      f"{type(traits).__name__}")
+  unread = sorted(set(traits.fields) - _PORTED_FIELDS)
+  if unread:
+    raise ValueError(f"register_llama_family({model_type!r}): the port reads no field {unread} (a "
+                     f"config carrying it would be read wrong); the fields it reads beyond the "
+                     f"common ones: {sorted(_PORTED_FIELDS - _COMMON_FIELDS)}")
   old = TRAITS.get(model_type)
   if old is not None and old != traits:
     raise ValueError(f"model_type {model_type!r} already has a Traits row ({old}); give yours another "

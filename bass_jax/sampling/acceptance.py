@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import inspect
 from typing import Any, Callable, ClassVar
 
 import jax
@@ -141,7 +142,10 @@ class MatchingRule(AcceptanceRule):
   @abc.abstractmethod
   def choose(self, log_probs: jax.Array, row_keys: jax.Array | None,
              positions: jax.Array | None) -> jax.Array:
-    """The token chosen from ``log_probs: f32[B, V]`` or ``f32[B, C, V]`` (warped, ``-inf`` outside
+    """Its only randomness is what ``row_keys`` and ``positions`` give it (the step's ``key`` is not
+    passed), so a sampled matching rule must be :attr:`keyed`; an unkeyed one is refused for sampling.
+
+    The token chosen from ``log_probs: f32[B, V]`` or ``f32[B, C, V]`` (warped, ``-inf`` outside
     the nucleus) at text ``positions: i32[B]`` or ``i32[B, C]`` of rows keyed by ``row_keys: u32[B,
     2]`` (None unless :attr:`keyed`; positions None when the caller gave no ``seq_len``) ->
     ``i32[B]`` or ``i32[B, C]``."""
@@ -182,10 +186,12 @@ class Greedy(MatchingRule):
   greedy: ClassVar[bool] = True
 
   def warp(self, logits, temperature, top_p):
+    """The raw ``logits`` (temperature 0 has no warp)."""
     del temperature, top_p
     return logits
 
   def choose(self, log_probs, row_keys, positions):
+    """The first argmax of the raw logits, ``f32[..., V] -> i32[...]``."""
     del row_keys, positions
     return warp.first_argmax(log_probs)
 
@@ -223,7 +229,29 @@ class Gumbel(MatchingRule):
   keyed: ClassVar[bool] = True
 
   def choose(self, log_probs, row_keys, positions):
+    """The Gumbel-max draw with the row's noise at each text position (``warp.gumbel_choice``)."""
     return warp.gumbel_choice(log_probs, row_keys, positions)
+
+
+def _check_rule_class(cls: type, where: str) -> None:
+  """Refuses a rule class that is abstract, not itself a frozen dataclass (its fields would be left
+  out of its equality and hash, which key the compiled programs), or an unkeyed sampled
+  :class:`MatchingRule` (its ``choose`` would get no randomness).
+
+  Raises:
+    ValueError: naming ``where``, the class and the fix.
+  """
+  if inspect.isabstract(cls):
+    missing = ", ".join(sorted(cls.__abstractmethods__))
+    raise ValueError(f"{where}: {cls.__name__} is abstract (it lacks {missing}); name a rule that "
+                     "implements them")
+  params = cls.__dict__.get("__dataclass_params__")
+  if params is None or not params.frozen:
+    raise ValueError(f"{where}: decorate {cls.__name__} with @dataclasses.dataclass(frozen=True): a "
+                     "rule's fields are part of the compiled program's key")
+  if issubclass(cls, MatchingRule) and not cls.keyed:
+    raise ValueError(f"{where}: {cls.__name__} is a MatchingRule without keyed = True, so its choose "
+                     "gets no randomness and cannot sample; set keyed = True and draw with row_keys")
 
 
 # -- the registry: the rules a decode (generate's acceptance=, the scripts' --acceptance) can name ------
@@ -249,13 +277,14 @@ def register_acceptance(name: str, rule: type[AcceptanceRule] | None = None):
   """
   if rule is None:
     return lambda cls: register_acceptance(name, cls)
-  if not (isinstance(name, str) and name.replace("_", "a").isalnum() and name[:1].isalpha()):
+  if not (isinstance(name, str) and name.isascii() and name.replace("_", "a").isalnum()
+          and name[:1].isalpha()):
     raise ValueError(f"an acceptance rule's name is letters, digits and '_', starting with a letter; "
                      f"got {name!r}")
-  if not (isinstance(rule, type) and issubclass(rule, AcceptanceRule)
-          and dataclasses.is_dataclass(rule)) or rule.greedy:
+  if not (isinstance(rule, type) and issubclass(rule, AcceptanceRule)) or rule.greedy:
     raise ValueError(f"register_acceptance({name!r}): {rule!r} is not a sampled AcceptanceRule "
                      "dataclass; subclass bass_jax.AcceptanceRule or bass_jax.MatchingRule")
+  _check_rule_class(rule, f"register_acceptance({name!r})")
   old = _RULES.get(name)
   same = lambda a, b: (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
   if old is not None and not same(old, rule):
@@ -298,14 +327,19 @@ def acceptance_rule(choice: str | AcceptanceRule, *, greedy: bool = False,
   else:
     raise ValueError(f"acceptance must be one of {acceptance_rules()}, py:<module>.<Class> or an "
                      f"AcceptanceRule, got {choice!r}")
-  if isinstance(rule, type) and issubclass(rule, AcceptanceRule):
-    rule = rule()
-  if not isinstance(rule, AcceptanceRule) or rule.greedy:
+  cls = rule if isinstance(rule, type) else type(rule)
+  if not issubclass(cls, AcceptanceRule) or cls.greedy:
     raise ValueError(f"acceptance {choice!r} is not a sampled AcceptanceRule (temperature 0 is greedy "
                      "whatever the rule); name a subclass of bass_jax.AcceptanceRule")
-  if greedy:
-    return Greedy(branch_free=branch_free)
-  return dataclasses.replace(rule, branch_free=branch_free)
+  _check_rule_class(cls, f"acceptance {choice!r}")
+  try:
+    rule = rule() if isinstance(rule, type) else rule
+    if greedy:
+      return Greedy(branch_free=branch_free)
+    return dataclasses.replace(rule, branch_free=branch_free)
+  except TypeError as e:  # a constructor that needs arguments
+    raise ValueError(f"acceptance {choice!r}: {cls.__name__} cannot be made with branch_free alone "
+                     f"({e}); give its other fields defaults, or pass an instance") from None
 
 
 def _root_only(token: jax.Array) -> TreeAcceptance:

@@ -51,7 +51,7 @@ def main(argv):
   from bass_jax.evaluation.data import load_problems  # pylint: disable=g-import-not-at-top
   from bass_jax.sampling import acceptance  # pylint: disable=g-import-not-at-top
 
-  rules = tuple(_ACCEPTANCE.value or bj.acceptance_rules())
+  rules = tuple(dict.fromkeys(_ACCEPTANCE.value or bj.acceptance_rules()))  # each rule once
   for rule in rules:
     try:
       acceptance.acceptance_rule(rule)

@@ -322,10 +322,17 @@ def test_generated_valid_settings_pass_every_check(files):
     (["--acceptance=py:no_such_module.Rule"], "--acceptance: acceptance 'py:no_such_module.Rule': "
      "cannot import 'no_such_module.Rule'"),
     (["--acceptance=py:json.JSONDecoder"], "is not a sampled AcceptanceRule"),
+    (["--acceptance=py:bass_jax.MatchingRule"], "MatchingRule is abstract (it lacks choose)"),
 ])
 def test_each_late_or_unnamed_refusal_is_one_line_before_loading(files, argv, match):
   assert_refused(["--num_prompts=4", "--batch_size=2", *(a.format(**files) for a in argv)],
                  match.format(**files))
+
+
+def test_an_acceptance_rule_named_by_its_import_path_passes_the_checks():
+  code, err = run(["--num_prompts=4", "--batch_size=2", "--temperature=0.8",
+                   "--acceptance=py:bass_jax.sampling.acceptance.Gumbel"])
+  assert code is None, err
 
 
 def test_the_same_tree_written_otherwise_is_the_same_setting_for_resume(files, tmp_path):

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from bass_jax.cache import write_rows
 from bass_jax.sampling import tree as tree_lib
-from bass_jax.sampling.acceptance import AcceptanceRule, Rejection
+from bass_jax.sampling.acceptance import AcceptanceRule, Gumbel, Rejection
 from bass_jax.sampling.warp import warped_log_probs
 
 
@@ -64,7 +64,8 @@ class StepContext:
     branch_free: static; draft loops run their static ``L`` iterations and warps find the nucleus
       with one sort per row (``DecodeSpec.branch_free``, ``bass_jax.profiles``).
     acceptance: static; the decode's ``acceptance.AcceptanceRule``, whose ``draw_draft`` :meth:`draw`
-      uses; None (a context built by hand) draws as rejection sampling does.
+      uses; None (a context built by hand) draws as Gumbel acceptance does when ``row_keys`` is set,
+      else as rejection sampling does.
   """
 
   tokens: jax.Array
@@ -95,7 +96,9 @@ class StepContext:
     with the row's noise at that text position (``warp.gumbel_choice``), which must then range over
     the target's whole vocabulary.
     """
-    rule = self.acceptance or Rejection()
+    rule = self.acceptance
+    if rule is None:
+      rule = Gumbel() if self.row_keys is not None else Rejection()
     return rule.draw_draft(log_q, key=jax.random.fold_in(self.key, i), row_keys=self.row_keys,
                            positions=self.seq_len + i)
 
