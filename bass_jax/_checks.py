@@ -115,3 +115,22 @@ def import_object(path: str, what: str) -> Any:
   except Exception as e:  # pylint: disable=broad-except  # whatever the user's module raises
     raise ValueError(f"{what}: cannot import {path!r} ({type(e).__name__}: {e}); write "
                      "py:<module>.<Name> for an importable module") from None
+
+
+def registry_name(name: Any, what: str) -> str:
+  """``name`` checked as a registry's name (a proposer kind, an acceptance rule): ASCII letters,
+  digits and ``_``, starting with a letter.
+
+  Raises:
+    ValueError: anything else, naming ``what`` (``"a proposer's name"``).
+  """
+  if not (isinstance(name, str) and name.isascii() and name.replace("_", "a").isalnum()
+          and name[:1].isalpha()):
+    raise ValueError(f"{what} is letters, digits and '_', starting with a letter; got {name!r}")
+  return name
+
+
+def same_definition(a: type, b: type) -> bool:
+  """Whether two classes are one definition (same module and qualified name): a module reloaded in a
+  notebook makes new class objects, which a registry takes as the same entry."""
+  return (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)

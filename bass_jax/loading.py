@@ -146,7 +146,6 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
   if scan_layers and mesh is not None:
     raise ValueError("scan_layers=True with a mesh: scanned layers do not run sharded yet; load "
                      "with scan_layers=False")
-  name = str(spec)
   if sharding not in sharding_lib.RULES:
     raise ValueError(f"sharding must be one of {sorted(sharding_lib.RULES)}, got {sharding!r}")
   mesh = sharding_lib.resolve_mesh(mesh)
@@ -161,7 +160,7 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
 
   tok = None
   found = locate(spec)
-  path = found.path
+  name, path = found.name, found.path
   if found.kind == "gguf":
     config, params = gguf_ckpt.load_gguf(path, expected=expected, dtype=dtype)
     if tokenizer:

@@ -69,24 +69,23 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
       JSON object or names an unsupported architecture, a directory with weights in two formats (each
       naming the file).
   """
-  name = str(spec)
   found = locate(spec)
-  path = found.path
+  name, path, kind = found.name, found.path, found.model_kind
   if found.kind == "gguf":
     config = _gguf_config(path)
     special = {f: getattr(config, f) for f in loading.SPECIAL_IDS
                if getattr(config, f, None) is not None}
-    return ModelSource(name, path, "gguf", config.max_positions, config.vocab_size, True,
+    return ModelSource(name, path, kind, config.max_positions, config.vocab_size, True,
                        config.model_type, config.hidden_size, config.num_hidden_layers, special)
   fields = found.fields
   has_tokenizer = sources.has_tokenizer(path)
   if found.kind == "medusa":  # its sizes are checked against the target when it loads
-    return ModelSource(name, path, "medusa", medusa.MedusaConfig.max_positions,
+    return ModelSource(name, path, kind, medusa.MedusaConfig.max_positions,
                        int(fields.get("vocab_size") or 0), has_tokenizer, medusa.MODEL_TYPE,
                        int(fields.get("hidden_size") or 0))
   if found.published_eagle:  # EAGLE-1/2, EAGLE-3, speculators
     config = eagle_formats.published_config(path)
-    return ModelSource(name, path, "eagle", config.max_positions, config.layer.vocab_size,
+    return ModelSource(name, path, kind, config.max_positions, config.layer.vocab_size,
                        has_tokenizer, eagle.MODEL_TYPE, config.tap_size or config.feature_size,
                        config.num_layers, {}, tuple(config.target_taps),
                        config.layer.sliding_window)
@@ -94,7 +93,7 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
   outer = fields
   registered = family_lib.find(model_type) or family_lib.wrapped_by(model_type)
   if found.kind == "eagle":
-    kind, fields, table = "eagle", fields.get("layer"), llama.LlamaConfig.FIELDS
+    fields, table = fields.get("layer"), llama.LlamaConfig.FIELDS
   elif registered is not None and registered.config_class is llama.LlamaConfig:
     # Read through the family config (transformers' defaults for absent fields, a multimodal Gemma 3's
     # text_config, longrope's shorter exact context): the fields alone would tell another story.
@@ -103,11 +102,11 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
                if getattr(config, f, None) is not None}
     if isinstance(special.get("eos_token_id"), tuple):
       special["eos_token_id"] = list(special["eos_token_id"])
-    return ModelSource(name, path, "hf", config.max_positions, config.vocab_size, has_tokenizer,
+    return ModelSource(name, path, kind, config.max_positions, config.vocab_size, has_tokenizer,
                        config.model_type, config.hidden_size, config.num_hidden_layers, special, (),
                        config.sliding_window)
   elif registered is not None:
-    kind, table = "hf", registered.config_class.FIELDS
+    table = registered.config_class.FIELDS
   else:
     raise ValueError(f"{path / 'config.json'}: unsupported model_type {model_type!r}; supported: "
                      f"{', '.join(family_lib.supported_model_types())}")

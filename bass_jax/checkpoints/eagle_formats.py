@@ -228,10 +228,7 @@ def load_published(path: str | os.PathLike, *, dtype: Any = jnp.float32
       config (missing, extra, mis-shaped: named), a ``d2t`` mapping outside the vocabulary.
   """
   path = pathlib.Path(path)
-  fields = hf_ckpt.read_config_fields(path) if (path / "config.json").is_file() else {}
-  kind = published_kind(path, fields) if fields else None
-  if kind is None:
-    raise ValueError(f"{path}: not a published EAGLE draft (EAGLE-1/2, EAGLE-3 or speculators)")
+  kind, fields = _published(path)
   tensors = _read(path)
   if kind == "eagle1":
     return _eagle1(path, fields, tensors, dtype)
@@ -246,13 +243,23 @@ def published_config(path: str | os.PathLike) -> EagleConfig:
     ValueError: not a published layout; what :func:`load_published` refuses of the config.
   """
   path = pathlib.Path(path)
+  kind, fields = _published(path)
+  if kind == "eagle1":
+    return _eagle1_config(path, fields)
+  return _eagle3_config(path, fields, speculators=kind == "eagle3-speculators")
+
+
+def _published(path: pathlib.Path) -> tuple[str, dict[str, Any]]:
+  """``(published_kind, config.json's fields)`` of a published draft directory, its config read once.
+
+  Raises:
+    ValueError: not a published layout (no config.json, or another model).
+  """
   fields = hf_ckpt.read_config_fields(path) if (path / "config.json").is_file() else {}
   kind = published_kind(path, fields) if fields else None
   if kind is None:
     raise ValueError(f"{path}: not a published EAGLE draft (EAGLE-1/2, EAGLE-3 or speculators)")
-  if kind == "eagle1":
-    return _eagle1_config(path, fields)
-  return _eagle3_config(path, fields, speculators=kind == "eagle3-speculators")
+  return kind, fields
 
 
 def _eagle1_config(path: pathlib.Path, fields: dict[str, Any]) -> EagleConfig:

@@ -63,10 +63,12 @@ def locate(spec: str | os.PathLike) -> Checkpoint:
 
   Raises:
     FileNotFoundError: nothing at ``spec`` (a repository id gets the download command; anything else
-      the aliases), a link to a missing file (an interrupted download), or a directory without
-      ``config.json``.
+      the aliases), a link to a missing file (an interrupted download), a directory without
+      ``config.json``, or what ``sources.model_path`` raises (an alias whose package is missing, a
+      cache entry without its snapshot).
     ValueError: a file that is not ``.gguf``; a ``config.json`` that is not a JSON object; a family
-      directory holding weights in more than one format (which are listed).
+      directory holding weights in more than one format (which are listed); a cache entry with
+      several snapshots and no ``refs/main``.
   """
   name = str(spec)
   path = sources.model_path(spec)
@@ -97,5 +99,5 @@ def locate(spec: str | os.PathLike) -> Checkpoint:
           f"{path} holds weights in {len(formats)} formats ({'; '.join(formats)}); it is ambiguous "
           "which to load (a save over an earlier one?). Keep one: re-save with "
           "save_model(..., overwrite=True), or delete the stale files")
-    kind = "orbax" if formats and formats[0].startswith(sources.ORBAX_PARAMS_DIR) else "hf"
+    kind = "orbax" if (path / sources.ORBAX_PARAMS_DIR).is_dir() else "hf"
   return Checkpoint(name, path, kind, fields)

@@ -62,7 +62,7 @@ def model_path(spec: str | os.PathLike) -> pathlib.Path:
      (:func:`cache_entry_snapshot`);
   3. a repository id ``org/name`` that is no existing path: its snapshot in the local Hugging Face cache
      (:func:`cached_snapshot`; nothing is downloaded);
-  4. otherwise the path as given (not checked for existence: :func:`load_model` names what is missing).
+  4. otherwise the path as given (not checked for existence: ``locate.locate`` names what is missing).
 
   Raises:
     FileNotFoundError: as :func:`resolve_alias`, for an alias whose package is missing; a cache entry

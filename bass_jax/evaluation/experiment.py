@@ -20,6 +20,7 @@ from bass_jax.evaluation.data import Problem
 from bass_jax.loading import Model
 from bass_jax.sampling import compile_cache, programs
 from bass_jax.sampling import config as config_lib
+from bass_jax.sampling.acceptance import AcceptanceRule
 from bass_jax.sampling.generate import generate, tree_shapes
 from bass_jax.sampling.proposers import DRAFT_SOURCES
 
@@ -157,7 +158,7 @@ def run_problems(
     on_record: Callable[[dict[str, Any]], None] | None = None,
     continuous: bool = False,
     done: Mapping[tuple[str, int], dict[str, Any]] | None = None,
-    acceptance: Any = "rejection",
+    acceptance: str | AcceptanceRule = "rejection",
     draft_tree: str | Sequence[str] | None = None,
 ) -> RunResult:
   """Decodes the problems batch by batch (:func:`make_batches`), or with continuous batching, and
@@ -440,7 +441,7 @@ def run_problems(
       "max_new_tokens": max_new_tokens,
       "temperature": temperature,
       "top_p": top_p,
-      "acceptance_rule": ((acceptance if isinstance(acceptance, str) else acceptance.name)
+      "acceptance_rule": ((acceptance if isinstance(acceptance, str) else repr(acceptance))
                           if temperature > 0 else None),
       "draft_len": str(draft_len) if method == "bass" else None,
       "draft_tree": ("; ".join(map(str, tree_shapes(draft_tree)))

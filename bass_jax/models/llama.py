@@ -702,9 +702,9 @@ def register_llama_family(model_type: str, traits: Traits) -> Traits:
     ``traits``.
 
   Raises:
-    ValueError: ``traits`` is not a :class:`Traits`; ``model_type`` has another row already (the same
-      row again is allowed); whatever ``family.register_family`` refuses (a GGUF name or wrapper type
-      of another family).
+    ValueError: ``traits`` is not a :class:`Traits`; its ``fields`` name a config field the port does
+      not read; ``model_type`` has another row already (the same row again is allowed); whatever
+      ``family.register_family`` refuses (a GGUF name or wrapper type of another family).
   """
   if not isinstance(traits, Traits):
     raise ValueError(f"register_llama_family({model_type!r}): traits must be a llama.Traits, got "

@@ -122,9 +122,18 @@ class AcceptanceRule(abc.ABC):
 
   def draw_draft(self, log_q: jax.Array, *, key: jax.Array, row_keys: jax.Array | None,
                  positions: jax.Array) -> jax.Array:
-    """How a proposer draws a sampled draft under this rule (``StepContext.draw``): ``log_q: f32[B,
-    V]`` warped -> ``i32[B]``. The default is an independent draw with ``key``; a keyed rule may
-    couple the draft to the target's own draw at the same text position (``positions: i32[B]``)."""
+    """How a proposer draws a sampled draft under this rule (``StepContext.draw``).
+
+    Args:
+      log_q: ``f32[B, V]`` the draft's warped log-probabilities.
+      key: the draw's own PRNG key (``fold_in(step key, draft index)``).
+      row_keys: ``u32[B, 2]`` the rows' sequence key data for a :attr:`keyed` rule, else None.
+      positions: ``i32[B]`` the draft's text position in each row.
+
+    Returns:
+      ``i32[B]`` tokens. The default is an independent draw with ``key``; a keyed rule may couple
+      the draft to the target's own draw at the same text position.
+    """
     del row_keys, positions
     return warp.categorical(key, log_q)
 
@@ -233,14 +242,19 @@ class Gumbel(MatchingRule):
     return warp.gumbel_choice(log_probs, row_keys, positions)
 
 
-def _check_rule_class(cls: type, where: str) -> None:
-  """Refuses a rule class that is abstract, not itself a frozen dataclass (its fields would be left
-  out of its equality and hash, which key the compiled programs), or an unkeyed sampled
+def _check_rule_class(cls: Any, where: str) -> None:
+  """Refuses what is not a sampled rule class: not an :class:`AcceptanceRule` subclass, or
+  :class:`Greedy` (temperature 0 chooses it), abstract, not itself a frozen dataclass (its fields
+  would be left out of its equality and hash, which key the compiled programs), or an unkeyed
   :class:`MatchingRule` (its ``choose`` would get no randomness).
 
   Raises:
     ValueError: naming ``where``, the class and the fix.
   """
+  if not (isinstance(cls, type) and issubclass(cls, AcceptanceRule)) or cls.greedy:
+    raise ValueError(f"{where}: {cls!r} is not a sampled AcceptanceRule dataclass (temperature 0 is "
+                     "greedy whatever the rule); subclass bass_jax.AcceptanceRule or "
+                     "bass_jax.MatchingRule")
   if inspect.isabstract(cls):
     missing = ", ".join(sorted(cls.__abstractmethods__))
     raise ValueError(f"{where}: {cls.__name__} is abstract (it lacks {missing}); name a rule that "
@@ -271,23 +285,19 @@ def register_acceptance(name: str, rule: type[AcceptanceRule] | None = None):
   Returns:
     ``rule`` (so that it decorates), or a decorator when ``rule`` is None.
 
+  A class registered under two names has the first as its :attr:`AcceptanceRule.name`.
+
   Raises:
-    ValueError: a malformed name, a name registered to another class, or a ``rule`` that is not an
-      AcceptanceRule dataclass or is greedy.
+    ValueError: a malformed name, a name registered to another class, or what ``_check_rule_class``
+      refuses (not a sampled AcceptanceRule class, abstract, not a frozen dataclass of its own, an
+      unkeyed MatchingRule).
   """
   if rule is None:
     return lambda cls: register_acceptance(name, cls)
-  if not (isinstance(name, str) and name.isascii() and name.replace("_", "a").isalnum()
-          and name[:1].isalpha()):
-    raise ValueError(f"an acceptance rule's name is letters, digits and '_', starting with a letter; "
-                     f"got {name!r}")
-  if not (isinstance(rule, type) and issubclass(rule, AcceptanceRule)) or rule.greedy:
-    raise ValueError(f"register_acceptance({name!r}): {rule!r} is not a sampled AcceptanceRule "
-                     "dataclass; subclass bass_jax.AcceptanceRule or bass_jax.MatchingRule")
+  _checks.registry_name(name, "an acceptance rule's name")
   _check_rule_class(rule, f"register_acceptance({name!r})")
   old = _RULES.get(name)
-  same = lambda a, b: (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
-  if old is not None and not same(old, rule):
+  if old is not None and not _checks.same_definition(old, rule):
     raise ValueError(f"acceptance rule {name!r} is already registered to {old.__qualname__}; pick "
                      "another name")
   _RULES[name] = rule
@@ -314,9 +324,14 @@ def acceptance_rule(choice: str | AcceptanceRule, *, greedy: bool = False,
     greedy: the decode's temperature is 0 (then ``choice`` is only checked).
     branch_free: the backend profile's (``AcceptanceRule.branch_free``).
 
+  A class is made as ``cls(branch_free=...)`` even when ``greedy`` (so that a bad choice is refused
+  at any temperature).
+
   Raises:
-    ValueError: an unknown name, a ``py:`` path that does not import or names no AcceptanceRule
-      class, a greedy rule given for sampling, or anything else.
+    ValueError: an unknown name or a value of another type; a ``py:`` path that does not import;
+      what ``_check_rule_class`` refuses (not a sampled AcceptanceRule class, abstract, not a frozen
+      dataclass of its own, an unkeyed MatchingRule); a class that cannot be made with
+      ``branch_free`` alone.
   """
   if isinstance(choice, str) and choice in _RULES:
     rule = _RULES[choice]
@@ -328,9 +343,6 @@ def acceptance_rule(choice: str | AcceptanceRule, *, greedy: bool = False,
     raise ValueError(f"acceptance must be one of {acceptance_rules()}, py:<module>.<Class> or an "
                      f"AcceptanceRule, got {choice!r}")
   cls = rule if isinstance(rule, type) else type(rule)
-  if not issubclass(cls, AcceptanceRule) or cls.greedy:
-    raise ValueError(f"acceptance {choice!r} is not a sampled AcceptanceRule (temperature 0 is greedy "
-                     "whatever the rule); name a subclass of bass_jax.AcceptanceRule")
   _check_rule_class(cls, f"acceptance {choice!r}")
   try:
     rule = rule() if isinstance(rule, type) else rule

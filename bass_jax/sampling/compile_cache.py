@@ -332,10 +332,10 @@ def _atomic_write(file: pathlib.Path, data: bytes, prefix: str) -> None:
   """Writes ``data`` as ``file`` through a temporary sibling renamed into place (readers see the old
   file or the new one, never a part); the temporary file is removed if the write fails (OSError
   propagates)."""
-  with tempfile.NamedTemporaryFile(dir=file.parent, prefix=prefix, delete=False) as out:
-    name = out.name
+  fd, name = tempfile.mkstemp(dir=file.parent, prefix=prefix)
   try:
-    pathlib.Path(name).write_bytes(data)
+    with os.fdopen(fd, "wb") as out:
+      out.write(data)
     os.replace(name, file)
   except BaseException:
     pathlib.Path(name).unlink(missing_ok=True)

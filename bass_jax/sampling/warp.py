@@ -114,21 +114,6 @@ def warped_log_probs(logits: jax.Array, temperature: jax.Array, top_p: jax.Array
   return top_p_filter(log_probs, top_p, branch_free=branch_free)
 
 
-def sample(logits: jax.Array, key: jax.Array, *, greedy: bool, temperature: jax.Array,
-           top_p: jax.Array | None, branch_free: bool = False) -> tuple[jax.Array, jax.Array | None]:
-  """Draws one token per row from ``logits: f32[B, V]``: argmax when ``greedy`` (static), else from
-  :func:`warped_log_probs`.
-
-  Returns:
-    ``(token i32[B], warped log-probs f32[B, V] | None)``; the log-probs (None when greedy) are the
-    distribution the token was drawn from, the ``q`` or ``p`` of rejection sampling.
-  """
-  if greedy:
-    return first_argmax(logits), None
-  log_probs = warped_log_probs(logits, temperature, top_p, branch_free=branch_free)
-  return categorical(key, log_probs), log_probs
-
-
 def categorical(key: jax.Array, log_probs: jax.Array) -> jax.Array:
   """One draw per row from ``softmax(log_probs)``, ``f32[..., V] -> i32[...]``: the Gumbel-max trick with
   one key for the whole array (``jax.random.categorical``'s method, with :func:`first_argmax`)."""
@@ -164,15 +149,14 @@ def gumbel_noise(row_keys: jax.Array, positions: jax.Array, vocab_size: int) -> 
   Returns:
     ``f32[B, V]`` or ``f32[B, C, V]``: ``gumbel(fold_in(key_b, position))``.
   """
-  keys = jax.random.wrap_key_data(row_keys, impl="threefry2x32")
-  one = lambda key, t: jax.random.gumbel(jax.random.fold_in(key, t), (vocab_size,), jnp.float32)
-  per_row = jax.vmap(jax.vmap(one, in_axes=(None, 0)))(keys, positions.reshape(len(keys), -1))
-  return per_row.reshape(positions.shape + (vocab_size,))
+  return _per_position(row_keys, positions, lambda key: jax.random.gumbel(
+      key, (vocab_size,), jnp.float32))
 
 
 def position_uniforms(row_keys: jax.Array, positions: jax.Array) -> jax.Array:
   """Uniforms in ``[0, 1)`` that depend only on a row's sequence key and a text position, like
-  :func:`gumbel_noise` (for a keyed acceptance rule of one's own, docs/extending.md).
+  :func:`gumbel_noise` (for a keyed acceptance rule of one's own, docs/extending.md). Both draw
+  from the same key ``fold_in(key_b, position)``: a rule uses one or the other, not both.
 
   Args:
     row_keys: ``u32[B, 2]`` threefry key data per row (:func:`sequence_keys`).
@@ -181,10 +165,16 @@ def position_uniforms(row_keys: jax.Array, positions: jax.Array) -> jax.Array:
   Returns:
     ``f32[B]`` or ``f32[B, C]``: ``uniform(fold_in(key_b, position))``.
   """
+  return _per_position(row_keys, positions, lambda key: jax.random.uniform(key, (), jnp.float32))
+
+
+def _per_position(row_keys: jax.Array, positions: jax.Array, draw) -> jax.Array:
+  """``draw(fold_in(key_b, position))`` for every row b (``u32[B, 2]`` threefry key data) and each of
+  its ``positions`` (``i32[B]`` or ``i32[B, C]``), stacked as ``positions.shape + draw's shape``."""
   keys = jax.random.wrap_key_data(row_keys, impl="threefry2x32")
-  one = lambda key, t: jax.random.uniform(jax.random.fold_in(key, t), (), jnp.float32)
+  one = lambda key, t: draw(jax.random.fold_in(key, t))
   per_row = jax.vmap(jax.vmap(one, in_axes=(None, 0)))(keys, positions.reshape(len(keys), -1))
-  return per_row.reshape(positions.shape)
+  return per_row.reshape(positions.shape + per_row.shape[2:])
 
 
 def gumbel_choice(log_probs: jax.Array, row_keys: jax.Array, positions: jax.Array) -> jax.Array:

@@ -151,6 +151,9 @@ class Proposer(abc.ABC):
   source = "model"
   # Static: False for :class:`NoProposer` only: the decode then compiles no speculative step.
   proposes = True
+  # Static: True for a proposer whose drafts are a draft model's forwards (draft models, EAGLE,
+  # Medusa, and what wraps them): never model-free (:func:`not_model_free`).
+  drafts_with_model = False
 
   @property
   def source_index(self) -> int:
@@ -323,12 +326,13 @@ def draft_autoregressively(step, carry: Any, first: tuple[jax.Array, jax.Array |
 def not_model_free(proposer: "Proposer | type[Proposer]") -> str | None:
   """Why a proposer (or proposer class) is not model-free, or None when it is: when it drafts with
   no weights, no state and no target features, what a ``Hybrid`` may use as a lookup (it calls
-  lookups with ``params`` and ``state`` None). A proposer built around a model (:class:`WrapsModel`),
-  one that overrides the state methods (``init_state``, ``admit``, ``rollback``: every draft model's
+  lookups with ``params`` and ``state`` None). A proposer that drafts with a model
+  (:attr:`Proposer.drafts_with_model`: a draft model, EAGLE, Medusa, a :class:`WrapsModel`), one that
+  overrides the state methods (``init_state``, ``admit``, ``rollback``: every draft model's
   proposer does) or one that reads the target's features is not."""
   cls = proposer if isinstance(proposer, type) else type(proposer)
-  if issubclass(cls, WrapsModel):
-    return "wraps a draft model"
+  if cls.drafts_with_model:
+    return "drafts with a model (pass the model as Hybrid's model)"
   if any(getattr(cls, m) is not getattr(Proposer, m) for m in ("init_state", "admit", "rollback")):
     return "keeps a state"
   if cls.needs_features is not False:
@@ -343,6 +347,7 @@ class WrapsModel(Proposer):
   (``Hybrid``, ``Replay``). ``model_params`` picks the model's weights out of the proposer's."""
 
   model: Any
+  drafts_with_model = True
 
   def model_params(self, params: Any) -> Any:
     """The model's weights among the proposer's (default: they are the same)."""

@@ -55,6 +55,7 @@ class ModelProposer(Proposer):
   dtype: str
   attention_impl: str = "reference"
   sharding: Any = None
+  drafts_with_model = True
 
   @property
   def name(self) -> str:

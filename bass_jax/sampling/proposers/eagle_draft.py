@@ -67,6 +67,7 @@ class EagleProposer(Proposer):
   catch_up_width: int = 5
   sharding: Any = None
   needs_features = True
+  drafts_with_model = True
 
   @property
   def feature_taps(self) -> tuple[int, ...]:

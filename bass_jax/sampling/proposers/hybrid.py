@@ -10,7 +10,6 @@ import jax.numpy as jnp
 from bass_jax.sampling.proposers.base import Proposal, Proposer, WrapsModel, not_model_free
 from bass_jax.sampling.proposers.draft_model import ModelProposer
 from bass_jax.sampling.proposers.eagle_draft import EagleProposer
-from bass_jax.sampling.proposers.medusa_heads import MedusaProposer
 from bass_jax.sampling.proposers.ngram import NGramProposer
 
 
@@ -56,9 +55,6 @@ class Hybrid(WrapsModel):
         raise ValueError(f"Hybrid.lookups holds proposers, got {type(lookup).__name__}")
       name = type(lookup).__name__
       problem = not_model_free(lookup)
-      if isinstance(lookup, (ModelProposer, EagleProposer, MedusaProposer, WrapsModel)):
-        raise ValueError(f"a Hybrid's lookups are model-free; {name} drafts with a model (pass the "
-                         "model as Hybrid's model)")
       if problem is not None:
         raise ValueError(f"a Hybrid's lookups keep no state and read no features; {name} "
                          f"{problem}: decode with it alone")

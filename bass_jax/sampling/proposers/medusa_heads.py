@@ -36,6 +36,7 @@ class MedusaProposer(Proposer):
   dtype: str = "float32"
   sharding: Any = None
   needs_features = True
+  drafts_with_model = True
 
   @property
   def name(self) -> str:

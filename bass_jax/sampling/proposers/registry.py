@@ -176,9 +176,7 @@ def register_proposer(name: str, settings: type | None = None, *,
   if settings is None:
     return lambda cls: register_proposer(name, cls, build=build, summary=summary,
                                          model_free=model_free)
-  if not (isinstance(name, str) and name.replace("_", "a").isalnum() and name[:1].isalpha()):
-    raise ValueError(f"a proposer's name is letters, digits and '_', starting with a letter; got "
-                     f"{name!r}")
+  _checks.registry_name(name, "a proposer's name")
   if name in RESERVED:
     raise ValueError(f"{name!r} is reserved in draft specs ({', '.join(RESERVED)}); pick another name")
   if not (isinstance(settings, type) and dataclasses.is_dataclass(settings)):
@@ -187,8 +185,7 @@ def register_proposer(name: str, settings: type | None = None, *,
     raise ValueError(f"register_proposer({name!r}): {settings.__name__} is not a Proposer; give a "
                      "build(settings, target) that makes one")
   old = _KINDS.get(name)
-  same = lambda a, b: (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
-  if old is not None and not same(old.settings, settings):
+  if old is not None and not _checks.same_definition(old.settings, settings):
     raise ValueError(f"proposer {name!r} is already registered to {old.settings.__qualname__}; "
                      "pick another name")
   _KINDS[name] = _make_kind(name, settings, build, summary, model_free,
