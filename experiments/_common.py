@@ -14,6 +14,7 @@ from typing import Any, Callable
 from absl import app
 from absl import flags
 
+from experiments import _decode_flags
 from experiments import _io
 from experiments import _runs
 
@@ -27,7 +28,7 @@ SCAN_LAYERS = flags.DEFINE_bool(
     "(--scan_layers) or unrolled (--noscan_layers); absent: the backend profile's layout (unrolled "
     "on a CPU and a GPU; docs/design.md, 'Scanned layers').")
 NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 2, "First N HumanEval prompts.", lower_bound=1)
-MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens per sequence.", lower_bound=1)
+MAX_NEW = _decode_flags.define(max_new_tokens=64)["max_new_tokens"]
 BATCHES = flags.DEFINE_list("batch_sizes", ["1", "2", "4", "8", "16"], "Batch sizes.")
 KERNELS = flags.DEFINE_enum("kernels", "auto", ["auto", "pallas", "blocked"],
                             "PAD/SPLIT attention: Pallas kernels (GPU) or their plain-JAX versions.")

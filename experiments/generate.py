@@ -32,7 +32,6 @@ the target a few percent of the time and makes BASS slower than regular decoding
 """
 
 import dataclasses
-import math
 import pathlib
 from typing import Any
 
@@ -40,6 +39,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from experiments import _decode_flags
 from experiments import _io
 from experiments import _runs
 
@@ -48,11 +48,16 @@ _DRAFT = _io.define_draft_flag("smollm2-135m-draft")
 _DRAFT_LAYERS = flags.DEFINE_integer(
     "draft_num_layers", 0, "Keep only the draft's first N layers (0 = all). With --draft equal to "
     "--target this is the placeholder draft built from the target.", lower_bound=0)
-_METHOD = flags.DEFINE_enum("method", "bass", ["bass", "regular"], "Decoding method.")
+# DecodeConfig's fields (experiments._decode_flags), read back whole by _DECODE.config(). Not the two
+# sizes run_problems decides from the run's prompts (max_prompt_len: the longest; max_cache_len follows),
+# whose caps could be refused only once the prompts are tokenized and the models loaded.
+_DECODE = _decode_flags.define(
+    *(f for f in _decode_flags.FIELDS if f not in ("max_prompt_len", "max_cache_len")), batch_size=4)
+(_METHOD, _BATCH, _MAX_NEW, _TEMPERATURE, _DRAFT_LEN, _DRAFT_TREE, _SEED, _ACCEPTANCE, _ATTENTION) = (
+    _DECODE[name] for name in ("method", "batch_size", "max_new_tokens", "temperature", "draft_len",
+                               "draft_tree", "seed", "acceptance", "attention_impl"))
 _PROMPTS = flags.DEFINE_string("prompts", "humaneval", "'humaneval' or a JSONL file with 'prompt'.")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 3, "First N prompts (0 = all).", lower_bound=0)
-_BATCH = flags.DEFINE_integer("batch_size", 4, "Rows per batch, at most 4096.", lower_bound=1,
-                              upper_bound=4096)
 _CONTINUOUS = flags.DEFINE_bool(
     "continuous", True, "Continuous batching: --batch_size rows decode at a time and a row that "
     "finishes takes the next waiting sequence inside the jitted loop, for both methods (the fair "
@@ -72,38 +77,6 @@ _SAMPLE_ORDER = flags.DEFINE_enum(
     "prompt's samples in a row) or interleaved (round robin over the prompts: with continuous "
     "batching a prompt's later samples start once its earlier ones finished, which sibling lookup "
     "drafts from; bass_jax.evaluation.experiment.make_batches).")
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per sequence at most.", lower_bound=1)
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 = greedy.",
-                                  lower_bound=0.0)
-_TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus mass in (0, 1].", upper_bound=1.0)
-_ACCEPTANCE = flags.DEFINE_string(
-    "acceptance", "rejection", "How sampled drafts are accepted: 'rejection' (speculative rejection "
-    "sampling, the paper's), 'gumbel' (Gumbel acceptance: each sequence's tokens depend only on the "
-    "seed, its place in the run and the target, so a resumed continuous run repeats an uninterrupted "
-    "one exactly; a model draft is accepted a little less often), another registered rule "
-    "(bass_jax.acceptance_rules()), or py:<module>.<Class>, a bass_jax.AcceptanceRule of one's own "
-    "(docs/extending.md).")
-_DRAFT_LEN = flags.DEFINE_string(
-    "draft_len", "dynamic", "'dynamic' (BASS Algorithm 1), 'goodput' (per step the length, 0 = plain "
-    "decoding, that maximizes expected tokens per second from measured step costs) or an int >= 1.")
-_DRAFT_TREE = flags.DEFINE_multi_string(
-    "draft_tree", [], "Verify a token tree per row instead of a chain (EAGLE-2): "
-    "'top_k=4,depth=5,nodes=16' (children per expanded node, levels, nodes verified per row, root "
-    "included); absent: chains. With --draft_len at its default every step verifies the tree; with "
-    "--draft_len=goodput each step chooses among plain steps, chains and the shapes given (repeat the "
-    "flag for several).")
-_SEED = flags.DEFINE_integer(
-    # bass_jax.sampling.config.MAX_SEED, spelled out: bass_jax loads only after the flags are checked.
-    "seed", 0, "PRNG seed in [0, 2**63 - 1] (with --nocontinuous, batch i uses seed + i).",
-    lower_bound=0, upper_bound=2**63 - 1)
-_ATTENTION = flags.DEFINE_string(
-    "attention_impl", None, "Attention implementation (bass_jax.attention_implementations()); "
-    "default: the backend profile's (the jnp reference on a CPU, pallas_split on a GPU).")
-_CHUNK = flags.DEFINE_integer(
-    "verify_chunk", None, "Positions one verification forward scores (compiled once; default: the "
-    "backend profile's, 4 on a CPU, one pass of L + 1 on a GPU); a step scores its l_draft + 1 "
-    "positions in passes. At most 33 (the longest draft, 32, and its bonus position).",
-    lower_bound=1, upper_bound=33)
 _SCAN_LAYERS = flags.DEFINE_bool(
     "scan_layers", None, "The target's (and a draft model's) layer layout: scanned (--scan_layers, "
     "one layer compiled) or unrolled (--noscan_layers); absent: the backend profile's (unrolled on "
@@ -119,12 +92,6 @@ _SUMMARY_EVERY = flags.DEFINE_integer(
     "summary_every", 8, "Rewrite the summary (marked incomplete) after every N records, so that a "
     "long run shows its progress on disk.", lower_bound=1)
 
-flags.register_validator("temperature", math.isfinite, message="--temperature must be a finite "
-                         "number >= 0 (0 = greedy)")
-flags.register_validator("top_p", lambda v: math.isfinite(v) and v > 0,
-                         message="--top_p must be in (0, 1]")
-_io.require_draft_len()
-_io.require_tree_shapes()
 flags.register_multi_flags_validator(
     ["samples_per_prompt", "sample_order", "distinct_prompts"],
     lambda f: (f["sample_order"] == "grouped" or f["samples_per_prompt"] is not None)
@@ -317,13 +284,9 @@ def main(argv):
 
   with records_file.open(append=bool(done)) as sink:
     result = experiment.run_problems(
-        target, draft, problems, batch_size=_BATCH.value, method=_METHOD.value,
-        max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
-        draft_len=_io.draft_len_value(_DRAFT_LEN.value),
-        seed=_SEED.value, attention_impl=_ATTENTION.value, distinct_prompts=distinct,
-        samples_per_prompt=_SAMPLES.value, sample_order=_SAMPLE_ORDER.value,
-        verify_chunk=_CHUNK.value, on_record=on_record, continuous=_CONTINUOUS.value, done=done,
-        acceptance=_ACCEPTANCE.value, draft_tree=_DRAFT_TREE.value or None)
+        target, draft, problems, _DECODE.config(), distinct_prompts=distinct,
+        samples_per_prompt=_SAMPLES.value, sample_order=_SAMPLE_ORDER.value, on_record=on_record,
+        continuous=_CONTINUOUS.value, done=done)
   # Every record in plan order, as an uninterrupted run leaves them.
   by_key = {**done, **{experiment.record_key(r): r for r in result.records}}
   records_file.rewrite(by_key[(p.task_id, k)] for batch in plan for p, k in batch)

@@ -326,6 +326,10 @@ def test_batches_hold_distinct_prompts_or_samples_of_one():
   with pytest.raises(ValueError, match="not both"):
     experiment.run_problems(None, None, problems, batch_size=2, distinct_prompts=True,
                             samples_per_prompt=2)
+  with pytest.raises(ValueError, match="run_problems needs batch_size"):
+    experiment.run_problems(None, None, problems, bj.DecodeConfig(max_new_tokens=4))
+  with pytest.raises(TypeError, match="unknown decode setting 'max_tokens'"):
+    experiment.run_problems(None, None, problems, batch_size=2, max_tokens=4)
 
 
 def bj_problem(i):
@@ -387,11 +391,17 @@ def test_greedy_runs_decode_distinct_prompts_and_report_how_ragged(tiny_pair):
   assert not sampled.summary["distinct_prompts"]
   assert [r["sample_index"] for r in sampled.records] == [0, 1]
   # A warm-up decode changes nothing that is measured beyond the time (greedy: the same tokens; the
-  # acceptance counts are per position and pool to the totals).
-  warm = experiment.run_problems(target, draft, problems, batch_size=2, max_new_tokens=12,
-                                 draft_len=3, progress=False, warmup=True)
+  # acceptance counts are per position and pool to the totals). The settings as one DecodeConfig are
+  # the same run as keywords.
+  config = bj.DecodeConfig(batch_size=2, max_new_tokens=12, draft_len=3)
+  warm = experiment.run_problems(target, draft, problems, config, progress=False, warmup=True)
   assert [r["completion"] for r in warm.records] == [r["completion"] for r in result.records]
   assert warm.summary["settings_built"] == 0  # the first run's program, warm-up included
+  # Every field reaches the decode: a larger prompt capacity than the run's longest prompt, a profile.
+  wide = experiment.run_problems(target, draft, problems[:2], config, max_prompt_len=40,
+                                 profile="cpu", progress=False)
+  assert wide.summary["prompt_capacity"] == 40 and wide.summary["profile"] == "cpu"
+  assert [r["completion"] for r in wide.records] == [r["completion"] for r in result.records[:2]]
   accept = warm.summary["acceptance"]
   assert accept == s["acceptance"] and sum(accept["position_accepted"]) == accept["accepted"]
   assert len(warm.summary["position_acceptance"]) == 3

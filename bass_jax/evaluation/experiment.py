@@ -20,8 +20,10 @@ from bass_jax.evaluation.data import Problem
 from bass_jax.loading import Model
 from bass_jax.sampling import compile_cache, programs
 from bass_jax.sampling import config as config_lib
-from bass_jax.sampling.acceptance import AcceptanceRule
-from bass_jax.sampling.generate import generate, tree_shapes
+from bass_jax.sampling import plan as plan_lib
+from bass_jax.sampling import runner
+from bass_jax.sampling.config import DecodeConfig
+from bass_jax.sampling.tree import tree_shapes
 from bass_jax.sampling.proposers import DRAFT_SOURCES
 
 # Order of the summary table: the paper's latency metrics first.
@@ -139,16 +141,8 @@ def run_problems(
     target: Model,
     draft: Any,
     problems: Sequence[Problem],
+    config: DecodeConfig | None = None,
     *,
-    batch_size: int,
-    method: str = "bass",
-    max_new_tokens: int = 128,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    draft_len: int | str = "dynamic",
-    seed: int = 0,
-    attention_impl: str | None = None,
-    verify_chunk: int | None = None,
     distinct_prompts: bool | None = None,
     samples_per_prompt: int | None = None,
     sample_order: str = "grouped",
@@ -158,8 +152,7 @@ def run_problems(
     on_record: Callable[[dict[str, Any]], None] | None = None,
     continuous: bool = False,
     done: Mapping[tuple[str, int], dict[str, Any]] | None = None,
-    acceptance: str | AcceptanceRule = "rejection",
-    draft_tree: str | Sequence[str] | None = None,
+    **settings: Any,
 ) -> RunResult:
   """Decodes the problems batch by batch (:func:`make_batches`), or with continuous batching, and
   summarizes with the paper's metrics.
@@ -188,10 +181,12 @@ def run_problems(
     target: the target, with its tokenizer. draft: the draft side as ``generate`` takes it (a
       ``Model`` sharing the tokenizer, an ``NGramProposer``, a ``Hybrid``).
     problems: prompts.
-    batch_size: rows per batch, >= 1.
-    method, max_new_tokens, temperature, top_p, draft_len, attention_impl, verify_chunk: as in
-      ``generate`` (None: the backend profile's; the summary records what ran).
-    seed: batch i uses seed ``seed + i`` (a continuous run: ``seed``).
+    config: the decode's settings (:class:`DecodeConfig`, default its defaults), with ``settings``
+      (its field names as keywords, as ``generate`` takes them) over it. ``batch_size`` is required:
+      rows per batch, >= 1. ``seed``: batch i uses ``seed + i`` (a continuous run: ``seed``).
+      ``max_prompt_len``: at least the run's longest prompt (the programs' prompt capacity, so that
+      the run compiles once per batch size). The rest go to every ``generate`` call as given (None:
+      the backend profile's; the summary records what ran).
     distinct_prompts: each batch holds ``batch_size`` different prompts, one sequence each; else
       ``batch_size`` sequences of one prompt. None (default) means distinct at temperature 0, where
       copies of one prompt would be identical rows (nothing ragged, First = Last), and samples per
@@ -219,10 +214,6 @@ def run_problems(
       would need the whole run's shapes; the first execution's extra cost is paid once, inside the
       measured run).
     done: records of sequences already decoded, keyed by :func:`record_key` (resuming, above).
-    acceptance: ``generate``'s acceptance rule: ``"rejection"``, ``"gumbel"`` (Gumbel acceptance),
-      another registered name, ``py:<module>.<Class>`` or an ``AcceptanceRule``.
-    draft_tree: ``generate``'s ``draft_tree`` (a token tree per row each step, or several shapes for the
-      goodput policy to choose among; None: chains).
 
   Returns:
     :class:`RunResult`: the records this call decoded, in plan order (``task_id, sample_index,
@@ -245,9 +236,15 @@ def run_problems(
     ``resumed_records``; the models, attention implementation, device and JAX version).
 
   Raises:
-    ValueError: ``batch_size < 1``, no problems, too few problems for distinct batches, no tokenizer,
-      ``done`` holding a sequence this run does not plan; and whatever ``generate`` rejects.
+    TypeError: a keyword that is neither a parameter nor a :class:`DecodeConfig` field.
+    ValueError: no ``batch_size`` or ``batch_size < 1``, no problems, too few problems for distinct
+      batches, no tokenizer, ``done`` holding a sequence this run does not plan; and whatever
+      ``generate`` rejects.
   """
+  config = config_lib.with_settings(config, settings)
+  if config.batch_size is None:
+    raise ValueError("run_problems needs batch_size (rows per batch); pass batch_size=B")
+  method, batch_size, temperature = config.method, config.batch_size, config.temperature
   if samples_per_prompt is not None and distinct_prompts is not None:
     raise ValueError("give distinct_prompts or samples_per_prompt, not both (samples_per_prompt=1 is "
                      "distinct prompts)")
@@ -257,7 +254,7 @@ def run_problems(
                        samples_per_prompt, sample_order)
   num_batches = len(plan)
   continuous = _checks.as_bool("continuous", continuous)
-  seed = config_lib.check_seed(seed, 1 if continuous else num_batches)  # batch i: seed + i
+  seed = config_lib.check_seed(config.seed, 1 if continuous else num_batches)  # batch i: seed + i
   if continuous:
     plan = [[row for batch in plan for row in batch]]  # one queue, batch_size rows at a time
   done = dict(done or {})
@@ -287,13 +284,13 @@ def run_problems(
                        text.encode_prompts(tokenizer, [p.prompt for p in unique])))
   capacity = max(len(ids) for ids in token_ids.values())
 
+  capacity = max(capacity, config.max_prompt_len or 0)
+
   def decode(rows, prompt_ids: list[list[int]], batch_seed: int, on_finish=None):
-    return generate(target, draft, prompt_ids, method=method, max_new_tokens=max_new_tokens,
-                    temperature=temperature, top_p=top_p, draft_len=draft_len, seed=batch_seed,
-                    attention_impl=attention_impl, verify_chunk=verify_chunk, batch_size=batch_size,
-                    on_finish=on_finish, acceptance=acceptance, draft_tree=draft_tree,
-                    sequence_ids=[sequence_id[(p.task_id, k)] for p, k in rows],
-                    max_prompt_len=capacity)
+    call = dataclasses.replace(config, seed=batch_seed, max_prompt_len=capacity)
+    plan = plan_lib.prepare(target, draft, prompt_ids, call,
+                            sequence_ids=[sequence_id[(p.task_id, k)] for p, k in rows])
+    return runner.run(plan, on_finish=on_finish)
 
   encode = lambda rows: [token_ids[p.task_id] for p, _ in rows]
   # What each decode call covers: (batch index, its seed, the rows it decodes, which of them to emit).
@@ -438,14 +435,14 @@ def run_problems(
       "samples_per_prompt": samples_per_prompt,
       "sample_order": sample_order,
       "num_batches": num_batches,
-      "max_new_tokens": max_new_tokens,
+      "max_new_tokens": config.max_new_tokens,
       "temperature": temperature,
-      "top_p": top_p,
-      "acceptance_rule": ((acceptance if isinstance(acceptance, str) else repr(acceptance))
-                          if temperature > 0 else None),
-      "draft_len": str(draft_len) if method == "bass" else None,
-      "draft_tree": ("; ".join(map(str, tree_shapes(draft_tree)))
-                     if method == "bass" and draft_tree is not None else None),
+      "top_p": config.top_p,
+      "acceptance_rule": ((config.acceptance if isinstance(config.acceptance, str)
+                           else repr(config.acceptance)) if temperature > 0 else None),
+      "draft_len": str(config.draft_len) if method == "bass" else None,
+      "draft_tree": ("; ".join(map(str, tree_shapes(config.draft_tree)))
+                     if method == "bass" and config.draft_tree is not None else None),
       "continuous": was_continuous,
       "ms_per_token_first": None if was_continuous else mean([l.first for l in latencies]),
       "ms_per_token_last": None if was_continuous else mean([l.last for l in latencies]),
@@ -493,8 +490,8 @@ def run_problems(
       "target": target.name,
       "draft": draft.name if method == "bass" else None,
       # What ran (the backend profile's choice where the call left them None).
-      "attention_impl": stats.attention_impl if work else attention_impl,
-      "verify_chunk": (stats.verify_chunk or None) if work else verify_chunk,
+      "attention_impl": stats.attention_impl if work else config.attention_impl,
+      "verify_chunk": (stats.verify_chunk or None) if work else config.verify_chunk,
       "profile": stats.profile if work else None,
       "device": f"{device.platform}:{device.device_kind}",
       # The mesh generate ran on (None: one device, or nothing decoded).

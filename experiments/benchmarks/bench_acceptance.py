@@ -18,6 +18,7 @@ and tokens per second with its ratio to the first rule's.
 from absl import app
 from absl import flags
 
+from experiments import _decode_flags
 from experiments import _io
 
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target model spec.")
@@ -25,7 +26,7 @@ _DRAFT = _io.define_draft_flag("smollm2-135m-eagle")
 _PROMPTS = flags.DEFINE_string("prompts", "stdlib-heldout", "Prompt source (the tuning prompts).")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 4, "Prompts; each is one batch.", lower_bound=1)
 _BATCH = flags.DEFINE_integer("batch_size", 4, "Samples of each prompt decoded together.", lower_bound=1)
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens per sequence.", lower_bound=1)
+_MAX_NEW = _decode_flags.define(max_new_tokens=64)["max_new_tokens"]
 _DRAFT_LEN = flags.DEFINE_integer("draft_len", 4, "Fixed draft length.", lower_bound=1)
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0.2", "0.6", "0.8", "1.0"], "Temperatures (> 0).")
 _TOP_P = flags.DEFINE_float("top_p", 0.95, "Nucleus mass.")

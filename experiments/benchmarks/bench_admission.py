@@ -19,6 +19,7 @@ from absl import flags
 
 import bass_jax
 from bass_jax import profiles
+from experiments import _decode_flags
 from experiments import _io
 
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target model spec.")
@@ -31,7 +32,7 @@ _io.require_positive_ints("admit_rows")
 _CHUNKS = flags.DEFINE_list("admit_chunks", ["64"], "Positions per forward of the prefill, each.")
 _io.require_positive_ints("admit_chunks")
 _DRAFT_LEN = flags.DEFINE_integer("draft_len", 3, "Fixed draft length l.", lower_bound=1)
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 48, "Tokens per prompt.", lower_bound=1)
+_MAX_NEW = _decode_flags.define(max_new_tokens=48)["max_new_tokens"]
 _PROFILE = flags.DEFINE_enum("profile", "cpu", sorted(profiles.PROFILES),
                              "The backend profile whose admission settings are replaced.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per setting (the fastest counts).",

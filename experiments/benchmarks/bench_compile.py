@@ -35,6 +35,7 @@ import time
 from absl import app
 from absl import flags
 
+from experiments import _decode_flags
 from experiments import _io
 
 KINDS = ("regular", "chain", "goodput", "goodput+tree", "hybrid", "hybrid+admission")
@@ -45,8 +46,7 @@ _BATCH = flags.DEFINE_integer("batch_size", 4, "Rows of the static batch.", lowe
 _KINDS = flags.DEFINE_list("kinds", list(KINDS), f"Program kinds, of {', '.join(KINDS)}.")
 _LEVELS = flags.DEFINE_list("opt_levels", ["default"], "XLA backend optimization levels to compare: "
                             "'default' (the profile's options) or integers 0-3.")
-_NEW = flags.DEFINE_integer("max_new_tokens", 32, "Tokens per row of the timed decodes.",
-                            lower_bound=1)
+_NEW = _decode_flags.define(max_new_tokens=32)["max_new_tokens"]
 _QUICK = flags.DEFINE_bool("quick", False, "Two layers, kinds regular and goodput, one level: a "
                            "smoke run in seconds (the suite's).")
 _RESULTS_DIR = flags.DEFINE_string("results_dir", None, "Directory for bench_compile.json (default: "

@@ -33,6 +33,7 @@ import numpy as np
 
 import bass_jax
 from bass_jax.evaluation import reproduce
+from experiments import _decode_flags
 from experiments import _io
 
 _CONFIGS = flags.DEFINE_integer("configs", 100, "Distinct settings to decode one after another "
@@ -41,7 +42,7 @@ _TARGET = flags.DEFINE_string("target", None, "Target model alias or path (defau
                               "Llama, no download).")
 _CACHE_SIZE = flags.DEFINE_integer("cache_size", 8, "Settings the compile cache keeps "
                                    "(bass_jax.set_compile_cache_size).", lower_bound=1)
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 8, "Tokens per prompt.", lower_bound=1)
+_MAX_NEW = _decode_flags.define(max_new_tokens=8)["max_new_tokens"]
 _EVERY = flags.DEFINE_integer("every", 10, "Print a row every N settings.", lower_bound=1)
 _RESULTS_DIR = flags.DEFINE_string("results_dir", None, "Directory for bench_many_programs.json "
                                    "(default: a fresh outputs/bench_many_programs-<time>/).")

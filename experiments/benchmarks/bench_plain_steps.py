@@ -19,6 +19,7 @@ from absl import flags
 import bass_jax
 from bass_jax.evaluation import experiment
 from bass_jax.evaluation.data import load_problems
+from experiments import _decode_flags
 from experiments import _io
 
 _PROPOSERS = flags.DEFINE_list(
@@ -28,7 +29,7 @@ _PROPOSERS = flags.DEFINE_list(
 _PROMPTS = flags.DEFINE_string("prompts", "stdlib-heldout", "Prompt set (bass_jax.evaluation.data.load_problems).")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 8, "First N prompts (>= batch_size).", lower_bound=1)
 _BATCH = flags.DEFINE_integer("batch_size", 8, "Distinct prompts per batch.", lower_bound=1)
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 48, "Tokens per sequence.", lower_bound=1)
+_MAX_NEW = _decode_flags.define(max_new_tokens=48)["max_new_tokens"]
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Alternating rounds.", lower_bound=1)
 
 

@@ -18,6 +18,7 @@ import statistics
 from absl import app
 from absl import flags
 
+from experiments import _decode_flags
 from experiments import _io
 
 _RESULTS_DIR = flags.DEFINE_string("results_dir", None, "Directory for bench_sharding.json (default: a "
@@ -27,7 +28,7 @@ _HOST_DEVICES = flags.DEFINE_integer(
     "on a GPU.", lower_bound=1)
 _MESHES = flags.DEFINE_list("meshes", ["8x1", "2x3"], "Meshes as DATAxMODEL.")
 _BATCH = flags.DEFINE_integer("batch_size", 8, "Distinct HumanEval prompts per batch.", lower_bound=1)
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens per sequence.", lower_bound=1)
+_MAX_NEW = _decode_flags.define(max_new_tokens=64)["max_new_tokens"]
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs per setting (median reported).",
                                 lower_bound=1)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from absl import app
 from absl import flags
 
+from experiments import _decode_flags
 from experiments import _io
 
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target model spec.")
@@ -39,7 +40,7 @@ _PROMPTS = flags.DEFINE_string("prompts", "stdlib-heldout", "Prompt source.")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 8, "Prompts.", lower_bound=1)
 _BATCHES = flags.DEFINE_list("batch_sizes", ["1", "2"], "Batch sizes.")
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "0.2"], "Temperatures (top-p 0.95 when > 0).")
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per sequence at most.", lower_bound=1)
+_MAX_NEW = _decode_flags.define(max_new_tokens=128)["max_new_tokens"]
 _ROUNDS = flags.DEFINE_integer("rounds", 1, "Repetitions of the whole set.", lower_bound=1)
 _WARMUP = flags.DEFINE_bool("warmup", True, "Decode each run's first batch once, untimed, first "
                             "(run_problems(warmup=True)): a fresh program's first execution costs "

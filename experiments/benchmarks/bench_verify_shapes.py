@@ -18,12 +18,13 @@ from absl import flags
 import bass_jax
 from bass_jax.evaluation import experiment, reproduce
 from bass_jax.evaluation.data import load_problems
+from experiments import _decode_flags
 from experiments import _io
 
 _PROMPTS = flags.DEFINE_string("prompts", "stdlib-heldout", "Prompt set (bass_jax.evaluation.data.load_problems).")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 8, "First N prompts (>= batch_size).")
 _BATCH = flags.DEFINE_integer("batch_size", 4, "Distinct prompts per batch.")
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens per sequence.")
+_MAX_NEW = _decode_flags.define(max_new_tokens=64)["max_new_tokens"]
 _DRAFT = _io.define_draft_flag("smollm2-135m-draft")
 _CHUNKS = flags.DEFINE_list("chunks", ["2", "4", "8", "16"], "Chunk sizes to compare.")
 _RESULTS_DIR = flags.DEFINE_string("results_dir", None, "Directory for bench_verify_shapes_<setting>.json "

@@ -37,6 +37,7 @@ import sys
 
 from absl import flags
 
+from experiments import _decode_flags
 from experiments import _deviceless
 from experiments import _io
 
@@ -45,7 +46,7 @@ _DRAFT = _io.define_draft_flag("hybrid:smollm2-135m-eagle")
 _METHOD = flags.DEFINE_enum("method", "bass", ["bass", "regular"], "Decoding method.")
 _BATCH = flags.DEFINE_integer("batch_size", 4, "Rows (distinct random prompts).", lower_bound=1)
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 100, "Tokens per prompt.", lower_bound=1)
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Output tokens per row.", lower_bound=1)
+_MAX_NEW = _decode_flags.define(max_new_tokens=128)["max_new_tokens"]
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.2, "Sampling temperature; 0 is greedy.",
                                   lower_bound=0.0)
 _TOP_P = flags.DEFINE_float("top_p", 0.95, "Nucleus mass in (0, 1]; 1 disables it.")

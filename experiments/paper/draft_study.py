@@ -52,6 +52,7 @@ from bass_jax.sampling import costs
 from bass_jax.sampling import generate as generate_lib
 from bass_jax.sampling.draft_len import GoodputDraftLen, StepCosts, as_policy, break_even_acceptance
 from bass_jax.sampling.proposers import DRAFT_SOURCES
+from experiments import _decode_flags
 from experiments import _io
 
 _PROPOSERS = flags.DEFINE_list(
@@ -66,7 +67,7 @@ _PROMPTS = flags.DEFINE_string("prompts", "stdlib-heldout",
                                "Prompt set (bass_jax.evaluation.data.load_problems): the tuning set by default.")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 8, "First N prompts (>= the largest batch).",
                                     lower_bound=1)
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens per sequence.", lower_bound=1)
+_MAX_NEW = _decode_flags.define(max_new_tokens=64)["max_new_tokens"]
 _BATCHES = flags.DEFINE_list("batch_sizes", ["1", "2", "4", "8"], "Batch sizes.")
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "0.2"], "Sampling temperatures (0 = greedy).")
 _TOP_P = flags.DEFINE_float("top_p", 0.95, "Nucleus mass when sampling (BASS §4: 0.95).")

@@ -20,6 +20,7 @@ import bass_jax
 from bass_jax import text
 from bass_jax.evaluation import metrics
 from bass_jax.evaluation.data import load_problems
+from experiments import _decode_flags
 from experiments import _io
 from experiments import _runs
 
@@ -28,7 +29,7 @@ _DRAFT = _io.define_draft_flag("smollm2-135m-instruct")
 _DRAFT_LAYERS = flags.DEFINE_integer("draft_num_layers", 4, "Keep the draft's first N layers (0 = all).")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 16, "First N HumanEval prompts.")
 _BATCH = flags.DEFINE_integer("batch_size", 4, "Distinct prompts per batch.")
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens per sequence.")
+_MAX_NEW = _decode_flags.define(max_new_tokens=64)["max_new_tokens"]
 _DRAFT_LEN = flags.DEFINE_string("draft_len", "dynamic", "'dynamic' or an int.")
 _SUMMARY = flags.DEFINE_string("summary_json", None, "JSON file for the result.")
 

@@ -12,6 +12,7 @@ a child process (``conftest.CLI_FLAGS_ENV``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -21,9 +22,12 @@ from hypothesis import strategies as st
 import pytest
 
 import bass_jax
-from bass_jax import loading
+from bass_jax import loading, profiles, sharding
 from bass_jax.models import eagle
+from bass_jax.sampling import config as config_lib
+from bass_jax.sampling import draft_len as draft_len_lib
 from bass_jax.sampling import tree as tree_lib
+from experiments import _decode_flags
 from experiments import generate
 
 MAX_SEED = 2**63 - 1
@@ -105,7 +109,8 @@ INT_FLAGS = {"num_prompts": (0, 164), "batch_size": (1, 4096), "max_new_tokens":
              "summary_every": (1, None), "seed": (0, MAX_SEED), "num_processes": (1, None),
              "process_id": (0, None)}
 ENUM_FLAGS = {"method": ("bass", "regular"), "sample_order": ("grouped", "interleaved"),
-              "acceptance": bass_jax.acceptance_rules(), "dtype": ("auto", "float32", "bfloat16")}
+              "acceptance": bass_jax.acceptance_rules(), "dtype": ("auto", "float32", "bfloat16"),
+              "profile": ("cpu", "gpu"), "draft_sharding": ("replicated", "tensor_parallel")}
 BOOL_FLAGS = ("continuous", "distinct_prompts", "scan_layers", "resume", "overwrite")
 WORD = st.text(st.characters(codec="utf-8", exclude_characters="\n\r\x00"), min_size=0, max_size=12)
 
@@ -345,3 +350,47 @@ def test_the_same_tree_written_otherwise_is_the_same_setting_for_resume(files, t
   code, err = run([*out, "--resume", "--draft_tree=nodes=6, depth=3,top_k=2"])
   assert code is None, err
   assert_refused([*out, "--resume", "--draft_tree=nodes=7,depth=3,top_k=2"], "--draft_tree:")
+
+
+# -- the decode flags are DecodeConfig's fields --------------------------------------------------------
+
+def test_the_decode_flags_are_decode_configs_fields_with_its_defaults_and_limits():
+  """experiments._decode_flags is written out (the flags exist before bass_jax loads); here it is
+  checked against DecodeConfig: one row per field but the ones NOT_FLAGS explains, each row's default
+  DecodeConfig's, its limits the library's."""
+  fields = {f.name: f.default for f in dataclasses.fields(bass_jax.DecodeConfig)}
+  assert set(_decode_flags.ROWS).isdisjoint(_decode_flags.NOT_FLAGS)
+  assert set(_decode_flags.ROWS) | set(_decode_flags.NOT_FLAGS) == set(fields)
+  assert list(_decode_flags.FIELDS) == [f for f in fields if f in _decode_flags.ROWS]  # field order
+  for name, row in _decode_flags.ROWS.items():
+    assert row.value(row.default) == fields[name], name
+  assert _decode_flags.MAX_SEED == config_lib.MAX_SEED
+  assert _decode_flags.MAX_VERIFY_CHUNK == draft_len_lib.MAX_DRAFT_LEN + 1
+  assert set(_decode_flags.PROFILES) == set(profiles.PROFILES)
+  assert set(_decode_flags.ROWS["draft_sharding"].keywords["enum_values"]) == set(sharding.RULES)
+  with pytest.raises(ValueError, match="no decode flag for 'mesh': --mesh sets"):
+    _decode_flags.define("mesh")
+  with pytest.raises(ValueError, match="no decode flag for 'max_len'"):
+    _decode_flags.define(max_len=3)
+
+
+def test_generate_reads_its_decode_flags_into_one_decode_config(files):
+  """What the script passes to run_problems is one DecodeConfig of its flags: the values given, the
+  script's own default batch size, DecodeConfig's defaults elsewhere (flags reset after)."""
+  argv = ["--num_prompts=4", "--batch_size=2", "--max_new_tokens=9", "--temperature=0.5",
+          "--top_p=0.9", "--seed=7", "--acceptance=gumbel", "--draft_len=3", "--verify_chunk=2",
+          "--profile=cpu", "--draft_sharding=tensor_parallel", "--attention_impl=reference"]
+  code, err = run(argv)
+  assert code is None, err
+  try:
+    assert generate._DECODE.config() == bass_jax.DecodeConfig(
+        max_new_tokens=9, temperature=0.5, top_p=0.9, seed=7, acceptance="gumbel", draft_len=3,
+        verify_chunk=2, batch_size=2, profile="cpu", draft_sharding="tensor_parallel",
+        attention_impl="reference")
+    assert generate._DECODE.config(seed=1).seed == 1
+  finally:
+    code, err = run(["--num_prompts=4", "--batch_size=2"])
+  assert code is None, err
+  config = generate._DECODE.config()
+  assert config == bass_jax.DecodeConfig(batch_size=2, draft_len="dynamic")
+  assert "max_prompt_len" not in generate._DECODE.holders  # run_problems decides it (see generate.py)
