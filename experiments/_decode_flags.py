@@ -156,6 +156,8 @@ def define(*names: str, **defaults: Any) -> DecodeFlags:
       fields have none).
   """
   module = sys._getframe(1).f_globals["__name__"]  # pylint: disable=protected-access
+  if module == "__main__":  # absl files a script's own flags under its path (as get_flags_for_module
+    module = sys.argv[0]    # looks "__main__" up)
   wanted = list(dict.fromkeys([*names, *defaults]))
   unknown = [n for n in wanted if n not in ROWS]
   if unknown:

@@ -74,6 +74,9 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 def check_settings(path: pathlib.Path, stored: Any, current: dict[str, Any]) -> None:
   """Refuses to resume ``path`` unless ``stored`` (its recorded settings) equal ``current``.
 
+  A setting absent from ``stored`` that is at its flag's default now counts as equal (a flag added
+  since the run was written).
+
   Raises:
     RunError: no settings on disk, or settings that differ (each named, with both values).
   """
@@ -87,6 +90,10 @@ def check_settings(path: pathlib.Path, stored: Any, current: dict[str, Any]) -> 
         stored[name] = canonical(stored[name])
       except (TypeError, ValueError):
         pass  # not a valid value: it differs, and is named as it is
+  # A setting added since that run was written reads as its default there (a newer flag, unchanged).
+  for name, value in current.items():
+    if name not in stored and name in flags.FLAGS and value == flags.FLAGS[name].default:
+      stored[name] = value
   diff = differences(stored, current)
   if diff:
     raise RunError(f"--resume: {path} was made with other settings: {'; '.join(diff)}. Rerun with "

@@ -352,6 +352,22 @@ def test_the_same_tree_written_otherwise_is_the_same_setting_for_resume(files, t
   assert_refused([*out, "--resume", "--draft_tree=nodes=7,depth=3,top_k=2"], "--draft_tree:")
 
 
+def test_a_run_written_before_a_flag_existed_resumes_at_its_default(files, tmp_path):
+  """The settings on disk lack a flag added since (written before --draft_sharding and --profile were
+  generate's): at the flag's default it is the same setting; given otherwise, it is named."""
+  out = [f"--output={tmp_path}/r.jsonl", f"--summary_json={tmp_path}/s.json", "--draft=ngram",
+         "--num_prompts=4", "--batch_size=2"]
+  settings = generate.check(["generate", *out]).settings
+  assert {"seed", "draft_sharding", "profile", "max_new_tokens"} <= set(settings)  # decode flags too
+  old = {k: v for k, v in settings.items() if k not in ("draft_sharding", "profile")}
+  (tmp_path / "s.json").write_text(json.dumps({"complete": False, "settings": old}))
+  (tmp_path / "r.jsonl").write_text("")
+  code, err = run([*out, "--resume"])
+  assert code is None, err
+  assert_refused([*out, "--resume", "--draft_sharding=tensor_parallel"],
+                 "--draft_sharding: None on disk, 'tensor_parallel' now")
+
+
 # -- the decode flags are DecodeConfig's fields --------------------------------------------------------
 
 def test_the_decode_flags_are_decode_configs_fields_with_its_defaults_and_limits():
