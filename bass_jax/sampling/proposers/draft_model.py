@@ -15,7 +15,7 @@ from bass_jax.models.common import DecoderConfig, prefill_cache
 from bass_jax.models.common import forward as model_forward
 from bass_jax.sampling import costs
 from bass_jax.sampling import tree as tree_lib
-from bass_jax.sampling.acceptance import leading_true
+from bass_jax.sampling.tree_check import leading_true
 from bass_jax.sampling.warp import first_argmax
 from bass_jax.sampling.proposers.base import Proposer, draft_autoregressively
 
