@@ -23,7 +23,7 @@ import pytest
 import bass_jax as bj
 from bass_jax import preflight, sharding
 from bass_jax.models import family, llama
-from bass_jax.sampling import acceptance, compile_cache, drafts
+from bass_jax.sampling import acceptance, compile_cache, drafts, tree_check
 from bass_jax.sampling.proposers import ModelProposer
 from conftest import noisy_copy, tiny_model
 import test_sampling_exact as exact
@@ -84,7 +84,7 @@ def test_the_proposer_keeps_the_targets_law(repeat_last):
 def test_a_broken_correction_step_is_detected_with_the_proposer(monkeypatch, fresh_programs,  # pylint: disable=redefined-outer-name
                                                                  repeat_last):
   del fresh_programs
-  monkeypatch.setattr(acceptance, "correction_distribution", lambda p, q: p)
+  monkeypatch.setattr(tree_check, "correction_distribution", lambda p, q: p)
   target, _ = exact._models()  # pylint: disable=protected-access
   out = exact._generate(target, repeat_last(times=2), "bass", 1.0, 1.0, seed=62, draft_len=3)  # pylint: disable=protected-access
   p_value = exact.chisquare_p_value(out.tokens[:, :exact.NUM_TOKENS], exact._target_joint(1.0, 1.0))  # pylint: disable=protected-access

@@ -41,7 +41,7 @@ import pytest
 from scipy import stats
 
 import bass_jax as bj
-from bass_jax.sampling import acceptance
+from bass_jax.sampling import tree_check
 from bass_jax.sampling import generate as generate_lib
 from bass_jax.profiles import BackendProfile
 from bass_jax.sampling.proposers import replay_text
@@ -335,7 +335,7 @@ def test_mutant_correction_from_p_is_detected(monkeypatch, fresh_programs):
     traced.append(True)
     return p
 
-  monkeypatch.setattr(acceptance, "correction_distribution", correction_from_p)
+  monkeypatch.setattr(tree_check, "correction_distribution", correction_from_p)
   target, draft = _models()
   out = _generate(target, draft, "bass", 1.0, 1.0, seed=23, draft_len=1)
   assert traced, "the mutant was not traced"
@@ -416,7 +416,7 @@ def test_lookup_and_hybrid_proposers_match_exact_target_distribution(kind, tempe
 @pytest.mark.parametrize("kind", ["ngram", "siblings"])
 def test_mutant_correction_with_one_hot_q_is_detected(monkeypatch, fresh_programs, kind):
   """Power of the lookup paths: a correction drawn from ``p`` (not ``p`` without the rejected draft)."""
-  monkeypatch.setattr(acceptance, "correction_distribution", lambda p, q: p)
+  monkeypatch.setattr(tree_check, "correction_distribution", lambda p, q: p)
   target, _ = _models()
   out = _generate(target, _proposer(kind), "bass", 1.0, 1.0, seed=33, draft_len=3)
   p_value = chisquare_p_value(out.tokens[:, :NUM_TOKENS], _target_joint(1.0, 1.0))
@@ -452,7 +452,7 @@ def test_eagle_draft_matches_exact_target_distribution(temperature, top_p, draft
 
 def test_mutant_correction_with_an_eagle_draft_is_detected(monkeypatch, fresh_programs):
   """Power of the EAGLE path: a correction drawn from ``p`` instead of the residual is rejected."""
-  monkeypatch.setattr(acceptance, "correction_distribution", lambda p, q: p)
+  monkeypatch.setattr(tree_check, "correction_distribution", lambda p, q: p)
   target, _ = _models()
   out = _generate(target, _eagle_draft(6), "bass", 1.0, 1.0, seed=43, draft_len=3)
   p_value = chisquare_p_value(out.tokens[:, :NUM_TOKENS], _target_joint(1.0, 1.0))
@@ -535,7 +535,7 @@ def test_tree_bass_matches_exact_target_distribution(kind, shape, temperature, t
 
 def test_mutant_tree_correction_is_detected(monkeypatch, fresh_programs):
   """Power of the tree path: a correction that keeps the rejected children's tokens is rejected."""
-  monkeypatch.setattr(acceptance, "correction_distribution", lambda p, q: p)
+  monkeypatch.setattr(tree_check, "correction_distribution", lambda p, q: p)
   target, far = _models()
   out = bj.generate(target, far, [list(PROMPT)] * NUM_ROWS, max_new_tokens=NUM_TOKENS,
                     temperature=1.0, seed=64, eos_token_id=(), draft_tree="top_k=2,depth=2,nodes=5")
@@ -638,7 +638,7 @@ def test_published_draft_architectures_match_exact_target_distribution(kind, see
 @pytest.mark.parametrize("kind", ["eagle3", "medusa"])
 def test_mutant_correction_with_a_published_draft_is_detected(kind, monkeypatch, fresh_programs):
   """Power of those paths: a correction drawn from ``p`` instead of the residual is rejected."""
-  monkeypatch.setattr(acceptance, "correction_distribution", lambda p, q: p)
+  monkeypatch.setattr(tree_check, "correction_distribution", lambda p, q: p)
   target = _two_layer_target()
   out = _generate(target, _published_draft(kind), "bass", 1.0, 1.0, seed=63, draft_len=2)
   joint = exact_joint(target, PROMPT, NUM_TOKENS, 1.0, 1.0)
