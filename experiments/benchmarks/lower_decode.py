@@ -33,7 +33,6 @@ launch; ``--command_buffers`` chooses which thunks they may hold)
 import dataclasses
 import os
 import pathlib
-import sys
 
 from absl import flags
 
@@ -43,20 +42,14 @@ from experiments import _io
 
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target: alias, .gguf, or HF dir.")
 _DRAFT = _io.define_draft_flag("hybrid:smollm2-135m-eagle")
-_METHOD = flags.DEFINE_enum("method", "bass", ["bass", "regular"], "Decoding method.")
-_BATCH = flags.DEFINE_integer("batch_size", 4, "Rows (distinct random prompts).", lower_bound=1)
+# The decode's settings (experiments._decode_flags), with this census's defaults.
+_DECODE = _decode_flags.define("method", "draft_tree", "profile", batch_size=4, max_new_tokens=128,
+                               temperature=0.2, top_p=0.95, draft_len="goodput")
+_METHOD, _BATCH, _MAX_NEW, _TEMPERATURE, _TOP_P, _DRAFT_LEN, _DRAFT_TREE, _PROFILE = (
+    _DECODE[name] for name in ("method", "batch_size", "max_new_tokens", "temperature", "top_p",
+                               "draft_len", "draft_tree", "profile"))
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 100, "Tokens per prompt.", lower_bound=1)
-_MAX_NEW = _decode_flags.define(max_new_tokens=128)["max_new_tokens"]
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.2, "Sampling temperature; 0 is greedy.",
-                                  lower_bound=0.0)
-_TOP_P = flags.DEFINE_float("top_p", 0.95, "Nucleus mass in (0, 1]; 1 disables it.")
-_DRAFT_LEN = flags.DEFINE_string("draft_len", "goodput", "'dynamic', 'goodput' or a fixed int.")
-_io.require_draft_len()
-_DRAFT_TREE = flags.DEFINE_multi_string("draft_tree", None, "Token-tree shapes, as in "
-                                        "experiments.generate.")
 _PLATFORM = flags.DEFINE_enum("platform", "cuda", ["cuda", "rocm", "cpu"], "Platform to lower for.")
-_PROFILE = flags.DEFINE_enum("profile", None, ["cpu", "gpu"],
-                             "Backend profile; default: the platform's.")
 _PROFILE_OPTIONS = flags.DEFINE_bool(
     "profile_compiler_options", True, "Compile with the profile's XLA options (the GPU profile's: "
     "without dot-strength-reduction); --noprofile_compiler_options compiles with XLA's defaults, the "
@@ -116,7 +109,7 @@ def _launch_census(target, draft, prompts, profile, dump_dir: pathlib.Path) -> d
         sm_count=_SM_COUNT.value, compile_on_host=False, method=method,
         max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
         draft_len=_io.draft_len_value(_DRAFT_LEN.value),
-        draft_tree=_DRAFT_TREE.value if method == "bass" else None, profile=profile)
+        draft_tree=(_DRAFT_TREE.value or None) if method == "bass" else None, profile=profile)
     name = f"bass_jax_decode_{method}"
     exported = lowered.decode
     call = lambda *a, **k: exported.call(*a, **k)  # pylint: disable=cell-var-from-loop
@@ -214,7 +207,7 @@ def main(argv):
       target, draft, prompts, platform=_PLATFORM.value, sm_count=_SM_COUNT.value,
       compile_on_host=_CACHE_COPIES.value, method=_METHOD.value, max_new_tokens=_MAX_NEW.value,
       temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
-      draft_len=_io.draft_len_value(_DRAFT_LEN.value), draft_tree=_DRAFT_TREE.value,
+      draft_len=_io.draft_len_value(_DRAFT_LEN.value), draft_tree=_DRAFT_TREE.value or None,
       profile=profile)
   text = lowered.decode.mlir_module()
   result = hlo_census.census(text)
@@ -223,7 +216,8 @@ def main(argv):
       "target": target.name, "draft": _DRAFT.value if draft is not None else None,
       "method": _METHOD.value, "batch_size": _BATCH.value, "prompt_len": _PROMPT_LEN.value,
       "max_new_tokens": _MAX_NEW.value, "temperature": _TEMPERATURE.value, "top_p": _TOP_P.value,
-      "draft_len": _DRAFT_LEN.value, "draft_tree": _DRAFT_TREE.value, "platform": _PLATFORM.value,
+      "draft_len": _DRAFT_LEN.value, "draft_tree": _DRAFT_TREE.value or None,
+      "platform": _PLATFORM.value,
       "profile": profile.name, "sm_count": _SM_COUNT.value, "attention_impl": spec.attention_impl,
       "scan_layers": target.scanned_layers, "dtype": str(target.dtype),
       "command_buffers": _COMMAND_BUFFERS.value,
