@@ -25,7 +25,7 @@ from bass_jax import preflight
 from bass_jax.checkpoints import hf as hf_ckpt
 from bass_jax.checkpoints import locate
 from bass_jax.checkpoints._mapping import CheckpointError
-from bass_jax.checkpoints.gguf import unpermute_rotary
+from bass_jax.checkpoints.gguf_architectures import unpermute_rotary
 from bass_jax.models.llama import LlamaConfig
 
 VOCAB = 97  # odd, so that no vocab/hidden confusion can go unnoticed

@@ -15,15 +15,15 @@ import transformers
 
 import bass_jax  # noqa: F401  # registers every family
 from bass_jax import sharding
-from bass_jax.checkpoints import gguf
+from bass_jax.checkpoints import gguf_architectures as gguf
 from bass_jax.models import eagle, family, llama
 
 LIBRARY = pathlib.Path(bass_jax.__file__).resolve().parent
 # Strings equal to a model_type that are another namespace's names, with the reason they stay.
 NOT_MODEL_TYPES = {
     # llama.cpp's general.architecture names (the families claim them in gguf_architectures). Six of
-    # them equal model types, so a stray model_type string among them in gguf.py would pass here.
-    "checkpoints/gguf.py": {a for f in family.families() for a in f.gguf_architectures},
+    # them equal model types, so a stray model_type string among them there would pass here.
+    "checkpoints/gguf_architectures.py": {a for f in family.families() for a in f.gguf_architectures},
     # The published EAGLE heads' config.json says model_type "llama": a fact of that file format.
     "checkpoints/eagle_formats.py": {"llama"},
 }
@@ -70,7 +70,7 @@ def test_the_scan_catches_a_literal_outside_its_familys_file():
   source = '"""phi3 in a docstring is prose."""\nRULES = {"phi3": 1}\nX = "gpt2"\n'
   assert stray_literals(source, "sampling/x.py", names) == [(2, "phi3"), (3, "gpt2")]
   assert stray_literals(source, "models/llama.py", names) == [(3, "gpt2")]
-  assert stray_literals('A = "phi3"\n', "checkpoints/gguf.py", names) == []  # llama.cpp's name
+  assert stray_literals('A = "phi3"\n', "checkpoints/gguf_architectures.py", names) == []  # llama.cpp's name
 
 
 def test_every_familys_record_agrees_with_the_tables_that_read_it():

@@ -30,7 +30,7 @@ class Family:
     wrapper_types: ``model_type`` values of multimodal configs that hold this family's config as
       their ``text_config`` (Gemma 3's ``gemma3``), decoded as text only.
     gguf_architectures: llama.cpp's ``general.architecture`` names of this family
-      (``bass_jax.checkpoints.gguf`` reads them).
+      (rows of ``bass_jax.checkpoints.gguf_architectures``).
   """
 
   model_type: str
