@@ -36,7 +36,7 @@ import transformers
 
 import bass_jax
 from bass_jax.checkpoints import gguf as gguf_ckpt
-from bass_jax.checkpoints import gguf_architectures
+from bass_jax.checkpoints import gguf_llama3
 from bass_jax.checkpoints._mapping import CheckpointError
 
 VOCAB = 97
@@ -371,17 +371,15 @@ def test_llama_rope_scaling_reads_back(tmp_path, rope):
     (10000.0, 32, (2.5, 0.5, 3.0)),
 ])
 def test_llama3_parameters_give_back_the_divisors(theta, head_dim, params):
-  factors = gguf_architectures.llama3_factors(theta, head_dim, *params, 8192).astype(np.float32)
-  rope = gguf_architectures.llama3_parameters(factors, theta, head_dim)
-  again = gguf_architectures.llama3_factors(theta, head_dim, rope["factor"], rope["low_freq_factor"],
-                                            rope["high_freq_factor"],
-                                            rope["original_max_position_embeddings"])
+  factors = gguf_llama3.llama3_factors(theta, head_dim, *params, 8192).astype(np.float32)
+  rope = gguf_llama3.llama3_parameters(factors, theta, head_dim)
+  again = gguf_llama3.llama3_factors(theta, head_dim, rope["factor"], rope["low_freq_factor"],
+                                     rope["high_freq_factor"], rope["original_max_position_embeddings"])
   np.testing.assert_allclose(again, factors, rtol=1e-5)
   ones = np.ones(head_dim // 2, np.float32)
-  assert gguf_architectures.llama3_parameters(ones, theta, head_dim) is None
+  assert gguf_llama3.llama3_parameters(ones, theta, head_dim) is None
   with pytest.raises(ValueError, match="no Llama 3 scaling"):
-    gguf_architectures.llama3_parameters(np.linspace(1, 3, head_dim // 2)[::-1].copy(), theta,
-                                         head_dim)
+    gguf_llama3.llama3_parameters(np.linspace(1, 3, head_dim // 2)[::-1].copy(), theta, head_dim)
 
 
 # -- a quantized file -----------------------------------------------------------------------------------
