@@ -16,7 +16,8 @@ from bass_jax.loading import (ALIASES, Model, abstract_params, check_same_tokeni
 from bass_jax.models.attention import attention_implementations, reference_attention
 from bass_jax.models.codegen import CodeGenConfig
 from bass_jax.models.gpt2 import GPT2Config
-from bass_jax.models.llama import Llama, LlamaConfig, register_llama_family
+from bass_jax.models.llama import LlamaConfig, register_llama_family
+from bass_jax.models.llama_layers import Llama
 from bass_jax.models.llama import Traits as LlamaTraits
 from bass_jax.models.opt import OPTConfig
 from bass_jax.sampling.acceptance import (AcceptanceRule, MatchingRule, acceptance_rules,

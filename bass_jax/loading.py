@@ -30,7 +30,7 @@ from bass_jax.checkpoints import orbax_ckpt
 from bass_jax.checkpoints.save import save_model
 from bass_jax.checkpoints.sources import (ALIASES, ORBAX_PARAMS_DIR, has_tokenizer, hf_hub_cache,
                                           model_path, resolve_alias, weight_formats)
-from bass_jax.models import common, eagle
+from bass_jax.models import decoder_config, eagle
 from bass_jax.models.model import Model, abstract_params, init_params, model_dtype
 
 
@@ -204,7 +204,7 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
   if num_layers is not None:
     model = model.with_first_layers(num_layers)
   if scan_layers is None:
-    scan_layers = (mesh is None and common.layers_key(config) is not None  # a decoder family
+    scan_layers = (mesh is None and decoder_config.layers_key(config) is not None  # a decoder family
                    and getattr(config, "uniform_layers", True)
                    and profiles.backend_profile().scan_layers)
   return model.with_scanned_layers(scan_layers)
@@ -244,7 +244,7 @@ def load_draft(spec: str | os.PathLike, target: Model, *, num_layers: int | None
   check_same_tokenizer(target, draft)
   if scan_layers is None:
     scan_layers = (mesh is None and target.scanned_layers
-                   and common.layers_key(draft.config) is not None)  # not EAGLE, not Medusa
+                   and decoder_config.layers_key(draft.config) is not None)  # not EAGLE, not Medusa
   return draft.with_scanned_layers(scan_layers)
 
 

@@ -163,7 +163,7 @@ def logical_sizes(config: Any) -> dict[str, int]:
     raise ValueError(f"no sharding rules for {kind} (model_type "
                      f"{getattr(config, 'model_type', None)!r}); add its table to "
                      "bass_jax.sharding.PARAM_AXES")
-  fields = config.FIELDS  # models.common.FieldTable: which field holds what
+  fields = config.FIELDS  # models.decoder_config.FieldTable: which field holds what
   mlp = getattr(config, fields.mlp_width) or 4 * getattr(config, fields.hidden_size)
   return {HEADS: getattr(config, fields.num_heads), KV_HEADS: config.num_kv_heads, MLP: mlp,
           VOCAB: config.vocab_size}

@@ -23,7 +23,7 @@ from bass_jax.models.codegen import MP_NUM, CodeGenConfig
 from bass_jax.models.gpt2 import GPT2Config
 from bass_jax.models.llama import LlamaConfig
 from bass_jax.models.opt import OPTConfig
-from bass_jax.models import common
+from bass_jax.models import decoder_config
 from bass_jax.models import family as family_lib
 
 _T = (transpose,)
@@ -234,7 +234,7 @@ def _text_config(fields: dict[str, Any], model_type: str, text_type: str) -> dic
     raise ValueError(f"{model_type}: config.json has no text_config object; a text-only checkpoint "
                      f"has model_type {text_type!r}")
   rest = {k: v for k, v in fields.items() if k != "text_config"}
-  common.parse_hf_fields(rest, model_types=(model_type,),
+  decoder_config.parse_hf_fields(rest, model_types=(model_type,),
                          known=("tie_word_embeddings", "bos_token_id", "eos_token_id",
                                 "pad_token_id"), ignored=_GEMMA3_VISION_FIELDS)
   text = dict(text)

@@ -22,13 +22,14 @@ import jax.numpy as jnp
 
 from bass_jax.cache import KVCache, KVUpdate
 from bass_jax.models import common
+from bass_jax.models import decoder_config
 from bass_jax.models import family
 
 MP_NUM = 4  # CodeGen's fused qkv is laid out as 4 model-parallel shards of [q | v | k]
 
 
 @dataclasses.dataclass(frozen=True)
-class CodeGenConfig(common.CacheFromShape):
+class CodeGenConfig(decoder_config.CacheFromShape):
   """Architecture of a CodeGen decoder, with transformers' ``CodeGenConfig`` field names.
 
   Raises:
@@ -52,7 +53,7 @@ class CodeGenConfig(common.CacheFromShape):
   pad_token_id: int | None = None
   model_type: str = "codegen"
 
-  FIELDS = common.FieldTable(num_layers="n_layer", max_positions="n_positions", num_heads="n_head",
+  FIELDS = decoder_config.FieldTable(num_layers="n_layer", max_positions="n_positions", num_heads="n_head",
                              hidden_size="n_embd", architecture="CodeGenForCausalLM",
                              mlp_width="n_inner")
 
@@ -90,7 +91,7 @@ class CodeGenConfig(common.CacheFromShape):
       ValueError: another model type, an unknown field (named), or ``rotary_dim`` unset.
     """
     known = {f.name for f in dataclasses.fields(cls)} - {"model_type"}
-    _, kwargs = common.parse_hf_fields(hf_config, model_types=("codegen",), known=known)
+    _, kwargs = decoder_config.parse_hf_fields(hf_config, model_types=("codegen",), known=known)
     return cls(**kwargs)
 
   def to_hf_config(self):
@@ -143,7 +144,7 @@ class CodeGenBlock(nn.Module):
 
 
 class CodeGen(nn.Module):
-  """CodeGen causal LM over a ragged KV cache; the call signature of ``models.llama.Llama``."""
+  """CodeGen causal LM over a ragged KV cache; the call signature of ``models.llama_layers.Llama``."""
 
   config: CodeGenConfig
   attention_impl: str = "reference"

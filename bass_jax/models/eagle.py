@@ -51,7 +51,8 @@ from bass_jax import sharding as sharding_lib
 from bass_jax.cache import KVCache, KVUpdate
 from bass_jax.models import common
 from bass_jax.models import family as family_lib
-from bass_jax.models.llama import LlamaAttention, LlamaConfig, LlamaDecoderLayer, LlamaMLP, RMSNorm
+from bass_jax.models.llama import LlamaConfig
+from bass_jax.models.llama_layers import LlamaAttention, LlamaDecoderLayer, LlamaMLP, RMSNorm
 
 MODEL_TYPE = "bass_eagle"
 # The architectures an EagleConfig describes: this project's draft ("bass": fc with bias over

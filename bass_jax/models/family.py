@@ -21,7 +21,7 @@ class Family:
   Attributes:
     model_type: the Hugging Face ``config.json`` ``model_type`` (``"qwen3"``).
     config_class: the family's config class (``LlamaConfig``): its ``from_hf_config`` reads the
-      ``config.json``, its ``FIELDS`` (``common.FieldTable``) names the fields that hold the context,
+      ``config.json``, its ``FIELDS`` (``decoder_config.FieldTable``) names the fields that hold the context,
       the width and the depth.
     architecture: transformers' model class (``"Qwen3ForCausalLM"``), for ``architectures``.
     layers_key: the parameter key of the decoder layers (``"layers"``; ``"h"`` for GPT-2 and CodeGen).

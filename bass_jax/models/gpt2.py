@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from bass_jax.cache import KVCache, KVUpdate
 from bass_jax.models import common
+from bass_jax.models import decoder_config
 from bass_jax.models import family
 
 # GPT2Config fields with no effect on a causal LM forward (the sequence-summary head is another model).
@@ -27,7 +28,7 @@ _IGNORED = {"summary_type", "summary_use_proj", "summary_activation", "summary_p
 
 
 @dataclasses.dataclass(frozen=True)
-class GPT2Config(common.CacheFromShape):
+class GPT2Config(decoder_config.CacheFromShape):
   """Architecture of a GPT-2 decoder, with transformers' ``GPT2Config`` field names.
 
   Raises:
@@ -49,7 +50,7 @@ class GPT2Config(common.CacheFromShape):
   pad_token_id: int | None = None
   model_type: str = "gpt2"
 
-  FIELDS = common.FieldTable(num_layers="n_layer", max_positions="n_positions", num_heads="n_head",
+  FIELDS = decoder_config.FieldTable(num_layers="n_layer", max_positions="n_positions", num_heads="n_head",
                              hidden_size="n_embd", architecture="GPT2LMHeadModel",
                              mlp_width="n_inner")
 
@@ -84,7 +85,7 @@ class GPT2Config(common.CacheFromShape):
         ``scale_attn_by_inverse_layer_idx`` (a per-layer scale the port does not implement).
     """
     known = {f.name for f in dataclasses.fields(cls)} - {"model_type"}
-    _, kwargs = common.parse_hf_fields(
+    _, kwargs = decoder_config.parse_hf_fields(
         hf_config, model_types=("gpt2",), known=known, ignored=_IGNORED,
         required={"add_cross_attention": False, "scale_attn_by_inverse_layer_idx": False})
     return cls(**kwargs)
@@ -124,7 +125,7 @@ class GPT2Block(nn.Module):
 
 
 class GPT2(nn.Module):
-  """GPT-2 causal LM over a ragged KV cache; the call signature of ``models.llama.Llama``."""
+  """GPT-2 causal LM over a ragged KV cache; the call signature of ``models.llama_layers.Llama``."""
 
   config: GPT2Config
   attention_impl: str = "reference"

@@ -14,26 +14,26 @@ the families is a fixed trait of the ``model_type`` (:data:`TRAITS`) or a config
 Axes: B batch, T new tokens, S cache slots, L layers, D hidden size, F MLP size, N query heads, K key/value
 heads, H head dim, V vocabulary.
 
-The module knows nothing of speculation: it maps ``tokens: i32[B, T]`` and a :class:`KVCache` to
-``logits: f32[B, T, V]`` and the cache with the T new entries written at each row's own offset
-``cache.lengths[b]``. The layers are unrolled, each with its own parameters (``layers_{i}``) and cache
-arrays, or scanned (``scan_layers``: ``layers`` stacked ``[L, ...]``, a stacked cache;
-``models.common.run_layers``; not for models that alternate sliding and global layers).
+This file is the family's description: :class:`Traits` and :data:`TRAITS` (what each ``model_type``
+fixes), :class:`LlamaConfig` with its Hugging Face conversion, and :func:`register_llama_family`. The
+Flax modules (``Llama``, its layers) are ``models.llama_layers``. The model knows nothing of
+speculation: it maps ``tokens: i32[B, T]`` and a ``KVCache`` to ``logits: f32[B, T, V]`` and the cache
+with the T new entries written at each row's own offset ``cache.lengths[b]``. The layers are unrolled,
+each with its own parameters (``layers_{i}``) and cache arrays, or scanned (``scan_layers``: ``layers``
+stacked ``[L, ...]``, a stacked cache; ``models.common.run_layers``; not for models that alternate
+sliding and global layers).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
-import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
-from bass_jax.cache import KVCache, KVUpdate
-from bass_jax.models import common
+from bass_jax.models import decoder_config
 from bass_jax.models import family
+from bass_jax.models import llama_layers
 from bass_jax.models import rope as rope_lib
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -119,7 +119,7 @@ _PORTED_FIELDS = _COMMON_FIELDS.union(*(traits.fields for traits in TRAITS.value
 
 
 @dataclasses.dataclass(frozen=True)
-class LlamaConfig(common.CacheFromShape):
+class LlamaConfig(decoder_config.CacheFromShape):
   """Architecture of a Llama-family decoder, with transformers' config field names.
 
   Attributes beyond HF's ``LlamaConfig``:
@@ -170,7 +170,7 @@ class LlamaConfig(common.CacheFromShape):
   attn_logit_softcapping: float | None = None
   final_logit_softcapping: float | None = None
 
-  FIELDS = common.FieldTable(num_layers="num_hidden_layers", max_positions="max_position_embeddings",
+  FIELDS = decoder_config.FieldTable(num_layers="num_hidden_layers", max_positions="max_position_embeddings",
                              num_heads="num_attention_heads", hidden_size="hidden_size",
                              num_kv_heads="num_key_value_heads", head_dim="head_dim",
                              architecture=_ARCHITECTURES,
@@ -268,9 +268,9 @@ class LlamaConfig(common.CacheFromShape):
   # -- the DecoderConfig protocol ---------------------------------------------------------------------
 
   def make_module(self, *, attention_impl: str = "reference", dtype: Any = jnp.float32,
-                  scan_layers: bool = False) -> "Llama":
+                  scan_layers: bool = False) -> llama_layers.Llama:
     """The Flax module for this config; ``attention_impl`` names an entry of the attention registry."""
-    return Llama(self, attention_impl=attention_impl, dtype=dtype, scan_layers=scan_layers)
+    return llama_layers.Llama(self, attention_impl=attention_impl, dtype=dtype, scan_layers=scan_layers)
 
 
   def num_params(self) -> int:
@@ -311,16 +311,16 @@ class LlamaConfig(common.CacheFromShape):
     model_type = fields.get("model_type", "llama")
     if model_type not in TRAITS:
       raise ValueError(f"model_type {model_type!r} is not one of {tuple(TRAITS)}")
-    _check_rope_spellings(fields)
+    rope_lib.check_spellings(fields)
     traits = TRAITS[model_type]
     known = _COMMON_FIELDS | traits.fields
     required: dict[str, Any] = {"pretraining_tp": 1, "use_bidirectional_attention": False,
                                 **dict(traits.required)}
     if model_type == "gemma3_text":
-      _check_no_per_type_truncate(fields)
-    common.parse_hf_fields(dict(fields, model_type=model_type), model_types=(model_type,),
+      rope_lib.check_no_per_type_truncate(fields)
+    decoder_config.parse_hf_fields(dict(fields, model_type=model_type), model_types=(model_type,),
                            known=known, ignored=traits.ignored, required=required)
-    hf = _transformers_config(model_type, fields)
+    hf = decoder_config.transformers_config(model_type, fields)
     heads = hf.num_attention_heads
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
     kwargs = dict(
@@ -450,241 +450,6 @@ class LlamaConfig(common.CacheFromShape):
 def _qwen_window(config: LlamaConfig, extra: dict[str, Any]) -> dict[str, Any]:
   """Qwen2/Qwen3's ``use_sliding_window`` beside the layer types (``sliding_window`` is a field)."""
   return {"use_sliding_window": config.sliding_window is not None, **extra}
-
-
-def _transformers_config(model_type: str, fields: dict[str, Any]):
-  """transformers' config object of ``model_type`` for a config.json dict (its defaults filled in, its
-  rotary parameters standardized)."""
-  import transformers  # pylint: disable=g-import-not-at-top
-
-  fields = {k: v for k, v in fields.items() if k != "model_type"}
-  from huggingface_hub import errors as hub_errors  # pylint: disable=g-import-not-at-top
-
-  strict = getattr(hub_errors, "StrictDataclassError", ValueError)
-  try:
-    return transformers.AutoConfig.for_model(model_type, **fields)
-  except (ValueError, TypeError, KeyError, strict) as e:  # transformers' validation, often multi-line
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    raise ValueError(f"{model_type} config refused by transformers' {model_type} config class: "
-                     f"{lines[-1] if lines else type(e).__name__}") from e
-
-
-def _check_no_per_type_truncate(fields: dict[str, Any]) -> None:
-  """transformers' yarn reads ``truncate`` from the top level of ``rope_parameters`` only, so a
-  per-layer-type ``truncate`` (Gemma 3) is inert there; refuse it rather than honour it differently.
-
-  Raises:
-    ValueError: a ``truncate`` inside a layer type's rotary parameters.
-  """
-  params = fields.get("rope_parameters")
-  if isinstance(params, dict):
-    for kind in (FULL, SLIDING):
-      if isinstance(params.get(kind), dict) and "truncate" in params[kind]:
-        raise ValueError(f"rope_parameters[{kind!r}]: truncate is not read per layer type by "
-                         "transformers (yarn takes it from the top level); remove it")
-
-
-def _check_rope_spellings(fields: dict[str, Any]) -> None:
-  """A config that gives its rotary settings twice (``rope_theta`` beside ``rope_parameters`` or
-  ``rope_scaling``; both spellings of the scaling) must give one value; transformers would keep one
-  silently.
-
-  Raises:
-    ValueError: conflicting thetas, or ``rope_scaling`` and ``rope_parameters`` that disagree.
-  """
-  thetas = []
-  if fields.get("rope_theta") is not None:
-    thetas.append(float(fields["rope_theta"]))
-  for key in ("rope_parameters", "rope_scaling"):
-    rope = fields.get(key) or {}
-    if isinstance(rope, dict) and rope.get("rope_theta") is not None:
-      thetas.append(float(rope["rope_theta"]))
-  if len(set(thetas)) > 1:
-    raise ValueError(f"conflicting rope_theta values {thetas} in the config")
-  scaling, parameters = fields.get("rope_scaling"), fields.get("rope_parameters")
-  if isinstance(scaling, dict) and isinstance(parameters, dict):
-    plain = lambda rope: {("rope_type" if k == "type" else k): v for k, v in rope.items()
-                          if k != "rope_theta"}
-    if plain(scaling) != plain(parameters):
-      raise ValueError(f"conflicting rotary settings: rope_scaling {scaling} and rope_parameters "
-                       f"{parameters} (transformers 4 and 5 spellings) disagree; keep one")
-
-
-class RMSNorm(nn.Module):
-  """Root-mean-square layer norm over the last axis.
-
-  ``gemma=False``: HF Llama's order (normalize in f32, cast, then scale by ``w``); ``gemma=True``:
-  Gemma's (normalize and scale by ``1 + w`` in f32, then cast; ``w`` starts at zero).
-  """
-
-  eps: float
-  dtype: Any = jnp.float32
-  gemma: bool = False
-
-  @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    init = nn.initializers.zeros if self.gemma else nn.initializers.ones
-    scale = self.param("scale", init, (x.shape[-1],), self.dtype)
-    x32 = x.astype(jnp.float32)
-    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    if self.gemma:
-      return (normed * (1.0 + scale.astype(jnp.float32))).astype(self.dtype)
-    return scale * normed.astype(self.dtype)
-
-
-def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
-  """Gemma 2's soft-capping ``cap * tanh(x / cap)`` (the identity for ``cap=None``)."""
-  return x if cap is None else cap * jnp.tanh(x / cap)
-
-
-class LlamaAttention(nn.Module):
-  """Grouped-query self-attention that writes its new K/V into its layer's cache.
-
-  ``__call__(x [B, T, D], k_cache/v_cache [B, K, S, H] | None, cache_lengths i32[B] | None, sin/cos
-  [B, T, 1, R]) -> (out [B, T, D], k, v)`` with ``k, v`` as ``common.cached_attention`` returns them
-  (R the rotated channels, ``<= H``). ``sliding``: this layer attends through the config's window.
-  """
-
-  config: LlamaConfig
-  attention_impl: str
-  dtype: Any
-  sliding: bool = False
-
-  @nn.compact
-  def __call__(self, x, k_cache, v_cache, cache_lengths, sin, cos, tree_mask=None):
-    cfg = self.config
-    batch, num_new, _ = x.shape
-    dense = lambda features, bias, name: nn.Dense(
-        features, use_bias=bias, dtype=self.dtype, param_dtype=self.dtype, name=name)
-    qkv_bias = cfg.attention_bias or cfg.qkv_bias
-    q = dense(cfg.num_attention_heads * cfg.head_dim, qkv_bias, "q_proj")(x)
-    k = dense(cfg.num_key_value_heads * cfg.head_dim, qkv_bias, "k_proj")(x)
-    v = dense(cfg.num_key_value_heads * cfg.head_dim, qkv_bias, "v_proj")(x)
-    q = q.reshape(batch, num_new, cfg.num_attention_heads, cfg.head_dim)
-    k = k.reshape(batch, num_new, cfg.num_key_value_heads, cfg.head_dim)
-    if cfg.traits.qk_norm:
-      gemma = cfg.traits.qk_norm == "gemma"
-      q = RMSNorm(cfg.rms_norm_eps, self.dtype, gemma, name="q_norm")(q)
-      k = RMSNorm(cfg.rms_norm_eps, self.dtype, gemma, name="k_norm")(k)
-    q = rope_lib.apply_rotary(q, sin, cos)
-    k = rope_lib.apply_rotary(k, sin, cos)
-    v = v.reshape(batch, num_new, cfg.num_key_value_heads, cfg.head_dim)
-    sm_scale = None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar ** -0.5
-    out, k, v = common.cached_attention(
-        q, k, v, k_cache=k_cache, v_cache=v_cache, cache_lengths=cache_lengths,
-        attention_impl=self.attention_impl, sm_scale=sm_scale,
-        sliding_window=cfg.sliding_window if self.sliding else None,
-        logit_soft_cap=cfg.attn_logit_softcapping, tree_mask=tree_mask)
-    out = out.reshape(batch, num_new, cfg.num_attention_heads * cfg.head_dim)
-    return dense(cfg.hidden_size, cfg.attention_bias, "o_proj")(out), k, v
-
-
-class LlamaMLP(nn.Module):
-  """Gated MLP: ``down(act(gate(x)) * up(x))``, ``[B, T, D] -> [B, T, D]`` (SwiGLU; Gemma's GeGLU)."""
-
-  config: LlamaConfig
-  dtype: Any
-
-  @nn.compact
-  def __call__(self, x):
-    cfg = self.config
-    dense = lambda features, name: nn.Dense(
-        features, use_bias=cfg.mlp_bias, dtype=self.dtype, param_dtype=self.dtype, name=name)
-    gate = dense(cfg.intermediate_size, "gate_proj")(x)
-    up = dense(cfg.intermediate_size, "up_proj")(x)
-    return dense(cfg.hidden_size, "down_proj")(common.activation(cfg.hidden_act)(gate) * up)
-
-
-class LlamaDecoderLayer(nn.Module):
-  """One pre-norm block over its own cache: ``(x, k_cache, v_cache, cache_lengths, positions, sin, cos,
-  local_sin=None, local_cos=None) -> (x, k, v)`` (the updated cache arrays, or the new K/V without a
-  cache). A ``sliding`` layer attends through the window and takes the local rotary tables when
-  given (Gemma 3). Gemma's layers also norm the attention's and the MLP's outputs before adding them.
-  """
-
-  config: LlamaConfig
-  attention_impl: str
-  dtype: Any
-  sliding: bool = False
-  input_norm: bool = True  # False: EAGLE-1/2's draft layer, which attends over its input unnormed
-
-  @nn.compact
-  def __call__(self, x, k_cache, v_cache, cache_lengths, positions, sin, cos, local_sin=None,
-               local_cos=None, tree_mask=None):
-    del positions  # carried by sin and cos
-    cfg = self.config
-    gemma = cfg.traits.gemma
-    norm = lambda name: RMSNorm(cfg.rms_norm_eps, self.dtype, gemma, name=name)
-    if self.sliding and local_sin is not None:
-      sin, cos = local_sin, local_cos
-    h = norm("input_layernorm")(x) if self.input_norm else x
-    attn, k, v = LlamaAttention(cfg, self.attention_impl, self.dtype, self.sliding,
-                                name="self_attn")(h, k_cache, v_cache, cache_lengths, sin, cos,
-                                                  tree_mask)
-    if not gemma:
-      x = x + attn
-      h = norm("post_attention_layernorm")(x)
-      return x + LlamaMLP(cfg, self.dtype, name="mlp")(h), k, v
-    x = x + norm("post_attention_layernorm")(attn)
-    h = norm("pre_feedforward_layernorm")(x)
-    x = x + norm("post_feedforward_layernorm")(LlamaMLP(cfg, self.dtype, name="mlp")(h))
-    return x, k, v
-
-
-class Llama(nn.Module):
-  """Llama-family causal LM over a ragged KV cache.
-
-  ``__call__(tokens: i32[B, T], cache: KVCache | None, compute_logits=True, tree_mask=None) -> (logits:
-  f32[B, T, V], KVCache | KVUpdate)``: token t of row b sits at position ``cache.lengths[b] + t``, its K/V are written
-  at that slot and it attends to every slot up to its own; the returned cache has ``lengths + T`` (a
-  caller that keeps fewer of the new tokens, after rejected drafts or prompt padding, sets the lengths
-  back with ``cache.with_lengths``). Without a cache, token t sits at position t and attends to tokens
-  ``0 … t``, and their K/V come back as a :class:`KVUpdate`. ``compute_logits=False`` (prefill) skips the
-  LM head and returns ``None`` logits. ``tree_mask: bool[B, T, M]`` makes the tokens the nodes of a
-  token tree (``common.forward``). Parameter names follow HF's module tree (``embed_tokens``,
-  ``layers_0/self_attn/q_proj`` …).
-  """
-
-  config: LlamaConfig
-  attention_impl: str = "reference"
-  dtype: Any = jnp.float32
-  scan_layers: bool = False
-
-  @nn.compact
-  def __call__(self, tokens: jax.Array, cache: KVCache | None = None, compute_logits: bool = True,
-               tree_mask: jax.Array | None = None) -> tuple[jax.Array | None, KVCache | KVUpdate]:
-    cfg = self.config
-    embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, param_dtype=self.dtype,
-                     name="embed_tokens")
-    x = embed(tokens)
-    if cfg.traits.gemma:
-      x = x * jnp.asarray(math.sqrt(cfg.hidden_size), self.dtype)
-    positions = common.positions_of(tokens, cache, tree_mask)  # [B, T] or [1, T]
-    tables = cfg.rotary.sin_cos(positions, self.dtype)
-    if cfg.local_rope is not None:
-      tables += cfg.local_rope.sin_cos(positions, self.dtype)
-    per_layer = None
-    if cfg.sliding_window is not None:
-      per_layer = lambda i: {"sliding": cfg.is_sliding(i)}
-    x, update = common.run_layers(
-        LlamaDecoderLayer, cfg.num_hidden_layers, name="layers", x=x, cache=cache,
-        positions=positions, extras=tables, config=cfg, attention_impl=self.attention_impl,
-        dtype=self.dtype, tree_mask=tree_mask, scan=self.scan_layers, per_layer=per_layer,
-        on_layer=(lambda h: self.sow("intermediates", common.HIDDEN, h))
-        if self.is_mutable_collection("intermediates") else None)
-
-    x = RMSNorm(cfg.rms_norm_eps, self.dtype, cfg.traits.gemma, name="norm")(x)
-    self.sow("intermediates", common.FEATURES, x)
-    if not compute_logits and not self.is_initializing():
-      return None, update
-    if cfg.tie_word_embeddings:
-      logits = jnp.einsum("BTD,VD->BTV", x, embed.embedding.astype(self.dtype),
-                          preferred_element_type=jnp.float32)
-    else:
-      kernel = self.param("lm_head", nn.initializers.lecun_normal(),
-                          (cfg.hidden_size, cfg.vocab_size), self.dtype)
-      logits = jnp.einsum("BTD,DV->BTV", x, kernel, preferred_element_type=jnp.float32)
-    return soft_cap(logits, cfg.final_logit_softcapping), update
 
 
 def register_llama_family(model_type: str, traits: Traits) -> Traits:

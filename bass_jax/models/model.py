@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from bass_jax import _checks
 from bass_jax.models import common
+from bass_jax.models import decoder_config
 from bass_jax.models.common import forward as model_forward
 from bass_jax.models.common import layer_index
 
@@ -74,10 +75,10 @@ class Model:
     the full model's greedy token only 1-10 % of the time.
 
     Raises:
-      ValueError: a model of no decoder family (an EAGLE draft, Medusa heads: ``common.layers_key``
+      ValueError: a model of no decoder family (an EAGLE draft, Medusa heads: ``decoder_config.layers_key``
         is None), or unless ``1 <= num_layers <= config.num_layers``.
     """
-    name = common.layers_key(self.config)
+    name = decoder_config.layers_key(self.config)
     if name is None:
       raise ValueError(f"{self.name or 'this model'} ({type(self.config).__name__}) has no decoder "
                        "layers to cut (only the decoder families do)")
@@ -97,7 +98,7 @@ class Model:
   def scanned_layers(self) -> bool:
     """Whether the decoder layers are scanned (``models.common.run_layers``): weights stacked ``[L,
     ...]`` under one key, caches stacked ``[L, B, K, S, H]``; XLA then compiles one layer, not L."""
-    return common.scanned_layers(self.config, self.params)
+    return decoder_config.scanned_layers(self.config, self.params)
 
   def with_scanned_layers(self, scanned: bool = True) -> "Model":
     """The same model with its layers scanned (weights stacked ``[L, ...]``) or unrolled (one subtree
@@ -111,7 +112,7 @@ class Model:
     scanned = _checks.as_bool("scanned", scanned)
     if scanned == self.scanned_layers:
       return self
-    key = common.layers_key(self.config)
+    key = decoder_config.layers_key(self.config)
     if key is None:
       raise ValueError(f"{self.name or 'this model'} ({type(self.config).__name__}) has no scanned "
                        "layout (only the decoder families do); load it with scan_layers=False")

@@ -20,13 +20,14 @@ import jax.numpy as jnp
 
 from bass_jax.cache import KVCache, KVUpdate
 from bass_jax.models import common
+from bass_jax.models import decoder_config
 from bass_jax.models import family
 
 POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding: row 0 of the table serves position -2
 
 
 @dataclasses.dataclass(frozen=True)
-class OPTConfig(common.CacheFromShape):
+class OPTConfig(decoder_config.CacheFromShape):
   """Architecture of an OPT decoder, with transformers' ``OPTConfig`` field names.
 
   ``remove_final_layer_norm`` is HF's ``_remove_final_layer_norm``.
@@ -53,7 +54,7 @@ class OPTConfig(common.CacheFromShape):
   pad_token_id: int | None = 1
   model_type: str = "opt"
 
-  FIELDS = common.FieldTable(num_layers="num_hidden_layers", max_positions="max_position_embeddings",
+  FIELDS = decoder_config.FieldTable(num_layers="num_hidden_layers", max_positions="max_position_embeddings",
                              num_heads="num_attention_heads", hidden_size="hidden_size",
                              architecture="OPTForCausalLM",
                              mlp_width="ffn_dim")
@@ -105,7 +106,7 @@ class OPTConfig(common.CacheFromShape):
     if "_remove_final_layer_norm" in fields:
       fields["remove_final_layer_norm"] = fields.pop("_remove_final_layer_norm")
     known = {f.name for f in dataclasses.fields(cls)} - {"model_type"}
-    _, kwargs = common.parse_hf_fields(fields, model_types=("opt",), known=known)
+    _, kwargs = decoder_config.parse_hf_fields(fields, model_types=("opt",), known=known)
     return cls(**kwargs)
 
   def to_hf_config(self):
@@ -155,7 +156,7 @@ class OPTDecoderLayer(nn.Module):
 
 
 class OPT(nn.Module):
-  """OPT causal LM over a ragged KV cache; the call signature of :class:`bass_jax.models.llama.Llama`."""
+  """OPT causal LM over a ragged KV cache; the call signature of :class:`bass_jax.models.llama_layers.Llama`."""
 
   config: OPTConfig
   attention_impl: str = "reference"

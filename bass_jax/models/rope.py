@@ -296,3 +296,44 @@ def to_parameters(rotary: Rotary, head_dim: int) -> dict[str, Any]:
     elif value is not None:
       out[key] = list(value) if isinstance(value, tuple) else value
   return out
+
+
+def check_no_per_type_truncate(fields: dict[str, Any]) -> None:
+  """transformers' yarn reads ``truncate`` from the top level of ``rope_parameters`` only, so a
+  per-layer-type ``truncate`` (Gemma 3) is inert there; refuse it rather than honour it differently.
+
+  Raises:
+    ValueError: a ``truncate`` inside a layer type's rotary parameters.
+  """
+  params = fields.get("rope_parameters")
+  if isinstance(params, dict):
+    for kind, value in params.items():
+      if isinstance(value, dict) and "truncate" in value:
+        raise ValueError(f"rope_parameters[{kind!r}]: truncate is not read per layer type by "
+                         "transformers (yarn takes it from the top level); remove it")
+
+
+def check_spellings(fields: dict[str, Any]) -> None:
+  """A config that gives its rotary settings twice (``rope_theta`` beside ``rope_parameters`` or
+  ``rope_scaling``; both spellings of the scaling) must give one value; transformers would keep one
+  silently.
+
+  Raises:
+    ValueError: conflicting thetas, or ``rope_scaling`` and ``rope_parameters`` that disagree.
+  """
+  thetas = []
+  if fields.get("rope_theta") is not None:
+    thetas.append(float(fields["rope_theta"]))
+  for key in ("rope_parameters", "rope_scaling"):
+    rope = fields.get(key) or {}
+    if isinstance(rope, dict) and rope.get("rope_theta") is not None:
+      thetas.append(float(rope["rope_theta"]))
+  if len(set(thetas)) > 1:
+    raise ValueError(f"conflicting rope_theta values {thetas} in the config")
+  scaling, parameters = fields.get("rope_scaling"), fields.get("rope_parameters")
+  if isinstance(scaling, dict) and isinstance(parameters, dict):
+    plain = lambda rope: {("rope_type" if k == "type" else k): v for k, v in rope.items()
+                          if k != "rope_theta"}
+    if plain(scaling) != plain(parameters):
+      raise ValueError(f"conflicting rotary settings: rope_scaling {scaling} and rope_parameters "
+                       f"{parameters} (transformers 4 and 5 spellings) disagree; keep one")

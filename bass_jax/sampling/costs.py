@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bass_jax.models import common
+from bass_jax.models import decoder_config
 from bass_jax.sampling import compile_cache
 from bass_jax.models.common import forward
 from bass_jax.sampling.draft_len import GoodputDraftLen, StepCosts
@@ -196,7 +196,7 @@ def time_forwards(config, dtype: str, attention_impl: str, params, batch: int,
                    sharding=sharding, tree_mask=tree_mask)
 
   cache = half_full_cache(config, batch, cache_len, dtype,
-                          scanned=common.scanned_layers(config, params))
+                          scanned=decoder_config.scanned_layers(config, params))
   return fastest_seconds(cached_forward_calls(run, params, cache, positions, mask_widths))
 
 

@@ -59,7 +59,7 @@ def run(plan: Plan, *, time_prompts: bool = True,
   calibration_seconds = 0.0
   if plan.calibrate:  # the step costs, timed in these programs (calibration.py)
     plan, calibration_seconds = calibration.calibrate(plan, run)
-  spec, host, num_prompts, slots = plan.spec, plan.host, plan.num_prompts, plan.slots
+  host, num_prompts, slots = plan.host, plan.num_prompts, plan.slots
 
   clock = _PromptClock(num_prompts, started=slots)
   reported = np.zeros(num_prompts, bool)  # prompts handed to on_finish
