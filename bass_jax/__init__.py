@@ -13,7 +13,8 @@ Public API::
 from bass_jax.cache import KVCache
 from bass_jax.loading import (ALIASES, Model, abstract_params, check_same_tokenizer, default_dtype,
                               init_params, load_draft, load_model, save_model)
-from bass_jax.models.attention import attention_implementations, reference_attention
+from bass_jax.models.attention import reference_attention
+from bass_jax.models.attention_registry import AttentionImpl, attention_implementations, register_attention
 from bass_jax.models.codegen import CodeGenConfig
 from bass_jax.models.gpt2 import GPT2Config
 from bass_jax.models.llama import LlamaConfig, register_llama_family
@@ -44,7 +45,7 @@ __all__ = [
     "NGramProposer", "OPTConfig", "PAD_TOKEN", "Plan", "Proposal", "Proposer", "Replay",
     "SiblingProposer", "StepContext", "StepCosts",
     "TreeShape",
-    "abstract_params", "acceptance_rules", "attention_implementations", "check_same_tokenizer", "clear_compile_cache",
+    "AttentionImpl", "abstract_params", "acceptance_rules", "attention_implementations", "check_same_tokenizer", "clear_compile_cache",
     "compile_cache_stats",
     "default_dtype",
     "enable_persistent_compilation_cache", "generate", "generate_text", "init_params", "load_draft",

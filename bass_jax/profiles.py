@@ -48,14 +48,15 @@ Every field is a default: ``bass_jax.generate``'s own arguments (``attention_imp
 override it, argument by argument, and a profile made with ``dataclasses.replace`` overrides any
 field (the admission's, which ``generate`` takes no argument for). ``generate(profile=None)`` takes the profile of the backend the
 program is compiled for (``jax.default_backend()``, or the platform of
-``models.attention.compiling_for``).
+``platforms.compiling_for``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from bass_jax.models import attention as attention_lib
+from bass_jax import platforms
+from bass_jax.models import attention_registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +65,7 @@ class BackendProfile:
 
   Attributes:
     name: the profile's name (``"cpu"``, ``"gpu"``).
-    attention_impl: the attention implementation (``models.attention.attention_implementations()``).
+    attention_impl: the attention implementation (``models.attention_registry.attention_implementations()``).
     verify_chunk: C, the positions one verification pass scores; None: one pass of ``L + 1`` (the
       step's longest chain and its bonus position), which needs no verification loop.
     branch_free: run the draft loop for its static ``L`` iterations and find the nucleus with one
@@ -101,9 +102,9 @@ class BackendProfile:
                        f"pairs naming XLA options ('xla_...'), got {options!r}")
     # By name only: building a Pallas implementation reads the backend, which importing this module
     # must not initialize (jax.distributed.initialize has to come first).
-    if self.attention_impl not in attention_lib.attention_implementations():
+    if self.attention_impl not in attention_registry.attention_implementations():
       raise ValueError(f"unknown attention_impl {self.attention_impl!r}; choose one of "
-                       f"{attention_lib.attention_implementations()}")
+                       f"{attention_registry.attention_implementations()}")
     if self.verify_chunk is not None and (not isinstance(self.verify_chunk, int)
                                           or self.verify_chunk < 1):
       raise ValueError(f"BackendProfile.verify_chunk must be None or an int >= 1, got "
@@ -131,12 +132,11 @@ PROFILES = {
                           branch_free=True, admit_rows=4, admit_chunk=512, scan_layers=False,
                           compiler_options=GPU_COMPILER_OPTIONS),
 }
-_PLATFORM_PROFILES = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu"}
 
 
 def backend_profile(profile: str | BackendProfile | None = None) -> BackendProfile:
   """The profile named ``profile``, ``profile`` itself, or (None) the profile of the platform the
-  decode is compiled for: ``models.attention.compiling_for``'s, else ``jax.default_backend()``; a
+  decode is compiled for: ``platforms.compiling_for``'s, else ``jax.default_backend()``; a
   platform without a profile of its own (a TPU) takes the CPU's.
 
   Raises:
@@ -145,7 +145,7 @@ def backend_profile(profile: str | BackendProfile | None = None) -> BackendProfi
   if isinstance(profile, BackendProfile):
     return profile
   if profile is None:
-    return PROFILES[platform_profile(attention_lib.compile_platform())]
+    return PROFILES[platform_profile(platforms.compile_platform())]
   if not isinstance(profile, str) or profile not in PROFILES:
     raise ValueError(f"profile must be None, a BackendProfile or one of {sorted(PROFILES)}, got "
                      f"{profile!r}")
@@ -155,4 +155,4 @@ def backend_profile(profile: str | BackendProfile | None = None) -> BackendProfi
 def platform_profile(platform: str) -> str:
   """The name of the profile a platform (``"cpu"``, ``"cuda"``, ``"rocm"``, ``"gpu"``, …) takes by
   default: ``"gpu"`` for a GPU, ``"cpu"`` for anything else."""
-  return _PLATFORM_PROFILES.get(platform, "cpu")
+  return "gpu" if platforms.is_gpu(platform) else "cpu"

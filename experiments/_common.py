@@ -30,8 +30,10 @@ SCAN_LAYERS = flags.DEFINE_bool(
 NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 2, "First N HumanEval prompts.", lower_bound=1)
 MAX_NEW = _decode_flags.define(max_new_tokens=64)["max_new_tokens"]
 BATCHES = flags.DEFINE_list("batch_sizes", ["1", "2", "4", "8", "16"], "Batch sizes.")
-KERNELS = flags.DEFINE_enum("kernels", "auto", ["auto", "pallas", "blocked"],
-                            "PAD/SPLIT attention: Pallas kernels (GPU) or their plain-JAX versions.")
+KERNELS = flags.DEFINE_string(
+    "kernels", "auto", "The backend of the PAD/SPLIT attention: 'pallas' (the kernels), 'blocked' (their "
+    "plain-JAX versions) or any backend with both strategies registered "
+    "(bass_jax.models.attention_registry); 'auto': pallas on a GPU, blocked elsewhere.")
 DRAFT_LEN = flags.DEFINE_string(
     "draft_len", "dynamic", "BASS's draft-length policy in budget, throughput and utilization: "
     "'dynamic' (Algorithm 1, the paper's), 'goodput' (per step the kind and length that maximize "

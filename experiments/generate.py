@@ -120,7 +120,7 @@ def _preflight(problems):
   target ships a tokenizer, the attention implementation exists, and every prompt plus
   --max_new_tokens fits the models' context."""
   from bass_jax import preflight  # pylint: disable=g-import-not-at-top
-  from bass_jax.models import attention  # pylint: disable=g-import-not-at-top
+  from bass_jax.models import attention_registry  # pylint: disable=g-import-not-at-top
   from bass_jax.sampling import acceptance  # pylint: disable=g-import-not-at-top
 
   try:
@@ -129,9 +129,9 @@ def _preflight(problems):
     raise _io.Refusal(f"--acceptance: {e}") from None
 
   if (_ATTENTION.value is not None
-      and _ATTENTION.value not in attention.attention_implementations()):
+      and _ATTENTION.value not in attention_registry.attention_implementations()):
     raise _io.Refusal(f"--attention_impl={_ATTENTION.value!r} is not one of "
-                      f"{', '.join(attention.attention_implementations())}")
+                      f"{', '.join(attention_registry.attention_implementations())}")
   target, draft = _io.inspect_models(_TARGET.value,
                                      _DRAFT.value if _METHOD.value == "bass" else None)
   if not target.has_tokenizer:

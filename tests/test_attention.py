@@ -7,8 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bass_jax import platforms
+from bass_jax.models import attention_registry
 from bass_jax.models.attention import (blocked_attention, causal_attention, causal_implementation,
-                                       compiling_for, get_attention, reference_attention)
+                                       reference_attention)
+from bass_jax.models.attention_registry import get_attention
+from bass_jax.platforms import compiling_for
 
 
 def _loop_attention(q, k, v, lengths, window=None, cap=None):
@@ -119,6 +123,41 @@ def test_prefill_attention_is_cudnn_flash_for_bf16_on_a_gpu_and_the_jnp_path_els
 def test_unknown_implementation_is_named():
   with pytest.raises(ValueError, match="no_such_kernel"):
     get_attention("no_such_kernel")
+
+
+def test_the_registry_finds_each_strategy_on_each_backend_and_refuses_clashes():
+  """Every built-in name is found again by its (strategy, backend) pair; a second name for a pair, a
+  taken name, a fallback not registered and a pair with no implementation are each refused."""
+  for name in attention_registry.attention_implementations():
+    impl = attention_registry.lookup(name)
+    assert attention_registry.find(impl.strategy, impl.backend).name == name
+  assert attention_registry.find("split", "pallas").fallback == "blocked_split"
+  build = lambda: reference_attention
+  with pytest.raises(ValueError, match="'pad' on backend 'pallas' is 'pallas_pad'"):
+    attention_registry.register_attention(attention_registry.AttentionImpl("mine", "pad", "pallas",
+                                                                           build))
+  with pytest.raises(ValueError, match="registered already"):
+    attention_registry.register_attention(attention_registry.AttentionImpl("reference", "x", "y",
+                                                                           build))
+  with pytest.raises(ValueError, match="fallback 'nope' is not registered"):
+    attention_registry.register_attention(attention_registry.AttentionImpl("mine", "x", "y", build,
+                                                                           fallback="nope"))
+  with pytest.raises(ValueError, match="no attention implementation of strategy 'pad' on backend "
+                     "'triton'.*'pallas'"):
+    attention_registry.find("pad", "triton")
+  assert "mine" not in attention_registry.attention_implementations()
+
+
+def test_platform_kinds():
+  """JAX's platform names map to their kinds; an unregistered one is treated as a CPU; a kind
+  outside KINDS and a second kind for a name are refused."""
+  assert [platforms.is_gpu(p) for p in ("gpu", "cuda", "rocm", "cpu", "tpu", "metal")] == [
+      True, True, True, False, False, False]
+  assert platforms.kind("tpu") == "tpu" and platforms.kind("metal") == "cpu"
+  with pytest.raises(ValueError, match="kind must be one of"):
+    platforms.register_platform("npu", "accelerator")
+  with pytest.raises(ValueError, match="'cuda' is registered already as a 'gpu'"):
+    platforms.register_platform("cuda", "cpu")
 
 
 @pytest.mark.parametrize("variant", ["pad", "split"])

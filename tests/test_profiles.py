@@ -7,7 +7,7 @@ import pytest
 
 import bass_jax as bj
 from bass_jax.tooling import hlo_census
-from bass_jax.models import attention as attention_lib
+from bass_jax import platforms
 from bass_jax.sampling import generate as generate_lib
 from bass_jax import profiles
 from conftest import noisy_copy, random_eagle_draft, tiny_model
@@ -31,7 +31,7 @@ def models():
 
 def test_profiles_resolve_by_name_platform_and_value():
   assert profiles.backend_profile(None) == profiles.PROFILES["cpu"]  # this machine
-  with attention_lib.compiling_for("cuda"):
+  with platforms.compiling_for("cuda"):
     assert profiles.backend_profile(None) == profiles.PROFILES["gpu"]
   assert profiles.backend_profile("gpu").verify_chunk is None
   assert profiles.backend_profile(BRANCH_FREE) is BRANCH_FREE

@@ -196,7 +196,7 @@ def test_keys_may_end_before_the_queries(num_q, window, variant):
 @pytest.mark.parametrize("impl", ["pallas_pad", "pallas_split"])
 def test_model_attention_with_the_kernels_matches_the_models_reference(impl):
   """The models' attention through the kernels equals the models' own jnp reference."""
-  from bass_jax.models.attention import get_attention
+  from bass_jax.models.attention_registry import get_attention
 
   q, k, v, lengths = _inputs(3, 3, 8, 3, 3, 64, jnp.float32, max_len=128)
   _check(get_attention(impl)(q, k, v, lengths), reference_attention(q, k, v, lengths), jnp.float32)
@@ -361,7 +361,7 @@ def test_per_layer_windows_with_a_soft_cap(impl):
   """A Gemma 2-style model calls one implementation per layer with its own static window (windowed
   layers alternate with global ones) and one soft cap: in one program, each layer attends as its own
   window says."""
-  from bass_jax.models.attention import get_attention
+  from bass_jax.models.attention_registry import get_attention
 
   cap, window = 5.0, 9
   layers = [_inputs(seed, 3, 2, 2, 2, 16, jnp.float32, max_len=64, block=16) for seed in (81, 82)]

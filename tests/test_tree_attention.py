@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from bass_jax.models import attention
+from bass_jax.models import attention_registry
 from bass_jax.sampling import tree as tree_lib
 
 B, T, N, K, H, S = 3, 6, 4, 2, 16, 64  # H and S as small as the Pallas kernels tile
@@ -118,7 +119,7 @@ def test_every_implementation_attends_a_tree_like_the_reference(impl):
   for b in range(B):
     v[b, :, lengths[b] - T:lengths[b]] *= 30.0
   args = tuple(map(jnp.asarray, (q, k, v, lengths)))
-  tree_attention = attention.get_tree_attention(impl)
+  tree_attention = attention_registry.get_tree_attention(impl)
   want = brute_force(q, k, v, lengths, mask)
   got = np.asarray(tree_attention(*args, jnp.asarray(mask)))
   assert np.isfinite(got).all()
@@ -145,7 +146,7 @@ def test_soft_capped_tree_attention(impl, window):
   q, k, v = _inputs(rng, lengths, mask)
   q *= 10.0
   args = tuple(map(jnp.asarray, (q, k, v, lengths, mask)))
-  got = np.asarray(attention.get_tree_attention(impl)(*args, sliding_window=window,
+  got = np.asarray(attention_registry.get_tree_attention(impl)(*args, sliding_window=window,
                                                       logit_soft_cap=cap))
   want = brute_force(q, k, v, lengths, mask, window, cap=cap)
   assert np.isfinite(got).all()

@@ -25,15 +25,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bass_jax import loading, sharding, text
+from bass_jax import loading, platforms, sharding, text
 from bass_jax.evaluation import baselines as hf
 from bass_jax.evaluation import experiment, metrics
 from bass_jax.evaluation.data import Problem
 from bass_jax.loading import Model
+from bass_jax.models import attention_registry
 from bass_jax.sampling.generate import load_draft_spec, tree_shapes
 
 # name -> (method, draft_len, attention strategy); "pad"/"split" resolve to the Pallas kernels on a GPU
-# and to their plain-JAX counterparts elsewhere (bass_jax.models.attention).
+# and to their plain-JAX counterparts elsewhere (bass_jax.models.attention_registry.find).
 CONFIGS: dict[str, tuple[str, Any, str]] = {
     "regular": ("regular", None, "pad"),
     "bass_pad": ("bass", "dynamic", "pad"),
@@ -69,11 +70,16 @@ def load_pair(target: str, draft: str, draft_num_layers: int | None = None,
 
 
 def attention_impl(strategy: str, kernels: str = "auto") -> str:
-  """``"pad"``/``"split"`` -> an attention implementation: the Pallas kernels on a GPU (or when
-  ``kernels="pallas"``), the plain-JAX blocked versions otherwise (``kernels="blocked"``)."""
+  """The name of the attention implementation registered for ``strategy`` (``"pad"``, ``"split"``)
+  on backend ``kernels`` (``"pallas"``, ``"blocked"``, or a user's backend); ``"auto"``: the Pallas
+  kernels on a GPU, their plain-JAX versions elsewhere.
+
+  Raises:
+    ValueError: no implementation of that strategy on that backend (naming the registered pairs).
+  """
   if kernels == "auto":
-    kernels = "pallas" if jax.default_backend() in ("gpu", "cuda", "rocm") else "blocked"
-  return f"{kernels}_{strategy}"
+    kernels = "pallas" if platforms.is_gpu(jax.default_backend()) else "blocked"
+  return attention_registry.find(strategy, kernels).name
 
 
 def machine() -> dict[str, Any]:

@@ -38,15 +38,12 @@ forward, training) :func:`causal_attention` attends the new tokens among themsel
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import threading
-import warnings
 from typing import Callable, Protocol
 
 import jax
 import jax.numpy as jnp
-from pallas_kernels import ragged_attention
+
+from bass_jax import platforms
 
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: no inf - inf in online softmaxes
 
@@ -328,24 +325,16 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, sm_scale: floa
 
 def causal_implementation(dtype) -> str:
   """The causal attention a prefill or full forward runs (:func:`causal_attention`): ``"cudnn"``
-  (flash attention through ``jax.nn.dot_product_attention``) on a GPU platform (:func:`compile_platform`)
+  (flash attention through ``jax.nn.dot_product_attention``) on a GPU platform (``platforms.compile_platform``)
   for bf16 or f16, which cuDNN's fused kernel takes (``"xla"`` when tracing for a GPU on a machine
   without one, where cuDNN is absent); ``"reference"`` elsewhere, the jnp path, which is
   the faster one on a CPU and the only one for f32 on a GPU."""
-  if compile_platform() in GPU_PLATFORMS and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+  if (platforms.is_gpu(platforms.compile_platform())
+      and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)):
     # cuDNN's version is checked while tracing: lowering for a GPU on a machine without one (the
-    # deviceless census, ``compiling_for``) takes XLA's own attention for the prefill instead.
-    return "cudnn" if _has_gpu() else "xla"
+    # deviceless census, ``platforms.compiling_for``) takes XLA's own attention for the prefill instead.
+    return "cudnn" if platforms.has_gpu() else "xla"
   return "reference"
-
-
-@functools.cache
-def _has_gpu() -> bool:
-  """Whether this process has a GPU device (cuDNN is then installed with JAX's CUDA plugin)."""
-  try:
-    return bool(jax.devices("gpu"))
-  except RuntimeError:
-    return False
 
 
 def blocked_attention(
@@ -446,141 +435,3 @@ def blocked_attention(
     return out
   unfold = lambda x: _unfold(x[..., None], num_q)[..., 0]
   return out, (unfold(m), unfold(l))
-
-
-GPU_PLATFORMS = ("gpu", "cuda", "rocm")
-H100_SM_COUNT = 132  # the SMs assumed when lowering for a GPU on a machine that has none
-_compile_target = threading.local()
-
-
-@contextlib.contextmanager
-def compiling_for(platform: str, *, sm_count: int = H100_SM_COUNT):
-  """Traces the models as for ``platform`` (``"cuda"``, ``"cpu"``) within the block, whatever the
-  default backend: the Pallas kernels lower natively for a GPU platform (interpreted for any other)
-  and their cache splits assume ``sm_count`` SMs, and ``bass_jax.generate``'s default profile is
-  that platform's. For lowering a GPU program on a machine without one (``jax.export`` with
-  ``platforms=[platform]``, ``experiments.benchmarks.lower_decode``); the programs are not runnable here.
-  """
-  previous = getattr(_compile_target, "value", None)
-  _compile_target.value = (platform, sm_count)
-  try:
-    yield
-  finally:
-    _compile_target.value = previous
-
-
-def compile_platform() -> str:
-  """The platform programs are traced for: :func:`compiling_for`'s, else ``jax.default_backend()``."""
-  target = getattr(_compile_target, "value", None)
-  return jax.default_backend() if target is None else target[0]
-
-
-def _sm_count() -> int:
-  """The SMs of the GPU the kernels are compiled for (:func:`compiling_for`'s, else device 0's)."""
-  target = getattr(_compile_target, "value", None)
-  if target is not None:
-    return target[1]
-  return getattr(jax.devices()[0], "core_count", None) or H100_SM_COUNT
-
-
-def _pallas(variant: str) -> AttentionFn:
-  """The Pallas ragged-attention kernel: native on a GPU, with flash-decoding splits of the cache
-  chosen from the shape and the SM count (``ragged_attention.split_count``); interpreted, unsplit,
-  on any other platform (:func:`compile_platform`). The keywords (``sm_scale``, ``sliding_window``,
-  ``logit_soft_cap``, ``kv_lengths``, ``return_residuals``) go to the kernel as they are."""
-  if compile_platform() not in GPU_PLATFORMS:
-    return functools.partial(ragged_attention.ragged_attention, variant=variant, interpret=True)
-  sm_count = _sm_count()
-
-  def attend(q, k_cache, v_cache, lengths, **kwargs):
-    batch, num_q, num_heads, _ = q.shape
-    num_kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
-    splits = ragged_attention.split_count(batch, num_kv_heads, num_q, num_heads // num_kv_heads,
-                                          max_len, sm_count=sm_count)
-    return ragged_attention.ragged_attention(
-        q, k_cache, v_cache, lengths, variant=variant,
-        block_sizes=ragged_attention.BlockSizes(num_splits=splits), **kwargs)
-
-  return attend
-
-
-# Caches used with the Pallas implementations must have a multiple of this many slots.
-CACHE_ALIGNMENT = 64
-
-_IMPLEMENTATIONS: dict[str, Callable[[], AttentionFn]] = {
-    "reference": lambda: reference_attention,
-    "pallas_pad": lambda: _pallas("pad"),  # BASS-PAD (paper §3.1)
-    "pallas_split": lambda: _pallas("split"),  # BASS-SPLIT, in one launch
-    # The same two strategies in plain JAX, compiled natively where Pallas GPU kernels do not run.
-    "blocked_pad": lambda: functools.partial(blocked_attention, variant="pad"),
-    "blocked_split": lambda: functools.partial(blocked_attention, variant="split"),
-}
-
-
-def implementation_for_heads(name: str, head_dims: dict[str, int], *, chosen_by_user: bool) -> str:
-  """The attention implementation to trace for models whose heads have ``head_dims`` channels.
-
-  The Pallas kernels take heads whose size is a multiple of 16 (64, 80, 96, 128, 256, ...:
-  ``pallas_kernels.ragged_attention.head_chunks``). For another size a profile's Pallas default is
-  replaced, before anything is traced, by the same strategy in plain JAX (``blocked_pad`` /
-  ``blocked_split``), with a one-line warning; a Pallas kernel the caller asked for by name is refused.
-
-  Args:
-    name: the implementation chosen (a profile's default, or the caller's ``attention_impl``).
-    head_dims: ``{model name: head dim}`` of the models that will attend with it.
-    chosen_by_user: whether the caller named ``name`` (then a mismatch is an error).
-
-  Returns:
-    ``name``, or its plain-JAX counterpart.
-
-  Raises:
-    ValueError: ``chosen_by_user`` and a head size the Pallas kernel cannot take.
-  """
-  if not name.startswith("pallas_"):
-    return name
-
-  bad = {model: dim for model, dim in head_dims.items()
-         if not ragged_attention.supports_head_dim(dim)}
-  if not bad:
-    return name
-  fallback = name.replace("pallas_", "blocked_")
-  which = ", ".join(f"{model} (head_dim {dim})" for model, dim in bad.items())
-  if chosen_by_user:
-    raise ValueError(f"attention_impl={name!r}: the Pallas kernel takes head dims that are multiples "
-                     f"of 16, and {which} is not; use attention_impl={fallback!r} or 'reference'")
-  warnings.warn(f"{which}: the Pallas kernel takes head dims that are multiples of 16; attending "
-                f"with {fallback!r} (the same strategy in plain JAX) instead", stacklevel=3)
-  return fallback
-
-
-def get_tree_attention(name: str) -> Callable[..., jax.Array]:
-  """The tree attention of implementation ``name``, with :func:`reference_tree_attention`'s
-  signature: the reference itself, or the implementation's ragged attention of the prefix merged
-  with the tree's nodes (:func:`merged_tree_attention`, which refuses a ``sliding_window``).
-
-  Raises:
-    ValueError: if no implementation has that name.
-  """
-  attend = get_attention(name)
-  return (reference_tree_attention if name == "reference"
-          else functools.partial(merged_tree_attention, attend))
-
-
-def attention_implementations() -> tuple[str, ...]:
-  """Names accepted by :func:`get_attention` (and by ``generate(attention_impl=...)``)."""
-  return tuple(_IMPLEMENTATIONS)
-
-
-def get_attention(name: str) -> AttentionFn:
-  """The attention implementation registered under ``name``.
-
-  Raises:
-    ValueError: if no implementation has that name.
-  """
-  try:
-    factory = _IMPLEMENTATIONS[name]
-  except KeyError:
-    raise ValueError(
-        f"unknown attention_impl {name!r}; choose one of {attention_implementations()}"
-    ) from None
-  return factory()

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from bass_jax import sharding as sharding_lib
 from bass_jax.cache import KVCache, KVUpdate, LayerSlice, write_entries
 from bass_jax.models import attention as attention_lib
+from bass_jax.models import attention_registry
 from bass_jax.models.decoder_config import DecoderConfig, scanned_layers
 
 
@@ -98,8 +99,8 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, k_cache: jax.A
     return attention_lib.causal_attention(q, k, v, **kwargs), k, v
   sharded = isinstance(attention_impl, sharding_lib.ShardedAttention)
   name = attention_impl.impl if sharded else attention_impl
-  attend = (attention_lib.get_attention(name) if tree_mask is None
-            else attention_lib.get_tree_attention(name))
+  attend = (attention_registry.get_attention(name) if tree_mask is None
+            else attention_registry.get_tree_attention(name))
 
   def write_and_attend(q, k, v, k_cache, v_cache, cache_lengths, *mask):
     k_cache = write_entries(k_cache, k, cache_lengths)

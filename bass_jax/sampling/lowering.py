@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from bass_jax.loading import Model
-from bass_jax.models import attention as attention_lib
+from bass_jax import platforms
 from bass_jax.sampling import costs as costs_lib
 from bass_jax.sampling import loop
 from bass_jax import profiles
@@ -46,7 +46,7 @@ class LoweredDecode:
 
 
 def lower(target: Model, draft: Any, prompts: Any, config: DecodeConfig | None = None, *,
-          platform: str, sm_count: int = attention_lib.H100_SM_COUNT,
+          platform: str, sm_count: int = platforms.H100_SM_COUNT,
           compile_on_host: bool = False, **settings: Any) -> LoweredDecode:
   """Lowers the programs ``run(prepare(target, draft, prompts, config))`` would run, for
   ``platform``, without running them.
@@ -56,7 +56,7 @@ def lower(target: Model, draft: Any, prompts: Any, config: DecodeConfig | None =
       placeholders: the step costs are a traced input (``StepCosts.as_array``), so any values lower
       the same program, and measuring them would run programs.
     platform: ``"cuda"``, ``"rocm"`` or ``"cpu"``: the programs are traced as for it
-      (``models.attention.compiling_for``), and the default profile is its.
+      (``platforms.compiling_for``), and the default profile is its.
     sm_count: the SMs the Pallas kernels' cache splits assume on a GPU platform.
     compile_on_host: also compile the decode of the same settings (the same profile) for this
       machine, for what only a compiler shows (copies of the caches). The jnp reference attention
@@ -81,7 +81,7 @@ def lower(target: Model, draft: Any, prompts: Any, config: DecodeConfig | None =
         as_policy(policy), costs=costs_lib.StepCosts(1.0, 1.0, 0.0, 0.0, 1, (1.0,) * len(trees))))
   # A Pallas Triton kernel lowers to a custom call that export does not vouch for by default.
   checks = [export.DisabledSafetyCheck.custom_call(TRITON_CUSTOM_CALL)]
-  with attention_lib.compiling_for(platform, sm_count=sm_count):
+  with platforms.compiling_for(platform, sm_count=sm_count):
     plan = prepare(target, draft, prompts, config)
     spec = plan.spec
     observe = plan.place(True)
@@ -98,7 +98,7 @@ def lower(target: Model, draft: Any, prompts: Any, config: DecodeConfig | None =
                                f"[{','.join(map(str, x.shape))}]" for x in caches}))
   host_hlo = None
   if compile_on_host:
-    with attention_lib.compiling_for(jax.default_backend()):
+    with platforms.compiling_for(jax.default_backend()):
       # The jnp reference stands in for a Pallas kernel: XLA sees a kernel (a custom call) read the
       # cache as it sees the reference's ops read it, where the Pallas interpreter would copy its
       # operands into state, copies no GPU program makes.

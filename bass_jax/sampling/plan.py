@@ -25,7 +25,7 @@ from bass_jax import _checks
 from bass_jax import profiles
 from bass_jax import sharding as sharding_lib
 from bass_jax.loading import Model
-from bass_jax.models import attention as attention_lib
+from bass_jax.models import attention_registry
 from bass_jax.sampling import calibration
 from bass_jax.sampling import compile_cache
 from bass_jax.sampling import config as config_lib
@@ -231,10 +231,10 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
   profile = profiles.backend_profile(c.profile)
   attention_impl = profile.attention_impl if c.attention_impl is None else c.attention_impl
   if not isinstance(attention_impl, str):
-    raise ValueError(f"attention_impl must be a name, one of {attention_lib.attention_implementations()}")
-  attention_lib.get_attention(attention_impl)  # raises for an unknown name
+    raise ValueError(f"attention_impl must be a name, one of {attention_registry.attention_implementations()}")
+  attention_registry.lookup(attention_impl)  # raises for an unknown name
   bass = c.method == "bass"
-  attention_impl = attention_lib.implementation_for_heads(
+  attention_impl = attention_registry.implementation_for_heads(
       attention_impl, _head_dims(target, draft if bass else None),
       chosen_by_user=c.attention_impl is not None)
   mesh = sharding_lib.resolve_mesh(c.mesh) or sharding_lib.mesh_of(target.params)

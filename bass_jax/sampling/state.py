@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from bass_jax import sharding as sharding_lib
 from bass_jax.cache import KVCache
-from bass_jax.models.attention import CACHE_ALIGNMENT
+from bass_jax.models.attention_registry import CACHE_ALIGNMENT
 from bass_jax.models.common import DecoderConfig
 from bass_jax.sampling.acceptance import AcceptanceRule
 from bass_jax.sampling.draft_len import DraftLenPolicy, GoodputDraftLen

@@ -463,7 +463,8 @@ def _census_child(run_dir: pathlib.Path) -> None:
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   import bass_jax  # pylint: disable=g-import-not-at-top
-  from bass_jax.models import attention, common  # pylint: disable=g-import-not-at-top
+  from bass_jax import platforms  # pylint: disable=g-import-not-at-top
+  from bass_jax.models import common  # pylint: disable=g-import-not-at-top
   from bass_jax import profiles  # pylint: disable=g-import-not-at-top
   from bass_jax.tooling import thunk_census  # pylint: disable=g-import-not-at-top
   from experiments import _shapes  # pylint: disable=g-import-not-at-top
@@ -486,7 +487,7 @@ def _census_child(run_dir: pathlib.Path) -> None:
         cache = jax.eval_shape(lambda b=batch: cfg.init_cache(b, 2048, jnp.bfloat16))
 
         def run(params, tokens, cache, num_new=num_new):
-          with attention.compiling_for("cuda"):
+          with platforms.compiling_for("cuda"):
             logits, cache = common.forward(cfg, params, tokens, cache, dtype="bfloat16",
                                            attention_impl=profile.attention_impl)
           return logits, cache.with_lengths(cache.lengths - num_new)
