@@ -6,7 +6,9 @@ proposer is named by draft specs, an unregistered one by its import path, and ei
 ``Hybrid`` in front of a draft model, exactly. A user's own acceptance rule reaches ``generate`` by
 instance, registered name and import path, and keeps the target's law under the same chi-square test,
 which rejects a mutant of it. A Llama-like family registered with one Traits row (Ministral) loads with
-transformers' logits, decodes greedy BASS as regular decoding, and saves as transformers reads it."""
+transformers' logits, decodes greedy BASS as regular decoding, and saves as transformers reads it. A
+user's attention implementation, registered by strategy and backend, equals the reference attention
+without reading a padded slot, decodes the reference's tokens, and is found by its strategy."""
 
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ import pytest
 
 import bass_jax as bj
 from bass_jax import preflight, sharding
-from bass_jax.models import family, llama
+from bass_jax.evaluation import reproduce
+from bass_jax.models import attention_registry, family, llama
+from bass_jax.models.attention import reference_attention
 from bass_jax.sampling import acceptance, compile_cache, drafts, tree_check
 from bass_jax.sampling.proposers import ModelProposer
 from conftest import noisy_copy, tiny_model
@@ -513,3 +517,37 @@ def test_a_registered_family_with_gemmas_traits_is_not_saved_in_transformers_for
                                hidden_act="gelu_pytorch_tanh")
   with pytest.raises(ValueError, match="saving a registered family with Gemma's traits"):
     config.to_hf_config()
+
+
+@pytest.fixture(scope="module")
+def sdpa_attention():
+  """The page's attention implementation, registered by running its example once."""
+  if "sdpa_pad" not in attention_registry.attention_implementations():
+    namespace = {}
+    exec(compile(_examples("Your own attention implementation")[0], str(DOC), "exec"), namespace)  # pylint: disable=exec-used
+  return attention_registry.get_attention("sdpa_pad")
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_the_users_attention_equals_the_reference_and_reads_no_padding(sdpa_attention, window):  # pylint: disable=redefined-outer-name
+  rng = np.random.default_rng(7)
+  batch, num_new, heads, kv_heads, slots, dim = 3, 2, 4, 2, 16, 8
+  q = jnp.asarray(rng.standard_normal((batch, num_new, heads, dim)), jnp.float32)
+  lengths = jnp.asarray([2, 9, 16], jnp.int32)
+  valid = np.arange(slots)[None, None, :, None] < np.asarray(lengths)[:, None, None, None]
+  k, v = (jnp.asarray(np.where(valid, rng.standard_normal((batch, kv_heads, slots, dim)), np.nan),
+                      jnp.float32) for _ in range(2))
+  got = sdpa_attention(q, k, v, lengths, sliding_window=window)
+  want = reference_attention(q, k, v, lengths, sliding_window=window)
+  assert np.isfinite(np.asarray(got)).all()
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
+
+
+def test_the_users_attention_decodes_as_the_reference_and_is_found_by_strategy(sdpa_attention):  # pylint: disable=redefined-outer-name
+  del sdpa_attention  # registered
+  assert reproduce.attention_impl("pad", "sdpa") == "sdpa_pad"
+  target, draft = tiny_model(0, scale=2.5), tiny_model(1, scale=2.5)
+  ref = bj.generate(target, draft, _prompts(), max_new_tokens=24, attention_impl="reference")
+  own = bj.generate(target, draft, _prompts(), max_new_tokens=24, attention_impl="sdpa_pad")
+  np.testing.assert_array_equal(own.tokens, ref.tokens)
+  assert own.stats.attention_impl == "sdpa_pad"
