@@ -49,6 +49,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from bass_jax import dtypes
 from bass_jax.checkpoints import hf as hf_ckpt
 from bass_jax.checkpoints._mapping import CheckpointError
 from bass_jax.models.eagle import EagleConfig
@@ -420,9 +421,8 @@ def write_published(directory: str | os.PathLike, config: EagleConfig, params: d
   directory = pathlib.Path(directory)
   directory.mkdir(parents=True, exist_ok=True)
   draft = params["draft"]
-  torch_dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
   store = lambda x: torch.from_numpy(np.array(x, np.float32)).to(
-      torch_dtypes[jnp.dtype(x.dtype if dtype is None else dtype).name])
+      dtypes.torch_dtype(x.dtype if dtype is None else dtype))
   state: dict[str, Any] = {}
 
   def dense(flax: dict, name: str) -> None:

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from bass_jax import _checks
+from bass_jax import dtypes
 from bass_jax.models import common
 from bass_jax.models import decoder_config
 from bass_jax.models.common import forward as model_forward
@@ -170,19 +171,10 @@ def init_params(config, key: jax.Array, dtype: Any = jnp.float32) -> dict[str, A
   return module.init(key, jnp.zeros((1, 1), jnp.int32))["params"]
 
 
-DTYPES = ("float32", "bfloat16", "float16")  # a model's parameters' dtypes
-
-
 def model_dtype(dtype: Any) -> jnp.dtype:
-  """``dtype`` (a name or a dtype) as a ``jnp.dtype``, one of :data:`DTYPES`.
+  """``dtype`` (a name or a dtype) as a ``jnp.dtype``, one of ``bass_jax.dtypes.PARAMETER_DTYPES``.
 
   Raises:
     ValueError: anything else (names the parameter and the choices).
   """
-  try:
-    name = jnp.dtype(dtype).name
-  except TypeError:
-    name = None
-  if name not in DTYPES:
-    raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-  return jnp.dtype(name)
+  return jnp.dtype(dtypes.dtype_name(dtype))

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bass_jax import dtypes
 from bass_jax.models import model as model_lib
 from bass_jax.models.llama import LlamaConfig
 
@@ -74,8 +75,7 @@ class TrainConfig:
                  "eval_draft_len"):
       if getattr(self, name) < 1:
         raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
-    if self.compute_dtype not in ("float32", "bfloat16"):
-      raise ValueError(f"compute_dtype must be float32 or bfloat16, got {self.compute_dtype!r}")
+    dtypes.dtype_name(self.compute_dtype, dtypes.TRAINING_DTYPES, what="compute_dtype")
 
 
 @flax.struct.dataclass

@@ -193,9 +193,9 @@ def _torch_device() -> str:
 
 
 def _torch_dtype(dtype):
-  import torch  # pylint: disable=g-import-not-at-top
+  from bass_jax import dtypes  # pylint: disable=g-import-not-at-top
 
-  return {"float32": torch.float32, "bfloat16": torch.bfloat16}[jnp.dtype(dtype).name]
+  return dtypes.torch_dtype(dtype)
 
 
 def _bench_model(spec: str, dtype: str, shapes, repeats: int, use_torch: bool, scanned: bool,
