@@ -17,7 +17,7 @@ A CPU and a GPU want different decode programs (docs/design.md, "Backend profile
   (``warp.top_p_filter``) instead of the top-k fast path and a bisection under a ``cond``.
 * **Attention.** The jnp reference is XLA:CPU's fastest; on a GPU the Pallas kernel (BASS-SPLIT) reads
   each row's own blocks only, with flash-decoding splits of the cache chosen from the batch, the KV
-  heads and the SM count (``pallas_kernels.ragged_attention.split_count``).
+  heads and the SM count (``pallas_kernels.tiling.split_count``).
 
 * **Admission.** A continuous batch prefills the prompts it admits inside the loop, several rows in
   one prefill and in chunks, so that the work follows the true prompt lengths rather than the padded

@@ -25,7 +25,7 @@ error, since it would shard nothing of the layers.
 
 The decode itself is one jitted program partitioned by XLA (GSPMD/Shardy) from these placements; the
 attention over the cache, the one part written as a kernel, runs per shard under ``jax.shard_map``
-(:class:`ShardedAttention`), so that the Pallas kernels see their local rows and heads.
+(``models.common.ShardedAttention``), so that the Pallas kernels see their local rows and heads.
 """
 
 from __future__ import annotations
@@ -456,49 +456,6 @@ def state_shardings(tree: Any, plan_: ShardingPlan, batch: int) -> Any:
   return jax.tree_util.tree_map(one, tree, is_leaf=lambda x: isinstance(x, KVCache))
 
 
-# -- attention per shard ---------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardedAttention:
-  """An attention implementation run per shard (``jax.shard_map``): each device writes its rows' (and
-  heads') new K/V into its part of the cache and attends over it, with no communication.
-
-  Models take it where they take an ``attention_impl`` name (``common.forward(..., sharding=plan)``
-  passes it); hashable, so it is part of a compiled module's identity.
-
-  Attributes:
-    impl: the attention registry name run on every shard (``"reference"``, ``"pallas_pad"`` …).
-    plan: the model's :class:`ShardingPlan`: rows over data; heads over model iff ``plan.kv_sharded``
-      (else every model shard computes all heads of its rows).
-  """
-
-  impl: str
-  plan: ShardingPlan
-
-  def per_shard(self, write_and_attend):
-    """``write_and_attend`` (``common.cached_attention``'s: ``(q [B, T, N, H], k, v [B, T, K, H],
-    k_cache, v_cache [B, K, S, H], cache_lengths i32[B], *row_extras) -> (out [B, T, N, H], k_cache,
-    v_cache)``) run on every device over its own rows, and heads where the plan splits them;
-    ``row_extras`` (a tree mask ``bool[B, T, M]``) split over rows like the lengths.
-
-    The returned function raises ValueError when B does not split over the data axis
-    (:func:`check_rows`).
-    """
-    heads = MODEL if self.plan.kv_sharded else None
-    tokens, cache = P(DATA, None, heads, None), P(DATA, heads, None, None)
-
-    def run(q, k, v, k_cache, v_cache, cache_lengths, *row_extras):
-      check_rows(q.shape[0], self.plan.mesh, "the attention's batch")
-      mapped = jax.shard_map(write_and_attend, mesh=self.plan.mesh,
-                             in_specs=(tokens, tokens, tokens, cache, cache, P(DATA))
-                             + (P(DATA),) * len(row_extras),
-                             out_specs=(tokens, cache, cache), check_vma=False)
-      return mapped(q, k, v, k_cache, v_cache, cache_lengths, *row_extras)
-
-    return run
-
-
 # -- memory ---------------------------------------------------------------------------------------------
 
 
@@ -514,6 +471,6 @@ def bytes_per_device(tree: Any, shardings: Any) -> int:
 
 
 __all__ = ["BATCH", "DATA", "EMBED", "HEADS", "KV_HEADS", "MESH_AXES", "MLP", "MODEL", "PARAM_AXES",
-           "REPLICATED", "RULES", "TENSOR_PARALLEL", "VOCAB", "ShardedAttention", "ShardingPlan",
+           "REPLICATED", "RULES", "TENSOR_PARALLEL", "VOCAB", "ShardingPlan",
            "bytes_per_device", "check_mesh", "check_rows", "logical_sizes", "make_mesh", "parse_mesh",
            "mesh_of", "plan", "put", "resolve_mesh", "shard_params", "state_shardings", "to_host"]

@@ -62,7 +62,7 @@ def prepare(experiment: str, *, greedy: bool = False) -> pathlib.Path:
 
   Args:
     greedy: the experiment decodes at temperature 0, where a batch holds distinct prompts
-      (``experiment.make_batches``), so ``--num_prompts`` must cover the largest batch.
+      (``batches.make_batches``), so ``--num_prompts`` must cover the largest batch.
 
   Returns:
     The JSON file this run will write.

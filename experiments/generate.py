@@ -72,11 +72,11 @@ _SAMPLES = flags.DEFINE_integer(
     "its default), in the order --sample_order gives, cut into batches of --batch_size or queued; "
     "at most 10000.", lower_bound=1, upper_bound=10_000)
 _SAMPLE_ORDER = flags.DEFINE_enum(
-    # experiment.SAMPLE_ORDERS, spelled out: bass_jax loads only after the flags are checked.
+    # batches.SAMPLE_ORDERS, spelled out: bass_jax loads only after the flags are checked.
     "sample_order", "grouped", ["grouped", "interleaved"], "With --samples_per_prompt: grouped (a "
     "prompt's samples in a row) or interleaved (round robin over the prompts: with continuous "
     "batching a prompt's later samples start once its earlier ones finished, which sibling lookup "
-    "drafts from; bass_jax.evaluation.experiment.make_batches).")
+    "drafts from; bass_jax.evaluation.batches.make_batches).")
 _SCAN_LAYERS = flags.DEFINE_bool(
     "scan_layers", None, "The target's (and a draft model's) layer layout: scanned (--scan_layers, "
     "one layer compiled) or unrolled (--noscan_layers); absent: the backend profile's (unrolled on "
@@ -196,7 +196,7 @@ def _check_run() -> _Checked:
   except (_io.OutputError, _runs.RunError) as e:
     raise _io.Refusal(str(e)) from e
 
-  from bass_jax.evaluation import experiment  # pylint: disable=g-import-not-at-top
+  from bass_jax.evaluation import batches  # pylint: disable=g-import-not-at-top
   from bass_jax.evaluation.data import load_problems  # pylint: disable=g-import-not-at-top
   from bass_jax.sampling import config  # pylint: disable=g-import-not-at-top
 
@@ -206,7 +206,7 @@ def _check_run() -> _Checked:
   if _runs.RESUME.value:
     try:
       earlier = _runs.read_json(summary_path)
-      done = records_file.read(experiment.record_key)
+      done = records_file.read(batches.record_key)
       if earlier is not None or done:
         _runs.check_settings(summary_path, (earlier or {}).get("settings"), settings)
     except _runs.RunError as e:
@@ -217,9 +217,9 @@ def _check_run() -> _Checked:
     # run_problems' rule: samples_per_prompt, when given, decides alone (distinct_prompts None).
     distinct = (None if _SAMPLES.value is not None else
                 _DISTINCT.value if _DISTINCT.value is not None else _TEMPERATURE.value == 0)
-    plan = experiment.sequence_plan(problems, _BATCH.value, bool(distinct), _SAMPLES.value,
+    plan = batches.sequence_plan(problems, _BATCH.value, bool(distinct), _SAMPLES.value,
                                     _SAMPLE_ORDER.value)
-    experiment.check_done(plan, done)
+    batches.check_done(plan, done)
   except (FileNotFoundError, ValueError) as e:
     raise _io.Refusal(f"--resume: {output}: {e}" if done else str(e)) from e
   try:
@@ -250,7 +250,7 @@ def main(argv):
   problems, distinct, plan = run.problems, run.distinct, run.plan
   records_file = _runs.RecordsFile(output)
 
-  from bass_jax.evaluation import experiment  # pylint: disable=g-import-not-at-top
+  from bass_jax.evaluation import batches, experiment  # pylint: disable=g-import-not-at-top
 
   total = sum(len(batch) for batch in plan)
   if len(done) == total:  # killed after its last record: only the summary is missing
@@ -288,7 +288,7 @@ def main(argv):
         samples_per_prompt=_SAMPLES.value, sample_order=_SAMPLE_ORDER.value, on_record=on_record,
         continuous=_CONTINUOUS.value, done=done)
   # Every record in plan order, as an uninterrupted run leaves them.
-  by_key = {**done, **{experiment.record_key(r): r for r in result.records}}
+  by_key = {**done, **{batches.record_key(r): r for r in result.records}}
   records_file.rewrite(by_key[(p.task_id, k)] for batch in plan for p, k in batch)
   summary = {**result.summary, "complete": True, "settings": settings, "records": total}
   print(experiment.format_summary(summary), flush=True)

@@ -44,7 +44,6 @@ R = T * G folded query rows, H head dim.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -55,72 +54,14 @@ from jax.experimental.pallas import triton as plgpu
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels.tiling import MIN_BLOCK, BlockSizes, block_k_for, head_chunks
+
 VARIANTS = ("pad", "split")
 _MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)  # finite: no inf - inf in the online softmax
-_MIN_BLOCK = 16  # Triton's dot needs every dimension >= 16
 
 
 # The custom call a Pallas Triton kernel lowers to in StableHLO (JAX 0.10), e.g. in ``jax.export``.
 TRITON_CUSTOM_CALL = "__gpu$xla.gpu.triton"
-
-
-@dataclasses.dataclass(frozen=True)
-class BlockSizes:
-  """Tiling of the kernel; tune per device.
-
-  Attributes:
-    block_r: folded query rows (T * G) per program; a power of two >= 16.
-    block_k: cache slots per inner iteration, a power of two >= 16; halved until it divides
-      ``S / num_splits`` (which must be a multiple of 16).
-    num_splits: partitions of the cache, each handled by its own programs and merged afterwards
-      (split-K / flash decoding); more parallelism when ``B * K * R / block_r`` is small.
-    num_warps: Triton warps per program (default 4, or 8 for head dim > 64).
-    num_stages: Triton software-pipelining stages.
-  """
-
-  block_r: int = 64
-  block_k: int = 64
-  num_splits: int = 1
-  num_warps: int | None = None
-  num_stages: int = 2
-
-  def __post_init__(self):
-    for name in ("block_r", "block_k"):
-      value = getattr(self, name)
-      if value < _MIN_BLOCK or value & (value - 1):
-        raise ValueError(f"BlockSizes.{name} must be a power of two >= {_MIN_BLOCK}, got {value}")
-    if self.num_splits < 1:
-      raise ValueError(f"BlockSizes.num_splits must be >= 1, got {self.num_splits}")
-
-
-def split_count(batch: int, num_kv_heads: int, num_q: int, group: int, max_len: int, *,
-                sm_count: int, block_sizes: BlockSizes = BlockSizes()) -> int:
-  """Flash-decoding's split-K: how many partitions of the cache fill a GPU at this shape.
-
-  The grid has ``B * K * ceil(T * G / block_r)`` programs per split. When that is fewer than the SMs
-  (SmolLM2 at B = 1: 3 programs on a 132-SM H100), splitting the cache multiplies the programs; this
-  returns the smallest power of two whose grid covers ``sm_count`` SMs, but no more splits than leave
-  each one at least two blocks of ``block_k`` slots (``S / num_splits`` a multiple of 16 too), since
-  every split adds a merge of its partial result. 1 when the grid already fills the device.
-
-  Args:
-    batch, num_kv_heads: B and K. num_q: T, query positions per row. group: G, query heads per KV
-      head. max_len: S, the cache's slots. sm_count: the device's streaming multiprocessors.
-    block_sizes: the tiling (``block_r``, ``block_k``) the kernel will run with.
-
-  Returns:
-    ``num_splits >= 1`` for :class:`BlockSizes`.
-  """
-  rows = num_q * group
-  block_r = min(block_sizes.block_r, max(_MIN_BLOCK, pl.next_power_of_2(rows)))
-  programs = batch * num_kv_heads * pl.cdiv(rows, block_r)
-  splits = 1
-  while programs * splits < sm_count:
-    more = 2 * splits
-    if max_len % more or (max_len // more) % _MIN_BLOCK or max_len // more < 2 * block_sizes.block_k:
-      break
-    splits = more
-  return splits
 
 
 def _ragged_attention_kernel(
@@ -208,39 +149,6 @@ def _ragged_attention_kernel(
   l_ref[...] = l
 
 
-def head_chunks(head_dim: int) -> tuple[tuple[int, int], ...]:
-  """How the kernel tiles a head of ``head_dim`` channels: ``((offset, size), ...)``, each size a power
-  of two >= 16 (Triton's tensors must be powers of two, its dot at least 16 wide), largest first:
-  64 -> one tile; 80 -> 64 + 16 (Phi-2); 96 -> 64 + 32 (Phi-3-mini); 256 -> one tile (Gemma).
-
-  Raises:
-    ValueError: a head dim that is not a positive multiple of 16 (no such tiling exists).
-  """
-  if head_dim < _MIN_BLOCK or head_dim % _MIN_BLOCK:
-    raise ValueError(f"head dim must be a multiple of {_MIN_BLOCK} (>= {_MIN_BLOCK}) for the Pallas "
-                     f"kernel, got {head_dim}; use attention_impl='blocked_split' or 'reference'")
-  chunks, offset = [], 0
-  while offset < head_dim:
-    size = 1 << ((head_dim - offset).bit_length() - 1)  # the largest power of two that fits
-    chunks.append((offset, size))
-    offset += size
-  return tuple(chunks)
-
-
-def supports_head_dim(head_dim: int) -> bool:
-  """Whether the kernel takes heads of ``head_dim`` channels (:func:`head_chunks`)."""
-  return head_dim >= _MIN_BLOCK and head_dim % _MIN_BLOCK == 0
-
-
-def _block_k(split_len: int, block_k: int) -> int | None:
-  """The largest power of two <= ``block_k`` and >= 16 that divides ``split_len`` (None if none)."""
-  while block_k >= _MIN_BLOCK:
-    if split_len % block_k == 0:
-      return block_k
-    block_k //= 2
-  return None
-
-
 def _fold(q: jax.Array, num_kv_heads: int, rows_padded: int) -> jax.Array:
   """``[B, T, N, H] -> [B, K, R_pad, H]`` with rows ordered (t, g), zero-padded to ``rows_padded``."""
   batch, num_q, num_heads, head_dim = q.shape
@@ -264,11 +172,11 @@ def _pallas_ragged_attention(q, k_cache, v_cache, lengths, kv_lengths, *, varian
   num_kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
   group = num_heads // num_kv_heads
   rows = num_q * group
-  block_r = min(block_sizes.block_r, max(_MIN_BLOCK, pl.next_power_of_2(rows)))
+  block_r = min(block_sizes.block_r, max(MIN_BLOCK, pl.next_power_of_2(rows)))
   rows_padded = pl.cdiv(rows, block_r) * block_r
   splits = block_sizes.num_splits
   split_len = max_len // splits
-  block_k = _block_k(split_len, block_sizes.block_k)
+  block_k = block_k_for(split_len, block_sizes.block_k)
   q_folded = _fold(q, num_kv_heads, rows_padded)
 
   kernel = functools.partial(
@@ -362,10 +270,10 @@ def _validate(q, k_cache, v_cache, lengths, kv_lengths, variant, block_sizes):
                      f"{lengths.shape}")
   max_len = k_cache.shape[2]
   split_len, rem = divmod(max_len, block_sizes.num_splits)
-  if rem or _block_k(split_len, block_sizes.block_k) is None:
+  if rem or block_k_for(split_len, block_sizes.block_k) is None:
     raise ValueError(
         f"cache length S={max_len} must split into {block_sizes.num_splits} equal parts that are "
-        f"multiples of {_MIN_BLOCK}; size the cache to a multiple of block_k={block_sizes.block_k}")
+        f"multiples of {MIN_BLOCK}; size the cache to a multiple of block_k={block_sizes.block_k}")
   if kv_lengths.shape != (batch,) or not jnp.issubdtype(kv_lengths.dtype, jnp.integer):
     raise ValueError(f"kv_lengths must be an integer array of shape ({batch},), got "
                      f"{kv_lengths.dtype}{kv_lengths.shape}")
@@ -401,7 +309,7 @@ def ragged_attention(
     q: ``[B, T, N, H]`` float32 or bfloat16: the T newest tokens of each row, already written into the
       cache at slots ``lengths[b] - T … lengths[b] - 1``. H is any multiple of 16 (64, 80, 96, 128,
       256, ...): a head that is not a power of two runs in power-of-two column tiles
-      (:func:`head_chunks`).
+      (``tiling.head_chunks``).
     k_cache, v_cache: ``[B, K, S, H]`` in q's dtype, ``N % K == 0``; slots at and past ``lengths[b]`` are
       never read.
     lengths: ``i32[B]``, the end position of each row's queries: query t sits at ``lengths[b] - T + t``.
@@ -419,7 +327,7 @@ def ragged_attention(
     logit_soft_cap: if set (Gemma 2 report; transformers ``modeling_gemma2.py``), the scaled scores
       ``s = q . k * sm_scale`` become ``cap * tanh(s / cap)`` before the mask and the softmax; a
       positive float, static (each value compiles its own kernel). None caps nothing.
-    block_sizes: :class:`BlockSizes`; S must split into ``num_splits`` multiples of 16.
+    block_sizes: ``tiling.BlockSizes``; S must split into ``num_splits`` multiples of 16.
     interpret: run the kernel in the Pallas interpreter (any backend, e.g. a CPU).
     return_residuals: also return the softmax statistics ``(m, l)`` per query row and head, each
       ``f32[B, T, N]``: ``m`` the max logit (natural log, scaled, and capped with

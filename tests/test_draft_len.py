@@ -54,7 +54,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import bass_jax as bj  # noqa: E402
 from bass_jax.sampling import costs as costs_lib  # noqa: E402
-from bass_jax.sampling import draft_len as draft_len_lib  # noqa: E402
+from bass_jax.sampling import step_costs  # noqa: E402
 from bass_jax.sampling.draft_len import CHAIN, PLAIN, GoodputDraftLen, GoodputState, StepCosts  # noqa: E402
 from bass_jax.sampling.tree import TreeShape  # noqa: E402
 from conftest import tiny_model  # noqa: E402
@@ -358,5 +358,5 @@ def test_a_branch_free_draft_loop_charges_every_chain_its_whole_loop():
   assert float(cost[0]) == pytest.approx(1.79)
   assert choice(fixed, 0.95) == 8  # when the loop pays, its every draft is verified
   # The break-even acceptance follows the same model.
-  assert draft_len_lib.break_even_acceptance(fixed, 8)[0] > draft_len_lib.break_even_acceptance(
+  assert step_costs.break_even_acceptance(fixed, 8)[0] > step_costs.break_even_acceptance(
       per_l, 8)[0]

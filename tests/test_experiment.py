@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import bass_jax as bj
-from bass_jax.evaluation import experiment, metrics
+from bass_jax.evaluation import batches, experiment, metrics
 from bass_jax.evaluation.data import load_problems
 from conftest import tiny_config
 
@@ -300,29 +300,29 @@ def test_the_paper_experiments_pass_their_speculation_to_bass_runs(monkeypatch):
 
 def test_batches_hold_distinct_prompts_or_samples_of_one():
   problems = [bj_problem(i) for i in range(5)]
-  distinct = experiment.make_batches(problems, 2, True)
+  distinct = batches.make_batches(problems, 2, True)
   assert [[p.task_id for p in b] for b in distinct] == [["p0", "p1"], ["p2", "p3"], ["p4"]]
-  copies = experiment.make_batches(problems[:2], 3, False)
+  copies = batches.make_batches(problems[:2], 3, False)
   assert [[p.task_id for p in b] for b in copies] == [["p0"] * 3, ["p1"] * 3]
   with pytest.raises(ValueError, match="at least batch_size=8 prompts"):
-    experiment.make_batches(problems, 8, True)
+    batches.make_batches(problems, 8, True)
   with pytest.raises(ValueError, match="batch_size must be >= 1"):
-    experiment.make_batches(problems, 0, False)
+    batches.make_batches(problems, 0, False)
   # s samples of each prompt in a row, cut into batches: here 3 samples into batches of 2.
-  spread = experiment.sequence_plan(problems[:2], 2, False, samples_per_prompt=3)
+  spread = batches.sequence_plan(problems[:2], 2, False, samples_per_prompt=3)
   assert [[(p.task_id, i) for p, i in b] for b in spread] == [
       [("p0", 0), ("p0", 1)], [("p0", 2), ("p1", 0)], [("p1", 1), ("p1", 2)]]
   with pytest.raises(ValueError, match="samples_per_prompt must be >= 1"):
-    experiment.make_batches(problems, 2, False, samples_per_prompt=0)
+    batches.make_batches(problems, 2, False, samples_per_prompt=0)
   # Interleaved: round robin over the prompts, each sample still numbered within its prompt.
-  rounds = experiment.sequence_plan(problems[:2], 2, False, samples_per_prompt=3,
+  rounds = batches.sequence_plan(problems[:2], 2, False, samples_per_prompt=3,
                                     sample_order="interleaved")
   assert [[(p.task_id, i) for p, i in b] for b in rounds] == [
       [("p0", 0), ("p1", 0)], [("p0", 1), ("p1", 1)], [("p0", 2), ("p1", 2)]]
   with pytest.raises(ValueError, match="give samples_per_prompt too"):
-    experiment.make_batches(problems, 2, False, sample_order="interleaved")
+    batches.make_batches(problems, 2, False, sample_order="interleaved")
   with pytest.raises(ValueError, match="sample_order must be one of"):
-    experiment.make_batches(problems, 2, False, samples_per_prompt=2, sample_order="shuffled")
+    batches.make_batches(problems, 2, False, samples_per_prompt=2, sample_order="shuffled")
   with pytest.raises(ValueError, match="not both"):
     experiment.run_problems(None, None, problems, batch_size=2, distinct_prompts=True,
                             samples_per_prompt=2)
@@ -376,7 +376,7 @@ def test_greedy_runs_decode_distinct_prompts_and_report_how_ragged(tiny_pair):
   # Streamed as each sequence finished: every record once, each batch's before the next batch's.
   assert sorted(r["task_id"] for r in streamed[:2]) == ["p0", "p1"]
   assert sorted(r["task_id"] for r in streamed[2:]) == ["long", "p2"]
-  assert sorted(map(experiment.record_key, streamed)) == sorted(map(experiment.record_key,
+  assert sorted(map(batches.record_key, streamed)) == sorted(map(batches.record_key,
                                                                     result.records))
   assert [r["task_id"] for r in result.records] == ["p0", "p1", "p2", "long"]  # plan order
   s = result.summary
@@ -443,7 +443,7 @@ TIMING_FIELDS = ("finish_seconds", "wait_seconds", "ttft_seconds", "row", "accep
 def _content(records):
   """What a record says about the decoded text; log-probs to 5 significant digits (a resumed
   continuous run scores a sequence in batches of other shapes, which moves the last float bits)."""
-  return {experiment.record_key(r): {k: float(f"{v:.5g}") if k == "mean_logprob" else v
+  return {batches.record_key(r): {k: float(f"{v:.5g}") if k == "mean_logprob" else v
                                      for k, v in r.items() if k not in TIMING_FIELDS}
           for r in records}
 
@@ -464,7 +464,7 @@ def test_a_resumed_run_decodes_only_what_is_missing_and_equals_an_uninterrupted_
   kept = [full.records[0], full.records[3]]  # batch 0 partly, batch 1 partly, batch 2 not at all
   streamed = []
   capsys.readouterr()
-  rest = experiment.run_problems(target, draft, problems, done={experiment.record_key(r): r
+  rest = experiment.run_problems(target, draft, problems, done={batches.record_key(r): r
                                                                 for r in kept},
                                  on_record=streamed.append, **{**kwargs, "progress": True})
   bar = capsys.readouterr().err.replace("\r", "\n").splitlines()
@@ -472,8 +472,8 @@ def test_a_resumed_run_decodes_only_what_is_missing_and_equals_an_uninterrupted_
   tokens = sum(r["num_tokens"] for r in rest.records)
   per_step = tokens / sum(r["steps"] for r in rest.records)
   assert f"{per_step:.2f} tokens/step" in bar[-1] and "tok/s" in bar[-1], bar
-  assert sorted(map(experiment.record_key, rest.records)) == sorted(
-      experiment.record_key(r) for r in full.records if r not in kept)
+  assert sorted(map(batches.record_key, rest.records)) == sorted(
+      batches.record_key(r) for r in full.records if r not in kept)
   assert _content(kept + rest.records) == _content(full.records)
   assert rest.summary["decoded_records"] == 3 and rest.summary["resumed_records"] == 2
   assert len(streamed) == 3

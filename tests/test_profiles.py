@@ -11,7 +11,8 @@ from bass_jax import platforms
 from bass_jax.sampling import generate as generate_lib
 from bass_jax import profiles
 from conftest import noisy_copy, random_eagle_draft, tiny_model
-from pallas_kernels.ragged_attention import TRITON_CUSTOM_CALL, split_count
+from pallas_kernels.ragged_attention import TRITON_CUSTOM_CALL
+from pallas_kernels.tiling import split_count
 
 # The GPU profile's decode program with the jnp attention (the Pallas kernel runs interpreted on a
 # CPU, slowly): static-length draft loop, one verification pass, no nucleus branch.

@@ -14,6 +14,7 @@ import pytest
 
 import bass_jax as bj
 from bass_jax.sampling import draft_len as draft_len_lib
+from bass_jax.sampling import step_costs
 from bass_jax.sampling import proposers
 from conftest import assert_lossless, tiny_model
 
@@ -219,7 +220,7 @@ def test_goodput_chooses_the_argmax_of_expected_tokens_per_second():
 
 
 def test_the_break_even_acceptance_is_where_the_policy_starts_to_speculate():
-  """draft_len.break_even_acceptance agrees with GoodputDraftLen's own choice on both sides of it, for
+  """step_costs.break_even_acceptance agrees with GoodputDraftLen's own choice on both sides of it, for
   random measured costs."""
   rng = np.random.default_rng()
   policy = draft_len_lib.GoodputDraftLen()
@@ -229,7 +230,7 @@ def test_the_break_even_acceptance_is_where_the_policy_starts_to_speculate():
     c = bj.StepCosts(plain=plain, verify_pass=plain * rng.uniform(1.0, 1.6),
                      propose_first=plain * rng.uniform(0, 0.2), propose_next=plain * rng.uniform(0, 0.1),
                      chunk=int(rng.choice([2, 4, 8])))
-    alpha, length = draft_len_lib.break_even_acceptance(c, policy.max_len)
+    alpha, length = step_costs.break_even_acceptance(c, policy.max_len)
     assert 0 < alpha < 1 and 1 <= length <= policy.max_len
 
     def choice(rate):  # the policy's pick once the evidence swamps its prior

@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 
 from bass_jax.models.attention import reference_attention
-from pallas_kernels.ragged_attention import (TRITON_CUSTOM_CALL, BlockSizes, ragged_attention,
+from pallas_kernels.ragged_attention import (TRITON_CUSTOM_CALL, ragged_attention,
                                              ragged_attention_reference)
+from pallas_kernels.tiling import BlockSizes
 
 ON_GPU = jax.default_backend() in ("gpu", "cuda", "rocm")
 TOLERANCE = {jnp.float32: dict(atol=2e-5, rtol=1e-5), jnp.bfloat16: dict(atol=3e-2, rtol=2e-2)}
@@ -134,7 +135,7 @@ def test_every_head_size_lowers_through_triton_for_cuda(head_dim):
 
 
 def test_head_chunks_tile_the_head_in_powers_of_two():
-  from pallas_kernels.ragged_attention import head_chunks, supports_head_dim
+  from pallas_kernels.tiling import head_chunks, supports_head_dim
 
   for head_dim in range(16, 513, 16):
     chunks = head_chunks(head_dim)

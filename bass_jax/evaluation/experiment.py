@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from bass_jax import _checks, text
-from bass_jax.evaluation import humaneval, metrics
+from bass_jax.evaluation import batches, humaneval, metrics
 from bass_jax.evaluation.data import Problem
 from bass_jax.loading import Model
 from bass_jax.sampling import compile_cache, programs
@@ -46,97 +46,6 @@ class RunResult:
   summary: dict[str, Any]
 
 
-SAMPLE_ORDERS = ("grouped", "interleaved")
-
-
-def make_batches(problems: Sequence[Problem], batch_size: int, distinct_prompts: bool,
-                 samples_per_prompt: int | None = None,
-                 sample_order: str = "grouped") -> list[list[Problem]]:
-  """The batches a run decodes, one list of problems (one per row) each.
-
-  ``distinct_prompts``: consecutive groups of ``batch_size`` different problems, one sequence each (the
-  last group is smaller when ``batch_size`` does not divide the number of problems); otherwise one batch
-  of ``batch_size`` copies per problem (the paper's B samples per prompt, which only diverge when
-  sampling). ``samples_per_prompt`` s, when given, overrides it: every problem s times in a row,
-  cut into consecutive batches of ``batch_size`` (s = 1 is distinct prompts without their minimum,
-  s = ``batch_size`` one prompt per batch; s = 8 at B = 4 spreads a prompt's samples over two
-  batches, and over the rows of a continuous batch). ``sample_order`` places those samples:
-  ``"grouped"`` (a problem's s samples in a row, as above) or ``"interleaved"`` (round robin over the
-  problems: every problem's first sample, then every problem's second, and so on). Interleaved, the
-  queue of a continuous batch admits a problem's later samples after its earlier ones finished, so
-  that sibling lookup (``SiblingProposer``'s pool) drafts them from finished text instead of from
-  siblings decoding in lockstep; grouped, the siblings decode side by side.
-
-  Raises:
-    ValueError: no problems, ``batch_size < 1`` or ``samples_per_prompt < 1``, distinct prompts with
-      fewer problems than ``batch_size`` (a batch of distinct prompts needs that many), or a
-      ``sample_order`` other than those above (or ``"interleaved"`` without ``samples_per_prompt``).
-  """
-  batch_size = _checks.as_int("batch_size", batch_size, min_value=1)
-  if not problems:
-    raise ValueError("no problems to decode")
-  if sample_order not in SAMPLE_ORDERS:
-    raise ValueError(f"sample_order must be one of {SAMPLE_ORDERS}, got {sample_order!r}")
-  if sample_order != "grouped" and samples_per_prompt is None:
-    raise ValueError(f"sample_order={sample_order!r} orders several samples of each prompt: give "
-                     "samples_per_prompt too")
-  if samples_per_prompt is not None:
-    samples = _checks.as_int("samples_per_prompt", samples_per_prompt, min_value=1)
-    if sample_order == "grouped":
-      rows = [p for p in problems for _ in range(samples)]
-    else:
-      rows = [p for _ in range(samples) for p in problems]
-    return [rows[i:i + batch_size] for i in range(0, len(rows), batch_size)]
-  if not distinct_prompts:
-    return [[p] * batch_size for p in problems]
-  if len(problems) < batch_size:
-    raise ValueError(
-        f"distinct_prompts needs at least batch_size={batch_size} prompts, got {len(problems)}; "
-        "pass more prompts, or distinct_prompts=False to decode batch_size samples of each prompt")
-  return [list(problems[i:i + batch_size]) for i in range(0, len(problems), batch_size)]
-
-
-def sequence_plan(problems: Sequence[Problem], batch_size: int, distinct_prompts: bool,
-                  samples_per_prompt: int | None = None,
-                  sample_order: str = "grouped") -> list[list[tuple[Problem, int]]]:
-  """:func:`make_batches` with each sequence's ``sample_index`` (its count among the sequences of the
-  same ``task_id``, in batch order): ``(task_id, sample_index)`` names a sequence across runs, which is
-  how a resumed run finds the records it already has.
-
-  Raises:
-    ValueError: as :func:`make_batches`.
-  """
-  counts: dict[str, int] = {}
-  plan = []
-  for batch in make_batches(problems, batch_size, distinct_prompts, samples_per_prompt, sample_order):
-    rows = []
-    for problem in batch:
-      rows.append((problem, counts.get(problem.task_id, 0)))
-      counts[problem.task_id] = rows[-1][1] + 1
-    plan.append(rows)
-  return plan
-
-
-def check_done(plan: Sequence[Sequence[tuple[Problem, int]]],
-               done: Mapping[tuple[str, int], Any]) -> None:
-  """Checks that every sequence in ``done`` (keyed by :func:`record_key`) is one ``plan``
-  (:func:`sequence_plan`) decodes.
-
-  Raises:
-    ValueError: ``done`` holds sequences the plan does not (a few named, and their count).
-  """
-  planned = {(p.task_id, k) for batch in plan for p, k in batch}
-  strangers = sorted(set(done) - planned)
-  if strangers:
-    raise ValueError(f"done holds {len(strangers)} sequences this run does not plan, e.g. "
-                     f"{strangers[:3]} (records of another prompt set or batch arrangement?)")
-
-
-def record_key(record: dict[str, Any]) -> tuple[str, int]:
-  """``(task_id, sample_index)``: the sequence a record belongs to (:func:`sequence_plan`)."""
-  return str(record["task_id"]), int(record["sample_index"])
-
-
 def run_problems(
     target: Model,
     draft: Any,
@@ -154,7 +63,7 @@ def run_problems(
     done: Mapping[tuple[str, int], dict[str, Any]] | None = None,
     **settings: Any,
 ) -> RunResult:
-  """Decodes the problems batch by batch (:func:`make_batches`), or with continuous batching, and
+  """Decodes the problems batch by batch (``batches.make_batches``), or with continuous batching, and
   summarizes with the paper's metrics.
 
   Latency per sequence is measured as in the paper (BASS §4.1; docs/bass.md, "Metrics"): a sequence's
@@ -192,9 +101,9 @@ def run_problems(
       copies of one prompt would be identical rows (nothing ragged, First = Last), and samples per
       prompt otherwise (the paper's setting).
     samples_per_prompt: s sequences of every prompt, consecutive, cut into batches of ``batch_size``
-      (:func:`make_batches`); overrides ``distinct_prompts``, which must then be None.
+      (``batches.make_batches``); overrides ``distinct_prompts``, which must then be None.
     sample_order: ``"grouped"`` or ``"interleaved"`` (round robin over the prompts), the order of
-      those samples in the batches and in a continuous batch's queue (:func:`make_batches`).
+      those samples in the batches and in a continuous batch's queue (``batches.make_batches``).
     check: run HumanEval's unit tests on every completion (``bass_jax.evaluation.humaneval``, outside this
       process, once per batch): records get ``passed``, the summary ``pass_at_batch`` (share of
       problems where some sequence passes, over this call's records).
@@ -213,7 +122,7 @@ def run_problems(
       static batch, and the summary says ``continuous: False``). ``warmup`` is ignored (a warm-up
       would need the whole run's shapes; the first execution's extra cost is paid once, inside the
       measured run).
-    done: records of sequences already decoded, keyed by :func:`record_key` (resuming, above).
+    done: records of sequences already decoded, keyed by ``batches.record_key`` (resuming, above).
 
   Returns:
     :class:`RunResult`: the records this call decoded, in plan order (``task_id, sample_index,
@@ -225,7 +134,7 @@ def run_problems(
     the summary (keys :data:`SUMMARY_KEYS`; the raggedness means ``length_spread``, ``emitted_spread``,
     ``accepted_spread`` (``metrics.raggedness``); BASS's ``position_acceptance`` and ``acceptance``
     (``metrics.Acceptance``'s counts, which pool across runs), the cost-aware policy's ``step_costs``
-    (``draft_len.StepCosts``, seconds), ``mean_draft_len``, ``speculative_steps`` (steps that drafted)
+    (``step_costs.StepCosts``, seconds), ``mean_draft_len``, ``speculative_steps`` (steps that drafted)
     and ``plain_step_share`` (steps whose draft length was 0, e.g. chosen by the cost-aware policy);
     with token trees ``tree_step_share`` (speculative steps that verified a tree) and
     ``mean_tree_nodes`` (real nodes per live row in a tree step, root included);
@@ -250,7 +159,7 @@ def run_problems(
                      "distinct prompts)")
   if distinct_prompts is None:
     distinct_prompts = temperature == 0 if samples_per_prompt is None else samples_per_prompt == 1
-  plan = sequence_plan(problems, batch_size, _checks.as_bool("distinct_prompts", distinct_prompts),
+  plan = batches.sequence_plan(problems, batch_size, _checks.as_bool("distinct_prompts", distinct_prompts),
                        samples_per_prompt, sample_order)
   num_batches = len(plan)
   continuous = _checks.as_bool("continuous", continuous)
@@ -258,7 +167,7 @@ def run_problems(
   if continuous:
     plan = [[row for batch in plan for row in batch]]  # one queue, batch_size rows at a time
   done = dict(done or {})
-  check_done(plan, done)
+  batches.check_done(plan, done)
   tokenizer = target.tokenizer
   if tokenizer is None:
     raise ValueError(f"target {target.name!r} has no tokenizer; load one that ships it")
@@ -401,9 +310,9 @@ def run_problems(
         compile_seconds += stats.compile_seconds
         calibration_seconds += stats.calibration_seconds
         order = {(p.task_id, k): n for n, (p, k) in enumerate(rows)}
-        held.sort(key=lambda r: order[record_key(r)])
+        held.sort(key=lambda r: order[batches.record_key(r)])
         if check:
-          passed = humaneval.check_completions([rows[order[record_key(r)]][0] for r in held],
+          passed = humaneval.check_completions([rows[order[batches.record_key(r)]][0] for r in held],
                                                [r["completion"] for r in held])
           for record, ok in zip(held, passed):
             record["passed"] = ok

@@ -27,7 +27,7 @@ import numpy as np
 
 from bass_jax import loading, platforms, sharding, text
 from bass_jax.evaluation import baselines as hf
-from bass_jax.evaluation import experiment, metrics
+from bass_jax.evaluation import batches, experiment, metrics
 from bass_jax.evaluation.data import Problem
 from bass_jax.loading import Model
 from bass_jax.models import attention_registry
@@ -306,7 +306,7 @@ def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_si
   sample's time runs from its own admission; the budget then bounds each sample's latency inside a
   full batch, not a prompt's (its samples start at different times), which is why it is not the
   default. ``sample_order="interleaved"`` (with ``continuous``) queues the samples round robin over
-  the prompts (``experiment.make_batches``), so that a prompt's later samples start after its
+  the prompts (``batches.make_batches``), so that a prompt's later samples start after its
   earlier ones finished, which sibling lookup drafts from.
   ``save`` receives the runs so far after every run (without the budget, which needs them all).
 
@@ -320,7 +320,7 @@ def budget(target: Model, draft: Model, problems: Sequence[Problem], *, batch_si
 
   Raises:
     ValueError: ``sample_order="interleaved"`` without ``continuous`` (static batches hold B samples
-      of one prompt here); an unknown ``sample_order`` (from ``experiment.make_batches``).
+      of one prompt here); an unknown ``sample_order`` (from ``batches.make_batches``).
   """
   if sample_order != "grouped" and not continuous:
     raise ValueError(f"sample_order={sample_order!r} orders a continuous batch's queue: pass "
@@ -414,7 +414,7 @@ def baselines(target: Model, draft: Model, problems: Sequence[Problem], *, hf_ta
   """Our regular decoding and BASS against transformers' batched ``generate`` and its assisted
   generation (batch 1, our draft as the assistant), same batches, tokens and sampling settings.
 
-  Batches are ``experiment.make_batches`` of the problems: distinct prompts at temperature 0, copies
+  Batches are ``batches.make_batches`` of the problems: distinct prompts at temperature 0, copies
   of one prompt when sampling, for every system alike. ``min_new_tokens`` is not forced, so every
   system stops at EOS; latencies are per emitted token. ``save`` receives the result so far after
   every run.
@@ -443,7 +443,7 @@ def baselines(target: Model, draft: Model, problems: Sequence[Problem], *, hf_ta
       if (assistant is not None and batch != 1) or runs.kept_run(f"B={batch}/{system}"):
         continue
       walls, tokens, ms = [], 0, []
-      for i, group in enumerate(experiment.make_batches(problems, batch, distinct)):
+      for i, group in enumerate(batches.make_batches(problems, batch, distinct)):
         ids = text.encode_prompts(target.tokenizer, [p.prompt for p in group])
         hf.hf_generate(hf_target, ids, max_new_tokens=4, temperature=temperature, top_p=top_p,
                        seed=i, eos_token_id=eos, assistant=assistant)  # warm-up

@@ -26,6 +26,7 @@ from bass_jax import platforms
 from bass_jax.models import attention
 from bass_jax.models.attention import AttentionFn
 from pallas_kernels import ragged_attention
+from pallas_kernels import tiling
 
 # Caches used with the Pallas implementations must have a multiple of this many slots; the decode
 # rounds every cache to it (sampling.state).
@@ -156,7 +157,7 @@ def implementation_for_heads(name: str, head_dims: dict[str, int], *, chosen_by_
   """The attention implementation to trace for models whose heads have ``head_dims`` channels.
 
   An implementation may take only some head sizes (the Pallas kernels: multiples of 16, as
-  ``pallas_kernels.ragged_attention.supports_head_dim`` says). For another size a profile's default
+  ``pallas_kernels.tiling.supports_head_dim`` says). For another size a profile's default
   is replaced, before anything is traced, by its ``fallback`` (the same strategy in plain JAX), with a
   one-line warning; an implementation the caller asked for by name is refused.
 
@@ -188,7 +189,7 @@ def implementation_for_heads(name: str, head_dims: dict[str, int], *, chosen_by_
 
 def _pallas(variant: str) -> AttentionFn:
   """The Pallas ragged-attention kernel: native on a GPU, with flash-decoding splits of the cache
-  chosen from the shape and the SM count (``ragged_attention.split_count``); interpreted, unsplit,
+  chosen from the shape and the SM count (``tiling.split_count``); interpreted, unsplit,
   on any other platform (``platforms.compile_platform``). The keywords (``sm_scale``,
   ``sliding_window``, ``logit_soft_cap``, ``kv_lengths``, ``return_residuals``) go to the kernel as
   they are."""
@@ -199,11 +200,11 @@ def _pallas(variant: str) -> AttentionFn:
   def attend(q, k_cache, v_cache, lengths, **kwargs):
     batch, num_q, num_heads, _ = q.shape
     num_kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
-    splits = ragged_attention.split_count(batch, num_kv_heads, num_q, num_heads // num_kv_heads,
+    splits = tiling.split_count(batch, num_kv_heads, num_q, num_heads // num_kv_heads,
                                           max_len, sm_count=sm_count)
     return ragged_attention.ragged_attention(
         q, k_cache, v_cache, lengths, variant=variant,
-        block_sizes=ragged_attention.BlockSizes(num_splits=splits), **kwargs)
+        block_sizes=tiling.BlockSizes(num_splits=splits), **kwargs)
 
   return attend
 
@@ -218,5 +219,5 @@ for _strategy in ("pad", "split"):  # BASS-PAD and BASS-SPLIT (paper §3.1)
       functools.partial(functools.partial, attention.blocked_attention, variant=_strategy)))
   register_attention(AttentionImpl(
       f"pallas_{_strategy}", _strategy, "pallas", functools.partial(_pallas, _strategy),
-      head_dims=ragged_attention.supports_head_dim,
+      head_dims=tiling.supports_head_dim,
       head_dims_rule="head dims that are multiples of 16", fallback=f"blocked_{_strategy}"))

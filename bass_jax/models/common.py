@@ -23,12 +23,14 @@ its layers in a ``lax.scan`` over weights and caches stacked ``[L, ...]`` instea
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, Mapping
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from bass_jax import sharding as sharding_lib
 from bass_jax.cache import KVCache, KVUpdate, LayerSlice, write_entries
@@ -56,9 +58,49 @@ def activation(name: str) -> Callable[[jax.Array], jax.Array]:
   return table[name]
 
 
+@dataclasses.dataclass(frozen=True)
+class ShardedAttention:
+  """An attention implementation run per shard (``jax.shard_map``): each device writes its rows' (and
+  heads') new K/V into its part of the cache and attends over it, with no communication.
+
+  Models take it where they take an ``attention_impl`` name (``common.forward(..., sharding=plan)``
+  passes it); hashable, so it is part of a compiled module's identity.
+
+  Attributes:
+    impl: the attention registry name run on every shard (``"reference"``, ``"pallas_pad"`` …).
+    plan: the model's ``sharding.ShardingPlan``: rows over data; heads over model iff ``plan.kv_sharded``
+      (else every model shard computes all heads of its rows).
+  """
+
+  impl: str
+  plan: sharding_lib.ShardingPlan
+
+  def per_shard(self, write_and_attend):
+    """``write_and_attend`` (``common.cached_attention``'s: ``(q [B, T, N, H], k, v [B, T, K, H],
+    k_cache, v_cache [B, K, S, H], cache_lengths i32[B], *row_extras) -> (out [B, T, N, H], k_cache,
+    v_cache)``) run on every device over its own rows, and heads where the plan splits them;
+    ``row_extras`` (a tree mask ``bool[B, T, M]``) split over rows like the lengths.
+
+    The returned function raises ValueError when B does not split over the data axis
+    (``sharding.check_rows``).
+    """
+    heads = sharding_lib.MODEL if self.plan.kv_sharded else None
+    tokens, cache = P(sharding_lib.DATA, None, heads, None), P(sharding_lib.DATA, heads, None, None)
+
+    def run(q, k, v, k_cache, v_cache, cache_lengths, *row_extras):
+      sharding_lib.check_rows(q.shape[0], self.plan.mesh, "the attention's batch")
+      mapped = jax.shard_map(write_and_attend, mesh=self.plan.mesh,
+                             in_specs=(tokens, tokens, tokens, cache, cache, P(sharding_lib.DATA))
+                             + (P(sharding_lib.DATA),) * len(row_extras),
+                             out_specs=(tokens, cache, cache), check_vma=False)
+      return mapped(q, k, v, k_cache, v_cache, cache_lengths, *row_extras)
+
+    return run
+
+
 def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, k_cache: jax.Array | None,
                      v_cache: jax.Array | None, cache_lengths: jax.Array | None,
-                     attention_impl: str | sharding_lib.ShardedAttention,
+                     attention_impl: str | ShardedAttention,
                      sm_scale: float | None = None, sliding_window: int | None = None,
                      logit_soft_cap: float | None = None, tree_mask: jax.Array | None = None):
   """Attends the T new tokens over this layer's cache (after writing them into it) or, without a cache,
@@ -72,7 +114,7 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, k_cache: jax.A
     sm_scale: the scores' scale (None: ``1 / sqrt(H)``). sliding_window: the layer's window (None: the
       whole prefix). logit_soft_cap: Gemma 2's attention logit soft-capping, ``cap * tanh(s / cap)``
       on the scaled scores before the mask (None: none).
-    attention_impl: a name in the attention registry, or a :class:`sharding.ShardedAttention` (that
+    attention_impl: a name in the attention registry, or a :class:`ShardedAttention` (that
       name run per shard of a mesh, writing and reading each device's part of the cache).
     tree_mask: ``bool[B, T, M]``: the T new tokens are the newest nodes of a token tree per row whose
       M nodes end the cache (``bass_jax.sampling.tree.ancestor_mask``), each attending to the cache's
@@ -97,7 +139,7 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, k_cache: jax.A
     if tree_mask is not None:
       raise ValueError("a tree_mask needs a cache: a tree's nodes attend over a row's prefix")
     return attention_lib.causal_attention(q, k, v, **kwargs), k, v
-  sharded = isinstance(attention_impl, sharding_lib.ShardedAttention)
+  sharded = isinstance(attention_impl, ShardedAttention)
   name = attention_impl.impl if sharded else attention_impl
   attend = (attention_registry.get_attention(name) if tree_mask is None
             else attention_registry.get_tree_attention(name))
@@ -306,7 +348,7 @@ def forward(config: DecoderConfig, params: Any, tokens: jax.Array, cache: KVCach
     raise ValueError(f"forward: hidden_layers {hidden_layers} must lie in [0, {config.num_layers})")
   if sharding is not None:
     sharding_lib.check_rows(tokens.shape[0], sharding.mesh)
-    attention_impl = sharding_lib.ShardedAttention(attention_impl, sharding)
+    attention_impl = ShardedAttention(attention_impl, sharding)
   module = config.make_module(attention_impl=attention_impl, dtype=jnp.dtype(dtype),
                               scan_layers=scanned_layers(config, params))
   if not return_features:

@@ -22,7 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bass_jax.models.attention import reference_attention
-from pallas_kernels.ragged_attention import BlockSizes, ragged_attention
+from pallas_kernels.ragged_attention import ragged_attention
+from pallas_kernels.tiling import BlockSizes
 from experiments import _io
 
 _QUICK = flags.DEFINE_bool("quick", False, "Small sizes and few repeats (CPU smoke run).")

@@ -7,7 +7,7 @@ For each batch size, one ``draft_len="goodput"`` call of ``generate`` measures t
 the ``b`` longest of the first ``--num_prompts`` tuning prompts at ``--max_new_tokens``), and this
 prints them with the break-even acceptance rate: the smallest per-position acceptance ``alpha`` (the
 same at every position) at which some draft length ``l >= 1`` has a higher goodput than a plain step,
-``(1 + alpha + ... + alpha^l) / cost(l) > 1 / plain`` (``draft_len.break_even_acceptance``). Above
+``(1 + alpha + ... + alpha^l) / cost(l) > 1 / plain`` (``sampling.step_costs.break_even_acceptance``). Above
 it the cost-aware policy speculates; below it it decodes plainly.
 
 On a GPU (the branch-free profile) the costs are measured in the decode's own programs
@@ -18,7 +18,7 @@ as "plain step" and "speculative step", its draft columns 0 (``fixed_drafts`` sa
 from absl import flags
 
 import bass_jax
-from bass_jax.sampling.draft_len import break_even_acceptance
+from bass_jax.sampling.step_costs import break_even_acceptance
 from experiments import _io
 
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target model spec.")

@@ -8,7 +8,7 @@ process (bass_jax.evaluation.humaneval).
 from absl import app
 from absl import flags
 
-from bass_jax.evaluation import experiment
+from bass_jax.evaluation import batches
 from bass_jax.evaluation import reproduce
 from experiments import _common
 from experiments import _io
@@ -20,7 +20,7 @@ _CONTINUOUS = flags.DEFINE_bool(
     "runs from its own admission. Off by default: the budget is per prompt, whose B samples then no "
     "longer start together (bass_jax.evaluation.reproduce.budget).")
 _SAMPLE_ORDER = flags.DEFINE_enum(
-    "sample_order", "grouped", experiment.SAMPLE_ORDERS, "With --continuous, the queue's order: "
+    "sample_order", "grouped", batches.SAMPLE_ORDERS, "With --continuous, the queue's order: "
     "grouped (a prompt's B samples in a row) or interleaved (round robin over the prompts, so that a "
     "prompt's later samples start after its earlier ones finished, which sibling lookup drafts from).")
 _FRACTION = flags.DEFINE_float("budget_fraction", 0.7,

@@ -46,11 +46,12 @@ import jax.numpy as jnp
 
 import bass_jax
 from bass_jax import text
-from bass_jax.evaluation import experiment, metrics
+from bass_jax.evaluation import batches, experiment, metrics
 from bass_jax.evaluation.data import load_problems
 from bass_jax.sampling import costs
 from bass_jax.sampling import generate as generate_lib
-from bass_jax.sampling.draft_len import GoodputDraftLen, StepCosts, as_policy, break_even_acceptance
+from bass_jax.sampling.draft_len import GoodputDraftLen, as_policy
+from bass_jax.sampling.step_costs import StepCosts, break_even_acceptance
 from bass_jax.sampling.proposers import DRAFT_SOURCES
 from experiments import _decode_flags
 from experiments import _io
@@ -80,8 +81,8 @@ _CONTINUOUS = flags.DEFINE_bool(
     "a time, a finished row taking the next sequence (run_problems(continuous=True)); latency All "
     "then runs from each sequence's admission. Default: static batches.")
 _SAMPLE_ORDER = flags.DEFINE_enum(
-    "sample_order", "grouped", experiment.SAMPLE_ORDERS, "Order of the samples of each prompt "
-    "(experiment.make_batches): grouped (a prompt's samples in a row) or interleaved (round robin over "
+    "sample_order", "grouped", batches.SAMPLE_ORDERS, "Order of the samples of each prompt "
+    "(batches.make_batches): grouped (a prompt's samples in a row) or interleaved (round robin over "
     "the prompts; with --continuous a prompt's later samples start after its earlier ones finished).")
 _DRAFT_TREE = flags.DEFINE_multi_string(
     "draft_tree", [], "Token-tree shapes (e.g. top_k=4,depth=5,nodes=16; repeat for several): the "
@@ -256,7 +257,7 @@ def _cell(ms: float, regular: float, best: bool) -> str:
 
 def _cost_table(raw, names, batches, sections) -> list[str]:
   """What each goodput run measured (``run_problems``' ``step_costs``): a verification pass over a
-  plain step, and the break-even acceptance (``draft_len.break_even_acceptance``); nothing when no
+  plain step, and the break-even acceptance (``step_costs.break_even_acceptance``); nothing when no
   goodput run recorded its costs."""
   header = ["", "## What the cost-aware policy measured", "",
            "Per goodput run: one verification pass (C positions) over one plain step, and the break-even "

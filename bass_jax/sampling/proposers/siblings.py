@@ -33,7 +33,7 @@ class SiblingProposer(Proposer):
   groups of one and never propose; a row that finished keeps its text in a static batch) among the
   next ``max_siblings`` rows of the batch, cyclically (every row of a batch of up to
   ``max_siblings + 1``; beyond that, rows whose samples sit next to each other, as
-  ``experiment.make_batches`` places them), and, in continuous batching, the ``pool`` most recently
+  ``batches.make_batches`` places them), and, in continuous batching, the ``pool`` most recently
   admitted finished samples of that prompt (``StepContext.finished``: the queue's outputs, each with
   the last ``max_n`` tokens of its prompt, so that a row that just started matches too). Per step
   and row:
