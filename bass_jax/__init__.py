@@ -14,7 +14,8 @@ from bass_jax.cache import KVCache
 from bass_jax.loading import (ALIASES, Model, abstract_params, check_same_tokenizer, default_dtype,
                               init_params, load_draft, load_model, save_model)
 from bass_jax.models.attention import reference_attention
-from bass_jax.models.attention_registry import AttentionImpl, attention_implementations, register_attention
+from bass_jax.models.attention_registry import (AttentionImpl, attention_implementations,
+                                                register_attention)
 from bass_jax.models.codegen import CodeGenConfig
 from bass_jax.models.gpt2 import GPT2Config
 from bass_jax.models.llama import LlamaConfig, register_llama_family
@@ -40,15 +41,14 @@ from bass_jax.sampling.warp import position_uniforms
 from bass_jax.text import generate_text
 
 __all__ = [
-    "ALIASES", "AcceptanceRule", "BackendProfile", "CodeGenConfig", "DecodeConfig", "DynamicDraftLen", "FinishedPrompt", "FixedDraftLen", "GPT2Config", "GenerateOutput",
-    "GenerateStats", "GoodputDraftLen", "Hybrid", "KVCache", "Llama", "LlamaConfig", "LlamaTraits", "MatchingRule", "Model",
-    "NGramProposer", "OPTConfig", "PAD_TOKEN", "Plan", "Proposal", "Proposer", "Replay",
-    "SiblingProposer", "StepContext", "StepCosts",
-    "TreeShape",
-    "AttentionImpl", "abstract_params", "acceptance_rules", "attention_implementations", "check_same_tokenizer", "clear_compile_cache",
-    "compile_cache_stats",
-    "default_dtype",
-    "enable_persistent_compilation_cache", "generate", "generate_text", "init_params", "load_draft",
-    "load_draft_spec", "load_model", "lower", "position_uniforms", "prepare", "proposer_kinds",
-    "reference_attention", "register_acceptance", "register_llama_family", "register_proposer", "run", "save_model", "set_compile_cache_size",
+    "ALIASES", "AcceptanceRule", "AttentionImpl", "BackendProfile", "CodeGenConfig", "DecodeConfig",
+    "DynamicDraftLen", "FinishedPrompt", "FixedDraftLen", "GPT2Config", "GenerateOutput", "GenerateStats",
+    "GoodputDraftLen", "Hybrid", "KVCache", "Llama", "LlamaConfig", "LlamaTraits", "MatchingRule", "Model",
+    "NGramProposer", "OPTConfig", "PAD_TOKEN", "Plan", "Proposal", "Proposer", "Replay", "SiblingProposer",
+    "StepContext", "StepCosts", "TreeShape", "abstract_params", "acceptance_rules",
+    "attention_implementations", "check_same_tokenizer", "clear_compile_cache", "compile_cache_stats",
+    "default_dtype", "enable_persistent_compilation_cache", "generate", "generate_text", "init_params",
+    "load_draft", "load_draft_spec", "load_model", "lower", "position_uniforms", "prepare", "proposer_kinds",
+    "reference_attention", "register_acceptance", "register_attention", "register_llama_family",
+    "register_proposer", "run", "save_model", "set_compile_cache_size",
 ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import numpy as np
+import jax.numpy as jnp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,19 +22,17 @@ class Dtype:
 
   Attributes:
     name: numpy/JAX's name (``"bfloat16"``), also PyTorch's (``torch.bfloat16``).
-    bytes: bytes per element.
     trains: a draft's training may compute in it (f16 lacks bf16's range for the gradients).
   """
 
   name: str
-  bytes: int
   trains: bool
 
 
 DTYPES: dict[str, Dtype] = {d.name: d for d in (
-    Dtype("float32", 4, trains=True),
-    Dtype("bfloat16", 2, trains=True),
-    Dtype("float16", 2, trains=False),
+    Dtype("float32", trains=True),
+    Dtype("bfloat16", trains=True),
+    Dtype("float16", trains=False),
 )}
 # A model's parameters and computation.
 PARAMETER_DTYPES = tuple(DTYPES)
@@ -50,19 +48,11 @@ def dtype_name(dtype: Any, allowed: tuple[str, ...] = PARAMETER_DTYPES, *, what:
     ValueError: anything else, naming ``what`` and the choices.
   """
   try:
-    name = np.dtype(dtype).name if not isinstance(dtype, str) else np.dtype(_numpy_name(dtype)).name
+    name = jnp.dtype(dtype).name  # JAX's dtype knows bfloat16 by name (ml_dtypes), as numpy alone does not
   except TypeError:
     name = None
   if name not in allowed:
     raise ValueError(f"{what} must be one of {allowed}, got {dtype!r}")
-  return name
-
-
-def _numpy_name(name: str) -> Any:
-  """``"bfloat16"`` as numpy knows it (ml_dtypes' type, which numpy alone does not name)."""
-  if name == "bfloat16":
-    import ml_dtypes  # pylint: disable=g-import-not-at-top
-    return ml_dtypes.bfloat16
   return name
 
 

@@ -218,7 +218,7 @@ def _check_run() -> _Checked:
     distinct = (None if _SAMPLES.value is not None else
                 _DISTINCT.value if _DISTINCT.value is not None else _TEMPERATURE.value == 0)
     plan = batches.sequence_plan(problems, _BATCH.value, bool(distinct), _SAMPLES.value,
-                                    _SAMPLE_ORDER.value)
+                                 _SAMPLE_ORDER.value)
     batches.check_done(plan, done)
   except (FileNotFoundError, ValueError) as e:
     raise _io.Refusal(f"--resume: {output}: {e}" if done else str(e)) from e

@@ -159,8 +159,9 @@ def run_problems(
                      "distinct prompts)")
   if distinct_prompts is None:
     distinct_prompts = temperature == 0 if samples_per_prompt is None else samples_per_prompt == 1
-  plan = batches.sequence_plan(problems, batch_size, _checks.as_bool("distinct_prompts", distinct_prompts),
-                       samples_per_prompt, sample_order)
+  plan = batches.sequence_plan(problems, batch_size,
+                               _checks.as_bool("distinct_prompts", distinct_prompts),
+                               samples_per_prompt, sample_order)
   num_batches = len(plan)
   continuous = _checks.as_bool("continuous", continuous)
   seed = config_lib.check_seed(config.seed, 1 if continuous else num_batches)  # batch i: seed + i

@@ -325,10 +325,10 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, sm_scale: floa
 
 def causal_implementation(dtype) -> str:
   """The causal attention a prefill or full forward runs (:func:`causal_attention`): ``"cudnn"``
-  (flash attention through ``jax.nn.dot_product_attention``) on a GPU platform (``platforms.compile_platform``)
-  for bf16 or f16, which cuDNN's fused kernel takes (``"xla"`` when tracing for a GPU on a machine
-  without one, where cuDNN is absent); ``"reference"`` elsewhere, the jnp path, which is
-  the faster one on a CPU and the only one for f32 on a GPU."""
+  (flash attention through ``jax.nn.dot_product_attention``) on a GPU platform
+  (``platforms.compile_platform``) for bf16 or f16, which cuDNN's fused kernel takes (``"xla"`` when
+  tracing for a GPU on a machine without one, where cuDNN is absent); ``"reference"`` elsewhere, the
+  jnp path, which is the faster one on a CPU and the only one for f32 on a GPU."""
   if (platforms.is_gpu(platforms.compile_platform())
       and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)):
     # cuDNN's version is checked while tracing: lowering for a GPU on a machine without one (the

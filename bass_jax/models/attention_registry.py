@@ -1,8 +1,8 @@
 """The attention implementations, registered by name and keyed by strategy and backend.
 
 An implementation is an :class:`AttentionImpl`: a ``build`` that returns an attention function with
-:func:`bass_jax.models.attention.reference_attention`'s signature, the *strategy* it computes (``"reference"``,
-BASS-PAD's ``"pad"`` or BASS-SPLIT's ``"split"``: paper §3.1) and the *backend* it is written for
+:func:`bass_jax.models.attention.reference_attention`'s signature, the *strategy* it computes
+(``"reference"``, BASS-PAD's ``"pad"`` or BASS-SPLIT's ``"split"``: paper §3.1) and the *backend* it is written for
 (``"jnp"``, ``"pallas"``, ``"blocked"``: the same strategies in plain JAX). The names are what
 ``generate(attention_impl=...)``, the backend profiles and the scripts' ``--attention_impl`` take; the
 paper's scripts name a strategy and a backend and get the implementation registered for the pair
@@ -81,7 +81,7 @@ def register_attention(impl: AttentionImpl) -> AttentionImpl:
   if old is not None and old != impl:
     raise ValueError(f"attention_impl {impl.name!r} is registered already ({old}); give yours "
                      "another name")
-  twin = find(impl.strategy, impl.backend, default=None)
+  twin = _of_pair(impl.strategy, impl.backend)
   if twin is not None and twin.name != impl.name:
     raise ValueError(f"{impl.name!r}: strategy {impl.strategy!r} on backend {impl.backend!r} is "
                      f"{twin.name!r}'s already")
@@ -110,21 +110,21 @@ def lookup(name: str) -> AttentionImpl:
                      f"{attention_implementations()}") from None
 
 
-_MISSING = object()
+def _of_pair(strategy: str, backend: str) -> AttentionImpl | None:
+  return next((impl for impl in _REGISTRY.values()
+               if (impl.strategy, impl.backend) == (strategy, backend)), None)
 
 
-def find(strategy: str, backend: str, default=_MISSING) -> AttentionImpl | None:
+def find(strategy: str, backend: str) -> AttentionImpl:
   """The implementation of ``strategy`` on ``backend`` (``find("split", "pallas")`` is
   ``"pallas_split"``'s record).
 
   Raises:
-    ValueError: none is registered (and no ``default`` is given), naming the pairs that are.
+    ValueError: none is registered, naming the pairs that are.
   """
-  for impl in _REGISTRY.values():
-    if (impl.strategy, impl.backend) == (strategy, backend):
-      return impl
-  if default is not _MISSING:
-    return default
+  impl = _of_pair(strategy, backend)
+  if impl is not None:
+    return impl
   pairs = sorted((impl.strategy, impl.backend) for impl in _REGISTRY.values())
   raise ValueError(f"no attention implementation of strategy {strategy!r} on backend {backend!r}; "
                    f"registered (strategy, backend) pairs: {pairs}")

@@ -53,9 +53,8 @@ class CodeGenConfig(decoder_config.CacheFromShape):
   pad_token_id: int | None = None
   model_type: str = "codegen"
 
-  FIELDS = decoder_config.FieldTable(num_layers="n_layer", max_positions="n_positions", num_heads="n_head",
-                             hidden_size="n_embd", architecture="CodeGenForCausalLM",
-                             mlp_width="n_inner")
+  FIELDS = decoder_config.FieldTable(num_layers="n_layer", max_positions="n_positions",
+                                     num_heads="n_head", hidden_size="n_embd", mlp_width="n_inner")
 
   def __post_init__(self):
     for name in ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions"):
@@ -176,5 +175,5 @@ class CodeGen(nn.Module):
     return logits + bias.astype(jnp.float32), update
 
 
-family.register_family(family.Family("codegen", CodeGenConfig, CodeGenConfig.FIELDS.architecture,
+family.register_family(family.Family("codegen", CodeGenConfig, "CodeGenForCausalLM",
                                      layers_key="h"))

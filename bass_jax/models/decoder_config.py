@@ -162,7 +162,6 @@ class FieldTable:
       ``num_hidden_layers``, …).
     num_kv_heads: the field of the KV heads, or None: as many as the query heads.
     head_dim: the field of the head size, or None: ``hidden_size // num_heads``.
-    architecture: the transformers architecture, or one per ``model_type``.
     mlp_width: the field of the MLP's hidden width (what a tensor-parallel rule splitting ``mlp``
       must divide: ``bass_jax.sharding.logical_sizes``); a None value in it means 4 x the width.
   """
@@ -171,7 +170,6 @@ class FieldTable:
   max_positions: str
   num_heads: str
   hidden_size: str
-  architecture: str | Mapping[str, str]
   mlp_width: str
   num_kv_heads: str | None = None
   head_dim: str | None = None
@@ -203,8 +201,8 @@ class CacheFromShape:
         "num_kv_heads": lambda self: getattr(self, table.num_kv_heads or table.num_heads),
         "head_dim": lambda self: (getattr(self, table.head_dim) if table.head_dim
                                   else getattr(self, table.hidden_size) // heads(self)),
-        "hf_architecture": lambda self: (table.architecture if isinstance(table.architecture, str)
-                                         else table.architecture[self.model_type]),
+        # transformers' class: the one its family registered (models.family), stored once there.
+        "hf_architecture": lambda self: family_lib.find(self.model_type).architecture,
     }
     for name, fn in derived.items():
       if name not in own and name not in cls.__dict__:  # a field or property of that name stays

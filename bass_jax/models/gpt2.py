@@ -50,9 +50,8 @@ class GPT2Config(decoder_config.CacheFromShape):
   pad_token_id: int | None = None
   model_type: str = "gpt2"
 
-  FIELDS = decoder_config.FieldTable(num_layers="n_layer", max_positions="n_positions", num_heads="n_head",
-                             hidden_size="n_embd", architecture="GPT2LMHeadModel",
-                             mlp_width="n_inner")
+  FIELDS = decoder_config.FieldTable(num_layers="n_layer", max_positions="n_positions",
+                                     num_heads="n_head", hidden_size="n_embd", mlp_width="n_inner")
 
   def __post_init__(self):
     for name in ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions"):
@@ -158,5 +157,4 @@ class GPT2(nn.Module):
     return jnp.einsum("BTD,VD->BTV", x, weight, preferred_element_type=jnp.float32), update
 
 
-family.register_family(family.Family("gpt2", GPT2Config, GPT2Config.FIELDS.architecture,
-                                     layers_key="h"))
+family.register_family(family.Family("gpt2", GPT2Config, "GPT2LMHeadModel", layers_key="h"))

@@ -113,7 +113,6 @@ TRAITS = {
                              ("full_attn_mod", 1), ("interpolate_factor", 1)),
                    gguf_architectures=("phi3",)),
 }
-_ARCHITECTURES = {model_type: traits.architecture for model_type, traits in TRAITS.items()}
 # The config fields some branch of the port reads: what a registered family's row may name.
 _PORTED_FIELDS = _COMMON_FIELDS.union(*(traits.fields for traits in TRAITS.values()))
 
@@ -170,11 +169,10 @@ class LlamaConfig(decoder_config.CacheFromShape):
   attn_logit_softcapping: float | None = None
   final_logit_softcapping: float | None = None
 
-  FIELDS = decoder_config.FieldTable(num_layers="num_hidden_layers", max_positions="max_position_embeddings",
-                             num_heads="num_attention_heads", hidden_size="hidden_size",
-                             num_kv_heads="num_key_value_heads", head_dim="head_dim",
-                             architecture=_ARCHITECTURES,
-                             mlp_width="intermediate_size")
+  FIELDS = decoder_config.FieldTable(
+      num_layers="num_hidden_layers", max_positions="max_position_embeddings",
+      num_heads="num_attention_heads", hidden_size="hidden_size", num_kv_heads="num_key_value_heads",
+      head_dim="head_dim", mlp_width="intermediate_size")
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -487,7 +485,6 @@ def register_llama_family(model_type: str, traits: Traits) -> Traits:
       model_type, LlamaConfig, traits.architecture, eagle_target=traits.eagle_target,
       wrapper_types=traits.wrapper_types, gguf_architectures=traits.gguf_architectures))
   TRAITS[model_type] = traits
-  _ARCHITECTURES[model_type] = traits.architecture
   return traits
 
 

@@ -147,9 +147,9 @@ class Llama(nn.Module):
 
   ``__call__(tokens: i32[B, T], cache: KVCache | None, compute_logits=True, tree_mask=None) -> (logits:
   f32[B, T, V], KVCache | KVUpdate)``: token t of row b sits at position ``cache.lengths[b] + t``, its
-  K/V are written at that slot and it attends to every slot up to its own; the returned cache has ``lengths + T`` (a
-  caller that keeps fewer of the new tokens, after rejected drafts or prompt padding, sets the lengths
-  back with ``cache.with_lengths``). Without a cache, token t sits at position t and attends to tokens
+  K/V are written at that slot and it attends to every slot up to its own; the returned cache has
+  ``lengths + T`` (a caller that keeps fewer of the new tokens, after rejected drafts or prompt
+  padding, sets the lengths back with ``cache.with_lengths``). Without a cache, token t sits at position t and attends to tokens
   ``0 … t``, and their K/V come back as a :class:`KVUpdate`. ``compute_logits=False`` (prefill) skips the
   LM head and returns ``None`` logits. ``tree_mask: bool[B, T, M]`` makes the tokens the nodes of a
   token tree (``common.forward``). Parameter names follow HF's module tree (``embed_tokens``,

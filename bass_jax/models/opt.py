@@ -54,10 +54,9 @@ class OPTConfig(decoder_config.CacheFromShape):
   pad_token_id: int | None = 1
   model_type: str = "opt"
 
-  FIELDS = decoder_config.FieldTable(num_layers="num_hidden_layers", max_positions="max_position_embeddings",
-                             num_heads="num_attention_heads", hidden_size="hidden_size",
-                             architecture="OPTForCausalLM",
-                             mlp_width="ffn_dim")
+  FIELDS = decoder_config.FieldTable(
+      num_layers="num_hidden_layers", max_positions="max_position_embeddings",
+      num_heads="num_attention_heads", hidden_size="hidden_size", mlp_width="ffn_dim")
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "num_hidden_layers", "ffn_dim", "num_attention_heads",
@@ -156,7 +155,8 @@ class OPTDecoderLayer(nn.Module):
 
 
 class OPT(nn.Module):
-  """OPT causal LM over a ragged KV cache; the call signature of :class:`bass_jax.models.llama_layers.Llama`."""
+  """OPT causal LM over a ragged KV cache; the call signature of
+  :class:`bass_jax.models.llama_layers.Llama`."""
 
   config: OPTConfig
   attention_impl: str = "reference"
@@ -201,4 +201,4 @@ class OPT(nn.Module):
     return logits, update
 
 
-family.register_family(family.Family("opt", OPTConfig, OPTConfig.FIELDS.architecture))
+family.register_family(family.Family("opt", OPTConfig, "OPTForCausalLM"))

@@ -231,7 +231,8 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
   profile = profiles.backend_profile(c.profile)
   attention_impl = profile.attention_impl if c.attention_impl is None else c.attention_impl
   if not isinstance(attention_impl, str):
-    raise ValueError(f"attention_impl must be a name, one of {attention_registry.attention_implementations()}")
+    raise ValueError("attention_impl must be a name, one of "
+                     f"{attention_registry.attention_implementations()}")
   attention_registry.lookup(attention_impl)  # raises for an unknown name
   bass = c.method == "bass"
   attention_impl = attention_registry.implementation_for_heads(

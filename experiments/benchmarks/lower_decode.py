@@ -82,6 +82,11 @@ _io.require_tree_shapes()
 _TARGET_CONFIGS = _deviceless.TARGET_CONFIGS
 
 
+def _draft_tree() -> list[str] | None:
+  """The --draft_tree shapes as ``lower`` takes them: None for no tree (the flag's empty list)."""
+  return _DRAFT_TREE.value or None
+
+
 def _tree_lines(nodes, depth=0):
   for node in nodes:
     kind = node["kind"] + (" (data-dependent)" if node["data_dependent"]
@@ -109,7 +114,7 @@ def _launch_census(target, draft, prompts, profile, dump_dir: pathlib.Path) -> d
         sm_count=_SM_COUNT.value, compile_on_host=False, method=method,
         max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
         draft_len=_io.draft_len_value(_DRAFT_LEN.value),
-        draft_tree=(_DRAFT_TREE.value or None) if method == "bass" else None, profile=profile)
+        draft_tree=_draft_tree() if method == "bass" else None, profile=profile)
     name = f"bass_jax_decode_{method}"
     exported = lowered.decode
     call = lambda *a, **k: exported.call(*a, **k)  # pylint: disable=cell-var-from-loop
@@ -207,7 +212,7 @@ def main(argv):
       target, draft, prompts, platform=_PLATFORM.value, sm_count=_SM_COUNT.value,
       compile_on_host=_CACHE_COPIES.value, method=_METHOD.value, max_new_tokens=_MAX_NEW.value,
       temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
-      draft_len=_io.draft_len_value(_DRAFT_LEN.value), draft_tree=_DRAFT_TREE.value or None,
+      draft_len=_io.draft_len_value(_DRAFT_LEN.value), draft_tree=_draft_tree(),
       profile=profile)
   text = lowered.decode.mlir_module()
   result = hlo_census.census(text)
@@ -216,7 +221,7 @@ def main(argv):
       "target": target.name, "draft": _DRAFT.value if draft is not None else None,
       "method": _METHOD.value, "batch_size": _BATCH.value, "prompt_len": _PROMPT_LEN.value,
       "max_new_tokens": _MAX_NEW.value, "temperature": _TEMPERATURE.value, "top_p": _TOP_P.value,
-      "draft_len": _DRAFT_LEN.value, "draft_tree": _DRAFT_TREE.value or None,
+      "draft_len": _DRAFT_LEN.value, "draft_tree": _draft_tree(),
       "platform": _PLATFORM.value,
       "profile": profile.name, "sm_count": _SM_COUNT.value, "attention_impl": spec.attention_impl,
       "scan_layers": target.scanned_layers, "dtype": str(target.dtype),
