@@ -4,13 +4,20 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-# The suite's programs compile once and mostly run for milliseconds, so the CPU backend's LLVM
-# optimization is nearly all cost: at level 0 the suite, run as `make test` runs it, took 20:24 instead
-# of 25:15 on the project's 2-core machine (2026-11-25). Children (CLI runs, the 8-device suite)
-# inherit it; the library's own runs, benchmarks and `make run` keep XLA's default.
+# The suite's programs compile once and mostly run for milliseconds, so compiling is nearly all the
+# cost, and these XLA:CPU settings make it cheaper:
+# - LLVM optimization level 0: the suite, run as `make test` runs it, took 20:24 instead of 25:15 on
+#   the project's 2-core machine (2026-11-25);
+# - the older elemental emitters instead of XLA:CPU's fusion emitters, and LLVM's module compiled in
+#   one piece (the suite's two workers already fill both cores): XLA compile time of
+#   test_families.py's llama context test fell from 20-24 s to 11-13 s (2026-11-29, 58 programs).
+# Children (CLI runs, the 8-device suite) inherit them; the library's own runs, benchmarks and
+# `make run` keep XLA's defaults. A flag already in XLA_FLAGS is left as it is.
+_SUITE_XLA_FLAGS = {"--xla_backend_optimization_level": "0", "--xla_cpu_use_fusion_emitters": "false",
+                    "--xla_cpu_parallel_codegen_split_count": "1"}
 _FLAGS = os.environ.get("XLA_FLAGS", "")
-if "--xla_backend_optimization_level" not in _FLAGS:
-  os.environ["XLA_FLAGS"] = f"{_FLAGS} --xla_backend_optimization_level=0".strip()
+os.environ["XLA_FLAGS"] = " ".join(
+    [_FLAGS] + [f"{k}={v}" for k, v in _SUITE_XLA_FLAGS.items() if k not in _FLAGS]).strip()
 
 # The persistent compilation cache (on by default, bass_jax.sampling.compile_cache) is off in the
 # suite, children included: its settings rarely repeat across processes, so storing each build only
