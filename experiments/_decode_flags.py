@@ -172,3 +172,28 @@ def define(*names: str, **defaults: Any) -> DecodeFlags:
     if name in _VALIDATORS:
       _VALIDATORS[name]()
   return DecodeFlags(holders)
+
+
+def parse(name: str, *texts: str) -> Any:
+  """``texts`` as the value of field ``name``, read as its flag reads them (``--<name>=<text>``,
+  repeated for a multi-valued flag such as ``draft_tree``: the same parser, bounds and conversion),
+  for settings written outside a flag of their own (a benchmark's variants and swept values).
+
+  Raises:
+    ValueError: a name without a flag row (:data:`FIELDS`), several texts for a single-valued
+      setting, or text the flag refuses, naming the setting and the text.
+  """
+  if name not in ROWS:
+    why = NOT_FLAGS.get(name, f"the settings are {', '.join(FIELDS)}")
+    raise ValueError(f"no decode setting {name!r}: {why}")
+  row = ROWS[name]
+  values = flags.FlagValues()
+  row.define(name, row.default, help=row.help, flag_values=values, **row.keywords)
+  if len(texts) != 1 and not isinstance(values[name], flags.MultiFlag):
+    raise ValueError(f"{name} takes one value, got {len(texts)}: {', '.join(texts)}")
+  for text in texts:
+    try:
+      values[name].parse(text)
+    except (flags.IllegalFlagValueError, ValueError) as e:
+      raise ValueError(f"{name}={text}: {e}") from None
+  return row.value(values[name].value)

@@ -6,18 +6,16 @@ The cost-aware draft length falls back to plain steps (one target position per r
 cannot pay; its promise is then "no slower than regular decoding". This measures how close the BASS
 program comes to it. Each proposer runs under a ``GoodputDraftLen`` whose step costs make every draft
 length lose (``verify_pass`` 100x a plain step), so every step is plain and the tokens are exactly
-regular decoding's; rounds alternate regular decoding and each proposer, so the machine's drift hits
-every configuration alike. Prints the median per-token latency All over the rounds and its ratio to
-regular decoding's. The prompts are the tuning set by default.
+regular decoding's. The timing is ``bass_jax.evaluation.sweep``'s (warm-up, rounds in alternating
+order, medians, ratios within a round): one markdown row per configuration, its median per-token
+latency All and its ratio to regular decoding's. The prompts are the tuning set by default.
 """
-
-import statistics
 
 from absl import app
 from absl import flags
 
 import bass_jax
-from bass_jax.evaluation import experiment
+from bass_jax.evaluation import sweep
 from bass_jax.evaluation.data import load_problems
 from experiments import _decode_flags
 from experiments import _io
@@ -42,27 +40,20 @@ def main(argv):
   problems = load_problems(_PROMPTS.value, _NUM_PROMPTS.value)
   never = bass_jax.GoodputDraftLen(costs=bass_jax.StepCosts(
       plain=1.0, verify_pass=100.0, propose_first=0.0, propose_next=0.0, chunk=4))
-  configs = {"regular decoding": (None, {"method": "regular"})}
-  for spec in _PROPOSERS.value:
-    configs[f"BASS, {spec}, plain steps only"] = (bass_jax.load_draft_spec(spec, target),
-                                                  {"method": "bass", "draft_len": never})
-  times: dict[str, list[float]] = {name: [] for name in configs}
-  for _ in range(_ROUNDS.value):
-    for name, (draft, kw) in configs.items():
-      s = experiment.run_problems(target, draft, problems, batch_size=_BATCH.value,
-                                  max_new_tokens=_MAX_NEW.value, progress=False, warmup=True,
-                                  distinct_prompts=True, **kw).summary
-      if kw["method"] == "bass" and s["plain_step_share"] != 1.0:
-        raise RuntimeError(f"{name}: {s['plain_step_share']:.0%} plain steps, expected all")
-      times[name].append(s["ms_per_token_all"])
-  reference = statistics.median(times["regular decoding"])
+  variants = [sweep.Variant("regular decoding")] + [
+      sweep.Variant(f"BASS, {spec}, plain steps only", bass_jax.load_draft_spec(spec, target),
+                    {"method": "bass", "draft_len": never}) for spec in _PROPOSERS.value]
+  cells = sweep.run_sweep(target, problems, variants,
+                          base=bass_jax.DecodeConfig(batch_size=_BATCH.value,
+                                                     max_new_tokens=_MAX_NEW.value),
+                          rounds=_ROUNDS.value, baseline="regular decoding", distinct_prompts=True)
+  for cell in cells[1:]:
+    shares = [r["plain_step_share"] for r in cell.rounds]
+    if shares != [1.0] * len(shares):
+      raise RuntimeError(f"{cell.variant}: plain step shares {shares}, expected all plain")
   print(f"B = {_BATCH.value}, {len(problems)} prompts of {_PROMPTS.value}, {_MAX_NEW.value} new tokens, "
-        f"{_ROUNDS.value} alternating rounds\n")
-  print("| configuration | ms/token All (median) | vs regular | rounds |")
-  print("|---|---|---|---|")
-  for name, values in times.items():
-    print(f"| {name} | {statistics.median(values):.1f} | {statistics.median(values) / reference:.3f} | "
-          + ", ".join(f"{v:.1f}" for v in values) + " |")
+        f"{_ROUNDS.value} rounds (bass_jax.evaluation.sweep's timing policy)\n")
+  print(sweep.markdown(cells, baseline="regular decoding"))
 
 
 if __name__ == "__main__":
