@@ -20,6 +20,7 @@ from bass_jax.evaluation.data import load_problems
 from experiments import _decode_flags
 from experiments import _io
 
+_TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target model spec.")
 _PROPOSERS = flags.DEFINE_list(
     "proposers", ["smollm2-135m-draft", "ngram", "hybrid:smollm2-135m-draft"],
     "Draft specs (bass_jax.load_draft_spec; the grammar: --draft=help of experiments.generate), "
@@ -36,7 +37,7 @@ def main(argv):
   _io.init_script()
   if _NUM_PROMPTS.value < _BATCH.value:
     raise app.UsageError(f"--num_prompts={_NUM_PROMPTS.value} is fewer than --batch_size={_BATCH.value}")
-  target = bass_jax.load_model("smollm2-135m-instruct")
+  target = bass_jax.load_model(_TARGET.value)
   problems = load_problems(_PROMPTS.value, _NUM_PROMPTS.value)
   never = bass_jax.GoodputDraftLen(costs=bass_jax.StepCosts(
       plain=1.0, verify_pass=100.0, propose_first=0.0, propose_next=0.0, chunk=4))

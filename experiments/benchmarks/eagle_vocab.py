@@ -42,10 +42,18 @@ _io.require_positive_ints("batch_sizes")
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
   _io.init_script()
-  output = _io.check_output_file(_OUTPUT.value, flag="output")
-  eval_data = corpus.load_shards(sorted(pathlib.Path(_CORPUS.value).glob("gen_eval_*.npz")))
+  try:
+    output = _io.check_output_file(_OUTPUT.value, flag="output")
+  except _io.OutputError as e:
+    raise app.UsageError(str(e)) from e
+  shards = sorted(pathlib.Path(_CORPUS.value).glob("gen_eval_*.npz"))
+  if not shards:
+    raise app.UsageError(f"--corpus={_CORPUS.value} holds no gen_eval_*.npz shards: build them with "
+                         "experiments.build_corpus --labels=features")
+  eval_data = corpus.load_shards(shards)
   if "features" not in eval_data:
     raise app.UsageError(f"{_CORPUS.value} holds no features: build_corpus --labels=features")
   target = bass_jax.load_model(_TARGET.value, tokenizer=False)

@@ -1,0 +1,85 @@
+"""Quick runs of the developer benchmarks that no other test runs: each exits 0 on this CPU, in the
+smallest setting that still runs every part, and prints or writes what its docstring promises (the
+numbers themselves are timings, which tests do not judge)."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import jax
+import pytest
+
+import bass_jax as bj
+from conftest import tiny_config
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _run(*args, timeout=600):
+  run = subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True,
+                       timeout=timeout)
+  assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-3000:])
+  return run.stdout
+
+
+def test_bench_top_p_prints_a_row_per_method():
+  out = _run("experiments.benchmarks.bench_top_p", "--rows=2", "--vocab=512", "--repeats=1")
+  rows = [line for line in out.splitlines() if line.startswith("| ") and "ms per call" not in line]
+  assert [r.split(" | ")[0][2:] for r in rows] == [
+      "full sort (jnp.sort)", "lax.top_k(64)", "bisection over bit patterns",
+      "top_p_filter (top_p=0.95)", "jnp.argmax", "warp.first_argmax"]
+  assert all(float(r.split(" | ")[1].rstrip(" |")) >= 0 for r in rows)
+
+
+def test_bench_compile_quick_times_each_kind(tmp_path):
+  _run("experiments.benchmarks.bench_compile", "--quick", "--kinds=regular",
+       f"--results_dir={tmp_path}")
+  result = json.loads((tmp_path / "bench_compile.json").read_text())
+  text = json.dumps(result)
+  assert "regular" in text and result["jax_version"] and result["device"].startswith("cpu")
+
+
+def test_bench_many_programs_reports_maps_per_setting(tmp_path):
+  out = _run("experiments.benchmarks.bench_many_programs", "--configs=3", "--every=1",
+             "--cache_size=2", f"--results_dir={tmp_path}")
+  result = json.loads((tmp_path / "bench_many_programs.json").read_text())
+  assert [r["settings"] for r in result["rows"]] == [1, 2, 3]
+  assert all(r["compiled"] == r["settings"] and r["maps"] > 0 for r in result["rows"])
+  assert result["verdict"] and "vm.max_map_count" in out
+
+
+def test_bench_plain_steps_decodes_only_plain_steps(tmp_path):
+  import transformers
+
+  tokenizer = transformers.AutoTokenizer.from_pretrained(str(REPO / "bass_jax" / "drafts" /
+                                                             "smollm2-135m-draft"))
+  config = tiny_config(vocab_size=tokenizer.vocab_size)
+  bj.save_model(bj.Model(config, bj.init_params(config, jax.random.key(0)), tokenizer),
+                tmp_path / "tiny")
+  (tmp_path / "prompts.jsonl").write_text("".join(
+      json.dumps({"prompt": f"def f{i}(x):\n    return " + "x + " * i}) + "\n" for i in range(2)))
+  out = _run("experiments.benchmarks.bench_plain_steps", f"--target={tmp_path / 'tiny'}",
+             f"--proposers={tmp_path / 'tiny'},ngram", f"--prompts={tmp_path / 'prompts.jsonl'}",
+             "--num_prompts=2", "--batch_size=2", "--max_new_tokens=6", "--rounds=1")
+  rows = [line for line in out.splitlines() if line.startswith("| ") and "variant" not in line]
+  assert [r.split(" | ")[0][2:] for r in rows] == [
+      "regular decoding", f"BASS, {tmp_path / 'tiny'}, plain steps only", "BASS, ngram, plain steps only"]
+  assert "1.00x" in rows[0] and all(" 1.00 |" in r for r in rows[1:])  # every step plain
+
+
+@pytest.mark.parametrize("script", ["bench_sharding", "eagle_vocab"])
+def test_the_benchmarks_without_a_quick_run_refuse_a_stray_argument(script):
+  """bench_sharding (the real SmolLM2 on 8 host devices) and eagle_vocab (an exported draft and a
+  feature corpus) need more than a quick run affords: their flags are checked here."""
+  run = subprocess.run([sys.executable, "-m", f"experiments.benchmarks.{script}", "stray"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert run.returncode == 2 and "unexpected arguments ['stray']" in run.stderr, run.stderr[-2000:]
+  assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_eagle_vocab_without_a_corpus_says_how_to_build_one(tmp_path):
+  run = subprocess.run([sys.executable, "-m", "experiments.benchmarks.eagle_vocab",
+                        f"--corpus={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert run.returncode == 2 and "holds no gen_eval_*.npz shards" in run.stderr, run.stderr[-2000:]
+  assert "build_corpus" in run.stderr and len(run.stderr.strip().splitlines()) == 1
