@@ -1,9 +1,6 @@
 """Shared fixtures: tiny random models and the real SmolLM2 (loaded once per session)."""
 
-import atexit
 import os
-import shutil
-import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -22,17 +19,15 @@ _FLAGS = os.environ.get("XLA_FLAGS", "")
 os.environ["XLA_FLAGS"] = " ".join(
     [_FLAGS] + [f"{k}={v}" for k, v in _SUITE_XLA_FLAGS.items() if k not in _FLAGS]).strip()
 
-# The persistent compilation cache (on by default, bass_jax.sampling.compile_cache) is one fresh
-# directory per `make test`, shared by its processes (the first to import this file, pytest's own,
-# makes it; xdist's workers and every child inherit it) and removed when that process exits. The
-# user's own cache stays untouched, and no run reads another run's programs. Many children compile
-# what another process of the run already has: on 2026-11-29 five script-heavy test files took 242 s
-# with it against 270 s without. tests/test_compile_cache.py and tests/test_programs.py set
-# directories of their own, or none.
-if "BASS_JAX_COMPILATION_CACHE_DIR" not in os.environ:
-  _SUITE_CACHE = tempfile.mkdtemp(prefix="bass_jax_suite_xla_")
-  os.environ["BASS_JAX_COMPILATION_CACHE_DIR"] = _SUITE_CACHE
-  atexit.register(shutil.rmtree, _SUITE_CACHE, ignore_errors=True)
+# The persistent compilation cache (on by default, bass_jax.sampling.compile_cache) is off in the
+# suite, children included, and the user's own cache stays untouched. It must stay off in the suite's
+# own processes: a stored program is keyed by its settings and bass_jax's source files, not by what
+# was traced, so the mutant tests (tests/test_sampling_exact.py and others monkeypatch traced code)
+# would load the correct program instead of tracing theirs, or store theirs for a correct test to
+# load (compile_cache.setting_key). A cache shared by one run's processes, tried on 2026-11-29,
+# failed four tests in its first minutes. tests/test_compile_cache.py turns it on in
+# directories of its own.
+os.environ.setdefault("BASS_JAX_COMPILATION_CACHE_DIR", "off")
 
 # tests/multidevice needs 8 host devices, which must be set before JAX starts: tests/test_sharding.py
 # runs it in a child process with that set (and MULTIDEVICE_ENV); the suite itself keeps one device.
