@@ -32,9 +32,8 @@ _io.require_positive_ints("admit_rows")
 _CHUNKS = flags.DEFINE_list("admit_chunks", ["64"], "Positions per forward of the prefill, each.")
 _io.require_positive_ints("admit_chunks")
 _DRAFT_LEN = flags.DEFINE_integer("draft_len", 3, "Fixed draft length l.", lower_bound=1)
-_MAX_NEW = _decode_flags.define(max_new_tokens=48)["max_new_tokens"]
-_PROFILE = flags.DEFINE_enum("profile", "cpu", sorted(profiles.PROFILES),
-                             "The backend profile whose admission settings are replaced.")
+_DECODE = _decode_flags.define(max_new_tokens=48, profile="cpu")  # the profile whose admission
+_MAX_NEW, _PROFILE = _DECODE["max_new_tokens"], _DECODE["profile"]  # settings are replaced
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per setting (the fastest counts).",
                                 lower_bound=1)
 

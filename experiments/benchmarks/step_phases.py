@@ -19,6 +19,7 @@ from absl import flags
 
 from bass_jax.sampling.phases import measure_step_phases, profile_step_scopes
 from bass_jax.sampling.step import STEP_SCOPES
+from experiments import _decode_flags
 from experiments import _io
 
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target model spec.")
@@ -29,11 +30,8 @@ _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 8, "First N prompts (>= the l
 _BATCHES = flags.DEFINE_list("batch_sizes", ["1", "4"], "Batch sizes.")
 _io.require_positive_ints("batch_sizes")
 _DRAFT_LEN = flags.DEFINE_integer("draft_len", 3, "Fixed draft length l of every step.", lower_bound=1)
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature (0: greedy).",
-                                  lower_bound=0.0)
-_TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus mass.", lower_bound=0.0, upper_bound=1.0)
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Output bucket (>= warm_steps + steps).",
-                                lower_bound=1)
+_DECODE = _decode_flags.define("temperature", "top_p", max_new_tokens=128)  # >= warm_steps + steps
+_TEMPERATURE, _TOP_P, _MAX_NEW = (_DECODE[n] for n in ("temperature", "top_p", "max_new_tokens"))
 _WARM = flags.DEFINE_integer("warm_steps", 4, "Steps decoded before the timed state.", lower_bound=1)
 _STEPS = flags.DEFINE_integer("steps", 16, "Steps per timed call.", lower_bound=1)
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed calls per program (the fastest counts).",

@@ -10,10 +10,11 @@ from absl import flags
 
 from bass_jax.evaluation import baselines, reproduce
 from experiments import _common
+from experiments import _decode_flags
 from experiments import _io
 
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature (0 = greedy).")
-_TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus mass.")
+_DECODE = _decode_flags.define("temperature", "top_p")
+_TEMPERATURE, _TOP_P = _DECODE["temperature"], _DECODE["top_p"]
 _HF_DRAFT = flags.DEFINE_string("hf_draft", None, "transformers directory of the draft (default: "
                                 "--draft when it is a directory or the shipped draft's alias).")
 

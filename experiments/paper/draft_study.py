@@ -71,7 +71,7 @@ _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 8, "First N prompts (>= the l
 _MAX_NEW = _decode_flags.define(max_new_tokens=64)["max_new_tokens"]
 _BATCHES = flags.DEFINE_list("batch_sizes", ["1", "2", "4", "8"], "Batch sizes.")
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "0.2"], "Sampling temperatures (0 = greedy).")
-_TOP_P = flags.DEFINE_float("top_p", 0.95, "Nucleus mass when sampling (BASS §4: 0.95).")
+_TOP_P = _decode_flags.define(top_p=0.95)["top_p"]  # when sampling (BASS §4: 0.95)
 _SAMPLES = flags.DEFINE_list(
     "samples_per_prompt", ["1"], "Samples of each prompt: 1 means every batch holds distinct "
     "prompts; s > 1 decodes each prompt s times in a row, cut into batches (a section of its own per "

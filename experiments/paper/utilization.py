@@ -6,14 +6,14 @@ batch 1) and BASS, against per-token latency.
 """
 
 from absl import app
-from absl import flags
 
 from bass_jax.evaluation import reproduce
 from experiments import _common
+from experiments import _decode_flags
 from experiments import _io
 
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.2, "Sampling temperature.")
-_TOP_P = flags.DEFINE_float("top_p", 0.95, "Nucleus mass.")
+_DECODE = _decode_flags.define(temperature=0.2, top_p=0.95)
+_TEMPERATURE, _TOP_P = _DECODE["temperature"], _DECODE["top_p"]
 
 
 def main(argv):
