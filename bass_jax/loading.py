@@ -27,6 +27,7 @@ from bass_jax.checkpoints.generation_config import generation_eos_ids, merge_eos
 from bass_jax.checkpoints.locate import locate
 from bass_jax.checkpoints import medusa_files
 from bass_jax.checkpoints import orbax_ckpt
+from bass_jax.checkpoints import tokenizer_cache
 from bass_jax.checkpoints.save import save_model
 from bass_jax.checkpoints.sources import (ALIASES, ORBAX_PARAMS_DIR, has_tokenizer, hf_hub_cache,
                                           model_path, resolve_alias, weight_formats)
@@ -52,7 +53,9 @@ def _load_tokenizer(directory: pathlib.Path, gguf_file: str | None = None):
         hf_ckpt.read_json_object(directory / name)
     if not has_tokenizer(directory):
       return None
-  return transformers.AutoTokenizer.from_pretrained(str(directory), gguf_file=gguf_file)
+  if gguf_file is not None:  # converted once (checkpoints.tokenizer_cache)
+    return tokenizer_cache.load(directory / gguf_file)
+  return transformers.AutoTokenizer.from_pretrained(str(directory))
 
 
 def default_dtype() -> jnp.dtype:

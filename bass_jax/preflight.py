@@ -19,6 +19,7 @@ from bass_jax.checkpoints import eagle_formats
 from bass_jax.checkpoints import gguf as gguf_ckpt
 from bass_jax.checkpoints import hf as hf_ckpt
 from bass_jax.checkpoints import sources
+from bass_jax.checkpoints import tokenizer_cache
 from bass_jax.checkpoints.locate import locate
 from bass_jax.models import eagle, llama, medusa
 from bass_jax.models import family as family_lib
@@ -209,6 +210,5 @@ def load_tokenizer(source: ModelSource) -> Any:
   if not source.has_tokenizer:
     raise ValueError(f"{source.spec}: ships no tokenizer")
   if source.kind == "gguf":
-    return transformers.AutoTokenizer.from_pretrained(str(source.path.parent),
-                                                      gguf_file=source.path.name)
+    return tokenizer_cache.load(source.path)
   return transformers.AutoTokenizer.from_pretrained(str(source.path))

@@ -1,0 +1,109 @@
+"""A GGUF file's tokenizer, converted once: transformers builds it from the file's metadata (about 9-12 s
+for SmolLM2's 49,152 tokens on this project's CPU machine, most of it reading the metadata a second
+time), and a tokenizer saved with ``save_pretrained`` loads back in a fraction of a second.
+
+The converted tokenizer is kept in ``$BASS_JAX_TOKENIZER_CACHE_DIR``, by default
+``$XDG_CACHE_HOME/bass_jax/tokenizers`` or ``~/.cache/bass_jax/tokenizers``; ``off`` (or ``0``,
+``false``, ``none``) turns the cache off. An entry's key is a SHA-256 of the file's first
+:data:`KEY_BYTES` bytes (GGUF's header and metadata, where the tokenizer lives, come first; the tensor
+data follows them), the file's size and transformers' version, so an edited or replaced file, or
+another transformers, converts afresh. Entries are written to a temporary directory and renamed into
+place, so a reader sees a whole entry or none. A cache that cannot be read or written warns once and
+the tokenizer is converted as without it: the cache is never a failure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import shutil
+import tempfile
+import warnings
+from typing import Any
+
+ENV_VAR = "BASS_JAX_TOKENIZER_CACHE_DIR"
+KEY_BYTES = 64 << 20  # the metadata of any published GGUF fits in its first 64 MiB
+_OFF = ("off", "0", "false", "none")
+
+
+def directory() -> pathlib.Path | None:
+  """The cache directory: ``$BASS_JAX_TOKENIZER_CACHE_DIR`` if set (None when it says off), else
+  ``$XDG_CACHE_HOME/bass_jax/tokenizers`` or ``~/.cache/bass_jax/tokenizers``."""
+  setting = os.environ.get(ENV_VAR)
+  if setting is not None:
+    return None if setting.strip().lower() in _OFF else pathlib.Path(setting).expanduser()
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return pathlib.Path(base) / "bass_jax" / "tokenizers"
+
+
+def key(path: pathlib.Path) -> str:
+  """The entry name of the GGUF file at ``path``: SHA-256 of its first :data:`KEY_BYTES` bytes, its
+  size and transformers' version.
+
+  Raises:
+    OSError: the file cannot be read.
+  """
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    digest.update(f.read(KEY_BYTES))
+  digest.update(f"|{path.stat().st_size}|{transformers.__version__}".encode())
+  return digest.hexdigest()
+
+
+def load(path: str | os.PathLike) -> Any:
+  """The tokenizer of the GGUF file at ``path``, as ``AutoTokenizer.from_pretrained(parent,
+  gguf_file=name)`` builds it: from the cache when an entry for this file is there, else converted
+  and stored.
+
+  Raises:
+    What ``AutoTokenizer.from_pretrained`` raises for the file (the cache's own errors only warn).
+  """
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  path = pathlib.Path(path)
+  cache = directory()
+  entry = None
+  if cache is not None:
+    try:
+      entry = cache / key(path)
+      if (entry / "tokenizer_config.json").is_file():
+        return transformers.AutoTokenizer.from_pretrained(str(entry))
+    except Exception as e:  # pylint: disable=broad-except
+      _warn(f"bass_jax: tokenizer cache {cache} could not be read ({type(e).__name__}: {e}); "
+            f"converting the tokenizer of {path.name} (set {ENV_VAR} to another directory, or "
+            "to 'off')")
+  tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+  if entry is not None:
+    _store(tokenizer, entry)
+  return tokenizer
+
+
+def _store(tokenizer: Any, entry: pathlib.Path) -> None:
+  """Saves ``tokenizer`` as ``entry``, through a temporary directory renamed into place; warns
+  instead of raising."""
+  tmp = None
+  try:
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=entry.parent, prefix=".tmp-")
+    tokenizer.save_pretrained(tmp)
+    os.replace(tmp, entry)
+    tmp = None
+  except OSError as e:
+    if not entry.is_dir():  # another process renaming the same entry first is no failure
+      _warn(f"bass_jax: tokenizer cache {entry.parent} could not be written ({e}); set {ENV_VAR} "
+            "to another directory, or to 'off'")
+  finally:
+    if tmp is not None:
+      shutil.rmtree(tmp, ignore_errors=True)
+
+
+_WARNED: set[str] = set()
+
+
+def _warn(message: str) -> None:
+  if message not in _WARNED:
+    _WARNED.add(message)
+    warnings.warn(message, stacklevel=3)
