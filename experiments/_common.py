@@ -75,10 +75,9 @@ def prepare(experiment: str, *, greedy: bool = False) -> pathlib.Path:
   global _RUN_DIR, _EARLIER
   _io.init_script()
   _check_speculation(experiment)
-  if greedy and NUM_PROMPTS.value < max(batch_sizes()):
-    raise app.UsageError(
-        f"greedy batches hold distinct prompts: --num_prompts={NUM_PROMPTS.value} is fewer than the "
-        f"largest of --batch_sizes={','.join(BATCHES.value)}; raise --num_prompts or drop that batch size")
+  if greedy:
+    _io.require_distinct_prompts(NUM_PROMPTS.value, max(batch_sizes()),
+                                 f"the largest of --batch_sizes={','.join(BATCHES.value)}")
   try:
     _RUN_DIR = _io.run_directory(RESULTS_DIR.value, experiment)
     path = _io.check_output_file(_RUN_DIR / f"{experiment}_{SETTING.value}.json", flag="results_dir")

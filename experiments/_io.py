@@ -88,6 +88,18 @@ flags.register_validator("mesh", _check_mesh)
 OUTPUTS = pathlib.Path("outputs")  # git-ignored; fresh runs go here unless told otherwise
 
 
+def require_distinct_prompts(num_prompts: int, batch_size: int, batch: str) -> None:
+  """A greedy batch holds distinct prompts (``batches.make_batches``): refuses ``--num_prompts`` fewer
+  than ``batch_size``, naming the batch as ``batch`` (``"batch_size=4"``).
+
+  Raises:
+    Refusal: too few prompts, naming both and the fix.
+  """
+  if num_prompts < batch_size:
+    raise Refusal(f"greedy batches hold distinct prompts: --num_prompts={num_prompts} is fewer than "
+                  f"{batch}; raise --num_prompts or drop that batch size")
+
+
 def require_positive_ints(flag_name: str) -> None:
   """Registers a validator: the list flag ``flag_name`` holds one or more ints >= 1 (batch sizes)."""
   flags.register_validator(

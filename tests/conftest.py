@@ -34,9 +34,10 @@ os.environ.setdefault("BASS_JAX_COMPILATION_CACHE_DIR", "off")
 
 # GGUF tokenizers are converted once (bass_jax.checkpoints.tokenizer_cache), here into one fresh
 # directory per `make test`, shared by its processes (the first to import this file makes it; xdist's
-# workers and every child inherit it) and removed when that process exits: the real SmolLM2 loads in
-# about 0.2 s of tokenizer instead of 9-12 s after its first load. Unlike the compilation cache above,
-# a shared one is safe: an entry is keyed by the file's own bytes. The user's cache stays untouched.
+# workers and every child inherit it) and removed when that process exits: after its first load the
+# real SmolLM2 reads a saved tokenizer instead of converting it again. Unlike the compilation cache
+# above, a shared one is safe: an entry is keyed by the file's own bytes. The user's cache stays
+# untouched.
 if "BASS_JAX_TOKENIZER_CACHE_DIR" not in os.environ:
   _TOKENIZERS = tempfile.mkdtemp(prefix="bass_jax_suite_tokenizers_")
   os.environ["BASS_JAX_TOKENIZER_CACHE_DIR"] = _TOKENIZERS

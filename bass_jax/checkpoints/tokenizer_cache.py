@@ -1,10 +1,10 @@
-"""A GGUF file's tokenizer, converted once: transformers builds it from the file's metadata (about 9-12 s
-for SmolLM2's 49,152 tokens on this project's CPU machine, most of it reading the metadata a second
-time), and a tokenizer saved with ``save_pretrained`` loads back in a fraction of a second.
+"""A GGUF file's tokenizer, converted once: transformers builds it from the file's metadata (seconds
+for SmolLM2's 49,152 tokens, most of it reading the metadata a second time), and a tokenizer saved
+with ``save_pretrained`` loads back in a fraction of a second.
 
 The converted tokenizer is kept in ``$BASS_JAX_TOKENIZER_CACHE_DIR``, by default
-``$XDG_CACHE_HOME/bass_jax/tokenizers`` or ``~/.cache/bass_jax/tokenizers``; ``off`` (or ``0``,
-``false``, ``none``) turns the cache off. An entry's key is a SHA-256 of the file's first
+``$XDG_CACHE_HOME/bass_jax/tokenizers`` or ``~/.cache/bass_jax/tokenizers``; ``off`` (or another of
+``cache_dirs.OFF``) turns the cache off. An entry's key is a SHA-256 of the file's first
 :data:`KEY_BYTES` bytes (GGUF's header and metadata, where the tokenizer lives, come first; the tensor
 data follows them), the file's size and transformers' version, so an edited or replaced file, or
 another transformers, converts afresh. Entries are written to a temporary directory and renamed into
@@ -22,19 +22,16 @@ import tempfile
 import warnings
 from typing import Any
 
+from bass_jax import cache_dirs
+
 ENV_VAR = "BASS_JAX_TOKENIZER_CACHE_DIR"
 KEY_BYTES = 64 << 20  # the metadata of any published GGUF fits in its first 64 MiB
-_OFF = ("off", "0", "false", "none")
 
 
 def directory() -> pathlib.Path | None:
   """The cache directory: ``$BASS_JAX_TOKENIZER_CACHE_DIR`` if set (None when it says off), else
   ``$XDG_CACHE_HOME/bass_jax/tokenizers`` or ``~/.cache/bass_jax/tokenizers``."""
-  setting = os.environ.get(ENV_VAR)
-  if setting is not None:
-    return None if setting.strip().lower() in _OFF else pathlib.Path(setting).expanduser()
-  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return pathlib.Path(base) / "bass_jax" / "tokenizers"
+  return cache_dirs.from_env(ENV_VAR, "tokenizers")
 
 
 def key(path: pathlib.Path) -> str:

@@ -47,8 +47,10 @@ from typing import Any
 import jax
 from jax._src import config as _jax_config  # the thread-local write threshold (compile_counting)
 
+from bass_jax import cache_dirs
+
 ENV_VAR = "BASS_JAX_COMPILATION_CACHE_DIR"
-OFF = ("off", "0", "false", "none", "")
+OFF = cache_dirs.OFF
 MIN_COMPILE_SECONDS = 0.2  # programs compiling faster than this are not stored
 MAX_CACHE_BYTES = 8 << 30  # JAX evicts the least recently used entries beyond this
 COSTS_FILE = "step_costs.json"
@@ -139,8 +141,7 @@ _STATE = {"configured": False, "dir": None, "ours": False}
 
 def default_dir() -> pathlib.Path:
   """``$XDG_CACHE_HOME/bass_jax/xla``, or ``~/.cache/bass_jax/xla``."""
-  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return pathlib.Path(base) / "bass_jax" / "xla"
+  return cache_dirs.default("xla")
 
 
 def _requested(setting: Any) -> pathlib.Path | None:
@@ -151,17 +152,11 @@ def _requested(setting: Any) -> pathlib.Path | None:
     ValueError: a setting that is none of these.
   """
   if setting is None or setting is True:
-    env = os.environ.get(ENV_VAR)
-    if env is None:
-      return default_dir()
-    setting = env
+    return cache_dirs.from_env(ENV_VAR, "xla")
   if setting is False:
     return None
   if isinstance(setting, (str, os.PathLike)):
-    text = os.fspath(setting)
-    if text.strip().lower() in OFF:
-      return None
-    return pathlib.Path(text).expanduser()
+    return cache_dirs.from_text(os.fspath(setting))
   raise ValueError(f"compilation_cache must be a directory, True (the default directory), False "
                    f"(off) or None, got {type(setting).__name__}")
 

@@ -106,10 +106,9 @@ def _check_greedy_batches(points, variants, base) -> None:
   for point in points:
     for _, _, settings in variants:
       merged = {**base, **point, **settings}
-      if merged.get("temperature", 0.0) == 0 and merged["batch_size"] > _NUM_PROMPTS.value:
-        raise app.UsageError(
-            f"greedy batches hold distinct prompts: --num_prompts={_NUM_PROMPTS.value} is fewer than "
-            f"batch_size={merged['batch_size']}; raise --num_prompts or drop that batch size")
+      if merged.get("temperature", 0.0) == 0:
+        _io.require_distinct_prompts(_NUM_PROMPTS.value, merged["batch_size"],
+                                     f"batch_size={merged['batch_size']}")
 
 
 def main(argv):
