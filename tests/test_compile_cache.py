@@ -4,10 +4,13 @@ persistent cache of programs and step costs, its configuration and its statistic
 Compiles are counted through ``compile_cache.stats()``, never timed.
 """
 
+import contextlib
 import dataclasses
 import io
 import warnings
 
+import jax
+from jax.experimental.compilation_cache import compilation_cache as jax_cache
 import numpy as np
 import pytest
 
@@ -23,15 +26,33 @@ def pair():
   return tiny_model(0), tiny_model(1)
 
 
+@contextlib.contextmanager
+def _suite_cache_restored():
+  """Puts back, on leaving, the process's cache as the suite set it (tests/conftest.py: JAX's own cache
+  shared by the run, bass_jax storing nothing), which :func:`compile_cache.configure` replaces."""
+  jax_dir = jax.config.jax_compilation_cache_dir
+  min_seconds = jax.config.jax_persistent_cache_min_compile_time_secs
+  max_size = jax.config.jax_compilation_cache_max_size
+  state = dict(compile_cache._STATE)  # pylint: disable=protected-access
+  try:
+    yield
+  finally:
+    compile_cache.wait_for_writes()
+    jax.config.update("jax_compilation_cache_dir", jax_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", min_seconds)
+    jax.config.update("jax_compilation_cache_max_size", max_size)
+    jax_cache.reset_cache()
+    compile_cache._STATE.clear()  # pylint: disable=protected-access
+    compile_cache._STATE.update(state)  # pylint: disable=protected-access
+
+
 @pytest.fixture
 def cache_dir(tmp_path):
   """A fresh persistent cache for one test; the suite's own is restored after it."""
-  before = compile_cache.directory()
-  path = compile_cache.configure(tmp_path / "xla")
-  assert path == tmp_path / "xla"
-  yield path
-  compile_cache.wait_for_writes()
-  compile_cache.configure(before if before is not None else "off")
+  with _suite_cache_restored():
+    path = compile_cache.configure(tmp_path / "xla")
+    assert path == tmp_path / "xla"
+    yield path
 
 
 def _prompts(rng, *lengths):
@@ -167,8 +188,7 @@ def test_step_costs_are_kept_beside_the_cache(pair, cache_dir, monkeypatch):
 def test_configuration(tmp_path, monkeypatch):
   """The environment variable moves or turns off the cache; an unwritable directory is one warning
   and no cache; a bad setting is a one-line error."""
-  before = compile_cache.directory()
-  try:
+  with _suite_cache_restored():
     monkeypatch.setenv(compile_cache.ENV_VAR, str(tmp_path / "moved"))
     assert compile_cache.configure(None) == tmp_path / "moved"
     for off in ("off", "0", "false", "None"):
@@ -186,8 +206,27 @@ def test_configuration(tmp_path, monkeypatch):
     monkeypatch.delenv(compile_cache.ENV_VAR)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert compile_cache.default_dir() == tmp_path / "xdg" / "bass_jax" / "xla"
-  finally:
-    compile_cache.configure(before if before is not None else "off")
+
+
+def test_a_cache_set_through_jax_is_kept_and_off_stores_nothing_of_bass_jaxs_there(tmp_path,
+                                                                                 monkeypatch):
+  """A directory the user gave JAX itself is kept, and bass_jax stores there too; with bass_jax's
+  variable off, JAX's cache stays on for JAX's compiles but bass_jax stores no programs or costs (the
+  suite's setting, tests/conftest.py); a directory that variable names replaces JAX's."""
+  with _suite_cache_restored():
+    own = tmp_path / "jax_own"
+    jax.config.update("jax_compilation_cache_dir", str(own))
+    compile_cache._STATE.update(configured=False, dir=None, ours=False)  # pylint: disable=protected-access
+    monkeypatch.delenv(compile_cache.ENV_VAR, raising=False)
+    assert compile_cache.configure(None) == own
+    assert compile_cache.stored_key(("a setting", 1)) is not None
+    monkeypatch.setenv(compile_cache.ENV_VAR, "off")
+    assert compile_cache.configure(None) is None
+    assert jax.config.jax_compilation_cache_dir == str(own)
+    assert compile_cache.stored_key(("a setting", 1)) is None
+    monkeypatch.setenv(compile_cache.ENV_VAR, str(tmp_path / "mine"))
+    assert compile_cache.configure(None) == tmp_path / "mine"
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path / "mine")
 
 
 def test_printing_says_when_a_program_compiles_and_how_long(pair):

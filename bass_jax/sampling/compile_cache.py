@@ -12,7 +12,8 @@ moves it (a path) or turns it off (``off``, ``0``, ``false`` or ``none``); ``gen
 compilation_cache=...)`` and the scripts' ``--compilation_cache_dir`` do the same per call or run
 (:func:`configure`). A directory that cannot be written is one warning line and a run without the
 cache, never a failure. A cache directory a user set through JAX itself (``JAX_COMPILATION_CACHE_DIR``
-or ``jax.config``) is left as it is.
+or ``jax.config``) is left as it is, unless ``BASS_JAX_COMPILATION_CACHE_DIR`` names another; with that
+variable ``off`` it keeps serving JAX's compiles while bass_jax stores nothing (:func:`configure`).
 
 JAX's cache is process-wide: once on, every jitted function of the process may store its programs
 there (those that compile for at least :data:`MIN_COMPILE_SECONDS`).
@@ -188,15 +189,23 @@ def configure(setting: Any = None) -> pathlib.Path | None:
 
   A directory that cannot be created or written gives one warning line naming it and the reason, and
   the process runs without the cache. A directory set through JAX itself (``jax_compilation_cache_dir``
-  by someone other than bass_jax) is kept when ``setting`` is None.
+  by someone other than bass_jax) is kept when ``setting`` is None and ``$BASS_JAX_COMPILATION_CACHE_DIR``
+  names no directory: bass_jax stores its programs and step costs there too where that variable is
+  unset; where it says off, JAX's cache keeps serving JAX's own compiles and bass_jax stores nothing
+  (what the test suite uses: JAX keys by the traced program, so monkeypatched code never loads a
+  stale one).
   """
   if _STATE["configured"] and _STATE.get("setting", object()) == setting and setting is not None:
     return _STATE["dir"]  # asked again for what is in force
   path = _requested(setting)
   with _LOCK:
     current = jax.config.jax_compilation_cache_dir
-    if setting is None and current and not _STATE["ours"]:  # the user's own JAX setting
-      _STATE.update(configured=True, dir=pathlib.Path(current), ours=False)
+    mine = os.environ.get(ENV_VAR)
+    if setting is None and current and not _STATE["ours"] and (mine is None or path is None):
+      # The user's own JAX setting stays; bass_jax keeps its programs and step costs there too, unless
+      # its own variable says off (then JAX's cache serves JAX's compiles and bass_jax stores nothing).
+      _STATE.update(configured=True, dir=None if mine is not None else pathlib.Path(current),
+                    ours=False)
       return _STATE["dir"]
     if path is not None:
       why = _writable(path)
