@@ -31,18 +31,12 @@ os.environ["XLA_FLAGS"] = " ".join(
 # failed four tests in its first minutes. tests/test_compile_cache.py turns it on in
 # directories of its own.
 os.environ.setdefault("BASS_JAX_COMPILATION_CACHE_DIR", "off")
-# JAX's own persistent cache is safe to share, and is shared: one fresh directory per `make test`
-# (made, inherited and removed as the tokenizer cache's below), for every program however briefly it
-# compiles. JAX keys an entry by the traced program itself (its HLO, without source locations), so a
-# mutant's program is never served to a correct test or the reverse; with bass_jax's variable off, the
-# library stores nothing of its own there (compile_cache.configure). What it saves is the programs
-# several processes compile alike: the CLI's children decoding the real SmolLM2, a killed run and its
-# resumption, the workers' common helpers.
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-  _XLA_CACHE = tempfile.mkdtemp(prefix="bass_jax_suite_xla_")
-  os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_CACHE
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-  atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
+# JAX's own persistent cache, shared by one run's processes, would be safe (JAX keys an entry by the
+# traced program, and compile_cache.configure stores nothing of bass_jax's beside it while the
+# variable above says off), but it saved nothing: `make test` with one such directory, every program
+# stored, took 30:42 and 3,621 worker-seconds against 28:56-30:08 and 3,391-3,543 without
+# (2026-11-29, results/suite_2026-11-29/README.md): likely, writing every program costs about what the
+# few programs several processes compile alike save (not measured apart).
 
 # GGUF tokenizers are converted once (bass_jax.checkpoints.tokenizer_cache), here into one fresh
 # directory per `make test`, shared by its processes (the first to import this file makes it; xdist's
