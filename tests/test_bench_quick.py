@@ -68,11 +68,29 @@ def test_bench_plain_steps_decodes_only_plain_steps(tmp_path):
   assert "1.00x" in rows[0] and all(" 1.00 |" in r for r in rows[1:])  # every step plain
 
 
-@pytest.mark.parametrize("script", ["bench_sharding", "eagle_vocab"])
-def test_the_benchmarks_without_a_quick_run_refuse_a_stray_argument(script):
-  """bench_sharding (the real SmolLM2 on 8 host devices) and eagle_vocab (an exported draft and a
-  feature corpus) need more than a quick run affords: their flags are checked here."""
-  run = subprocess.run([sys.executable, "-m", f"experiments.benchmarks.{script}", "stray"],
+def test_every_script_starts_through_the_runner_that_refuses_stray_arguments():
+  """Every script's ``__main__`` block is ``_io.run(main)``, the one place that refuses an argument
+  that is not a flag (a mistyped ``-quick`` or ``--batch_size 4`` would otherwise be ignored) and
+  prints its refusals in one line."""
+  import ast
+
+  scripts = {}
+  for file in sorted((REPO / "experiments").rglob("*.py")):
+    for node in ast.parse(file.read_text()).body:
+      if (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+          and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"):
+        scripts[file.relative_to(REPO).as_posix()] = [ast.unparse(n) for n in node.body]
+  assert len(scripts) >= 30, sorted(scripts)
+  assert {f: body for f, body in scripts.items() if body != ["_io.run(main)"]} == {}
+
+
+@pytest.mark.parametrize("script", ["benchmarks.bench_sharding", "benchmarks.eagle_vocab",
+                                    "benchmarks.sweep", "paper.report"])
+def test_the_scripts_refuse_a_stray_argument_in_one_line(script):
+  """Through ``_io.run``: bench_sharding (the real SmolLM2 on 8 host devices) and eagle_vocab (an
+  exported draft and a feature corpus) need more than a quick run affords; the sweep and the report
+  ignored a stray argument before."""
+  run = subprocess.run([sys.executable, "-m", f"experiments.{script}", "stray"],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
   assert run.returncode == 2 and "unexpected arguments ['stray']" in run.stderr, run.stderr[-2000:]
   assert len(run.stderr.strip().splitlines()) == 1
