@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 import bass_jax as bj
@@ -101,3 +102,31 @@ def test_eagle_vocab_without_a_corpus_says_how_to_build_one(tmp_path):
                         f"--corpus={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300)
   assert run.returncode == 2 and "holds no gen_eval_*.npz shards" in run.stderr, run.stderr[-2000:]
   assert "build_corpus" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+def test_bench_gguf_read_times_both_readers_of_the_same_file(tmp_path):
+  """Both readers of a small GGUF (a token list, f32 and Q8_0 tensors of fresh random values) read the
+  same fields and tensors, and a row each is printed; a file that is not .gguf is one line."""
+  import gguf
+
+  rng = np.random.default_rng()
+  path = tmp_path / "small.gguf"
+  writer = gguf.GGUFWriter(str(path), "llama")
+  writer.add_token_list([f"<t{i}>" for i in range(500)])
+  writer.add_token_scores(rng.normal(size=500).astype(np.float32).tolist())
+  writer.add_tensor("a.weight", rng.normal(size=(4, 64)).astype(np.float32))
+  writer.add_tensor("b.weight", gguf.quants.quantize(rng.normal(size=(8, 64)).astype(np.float32),
+                                                     gguf.GGMLQuantizationType.Q8_0),
+                    raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+  writer.write_header_to_file()
+  writer.write_kv_data_to_file()
+  writer.write_tensors_to_file()
+  writer.close()
+  out = _run("experiments.benchmarks.bench_gguf_read", f"--model={path}", "--repeats=2")
+  rows = [line.split(" | ")[0][2:] for line in out.splitlines() if line.endswith("x |")]
+  assert rows == ["gguf.GGUFReader", "over a plain view (bass_jax)"], out
+  assert "2 tensors, 2 rounds" in out
+  run = subprocess.run([sys.executable, "-m", "experiments.benchmarks.bench_gguf_read",
+                        f"--model={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert run.returncode == 2 and "is not a .gguf file" in run.stderr, run.stderr[-2000:]
+  assert len(run.stderr.strip().splitlines()) == 1
