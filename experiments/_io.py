@@ -303,7 +303,8 @@ def run(main: Callable[[list[str]], Any]) -> None:
   """``absl.app.run(main)`` with one-line errors: a bad flag value, an ``app.UsageError`` or a
   ``ValueError``/``FileNotFoundError`` raised before the work starts (:class:`Refusal`) prints
   ``<script>: error: <message>`` on stderr and exits with status 2, without the usage text or a
-  traceback."""
+  traceback. So does an argument that is not a flag (no script takes any): a mistyped flag such as
+  ``-quick`` or ``--batch_size 4`` is refused, not ignored."""
   from absl import app  # pylint: disable=g-import-not-at-top
 
   def parse(argv: list[str]) -> list[str]:
@@ -313,6 +314,8 @@ def run(main: Callable[[list[str]], Any]) -> None:
       fail(str(e))
 
   def guarded(argv: list[str]) -> Any:
+    if len(argv) > 1:
+      fail(f"unexpected arguments {argv[1:]} (every setting is a flag: --name=value)")
     try:
       return main(argv)
     except (app.UsageError, Refusal) as e:
@@ -337,7 +340,7 @@ def check_argv(argv: list[str], checks: Callable[[], Any]) -> Any:
   except flags.Error as e:
     fail(str(e), argv[0])
   if len(rest) > 1:
-    fail(f"unexpected arguments {rest[1:]}", argv[0])
+    fail(f"unexpected arguments {rest[1:]} (every setting is a flag: --name=value)", argv[0])
   try:
     return checks()
   except (app.UsageError, Refusal) as e:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 import bass_jax as bj
@@ -68,11 +69,29 @@ def test_bench_plain_steps_decodes_only_plain_steps(tmp_path):
   assert "1.00x" in rows[0] and all(" 1.00 |" in r for r in rows[1:])  # every step plain
 
 
-@pytest.mark.parametrize("script", ["bench_sharding", "eagle_vocab"])
-def test_the_benchmarks_without_a_quick_run_refuse_a_stray_argument(script):
-  """bench_sharding (the real SmolLM2 on 8 host devices) and eagle_vocab (an exported draft and a
-  feature corpus) need more than a quick run affords: their flags are checked here."""
-  run = subprocess.run([sys.executable, "-m", f"experiments.benchmarks.{script}", "stray"],
+def test_every_script_starts_through_the_runner_that_refuses_stray_arguments():
+  """Every script's ``__main__`` block is ``_io.run(main)``, the one place that refuses an argument
+  that is not a flag (a mistyped ``-quick`` or ``--batch_size 4`` would otherwise be ignored) and
+  prints its refusals in one line."""
+  import ast
+
+  scripts = {}
+  for file in sorted((REPO / "experiments").rglob("*.py")):
+    for node in ast.parse(file.read_text()).body:
+      if (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+          and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"):
+        scripts[file.relative_to(REPO).as_posix()] = [ast.unparse(n) for n in node.body]
+  assert len(scripts) >= 30, sorted(scripts)
+  assert {f: body for f, body in scripts.items() if body != ["_io.run(main)"]} == {}
+
+
+@pytest.mark.parametrize("script", ["benchmarks.bench_sharding", "benchmarks.eagle_vocab",
+                                    "benchmarks.sweep", "paper.report"])
+def test_the_scripts_refuse_a_stray_argument_in_one_line(script):
+  """Through ``_io.run``: bench_sharding (the real SmolLM2 on 8 host devices) and eagle_vocab (an
+  exported draft and a feature corpus) need more than a quick run affords; the sweep and the report
+  ignored a stray argument before."""
+  run = subprocess.run([sys.executable, "-m", f"experiments.{script}", "stray"],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
   assert run.returncode == 2 and "unexpected arguments ['stray']" in run.stderr, run.stderr[-2000:]
   assert len(run.stderr.strip().splitlines()) == 1
@@ -83,3 +102,31 @@ def test_eagle_vocab_without_a_corpus_says_how_to_build_one(tmp_path):
                         f"--corpus={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300)
   assert run.returncode == 2 and "holds no gen_eval_*.npz shards" in run.stderr, run.stderr[-2000:]
   assert "build_corpus" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+def test_bench_gguf_read_times_both_readers_of_the_same_file(tmp_path):
+  """Both readers of a small GGUF (a token list, f32 and Q8_0 tensors of fresh random values) read the
+  same fields and tensors, and a row each is printed; a file that is not .gguf is one line."""
+  import gguf
+
+  rng = np.random.default_rng()
+  path = tmp_path / "small.gguf"
+  writer = gguf.GGUFWriter(str(path), "llama")
+  writer.add_token_list([f"<t{i}>" for i in range(500)])
+  writer.add_token_scores(rng.normal(size=500).astype(np.float32).tolist())
+  writer.add_tensor("a.weight", rng.normal(size=(4, 64)).astype(np.float32))
+  writer.add_tensor("b.weight", gguf.quants.quantize(rng.normal(size=(8, 64)).astype(np.float32),
+                                                     gguf.GGMLQuantizationType.Q8_0),
+                    raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+  writer.write_header_to_file()
+  writer.write_kv_data_to_file()
+  writer.write_tensors_to_file()
+  writer.close()
+  out = _run("experiments.benchmarks.bench_gguf_read", f"--model={path}", "--repeats=2")
+  rows = [line.split(" | ")[0][2:] for line in out.splitlines() if line.endswith("x |")]
+  assert rows == ["gguf.GGUFReader", "over a plain view (bass_jax)"], out
+  assert "2 tensors, 2 rounds" in out
+  run = subprocess.run([sys.executable, "-m", "experiments.benchmarks.bench_gguf_read",
+                        f"--model={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert run.returncode == 2 and "is not a .gguf file" in run.stderr, run.stderr[-2000:]
+  assert len(run.stderr.strip().splitlines()) == 1

@@ -306,6 +306,29 @@ def test_translation_is_the_source_checkpoint(written, name):
     np.testing.assert_allclose(got, value, rtol=0, atol=atol, err_msg=hf_name)
 
 
+def test_the_plain_view_reader_reads_what_ggufs_own_reader_reads(tmp_path):
+  """bass_jax reads a GGUF file with ``gguf.GGUFReader`` over a plain view of its memory map
+  (``gguf._reader_class``): every metadata field (strings, arrays, numbers) and every tensor (f32 and
+  Q4_1, fresh random values) equal what the package's own reader gives, tensor data as plain read-only
+  arrays, not the memmap slices that made the read slow."""
+  model = make_model(CASES["qwen3"][1](), seed=int(np.random.default_rng().integers(1 << 30)))
+  path = tmp_path / "m.gguf"
+  write_gguf(model, path, gguf.MODEL_ARCH.QWEN3, qtype=gguf.GGMLQuantizationType.Q4_1)
+  theirs, ours = gguf.GGUFReader(str(path)), gguf_ckpt._open(path)  # pylint: disable=protected-access
+  assert isinstance(ours, gguf.GGUFReader) and type(ours.data) is np.ndarray
+  assert list(ours.fields) == list(theirs.fields) and len(theirs.fields) > 20
+  for key, field in theirs.fields.items():
+    assert ours.fields[key].types == field.types, key
+    assert repr(ours.fields[key].contents()) == repr(field.contents()), key
+  assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+  assert {t.tensor_type for t in theirs.tensors} >= {gguf.GGMLQuantizationType.F32,
+                                                      gguf.GGMLQuantizationType.Q4_1}
+  for mine, reference in zip(ours.tensors, theirs.tensors):
+    assert type(mine.data) is np.ndarray and not mine.data.flags.writeable, mine.name
+    assert mine.tensor_type == reference.tensor_type and list(mine.shape) == list(reference.shape)
+    np.testing.assert_array_equal(mine.data, reference.data, err_msg=mine.name)
+
+
 @pytest.mark.parametrize("name", ["qwen2", "qwen3", "gemma2", "gemma3", "phi3"])
 def test_transformers_gguf_loader_agrees(written, name):
   """transformers' own GGUF reader on the same file: the same tensors, and where it reads the

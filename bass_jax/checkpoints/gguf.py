@@ -22,6 +22,7 @@ with no place in the HF model, and an architecture without a row.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import pathlib
 import re
@@ -37,13 +38,36 @@ from bass_jax.checkpoints.gguf_architectures import (
 # -- reading a file -------------------------------------------------------------------------------------
 
 
-def _open(path: pathlib.Path):
+@functools.cache
+def _reader_class() -> type:
+  """``gguf.GGUFReader`` reading through a plain ``numpy.ndarray`` view of its memory map.
+
+  The reader slices its map once for every piece of metadata: about half a million slices for a
+  vocabulary of 49k tokens and their merges. A slice of a ``numpy.memmap`` is a new ``memmap`` object,
+  set up by its ``__array_finalize__``, which made most of the read's time; a slice of a plain view of
+  the same map is the same bytes without it (``experiments.benchmarks.bench_gguf_read`` times both).
+  The reader stores the map in its public ``data`` attribute, as its first step; this class keeps the
+  plain view there instead. Fields and tensors are what ``gguf.GGUFReader`` gives, tensor data plain
+  read-only arrays over the file instead of memmaps (tests/test_gguf_families.py)."""
   import gguf  # pylint: disable=g-import-not-at-top
 
+  class PlainViewReader(gguf.GGUFReader):
+    @property
+    def data(self) -> np.ndarray:
+      return self._plain_view
+
+    @data.setter
+    def data(self, value: np.ndarray) -> None:
+      self._plain_view = value.view(np.ndarray)  # keeps the map alive through its .base
+
+  return PlainViewReader
+
+
+def _open(path: pathlib.Path):
   if not path.is_file():
     raise FileNotFoundError(f"GGUF file not found: {path}")
   try:
-    return gguf.GGUFReader(str(path))
+    return _reader_class()(str(path))
   except Exception as e:  # the reader raises ValueError, struct errors, numpy errors …
     raise CheckpointError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
 

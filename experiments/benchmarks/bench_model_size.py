@@ -388,8 +388,7 @@ def table(result: dict) -> str:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  del argv  # _io.run refuses arguments that are not flags
   _io.init_script()
   shape, dtype = _SHAPE.value, _DTYPE.value
   try:

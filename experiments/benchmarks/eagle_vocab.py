@@ -42,8 +42,7 @@ _io.require_positive_ints("batch_sizes")
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  del argv  # _io.run refuses arguments that are not flags
   _io.init_script()
   try:
     output = _io.check_output_file(_OUTPUT.value, flag="output")

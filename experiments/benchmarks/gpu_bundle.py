@@ -240,8 +240,7 @@ def _print_manifest(manifest: dict, where: pathlib.Path, out: IO[str]) -> None:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise _io.Refusal(f"unexpected arguments {argv[1:]}")
+  del argv  # _io.run refuses arguments that are not flags
   import sys  # pylint: disable=g-import-not-at-top
 
   try:

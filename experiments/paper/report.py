@@ -13,12 +13,13 @@ why. A result file from an interrupted run is rendered with a warning.
 import json
 import pathlib
 
-from absl import app
 from absl import flags
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from experiments import _io  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _RESULTS = flags.DEFINE_string("results", "results", "Directory of the experiments' JSON files.")
 _OUTPUT = flags.DEFINE_string("output", "docs/results/paper.md", "Markdown file to write.")
@@ -365,4 +366,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _io.run(main)
