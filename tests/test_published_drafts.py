@@ -116,6 +116,25 @@ def test_outputs_match_the_published_code(published, target_pair, tokens):
                                     np.arange(len(d2t)) + d2t.numpy())
 
 
+def test_every_published_draft_saves_and_loads_back_equal_in_both_formats(published, target_pair,
+                                                                         tmp_path):
+  """Whatever a published draft carries (its own embed_tokens, a reduced vocabulary with its head cut
+  to V', tapped layers), ``save_model`` in safetensors and in orbax and ``load_draft`` give back the
+  same config, the same parameters bit for bit and the same draft vocabulary. Before
+  ``EagleConfig.own_embedding``, the four layouts with their own embedding saved but did not load."""
+  name, path = published
+  _, target = target_pair
+  draft = bj.load_draft(path, target)
+  assert draft.config.own_embedding == ("embed_tokens" in draft.params["draft"]), name
+  for format in ("safetensors", "orbax"):  # pylint: disable=redefined-builtin
+    bj.save_model(draft, tmp_path / format, format=format)
+    again = bj.load_draft(tmp_path / format, target)
+    assert again.config == draft.config, (name, format)
+    assert jax.tree.structure(again.params) == jax.tree.structure(draft.params), (name, format)
+    for mine, theirs in zip(jax.tree.leaves(again.params), jax.tree.leaves(draft.params)):
+      assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs), (name, format)
+
+
 @pytest.mark.parametrize("name", ["eagle1-vicuna", "eagle3-safeailab", "eagle3-speculators"])
 def test_greedy_bass_with_a_published_draft_equals_regular_decoding(name, tmp_path, target_pair):
   _, target = target_pair

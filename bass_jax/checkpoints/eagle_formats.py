@@ -41,6 +41,8 @@ option this port does not implement (``fc_norm``, ``norm_before_fc``, speculator
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import pathlib
@@ -331,6 +333,7 @@ def _eagle1(path, fields, tensors, dtype):
     _layer(tensors, f"layers.{i}.", params.setdefault(f"layers_{i}", {}), input_norm=i > 0,
            eagle3=False)
   vocab_ids = np.arange(layer.vocab_size, dtype=np.int32)
+  config = dataclasses.replace(config, own_embedding="embed_tokens" in params)
   return config, {"draft": _cast(params, dtype), "vocab_ids": jnp.asarray(vocab_ids)}
 
 
@@ -368,6 +371,7 @@ def _eagle3(path, fields, tensors, dtype, *, speculators: bool):
   params["lm_head"] = tensors.pop("lm_head.weight")
   params["norm"] = {"scale": tensors.pop("norm.weight")}
   params = _cast(params, dtype)
+  config = dataclasses.replace(config, own_embedding="embed_tokens" in params)
   return config, {"draft": params, "vocab_ids": jnp.asarray(vocab_ids, jnp.int32)}
 
 

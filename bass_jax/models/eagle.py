@@ -102,6 +102,9 @@ class EagleConfig:
     draft_vocab_size: V', the tokens the draft's head scores (``<= V``).
     fused_layers: the target's decoder layers (0-based) whose outputs the first draft fuses with the
       feature (EAGLE-3); empty for EAGLE's feature alone.
+    own_embedding: the draft carries its own token embedding ``embed_tokens [V, E]``, used instead of
+      the target's (a published EAGLE-1 Vicuna draft's frozen copy, a speculators-layout EAGLE-3
+      draft's: ``checkpoints.eagle_formats``); saved and read back with the draft.
 
   Raises:
     ValueError: from ``__post_init__`` when ``draft_vocab_size`` is not in ``[1, V]`` or a fused layer
@@ -116,6 +119,7 @@ class EagleConfig:
   taps: tuple[int, ...] = ()
   tap_size: int | None = None
   norm_before_residual: bool = False
+  own_embedding: bool = False
   model_type = MODEL_TYPE
 
   def __post_init__(self):
@@ -197,7 +201,8 @@ class EagleConfig:
     return dataclasses.replace(self, draft_vocab_size=size)
 
   def num_params(self) -> int:
-    """Trained parameters (the fc projection and the layers; the embedding and head are the target's)."""
+    """The draft's own parameters: the fc projection and the layers, and where it has them its own
+    head (EAGLE-3) and token embedding (``own_embedding``); otherwise those are the target's."""
     shapes = jax.eval_shape(lambda: init_draft_params(self, jax.random.key(0)))
     return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
 
@@ -226,6 +231,8 @@ class EagleConfig:
     if self.kind != "bass":
       fields.update(kind=self.kind, fc_bias=self.fc_bias, taps=list(self.taps),
                     tap_size=self.tap_size, norm_before_residual=self.norm_before_residual)
+    if self.own_embedding:
+      fields["own_embedding"] = True
     return fields
 
   @classmethod
@@ -239,7 +246,8 @@ class EagleConfig:
                tuple(fields.get("fused_layers", ())), kind=fields.get("kind", "bass"),
                fc_bias=bool(fields.get("fc_bias", True)), taps=tuple(fields.get("taps", ())),
                tap_size=fields.get("tap_size"),
-               norm_before_residual=bool(fields.get("norm_before_residual", False)))
+               norm_before_residual=bool(fields.get("norm_before_residual", False)),
+               own_embedding=bool(fields.get("own_embedding", False)))
 
 
 def target_types() -> tuple[str, ...]:
@@ -307,21 +315,27 @@ def check_pair_configs(config: "EagleConfig", target_config: Any, name: str = "t
 
 
 def init_draft_params(config: EagleConfig, key: jax.Array, dtype: Any = jnp.float32) -> dict[str, Any]:
-  """Random trainable parameters (``fc``, ``layers_*``, and ``fuse`` with fused layers): Flax's default
-  initializers, the fusion's passing ``f`` through."""
+  """Random parameters of a draft shaped by ``config``: ``fc``, ``layers_*`` and ``fuse`` with fused
+  layers (Flax's default initializers, the fusion's passing ``f`` through); an EAGLE-3 draft's
+  ``lm_head [V', E]`` and final ``norm``; with ``own_embedding``, ``embed_tokens {"embedding" [V, E]}``
+  (standard normal). What a saved draft's weights are checked against (``checkpoints.eagle_files``)."""
   module = EagleDraft(config, dtype=jnp.dtype(dtype))
   tokens = jnp.zeros((1, 1), jnp.int32)
   embedding = jnp.zeros((config.vocab_size, config.feature_size), dtype)
   features = jnp.zeros((1, 1, config.input_feature_size), dtype)
-  if config.kind != "eagle3":
-    return module.init(key, tokens, features, embedding)["params"]
-  key, head_key = jax.random.split(key)
+  if config.kind == "eagle3":
+    key, head_key = jax.random.split(key)
+  if config.own_embedding:
+    key, embed_key = jax.random.split(key)
   params = module.init(key, tokens, features, embedding)["params"]
   if config.kind == "eagle3":  # its own head over the draft vocabulary and final norm
     e = config.feature_size
     params = {**params,
               "lm_head": nn.initializers.lecun_normal()(head_key, (config.draft_vocab_size, e), dtype),
               "norm": {"scale": jnp.ones((e,), dtype)}}
+  if config.own_embedding:
+    params = {**params, "embed_tokens": {"embedding": nn.initializers.normal(1.0)(
+        embed_key, (config.vocab_size, config.feature_size), dtype)}}
   return params
 
 
