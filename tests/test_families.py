@@ -21,6 +21,9 @@ import bass_jax as bj
 from conftest import chunked_logits
 
 VOCAB = 97  # odd on purpose
+# GPT-2's and CodeGen's configs default to the stop id 50256, outside VOCAB, which a config.json may not
+# hold (checkpoints.config_schema): these tiny ones have none.
+NO_EOS = dict(bos_token_id=None, eos_token_id=None)
 
 FAMILIES = {
     "opt-pre-ln-projected": (transformers.OPTForCausalLM, transformers.OPTConfig, dict(
@@ -33,15 +36,16 @@ FAMILIES = {
         vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, ffn_dim=64, num_attention_heads=2,
         enable_bias=False, layer_norm_elementwise_affine=False, max_position_embeddings=128)),
     "codegen": (transformers.CodeGenForCausalLM, transformers.CodeGenConfig, dict(
-        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=128, n_ctx=128)),
+        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=128, n_ctx=128,
+        **NO_EOS)),
     "codegen-8-heads-tied": (transformers.CodeGenForCausalLM, transformers.CodeGenConfig, dict(
         vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=8, rotary_dim=4, n_positions=128, n_ctx=128,
-        tie_word_embeddings=True)),
+        tie_word_embeddings=True, **NO_EOS)),
     "gpt2": (transformers.GPT2LMHeadModel, transformers.GPT2Config, dict(
-        vocab_size=VOCAB, n_embd=48, n_layer=2, n_head=3, n_positions=128)),
+        vocab_size=VOCAB, n_embd=48, n_layer=2, n_head=3, n_positions=128, **NO_EOS)),
     "gpt2-untied-unscaled": (transformers.GPT2LMHeadModel, transformers.GPT2Config, dict(
         vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=128, tie_word_embeddings=False,
-        scale_attn_weights=False, activation_function="gelu")),
+        scale_attn_weights=False, activation_function="gelu", **NO_EOS)),
     "qwen2": (transformers.Qwen2ForCausalLM, transformers.Qwen2Config, dict(
         vocab_size=VOCAB, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128)),

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from bass_jax.checkpoints import _mapping
+from bass_jax.checkpoints import config_schema
 from bass_jax.checkpoints._mapping import CheckpointError, Fused, Rule, transpose
 from bass_jax.models.codegen import MP_NUM, CodeGenConfig
 from bass_jax.models.gpt2 import GPT2Config
@@ -298,15 +299,20 @@ def read_json_object(file: str | os.PathLike) -> dict[str, Any]:
 
 
 def read_config_fields(path: str | os.PathLike) -> dict[str, Any]:
-  """The fields of ``config.json`` in checkpoint directory ``path``, a dict.
+  """The fields of ``config.json`` in checkpoint directory ``path``, a dict, each of the type and in the
+  range transformers' config class declares (``checkpoints.config_schema``), checked before anything
+  reads them.
 
   Raises:
-    FileNotFoundError: no config.json. ValueError: it is not valid JSON or not a JSON object (named).
+    FileNotFoundError: no config.json. ValueError: it is not valid JSON or not a JSON object (named);
+      a field of the wrong type or out of range (the file, the field, its value and what is expected).
   """
   config_path = pathlib.Path(path) / "config.json"
   if not config_path.is_file():
     raise FileNotFoundError(f"{path}: no config.json; not a Hugging Face checkpoint directory")
-  return read_json_object(config_path)
+  fields = read_json_object(config_path)
+  config_schema.check(fields, str(config_path))
+  return fields
 
 
 def read_config(path: str | os.PathLike):

@@ -91,7 +91,7 @@ class CodeGenConfig(decoder_config.CacheFromShape):
     """
     known = {f.name for f in dataclasses.fields(cls)} - {"model_type"}
     _, kwargs = decoder_config.parse_hf_fields(hf_config, model_types=("codegen",), known=known)
-    return cls(**kwargs)
+    return decoder_config.build(cls, "codegen", kwargs)
 
   def to_hf_config(self):
     import transformers  # pylint: disable=g-import-not-at-top

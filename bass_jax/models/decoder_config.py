@@ -132,6 +132,27 @@ def parse_hf_fields(
   return model_type, out
 
 
+def build(cls: type, model_type: str, kwargs: dict[str, Any]) -> Any:
+  """``cls(**kwargs)``, a family config from the fields :func:`parse_hf_fields` kept, after checking
+  that none of the fields the port needs (the dataclass's fields without a default) is missing.
+
+  Raises:
+    ValueError: a needed field absent from the config (named; transformers would fill in its own
+      default, which the checkpoint's weights then do not fit), or what ``cls`` refuses.
+  """
+  missing = [f.name for f in dataclasses.fields(cls)
+             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+             and f.name not in kwargs and f.name != "model_type"]
+  if missing:
+    raise ValueError(f"{model_type}: config.json lacks {', '.join(missing)}, which the port needs; add "
+                     "the field(s) with the checkpoint's value(s)")
+  # JSON writes 1e12 as an integer where a float is meant: such a field is made the float it is (an
+  # int would enter the forward as a weakly typed integer and overflow int32).
+  floats = {f.name for f in dataclasses.fields(cls) if f.type in (float, "float", "float | None")}
+  kwargs = {k: float(v) if k in floats and type(v) is int else v for k, v in kwargs.items()}
+  return cls(**kwargs)
+
+
 def transformers_config(model_type: str, fields: dict[str, Any]):
   """transformers' config object of ``model_type`` for a config.json dict (its defaults filled in, its
   rotary parameters standardized).
@@ -147,7 +168,7 @@ def transformers_config(model_type: str, fields: dict[str, Any]):
   strict = getattr(hub_errors, "StrictDataclassError", ValueError)
   try:
     return transformers.AutoConfig.for_model(model_type, **fields)
-  except (ValueError, TypeError, KeyError, strict) as e:  # transformers' validation, often multi-line
+  except (ValueError, TypeError, KeyError, AttributeError, strict) as e:  # often multi-line
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     raise ValueError(f"{model_type} config refused by transformers' {model_type} config class: "
                      f"{lines[-1] if lines else type(e).__name__}") from e

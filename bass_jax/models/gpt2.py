@@ -87,7 +87,7 @@ class GPT2Config(decoder_config.CacheFromShape):
     _, kwargs = decoder_config.parse_hf_fields(
         hf_config, model_types=("gpt2",), known=known, ignored=_IGNORED,
         required={"add_cross_attention": False, "scale_attn_by_inverse_layer_idx": False})
-    return cls(**kwargs)
+    return decoder_config.build(cls, "gpt2", kwargs)
 
   def to_hf_config(self):
     import transformers  # pylint: disable=g-import-not-at-top

@@ -117,6 +117,21 @@ TRAITS = {
 _PORTED_FIELDS = _COMMON_FIELDS.union(*(traits.fields for traits in TRAITS.values()))
 
 
+def _activation(hf: Any, model_type: str, traits: Any) -> str:
+  """The MLP activation a transformers config names (Gemma's ``hidden_activation``, the others'
+  ``hidden_act``), checked against the one the family computes.
+
+  Raises:
+    ValueError: another activation, naming the config.json field.
+  """
+  field = "hidden_activation" if hasattr(hf, "hidden_activation") else "hidden_act"
+  value = getattr(hf, field)
+  want = "gelu_pytorch_tanh" if traits.gemma else "silu"
+  if value != want:
+    raise ValueError(f"{model_type}: {field}={value!r} is not supported; the port computes {want!r}")
+  return value
+
+
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig(decoder_config.CacheFromShape):
   """Architecture of a Llama-family decoder, with transformers' config field names.
@@ -326,10 +341,10 @@ class LlamaConfig(decoder_config.CacheFromShape):
         intermediate_size=hf.intermediate_size, num_hidden_layers=hf.num_hidden_layers,
         num_attention_heads=heads, num_key_value_heads=getattr(hf, "num_key_value_heads", None) or heads,
         head_dim=head_dim, max_position_embeddings=hf.max_position_embeddings,
-        rms_norm_eps=hf.rms_norm_eps, tie_word_embeddings=bool(hf.tie_word_embeddings),
+        rms_norm_eps=float(hf.rms_norm_eps), tie_word_embeddings=bool(hf.tie_word_embeddings),
         attention_bias=bool(getattr(hf, "attention_bias", False)) and not traits.qkv_bias,
         mlp_bias=bool(getattr(hf, "mlp_bias", False)),
-        hidden_act=getattr(hf, "hidden_activation", None) or hf.hidden_act,
+        hidden_act=_activation(hf, model_type, traits),
         bos_token_id=hf.bos_token_id, eos_token_id=hf.eos_token_id, pad_token_id=hf.pad_token_id,
         model_type=model_type, qkv_bias=traits.qkv_bias)
     if model_type != "llama":

@@ -106,7 +106,7 @@ class OPTConfig(decoder_config.CacheFromShape):
       fields["remove_final_layer_norm"] = fields.pop("_remove_final_layer_norm")
     known = {f.name for f in dataclasses.fields(cls)} - {"model_type"}
     _, kwargs = decoder_config.parse_hf_fields(fields, model_types=("opt",), known=known)
-    return cls(**kwargs)
+    return decoder_config.build(cls, "opt", kwargs)
 
   def to_hf_config(self):
     import transformers  # pylint: disable=g-import-not-at-top
