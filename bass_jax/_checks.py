@@ -21,6 +21,12 @@ def is_int(value: Any) -> bool:
   return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
+def short(value: Any) -> str:
+  """``repr(value)``, cut to 60 characters for a one-line message."""
+  text = repr(value)
+  return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _describe(value: Any) -> str:
   return f"{value!r} ({type(value).__name__})"
 

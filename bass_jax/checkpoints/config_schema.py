@@ -30,6 +30,8 @@ import types
 import typing
 from typing import Any, Mapping
 
+from bass_jax._checks import short
+
 # Integer sizes and counts that must be >= 1, under every family's name for them.
 POSITIVE = frozenset({
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -55,11 +57,6 @@ DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "fl
 ROPE_FIELDS = ("rope_parameters", "rope_scaling")
 NESTED_CONFIGS = ("text_config", "transformer_layer_config", "layer")
 
-
-def short(value: Any) -> str:
-  """``repr(value)``, cut to 60 characters for a one-line message."""
-  text = repr(value)
-  return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _resolve(annotation: Any, module: str) -> Any:

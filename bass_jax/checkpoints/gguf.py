@@ -30,10 +30,11 @@ from typing import Any
 
 import numpy as np
 
+from bass_jax._checks import short
 from bass_jax.checkpoints import hf
 from bass_jax.checkpoints._mapping import CheckpointError
 from bass_jax.checkpoints.gguf_architectures import (
-    FAMILIES, INT_FIELDS, LAYER, Architecture, Source, dequantize, short, unpermute_rotary)
+    FAMILIES, INT_FIELDS, LAYER, Architecture, Source, dequantize, unpermute_rotary)
 
 # -- reading a file -------------------------------------------------------------------------------------
 

@@ -47,6 +47,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from bass_jax._checks import short
 from bass_jax.checkpoints import gguf_llama3
 from bass_jax.checkpoints._mapping import CheckpointError
 from bass_jax.models import family as family_lib
@@ -68,11 +69,6 @@ def unpermute_rotary(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 # -- metadata values and tensors -------------------------------------------------------------------
 
-
-def short(value: Any) -> str:
-  """``repr(value)``, cut to 60 characters for an error message."""
-  text = repr(value)
-  return text if len(text) <= 60 else text[:57] + "..."
 
 
 def metadata_value(field) -> Any:
