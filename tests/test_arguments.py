@@ -80,6 +80,10 @@ def test_a_2d_array_is_a_batch_of_equal_length_prompts(target):
     bj.generate(target, None, batch.astype(np.float32), method="regular", max_new_tokens=5)
   with pytest.raises(ValueError, match="prompt 0 is a single int"):
     bj.generate(target, None, batch[0].tolist(), method="regular", max_new_tokens=5)
+  # A boolean is no token id, in a list (numpy would make [True, 2] the ids [1, 2]) or an array.
+  for bad in ([[True, 2, 3]], [[np.bool_(True), 2]], [np.array([True, False])]):
+    with pytest.raises(ValueError, match="^prompt 0 (holds a boolean|must be a flat list of integer)"):
+      bj.generate(target, None, bad, method="regular", max_new_tokens=5)
 
 
 def test_all_64_bits_of_the_seed_count(target, prompts):

@@ -151,6 +151,8 @@ def _validate_prompts(prompts: Any, vocab_size: int) -> list[np.ndarray]:
     if _checks.is_int(prompt):
       raise ValueError(f"prompt {i} is a single int: prompts must be a list of prompts, each a list "
                        "of token ids (for one prompt pass [ids])")
+    if isinstance(prompt, (list, tuple)) and any(isinstance(t, (bool, np.bool_)) for t in prompt):
+      raise ValueError(f"prompt {i} holds a boolean; token ids are ints (True is not token 1)")
     arr = np.asarray(prompt)
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
       raise ValueError(f"prompt {i} must be a flat list of integer token ids, got {arr.dtype}{arr.shape}")
