@@ -308,7 +308,7 @@ def test_translation_is_the_source_checkpoint(written, name):
 
 def test_the_plain_view_reader_reads_what_ggufs_own_reader_reads(tmp_path):
   """bass_jax reads a GGUF file with ``gguf.GGUFReader`` over a plain view of its memory map
-  (``gguf._reader_class``): every metadata field (strings, arrays, numbers) and every tensor (f32 and
+  (``gguf.reader_class``): every metadata field (strings, arrays, numbers) and every tensor (f32 and
   Q4_1, fresh random values) equal what the package's own reader gives, tensor data as plain read-only
   arrays, not the memmap slices that made the read slow."""
   model = make_model(CASES["qwen3"][1](), seed=int(np.random.default_rng().integers(1 << 30)))

@@ -37,7 +37,7 @@ POSITIVE = frozenset({
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "head_dim", "max_position_embeddings", "n_layer", "n_head", "n_embd",
     "n_positions", "n_ctx", "n_inner", "ffn_dim", "word_embed_proj_dim", "original_max_position_embeddings",
-    "sliding_window", "rotary_dim", "draft_vocab_size", "num_local_experts",
+    "sliding_window", "rotary_dim", "draft_vocab_size",
 })
 MAX_SIZE = 2**31 - 1  # sizes index int32 arrays (JAX's default index type)
 # Scales that must be > 0 where given; null keeps their meaning of "off" (a soft cap) or "default".
@@ -58,7 +58,6 @@ ROPE_FIELDS = ("rope_parameters", "rope_scaling")
 NESTED_CONFIGS = ("text_config", "transformer_layer_config", "layer")
 
 
-
 def _resolve(annotation: Any, module: str) -> Any:
   """An annotation, a string one evaluated in its class's module (None where that fails)."""
   if not isinstance(annotation, str):
@@ -71,8 +70,8 @@ def _resolve(annotation: Any, module: str) -> Any:
 
 @functools.lru_cache(maxsize=None)
 def declared_types(model_type: str) -> Mapping[str, Any]:
-  """``{field: annotation}`` of transformers' config class for ``model_type`` (empty for a type
-  transformers does not know, or a class that is not a dataclass), :data:`GENERIC` over it."""
+  """``{field: annotation}`` of transformers' config class for ``model_type``, :data:`GENERIC` over it
+  (:data:`GENERIC` alone for a type transformers does not know, or a class that is not a dataclass)."""
   import transformers  # pylint: disable=g-import-not-at-top
 
   try:
@@ -101,7 +100,7 @@ def rope_types() -> Mapping[str, Any]:
 def matches(value: Any, annotation: Any) -> bool:
   """Whether a JSON value is of ``annotation`` (int, float, bool, str, None, ``list[X]``, ``dict``,
   unions, ``Literal``, a TypedDict), without coercion: a bool is no number, an int is a float."""
-  if annotation is Any or annotation is None and value is None:
+  if annotation is Any:
     return True
   if annotation is type(None):
     return value is None
@@ -132,7 +131,7 @@ def matches(value: Any, annotation: Any) -> bool:
 
 
 def describe(annotation: Any) -> str:
-  """``annotation`` in words: ``"an int or null"``, ``"a list of str"``."""
+  """``annotation`` in words: ``"an int or null"``, ``"a list of strings"``."""
   origin = typing.get_origin(annotation)
   if origin in (typing.Union, types.UnionType):
     parts = [describe(a) for a in typing.get_args(annotation) if a is not type(None)]
@@ -155,7 +154,15 @@ def _refuse(where: str, name: str, value: Any, expected: str) -> None:
   raise ValueError(f"{where}: {name}={short(value)} is refused: expected {expected}; fix config.json")
 
 
-def _check_range(where: str, name: str, key: str, value: Any) -> None:
+def _check_field(where: str, name: str, key: str, value: Any, annotation: Any) -> None:
+  """One field (``key`` as stored, ``name`` its dotted path): its declared type where there is one,
+  then finite floats (a list's too) and the ranges of :data:`POSITIVE` and :data:`POSITIVE_OR_NULL`."""
+  if annotation is not None and not matches(value, annotation):
+    _refuse(where, name, value, describe(annotation))
+  if isinstance(value, list):
+    if any(isinstance(v, float) and not math.isfinite(v) for v in value):
+      _refuse(where, name, value, "finite numbers")
+    return
   if isinstance(value, float) and not math.isfinite(value):
     _refuse(where, name, value, "a finite number")
   if key in POSITIVE and isinstance(value, int) and not isinstance(value, bool) and not (
@@ -184,15 +191,7 @@ def check(fields: Mapping[str, Any], where: str, prefix: str = "") -> None:
   declared = declared_types(model_type) if isinstance(model_type, str) else GENERIC
   for key, value in fields.items():
     name = prefix + key
-    annotation = declared.get(key)
-    if annotation is not None and not matches(value, annotation):
-      _refuse(where, name, value, describe(annotation))
-    if isinstance(value, list):
-      for item in value:
-        if isinstance(item, float) and not math.isfinite(item):
-          _refuse(where, name, value, "finite numbers")
-    else:
-      _check_range(where, name, key, value)
+    _check_field(where, name, key, value, declared.get(key))
     if key in DTYPE_FIELDS and value is not None and value not in DTYPE_NAMES:
       _refuse(where, name, value, "null or one of " + ", ".join(DTYPE_NAMES))
     if key in ROPE_FIELDS and isinstance(value, dict):
@@ -212,11 +211,4 @@ def check(fields: Mapping[str, Any], where: str, prefix: str = "") -> None:
 def _check_rope(rope: Mapping[str, Any], where: str, name: str) -> None:
   declared = rope_types()
   for key, value in rope.items():
-    annotation = declared.get(key)
-    if annotation is not None and not matches(value, annotation):
-      _refuse(where, f"{name}.{key}", value, describe(annotation))
-    if isinstance(value, list):
-      if any(isinstance(v, float) and not math.isfinite(v) for v in value):
-        _refuse(where, f"{name}.{key}", value, "finite numbers")
-    else:
-      _check_range(where, f"{name}.{key}", key, value)
+    _check_field(where, f"{name}.{key}", key, value, declared.get(key))

@@ -42,7 +42,6 @@ option this port does not implement (``fc_norm``, ``norm_before_fc``, speculator
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import os
 import pathlib

@@ -40,7 +40,7 @@ from bass_jax.checkpoints.gguf_architectures import (
 
 
 @functools.cache
-def _reader_class() -> type:
+def reader_class() -> type:
   """``gguf.GGUFReader`` reading through a plain ``numpy.ndarray`` view of its memory map.
 
   The reader slices its map once for every piece of metadata: about half a million slices for a
@@ -49,7 +49,14 @@ def _reader_class() -> type:
   the same map is the same bytes without it (``experiments.benchmarks.bench_gguf_read`` times both).
   The reader stores the map in its public ``data`` attribute, as its first step; this class keeps the
   plain view there instead. Fields and tensors are what ``gguf.GGUFReader`` gives, tensor data plain
-  read-only arrays over the file instead of memmaps (tests/test_gguf_families.py)."""
+  read-only arrays over the file instead of memmaps (tests/test_gguf_families.py).
+
+  Returns:
+    The subclass of ``gguf.GGUFReader`` (made once); call it with a path as the reader.
+
+  Raises:
+    ImportError: the ``gguf`` package is not installed.
+  """
   import gguf  # pylint: disable=g-import-not-at-top
 
   class PlainViewReader(gguf.GGUFReader):
@@ -68,7 +75,7 @@ def _open(path: pathlib.Path):
   if not path.is_file():
     raise FileNotFoundError(f"GGUF file not found: {path}")
   try:
-    return _reader_class()(str(path))
+    return reader_class()(str(path))
   except Exception as e:  # the reader raises ValueError, struct errors, numpy errors …
     raise CheckpointError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
 

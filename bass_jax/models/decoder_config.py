@@ -7,6 +7,7 @@ ignored by name, or refused).
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Any, Iterable, Mapping, Protocol
 
 import flax.linen as nn
@@ -148,7 +149,8 @@ def build(cls: type, model_type: str, kwargs: dict[str, Any]) -> Any:
                      "the field(s) with the checkpoint's value(s)")
   # JSON writes 1e12 as an integer where a float is meant: such a field is made the float it is (an
   # int would enter the forward as a weakly typed integer and overflow int32).
-  floats = {f.name for f in dataclasses.fields(cls) if f.type in (float, "float", "float | None")}
+  hints = typing.get_type_hints(cls)
+  floats = {name for name, hint in hints.items() if float in (hint, *typing.get_args(hint))}
   kwargs = {k: float(v) if k in floats and type(v) is int else v for k, v in kwargs.items()}
   return cls(**kwargs)
 

@@ -117,6 +117,11 @@ TRAITS = {
 _PORTED_FIELDS = _COMMON_FIELDS.union(*(traits.fields for traits in TRAITS.values()))
 
 
+def _ported_activation(traits: Any) -> str:
+  """The MLP activation the port computes for a family's traits (transformers' name)."""
+  return "gelu_pytorch_tanh" if traits.gemma else "silu"
+
+
 def _activation(hf: Any, model_type: str, traits: Any) -> str:
   """The MLP activation a transformers config names (Gemma's ``hidden_activation``, the others'
   ``hidden_act``), checked against the one the family computes.
@@ -126,7 +131,7 @@ def _activation(hf: Any, model_type: str, traits: Any) -> str:
   """
   field = "hidden_activation" if hasattr(hf, "hidden_activation") else "hidden_act"
   value = getattr(hf, field)
-  want = "gelu_pytorch_tanh" if traits.gemma else "silu"
+  want = _ported_activation(traits)
   if value != want:
     raise ValueError(f"{model_type}: {field}={value!r} is not supported; the port computes {want!r}")
   return value
@@ -205,10 +210,9 @@ class LlamaConfig(decoder_config.CacheFromShape):
     if self.model_type not in TRAITS:
       raise ValueError(f"LlamaConfig.model_type must be one of {sorted(TRAITS)}, "
                        f"got {self.model_type!r}")
-    acts = ("gelu_pytorch_tanh",) if self.traits.gemma else ("silu",)
-    if self.hidden_act not in acts:
+    if self.hidden_act != _ported_activation(self.traits):
       raise ValueError(f"LlamaConfig.hidden_act={self.hidden_act!r} is not supported for "
-                       f"{self.model_type}; it uses {acts[0]!r}")
+                       f"{self.model_type}; it uses {_ported_activation(self.traits)!r}")
     if self.sliding_window is not None and self.sliding_window < 1:
       raise ValueError(f"LlamaConfig.sliding_window must be >= 1 or None, got {self.sliding_window}")
     if self.layer_types is not None:

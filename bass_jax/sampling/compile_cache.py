@@ -192,8 +192,7 @@ def configure(setting: Any = None) -> pathlib.Path | None:
   by someone other than bass_jax) is kept when ``setting`` is None and ``$BASS_JAX_COMPILATION_CACHE_DIR``
   names no directory: bass_jax stores its programs and step costs there too where that variable is
   unset; where it says off, JAX's cache keeps serving JAX's own compiles and bass_jax stores nothing
-  (what the test suite uses: JAX keys by the traced program, so monkeypatched code never loads a
-  stale one).
+  (JAX keys by the traced program, so monkeypatched code never loads a stale one).
   """
   if _STATE["configured"] and _STATE.get("setting", object()) == setting and setting is not None:
     return _STATE["dir"]  # asked again for what is in force

@@ -128,6 +128,9 @@ def _eos_ids(eos_token_id, target: Model) -> tuple[int, ...]:
                               max_value=target.config.vocab_size - 1)
 
 
+_BOOLS = frozenset({bool, np.bool_})  # numpy reads [True, 2] as the ids [1, 2]
+
+
 def _validate_prompts(prompts: Any, vocab_size: int) -> list[np.ndarray]:
   """B prompts as a list of ``i32[len_b]`` arrays: a list of token-id sequences, or a 2-D integer array
   (NumPy or JAX) of B prompts of equal length."""
@@ -151,7 +154,7 @@ def _validate_prompts(prompts: Any, vocab_size: int) -> list[np.ndarray]:
     if _checks.is_int(prompt):
       raise ValueError(f"prompt {i} is a single int: prompts must be a list of prompts, each a list "
                        "of token ids (for one prompt pass [ids])")
-    if isinstance(prompt, (list, tuple)) and any(isinstance(t, (bool, np.bool_)) for t in prompt):
+    if isinstance(prompt, (list, tuple)) and not _BOOLS.isdisjoint(map(type, prompt)):  # C-level scan
       raise ValueError(f"prompt {i} holds a boolean; token ids are ints (True is not token 1)")
     arr = np.asarray(prompt)
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):

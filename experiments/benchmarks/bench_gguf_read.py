@@ -45,7 +45,7 @@ def main(argv):
   if path.suffix != ".gguf" or not path.is_file():
     raise _io.Refusal(f"--model={_MODEL.value}: {path} is not a .gguf file")
   readers = {"gguf.GGUFReader": gguf.GGUFReader,
-             "over a plain view (bass_jax)": gguf_ckpt._reader_class()}  # pylint: disable=protected-access
+             "over a plain view (bass_jax)": gguf_ckpt.reader_class()}
   seconds = {name: [] for name in readers}
   read = {}
   for round_ in range(_REPEATS.value):
