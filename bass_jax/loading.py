@@ -185,7 +185,7 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
     if mesh is not None:  # a small draft, read whole and then placed
       params = sharding_lib.shard_params(params, sharding_lib.plan(config, mesh, sharding))
   else:  # a family's model, in orbax or Hugging Face format
-    config = hf_ckpt.config_from_hf(found.fields)
+    config = hf_ckpt.config_from_hf(found.fields, path / "config.json")
     # before the weights, as the tokenizer: a bad generation_config.json fails in a moment
     generation_eos = generation_eos_ids(path, config.vocab_size, config.eos_token_id)
     if tokenizer:  # before the weights: a broken tokenizer fails in a moment, not after the load

@@ -98,7 +98,7 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
   elif registered is not None and registered.config_class is llama.LlamaConfig:
     # Read through the family config (transformers' defaults for absent fields, a multimodal Gemma 3's
     # text_config, longrope's shorter exact context): the fields alone would tell another story.
-    config = hf_ckpt.config_from_hf(fields)
+    config = hf_ckpt.config_from_hf(fields, path / "config.json")
     special = {f: getattr(config, f) for f in loading.SPECIAL_IDS
                if getattr(config, f, None) is not None}
     if isinstance(special.get("eos_token_id"), tuple):

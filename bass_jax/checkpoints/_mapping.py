@@ -36,6 +36,21 @@ class CheckpointError(ValueError):
   """A checkpoint does not match the model: a tensor is missing, extra or mis-shaped."""
 
 
+class ShapesDiffer(CheckpointError):
+  """Source tensors that do not fit the model's parameters (missing, left over, mis-shaped), with what
+  they do convert to, so that a caller can name the config field behind the difference
+  (``checkpoints.mismatch.explain``).
+
+  Attributes:
+    stored: ``{"a/b": shape}`` of every parameter the source's tensors convert to under the rules,
+      layers past the config's count included (``layers_5/…`` where the source holds a ``layers.5``).
+  """
+
+  def __init__(self, message: str, stored: dict[str, tuple[int, ...]]):
+    super().__init__(message)
+    self.stored = stored
+
+
 def _apply(transforms: Iterable[Transform], x: np.ndarray) -> np.ndarray:
   for fn in transforms:
     x = fn(x)
@@ -105,6 +120,22 @@ def _paths(rule, path: tuple[str, ...], num_layers: int) -> list[tuple[str, ...]
   return [tuple(path)]
 
 
+def source_names(rules: Iterable[Rule | Fused], num_layers: int) -> set[str]:
+  """Every source tensor name ``rules`` read for a model of ``num_layers`` layers."""
+  return {name for rule in rules for name in _names(rule, num_layers)}
+
+
+def _stored_layers(rule, available: set[str], num_layers: int) -> int:
+  """How many layers of ``rule`` the source holds, counting on past ``num_layers`` (0 … while
+  present): the config's count where the source holds no more."""
+  if not _per_layer(rule):
+    return 1
+  count = num_layers
+  while rule.source.format(layer=count) in available:
+    count += 1
+  return count
+
+
 def to_flax(
     rules: Iterable[Rule | Fused],
     *,
@@ -135,12 +166,18 @@ def to_flax(
     Nested dict of ``jax.Array`` with exactly the structure and shapes of ``expected``.
 
   Raises:
-    CheckpointError: a tensor is missing, left over, or has the wrong shape; a parameter has no rule.
+    ShapesDiffer: a tensor is missing, left over, or has the wrong shape (the first one named; the
+      shapes the whole source converts to attached).
+    CheckpointError: a parameter has no rule.
   """
   available = set(source_names)
   used: set[str] = set()
   expected_flat = flax.traverse_util.flatten_dict(dict(expected))
   out = {}
+  # After the first problem no array is placed: the rest of the source is only converted, to record
+  # the shapes it holds (ShapesDiffer.stored), layers past the config's count included.
+  problem: str | None = None
+  stored: dict[str, tuple[int, ...]] = {}
   for rule in rules:
     describe = ", ".join("/".join(p) for p in rule.flax_paths)
     for path in rule.flax_paths:
@@ -150,36 +187,44 @@ def to_flax(
                               f"{['/'.join(p) for p in unknown[:4]]} (the model has no such layer?)")
     names = _names(rule, num_layers)
     missing = [n for n in names if n not in available]
-    if missing:
-      raise CheckpointError(f"{where}: missing tensor(s) {missing[:4]} (needed for {describe})")
-    for i, name in enumerate(names):
+    if missing and problem is None:
+      problem = f"{where}: missing tensor(s) {missing[:4]} (needed for {describe})"
+    count = _stored_layers(rule, available, num_layers)
+    for i, name in enumerate(_names(rule, count)):
+      if name not in available:
+        continue
       tensor = np.asarray(read(name))
       try:
         parts = rule.split(tensor)
       except ValueError as e:  # a reshape or split that the tensor's shape does not allow
-        raise CheckpointError(f"{where}: tensor {name} of shape {tensor.shape} does not fit "
-                              f"{describe} ({e})") from e
+        problem = problem or (f"{where}: tensor {name} of shape {tensor.shape} does not fit "
+                              f"{describe} ({e})")
+        continue
       for path, part in zip(rule.flax_paths, parts):
-        target = _paths(rule, path, num_layers)[i]
+        target = _paths(rule, path, count)[i]
+        stored["/".join(target)] = tuple(part.shape)
+        if problem is not None or i >= num_layers:
+          continue
         want = tuple(expected_flat[target].shape)
         if part.shape != want:
-          raise CheckpointError(
-              f"{where}: tensor {name} converts to shape {part.shape}, but the model's "
-              f"{'/'.join(target)} needs {want}")
+          problem = (f"{where}: tensor {name} converts to shape {part.shape}, but the model's "
+                     f"{'/'.join(target)} needs {want}")
+          continue
         placement = getattr(expected_flat[target], "sharding", None)
         if placement is None:
           out[target] = jax.numpy.asarray(part, dtype=dtype)
         else:
           out[target] = sharding_lib.put(part.astype(jax.numpy.dtype(dtype)), placement)
     used.update(names)
+  leftover = sorted(n for n in available - used if not ignore(n))
+  if leftover and problem is None:
+    problem = (f"{where}: {len(leftover)} tensor(s) the model has no place for, e.g. {leftover[:6]}; "
+               "the checkpoint is not of this architecture or config")
+  if problem is not None:
+    raise ShapesDiffer(problem, stored)
   unfilled = sorted("/".join(p) for p in expected_flat if p not in out)
   if unfilled:
     raise CheckpointError(f"{where}: no rule fills parameter(s) {unfilled}")
-  leftover = sorted(n for n in available - used if not ignore(n))
-  if leftover:
-    raise CheckpointError(
-        f"{where}: {len(leftover)} tensor(s) the model has no place for, e.g. {leftover[:6]}; "
-        "the checkpoint is not of this architecture or config")
   return flax.traverse_util.unflatten_dict(out)
 
 

@@ -31,6 +31,7 @@ import typing
 from typing import Any, Mapping
 
 from bass_jax._checks import short
+from bass_jax.models import family as family_lib
 
 # Integer sizes and counts that must be >= 1, under every family's name for them.
 POSITIVE = frozenset({
@@ -86,6 +87,20 @@ def declared_types(model_type: str) -> Mapping[str, Any]:
       if annotation is not None:
         hints[field.name] = annotation
   return {**hints, **GENERIC}
+
+
+@functools.lru_cache(maxsize=None)
+def defaulted(model_type: str) -> frozenset[str]:
+  """The fields transformers' config class for ``model_type`` fills with a value (not None) when a
+  config.json lacks them (its defaults, and what it derives from them, as ``num_key_value_heads``
+  from ``num_attention_heads``); empty for a type transformers does not know."""
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  try:
+    default = transformers.CONFIG_MAPPING[model_type]()
+  except Exception:  # pylint: disable=broad-except  # unknown type, or a class that needs arguments
+    return frozenset()
+  return frozenset(k for k, v in default.to_dict().items() if v is not None)
 
 
 @functools.lru_cache(maxsize=1)
@@ -212,3 +227,18 @@ def _check_rope(rope: Mapping[str, Any], where: str, name: str) -> None:
   declared = rope_types()
   for key, value in rope.items():
     _check_field(where, f"{name}.{key}", key, value, declared.get(key))
+
+
+def lacking_sizes(fields: dict[str, Any], message: str) -> list[str]:
+  """The sizes (:data:`POSITIVE`) that ``fields`` (or the text config a multimodal one wraps)
+  lack or hold as null, that transformers' config class fills in, and that ``message`` does not
+  already name: the likely cause of a refusal that follows."""
+  text = fields.get("text_config")
+  if family_lib.wrapped_by(fields.get("model_type")) is not None and isinstance(text, dict):
+    fields = text
+  model_type = fields.get("model_type")
+  if not isinstance(model_type, str) or family_lib.find(model_type) is None:
+    return []
+  filled = defaulted(model_type)
+  return [name for name in sorted(POSITIVE)
+          if name in filled and fields.get(name) is None and name not in message]

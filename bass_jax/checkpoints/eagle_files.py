@@ -27,6 +27,7 @@ import safetensors.numpy
 from bass_jax import _checks
 from bass_jax.checkpoints import atomic
 from bass_jax.checkpoints import hf as hf_ckpt
+from bass_jax.checkpoints import mismatch
 from bass_jax.checkpoints import orbax_ckpt
 from bass_jax.checkpoints.sources import ORBAX_PARAMS_DIR
 from bass_jax.models import eagle
@@ -236,9 +237,9 @@ def load_eagle(path: str | os.PathLike, *, dtype: Any = jnp.float32
   if vocab_len is None or vocab_len < config.draft_vocab_size:
     raise ValueError(f"{path}: vocab_ids missing or shorter than draft_vocab_size "
                      f"{config.draft_vocab_size}; re-save the draft with its vocabulary")
-  want = orbax_ckpt.flat_shapes(shapes_for(config))
+  want = mismatch.flat_shapes(shapes_for(config))
   if have != want:
-    raise ValueError(orbax_ckpt.mismatch_message(path, have, want, config=config,
+    raise ValueError(mismatch.mismatch_message(path, have, want, config=config,
                                                  shapes_for=shapes_for))
   if tensors is not None:
     params = flax.traverse_util.unflatten_dict(

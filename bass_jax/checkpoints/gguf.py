@@ -257,7 +257,8 @@ def load_gguf(path: str | os.PathLike, *, expected: Any, dtype: Any) -> tuple[An
   config = _config(view.config, view.path)
   try:
     params = hf.params_from_tensors(config, view.names, view.read, expected=expected, dtype=dtype,
-                                    where=str(view.path))
+                                    where=str(view.path), source="the GGUF metadata",
+                                    fields=view.config)
   except CheckpointError as e:
     raise CheckpointError(view.gguf_names(str(e))) from e
   return config, params

@@ -9,6 +9,7 @@ transposed; CodeGen's and GPT-2's fused qkv tensors are split into three project
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -19,12 +20,13 @@ import numpy as np
 
 from bass_jax.checkpoints import _mapping
 from bass_jax.checkpoints import config_schema
+from bass_jax.checkpoints import mismatch
+from bass_jax.checkpoints import multimodal
 from bass_jax.checkpoints._mapping import CheckpointError, Fused, Rule, transpose
 from bass_jax.models.codegen import MP_NUM, CodeGenConfig
 from bass_jax.models.gpt2 import GPT2Config
 from bass_jax.models.llama import LlamaConfig
 from bass_jax.models.opt import OPTConfig
-from bass_jax.models import decoder_config
 from bass_jax.models import family as family_lib
 
 _T = (transpose,)
@@ -192,86 +194,44 @@ def rules_for(config) -> list[Rule | Fused]:
   return _RULES[type(config)](config)
 
 
-def config_from_hf(fields: dict[str, Any]):
+def config_from_hf(fields: dict[str, Any], where: str | os.PathLike | None = None):
   """The family config for an HF config dict (``config.json``): its ``model_type``'s family
   (``models.family``), or the text config a multimodal one wraps (Gemma 3's ``gemma3``).
+
+  Args:
+    fields: the parsed config.json.
+    where: the file they were read from; every refusal then starts with it.
 
   Raises:
     ValueError: no or an unsupported ``model_type`` (the supported ones are named), or what the
       family's ``from_hf_config`` rejects.
   """
+  try:
+    return _config_from_hf(fields)
+  except ValueError as e:
+    message = str(e)
+    lacking = config_schema.lacking_sizes(fields, message)
+    if lacking:
+      message += (f" (config.json gives no {', '.join(lacking)}: transformers' default used; add the "
+                  "checkpoint's value)")
+    if where is not None and not message.startswith(str(where)):
+      message = f"{where}: {message}"
+    if message == str(e):
+      raise
+    raise ValueError(message) from e
+
+
+def _config_from_hf(fields: dict[str, Any]):
   model_type = fields.get("model_type")
   outer = family_lib.wrapped_by(model_type)
   if outer is not None:
-    fields = _text_config(fields, model_type, outer.model_type)
+    fields = multimodal.text_config(fields, model_type, outer.model_type)
     model_type = fields["model_type"]
   registered = family_lib.find(model_type)
   if registered is None:
     raise ValueError(f"unsupported model_type {model_type!r}; supported: "
                      f"{list(family_lib.supported_model_types())}")
   return registered.config_class.from_hf_config(fields)
-
-
-# The fields of a multimodal Gemma 3 config (``Gemma3Config``) beside its ``text_config``: the vision
-# tower and the image tokens, which a text decode does not use.
-_GEMMA3_VISION_FIELDS = frozenset({"vision_config", "mm_tokens_per_image", "boi_token_index",
-                                   "eoi_token_index", "image_token_index", "image_token_id",
-                                   "boi_token_id", "eoi_token_id", "initializer_range"})
-
-
-def _text_config(fields: dict[str, Any], model_type: str, text_type: str) -> dict[str, Any]:
-  """The ``text_type`` config inside a multimodal ``model_type`` one (Gemma 3's
-  ``Gemma3ForConditionalGeneration`` checkpoints such as gemma-3-4b-it): its ``text_config``, decoded
-  as text only. The vision fields it drops and the final soft cap it removes are Gemma 3's, the only
-  wrapper registered (``models.family.Family.wrapper_types``); another wrapper family would add its
-  own here.
-
-  Raises:
-    ValueError: no ``text_config``, or a top-level field that is neither the vision tower's nor
-      transformers' generic bookkeeping (named).
-  """
-  text = fields.get("text_config")
-  if not isinstance(text, dict):
-    raise ValueError(f"{model_type}: config.json has no text_config object; a text-only checkpoint "
-                     f"has model_type {text_type!r}")
-  rest = {k: v for k, v in fields.items() if k != "text_config"}
-  decoder_config.parse_hf_fields(rest, model_types=(model_type,),
-                         known=("tie_word_embeddings", "bos_token_id", "eos_token_id",
-                                "pad_token_id"), ignored=_GEMMA3_VISION_FIELDS)
-  text = dict(text)
-  text.setdefault("model_type", text_type)
-  # transformers' Gemma3ForConditionalGeneration applies no final soft cap, whatever text_config says
-  text["final_logit_softcapping"] = None
-  for name in ("bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings"):
-    if text.get(name) is None and fields.get(name) is not None:
-      text[name] = fields[name]
-  return text
-
-
-# A multimodal Gemma 3's text decoder under its two published layouts (transformers 4's
-# ``language_model.model.*`` and 5's ``model.language_model.*``) -> the text model's names; its vision
-# tower and projector are not read.
-_GEMMA3_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."),
-                    ("language_model.lm_head.", "lm_head."))
-_GEMMA3_VISION = re.compile(r"^(model\.)?(vision_tower|multi_modal_projector)\.")
-
-
-def text_decoder_tensors(fields: dict[str, Any], tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """The tensors of the text decoder under the text model's names: a multimodal checkpoint's (a
-  ``model_type`` that wraps a family's text config, ``models.family.Family.wrapper_types``: Gemma 3's)
-  renamed and its vision tower dropped; any other's as they are."""
-  if family_lib.wrapped_by(fields.get("model_type")) is None:
-    return tensors
-  out = {}
-  for name, value in tensors.items():
-    if _GEMMA3_VISION.match(name):
-      continue
-    for old, new in _GEMMA3_PREFIXES:
-      if name.startswith(old):
-        name = new + name[len(old):]
-        break
-    out[name] = value
-  return out
 
 
 def read_json_object(file: str | os.PathLike) -> dict[str, Any]:
@@ -322,7 +282,7 @@ def read_config(path: str | os.PathLike):
     FileNotFoundError: no config.json. ValueError: config.json is not valid JSON or not a JSON object
       (the file named); an unsupported model or field.
   """
-  return config_from_hf(read_config_fields(path))
+  return config_from_hf(read_config_fields(path), pathlib.Path(path) / "config.json")
 
 
 def _read_tensors(path: pathlib.Path) -> dict[str, np.ndarray]:
@@ -401,15 +361,16 @@ def load_hf_checkpoint(path: str | os.PathLike, *, expected: Any, dtype: Any) ->
   """
   path = pathlib.Path(path)
   fields = read_config_fields(path)
-  config = config_from_hf(fields)
-  tensors = text_decoder_tensors(fields, _read_tensors(path))
+  config = config_from_hf(fields, path / "config.json")
+  tensors = multimodal.text_decoder_tensors(fields, _read_tensors(path))
   params = params_from_tensors(config, tensors, tensors.__getitem__, expected=expected, dtype=dtype,
-                               where=str(path))
+                               where=str(path), fields=fields)
   return config, params
 
 
 def params_from_tensors(config, names: Iterable[str], read: Callable[[str], np.ndarray], *,
-                        expected: Any, dtype: Any, where: str) -> dict[str, Any]:
+                        expected: Any, dtype: Any, where: str, source: str = "config.json",
+                        fields: dict[str, Any] | None = None) -> dict[str, Any]:
   """The Flax parameters of ``config`` from tensors under transformers' state-dict names.
 
   The HF path of every checkpoint format: :func:`load_hf_checkpoint` reads a directory's weight files,
@@ -422,10 +383,16 @@ def params_from_tensors(config, names: Iterable[str], read: Callable[[str], np.n
     expected: ``config -> abstract params`` callable, used to check every shape.
     dtype: dtype of the returned parameters.
     where: the source's name, for error messages.
+    source: where ``config`` was read (``"config.json"``, ``"the GGUF metadata"``), for the words.
+    fields: the config dict ``config`` was read from (:func:`config_from_hf`), where there is one: a
+      mismatch is then explained by configs read again with one field changed, and a field the dict
+      lacks (or holds as null) is named so.
 
   Raises:
-    CheckpointError: a tensor missing, left over or mis-shaped; a tied config whose source also
-      holds an ``lm_head.weight`` that differs from the embedding.
+    CheckpointError: a tensor missing, left over or mis-shaped (one line: the first such tensor and,
+      where one config field explains every difference, that field with both values:
+      ``checkpoints.mismatch.explain``); a tied config whose source also holds an ``lm_head.weight``
+      that differs from the embedding.
   """
   names = set(names)
   if getattr(config, "tie_word_embeddings", False) and "lm_head.weight" in names:
@@ -435,10 +402,52 @@ def params_from_tensors(config, names: Iterable[str], read: Callable[[str], np.n
     if embedding not in names or not np.array_equal(read("lm_head.weight"), read(embedding)):
       raise CheckpointError(f"{where}: tie_word_embeddings is true but lm_head.weight differs from "
                             f"{embedding}; set tie_word_embeddings=false")
-  return _mapping.to_flax(
-      rules_for(config), source_names=names, read=read, expected=expected(config),
-      num_layers=config.num_layers, dtype=dtype, ignore=lambda n: bool(_BUFFER.search(n)),
-      where=where)
+  want = expected(config)
+  try:
+    return _mapping.to_flax(
+        rules_for(config), source_names=names, read=read, expected=want,
+        num_layers=config.num_layers, dtype=dtype, ignore=lambda n: bool(_BUFFER.search(n)),
+        where=where)
+  except _mapping.ShapesDiffer as e:
+    why = _explain(e.stored, config, names, expected, source, fields)
+    if why is not None:
+      fix = mismatch.FIX if source == "config.json" else "re-convert the model"
+      raise CheckpointError(f"{where}: {why} ({str(e).removeprefix(f'{where}: ')}); {fix}") from e
+    lacking = [] if fields is None else config_schema.lacking_sizes(fields, str(e))
+    if not lacking:
+      raise
+    raise CheckpointError(f"{e} ({source} gives no {', '.join(lacking)}: transformers' default "
+                          "used; add the checkpoint's value)") from e
+
+
+def _explain(stored: dict[str, tuple], config, names: set[str], expected: Any, source: str,
+             fields: dict[str, Any] | None) -> str | None:
+  """The config field behind tensors that do not fit ``config`` (``checkpoints.mismatch.explain``).
+
+  A candidate config (``fields`` read again with one field changed, or the dataclass with it
+  replaced) fits when its rules read exactly the source's tensors and every parameter both it and the
+  source's conversion under ``config``'s rules know has the stored shape: a parameter only the
+  candidate has (OPT's ``project_in`` for a narrower embedding) is read from a tensor that is there."""
+  wrapped = fields is not None and family_lib.wrapped_by(fields.get("model_type")) is not None
+  given = fields.get("text_config") if wrapped else fields
+  given = given if isinstance(given, dict) else None
+
+  def rebuild(name: str, value: Any):
+    if given is None:
+      return dataclasses.replace(config, **{name: value})
+    changed = {**given, name: value}
+    return config_from_hf({**fields, "text_config": changed} if wrapped else changed)
+
+  def fits(candidate) -> bool:
+    shapes = mismatch.flat_shapes(expected(candidate))
+    read = _mapping.source_names(rules_for(candidate), candidate.num_layers)
+    if not read <= names or not all(_BUFFER.search(n) for n in names - read):
+      return False
+    return all(shapes.get(k, shape) == shape for k, shape in stored.items()) and (
+        set(shapes) >= set(stored))
+
+  return mismatch.explain(stored, mismatch.flat_shapes(expected(config)), config, expected,
+                          source=source, given=given, rebuild=rebuild, fits=fits)
 
 
 def save_hf_checkpoint(path: str | os.PathLike, config, params: Any) -> None:

@@ -68,7 +68,7 @@ class CodeGenConfig(decoder_config.CacheFromShape):
                        f"got {self.rotary_dim}")
     if self.n_inner is None:
       object.__setattr__(self, "n_inner", 4 * self.n_embd)
-    common.activation(self.activation_function)
+    common.activation(self.activation_function, "activation_function")
     self._freeze_eos()
 
   def make_module(self, *, attention_impl: str = "reference", dtype: Any = jnp.float32,

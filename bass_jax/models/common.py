@@ -39,11 +39,14 @@ from bass_jax.models import attention_registry
 from bass_jax.models.decoder_config import DecoderConfig, scanned_layers
 
 
-def activation(name: str) -> Callable[[jax.Array], jax.Array]:
+def activation(name: str, field: str = "activation") -> Callable[[jax.Array], jax.Array]:
   """transformers' ``ACT2FN`` names -> functions.
 
+  Args:
+    name: the activation's name. field: the config field that holds it, for the message.
+
   Raises:
-    ValueError: an activation the ports do not implement.
+    ValueError: an activation the ports do not implement (the field and its value named).
   """
   table = {
       "relu": jax.nn.relu,
@@ -54,7 +57,7 @@ def activation(name: str) -> Callable[[jax.Array], jax.Array]:
       "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
   }
   if name not in table:
-    raise ValueError(f"activation {name!r} is not supported; one of {sorted(table)}")
+    raise ValueError(f"{field}={name!r} is not supported; one of {sorted(table)}")
   return table[name]
 
 

@@ -13,6 +13,7 @@ from typing import Any, Iterable, Mapping, Protocol
 import flax.linen as nn
 import jax.numpy as jnp
 
+from bass_jax._checks import short
 from bass_jax.cache import KVCache
 from bass_jax.models import family as family_lib
 
@@ -160,7 +161,8 @@ def transformers_config(model_type: str, fields: dict[str, Any]):
   rotary parameters standardized).
 
   Raises:
-    ValueError: transformers' config class refuses the fields (its last message line, one line).
+    ValueError: transformers' config class refuses the fields (its last message line, one line, and
+      the fields without which it would accept them: each left to its default in turn).
   """
   import transformers  # pylint: disable=g-import-not-at-top
 
@@ -168,12 +170,23 @@ def transformers_config(model_type: str, fields: dict[str, Any]):
   from huggingface_hub import errors as hub_errors  # pylint: disable=g-import-not-at-top
 
   strict = getattr(hub_errors, "StrictDataclassError", ValueError)
+  refusals = (ValueError, TypeError, KeyError, AttributeError, strict)
   try:
     return transformers.AutoConfig.for_model(model_type, **fields)
-  except (ValueError, TypeError, KeyError, AttributeError, strict) as e:  # often multi-line
+  except refusals as e:  # often multi-line, and a check of the whole class names no field
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    culprits = []
+    for name, value in fields.items():  # the fields without which the class accepts the config
+      try:
+        transformers.AutoConfig.for_model(
+            model_type, **{k: v for k, v in fields.items() if k != name})
+      except refusals:
+        continue
+      culprits.append(f"{name}={short(value)}")
+    blame = (f" (transformers accepts the config with its default for "
+             f"{' or '.join(culprits[:3])})" if culprits else "")
     raise ValueError(f"{model_type} config refused by transformers' {model_type} config class: "
-                     f"{lines[-1] if lines else type(e).__name__}") from e
+                     f"{lines[-1] if lines else type(e).__name__}{blame}") from e
 
 
 @dataclasses.dataclass(frozen=True)

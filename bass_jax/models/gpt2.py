@@ -61,7 +61,7 @@ class GPT2Config(decoder_config.CacheFromShape):
       raise ValueError(f"GPT2Config: n_head={self.n_head} does not divide n_embd={self.n_embd}")
     if self.n_inner is None:
       object.__setattr__(self, "n_inner", 4 * self.n_embd)
-    common.activation(self.activation_function)
+    common.activation(self.activation_function, "activation_function")
     self._freeze_eos()
 
   def make_module(self, *, attention_impl: str = "reference", dtype: Any = jnp.float32,

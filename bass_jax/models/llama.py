@@ -337,7 +337,14 @@ class LlamaConfig(decoder_config.CacheFromShape):
       rope_lib.check_no_per_type_truncate(fields)
     decoder_config.parse_hf_fields(dict(fields, model_type=model_type), model_types=(model_type,),
                            known=known, ignored=traits.ignored, required=required)
-    hf = decoder_config.transformers_config(model_type, fields)
+    try:
+      hf = decoder_config.transformers_config(model_type, fields)
+    except ValueError as e:
+      note = _derived_head_dim(fields.get("hidden_size"), fields.get("num_attention_heads"),
+                               fields.get("head_dim"))
+      if note is None:
+        raise
+      raise ValueError(f"{e} ({note})") from e
     heads = hf.num_attention_heads
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
     kwargs = dict(
@@ -364,23 +371,32 @@ class LlamaConfig(decoder_config.CacheFromShape):
       kwargs["attn_logit_softcapping"] = (None if model_type == "gemma3_text"
                                           else hf.attn_logit_softcapping)
       kwargs["final_logit_softcapping"] = hf.final_logit_softcapping
-    window = kwargs.get("sliding_window")
-    if window is not None and window >= hf.max_position_embeddings:
-      kwargs["sliding_window"] = None  # it never masks a position of the context (Phi-3.5's 262144)
-      kwargs.pop("layer_types", None)
     rotary = dict(head_dim=head_dim, max_position_embeddings=hf.max_position_embeddings)
     params = dict(hf.rope_parameters)
-    if FULL in params or SLIDING in params:
-      full = rope_lib.from_parameters(params[FULL], where=f"rope_parameters[{FULL!r}]", **rotary)
-      local = rope_lib.from_parameters(params[SLIDING], where=f"rope_parameters[{SLIDING!r}]",
-                                       **rotary)
-      kwargs["local_rope"] = None if local == full else local
-    else:
-      full = rope_lib.from_parameters(params, **rotary)
+    try:
+      if FULL in params or SLIDING in params:
+        full = rope_lib.from_parameters(params[FULL], where=f"rope_parameters[{FULL!r}]", **rotary)
+        local = rope_lib.from_parameters(params[SLIDING], where=f"rope_parameters[{SLIDING!r}]",
+                                         **rotary)
+        kwargs["local_rope"] = None if local == full else local
+      else:
+        full = rope_lib.from_parameters(params, **rotary)
+    except ValueError as e:
+      note = _derived_head_dim(hf.hidden_size, heads, getattr(hf, "head_dim", None))
+      if note is None:
+        raise
+      raise ValueError(f"{e} ({note})") from e
     if model_type not in ("phi3", "gemma3_text") and any(
         r.dim != head_dim for r in (full, kwargs.get("local_rope") or full)):
       raise ValueError(f"{model_type}: partial_rotary_factor < 1 is not read by transformers' "
                        f"{model_type} model (it rotates the whole head); remove it")
+    window = kwargs.get("sliding_window")
+    if window is not None and window >= hf.max_position_embeddings and (
+        kwargs.get("local_rope") is None):
+      # It never masks a position of the context (Phi-3.5's 262144). Gemma 3's sliding layers keep
+      # theirs: the window also marks the layers that take the local rotary.
+      kwargs["sliding_window"] = None
+      kwargs.pop("layer_types", None)
     kwargs["rope_theta"] = full.theta
     kwargs["rope_scaling"] = None if full == rope_lib.Rotary(
         theta=full.theta, dim=head_dim, max_position_embeddings=hf.max_position_embeddings) else full
@@ -462,6 +478,18 @@ class LlamaConfig(decoder_config.CacheFromShape):
       elif value:
         raise ValueError(f"{self.model_type} has no {name} (its Traits row does not read it)")
     return transformers.AutoConfig.for_model(self.model_type, **fields, rope_parameters=rope)
+
+
+def _derived_head_dim(hidden_size: Any, heads: Any, head_dim: Any) -> str | None:
+  """Where a config gives no ``head_dim`` and the one it derives is odd, under 2 or not a whole share
+  of the width, how it derives (named beside a refusal it may cause, such as a rotary table of no
+  channels); None otherwise."""
+  if head_dim or not all(isinstance(v, int) and v >= 1 for v in (hidden_size, heads)):
+    return None
+  if hidden_size % heads == 0 and (hidden_size // heads) % 2 == 0:
+    return None
+  return (f"head_dim is hidden_size {hidden_size} // num_attention_heads {heads} = "
+          f"{hidden_size // heads}, as the config gives none")
 
 
 def _qwen_window(config: LlamaConfig, extra: dict[str, Any]) -> dict[str, Any]:

@@ -68,7 +68,7 @@ class OPTConfig(decoder_config.CacheFromShape):
                        f"num_attention_heads {self.num_attention_heads}")
     if self.word_embed_proj_dim is None:
       object.__setattr__(self, "word_embed_proj_dim", self.hidden_size)
-    common.activation(self.activation_function)  # raises for an unsupported one
+    common.activation(self.activation_function, "activation_function")  # raises for an unsupported one
     self._freeze_eos()
 
   @property
