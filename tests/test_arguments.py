@@ -8,6 +8,7 @@ tokenizer is not the target's.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -155,3 +156,19 @@ def test_load_model_checks_its_arguments(tmp_path):
   with pytest.raises(ValueError, match="spec must be"):
     bj.load_model(None)
   assert bj.load_model(path, dtype="bfloat16").dtype == jnp.bfloat16
+
+
+def test_a_cache_too_short_is_refused_with_terms_that_add_up(target):
+  """Issue 54, finding 5: the message's terms did not add up to its total (the kernels' alignment
+  went unnamed). Each term, their sum and the rounding are checked against each other."""
+  with pytest.raises(ValueError) as caught:
+    bj.generate(target, None, [[1, 2, 3]], method="regular", max_new_tokens=40, max_cache_len=32)
+  message = str(caught.value)
+  match = re.search(r"needs (\d+) cache slots per row \(prompt padded to (\d+) \+ (\d+) output slots "
+                    r"\(max_new_tokens=40 padded\) \+ (\d+) verification look-ahead = (\d+), rounded up "
+                    r"to a multiple of (\d+) for the kernels' tiles\), more than max_cache_len=32; raise",
+                    message)
+  assert match, message
+  total, prompt, output, ahead, needed, align = map(int, match.groups())
+  assert prompt >= 3 and output >= 40 and prompt + output + ahead == needed, message
+  assert total % align == 0 and needed <= total < needed + align, message

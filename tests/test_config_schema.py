@@ -208,6 +208,21 @@ def test_a_gemma3_window_past_the_context_keeps_the_local_rotary(checkpoints, tm
   np.testing.assert_allclose(np.asarray(model.logits(TOKENS)), want, atol=2e-4, rtol=2e-4)
 
 
+def test_longrope_past_its_original_context_is_refused_saying_why(checkpoints):
+  """docs/models.md, "Rotary scaling": Phi-3's longrope switches to its long factors past
+  original_max_position_embeddings (32 here, of 64 positions), which transformers decides per forward;
+  a decode or a scoring that would go past it is refused, and the message says why."""
+  model = bj.load_model(checkpoints["phi3"], tokenizer=False)
+  assert model.config.max_positions == 32 and model.config.max_position_embeddings == 64
+  why = "longrope rotary switches to its long factors past original_max_position_embeddings=32"
+  with pytest.raises(ValueError, match="exceeds the models' context of 32 positions") as caught:
+    bj.generate(model, None, [list(range(20))], method="regular", max_new_tokens=13)
+  assert why in str(caught.value), caught.value
+  with pytest.raises(ValueError, match="33 tokens exceed the model's context of 32 positions") as caught:
+    model.logits(np.zeros((1, 33), np.int32))
+  assert why in str(caught.value), caught.value
+
+
 def test_the_command_line_refuses_a_wrong_field_in_one_line(checkpoints, tmp_path):
   path = _mutated(checkpoints["llama"], tmp_path / "m", _setter(num_hidden_layers="2"))
   run = subprocess.run([sys.executable, "-m", "experiments.generate", f"--target={path}",

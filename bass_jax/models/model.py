@@ -62,8 +62,10 @@ class Model:
     if tokens.ndim != 2:
       raise ValueError(f"tokens must be i32[batch, time], got shape {tokens.shape}")
     if tokens.shape[1] > self.config.max_positions:
+      note = getattr(self.config, "context_note", None)
       raise ValueError(f"{tokens.shape[1]} tokens exceed the model's context of "
-                       f"{self.config.max_positions} positions; score at most that many")
+                       f"{self.config.max_positions} positions{f' ({note})' if note else ''}; score "
+                       "at most that many")
     if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size):
       raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}); got "
                        f"[{int(tokens.min())}, {int(tokens.max())}]")
