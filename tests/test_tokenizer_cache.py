@@ -100,3 +100,26 @@ def test_load_model_and_the_preflight_read_gguf_tokenizers_through_the_cache(tmp
     source = type("Source", (), {"has_tokenizer": True, "kind": "gguf", "path": path, "spec": "m"})()
     got = preflight.load_tokenizer(source)
   assert got == "tok" and seen == [path]
+
+
+@pytest.mark.parametrize("model", ["llama", "t5"])
+def test_a_tokenizer_without_scores_is_refused_naming_the_key(tmp_path, monkeypatch, model):
+  """Issue 54, finding 4: a sentencepiece vocabulary without merges (its merges come from the scores)
+  or a unigram one, without tokenizer.ggml.scores, was transformers' bare ``KeyError: 'scores'``."""
+  monkeypatch.setenv(tokenizer_cache.ENV_VAR, "off")
+  path = tmp_path / "m.gguf"
+  writer = gguf.GGUFWriter(str(path), "llama")
+  writer.add_tokenizer_model(model)
+  writer.add_token_list(["<unk>", "<s>", "</s>", "\u2581a", "a", "b", "\u2581b", "ab"])
+  writer.add_bos_token_id(1)
+  writer.add_eos_token_id(2)
+  writer.write_header_to_file()
+  writer.write_kv_data_to_file()
+  writer.write_tensors_to_file()
+  writer.close()
+  with pytest.raises(ValueError) as caught:
+    tokenizer_cache.load(path)
+  message = str(caught.value)
+  assert "\n" not in message and message.startswith(f"{path}: its tokenizer has no "
+                                                    "tokenizer.ggml.scores"), message
+

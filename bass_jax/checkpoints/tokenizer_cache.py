@@ -50,13 +50,20 @@ def key(path: pathlib.Path) -> str:
   return digest.hexdigest()
 
 
+# The tokenizer keys transformers' GGUF conversion reads unchecked, and what needs each.
+_TOKENIZER_KEYS = {"tokens": "at all", "scores": "without merges, or a unigram one",
+                   "merges": "of byte-level BPE", "token_type": "with its special tokens"}
+
+
 def load(path: str | os.PathLike) -> Any:
   """The tokenizer of the GGUF file at ``path``, as ``AutoTokenizer.from_pretrained(parent,
   gguf_file=name)`` builds it: from the cache when an entry for this file is there, else converted
   and stored.
 
   Raises:
-    What ``AutoTokenizer.from_pretrained`` raises for the file (the cache's own errors only warn).
+    ValueError: the file's tokenizer lacks a key transformers reads (``tokenizer.ggml.scores`` of a
+      vocabulary without merges: named, one line). Otherwise what ``AutoTokenizer.from_pretrained``
+      raises for the file (the cache's own errors only warn).
   """
   import transformers  # pylint: disable=g-import-not-at-top
 
@@ -72,7 +79,15 @@ def load(path: str | os.PathLike) -> Any:
       _warn(f"bass_jax: tokenizer cache {cache} could not be read ({type(e).__name__}: {e}); "
             f"converting the tokenizer of {path.name} (set {ENV_VAR} to another directory, or "
             "to 'off')")
-  tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+  try:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+  except KeyError as e:  # transformers reads the tokenizer's metadata keys without a check
+    missing = e.args[0] if e.args else None
+    if missing not in _TOKENIZER_KEYS:
+      raise
+    raise ValueError(f"{path}: its tokenizer has no tokenizer.ggml.{missing}, which transformers needs "
+                     f"to build it (a vocabulary {_TOKENIZER_KEYS[missing]}); re-convert the file with its "
+                     "tokenizer's full metadata, or load it with tokenizer=False") from e
   if entry is not None:
     _store(tokenizer, entry)
   return tokenizer
