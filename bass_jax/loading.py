@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-from typing import Any
+from typing import Any, Callable
 
 import flax.traverse_util
 import jax
@@ -67,7 +67,8 @@ def default_dtype() -> jnp.dtype:
 
 def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | None = None,
                tokenizer: bool = True, mesh: jax.sharding.Mesh | None = None,
-               sharding: str = "tensor_parallel", scan_layers: bool | None = None) -> Model:
+               sharding: str = "tensor_parallel", scan_layers: bool | None = None,
+               before_weights: Callable[[Any], None] | None = None) -> Model:
   """Loads a causal LM from an alias, a GGUF file, an HF checkpoint directory (also one in a Hugging Face
   cache, by its path or its repository id) or an orbax directory. Nothing is ever downloaded.
 
@@ -115,6 +116,10 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
       compiled, run in a ``lax.scan``) or unrolled; None takes the backend profile's
       (``bass_jax.profiles``: unrolled on a CPU and a GPU, where scanned layers copy their slices). On a mesh
       the layers are always unrolled. An EAGLE draft's layers are always unrolled.
+    before_weights: called with the model's config once it is read and before any weight is (for a
+      GGUF file, an HF or orbax directory; an EAGLE draft or Medusa heads, small, are read first): a
+      check that refuses a model by its config, such as :func:`load_draft`'s vocabulary comparison,
+      fails in a moment rather than after the load. What it raises propagates.
 
   Returns:
     A :class:`Model`.
@@ -153,7 +158,12 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
     raise ValueError(f"sharding must be one of {sorted(sharding_lib.RULES)}, got {sharding!r}")
   mesh = sharding_lib.resolve_mesh(mesh)
 
+  checked = []
+
   def expected(config):  # the abstract parameters, each with its shards' layout on a mesh
+    if before_weights is not None and not checked:  # a GGUF file's tensors are read after this
+      before_weights(config)
+      checked.append(config)
     abstract = abstract_params(config, dtype)
     if mesh is None:
       return abstract
@@ -186,6 +196,9 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
       params = sharding_lib.shard_params(params, sharding_lib.plan(config, mesh, sharding))
   else:  # a family's model, in orbax or Hugging Face format
     config = hf_ckpt.config_from_hf(found.fields, path / "config.json")
+    if before_weights is not None:
+      before_weights(config)
+      checked.append(config)
     # before the weights, as the tokenizer: a bad generation_config.json fails in a moment
     generation_eos = generation_eos_ids(path, config.vocab_size, config.eos_token_id)
     if tokenizer:  # before the weights: a broken tokenizer fails in a moment, not after the load
@@ -240,8 +253,10 @@ def load_draft(spec: str | os.PathLike, target: Model, *, num_layers: int | None
   if str(spec) == target.name:
     draft = target.with_first_layers(num_layers) if num_layers else target
     return draft if scan_layers is None else draft.with_scanned_layers(scan_layers)
+  where = f"draft {str(spec)!r} and target {target.name!r}"
   draft = load_model(spec, dtype=dtype, num_layers=num_layers, mesh=mesh, sharding=sharding,
-                     scan_layers=False)
+                     scan_layers=False,
+                     before_weights=lambda config: _check_vocab_size(where, config, target.config))
   if isinstance(draft.config, eagle.EagleConfig):
     eagle.check_pair_configs(draft.config, target.config, name=f"the EAGLE draft {draft.name!r}")
   check_same_tokenizer(target, draft)
@@ -266,13 +281,7 @@ def check_same_tokenizer(target: Model, draft: Model) -> None:
       target with an equal vocabulary size but other special ids).
   """
   where = f"draft {draft.name!r} and target {target.name!r}"
-  if draft.config.vocab_size != target.config.vocab_size:
-    raise ValueError(f"{where} have different vocabulary sizes ({draft.config.vocab_size} vs "
-                     f"{target.config.vocab_size}); speculative decoding needs the same tokenizer")
-  conflict = special_ids_conflict({f: getattr(draft.config, f, None) for f in SPECIAL_IDS},
-                                  {f: getattr(target.config, f, None) for f in SPECIAL_IDS})
-  if conflict:
-    raise ValueError(f"{where} {conflict}")
+  _check_same_ids(where, draft.config, target.config)
   if draft.tokenizer is None or target.tokenizer is None:
     return
   # EOS may differ (a base model's and its instruct model's); the vocabulary below decides the ids.
@@ -287,6 +296,23 @@ def check_same_tokenizer(target: Model, draft: Model) -> None:
       raise ValueError(f"{where}: their tokenizers' vocabularies differ ({len(mine)} vs "
                        f"{len(theirs)} tokens; e.g. {diff}); speculative decoding needs the same "
                        "tokenizer")
+
+
+def _check_vocab_size(where: str, draft: Any, target: Any) -> None:
+  """Two configs' vocabulary sizes are equal (checked before a draft's weights are read)."""
+  if draft.vocab_size != target.vocab_size:
+    raise ValueError(f"{where} have different vocabulary sizes ({draft.vocab_size} vs "
+                     f"{target.vocab_size}); speculative decoding needs the same tokenizer")
+
+
+def _check_same_ids(where: str, draft: Any, target: Any) -> None:
+  """The configs' part of :func:`check_same_tokenizer`: the vocabulary size and the special ids (the
+  stop ids merged from generation_config.json, so after the load)."""
+  _check_vocab_size(where, draft, target)
+  conflict = special_ids_conflict({f: getattr(draft, f, None) for f in SPECIAL_IDS},
+                                  {f: getattr(target, f, None) for f in SPECIAL_IDS})
+  if conflict:
+    raise ValueError(f"{where} {conflict}")
 
 
 def _as_id_set(ids) -> frozenset[int]:

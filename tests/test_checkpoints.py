@@ -525,3 +525,23 @@ def test_load_model_and_the_preflight_share_one_dispatch(hf_dir, orbax_dir, tmp_
     assert "\n" not in str(loaded.value)
   with pytest.raises(ValueError, match="holds weights in 2 formats"):
     preflight.inspect_model(both)  # before: the preflight passed it, and the load refused it
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "orbax"])
+def test_load_draft_compares_vocabularies_before_reading_the_drafts_weights(tmp_path, monkeypatch, fmt):
+  """Issue 54, finding 4: a draft of another vocabulary was refused only after all its weights were
+  read. Here reading any weight fails the test, so the refusal must come from the config alone."""
+  from conftest import tiny_model  # pylint: disable=g-import-not-at-top
+
+  target = tiny_model(seed=0)
+  other = tiny_model(seed=1, vocab_size=target.config.vocab_size + 6)
+  bass_jax.save_model(other, tmp_path / "draft", format=fmt)
+
+  def no_reads(*args, **kwargs):
+    raise AssertionError("the draft's weights were read")
+
+  monkeypatch.setattr(hf_ckpt, "_read_tensors", no_reads)
+  monkeypatch.setattr(bass_jax.loading.orbax_ckpt, "restore_params", no_reads)
+  with pytest.raises(ValueError, match=rf"different vocabulary sizes \({other.config.vocab_size} vs "
+                     rf"{target.config.vocab_size}\)"):
+    bass_jax.load_draft(tmp_path / "draft", target)
