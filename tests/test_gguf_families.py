@@ -195,16 +195,21 @@ def _set_parameters(w: gguf.GGUFWriter, cfg, arch) -> None:
 
 
 def write_gguf(model, path: pathlib.Path, arch: gguf.MODEL_ARCH, *, qtype=None, drop=(),
-               extra=None, extra_tensors=None, arch_name=None, eot=None, eom=None) -> None:
+               extra=None, extra_tensors=None, arch_name=None, eot=None, eom=None,
+               typed=None) -> None:
   """Writes ``model`` as llama.cpp's converter lays out ``arch``: f32, or 2-D weights in ``qtype``
   (norms and rotary factors stay f32, as llama.cpp keeps them). To corrupt it: ``drop``, tensor names
-  to leave out; ``extra``, metadata to add ({key: value}, stored as f32); ``extra_tensors``, tensors to
-  add; ``arch_name``, another ``general.architecture`` (and key prefix)."""
+  to leave out; ``extra``, metadata to add ({key: value}, stored as f32); ``typed``, metadata to set
+  or replace ({key: (value, GGUFValueType)}); ``extra_tensors``, tensors to add; ``arch_name``,
+  another ``general.architecture`` (and key prefix)."""
   cfg = model.config
   w = gguf.GGUFWriter(str(path), arch_name or gguf.MODEL_ARCH_NAMES[arch])
   _set_parameters(w, cfg, arch)
   for key, value in (extra or {}).items():
     w.add_float32(key, value)
+  for key, (value, vtype) in (typed or {}).items():
+    w.kv_data[0].pop(key, None)  # replaced, not warned about
+    w.add_key_value(key, value, vtype)
   w.add_tokenizer_model("gpt2")
   w.add_token_list([f"<t{i}>" for i in range(cfg.vocab_size)])
   w.add_token_types([gguf.TokenType.NORMAL] * cfg.vocab_size)
@@ -443,6 +448,21 @@ def test_q8_0_llama_matches_transformers_reading(tmp_path):
     pytest.param("qwen2", gguf.MODEL_ARCH.QWEN2,
                  dict(extra={"qwen2.rope.scaling.yarn_beta_fast": 32.0}), ValueError,
                  r"'qwen2.rope.scaling.yarn_beta_fast'=32.0 does not apply", id="key-that-does-not-apply"),
+    # Issue 54: metadata of the wrong type was coerced (a float block count truncated), and its ranges
+    # went unchecked; now as config.json's, named by the HF field it becomes.
+    pytest.param("qwen2", gguf.MODEL_ARCH.QWEN2,
+                 dict(typed={"qwen2.block_count": (2.5, gguf.GGUFValueType.FLOAT32)}), ValueError,
+                 r"GGUF metadata key 'qwen2.block_count'=2.5 is float, not an integer; re-convert",
+                 id="float-layers"),
+    pytest.param("qwen2", gguf.MODEL_ARCH.QWEN2,
+                 dict(typed={"qwen2.block_count": (0, gguf.GGUFValueType.UINT32)}), ValueError,
+                 r"bad.gguf: its metadata, read as config.json: num_hidden_layers=0 is refused: "
+                 r"expected an int in \[1, 2147483647\]; re-convert the file", id="zero-layers"),
+    pytest.param("qwen2", gguf.MODEL_ARCH.QWEN2,
+                 dict(typed={"qwen2.attention.layer_norm_rms_epsilon": (math.nan,
+                                                                         gguf.GGUFValueType.FLOAT32)}),
+                 ValueError, r"'qwen2.attention.layer_norm_rms_epsilon'=nan is not a finite number",
+                 id="nan-eps"),
     pytest.param("qwen2", gguf.MODEL_ARCH.QWEN2, dict(drop=("blk.1.attn_k.weight",)),
                  CheckpointError, r"missing tensor\(s\) \['model.layers.1.self_attn.k_proj.weight' "
                  r"\(GGUF 'blk.1.attn_k.weight'\)\]", id="missing-tensor"),
@@ -456,14 +476,16 @@ def test_refusals_name_what_is_wrong(tmp_path, written, case, arch, kwargs, erro
   assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("value,refused", [(0.0, False), (8.0, True)])
+@pytest.mark.parametrize("value,refused", [(0, False), (8, True)])
 def test_checked_key_passes_only_its_value(tmp_path, written, value, refused):
-  """``expert_count`` = 0 (written by some converters for dense models) is checked, not refused."""
+  """``expert_count`` = 0 (written by some converters for dense models, as llama.cpp's uint32) is
+  checked, not refused."""
   model, _ = written("qwen2")
   path = tmp_path / "experts.gguf"
-  write_gguf(model, path, gguf.MODEL_ARCH.QWEN2, extra={"qwen2.expert_count": value})
+  write_gguf(model, path, gguf.MODEL_ARCH.QWEN2,
+             typed={"qwen2.expert_count": (value, gguf.GGUFValueType.UINT32)})
   if refused:
-    with pytest.raises(ValueError, match=r"'qwen2.expert_count'=8.0 \(a mixture of experts\) is not "):
+    with pytest.raises(ValueError, match=r"'qwen2.expert_count'=8 \(a mixture of experts\) is not "):
       gguf_ckpt.read_hf(path)
   else:
     assert gguf_ckpt.read_hf(path).config == gguf_ckpt.read_hf(written("qwen2")[1]).config

@@ -165,36 +165,39 @@ def describe(annotation: Any) -> str:
   return names.get(annotation, getattr(annotation, "__name__", str(annotation)))
 
 
-def _refuse(where: str, name: str, value: Any, expected: str) -> None:
-  raise ValueError(f"{where}: {name}={short(value)} is refused: expected {expected}; fix config.json")
+def _refuse(where: str, name: str, value: Any, expected: str, fix: str = "fix config.json") -> None:
+  raise ValueError(f"{where}: {name}={short(value)} is refused: expected {expected}; {fix}")
 
 
-def _check_field(where: str, name: str, key: str, value: Any, annotation: Any) -> None:
+def _check_field(where: str, name: str, key: str, value: Any, annotation: Any,
+                 fix: str = "fix config.json") -> None:
   """One field (``key`` as stored, ``name`` its dotted path): its declared type where there is one,
   then finite floats (a list's too) and the ranges of :data:`POSITIVE` and :data:`POSITIVE_OR_NULL`."""
   if annotation is not None and not matches(value, annotation):
-    _refuse(where, name, value, describe(annotation))
+    _refuse(where, name, value, describe(annotation), fix)
   if isinstance(value, list):
     if any(isinstance(v, float) and not math.isfinite(v) for v in value):
-      _refuse(where, name, value, "finite numbers")
+      _refuse(where, name, value, "finite numbers", fix)
     return
   if isinstance(value, float) and not math.isfinite(value):
-    _refuse(where, name, value, "a finite number")
+    _refuse(where, name, value, "a finite number", fix)
   if key in POSITIVE and isinstance(value, int) and not isinstance(value, bool) and not (
       1 <= value <= MAX_SIZE):
-    _refuse(where, name, value, f"an int in [1, {MAX_SIZE}]")
+    _refuse(where, name, value, f"an int in [1, {MAX_SIZE}]", fix)
   if (key in POSITIVE_OR_NULL and isinstance(value, (int, float)) and not isinstance(value, bool)
       and not value > 0):
-    _refuse(where, name, value, "a number > 0" + (" or null" if key != "factor" else ""))
+    _refuse(where, name, value, "a number > 0" + (" or null" if key != "factor" else ""), fix)
 
 
-def check(fields: Mapping[str, Any], where: str, prefix: str = "") -> None:
+def check(fields: Mapping[str, Any], where: str, prefix: str = "", *,
+          fix: str = "fix config.json") -> None:
   """Checks a config.json object (see the module's docstring).
 
   Args:
     fields: the parsed ``config.json``.
     where: the file, for the message.
     prefix: the dotted path of a nested config (``"text_config."``).
+    fix: the message's last words (a GGUF file's metadata: ``"re-convert the file"``).
 
   Raises:
     ValueError: the first field of a wrong type or out of range (one line: file, field, value, what
@@ -202,17 +205,17 @@ def check(fields: Mapping[str, Any], where: str, prefix: str = "") -> None:
   """
   model_type = fields.get("model_type")
   if "model_type" in fields and not isinstance(model_type, str):
-    _refuse(where, prefix + "model_type", model_type, "a string")
+    _refuse(where, prefix + "model_type", model_type, "a string", fix)
   declared = declared_types(model_type) if isinstance(model_type, str) else GENERIC
   for key, value in fields.items():
     name = prefix + key
-    _check_field(where, name, key, value, declared.get(key))
+    _check_field(where, name, key, value, declared.get(key), fix)
     if key in DTYPE_FIELDS and value is not None and value not in DTYPE_NAMES:
-      _refuse(where, name, value, "null or one of " + ", ".join(DTYPE_NAMES))
+      _refuse(where, name, value, "null or one of " + ", ".join(DTYPE_NAMES), fix)
     if key in ROPE_FIELDS and isinstance(value, dict):
-      _check_rope(value, where, name)
+      _check_rope(value, where, name, fix)
     if key in NESTED_CONFIGS and isinstance(value, dict):
-      check(value, where, name + ".")
+      check(value, where, name + ".", fix=fix)
   vocab = fields.get("vocab_size")
   for key in TOKEN_IDS:
     ids = fields.get(key)
@@ -220,13 +223,13 @@ def check(fields: Mapping[str, Any], where: str, prefix: str = "") -> None:
       if isinstance(token, int) and not isinstance(token, bool) and (
           token < 0 or isinstance(vocab, int) and vocab >= 1 and token >= vocab):
         bound = f"[0, {vocab}) ({prefix}vocab_size={vocab})" if isinstance(vocab, int) else ">= 0"
-        _refuse(where, prefix + key, ids, f"token ids in {bound}")
+        _refuse(where, prefix + key, ids, f"token ids in {bound}", fix)
 
 
-def _check_rope(rope: Mapping[str, Any], where: str, name: str) -> None:
+def _check_rope(rope: Mapping[str, Any], where: str, name: str, fix: str) -> None:
   declared = rope_types()
   for key, value in rope.items():
-    _check_field(where, f"{name}.{key}", key, value, declared.get(key))
+    _check_field(where, f"{name}.{key}", key, value, declared.get(key), fix)
 
 
 def lacking_sizes(fields: dict[str, Any], message: str) -> list[str]:

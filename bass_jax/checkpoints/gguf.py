@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from bass_jax._checks import short
+from bass_jax.checkpoints import config_schema
 from bass_jax.checkpoints import hf
 from bass_jax.checkpoints._mapping import CheckpointError
 from bass_jax.checkpoints.gguf_architectures import (
@@ -105,7 +106,7 @@ def _translate_config(src: Source, family: Architecture) -> dict[str, Any]:
   out: dict[str, Any] = {"model_type": family.model_type, "architectures": [family.architecture],
                          **family.fields}
   for key, name in family.renames.items():
-    out[name] = int(src.get(key)) if name in INT_FIELDS else src.float(key)
+    out[name] = src.int(key) if name in INT_FIELDS else src.float(key)
   for step in family.steps:
     step(src, out, family)
   unused = sorted(set(src.meta) - src.used_keys)
@@ -122,6 +123,10 @@ def _translate_config(src: Source, family: Architecture) -> dict[str, Any]:
   if extra:
     out["eos_token_id"] = list(dict.fromkeys(
         ([] if out["eos_token_id"] is None else [out["eos_token_id"]]) + extra))
+  # The ranges a config.json is held to (sizes >= 1, finite floats, stop ids in the vocabulary), named
+  # by the HF field the metadata became.
+  config_schema.check(out, f"{src.path}: its metadata, read as config.json",
+                      fix="re-convert the file")
   return out
 
 

@@ -166,12 +166,32 @@ class Source:
     return value
 
   def int(self, suffix: str, default: Any = None) -> Any:
+    """An integer key's value (None where absent and no default); nothing is coerced.
+
+    Raises:
+      ValueError: a value of another type (a float, a string, a boolean), named with the key.
+    """
     value = self.get(suffix, default)
-    return None if value is None else int(value)
+    if value is None:
+      return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+      self.refuse(suffix, f"is {type(value).__name__}, not an integer; re-convert the file")
+    return int(value)
 
   def float(self, suffix: str, default: Any = None) -> Any:
+    """A number key's value (None where absent and no default); an integer is that number.
+
+    Raises:
+      ValueError: a value that is no number (a string, a boolean) or not finite, named with the key.
+    """
     value = self.get(suffix, default)
-    return None if value is None else float(value)
+    if value is None:
+      return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+      self.refuse(suffix, f"is {type(value).__name__}, not a number; re-convert the file")
+    if not math.isfinite(float(value)):
+      self.refuse(suffix, "is not a finite number; re-convert the file")
+    return float(value)
 
   def refuse(self, suffix: str, why: str) -> None:
     raise ValueError(f"{self.path}: GGUF metadata key {self.key(suffix)!r}="
