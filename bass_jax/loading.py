@@ -116,10 +116,11 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
       compiled, run in a ``lax.scan``) or unrolled; None takes the backend profile's
       (``bass_jax.profiles``: unrolled on a CPU and a GPU, where scanned layers copy their slices). On a mesh
       the layers are always unrolled. An EAGLE draft's layers are always unrolled.
-    before_weights: called with the model's config once it is read and before any weight is (for a
-      GGUF file, an HF or orbax directory; an EAGLE draft or Medusa heads, small, are read first): a
-      check that refuses a model by its config, such as :func:`load_draft`'s vocabulary comparison,
-      fails in a moment rather than after the load. What it raises propagates.
+    before_weights: called with the model's config once it is read and before any weight is, for a
+      GGUF file and an HF or orbax directory (not for an EAGLE draft or Medusa heads, which are small
+      and checked after their load): a check that refuses a model by its config, such as
+      :func:`load_draft`'s vocabulary comparison, fails in a moment rather than after the load. What
+      it raises propagates.
 
   Returns:
     A :class:`Model`.

@@ -195,6 +195,22 @@ def test_weights_that_do_not_fit_name_the_config_field(misfit, checkpoints, tmp_
   assert "\n" not in message and message.startswith(str(path)) and expected in message, message
 
 
+def test_only_sizes_transformers_fills_in_are_named_and_only_beside_its_refusals(checkpoints,
+                                                                                 tmp_path):
+  """A null transformers keeps (Mistral's window) is no default it filled in; a null it replaces
+  (Phi-3's key/value heads) is. A refusal of the port's own (an activation) names none of them,
+  though the config gives no head_dim, which transformers derives."""
+  base = {"model_type": "mistral", "hidden_size": 32, "num_attention_heads": 4}
+  assert "sliding_window" not in config_schema.lacking_sizes({**base, "sliding_window": None}, "")
+  assert "num_key_value_heads" in config_schema.lacking_sizes(
+      {**base, "model_type": "phi3", "num_key_value_heads": None}, "")
+  path = _mutated(checkpoints["llama"], tmp_path / "m", lambda f: (f.pop("head_dim"),
+                                                                  f.update(hidden_act="foo")))
+  with pytest.raises(ValueError, match="hidden_act") as caught:
+    bj.load_model(path, tokenizer=False)
+  assert "gives no" not in str(caught.value), caught.value
+
+
 def test_a_gemma3_window_past_the_context_keeps_the_local_rotary(checkpoints, tmp_path):
   """A window no shorter than the context masks nothing, but Gemma 3's sliding layers still take the
   local rotary: found by the property test (transformers' default window, 4096, over a 64-token

@@ -455,6 +455,9 @@ def test_q8_0_llama_matches_transformers_reading(tmp_path):
                  r"GGUF metadata key 'qwen2.block_count'=2.5 is float, not an integer; re-convert",
                  id="float-layers"),
     pytest.param("qwen2", gguf.MODEL_ARCH.QWEN2,
+                 dict(typed={"qwen2.attention.head_count": (0, gguf.GGUFValueType.UINT32)}), ValueError,
+                 r"num_attention_heads=0 is refused: expected an int in \[1, ", id="zero-heads"),
+    pytest.param("qwen2", gguf.MODEL_ARCH.QWEN2,
                  dict(typed={"qwen2.block_count": (0, gguf.GGUFValueType.UINT32)}), ValueError,
                  r"bad.gguf: its metadata, read as config.json: num_hidden_layers=0 is refused: "
                  r"expected an int in \[1, 2147483647\]; re-convert the file", id="zero-layers"),

@@ -93,7 +93,11 @@ def declared_types(model_type: str) -> Mapping[str, Any]:
 def defaulted(model_type: str) -> frozenset[str]:
   """The fields transformers' config class for ``model_type`` fills with a value (not None) when a
   config.json lacks them (its defaults, and what it derives from them, as ``num_key_value_heads``
-  from ``num_attention_heads``); empty for a type transformers does not know."""
+  from ``num_attention_heads``).
+
+  Returns:
+    The names; empty for a type transformers does not know. Never raises.
+  """
   import transformers  # pylint: disable=g-import-not-at-top
 
   try:
@@ -233,15 +237,33 @@ def _check_rope(rope: Mapping[str, Any], where: str, name: str, fix: str) -> Non
 
 
 def lacking_sizes(fields: dict[str, Any], message: str) -> list[str]:
-  """The sizes (:data:`POSITIVE`) that ``fields`` (or the text config a multimodal one wraps)
-  lack or hold as null, that transformers' config class fills in, and that ``message`` does not
-  already name: the likely cause of a refusal that follows."""
+  """The sizes (:data:`POSITIVE`) that transformers' config class fills in for ``fields`` (or the
+  text config a multimodal one wraps): absent ones it gives a value, and nulls it replaces (Phi-3's
+  ``num_key_value_heads``; Mistral's null ``sliding_window`` stays null and is not named). Those
+  ``message`` already names are left out. Named beside a refusal they may explain.
+
+  Returns:
+    The field names, sorted; empty for a ``model_type`` of no registered family. Never raises.
+  """
+  import transformers  # pylint: disable=g-import-not-at-top
+
   text = fields.get("text_config")
   if family_lib.wrapped_by(fields.get("model_type")) is not None and isinstance(text, dict):
     fields = text
   model_type = fields.get("model_type")
   if not isinstance(model_type, str) or family_lib.find(model_type) is None:
     return []
-  filled = defaulted(model_type)
+  try:
+    config = transformers.AutoConfig.for_model(
+        model_type, **{k: v for k, v in fields.items() if k != "model_type"}).to_dict()
+    filled = {name for name, value in config.items() if value is not None}
+  except Exception:  # pylint: disable=broad-except  # refused: what the class fills in on its own
+    filled = defaulted(model_type)
   return [name for name in sorted(POSITIVE)
           if name in filled and fields.get(name) is None and name not in message]
+
+
+def lacking_note(lacking: list[str], source: str = "config.json") -> str:
+  """`` (config.json gives no X: transformers' default used; …)`` for :func:`lacking_sizes`."""
+  return (f" ({source} gives no {', '.join(lacking)}: transformers' default used; add the "
+          "checkpoint's value)")

@@ -107,6 +107,8 @@ def _translate_config(src: Source, family: Architecture) -> dict[str, Any]:
                          **family.fields}
   for key, name in family.renames.items():
     out[name] = src.int(key) if name in INT_FIELDS else src.float(key)
+  # The sizes' ranges before the steps divide by them (heads), then everything at the end.
+  config_schema.check(out, f"{src.path}: its metadata, read as config.json", fix="re-convert the file")
   for step in family.steps:
     step(src, out, family)
   unused = sorted(set(src.meta) - src.used_keys)
@@ -160,6 +162,11 @@ class HFView:
     if family.norm_shift and name.endswith("norm.weight"):
       x = x - np.float32(family.norm_shift)
     return x
+
+  def shape(self, name: str) -> tuple[int, ...]:
+    """HF tensor ``name``'s shape, from the header (GGML lists dimensions innermost first); nothing
+    is read."""
+    return tuple(int(d) for d in reversed(self._tensors[self.names[name]].shape))
 
   def gguf_names(self, message: str) -> str:
     """``message`` with each quoted HF tensor name followed by its GGUF name."""
@@ -263,7 +270,7 @@ def load_gguf(path: str | os.PathLike, *, expected: Any, dtype: Any) -> tuple[An
   try:
     params = hf.params_from_tensors(config, view.names, view.read, expected=expected, dtype=dtype,
                                     where=str(view.path), source="the GGUF metadata",
-                                    fields=view.config)
+                                    fields=view.config, shape_of=view.shape)
   except CheckpointError as e:
     raise CheckpointError(view.gguf_names(str(e))) from e
   return config, params

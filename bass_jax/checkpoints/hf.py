@@ -200,7 +200,8 @@ def config_from_hf(fields: dict[str, Any], where: str | os.PathLike | None = Non
 
   Args:
     fields: the parsed config.json.
-    where: the file they were read from; every refusal then starts with it.
+    where: the config.json they were read from: every refusal then starts with it, and one from
+      transformers' config class names the sizes it filled in (``config_schema.lacking_sizes``).
 
   Raises:
     ValueError: no or an unsupported ``model_type`` (the supported ones are named), or what the
@@ -210,10 +211,9 @@ def config_from_hf(fields: dict[str, Any], where: str | os.PathLike | None = Non
     return _config_from_hf(fields)
   except ValueError as e:
     message = str(e)
-    lacking = config_schema.lacking_sizes(fields, message)
-    if lacking:
-      message += (f" (config.json gives no {', '.join(lacking)}: transformers' default used; add the "
-                  "checkpoint's value)")
+    if where is not None and "config refused by transformers'" in message:  # its class's own check
+      lacking = config_schema.lacking_sizes(fields, message)
+      message += config_schema.lacking_note(lacking) if lacking else ""
     if where is not None and not message.startswith(str(where)):
       message = f"{where}: {message}"
     if message == str(e):
@@ -370,7 +370,8 @@ def load_hf_checkpoint(path: str | os.PathLike, *, expected: Any, dtype: Any) ->
 
 def params_from_tensors(config, names: Iterable[str], read: Callable[[str], np.ndarray], *,
                         expected: Any, dtype: Any, where: str, source: str = "config.json",
-                        fields: dict[str, Any] | None = None) -> dict[str, Any]:
+                        fields: dict[str, Any] | None = None,
+                        shape_of: Callable[[str], tuple[int, ...]] | None = None) -> dict[str, Any]:
   """The Flax parameters of ``config`` from tensors under transformers' state-dict names.
 
   The HF path of every checkpoint format: :func:`load_hf_checkpoint` reads a directory's weight files,
@@ -387,6 +388,8 @@ def params_from_tensors(config, names: Iterable[str], read: Callable[[str], np.n
     fields: the config dict ``config`` was read from (:func:`config_from_hf`), where there is one: a
       mismatch is then explained by configs read again with one field changed, and a field the dict
       lacks (or holds as null) is named so.
+    shape_of: a tensor's shape by name without reading it (a GGUF header's): after the first tensor
+      that does not fit, the rest are not read (or dequantized), only their shapes converted.
 
   Raises:
     CheckpointError: a tensor missing, left over or mis-shaped (one line: the first such tensor and,
@@ -407,17 +410,18 @@ def params_from_tensors(config, names: Iterable[str], read: Callable[[str], np.n
     return _mapping.to_flax(
         rules_for(config), source_names=names, read=read, expected=want,
         num_layers=config.num_layers, dtype=dtype, ignore=lambda n: bool(_BUFFER.search(n)),
-        where=where)
+        where=where, shape_of=shape_of)
   except _mapping.ShapesDiffer as e:
     why = _explain(e.stored, config, names, expected, source, fields)
     if why is not None:
-      fix = mismatch.FIX if source == "config.json" else "re-convert the model"
+      fix = mismatch.FIX if source == "config.json" else "re-convert the file"
       raise CheckpointError(f"{where}: {why} ({str(e).removeprefix(f'{where}: ')}); {fix}") from e
-    lacking = [] if fields is None else config_schema.lacking_sizes(fields, str(e))
+    # A tensor of another shape (not one missing or left over) may come from a size left to its default.
+    misshaped = " converts to shape " in str(e) or " does not fit " in str(e)
+    lacking = config_schema.lacking_sizes(fields, str(e)) if fields and misshaped else []
     if not lacking:
       raise
-    raise CheckpointError(f"{e} ({source} gives no {', '.join(lacking)}: transformers' default "
-                          "used; add the checkpoint's value)") from e
+    raise CheckpointError(f"{e}{config_schema.lacking_note(lacking, source)}") from e
 
 
 def _explain(stored: dict[str, tuple], config, names: set[str], expected: Any, source: str,

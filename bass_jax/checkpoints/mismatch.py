@@ -22,7 +22,7 @@ FIX = "fix config.json or re-save the model"
 
 def flat_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
   """``{"a/b/c": shape}`` for every leaf (anything with a ``.shape``: arrays, ``ShapeDtypeStruct``,
-  orbax's array metadata) of a nested parameter tree."""
+  orbax's array metadata) of a nested parameter tree. Never raises for a tree of such leaves."""
   leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: hasattr(x, "shape"))[0]
   return {"/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path): tuple(leaf.shape)
           for path, leaf in leaves}
@@ -38,9 +38,10 @@ def _layer_counts(have: Mapping[str, tuple], want: Mapping[str, tuple]) -> tuple
   return (needed, stored) if stored and needed and stored != needed else None
 
 
-def first_difference(have: Mapping[str, tuple], want: Mapping[str, tuple]) -> str:
-  """The first parameter path (sorted) whose shape differs, or that only one side has."""
-  return next(k for k in sorted(set(have) | set(want)) if have.get(k) != want.get(k))
+def first_difference(have: Mapping[str, tuple], want: Mapping[str, tuple]) -> str | None:
+  """The first parameter path (sorted) whose shape differs, or that only one side has; None where
+  the two are equal."""
+  return next((k for k in sorted(set(have) | set(want)) if have.get(k) != want.get(k)), None)
 
 
 def _fields(config: Any, prefix: str = "") -> Iterator[tuple[str, Any, Callable[[Any], Any]]]:
@@ -109,7 +110,7 @@ def explain(have: Mapping[str, tuple], want: Mapping[str, tuple], config: Any,
   """
   if not dataclasses.is_dataclass(config) or (have == want and fits is None):
     return None
-  first = first_difference(have, want) if have != want else None  # equal: tensors left over
+  first = first_difference(have, want)  # None where equal: tensors left over
   pairs = [(w, h) for w, h in zip(want.get(first) or (), have.get(first) or ()) if w != h]
   layers = _layer_counts(have, want)
   stated = lambda name, value: (
@@ -117,6 +118,8 @@ def explain(have: Mapping[str, tuple], want: Mapping[str, tuple], config: Any,
       else f"{name} is {value} in {source}")
   explained, tried = [], 0
   for name, value, replace in _fields(config):
+    if name.endswith("token_id"):  # ids, not sizes: no shape follows them
+      continue
     for candidate in _candidate_values(value, pairs, layers):
       if tried >= _MAX_CANDIDATES:
         break
@@ -134,7 +137,8 @@ def explain(have: Mapping[str, tuple], want: Mapping[str, tuple], config: Any,
 
 def near_fields(have: Mapping[str, tuple], want: Mapping[str, tuple], config: Any) -> list[str]:
   """The int fields of ``config`` whose value equals one of the config's dims at the first difference:
-  the candidates to look at where :func:`explain` finds no single field."""
+  the candidates to look at where :func:`explain` finds no single field. Never raises; empty for a
+  config that is no dataclass, or equal shapes."""
   if not dataclasses.is_dataclass(config) or have == want:
     return []
   first = first_difference(have, want)

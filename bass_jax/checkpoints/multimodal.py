@@ -60,7 +60,7 @@ _GEMMA3_VISION = re.compile(r"^(model\.)?(vision_tower|multi_modal_projector)\."
 def text_decoder_tensors(fields: dict[str, Any], tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   """The tensors of the text decoder under the text model's names: a multimodal checkpoint's (a
   ``model_type`` that wraps a family's text config, ``models.family.Family.wrapper_types``: Gemma 3's)
-  renamed and its vision tower dropped; any other's as they are."""
+  renamed and its vision tower dropped; any other's as they are. Never raises."""
   if family_lib.wrapped_by(fields.get("model_type")) is None:
     return tensors
   out = {}

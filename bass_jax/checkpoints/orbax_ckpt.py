@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from bass_jax.checkpoints.mismatch import flat_shapes, mismatch_message
 
+
 def save_params(path: str | os.PathLike, params: Any) -> None:
   """Writes ``params`` (a pytree of arrays) as an orbax checkpoint directory at ``path``.
 

@@ -51,7 +51,7 @@ def key(path: pathlib.Path) -> str:
 
 
 # The tokenizer keys transformers' GGUF conversion reads unchecked, and what needs each.
-_TOKENIZER_KEYS = {"tokens": "at all", "scores": "without merges, or a unigram one",
+_TOKENIZER_KEYS = {"tokens": "of any kind", "scores": "without merges, or a unigram one",
                    "merges": "of byte-level BPE", "token_type": "with its special tokens"}
 
 

@@ -343,11 +343,10 @@ def prepare(target: Model, draft: Any, prompts: Any, config: DecodeConfig = Deco
   if max_prompt_len is None:  # the prompt capacity of programs already built, where they fit
     spec = _reuse_capacity(spec, rows, profile, max_cache_len)
   if max_cache_len is not None and spec.cache_len > max_cache_len:
-    needed = spec.prompt_len + spec.max_new_bucket + spec.max_draft + 1
     raise ValueError(
         f"the decode needs {spec.cache_len} cache slots per row (prompt padded to {spec.prompt_len} + "
         f"{spec.max_new_bucket} output slots (max_new_tokens={max_new_tokens} padded) + "
-        f"{spec.max_draft + 1} verification look-ahead = {needed}, rounded up to a multiple of "
+        f"{spec.max_draft + 1} verification look-ahead = {spec.cache_needed}, rounded up to a multiple of "
         f"{state_lib.CACHE_ALIGNMENT} for the kernels' tiles), more than max_cache_len={max_cache_len};"
         " raise max_cache_len, or lower max_new_tokens, the draft length or the prompt length")
 

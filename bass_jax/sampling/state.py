@@ -151,11 +151,16 @@ class DecodeSpec:
     return bool(self.proposer.final_feature)
 
   @property
+  def cache_needed(self) -> int:
+    """The cache slots a row fills: prompt, every new token and the verification's look-ahead past
+    the last one."""
+    return self.prompt_len + self.max_new_bucket + self.max_draft + 1
+
+  @property
   def cache_len(self) -> int:
-    """S: prompt, every new token and the verification's look-ahead past the last one, rounded up to
-    a multiple of ``CACHE_ALIGNMENT`` so that the Pallas kernels tile it."""
-    needed = self.prompt_len + self.max_new_bucket + self.max_draft + 1
-    return -(-needed // CACHE_ALIGNMENT) * CACHE_ALIGNMENT
+    """S: :attr:`cache_needed`, rounded up to a multiple of ``CACHE_ALIGNMENT`` so that the Pallas
+    kernels tile it."""
+    return -(-self.cache_needed // CACHE_ALIGNMENT) * CACHE_ALIGNMENT
 
 
 @flax.struct.dataclass
