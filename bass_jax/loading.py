@@ -282,7 +282,11 @@ def check_same_tokenizer(target: Model, draft: Model) -> None:
       target with an equal vocabulary size but other special ids).
   """
   where = f"draft {draft.name!r} and target {target.name!r}"
-  _check_same_ids(where, draft.config, target.config)
+  _check_vocab_size(where, draft.config, target.config)
+  conflict = special_ids_conflict({f: getattr(draft.config, f, None) for f in SPECIAL_IDS},
+                                  {f: getattr(target.config, f, None) for f in SPECIAL_IDS})
+  if conflict:
+    raise ValueError(f"{where} {conflict}")
   if draft.tokenizer is None or target.tokenizer is None:
     return
   # EOS may differ (a base model's and its instruct model's); the vocabulary below decides the ids.
@@ -304,16 +308,6 @@ def _check_vocab_size(where: str, draft: Any, target: Any) -> None:
   if draft.vocab_size != target.vocab_size:
     raise ValueError(f"{where} have different vocabulary sizes ({draft.vocab_size} vs "
                      f"{target.vocab_size}); speculative decoding needs the same tokenizer")
-
-
-def _check_same_ids(where: str, draft: Any, target: Any) -> None:
-  """The configs' part of :func:`check_same_tokenizer`: the vocabulary size and the special ids (the
-  stop ids merged from generation_config.json, so after the load)."""
-  _check_vocab_size(where, draft, target)
-  conflict = special_ids_conflict({f: getattr(draft, f, None) for f in SPECIAL_IDS},
-                                  {f: getattr(target, f, None) for f in SPECIAL_IDS})
-  if conflict:
-    raise ValueError(f"{where} {conflict}")
 
 
 def _as_id_set(ids) -> frozenset[int]:

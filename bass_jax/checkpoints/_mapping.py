@@ -44,11 +44,13 @@ class ShapesDiffer(CheckpointError):
   Attributes:
     stored: ``{"a/b": shape}`` of every parameter the source's tensors convert to under the rules,
       layers past the config's count included (``layers_5/…`` where the source holds a ``layers.5``).
+    misshaped: the first problem is a tensor of another shape (not one missing or left over).
   """
 
-  def __init__(self, message: str, stored: dict[str, tuple[int, ...]]):
+  def __init__(self, message: str, stored: dict[str, tuple[int, ...]], misshaped: bool):
     super().__init__(message)
     self.stored = stored
+    self.misshaped = misshaped
 
 
 def _apply(transforms: Iterable[Transform], x: np.ndarray) -> np.ndarray:
@@ -181,6 +183,7 @@ def to_flax(
   # After the first problem no array is placed: the rest of the source is only converted, to record
   # the shapes it holds (ShapesDiffer.stored), layers past the config's count included.
   problem: str | None = None
+  misshaped = False
   stored: dict[str, tuple[int, ...]] = {}
   for rule in rules:
     describe = ", ".join("/".join(p) for p in rule.flax_paths)
@@ -204,8 +207,9 @@ def to_flax(
       try:
         parts = rule.split(tensor)
       except ValueError as e:  # a reshape or split that the tensor's shape does not allow
-        problem = problem or (f"{where}: tensor {name} of shape {tensor.shape} does not fit "
-                              f"{describe} ({e})")
+        if problem is None:
+          problem, misshaped = (f"{where}: tensor {name} of shape {tensor.shape} does not fit "
+                                f"{describe} ({e})"), True
         continue
       for path, part in zip(rule.flax_paths, parts):
         target = _paths(rule, path, count)[i]
@@ -214,8 +218,8 @@ def to_flax(
           continue
         want = tuple(expected_flat[target].shape)
         if part.shape != want:
-          problem = (f"{where}: tensor {name} converts to shape {part.shape}, but the model's "
-                     f"{'/'.join(target)} needs {want}")
+          problem, misshaped = (f"{where}: tensor {name} converts to shape {part.shape}, but the "
+                                f"model's {'/'.join(target)} needs {want}"), True
           continue
         placement = getattr(expected_flat[target], "sharding", None)
         if placement is None:
@@ -228,7 +232,7 @@ def to_flax(
     problem = (f"{where}: {len(leftover)} tensor(s) the model has no place for, e.g. {leftover[:6]}; "
                "the checkpoint is not of this architecture or config")
   if problem is not None:
-    raise ShapesDiffer(problem, stored)
+    raise ShapesDiffer(problem, stored, misshaped)
   unfilled = sorted("/".join(p) for p in expected_flat if p not in out)
   if unfilled:
     raise CheckpointError(f"{where}: no rule fills parameter(s) {unfilled}")

@@ -70,7 +70,6 @@ def unpermute_rotary(weight: np.ndarray, num_heads: int) -> np.ndarray:
 # -- metadata values and tensors -------------------------------------------------------------------
 
 
-
 def metadata_value(field) -> Any:
   """A metadata value; f32 numbers as the shortest decimal that is the same f32 (``1e-05``, not
   ``9.999999747378752e-06``)."""

@@ -27,6 +27,7 @@ from bass_jax.models.codegen import MP_NUM, CodeGenConfig
 from bass_jax.models.gpt2 import GPT2Config
 from bass_jax.models.llama import LlamaConfig
 from bass_jax.models.opt import OPTConfig
+from bass_jax.models import decoder_config
 from bass_jax.models import family as family_lib
 
 _T = (transpose,)
@@ -211,7 +212,7 @@ def config_from_hf(fields: dict[str, Any], where: str | os.PathLike | None = Non
     return _config_from_hf(fields)
   except ValueError as e:
     message = str(e)
-    if where is not None and "config refused by transformers'" in message:  # its class's own check
+    if where is not None and isinstance(e, decoder_config.RefusedByTransformers):
       lacking = config_schema.lacking_sizes(fields, message)
       message += config_schema.lacking_note(lacking) if lacking else ""
     if where is not None and not message.startswith(str(where)):
@@ -417,8 +418,7 @@ def params_from_tensors(config, names: Iterable[str], read: Callable[[str], np.n
       fix = mismatch.FIX if source == "config.json" else "re-convert the file"
       raise CheckpointError(f"{where}: {why} ({str(e).removeprefix(f'{where}: ')}); {fix}") from e
     # A tensor of another shape (not one missing or left over) may come from a size left to its default.
-    misshaped = " converts to shape " in str(e) or " does not fit " in str(e)
-    lacking = config_schema.lacking_sizes(fields, str(e)) if fields and misshaped else []
+    lacking = config_schema.lacking_sizes(fields, str(e)) if fields and e.misshaped else []
     if not lacking:
       raise
     raise CheckpointError(f"{e}{config_schema.lacking_note(lacking, source)}") from e

@@ -156,13 +156,18 @@ def build(cls: type, model_type: str, kwargs: dict[str, Any]) -> Any:
   return cls(**kwargs)
 
 
+class RefusedByTransformers(ValueError):
+  """transformers' config class refused a config.json's fields (:func:`transformers_config`)."""
+
+
 def transformers_config(model_type: str, fields: dict[str, Any]):
   """transformers' config object of ``model_type`` for a config.json dict (its defaults filled in, its
   rotary parameters standardized).
 
   Raises:
-    ValueError: transformers' config class refuses the fields (its last message line, one line, and
-      the fields without which it would accept them: each left to its default in turn).
+    RefusedByTransformers: transformers' config class refuses the fields (a ``ValueError``: its last
+      message line, one line, and the fields without which it would accept them, each left to its
+      default in turn).
   """
   import transformers  # pylint: disable=g-import-not-at-top
 
@@ -185,8 +190,8 @@ def transformers_config(model_type: str, fields: dict[str, Any]):
       culprits.append(f"{name}={short(value)}")
     blame = (f" (transformers accepts the config with its default for "
              f"{' or '.join(culprits[:3])})" if culprits else "")
-    raise ValueError(f"{model_type} config refused by transformers' {model_type} config class: "
-                     f"{lines[-1] if lines else type(e).__name__}{blame}") from e
+    raise RefusedByTransformers(f"{model_type} config refused by transformers' {model_type} config "
+                                f"class: {lines[-1] if lines else type(e).__name__}{blame}") from e
 
 
 @dataclasses.dataclass(frozen=True)

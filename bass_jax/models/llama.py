@@ -26,8 +26,9 @@ sliding and global layers).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any
+from typing import Any, Iterator
 
 import jax.numpy as jnp
 
@@ -337,14 +338,9 @@ class LlamaConfig(decoder_config.CacheFromShape):
       rope_lib.check_no_per_type_truncate(fields)
     decoder_config.parse_hf_fields(dict(fields, model_type=model_type), model_types=(model_type,),
                            known=known, ignored=traits.ignored, required=required)
-    try:
+    with _naming_derived_head_dim(fields.get("hidden_size"), fields.get("num_attention_heads"),
+                                  fields.get("head_dim")):
       hf = decoder_config.transformers_config(model_type, fields)
-    except ValueError as e:
-      note = _derived_head_dim(fields.get("hidden_size"), fields.get("num_attention_heads"),
-                               fields.get("head_dim"))
-      if note is None:
-        raise
-      raise ValueError(f"{e} ({note})") from e
     heads = hf.num_attention_heads
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
     kwargs = dict(
@@ -373,7 +369,7 @@ class LlamaConfig(decoder_config.CacheFromShape):
       kwargs["final_logit_softcapping"] = hf.final_logit_softcapping
     rotary = dict(head_dim=head_dim, max_position_embeddings=hf.max_position_embeddings)
     params = dict(hf.rope_parameters)
-    try:
+    with _naming_derived_head_dim(hf.hidden_size, heads, getattr(hf, "head_dim", None)):
       if FULL in params or SLIDING in params:
         full = rope_lib.from_parameters(params[FULL], where=f"rope_parameters[{FULL!r}]", **rotary)
         local = rope_lib.from_parameters(params[SLIDING], where=f"rope_parameters[{SLIDING!r}]",
@@ -381,11 +377,6 @@ class LlamaConfig(decoder_config.CacheFromShape):
         kwargs["local_rope"] = None if local == full else local
       else:
         full = rope_lib.from_parameters(params, **rotary)
-    except ValueError as e:
-      note = _derived_head_dim(hf.hidden_size, heads, getattr(hf, "head_dim", None))
-      if note is None:
-        raise
-      raise ValueError(f"{e} ({note})") from e
     if model_type not in ("phi3", "gemma3_text") and any(
         r.dim != head_dim for r in (full, kwargs.get("local_rope") or full)):
       raise ValueError(f"{model_type}: partial_rotary_factor < 1 is not read by transformers' "
@@ -480,16 +471,19 @@ class LlamaConfig(decoder_config.CacheFromShape):
     return transformers.AutoConfig.for_model(self.model_type, **fields, rope_parameters=rope)
 
 
-def _derived_head_dim(hidden_size: Any, heads: Any, head_dim: Any) -> str | None:
-  """Where a config gives no ``head_dim`` and the one it derives is odd, under 2 or not a whole share
-  of the width, how it derives (named beside a refusal it may cause, such as a rotary table of no
-  channels); None otherwise."""
-  if head_dim or not all(isinstance(v, int) and v >= 1 for v in (hidden_size, heads)):
-    return None
-  if hidden_size % heads == 0 and (hidden_size // heads) % 2 == 0:
-    return None
-  return (f"head_dim is hidden_size {hidden_size} // num_attention_heads {heads} = "
-          f"{hidden_size // heads}, as the config gives none")
+@contextlib.contextmanager
+def _naming_derived_head_dim(hidden_size: Any, heads: Any, head_dim: Any) -> Iterator[None]:
+  """Re-raises a ``ValueError`` of the body with how ``head_dim`` derives, where a config gives none
+  and the one it derives is odd, under 2 or not a whole share of the width (the likely cause, such
+  as a rotary table of no channels); otherwise as it is."""
+  try:
+    yield
+  except ValueError as e:
+    if head_dim or not all(isinstance(v, int) and v >= 1 for v in (hidden_size, heads)) or (
+        hidden_size % heads == 0 and (hidden_size // heads) % 2 == 0):
+      raise
+    raise type(e)(f"{e} (head_dim is hidden_size {hidden_size} // num_attention_heads {heads} = "
+                  f"{hidden_size // heads}, as the config gives none)") from e
 
 
 def _qwen_window(config: LlamaConfig, extra: dict[str, Any]) -> dict[str, Any]:
