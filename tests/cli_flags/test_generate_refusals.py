@@ -334,6 +334,69 @@ def test_each_late_or_unnamed_refusal_is_one_line_before_loading(files, argv, ma
                  match.format(**files))
 
 
+@pytest.fixture(scope="module")
+def cli_files(tmp_path_factory) -> dict[str, str]:
+  """tests/test_cli.py's setting without weights: a target and draft ``tiny`` (the shipped draft's
+  config at a context of 2048, with SmolLM2's tokenizer), its 40 prompts, and the files its bad flags
+  name."""
+  root = tmp_path_factory.mktemp("cli")
+  shipped = loading.resolve_alias(DRAFT)
+  tiny = root / "tiny"
+  tiny.mkdir()
+  config = json.loads((shipped / "config.json").read_text())
+  (tiny / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    (tiny / name).write_bytes((shipped / name).read_bytes())
+  (root / "prompts.jsonl").write_text("".join(
+      json.dumps({"task_id": f"t{i}", "prompt": f"def f{i}(x):\n    return"}) + "\n" for i in range(40)))
+  (root / "a_file").write_text("")
+  (root / "empty.jsonl").write_text('{"prompt": "def f():"}\n{"prompt": ""}\n')
+  (root / "broken.jsonl").write_text('{"prompt": "def f():"\n')
+  (root / "long.jsonl").write_text(json.dumps({"task_id": "long", "prompt": "x = 1\n" * 600}) + "\n")
+  (root / "no_tokenizer").mkdir()
+  (root / "no_tokenizer" / "config.json").write_text((tiny / "config.json").read_text())
+  return {"dir": str(root), "file": str(root / "a_file"), "tiny": str(tiny),
+          "prompts": str(root / "prompts.jsonl")}
+
+
+# tests/test_cli.py's list of bad flags, once run each as a process: it keeps one process per stage
+# of the checks (flag parsing, outputs, prompts, models, context, imports, and --mesh, which only
+# init_script checks); the rest are here. (--resume --overwrite, --draft_tree with --method=regular,
+# a lone surrogate and a seed past 2**64 are in the list above.)
+@pytest.mark.parametrize("flag,message", [
+    ("--output={file}/out.jsonl", "is a file, not a directory"),
+    ("--output={dir}", "is a directory"),
+    ("--summary_json={dir}/", "is a directory"),
+    ("--output={dir}/same.json --summary_json={dir}/same.json", "are the same file"),
+    ("--batch_size=0", "batch_size"),
+    ("--top_p=0", "top_p"),
+    ("--top_p=nan", "top_p"),
+    ("--temperature=-1", "temperature"),
+    ("--temperature=nan", "--temperature must be a finite number"),
+    ("--draft_len=often", "draft_len"),
+    ("--attention_impl=foo", "--attention_impl='foo' is not one of"),
+    ("--max_new_tokens=100000", "--max_new_tokens=100000 does not fit the models' context of 2048"),
+    ("--draft={dir}/missing", "no model at"),
+    ("--draft=hybrid:{dir}/missing", "draft spec 'hybrid:"),
+    ("--draft=ngram:max_n=x", "draft spec 'ngram:max_n=x': ngram's max_n is <int>, got 'x'"),
+    ("--draft=py:no_such_module.Lookup", "cannot import 'no_such_module.Lookup'"),
+    ("--target={dir}/no_tokenizer", "ships no tokenizer"),
+    ("--prompts={dir}/empty.jsonl", "empty.jsonl:2: the prompt is empty"),
+    ("--prompts={dir}/broken.jsonl", "broken.jsonl:1: not valid JSON"),
+    ("--prompts={dir}/long.jsonl --num_prompts=1 --batch_size=1", "prompt 'long' has"),
+    ("--num_prompts=40 --batch_size=50", "distinct_prompts needs at least batch_size=50"),
+    ("--sample_order=interleaved", "--sample_order=interleaved orders several samples"),
+    ("--samples_per_prompt=2 --distinct_prompts", "--samples_per_prompt replaces --distinct_prompts"),
+])
+def test_the_bad_flags_of_the_cli_tests_are_each_refused_in_one_line(cli_files, flag, message):
+  """Against test_cli.py's tiny target and draft (context 2048) and its prompts, as there."""
+  base = [f"--target={cli_files['tiny']}", f"--draft={cli_files['tiny']}",
+          f"--prompts={cli_files['prompts']}", "--num_prompts=4", "--batch_size=2"]
+  code, err = run(base)
+  assert code is None, err  # the base each bad flag is added to passes alone
+  assert_refused([*base, *flag.format(**cli_files).split()], message)
+
+
 def test_an_acceptance_rule_named_by_its_import_path_passes_the_checks():
   code, err = run(["--num_prompts=4", "--batch_size=2", "--temperature=0.8",
                    "--acceptance=py:bass_jax.sampling.acceptance.Gumbel"])
