@@ -64,7 +64,7 @@ collect_ignore = ([] if os.environ.get(MULTIDEVICE_ENV) == "1" else ["multidevic
 HEAVY_FIRST = ("test_sharding.py", "test_sampling_exact.py", "test_cli.py", "test_families.py",
                "test_profiles.py", "test_generate.py", "test_continuous.py", "test_proposers.py",
                "test_eagle.py", "test_experiment.py", "test_phases.py", "test_published_drafts.py",
-               "test_tree_decode.py", "test_text.py", "test_programs.py", "test_llama.py",
+               "test_tree_decode.py", "test_text.py", "test_programs.py", "test_baselines.py",
                "test_gguf_families.py", "test_checkpoints.py", "test_bench_scale.py", "test_replay.py",
                "test_calibration.py")
 
@@ -138,16 +138,6 @@ def smollm2_greedy(smollm2):
   prompts = [smollm2.tokenizer(p.prompt).input_ids for p in load_problems("stdlib-heldout", 3)]
   assert len({len(p) for p in prompts}) == 3
   return prompts, bj.generate(smollm2, None, prompts, method="regular", max_new_tokens=32)
-
-
-@pytest.fixture(scope="session")
-def smollm2_torch():
-  """transformers' own PyTorch model built from the same GGUF file: the independent reference."""
-  import transformers
-
-  path = bj.loading.resolve_alias("smollm2-135m-instruct")
-  return transformers.AutoModelForCausalLM.from_pretrained(
-      str(path.parent), gguf_file=path.name).eval()
 
 
 def chunked_logits(model: bj.Model, seqs, prefill, chunk_sizes=(1, 2, 3, 8), max_len=None):

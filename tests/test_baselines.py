@@ -1,14 +1,19 @@
-"""The transformers baselines of the experiments: the same models, the same tokens, timed apart.
+"""The real SmolLM2 against transformers' PyTorch model of the same GGUF file, and the experiments'
+transformers baselines.
 
-Reference: bass-jax's own regular decoding of the same GGUF target (itself tested against transformers
-in test_llama.py); here the baseline code path (`bass_jax.evaluation.baselines`) must load both aliases the way
-the experiment scripts do and decode what our decode decodes.
+The port: the GGUF SmolLM2's config and logits equal transformers' (the independent reference, which
+dequantizes the file itself). The baselines: the code path of `bass_jax.evaluation.baselines` loads both
+aliases the way the experiment scripts do and decodes what our decode decodes, timed apart.
+
+These tests live in one file because transformers reads the GGUF target in about 20 s on the project's
+2-core machine: `make test` hands whole files to its workers, so one file loads it once per run.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import bass_jax as bj
 from bass_jax.evaluation import baselines
@@ -16,12 +21,34 @@ from bass_jax.evaluation import baselines
 
 @pytest.fixture(scope="module")
 def hf_target():
+  """transformers' SmolLM2-135M-Instruct from the same GGUF file (f32, eval mode)."""
   return baselines.load_torch_model("smollm2-135m-instruct")
 
 
 @pytest.fixture(scope="module")
 def hf_draft():
   return baselines.load_torch_model("smollm2-135m-draft")
+
+
+def test_smollm2_gguf_logits_match_transformers(smollm2, hf_target):
+  tok = smollm2.tokenizer
+  text = 'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n'
+  ids = tok(text).input_ids
+  rng = np.random.default_rng(0)
+  tokens = np.stack([ids, rng.integers(0, smollm2.config.vocab_size, len(ids))])
+  with torch.no_grad():
+    want = hf_target(torch.tensor(tokens)).logits.numpy()
+  got = np.asarray(smollm2.logits(tokens))
+  assert np.abs(got - want).max() <= 1e-3
+  assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+def test_smollm2_config_from_gguf(smollm2):
+  c = smollm2.config
+  assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
+          c.head_dim, c.intermediate_size, c.vocab_size) == (30, 576, 9, 3, 64, 1536, 49152)
+  assert c.tie_word_embeddings and c.rope_theta == 100000.0
+  assert bj.loading.count_params(smollm2.params) == c.num_params()
 
 
 def _prompt(smollm2) -> list[int]:

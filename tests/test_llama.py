@@ -47,27 +47,6 @@ def test_tiny_logits_match_transformers(tmp_path, name, kw):
   assert np.abs(got - want).max() < 1e-4  # in practice f32 rounding only
 
 
-@pytest.mark.slow
-def test_smollm2_gguf_logits_match_transformers(smollm2, smollm2_torch):
-  tok = smollm2.tokenizer
-  text = 'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n'
-  ids = tok(text).input_ids
-  rng = np.random.default_rng(0)
-  tokens = np.stack([ids, rng.integers(0, smollm2.config.vocab_size, len(ids))])
-  want = _torch_logits(smollm2_torch, tokens)
-  got = np.asarray(smollm2.logits(tokens))
-  assert np.abs(got - want).max() <= 1e-3
-  assert (got.argmax(-1) == want.argmax(-1)).all()
-
-
-def test_smollm2_config_from_gguf(smollm2):
-  c = smollm2.config
-  assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
-          c.head_dim, c.intermediate_size, c.vocab_size) == (30, 576, 9, 3, 64, 1536, 49152)
-  assert c.tie_word_embeddings and c.rope_theta == 100000.0
-  assert bj.loading.count_params(smollm2.params) == c.num_params()
-
-
 def test_config_round_trips_through_transformers():
   config = bj.LlamaConfig(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                           num_attention_heads=8, num_key_value_heads=2, head_dim=16,
