@@ -50,7 +50,9 @@ from bass_jax.sampling.warp import warped_log_probs
 VOCAB = 8
 PROMPT = (1, 5, 2)
 NUM_TOKENS = 3  # K: the joint law of the first K emitted tokens is tested (V**K = 512 cells)
-NUM_ROWS = 24_000  # R: independent draws per test (one batched generate call)
+# R: independent draws per test (one batched generate call). With 12,000 the weakest mutant was
+# rejected at p = 5e-36 (2026-11-29), far below REJECT_P_VALUE; 24,000 only doubled the run time.
+NUM_ROWS = 12_000
 PASS_P_VALUE = 1e-3  # a correct sampler must not be rejected at this level
 REJECT_P_VALUE = 1e-6  # a wrong distribution must be rejected at this level
 MIN_EXPECTED = 5.0  # chi-square cells with a smaller expected count are pooled
@@ -473,7 +475,7 @@ def _regular_gumbel(temperature: float, top_p: float, seed: int) -> bj.GenerateO
 @pytest.mark.parametrize("temperature,top_p,seed", [(1.0, 1.0, 51), (0.6, 0.9, 52)])
 def test_gumbel_draws_match_exact_target_distribution(temperature, top_p, seed):
   """Regular decoding with Gumbel-max draws keyed by (sequence, position) samples the target's law: the
-  noise differs between rows (one prompt, 24,000 rows) and between a row's positions."""
+  noise differs between rows (one prompt, NUM_ROWS rows) and between a row's positions."""
   assert_fits_target(_regular_gumbel(temperature, top_p, seed), temperature, top_p)
 
 
@@ -484,7 +486,7 @@ def test_gumbel_bass_emits_the_regular_draws_whatever_the_draft(draft_kind, temp
   """Drafter invariance (Daliri, Musco and Suresh 2024): BASS with acceptance="gumbel" emits, row for row,
   exactly the tokens regular decoding draws with the same seed (so it is exact by the test above),
   through drafts accepted and rejected, with a far model draft, an EAGLE draft over a smaller
-  vocabulary, and n-gram lookup; in a batch of 3,000 rows against the first rows of one of 24,000."""
+  vocabulary, and n-gram lookup; in a batch of NUM_ROWS / 8 rows against the first rows of one of NUM_ROWS."""
   target, far = _models()
   draft = {"model": far, "eagle": _eagle_draft(6), "ngram": _proposer("ngram")}[draft_kind]
   rows = NUM_ROWS // 8  # row i's draws are keyed by its id i: the first rows of the larger batch
