@@ -63,29 +63,43 @@ def _reference(target, path, vocab_size, data):
   return feature_draft.evaluate(params["draft"], data, config, frozen, head, "float32")
 
 
-def test_each_draft_at_its_own_and_at_a_given_vocabulary_equals_the_librarys_evaluation(setup):
+@pytest.fixture(scope="module")
+def both_drafts(setup):
+  """One run over both drafts at their own V' (the plain EAGLE draft and the EAGLE-3 export), as a
+  user compares drafts in one table: ``(stdout, {name: row})``."""
+  root, _ = setup
+  done = _run(root, f"--drafts={root / 'draft'},{root / 'eagle3'}", "--names=tiny,e3",
+              f"--results_dir={root / 'own'}")
+  assert done.returncode == 0, done.stderr[-2000:]
+  return done.stdout, json.loads((root / "own" / "eval_eagle.json").read_text())["drafts"]
+
+
+def test_each_draft_at_its_own_and_at_a_given_vocabulary_equals_the_librarys_evaluation(setup,
+                                                                                       both_drafts):
   root, target = setup
   data = corpus.load_shards([root / "corpus" / "gen_eval_0000.npz"])
-  for extra, vocab_size in (((), 40), (("--draft_vocab_size=61",), 61)):
-    done = _run(root, f"--drafts={root / 'draft'}", "--names=tiny", f"--results_dir={root / str(vocab_size)}",
-                *extra)
-    assert done.returncode == 0, done.stderr[-2000:]
-    row = json.loads((root / str(vocab_size) / "eval_eagle.json").read_text())["drafts"]["tiny"]
+  given = _run(root, f"--drafts={root / 'draft'}", "--names=tiny", f"--results_dir={root / '61'}",
+               "--draft_vocab_size=61")
+  assert given.returncode == 0, given.stderr[-2000:]
+  runs = {40: (both_drafts[0], both_drafts[1]["tiny"]),
+          61: (given.stdout, json.loads((root / "61" / "eval_eagle.json").read_text())["drafts"]["tiny"])}
+  for vocab_size, (stdout, row) in runs.items():
     assert row["draft_vocab_size"] == vocab_size
     reference = _reference(target, root / "draft", vocab_size, data)
     for key in ("eval_agreement", "eval_agreement_doctest", "eval_mean_accepted_length"):
       assert row[key] == pytest.approx(float(reference[key]), abs=1e-9), key
-    assert f"| tiny | {vocab_size} |" in done.stdout
+    assert f"| tiny | {vocab_size} |" in stdout
 
 
-def test_an_eagle3_export_in_the_speculators_layout_is_evaluated_as_the_library_does(setup):
+def test_an_eagle3_export_in_the_speculators_layout_is_evaluated_as_the_library_does(setup,
+                                                                                     both_drafts):
   """A published-layout draft (train_eagle --architecture=eagle3 --export_layout=speculators) reads the
   corpus's tapped hidden states; its V' target ids are its whole stored vocabulary."""
   root, target = setup
   data = corpus.load_shards([root / "corpus" / "gen_eval_0000.npz"])
-  done = _run(root, f"--drafts={root / 'eagle3'}", "--names=e3", f"--results_dir={root / 'e3'}")
-  assert done.returncode == 0, done.stderr[-2000:]
-  row = json.loads((root / "e3" / "eval_eagle.json").read_text())["drafts"]["e3"]
+  stdout, rows = both_drafts
+  row = rows["e3"]
+  assert "| e3 | 40 |" in stdout
   config, params = eagle_formats.load_published(root / "eagle3")
   frozen, head = feature_draft.frozen_inputs(config, target.config, target.params,
                                              np.asarray(params["vocab_ids"]), "float32")
