@@ -111,14 +111,19 @@ def main(argv):
   out_dir = _io.run_directory(_RESULTS.value, "eval_eagle")
   data = corpus.load_shards(shards)
   target = bass_jax.load_model(_TARGET.value, tokenizer=False)
-  rows = {}
-  for name, spec, path in zip(names, _DRAFTS.value, paths):
+  # Every draft is loaded and checked before any is evaluated: a bad last draft is refused before the
+  # first one's evaluation, not after it.
+  drafts = []
+  for name, path in zip(names, paths):
     config, params, vocab_order, published = _load_draft(path, name, target.config)
     config = config.with_draft_vocab_size(_vocab_size(config, vocab_order, published, name))
     try:
       corpus.check_hidden_layers(_CORPUS.value, config.target_taps)
     except ValueError as e:
       raise app.UsageError(f"{name}: {e}") from e
+    drafts.append((config, params, vocab_order))
+  rows = {}
+  for name, spec, (config, params, vocab_order) in zip(names, _DRAFTS.value, drafts):
     frozen, full_head = feature_draft.frozen_inputs(config, target.config, target.params, vocab_order,
                                                     "float32")
     # eval_loss by the draft's own training loss: EAGLE's (regression + 0.1 x the token loss), or the

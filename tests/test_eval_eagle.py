@@ -111,9 +111,12 @@ def test_an_eagle3_export_in_the_speculators_layout_is_evaluated_as_the_library_
   assert row["eval_loss"] == pytest.approx(row["eval_cross_entropy"], rel=1e-9)
   for key in ("eval_agreement", "eval_agreement_d2", "eval_mean_accepted_length"):
     assert row[key] == pytest.approx(float(reference[key]), abs=1e-9), key
-  other = _run(root, f"--drafts={root / 'eagle3'}", "--names=e3", "--draft_vocab_size=20",
-               f"--results_dir={root / 'e3other'}")
+  # Another V' for a published-layout draft is refused, and before the draft listed first (which
+  # would take V' = 20) is evaluated: no row is logged.
+  other = _run(root, f"--drafts={root / 'draft'},{root / 'eagle3'}", "--names=tiny,e3",
+               "--draft_vocab_size=20", f"--results_dir={root / 'e3other'}")
   assert other.returncode == 2 and "published-layout draft, evaluated at its own V' = 40" in other.stderr
+  assert "tiny: {" not in other.stderr, other.stderr[-2000:]
   wrong_taps = root / "corpus_layer1"
   wrong_taps.mkdir()
   (wrong_taps / "gen_eval_0000.npz").symlink_to(root / "corpus" / "gen_eval_0000.npz")
