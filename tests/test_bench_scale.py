@@ -33,7 +33,7 @@ def test_quick_run_measures_every_part(quick):
           ("default", "e2e"), ("while", "e2e"), ("xla_defaults", "forward")} <= kinds, kinds
   assert not [r for r in records if "error" in r]
   forward = [r for r in records if r["kind"] == "forward" and r["variant"] == "default"]
-  assert {(r["batch"], r["num_new"]) for r in forward} == {(1, 1), (1, 3), (2, 1), (2, 3)}
+  assert {(r["batch"], r["num_new"]) for r in forward} == {(2, 1), (2, 3)}  # the goal cell, the rest
   for r in forward:
     assert r["ms"] > 0 and 0 < r["roofline_ms"] and r["hbm_fraction"] == pytest.approx(
         r["roofline_ms"] / r["ms"])

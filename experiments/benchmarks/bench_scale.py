@@ -65,8 +65,9 @@ from experiments import _io
 
 _RESULTS = flags.DEFINE_string("results_dir", None, "Directory for bench_scale.{jsonl,json,md}; "
                                "default a fresh outputs/bench_scale-<time>/.")
-_QUICK = flags.DEFINE_bool("quick", False, "CPU smoke run: SmolLM2's shape with 2 layers, float32, "
-                           "B = 1, 2, T = 1, 3, 8 new tokens.")
+_QUICK = flags.DEFINE_bool("quick", False, "CPU smoke run: SmolLM2's shape with 1 layer, float32, "
+                           "B = 2, T = 1, 3 (the goal cell T = 1), 8 new tokens, a draft head of "
+                           "2,048 tokens.")
 _CENSUS = flags.DEFINE_bool("census", False, "Count kernels per layer from XLA's deviceless H100 "
                             "compile instead of timing (no GPU; needs `make aot-plugin`).")
 _SHAPES = flags.DEFINE_list("shapes", ["llama-3.1-8b", "llama-3.2-1b", "smollm2-135m"],
@@ -115,15 +116,15 @@ MARGIN_S = 8.0  # stop starting work this long before a deadline
 def _settings():
   """The run's sizes (``--quick`` shrinks them)."""
   if _QUICK.value:
-    return dict(shapes=["smollm2-135m:layers=2"], dtype="float32", batches=[1, 2], num_new=[1, 3],
+    return dict(shapes=["smollm2-135m:layers=1"], dtype="float32", batches=[2], num_new=[1, 3],
                 context=16, cache_len=64, repeats=2, prompt_len=6, max_new=8, e2e_repeats=1,
-                while_batches=[2], bandwidth_mib=4, goal_cells=[(1, 1), (2, 3)])
+                while_batches=[2], bandwidth_mib=4, goal_cells=[(2, 1)], draft_vocab=2048)
   return dict(shapes=_SHAPES.value, dtype=_DTYPE.value, batches=[int(b) for b in _BATCHES.value],
               num_new=[int(t) for t in _NUM_NEW.value], context=_CONTEXT.value,
               cache_len=_CACHE_LEN.value, repeats=_REPEATS.value, prompt_len=_PROMPT_LEN.value,
               max_new=_MAX_NEW.value, e2e_repeats=_E2E_REPEATS.value,
               while_batches=[int(b) for b in _WHILE_BATCHES.value], bandwidth_mib=1024,
-              goal_cells=GOAL_CELLS)
+              goal_cells=GOAL_CELLS, draft_vocab=_DRAFT_VOCAB.value)
 
 
 class Records:
@@ -193,7 +194,7 @@ def _child(variant: str, run_dir: pathlib.Path, deadline: float) -> None:
       from experiments import _shapes  # pylint: disable=g-import-not-at-top
 
       target = _shapes.random_model(f"random:{shape}", s["dtype"])
-      models[shape] = (target, _shapes.random_eagle_draft(target, _DRAFT_VOCAB.value))
+      models[shape] = (target, _shapes.random_eagle_draft(target, s["draft_vocab"]))
     return models[shape]
 
   # The goals first, across shapes: the forward's goal cells, then end to end, then the rest.
