@@ -2,7 +2,7 @@ r"""Compile time of every decode program kind, and what a reused program costs: 
 
     python -m experiments.benchmarks.bench_compile --results_dir=results/compile_<machine>_<date>
     python -m experiments.benchmarks.bench_compile --opt_levels=default,1,0   # XLA:CPU's LLVM levels
-    python -m experiments.benchmarks.bench_compile --quick                   # 2 layers, seconds
+    python -m experiments.benchmarks.bench_compile --quick                   # 2 layers, 2 kinds, seconds
 
 One process, random weights of a published shape (``--target``, default ``random:smollm2-135m``;
 compile time does not depend on the weights' values, and the GPU machine needs nothing carried) and a
@@ -47,8 +47,8 @@ _KINDS = flags.DEFINE_list("kinds", list(KINDS), f"Program kinds, of {', '.join(
 _LEVELS = flags.DEFINE_list("opt_levels", ["default"], "XLA backend optimization levels to compare: "
                             "'default' (the profile's options) or integers 0-3.")
 _NEW = _decode_flags.define(max_new_tokens=32)["max_new_tokens"]
-_QUICK = flags.DEFINE_bool("quick", False, "Two layers, kinds regular and goodput, one level: a "
-                           "smoke run in seconds (the suite's).")
+_QUICK = flags.DEFINE_bool("quick", False, "Two layers, one level, the kinds regular and goodput "
+                           "(or --kinds where given): a smoke run in seconds (the suite's).")
 _RESULTS_DIR = flags.DEFINE_string("results_dir", None, "Directory for bench_compile.json (default: "
                                    "a fresh outputs/bench_compile-<time>/).")
 
@@ -87,7 +87,8 @@ def main(argv):
       raise app.UsageError(f"--opt_levels: {level!r} is neither 'default' nor 0-3")
   target_spec = _TARGET.value
   if _QUICK.value:
-    kinds, levels = ["regular", "goodput"], levels[:1]
+    kinds = kinds if _KINDS.present else ["regular", "goodput"]
+    levels = levels[:1]
     target_spec = "random:smollm2-135m:layers=2" if target_spec.startswith("random:") else target_spec
   try:
     run_dir = _io.run_directory(_RESULTS_DIR.value, "bench_compile")
