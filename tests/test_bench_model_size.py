@@ -21,7 +21,7 @@ def _run(*args):
 def test_tiny_shape_end_to_end(tmp_path):
   checkpoints, results = tmp_path / "checkpoints", tmp_path / "results"
   run = _run("--shape=tiny", f"--checkpoint_dir={checkpoints}", f"--results_dir={results}",
-             "--max_shard_size=100KB", "--batch_sizes=1,2", "--max_new_tokens=8")
+             "--max_shard_size=100KB", "--batch_sizes=2", "--max_new_tokens=8")
   assert run.returncode == 0, run.stderr[-3000:]
   result = json.loads((results / "bench_model_size_tiny_float32.json").read_text())
   assert result["complete"] and result["table"] in run.stdout
@@ -50,7 +50,8 @@ def test_tiny_shape_end_to_end(tmp_path):
   assert result["peak_rss_bytes"] >= result["peak_rss_after_load_bytes"] > params
 
   runs = {(r["batch_size"], r["method"]): r for r in result["runs"]}
-  assert set(runs) == {(1, "regular"), (1, "bass"), (2, "regular"), (2, "bass")}
+  # One batch size of two rows: every per-row figure (the KV bytes below) is checked times B.
+  assert set(runs) == {(2, "regular"), (2, "bass")}
   for (batch, method), r in runs.items():
     assert r["compile_s"] > 0 and r["first_call_s"] >= r["compile_s"]
     assert r["first_token_ms"] > 0 and r["ms_per_step"] >= r["ms_per_step_fastest"] > 0
