@@ -5,6 +5,7 @@ script writes its JSON and markdown and resumes."""
 
 import json
 import pathlib
+import shutil
 import statistics
 import subprocess
 import sys
@@ -124,13 +125,14 @@ def test_the_grid_is_the_product_with_the_last_axis_fastest():
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-  import transformers
-
   root = tmp_path_factory.mktemp("sweep")
-  tokenizer = transformers.AutoTokenizer.from_pretrained(str(REPO / "bass_jax" / "drafts" /
-                                                             "smollm2-135m-draft"))
-  config = tiny_config(vocab_size=tokenizer.vocab_size)
-  bj.save_model(bj.Model(config, bj.init_params(config, jax.random.key(0)), tokenizer), root / "tiny")
+  # The shipped draft's tokenizer files beside a tiny model of its vocabulary: what the script loads,
+  # without loading transformers in this process.
+  shipped = REPO / "bass_jax" / "drafts" / "smollm2-135m-draft"
+  config = tiny_config(vocab_size=json.loads((shipped / "config.json").read_text())["vocab_size"])
+  bj.save_model(bj.Model(config, bj.init_params(config, jax.random.key(0))), root / "tiny")
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    shutil.copyfile(shipped / name, root / "tiny" / name)
   (root / "prompts.jsonl").write_text("".join(
       json.dumps({"prompt": f"def f{i}(x):\n    return " + "x + " * i}) + "\n" for i in range(3)))
   return root
