@@ -65,9 +65,9 @@ from experiments import _io
 
 _RESULTS = flags.DEFINE_string("results_dir", None, "Directory for bench_scale.{jsonl,json,md}; "
                                "default a fresh outputs/bench_scale-<time>/.")
-_QUICK = flags.DEFINE_bool("quick", False, "CPU smoke run: SmolLM2's shape with 1 layer, float32, "
-                           "B = 2, T = 1, 3 (the goal cell T = 1), 8 new tokens, a draft head of "
-                           "2,048 tokens.")
+_QUICK = flags.DEFINE_bool("quick", False, "CPU smoke run: SmolLM2's shape with 1 layer and a "
+                           "4,096-token vocabulary, float32, B = 2, T = 1, 3 (the goal cell T = 1), "
+                           "8 new tokens, a draft head of 2,048 tokens.")
 _CENSUS = flags.DEFINE_bool("census", False, "Count kernels per layer from XLA's deviceless H100 "
                             "compile instead of timing (no GPU; needs `make aot-plugin`).")
 _SHAPES = flags.DEFINE_list("shapes", ["llama-3.1-8b", "llama-3.2-1b", "smollm2-135m"],
@@ -118,13 +118,14 @@ def _settings():
   if _QUICK.value:
     return dict(shapes=["smollm2-135m:layers=1"], dtype="float32", batches=[2], num_new=[1, 3],
                 context=16, cache_len=64, repeats=2, prompt_len=6, max_new=8, e2e_repeats=1,
-                while_batches=[2], bandwidth_mib=4, goal_cells=[(2, 1)], draft_vocab=2048)
+                while_batches=[2], bandwidth_mib=4, goal_cells=[(2, 1)], draft_vocab=2048,
+                vocab=4096)
   return dict(shapes=_SHAPES.value, dtype=_DTYPE.value, batches=[int(b) for b in _BATCHES.value],
               num_new=[int(t) for t in _NUM_NEW.value], context=_CONTEXT.value,
               cache_len=_CACHE_LEN.value, repeats=_REPEATS.value, prompt_len=_PROMPT_LEN.value,
               max_new=_MAX_NEW.value, e2e_repeats=_E2E_REPEATS.value,
               while_batches=[int(b) for b in _WHILE_BATCHES.value], bandwidth_mib=1024,
-              goal_cells=GOAL_CELLS, draft_vocab=_DRAFT_VOCAB.value)
+              goal_cells=GOAL_CELLS, draft_vocab=_DRAFT_VOCAB.value, vocab=None)
 
 
 class Records:
@@ -193,7 +194,18 @@ def _child(variant: str, run_dir: pathlib.Path, deadline: float) -> None:
     if shape not in models:
       from experiments import _shapes  # pylint: disable=g-import-not-at-top
 
-      target = _shapes.random_model(f"random:{shape}", s["dtype"])
+      if s["vocab"] is None:
+        target = _shapes.random_model(f"random:{shape}", s["dtype"])
+      else:  # --quick: the shape's vocabulary cut, whose random draws (at the suite's LLVM O0) took
+        # most of each process's set-up
+        import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+        import bass_jax  # pylint: disable=g-import-not-at-top
+
+        cfg = dataclasses.replace(_shapes.shape_config(shape), vocab_size=s["vocab"])
+        params = jax.jit(lambda key: bass_jax.init_params(cfg, key, jnp.dtype(s["dtype"])))(
+            jax.random.key(0))
+        target = bass_jax.Model(cfg, params, name=f"random:{shape}:vocab={s['vocab']}")
       models[shape] = (target, _shapes.random_eagle_draft(target, s["draft_vocab"]))
     return models[shape]
 
