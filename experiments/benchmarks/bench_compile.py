@@ -47,8 +47,9 @@ _KINDS = flags.DEFINE_list("kinds", list(KINDS), f"Program kinds, of {', '.join(
 _LEVELS = flags.DEFINE_list("opt_levels", ["default"], "XLA backend optimization levels to compare: "
                             "'default' (the profile's options) or integers 0-3.")
 _NEW = _decode_flags.define(max_new_tokens=32)["max_new_tokens"]
-_QUICK = flags.DEFINE_bool("quick", False, "Two layers, one level, the kinds regular and goodput "
-                           "(or --kinds where given): a smoke run in seconds (the suite's).")
+_QUICK = flags.DEFINE_bool("quick", False, "Two layers and a 4,096-token vocabulary (of a random:"
+                           " target), one level, the kinds regular and goodput (or --kinds where "
+                           "given): a smoke run in seconds (the suite's).")
 _RESULTS_DIR = flags.DEFINE_string("results_dir", None, "Directory for bench_compile.json (default: "
                                    "a fresh outputs/bench_compile-<time>/).")
 
@@ -85,11 +86,12 @@ def main(argv):
   for level in levels:
     if level != "default" and level not in ("0", "1", "2", "3"):
       raise app.UsageError(f"--opt_levels: {level!r} is neither 'default' nor 0-3")
-  target_spec = _TARGET.value
+  target_spec, quick_vocab = _TARGET.value, None
   if _QUICK.value:
     kinds = kinds if _KINDS.present else ["regular", "goodput"]
     levels = levels[:1]
-    target_spec = "random:smollm2-135m:layers=2" if target_spec.startswith("random:") else target_spec
+    if target_spec.startswith("random:"):
+      target_spec, quick_vocab = "random:smollm2-135m:layers=2", 4096
   try:
     run_dir = _io.run_directory(_RESULTS_DIR.value, "bench_compile")
     path = _io.check_output_file(run_dir / "bench_compile.json", flag="results_dir")
@@ -106,7 +108,14 @@ def main(argv):
 
   compile_cache.configure("off")  # every figure a real compile
   dtype = "float32" if jax.default_backend() == "cpu" else "bfloat16"
-  if target_spec.startswith("random:"):
+  if quick_vocab:  # the shape's vocabulary cut: its random draws took seconds at the suite's LLVM O0
+    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+    cfg = dataclasses.replace(_shapes.shape_config(target_spec), vocab_size=quick_vocab)
+    target = bass_jax.Model(cfg, jax.jit(lambda key: bass_jax.init_params(cfg, key, jnp.dtype(dtype)))(
+        jax.random.key(0)), name=f"{target_spec}:vocab={quick_vocab}")
+    target_spec = target.name
+  elif target_spec.startswith("random:"):
     target = _shapes.random_model(target_spec, dtype)
   else:
     target = bass_jax.load_model(target_spec)
