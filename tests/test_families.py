@@ -159,8 +159,11 @@ def test_logits_match_transformers(converted):
 def test_features_are_transformers_last_hidden_state_and_what_the_head_reads(converted):
   """forward(return_features=True): the LM head's input, equal to the base model's last_hidden_state
   (the feature an EAGLE draft reads), through a ragged cache as in a decode, without changing logits."""
-  from bass_jax.models.common import forward
+  from bass_jax.models import common
 
+  # Jitted, as a decode runs it: three programs, where op-by-op dispatch compiles every op's shapes.
+  forward = jax.jit(common.forward, static_argnums=0,
+                    static_argnames=("return_features", "compute_logits"))
   name, hf, _, model = converted
   if name in FEATURES_ELSEWHERE:
     pytest.skip("features checked on another case of the family, or not read by any EAGLE draft")
