@@ -33,35 +33,38 @@ SHAPES = {
 
 
 def shape_config(spec: str):
-  """The ``LlamaConfig`` of ``random:<shape>[:layers=N]`` (or ``<shape>[:layers=N]``): the shape's
-  sizes (:data:`SHAPES`), ``N`` decoder layers if given, no stop ids.
+  """The ``LlamaConfig`` of ``random:<shape>[:layers=N][:vocab=V]`` (or without ``random:``): the
+  shape's sizes (:data:`SHAPES`), ``N`` decoder layers and a vocabulary of ``V`` tokens if given, no
+  stop ids. A cut vocabulary is for smoke runs on a CPU (the suite's), where drawing SmolLM2's random
+  49,152 x 576 embedding alone took about 5 s under the suite's XLA settings.
 
   Raises:
-    ValueError: an unknown shape or a malformed ``layers=``.
+    ValueError: an unknown shape, or an option other than ``layers=N`` or ``vocab=V`` (N, V >= 1).
   """
   import bass_jax  # pylint: disable=g-import-not-at-top
 
   rest = spec[len("random:"):] if spec.startswith("random:") else spec
-  name, _, option = rest.partition(":")
+  name, *options = rest.split(":")
   if name not in SHAPES:
     raise ValueError(f"{spec}: unknown shape {name!r}; choose from {', '.join(SHAPES)}")
-  fields = dict(SHAPES[name], max_position_embeddings=131072, rope_theta=500000.0,
-                eos_token_id=None, bos_token_id=None)
-  if option:
+  given = {}
+  for option in options:
     key, _, value = option.partition("=")
-    if key != "layers" or not value.isdigit() or int(value) < 1:
-      raise ValueError(f"{spec}: write random:<shape>[:layers=N], N >= 1")
-    fields["num_hidden_layers"] = int(value)
-  return bass_jax.LlamaConfig(**fields)
+    field = {"layers": "num_hidden_layers", "vocab": "vocab_size"}.get(key)
+    if field is None or field in given or not value.isdigit() or int(value) < 1:
+      raise ValueError(f"{spec}: write random:<shape>[:layers=N][:vocab=V], N, V >= 1, each once")
+    given[field] = int(value)
+  return bass_jax.LlamaConfig(**{**SHAPES[name], **given}, max_position_embeddings=131072,
+                              rope_theta=500000.0, eos_token_id=None, bos_token_id=None)
 
 
 def random_model(spec: str, dtype: str):
-  """``random:<shape>[:layers=N]``: a Llama-family model of a published shape (:data:`SHAPES`) with
-  random weights (``bass_jax.init_params``, seed 0, initialized in one jitted program on the default
-  device) in ``dtype``, ``N`` decoder layers if given.
+  """``random:<shape>[:layers=N][:vocab=V]``: a Llama-family model of a published shape
+  (:data:`SHAPES`, options as :func:`shape_config`) with random weights (``bass_jax.init_params``,
+  seed 0, initialized in one jitted program on the default device) in ``dtype``.
 
   Raises:
-    ValueError: an unknown shape or a malformed ``layers=``.
+    ValueError: as :func:`shape_config`.
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top

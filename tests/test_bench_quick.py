@@ -133,3 +133,19 @@ def test_bench_gguf_read_times_both_readers_of_the_same_file(tmp_path):
                         f"--model={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300)
   assert run.returncode == 2 and "is not a .gguf file" in run.stderr, run.stderr[-2000:]
   assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_random_shapes_take_a_layer_count_and_a_vocabulary_once_each():
+  """``random:<shape>[:layers=N][:vocab=V]`` (experiments._shapes): the published shape with N layers
+  and V tokens where given; anything else is refused naming the grammar."""
+  from experiments import _shapes  # pylint: disable=g-import-not-at-top
+
+  config = _shapes.shape_config("random:smollm2-135m:layers=2:vocab=4096")
+  assert (config.num_hidden_layers, config.vocab_size, config.hidden_size) == (2, 4096, 576)
+  assert _shapes.shape_config("smollm2-135m:vocab=10").num_hidden_layers == 30
+  for bad in ("random:smollm2-135m:layers=2:layers=3", "random:smollm2-135m:foo=1",
+              "random:smollm2-135m:vocab=0", "random:smollm2-135m:", "random:smollm2-135m:layers=x"):
+    with pytest.raises(ValueError, match=r"write random:<shape>\[:layers=N\]\[:vocab=V\]"):
+      _shapes.shape_config(bad)
+  with pytest.raises(ValueError, match="unknown shape 'gpt-5'"):
+    _shapes.shape_config("random:gpt-5")

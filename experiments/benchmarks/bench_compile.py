@@ -40,7 +40,7 @@ from experiments import _io
 
 KINDS = ("regular", "chain", "goodput", "goodput+tree", "hybrid", "hybrid+admission")
 
-_TARGET = flags.DEFINE_string("target", "random:smollm2-135m", "random:<shape>[:layers=N] "
+_TARGET = flags.DEFINE_string("target", "random:smollm2-135m", "random:<shape>[:layers=N][:vocab=V] "
                               "(experiments/_shapes.py) or a model spec load_model takes.")
 _BATCH = flags.DEFINE_integer("batch_size", 4, "Rows of the static batch.", lower_bound=1)
 _KINDS = flags.DEFINE_list("kinds", list(KINDS), f"Program kinds, of {', '.join(KINDS)}.")
@@ -86,12 +86,12 @@ def main(argv):
   for level in levels:
     if level != "default" and level not in ("0", "1", "2", "3"):
       raise app.UsageError(f"--opt_levels: {level!r} is neither 'default' nor 0-3")
-  target_spec, quick_vocab = _TARGET.value, None
+  target_spec = _TARGET.value
   if _QUICK.value:
     kinds = kinds if _KINDS.present else ["regular", "goodput"]
     levels = levels[:1]
     if target_spec.startswith("random:"):
-      target_spec, quick_vocab = "random:smollm2-135m:layers=2", 4096
+      target_spec = "random:smollm2-135m:layers=2:vocab=4096"
   try:
     run_dir = _io.run_directory(_RESULTS_DIR.value, "bench_compile")
     path = _io.check_output_file(run_dir / "bench_compile.json", flag="results_dir")
@@ -108,14 +108,7 @@ def main(argv):
 
   compile_cache.configure("off")  # every figure a real compile
   dtype = "float32" if jax.default_backend() == "cpu" else "bfloat16"
-  if quick_vocab:  # the shape's vocabulary cut: its random draws took seconds at the suite's LLVM O0
-    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-    cfg = dataclasses.replace(_shapes.shape_config(target_spec), vocab_size=quick_vocab)
-    target = bass_jax.Model(cfg, jax.jit(lambda key: bass_jax.init_params(cfg, key, jnp.dtype(dtype)))(
-        jax.random.key(0)), name=f"{target_spec}:vocab={quick_vocab}")
-    target_spec = target.name
-  elif target_spec.startswith("random:"):
+  if target_spec.startswith("random:"):
     target = _shapes.random_model(target_spec, dtype)
   else:
     target = bass_jax.load_model(target_spec)

@@ -116,16 +116,16 @@ MARGIN_S = 8.0  # stop starting work this long before a deadline
 def _settings():
   """The run's sizes (``--quick`` shrinks them)."""
   if _QUICK.value:
-    return dict(shapes=["smollm2-135m:layers=1"], dtype="float32", batches=[2], num_new=[1, 3],
-                context=16, cache_len=64, repeats=2, prompt_len=6, max_new=8, e2e_repeats=1,
-                while_batches=[2], bandwidth_mib=4, goal_cells=[(2, 1)], draft_vocab=2048,
-                vocab=4096)
+    return dict(shapes=["smollm2-135m:layers=1:vocab=4096"], dtype="float32", batches=[2],
+                num_new=[1, 3], context=16, cache_len=64, repeats=2, prompt_len=6, max_new=8,
+                e2e_repeats=1, while_batches=[2], bandwidth_mib=4, goal_cells=[(2, 1)],
+                draft_vocab=2048)
   return dict(shapes=_SHAPES.value, dtype=_DTYPE.value, batches=[int(b) for b in _BATCHES.value],
               num_new=[int(t) for t in _NUM_NEW.value], context=_CONTEXT.value,
               cache_len=_CACHE_LEN.value, repeats=_REPEATS.value, prompt_len=_PROMPT_LEN.value,
               max_new=_MAX_NEW.value, e2e_repeats=_E2E_REPEATS.value,
               while_batches=[int(b) for b in _WHILE_BATCHES.value], bandwidth_mib=1024,
-              goal_cells=GOAL_CELLS, draft_vocab=_DRAFT_VOCAB.value, vocab=None)
+              goal_cells=GOAL_CELLS, draft_vocab=_DRAFT_VOCAB.value)
 
 
 class Records:
@@ -194,18 +194,7 @@ def _child(variant: str, run_dir: pathlib.Path, deadline: float) -> None:
     if shape not in models:
       from experiments import _shapes  # pylint: disable=g-import-not-at-top
 
-      if s["vocab"] is None:
-        target = _shapes.random_model(f"random:{shape}", s["dtype"])
-      else:  # --quick: the shape's vocabulary cut, whose random draws (at the suite's LLVM O0) took
-        # most of each process's set-up
-        import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-        import bass_jax  # pylint: disable=g-import-not-at-top
-
-        cfg = dataclasses.replace(_shapes.shape_config(shape), vocab_size=s["vocab"])
-        params = jax.jit(lambda key: bass_jax.init_params(cfg, key, jnp.dtype(s["dtype"])))(
-            jax.random.key(0))
-        target = bass_jax.Model(cfg, params, name=f"random:{shape}:vocab={s['vocab']}")
+      target = _shapes.random_model(f"random:{shape}", s["dtype"])
       models[shape] = (target, _shapes.random_eagle_draft(target, s["draft_vocab"]))
     return models[shape]
 
