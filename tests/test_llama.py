@@ -112,3 +112,24 @@ def test_hidden_states_match_transformers(tmp_path):
   with pytest.raises(ValueError, match=r"\[0, 3\)"):
     bj.models.common.forward(model.config, model.params, jnp.asarray(tokens), return_features=True,
                              hidden_layers=(3,))
+
+
+def test_init_params_compiles_once_per_config_and_draws_flax_s_initializers():
+  """init_params runs Flax's initializers as one jitted program per (config, dtype): a second model of
+  the same config compiles nothing and draws other weights for another key; the weights are Flax's
+  eager init's up to f32 rounding (XLA fuses the draws' arithmetic)."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from bass_jax.models import model as model_lib  # pylint: disable=g-import-not-at-top
+
+  config = bj.LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+                          num_attention_heads=6, num_key_value_heads=2, head_dim=8)
+  first = bj.init_params(config, jax.random.key(0))
+  program = model_lib._initializer(config, jnp.dtype(jnp.float32))  # pylint: disable=protected-access
+  compiled = program._cache_size()  # pylint: disable=protected-access
+  second = bj.init_params(config, jax.random.key(1))
+  assert program._cache_size() == compiled == 1  # pylint: disable=protected-access
+  assert not np.array_equal(first["embed_tokens"]["embedding"], second["embed_tokens"]["embedding"])
+  eager = config.make_module().init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=1e-6), first, eager)
+  assert bj.init_params(config, jax.random.key(0), "bfloat16")["norm"]["scale"].dtype == jnp.bfloat16
