@@ -32,6 +32,8 @@ def test_quick_run_measures_every_part(quick):
   assert {("default", "bandwidth"), ("default", "forward"), ("default", "draft_forward"),
           ("default", "e2e"), ("while", "e2e"), ("xla_defaults", "forward")} <= kinds, kinds
   assert not [r for r in records if "error" in r]
+  keys = [r["key"] for r in records]
+  assert len(keys) == len(set(keys)), keys  # each cell measured once: the goal cells not again later
   forward = [r for r in records if r["kind"] == "forward" and r["variant"] == "default"]
   assert {(r["batch"], r["num_new"]) for r in forward} == {(2, 1), (2, 3)}  # the goal cell, the rest
   for r in forward:

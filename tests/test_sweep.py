@@ -162,6 +162,7 @@ def test_the_script_writes_json_and_a_table_and_resumes(tiny_dir, tmp_path):
   assert again.returncode == 2 and "--resume" in again.stderr and len(again.stderr.splitlines()) == 1
   resumed = _script(tiny_dir, tmp_path, "--sweep=batch_size=1,2", "--resume")
   assert resumed.returncode == 0 and "| regular |" not in resumed.stdout, resumed.stderr[-2000:]
+  assert "every point was already in" in resumed.stdout  # finished: no model was loaded
   assert json.loads((tmp_path / "sweep_quick.json").read_text())["cells"] == result["cells"]
 
 

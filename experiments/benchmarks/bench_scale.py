@@ -182,6 +182,8 @@ def _child(variant: str, run_dir: pathlib.Path, deadline: float) -> None:
   def add(key: str, **fields) -> None:
     record = {**base, "key": f"{variant}/{key}", **fields}
     records.add(record)
+    if "error" not in fields:  # measured: a later phase (the rest of the table) skips it
+      done.add(record["key"])
     print(json.dumps({k: v for k, v in record.items() if k not in ("device", "jax_version", "date")},
                      default=float), flush=True)
 

@@ -148,9 +148,6 @@ def main(argv):
   from bass_jax.evaluation import reproduce  # pylint: disable=g-import-not-at-top
   from bass_jax.evaluation.data import load_problems  # pylint: disable=g-import-not-at-top
 
-  target = bj.load_model(_TARGET.value)
-  drafts = {spec: bj.load_draft_spec(spec, target) for _, spec, _ in variants if spec is not None}
-  runs = [sweep.Variant(name, drafts.get(spec), settings) for name, spec, settings in variants]
   problems = load_problems(_PROMPTS.value, _NUM_PROMPTS.value)
   done: dict[str, list[sweep.Cell]] = {}
   for record in (earlier or {}).get("cells", []):
@@ -174,6 +171,14 @@ def main(argv):
     write(complete=False)
     print(sweep.markdown(point_cells, list(axes), baseline), flush=True)
 
+  if all(sweep.point_key(point) in done for point in points):
+    # A finished sweep resumed: nothing to decode, so no model is loaded.
+    write(complete=True)
+    print(f"every point was already in {path}; wrote it and {markdown}", flush=True)
+    return
+  target = bj.load_model(_TARGET.value)
+  drafts = {spec: bj.load_draft_spec(spec, target) for _, spec, _ in variants if spec is not None}
+  runs = [sweep.Variant(name, drafts.get(spec), settings) for name, spec, settings in variants]
   sweep.run_sweep(target, problems, runs, axes, base=base_config, rounds=_ROUNDS.value,
                   warmup=_WARMUP.value, baseline=baseline, done=done, on_point=save)
   write(complete=True)
