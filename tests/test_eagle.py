@@ -644,3 +644,18 @@ def test_an_eagle3_draft_trains_here_and_exports_for_the_published_runtimes(tmp_
   bass = bj.generate(target, exported, prompts, method="bass", max_new_tokens=10, eos_token_id=(),
                      draft_len=3)
   np.testing.assert_array_equal(bass.tokens, regular.tokens)
+
+
+def test_init_draft_params_compiles_once_per_config_and_draws_flax_s_initializers():
+  """One jitted program per (config, dtype), as bass_jax.init_params: a second draft of the config
+  compiles nothing and draws other weights for another key; the weights are the same function's
+  eager draws up to f32 rounding."""
+  target = tiny_model(0)
+  config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=40)
+  first = eagle.init_draft_params(config, jax.random.key(0))
+  program = eagle._draft_initializer(config, jnp.dtype(jnp.float32))  # pylint: disable=protected-access
+  second = eagle.init_draft_params(config, jax.random.key(1))
+  assert program._cache_size() == 1  # pylint: disable=protected-access
+  assert not np.array_equal(first["fc"]["kernel"], second["fc"]["kernel"])
+  eager = eagle._draw_draft_params(config, jnp.dtype(jnp.float32), jax.random.key(0))  # pylint: disable=protected-access
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=1e-6), first, eager)

@@ -13,7 +13,6 @@ without reading a padded slot, decodes the reference's tokens, and is found by i
 from __future__ import annotations
 
 import dataclasses
-import functools
 import pathlib
 import re
 import subprocess
@@ -40,19 +39,6 @@ DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 RUN_PROMPT = (1, 5, 5)
 
 
-@functools.cache
-def _model(seed: int, scale: float = 1.0) -> bj.Model:
-  """tiny_model(seed, scale), built once per module: building one costs a compile of its
-  initializers (about 0.7 s), and models are immutable."""
-  return tiny_model(seed, scale=scale)
-
-
-@functools.cache
-def _noisy(seed: int = 5) -> bj.Model:
-  """The page's draft model: the peaky target with 0.3 noise, built once."""
-  return noisy_copy(_model(0, 2.5), 0.3, seed=seed)
-
-
 def _examples(heading: str) -> list[str]:
   """The ``python`` code blocks of the section of docs/extending.md under ``## heading``."""
   section = DOC.read_text().split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
@@ -73,7 +59,7 @@ def _prompts():
 
 
 def test_the_pages_call_runs_and_greedy_decoding_emits_regular_decodings_tokens(repeat_last):
-  target = _model(0, 2.5)
+  target = tiny_model(0, scale=2.5)
   namespace = {"bj": bj, "RepeatLast": repeat_last, "target": target, "prompts": _prompts()}
   exec(compile(_examples("Your own proposer")[1], str(DOC), "exec"), namespace)  # pylint: disable=exec-used
   assert namespace["out"].tokens.shape == (3, 64)
@@ -136,7 +122,7 @@ class NextTable(bj.Proposer):
 
 
 def test_a_proposer_with_weights_decodes_exactly_and_new_weights_compile_nothing():
-  target = _model(0, 2.5)
+  target = tiny_model(0, scale=2.5)
   regular = bj.generate(target, None, _prompts(), method="regular", max_new_tokens=24)
   # The table of the target's own greedy successors: drafts that are often right.
   greedy_next = np.asarray(jnp.argmax(target.logits(jnp.arange(61)[:, None])[:, -1], -1), np.int32)
@@ -152,14 +138,14 @@ def test_a_proposer_with_weights_decodes_exactly_and_new_weights_compile_nothing
 
 
 def test_what_a_proposer_cannot_be_passed_as():
-  target = _model(0)
+  target = tiny_model(0)
   model_proposer = ModelProposer(target.config, "float32", "reference")
   with pytest.raises(ValueError, match="pass the draft bass_jax.Model itself"):
     bj.generate(target, model_proposer, _prompts(), max_new_tokens=4)
   with pytest.raises(ValueError, match="or your own bass_jax.Proposer"):
     bj.generate(target, object(), _prompts(), max_new_tokens=4)
   with pytest.raises(ValueError, match="carries its draft model: pass it alone"):
-    bj.generate(target, (bj.Hybrid(_model(1), bj.NGramProposer()), None), _prompts(),
+    bj.generate(target, (bj.Hybrid(tiny_model(1), bj.NGramProposer()), None), _prompts(),
                 max_new_tokens=4)
   mesh = sharding.make_mesh(1, 1)
   with pytest.raises(ValueError, match="no sharding plan"):
@@ -168,7 +154,7 @@ def test_what_a_proposer_cannot_be_passed_as():
 
 
 def test_a_registered_proposer_is_named_by_specs_and_listed_in_the_help(repeat_last):
-  target = _model(0)
+  target = tiny_model(0)
   namespace = {"bj": bj, "RepeatLast": repeat_last, "target": target}
   exec(compile(_examples("Your proposer by name, and in a hybrid")[0], str(DOC), "exec"), namespace)  # pylint: disable=exec-used
   assert namespace["draft"] == repeat_last(times=3)
@@ -195,7 +181,7 @@ def test_a_proposer_in_a_module_is_named_by_its_import_path(tmp_path, monkeypatc
   """What a script does with --draft=py:<module>.<Class>: the page's class, saved as a module."""
   (tmp_path / "my_proposers.py").write_text(_examples("Your own proposer")[0])
   monkeypatch.syspath_prepend(str(tmp_path))
-  target = _model(0)
+  target = tiny_model(0)
   draft = bj.load_draft_spec("py:my_proposers.RepeatLast:times=3", target)
   assert type(draft).__name__ == "RepeatLast" and draft.times == 3
   spec = drafts.parse_draft_spec("hybrid+my_proposers.RepeatLast:some/model:"
@@ -208,8 +194,8 @@ def test_a_proposer_in_a_module_is_named_by_its_import_path(tmp_path, monkeypatc
 
 
 def test_a_hybrid_with_the_users_lookup_is_regular_decoding_when_greedy(repeat_last):
-  target = _model(0, 2.5)
-  namespace = {"bj": bj, "RepeatLast": repeat_last, "draft_model": _noisy(),
+  target = tiny_model(0, scale=2.5)
+  namespace = {"bj": bj, "RepeatLast": repeat_last, "draft_model": noisy_copy(target, 0.3, seed=5),
                "target": target, "prompts": _prompts()}
   exec(compile(_examples("Your proposer by name, and in a hybrid")[1], str(DOC), "exec"), namespace)  # pylint: disable=exec-used
   assert namespace["out"].tokens.shape == (3, 64)
@@ -264,13 +250,13 @@ class _ReadsFeatures(NextTable):
 ])
 def test_what_a_hybrid_refuses_as_a_lookup(lookup, message):
   with pytest.raises(ValueError, match=re.escape(message)):
-    bj.Hybrid(_model(1), lookup)  # refused when built
+    bj.Hybrid(tiny_model(1), lookup)  # refused when built
 
 
 def test_a_hybrid_refuses_a_model_proposer_as_a_lookup():
-  target = _model(0)
+  target = tiny_model(0)
   with pytest.raises(ValueError, match="drafts with a model"):
-    bj.generate(target, bj.Hybrid(_model(1), ModelProposer(target.config, "float32",
+    bj.generate(target, bj.Hybrid(tiny_model(1), ModelProposer(target.config, "float32",
                                                                "reference")),
                 _prompts(), max_new_tokens=4)
 
@@ -300,7 +286,7 @@ def test_what_register_proposer_refuses(name, settings, kwargs, message):
 def test_a_proposer_with_weights_is_named_by_a_spec_through_its_builder():
   """docs/extending.md's last paragraph: settings, a builder that makes (proposer, params), and the
   spec's settings reaching the builder; the decode stays regular decoding when greedy."""
-  target = _model(0, 2.5)
+  target = tiny_model(0, scale=2.5)
 
   def build(settings, target):
     table = np.random.default_rng(settings.seed).integers(0, target.config.vocab_size, 61)
@@ -380,9 +366,9 @@ def test_a_rule_that_forgets_the_position_is_detected(inverse_cdf):  # pylint: d
 
 
 def test_the_rule_by_instance_by_name_and_by_import_path(inverse_cdf, tmp_path, monkeypatch):  # pylint: disable=redefined-outer-name
-  target = _model(0, 2.5)
+  target = tiny_model(0, scale=2.5)
   namespace = {"bj": bj, "InverseCDF": inverse_cdf, "target": target,
-               "draft": _noisy(), "prompts": _prompts()}
+               "draft": noisy_copy(target, 0.3, seed=5), "prompts": _prompts()}
   exec(compile(_examples("Your own acceptance rule")[1], str(DOC), "exec"), namespace)  # pylint: disable=exec-used
   np.testing.assert_array_equal(namespace["again"].tokens, namespace["out"].tokens)
   assert "inverse_cdf" in bj.acceptance_rules()
@@ -432,7 +418,7 @@ class _Undecorated(acceptance.Gumbel):
 ])
 def test_what_a_decode_refuses_as_an_acceptance_rule(rule, message):
   with pytest.raises(ValueError, match=re.escape(message)):
-    bj.generate(_model(0), None, _prompts(), method="regular", max_new_tokens=4,
+    bj.generate(tiny_model(0), None, _prompts(), method="regular", max_new_tokens=4,
                 temperature=0.8, acceptance=rule)
 
 
@@ -443,9 +429,9 @@ def test_register_acceptance_decorates_a_class():
     """Gumbel acceptance under another name."""
 
   assert "gumbel_again" in bj.acceptance_rules() and GumbelAgain().name == "gumbel_again"
-  out = bj.generate(_model(0), None, _prompts(), method="regular", max_new_tokens=8,
+  out = bj.generate(tiny_model(0), None, _prompts(), method="regular", max_new_tokens=8,
                     temperature=0.8, acceptance="gumbel_again")
-  gumbel = bj.generate(_model(0), None, _prompts(), method="regular", max_new_tokens=8,
+  gumbel = bj.generate(tiny_model(0), None, _prompts(), method="regular", max_new_tokens=8,
                        temperature=0.8, acceptance="gumbel")
   np.testing.assert_array_equal(out.tokens, gumbel.tokens)
 
@@ -537,7 +523,7 @@ def test_a_registered_family_with_gemmas_traits_is_not_saved_in_transformers_for
   """docs/extending.md: such a family saves in orbax format only (its config names differ); the
   row is set for this test alone, without registering a family."""
   monkeypatch.setitem(llama.TRAITS, "gemma", bj.LlamaTraits("GemmaForCausalLM", gemma=True))
-  config = dataclasses.replace(_model(0).config, model_type="gemma",
+  config = dataclasses.replace(tiny_model(0).config, model_type="gemma",
                                hidden_act="gelu_pytorch_tanh")
   with pytest.raises(ValueError, match="saving a registered family with Gemma's traits"):
     config.to_hf_config()
@@ -570,7 +556,7 @@ def test_the_users_attention_equals_the_reference_and_reads_no_padding(sdpa_atte
 def test_the_users_attention_decodes_as_the_reference_and_is_found_by_strategy(sdpa_attention):  # pylint: disable=redefined-outer-name
   del sdpa_attention  # registered
   assert reproduce.attention_impl("pad", "sdpa") == "sdpa_pad"
-  target, draft = _model(0, 2.5), _model(1, 2.5)
+  target, draft = tiny_model(0, scale=2.5), tiny_model(1, scale=2.5)
   ref = bj.generate(target, draft, _prompts(), max_new_tokens=24, attention_impl="reference")
   own = bj.generate(target, draft, _prompts(), max_new_tokens=24, attention_impl="sdpa_pad")
   np.testing.assert_array_equal(own.tokens, ref.tokens)

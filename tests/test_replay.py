@@ -1,8 +1,6 @@
 """The replay proposer (bass_jax.sampling.proposers.replay): exact like every proposer (greedy equality
 with regular decoding, whatever the recording), and accepting at the rates it is given."""
 
-import functools
-
 import numpy as np
 import pytest
 
@@ -14,22 +12,10 @@ from conftest import assert_lossless, random_eagle_draft, tiny_model
 NEW = 24
 
 
-@functools.cache
-def _draft(kind: str):
-  """The random EAGLE draft of the recorded target, or an unrelated tiny model: built once per
-  module (building one compiles its initializers, about 0.7 s)."""
-  return random_eagle_draft(_target()) if kind == "eagle" else tiny_model(3)
-
-
-@functools.cache
-def _target():
-  return tiny_model(0, scale=3.0)  # peaky logits: no near-ties in greedy decoding
-
-
 @pytest.fixture(scope="module")
 def recorded():
   """A tiny target, 4 distinct prompts of different lengths, and its regular greedy decode of them."""
-  target = _target()
+  target = tiny_model(0, scale=3.0)  # peaky logits: no near-ties in greedy decoding
   rng = np.random.default_rng(5)
   prompts = [rng.integers(0, 61, n).tolist() for n in (3, 7, 12, 5)]
   regular = bj.generate(target, None, prompts, method="regular", max_new_tokens=NEW)
@@ -43,7 +29,7 @@ def _acceptance(out):
 @pytest.mark.parametrize("draft_kind", ["eagle", "model"])
 def test_replay_at_full_acceptance_accepts_every_draft_and_stays_exact(recorded, draft_kind):
   target, prompts, regular = recorded
-  draft = _draft(draft_kind)
+  draft = random_eagle_draft(target) if draft_kind == "eagle" else tiny_model(3)
   text = replay_text(prompts, regular.tokens, regular.lengths)
   out = bj.generate(target, bj.Replay(draft, text, acceptance=(1.0,)), prompts, max_new_tokens=NEW,
                     draft_len=3)
@@ -63,7 +49,7 @@ def test_replay_accepts_at_the_given_per_position_rates(recorded):
   rates = (0.8, 0.5, 0.25)
   counts = []
   for seed in range(6):  # pooled over seeds: the hash replaces other positions under each
-    out = bj.generate(target, bj.Replay(_draft("eagle"), text, acceptance=rates,
+    out = bj.generate(target, bj.Replay(random_eagle_draft(target), text, acceptance=rates,
                                         seed=seed), prompts, max_new_tokens=NEW, draft_len=3)
     assert_lossless(target, prompts, regular, out) == 1.0
     np.testing.assert_array_equal(out.tokens, regular.tokens)
@@ -80,13 +66,13 @@ def test_replay_accepts_at_the_given_per_position_rates(recorded):
 def test_replay_at_zero_acceptance_and_a_wrong_recording_stay_exact(recorded):
   target, prompts, regular = recorded
   text = replay_text(prompts, regular.tokens, regular.lengths)
-  none = bj.generate(target, bj.Replay(_draft("eagle"), text, acceptance=(0.0,)), prompts,
+  none = bj.generate(target, bj.Replay(random_eagle_draft(target), text, acceptance=(0.0,)), prompts,
                      max_new_tokens=NEW, draft_len=3)
   np.testing.assert_array_equal(none.tokens, regular.tokens)
   assert _acceptance(none).accepted == 0
   # A recording of other text (shifted by one token) and fewer rows than the batch: still exact.
   wrong = np.roll(text, 1, axis=1)[:2]
-  out = bj.generate(target, bj.Replay(_draft("model"), wrong, acceptance=(1.0,)), prompts,
+  out = bj.generate(target, bj.Replay(tiny_model(3), wrong, acceptance=(1.0,)), prompts,
                     max_new_tokens=NEW, draft_len=2, temperature=0.0)
   np.testing.assert_array_equal(out.tokens, regular.tokens)
 
@@ -119,7 +105,7 @@ def test_replay_samples_exactly_with_one_hot_drafts(recorded):
   chi-square of sampled proposers is test_sampling_exact's)."""
   target, prompts, regular = recorded
   text = replay_text(prompts, regular.tokens, regular.lengths)
-  replay = bj.Replay(_draft("eagle"), text, acceptance=(0.9,))
+  replay = bj.Replay(random_eagle_draft(target), text, acceptance=(0.9,))
   a = bj.generate(target, replay, prompts, max_new_tokens=8, temperature=0.7, seed=3, draft_len=3)
   b = bj.generate(target, replay, prompts, max_new_tokens=8, temperature=0.7, seed=3, draft_len=3)
   np.testing.assert_array_equal(a.tokens, b.tokens)
@@ -129,7 +115,7 @@ def test_replay_samples_exactly_with_one_hot_drafts(recorded):
 def test_replay_arguments_are_checked(recorded):
   target, prompts, regular = recorded
   text = replay_text(prompts, regular.tokens, regular.lengths)
-  draft = _draft("eagle")
+  draft = random_eagle_draft(target)
   for bad in ((), (1.2,), (-0.1,), "0.5", (True,)):
     with pytest.raises(ValueError, match="acceptance"):
       bj.Replay(draft, text, acceptance=bad)

@@ -39,23 +39,17 @@ def regular(target, prompts):
                      eos_token_id=())
 
 
-@pytest.fixture(scope="module")
-def noisy(target):
-  """The noisy copy of the target, built once (building a model compiles its initializers)."""
-  return noisy_copy(target, 0.1, seed=3)
-
-
-def _draft(kind, target, noisy):  # pylint: disable=redefined-outer-name
+def _draft(kind, target):
+  noisy = noisy_copy(target, 0.1, seed=3)
   ngram = bj.NGramProposer(max_n=2, min_n=1)
-  if kind == "eagle":
-    return random_eagle_draft(target)
-  return {"model": noisy, "ngram": ngram, "hybrid": bj.Hybrid(noisy, ngram)}[kind]
+  return {"model": noisy, "eagle": random_eagle_draft(target), "ngram": ngram,
+          "hybrid": bj.Hybrid(noisy, ngram)}[kind]
 
 
 @pytest.mark.parametrize("kind", ["model", "eagle", "ngram", "hybrid"])
-def test_greedy_tree_bass_is_regular_decoding(kind, target, prompts, regular, noisy):  # pylint: disable=redefined-outer-name
-  out = bj.generate(target, _draft(kind, target, noisy), prompts, max_new_tokens=MAX_NEW,
-                    eos_token_id=(), draft_tree=SHAPE)
+def test_greedy_tree_bass_is_regular_decoding(kind, target, prompts, regular):
+  out = bj.generate(target, _draft(kind, target), prompts, max_new_tokens=MAX_NEW, eos_token_id=(),
+                    draft_tree=SHAPE)
   np.testing.assert_array_equal(out.tokens, regular.tokens)
   accepted = out.stats.accepted[out.stats.accepted >= 0]
   # The random EAGLE draft is rarely right and n-gram lookup in random text matches little: they only
@@ -64,24 +58,25 @@ def test_greedy_tree_bass_is_regular_decoding(kind, target, prompts, regular, no
   assert (accepted == 0).any()
 
 
-def test_a_continuous_batch_of_trees_is_regular_decoding(target, prompts, regular, noisy):  # pylint: disable=redefined-outer-name
-  out = bj.generate(target, _draft("hybrid", target, noisy), prompts, max_new_tokens=MAX_NEW,
+def test_a_continuous_batch_of_trees_is_regular_decoding(target, prompts, regular):
+  out = bj.generate(target, _draft("hybrid", target), prompts, max_new_tokens=MAX_NEW,
                     eos_token_id=(), draft_tree=SHAPE, batch_size=2)
   assert out.stats.continuous
   np.testing.assert_array_equal(out.tokens, regular.tokens)
 
 
-def test_trees_accept_more_than_their_first_children(target, prompts, noisy):  # pylint: disable=redefined-outer-name
+def test_trees_accept_more_than_their_first_children(target, prompts):
   """The tree pays: with the same draft and depth, it accepts more per step than the chain of its
   first children (the draft's greedy chain), since the target's token is often a second guess."""
-  tree = bj.generate(target, noisy, prompts, max_new_tokens=MAX_NEW, eos_token_id=(),
+  draft = noisy_copy(target, 0.1, seed=3)
+  tree = bj.generate(target, draft, prompts, max_new_tokens=MAX_NEW, eos_token_id=(),
                      draft_tree=SHAPE)  # the program of test_greedy_tree_bass_is_regular_decoding
-  chain = bj.generate(target, noisy, prompts, max_new_tokens=MAX_NEW, eos_token_id=(), draft_len=3)
+  chain = bj.generate(target, draft, prompts, max_new_tokens=MAX_NEW, eos_token_id=(), draft_len=3)
   mean = lambda out: out.stats.accepted[out.stats.accepted >= 0].mean()
   assert mean(tree) > mean(chain) + 0.1, (mean(tree), mean(chain))
 
 
-def test_goodput_chooses_among_plain_chains_and_trees_and_stays_exact(target, prompts, regular, noisy):  # pylint: disable=redefined-outer-name
+def test_goodput_chooses_among_plain_chains_and_trees_and_stays_exact(target, prompts, regular):
   """Two compiled tree shapes, chains and plain steps in one decode, chosen per step by goodput (fixed
   costs under which the trees pay at first; exploration every 2 steps brings chains back): the tokens
   are regular decoding's, each step's history says which kind it was, and the summary's acceptance
@@ -90,7 +85,7 @@ def test_goodput_chooses_among_plain_chains_and_trees_and_stays_exact(target, pr
   costs = bj.StepCosts(plain=1.0, verify_pass=1.2, propose_first=0.05, propose_next=0.05, chunk=4,
                        tree_steps=(1.3, 1.35))
   policy = bj.GoodputDraftLen(max_len=4, explore_every=2, costs=costs)
-  out = bj.generate(target, _draft("hybrid", target, noisy), prompts, max_new_tokens=MAX_NEW,
+  out = bj.generate(target, _draft("hybrid", target), prompts, max_new_tokens=MAX_NEW,
                     eos_token_id=(), draft_len=policy, draft_tree=shapes)
   np.testing.assert_array_equal(out.tokens, regular.tokens)
   stats = out.stats
@@ -107,8 +102,8 @@ def test_goodput_chooses_among_plain_chains_and_trees_and_stays_exact(target, pr
   assert stats.drafted.max() == 7
 
 
-def test_bad_trees_are_errors_that_name_the_argument(target, prompts, noisy):  # pylint: disable=redefined-outer-name
-  draft = noisy
+def test_bad_trees_are_errors_that_name_the_argument(target, prompts):
+  draft = _draft("model", target)
   with pytest.raises(ValueError, match="nodes=3 must be at least depth"):
     bj.generate(target, draft, prompts, max_new_tokens=4, draft_tree="top_k=2,depth=5,nodes=3")
   with pytest.raises(ValueError, match="draft_tree top_k"):

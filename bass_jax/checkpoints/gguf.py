@@ -107,8 +107,14 @@ def _translate_config(src: Source, family: Architecture) -> dict[str, Any]:
                          **family.fields}
   for key, name in family.renames.items():
     out[name] = src.int(key) if name in INT_FIELDS else src.float(key)
-  # The sizes' ranges before the steps divide by them (heads), then everything at the end.
-  config_schema.check(out, f"{src.path}: its metadata, read as config.json", fix="re-convert the file")
+
+  def check() -> None:
+    """The ranges a config.json is held to (sizes >= 1, finite floats, stop ids in the vocabulary),
+    named by the HF field the metadata became."""
+    config_schema.check(out, f"{src.path}: its metadata, read as config.json",
+                        fix="re-convert the file")
+
+  check()  # the renamed sizes, before the steps divide by them (heads)
   for step in family.steps:
     step(src, out, family)
   unused = sorted(set(src.meta) - src.used_keys)
@@ -125,10 +131,7 @@ def _translate_config(src: Source, family: Architecture) -> dict[str, Any]:
   if extra:
     out["eos_token_id"] = list(dict.fromkeys(
         ([] if out["eos_token_id"] is None else [out["eos_token_id"]]) + extra))
-  # The ranges a config.json is held to (sizes >= 1, finite floats, stop ids in the vocabulary), named
-  # by the HF field the metadata became.
-  config_schema.check(out, f"{src.path}: its metadata, read as config.json",
-                      fix="re-convert the file")
+  check()  # and what the steps and the tokenizer's ids added
   return out
 
 

@@ -42,6 +42,7 @@ Axes: B batch, T positions, E feature size (the target's hidden size), V vocabul
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -318,8 +319,28 @@ def init_draft_params(config: EagleConfig, key: jax.Array, dtype: Any = jnp.floa
   """Random parameters of a draft shaped by ``config``: ``fc``, ``layers_*`` and ``fuse`` with fused
   layers (Flax's default initializers, the fusion's passing ``f`` through); an EAGLE-3 draft's
   ``lm_head [V', E]`` and final ``norm``; with ``own_embedding``, ``embed_tokens {"embedding" [V, E]}``
-  (standard normal). What a saved draft's weights are checked against (``checkpoints.eagle_files``)."""
-  module = EagleDraft(config, dtype=jnp.dtype(dtype))
+  (standard normal). What a saved draft's weights are checked against (``checkpoints.eagle_files``).
+
+  One jitted program per config and dtype, as :func:`bass_jax.init_params`: a second draft of the same
+  config costs its draws alone.
+
+  Args:
+    config: the draft's (hashable) config. key: a ``jax.random.key``. dtype: the parameters' dtype.
+
+  Returns:
+    A nested dict of arrays in ``dtype``.
+  """
+  return _draft_initializer(config, jnp.dtype(dtype))(key)
+
+
+@functools.lru_cache(maxsize=32)
+def _draft_initializer(config: EagleConfig, dtype: jnp.dtype):
+  """:func:`init_draft_params`' jitted program for ``config`` and ``dtype``."""
+  return jax.jit(functools.partial(_draw_draft_params, config, dtype))
+
+
+def _draw_draft_params(config: EagleConfig, dtype: jnp.dtype, key: jax.Array) -> dict[str, Any]:
+  module = EagleDraft(config, dtype=dtype)
   tokens = jnp.zeros((1, 1), jnp.int32)
   embedding = jnp.zeros((config.vocab_size, config.feature_size), dtype)
   features = jnp.zeros((1, 1, config.input_feature_size), dtype)
