@@ -3,6 +3,7 @@
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -48,6 +49,35 @@ if "BASS_JAX_TOKENIZER_CACHE_DIR" not in os.environ:
   _TOKENIZERS = tempfile.mkdtemp(prefix="bass_jax_suite_tokenizers_")
   os.environ["BASS_JAX_TOKENIZER_CACHE_DIR"] = _TOKENIZERS
   atexit.register(shutil.rmtree, _TOKENIZERS, ignore_errors=True)
+
+# The scripts the suite runs as a user does (`python -m experiments.generate ...`, about 100
+# processes) start from a zygote that has imported bass_jax, JAX, transformers and torch once
+# (tests/_zygote.py; docs/testing.md, "Scripts start from a zygote"): a fresh interpreter spends 5-7 s
+# on those imports. Tests start scripts with PYTHON in place of sys.executable, and kill them with
+# send_signal. One zygote per `make test`, started by the first process to import
+# this file (xdist's workers and every child inherit it) and stopped when that process exits.
+# BASS_JAX_TEST_ZYGOTE=off runs every script in a fresh interpreter.
+import _zygote  # noqa: E402
+
+if _zygote.ENV_VAR not in os.environ:
+  _ZYGOTE_DIR = tempfile.mkdtemp(prefix="bass_jax_suite_zygote_")
+  os.environ[_zygote.ENV_VAR] = os.path.join(_ZYGOTE_DIR, "socket")
+  os.environ[_zygote.LAUNCHER_ENV_VAR] = _zygote.start(_ZYGOTE_DIR)
+  atexit.register(shutil.rmtree, _ZYGOTE_DIR, ignore_errors=True)
+  atexit.register(_zygote.stop, _ZYGOTE_DIR)
+PYTHON = (sys.executable if os.environ[_zygote.ENV_VAR] == "off"
+          else os.environ.get(_zygote.LAUNCHER_ENV_VAR, sys.executable))
+
+
+def script_pid(proc) -> int:
+  """The pid of the process that runs a script started with PYTHON (a zygote's worker, or ``proc``)."""
+  return _zygote.worker_pid(proc.pid) or proc.pid
+
+
+def send_signal(proc, sig) -> None:
+  """Sends ``sig`` to a script started with PYTHON: to the process that runs it (a zygote's worker,
+  which a SIGKILL sent to the launcher would not reach)."""
+  os.kill(script_pid(proc), sig)
 
 # tests/multidevice needs 8 host devices, which must be set before JAX starts: tests/test_sharding.py
 # runs it in a child process with that set (and MULTIDEVICE_ENV); the suite itself keeps one device.

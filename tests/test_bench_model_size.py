@@ -6,15 +6,15 @@ other scripts' in the test process."""
 import json
 import pathlib
 import subprocess
-import sys
 
 import bass_jax as bj
+from conftest import PYTHON
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _run(*args):
-  return subprocess.run([sys.executable, "-m", "experiments.benchmarks.bench_model_size", *args],
+  return subprocess.run([PYTHON, "-m", "experiments.benchmarks.bench_model_size", *args],
                         cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
@@ -37,7 +37,7 @@ def test_tiny_shape_end_to_end(tmp_path):
 
   # the script's shape table, read in a child process (its absl flags would collide with others')
   fields = json.loads(subprocess.run(
-      [sys.executable, "-c", "import json; from experiments.benchmarks import bench_model_size as b; "
+      [PYTHON, "-c", "import json; from experiments.benchmarks import bench_model_size as b; "
        "print(json.dumps(b.SHAPES['tiny']))"], capture_output=True, text=True, check=True).stdout)
   for name, layers in (("target", 2), ("draft", 1)):
     config = bj.LlamaConfig.from_hf_config({**fields, "num_hidden_layers": layers})

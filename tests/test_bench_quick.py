@@ -5,20 +5,19 @@ numbers themselves are timings, which tests do not judge)."""
 import json
 import pathlib
 import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 
 import bass_jax as bj
-from conftest import tiny_config
+from conftest import PYTHON, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _run(*args, timeout=600):
-  run = subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True,
+  run = subprocess.run([PYTHON, "-m", *args], cwd=REPO, capture_output=True, text=True,
                        timeout=timeout)
   assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-3000:])
   return run.stdout
@@ -94,14 +93,14 @@ def test_the_scripts_refuse_a_stray_argument_in_one_line(script):
   """Through ``_io.run``: bench_sharding (the real SmolLM2 on 8 host devices) and eagle_vocab (an
   exported draft and a feature corpus) need more than a quick run affords; the sweep and the report
   ignored a stray argument before."""
-  run = subprocess.run([sys.executable, "-m", f"experiments.{script}", "stray"],
+  run = subprocess.run([PYTHON, "-m", f"experiments.{script}", "stray"],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
   assert run.returncode == 2 and "unexpected arguments ['stray']" in run.stderr, run.stderr[-2000:]
   assert len(run.stderr.strip().splitlines()) == 1
 
 
 def test_eagle_vocab_without_a_corpus_says_how_to_build_one(tmp_path):
-  run = subprocess.run([sys.executable, "-m", "experiments.benchmarks.eagle_vocab",
+  run = subprocess.run([PYTHON, "-m", "experiments.benchmarks.eagle_vocab",
                         f"--corpus={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300)
   assert run.returncode == 2 and "holds no gen_eval_*.npz shards" in run.stderr, run.stderr[-2000:]
   assert "build_corpus" in run.stderr and len(run.stderr.strip().splitlines()) == 1
@@ -129,7 +128,7 @@ def test_bench_gguf_read_times_both_readers_of_the_same_file(tmp_path):
   rows = [line.split(" | ")[0][2:] for line in out.splitlines() if line.endswith("x |")]
   assert rows == ["gguf.GGUFReader", "over a plain view (bass_jax)"], out
   assert "2 tensors, 2 rounds" in out
-  run = subprocess.run([sys.executable, "-m", "experiments.benchmarks.bench_gguf_read",
+  run = subprocess.run([PYTHON, "-m", "experiments.benchmarks.bench_gguf_read",
                         f"--model={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300)
   assert run.returncode == 2 and "is not a .gguf file" in run.stderr, run.stderr[-2000:]
   assert len(run.stderr.strip().splitlines()) == 1

@@ -5,16 +5,17 @@ import json
 import os
 import pathlib
 import subprocess
-import sys
 
 import pytest
+
+from conftest import PYTHON
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _run(*args, check=True):
   env = dict(os.environ, PYTHONPATH=str(ROOT))
-  return subprocess.run([sys.executable, "-m", "experiments.benchmarks.bench_scale", *args], cwd=ROOT,
+  return subprocess.run([PYTHON, "-m", "experiments.benchmarks.bench_scale", *args], cwd=ROOT,
                         env=env, capture_output=True, text=True, check=check, timeout=600)
 
 

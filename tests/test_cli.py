@@ -13,14 +13,13 @@ import os
 import pathlib
 import signal
 import subprocess
-import sys
 import time
 
 import jax
 import pytest
 
 import bass_jax as bj
-from conftest import tiny_config
+from conftest import PYTHON, send_signal, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHIPPED_DRAFT = REPO / "bass_jax" / "drafts" / "smollm2-135m-draft"
@@ -48,7 +47,7 @@ def setup(tmp_path_factory):
 
 
 def _args(setup, *extra):
-  return [sys.executable, "-m", "experiments.generate", f"--target={setup / 'tiny'}",
+  return [PYTHON, "-m", "experiments.generate", f"--target={setup / 'tiny'}",
           f"--draft={setup / 'tiny'}", f"--prompts={setup / 'prompts.jsonl'}", *extra]
 
 
@@ -63,10 +62,10 @@ def _signal_after(command, out: pathlib.Path, *, lines: int, sig) -> subprocess.
       assert proc.poll() is None, proc.stderr.read()[-2000:]
       assert time.time() < deadline, f"{lines} records were not written in time"
       time.sleep(0.01)
-    proc.send_signal(sig)
+    send_signal(proc, sig)
     proc.wait(timeout=60)
   finally:
-    proc.kill()
+    proc.kill()  # a zygote's worker ends with its launcher
   return proc
 
 
@@ -130,7 +129,7 @@ def test_every_flag_refuses_generated_bad_values_in_one_line():
 
   start = time.perf_counter()
   result = subprocess.run(
-      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/cli_flags"],
+      [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/cli_flags"],
       cwd=REPO, env={**ENV, CLI_FLAGS_ENV: "1"}, capture_output=True, text=True, timeout=600)
   report = result.stdout[-10000:] + result.stderr[-3000:]
   assert result.returncode == 0, report
@@ -149,7 +148,7 @@ def test_every_flag_refuses_generated_bad_values_in_one_line():
     (["latency", "--draft_len=4"], "latency's --configs name their draft lengths")])
 def test_the_paper_experiments_check_their_flags_before_loading(tmp_path, args, message):
   start = time.perf_counter()
-  result = subprocess.run([sys.executable, "-m", f"experiments.paper.{args[0]}", *args[1:],
+  result = subprocess.run([PYTHON, "-m", f"experiments.paper.{args[0]}", *args[1:],
                            f"--results_dir={tmp_path}"],
                           cwd=REPO, capture_output=True, text=True, timeout=120, env=ENV)
   assert result.returncode != 0
@@ -163,7 +162,7 @@ def test_the_draft_study_writes_every_cell_and_resumes(setup, tmp_path):
   child process; --resume reruns nothing and keeps the reading. (One policy and one cell: the study
   loops over policies as over proposers and over cells by (temperature, batch size) alike, and each
   costs a compile or a process.)"""
-  args = [sys.executable, "-m", "experiments.paper.draft_study", f"--target={setup / 'tiny'}",
+  args = [PYTHON, "-m", "experiments.paper.draft_study", f"--target={setup / 'tiny'}",
           f"--proposers={setup / 'tiny'},ngram", "--names=tiny,ngram",
           f"--prompts={setup / 'prompts.jsonl'}", "--num_prompts=2", "--batch_sizes=2",
           "--temperatures=0.5", "--draft_lens=goodput", "--max_new_tokens=4",

@@ -18,7 +18,6 @@ import math
 import pathlib
 import shutil
 import subprocess
-import sys
 
 import hypothesis
 from hypothesis import strategies as st
@@ -30,6 +29,7 @@ import transformers
 import bass_jax as bj
 from bass_jax import preflight
 from bass_jax.checkpoints import config_schema
+from conftest import PYTHON
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 VOCAB = 61
@@ -241,7 +241,7 @@ def test_longrope_past_its_original_context_is_refused_saying_why(checkpoints):
 
 def test_the_command_line_refuses_a_wrong_field_in_one_line(checkpoints, tmp_path):
   path = _mutated(checkpoints["llama"], tmp_path / "m", _setter(num_hidden_layers="2"))
-  run = subprocess.run([sys.executable, "-m", "experiments.generate", f"--target={path}",
+  run = subprocess.run([PYTHON, "-m", "experiments.generate", f"--target={path}",
                         "--method=regular", "--num_prompts=1", "--batch_size=1"], cwd=REPO, capture_output=True,
                        text=True, timeout=300)
   assert run.returncode == 2 and "num_hidden_layers='2' is refused" in run.stderr, run.stderr[-2000:]

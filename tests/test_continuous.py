@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import subprocess
-import sys
 import types
 
 import jax
@@ -26,7 +25,7 @@ import pytest
 import bass_jax as bj
 from bass_jax.sampling import runner
 from bass_jax import profiles
-from conftest import assert_lossless, assert_reported, noisy_copy, random_eagle_draft, tiny_model
+from conftest import PYTHON, assert_lossless, assert_reported, noisy_copy, random_eagle_draft, tiny_model
 import test_sampling_exact as exact
 
 # Prompt lengths, one per prompt (all padded to one bucket, 128, in a continuous call): the last, admitted
@@ -163,7 +162,7 @@ def test_rows_that_free_up_together_are_admitted_in_one_prefill(target, eos, alo
 
 def test_the_admission_benchmark_prints_a_row_per_setting():
   repo = pathlib.Path(__file__).resolve().parents[1]
-  run = subprocess.run([sys.executable, "-m", "experiments.benchmarks.bench_admission",
+  run = subprocess.run([PYTHON, "-m", "experiments.benchmarks.bench_admission",
                         "--target=smollm2-135m-draft", "--draft=ngram", "--num_prompts=4",
                         "--batch_size=2", "--admit_rows=1,2", "--admit_chunks=8", "--max_new_tokens=4",
                         "--repeats=1"], cwd=repo, capture_output=True, text=True, timeout=600)

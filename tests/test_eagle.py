@@ -11,7 +11,6 @@ test_sampling_exact.py.
 import functools
 import pathlib
 import subprocess
-import sys
 
 import flax.traverse_util
 import jax
@@ -25,7 +24,7 @@ from bass_jax.checkpoints import eagle_files
 from bass_jax.models import common, eagle
 from bass_jax.sampling import proposers
 from bass_jax.training import distill, feature_draft
-from conftest import tiny_model
+from conftest import PYTHON, tiny_model
 
 DRAFT_VOCAB = 48  # of the tiny target's 61 tokens
 
@@ -266,7 +265,7 @@ def test_convert_script_converts_an_eagle_draft_both_ways(tmp_path):
   bj.save_model(draft, tmp_path / "src")
   repo = pathlib.Path(__file__).resolve().parents[1]
   for src, dst, fmt in (("src", "orbax", "orbax"), ("orbax", "st", "safetensors")):
-    result = subprocess.run([sys.executable, "-m", "experiments.convert", f"--from={tmp_path / src}",
+    result = subprocess.run([PYTHON, "-m", "experiments.convert", f"--from={tmp_path / src}",
                              f"--to={tmp_path / dst}", f"--format={fmt}"], cwd=repo,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -6,7 +6,6 @@ import json
 import os
 import pathlib
 import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -17,7 +16,7 @@ from bass_jax.checkpoints import eagle_formats
 from bass_jax.checkpoints import eagle_files
 from bass_jax.models import eagle
 from bass_jax.training import corpus, feature_draft
-from conftest import tiny_model
+from conftest import PYTHON, tiny_model
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", JAX_PLATFORMS="cpu")
@@ -50,7 +49,7 @@ def setup(tmp_path_factory):
 
 
 def _run(root, *flags):
-  return subprocess.run([sys.executable, "-m", "experiments.eval_eagle", f"--target={root / 'target'}",
+  return subprocess.run([PYTHON, "-m", "experiments.eval_eagle", f"--target={root / 'target'}",
                          f"--corpus={root / 'corpus'}", *flags], cwd=REPO, env=ENV,
                         capture_output=True, text=True, timeout=300, check=False)
 
@@ -146,7 +145,7 @@ def test_train_eagle_trains_eagle3_on_continuations_alone_and_eval_eagle_reads_i
 
   def train(corpus_dir, workdir, *extra):
     return subprocess.run(
-        [sys.executable, "-m", "experiments.train_eagle", f"--target={root / 'target'}",
+        [PYTHON, "-m", "experiments.train_eagle", f"--target={root / 'target'}",
          f"--corpus={corpus_dir}", f"--workdir={workdir}", "--architecture=eagle3", "--taps=0,1",
          "--draft_vocab_size=40", "--cls_weight=1.0", "--ttt_depth=2", "--steps=2", "--batch_size=2",
          "--warmup_steps=1", "--eval_every=2", "--checkpoint_every=2", "--export_layout=speculators",

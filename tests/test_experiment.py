@@ -4,7 +4,6 @@ import dataclasses
 import json
 import os
 import subprocess
-import sys
 import types
 
 import jax
@@ -14,7 +13,7 @@ import pytest
 import bass_jax as bj
 from bass_jax.evaluation import batches, experiment, metrics
 from bass_jax.evaluation.data import load_problems
-from conftest import tiny_config
+from conftest import PYTHON, tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -110,7 +109,7 @@ def test_main_job_end_to_end(tmp_path, smollm2):
   # Regular decoding in static batches, BASS with continuous batching (the default): 6 sequences, 3 rows.
   for method, continuous in (("regular", False), ("bass", True)):
     result = subprocess.run(
-        [sys.executable, "-m", "experiments.generate", f"--target={tmp_path / 'tiny'}",
+        [PYTHON, "-m", "experiments.generate", f"--target={tmp_path / 'tiny'}",
          "--continuous" if continuous else "--nocontinuous",
          f"--draft={tmp_path / 'tiny'}", "--draft_num_layers=1", f"--method={method}",
          f"--prompts={prompts}", "--num_prompts=2", "--batch_size=3", "--max_new_tokens=6",
@@ -237,7 +236,7 @@ def test_report_renders_every_experiment(tmp_path):
   for name, content in files.items():
     (tmp_path / "results" / name).write_text(json.dumps(content))
   result = subprocess.run(
-      [sys.executable, "-m", "experiments.paper.report", f"--results={tmp_path / 'results'}",
+      [PYTHON, "-m", "experiments.paper.report", f"--results={tmp_path / 'results'}",
        f"--output={tmp_path / 'docs' / 'results.md'}", f"--figures={tmp_path / 'docs' / 'figures'}"],
       cwd=REPO, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]

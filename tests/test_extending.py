@@ -16,7 +16,6 @@ import dataclasses
 import pathlib
 import re
 import subprocess
-import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -29,7 +28,7 @@ from bass_jax.models import attention_registry, family, llama
 from bass_jax.models.attention import reference_attention
 from bass_jax.sampling import acceptance, compile_cache, drafts, tree_check
 from bass_jax.sampling.proposers import ModelProposer
-from conftest import noisy_copy, tiny_model
+from conftest import PYTHON, noisy_copy, tiny_model
 import test_sampling_exact as exact
 from test_sampling_exact import fresh_programs  # pylint: disable=unused-import  # a fixture
 
@@ -307,7 +306,7 @@ def test_a_proposer_with_weights_is_named_by_a_spec_through_its_builder():
 
 def test_a_scripts_draft_help_lists_the_registry():
   """--draft=help prints the grammar generated from the registry, and exits before any model."""
-  done = subprocess.run([sys.executable, "-m", "experiments.benchmarks.step_costs", "--draft=help"],
+  done = subprocess.run([PYTHON, "-m", "experiments.benchmarks.step_costs", "--draft=help"],
                         capture_output=True, text=True, cwd=DOC.parents[1], timeout=120, check=False)
   assert done.returncode == 0, done.stderr
   assert done.stdout.startswith("Draft specs (bass_jax.load_draft_spec):\n")

@@ -18,7 +18,7 @@ import torch
 import transformers
 
 import bass_jax as bj
-from conftest import chunked_logits
+from conftest import PYTHON, chunked_logits
 
 VOCAB = 97  # odd on purpose
 # GPT-2's and CodeGen's configs default to the stop id 50256, outside VOCAB, which a config.json may not
@@ -528,13 +528,12 @@ def test_convert_script_round_trip(tmp_path):
   """experiments/convert.py: HF -> orbax -> HF, logits preserved end to end."""
   import os
   import subprocess
-  import sys
 
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   hf = _hf_model("gpt2")
   hf.save_pretrained(tmp_path / "hf")
   for src, dst, fmt in (("hf", "orbax", "orbax"), ("orbax", "hf2", "safetensors")):
-    result = subprocess.run([sys.executable, "-m", "experiments.convert", f"--from={tmp_path / src}",
+    result = subprocess.run([PYTHON, "-m", "experiments.convert", f"--from={tmp_path / src}",
                              f"--to={tmp_path / dst}", f"--format={fmt}"], cwd=repo,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]

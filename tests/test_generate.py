@@ -16,7 +16,7 @@ import pytest
 import bass_jax as bj
 from bass_jax.evaluation import experiment
 from bass_jax.evaluation.data import Problem
-from conftest import assert_lossless, assert_reported, noisy_copy, tiny_model
+from conftest import PYTHON, assert_lossless, assert_reported, noisy_copy, tiny_model
 
 
 
@@ -197,7 +197,6 @@ def test_the_persistent_compilation_cache_serves_a_new_process(tmp_path):
   finds them (it writes nothing new)."""
   import os
   import subprocess
-  import sys
 
   script = (
       "import sys, numpy as np, bass_jax as bj; sys.path.insert(0, 'tests')\n"
@@ -207,7 +206,7 @@ def test_the_persistent_compilation_cache_serves_a_new_process(tmp_path):
       "out = bj.generate(t, t, [[1, 2, 3]], max_new_tokens=8, draft_len=2)\n"
       "print(out.sequences())\n")
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  run = lambda: subprocess.run([sys.executable, "-c", script], cwd=repo, capture_output=True,
+  run = lambda: subprocess.run([PYTHON, "-c", script], cwd=repo, capture_output=True,
                                text=True, timeout=300)
   first = run()
   assert first.returncode == 0, first.stderr[-2000:]

@@ -5,10 +5,10 @@ import importlib.metadata
 import json
 import pathlib
 import subprocess
-import sys
 
 import pytest
 
+from conftest import PYTHON
 from experiments.benchmarks import gpu_bundle
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -71,7 +71,7 @@ def test_a_damaged_bundle_is_refused_by_name_and_unpacks_nothing(bundle, tmp_pat
 
 def test_the_command_joins_and_refuses_in_one_line(bundle, tmp_path):
   out, _ = bundle
-  run = lambda *a: subprocess.run([sys.executable, "-m", "experiments.benchmarks.gpu_bundle", *a], cwd=REPO,
+  run = lambda *a: subprocess.run([PYTHON, "-m", "experiments.benchmarks.gpu_bundle", *a], cwd=REPO,
                                   capture_output=True, text=True, timeout=120)
   ok = run(f"--join={out}", f"--site={tmp_path / 'site'}")
   assert ok.returncode == 0 and "export PYTHONPATH=" in ok.stdout, ok.stderr

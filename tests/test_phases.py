@@ -6,7 +6,6 @@ import math
 import pathlib
 import re
 import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +16,7 @@ import bass_jax as bj
 from bass_jax.sampling.phases import (StepPhases, instruction_scopes, measure_step_phases,
                                      profile_step_scopes)
 from bass_jax.sampling.step import STEP_SCOPES
-from conftest import noisy_copy, random_eagle_draft, tiny_model
+from conftest import PYTHON, noisy_copy, random_eagle_draft, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +124,7 @@ def test_a_traced_decode_splits_its_work_by_step_scope(pair):
 
 def test_the_script_prints_a_row_per_batch_size():
   repo = pathlib.Path(__file__).resolve().parents[1]
-  run = subprocess.run([sys.executable, "-m", "experiments.benchmarks.step_phases",
+  run = subprocess.run([PYTHON, "-m", "experiments.benchmarks.step_phases",
                         "--target=smollm2-135m-draft", "--draft=ngram", "--batch_sizes=1",
                         "--num_prompts=1", "--max_new_tokens=8", "--warm_steps=1", "--steps=2",
                         "--repeats=1", "--profile"], cwd=repo, capture_output=True, text=True, timeout=600)

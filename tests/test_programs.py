@@ -9,12 +9,12 @@ pytest process's own maps and memory do not count.
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 import bass_jax as bj
 from bass_jax.sampling import programs, runner
+from conftest import PYTHON
 
 
 PROGRAMS = 16  # distinct settings compiled one after another
@@ -65,7 +65,7 @@ def test_evicted_programs_release_their_memory():
   # is measured is whether JAX frees the executables, not what is inside them).
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_llvm_disable_expensive_passes=true").strip()
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  run = subprocess.run([sys.executable, "-c", _SCRIPT.format(programs=PROGRAMS)], cwd=repo, env=env,
+  run = subprocess.run([PYTHON, "-c", _SCRIPT.format(programs=PROGRAMS)], cwd=repo, env=env,
                        capture_output=True, text=True, timeout=900)
   assert run.returncode == 0, run.stderr[-3000:]
   result = json.loads(run.stdout.strip().splitlines()[-1])

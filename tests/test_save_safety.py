@@ -30,7 +30,7 @@ import bass_jax as bj
 from bass_jax.checkpoints import atomic, orbax_ckpt
 from bass_jax.checkpoints import hf as hf_ckpt
 from bass_jax.checkpoints._mapping import CheckpointError
-from conftest import tiny_config
+from conftest import PYTHON, script_pid, send_signal, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHIPPED_DRAFT = REPO / "bass_jax" / "drafts" / "smollm2-135m-draft"
@@ -413,7 +413,7 @@ def test_a_save_killed_midway_leaves_a_leftover_that_the_next_save_removes(tmp_p
   bj.save_model(_model(0, 61), path)
   before = _snapshot(path)
   env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", JAX_PLATFORMS="cpu")
-  child = subprocess.Popen([sys.executable, "-c", _KILLED_SAVE, str(path)], cwd=REPO / "tests",
+  child = subprocess.Popen([PYTHON, "-c", _KILLED_SAVE, str(path)], cwd=REPO / "tests",
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
   try:
     ready, _, _ = select.select([child.stdout], [], [], 240)
@@ -421,11 +421,11 @@ def test_a_save_killed_midway_leaves_a_leftover_that_the_next_save_removes(tmp_p
     assert line.startswith("WRITTEN"), (line, child.poll(), child.stderr.read() if child.poll() else "")
     partial = pathlib.Path(line.split(maxsplit=1)[1].strip())
     assert partial.parent == tmp_path
-    assert partial.name.startswith(f".ckpt.partial-{atomic._host()}-{child.pid}-")  # pylint: disable=protected-access
+    assert partial.name.startswith(f".ckpt.partial-{atomic._host()}-{script_pid(child)}-")  # pylint: disable=protected-access
     assert (partial / "model.safetensors").is_file()
     assert atomic.leftovers(path) == []  # its save is still running: not a leftover yet
   finally:
-    child.kill()  # SIGKILL: nothing of the child's cleans up
+    send_signal(child, signal.SIGKILL)  # nothing of the child's cleans up
     child.wait()
     child.stdout.close()
     child.stderr.close()
@@ -492,7 +492,7 @@ def test_replace_directory_is_all_or_nothing(tmp_path):
 
 def _run(*args, timeout=300):
   env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-  return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True,
+  return subprocess.run([PYTHON, "-m", *args], cwd=REPO, capture_output=True, text=True,
                         timeout=timeout, env=env)
 
 

@@ -13,7 +13,6 @@ import pathlib
 import re
 import socket
 import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -25,7 +24,7 @@ from bass_jax import sharding
 from bass_jax.evaluation import experiment
 from bass_jax.evaluation.data import load_problems
 from bass_jax.models import eagle
-from conftest import MULTIDEVICE_ENV, tiny_model
+from conftest import MULTIDEVICE_ENV, PYTHON, tiny_model
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -41,7 +40,7 @@ def _env(devices: int) -> dict[str, str]:
 
 def test_the_multidevice_suite_passes_on_8_host_devices():
   result = subprocess.run(
-      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+      [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
        "--durations=5", "tests/multidevice"],
       cwd=REPO, env=_env(8), capture_output=True, text=True, timeout=1500)
   report = result.stdout[-10000:] + result.stderr[-3000:]
@@ -63,7 +62,7 @@ def test_two_processes_on_localhost_decode_as_one_process(tmp_path):
             "--draft_num_layers=1", "--num_prompts=4", "--batch_size=4", "--max_new_tokens=16",
             "--mesh=2,2", f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2"]
   procs = [subprocess.Popen(
-      [sys.executable, *common, f"--process_id={i}", f"--output={tmp_path}/records{i}.jsonl",
+      [PYTHON, *common, f"--process_id={i}", f"--output={tmp_path}/records{i}.jsonl",
        f"--summary_json={tmp_path}/summary{i}.json"],
       cwd=REPO, env=_env(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
       for i in range(2)]
@@ -92,7 +91,7 @@ def test_script_flags_are_checked_before_anything_loads():
                         ("--process_id=1", "go together"),
                         ("--coordinator_address=127.0.0.1:1 --num_processes=2 --process_id=2",
                          "must be below --num_processes=2")):
-    result = subprocess.run([sys.executable, "-m", "experiments.generate", *flag.split()], cwd=REPO,
+    result = subprocess.run([PYTHON, "-m", "experiments.generate", *flag.split()], cwd=REPO,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and message in result.stderr, (flag, result.stderr[-2000:])
 

@@ -8,7 +8,6 @@ import pathlib
 import shutil
 import statistics
 import subprocess
-import sys
 
 import jax
 import pytest
@@ -17,7 +16,7 @@ import bass_jax as bj
 from bass_jax.evaluation import experiment
 from bass_jax.evaluation import sweep
 from bass_jax.evaluation.data import Problem
-from conftest import tiny_config, tiny_model
+from conftest import PYTHON, tiny_config, tiny_model
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -140,7 +139,7 @@ def tiny_dir(tmp_path_factory):
 
 def _script(tiny_dir, out, *extra):
   return subprocess.run(
-      [sys.executable, "-m", "experiments.benchmarks.sweep", f"--target={tiny_dir / 'tiny'}",
+      [PYTHON, "-m", "experiments.benchmarks.sweep", f"--target={tiny_dir / 'tiny'}",
        f"--prompts={tiny_dir / 'prompts.jsonl'}", "--num_prompts=2", "--max_new_tokens=5",
        "--rounds=2", f"--results_dir={out}", "--variant=name=regular",
        f"--variant=name=bass l=2;draft={tiny_dir / 'tiny'};draft_len=2", *extra],

@@ -2,7 +2,6 @@
 
 import os
 import subprocess
-import sys
 import textwrap
 
 import jax
@@ -11,7 +10,7 @@ import pytest
 
 import bass_jax as bj
 from bass_jax.training import distill
-from conftest import tiny_model
+from conftest import PYTHON, tiny_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -96,7 +95,7 @@ _RUN = textwrap.dedent("""
 
 def _run(workdir, kill_at=0):
   env = dict(os.environ, KILL_AT=str(kill_at))
-  return subprocess.run([sys.executable, "-c", _RUN.format(tests=os.path.join(REPO, "tests")),
+  return subprocess.run([PYTHON, "-c", _RUN.format(tests=os.path.join(REPO, "tests")),
                          str(workdir)], env=env, capture_output=True, text=True, timeout=600,
                         cwd=REPO)
 
