@@ -2,7 +2,6 @@
 three processes), its records and report, and its refusals."""
 
 import json
-import os
 import pathlib
 import subprocess
 
@@ -14,9 +13,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _run(*args, check=True):
-  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  # From the repository's root, `-m experiments...` imports the working tree's scripts (and so does
+  # every step bench_scale starts, in the same directory): no PYTHONPATH, which would also keep the
+  # suite's zygote from forking the runs (tests/_zygote.py, IMPORT_TIME_ENV).
   return subprocess.run([PYTHON, "-m", "experiments.benchmarks.bench_scale", *args], cwd=ROOT,
-                        env=env, capture_output=True, text=True, check=check, timeout=600)
+                        capture_output=True, text=True, check=check, timeout=600)
 
 
 @pytest.fixture(scope="module")
