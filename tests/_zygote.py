@@ -10,8 +10,8 @@ environment, and runs the module, ``-c`` code or script as ``__main__`` as ``pyt
 client forwards the catchable signals it receives (SIGINT, SIGTERM, ...) to the worker, and ends
 with the worker's exit status (or by the same signal). A worker whose client goes away is killed.
 
-Measured on this project's 2-core machine (2026-11-29): a fresh ``python`` importing bass_jax, JAX,
-transformers and torch takes about 7.5 s; a forked worker starts in well under one.
+What it saves, per test file, is in docs/testing.md ("Scripts start from a zygote"), from two
+``make test`` runs.
 
 What a forked worker does not share with a fresh interpreter, and how it is handled:
 - state read from the environment when a preloaded module was imported: JAX's configuration

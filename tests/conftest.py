@@ -50,8 +50,8 @@ if "BASS_JAX_TOKENIZER_CACHE_DIR" not in os.environ:
   os.environ["BASS_JAX_TOKENIZER_CACHE_DIR"] = _TOKENIZERS
   atexit.register(shutil.rmtree, _TOKENIZERS, ignore_errors=True)
 
-# The scripts the suite runs as a user does (`python -m experiments.generate ...`, about 100
-# processes) start from a zygote that has imported bass_jax, JAX, transformers and torch once
+# The scripts the suite runs as a user does (`python -m experiments.generate ...`, the
+# benchmarks' runs) start from a zygote that has imported bass_jax, JAX, transformers and torch once
 # (tests/_zygote.py; docs/testing.md, "Scripts start from a zygote"): a fresh interpreter spends 5-7 s
 # on those imports. Tests start scripts with PYTHON in place of sys.executable, and kill them with
 # send_signal. One zygote per `make test`, started by the first process to import
