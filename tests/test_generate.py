@@ -129,19 +129,6 @@ def test_run_problems_rejects_an_empty_batch(target):
     experiment.run_problems(target, None, [Problem("t", "x")], batch_size=0, method="regular")
 
 
-@pytest.mark.slow
-def test_smollm2_greedy_bass_equals_regular(smollm2, smollm2_greedy):
-  """Real target, prompts of different lengths, the 4-layer placeholder draft (the target's first
-  layers) under Algorithm 1. A draft that is accepted often runs in test_shipped_draft (the shipped
-  draft, whose acceptances and rejections both occur); the other proposers and policies in
-  test_proposers."""
-  prompts, regular = smollm2_greedy
-  bass = bj.generate(smollm2, smollm2.with_first_layers(4), prompts, method="bass",
-                     max_new_tokens=32, draft_len="dynamic")
-  rate = assert_lossless(smollm2, prompts, regular, bass)
-  assert rate >= 0.9, f"exact-match rate {rate:.3f}"
-
-
 def test_calls_within_the_same_buckets_share_programs(target):
   """Batch, prompt length and max_new_tokens inside their buckets, EOS ids, temperature, top_p below 1
   and seed are traced or padded: a second call reuses the first one's programs; whether there is a

@@ -122,7 +122,10 @@ def test_the_lookup_matches_a_brute_force(seed, pool, settings):
   proposer = bj.SiblingProposer(**settings)
   ctx, (tokens, seq_len, group, live, finished) = _random_context(seed, pool=pool)
   max_len = 6
-  _, proposal = proposer.propose(None, None, ctx, max_len=max_len, chunk=1, greedy=False)
+  # Jitted, as the decode runs it: eagerly, each of the lookup's ops would compile on its own.
+  propose = jax.jit(lambda c: proposer.propose(None, None, c, max_len=max_len, chunk=1,
+                                               greedy=False)[1])
+  proposal = propose(ctx)
   occurrences = _brute_occurrences(proposer, tokens, seq_len, group, live, finished, max_len)
   lengths = []
   for b, occ in enumerate(occurrences):
@@ -134,15 +137,14 @@ def test_the_lookup_matches_a_brute_force(seed, pool, settings):
     assert (np.asarray(proposal.drafts[b, length:]) == 0).all()
   assert proposal.log_q is None
   assert 0 in lengths and any(0 < n < max_len for n in lengths), lengths  # drafting stopped early
-  assert bool(proposer.can_propose(ctx)) == any(lengths)
+  assert bool(jax.jit(proposer.can_propose)(ctx)) == any(lengths)
   single = jax.tree_util.tree_map(lambda a: a[:1] if getattr(a, "ndim", 0) and a.shape[0] == 6 else a,
                                   ctx)  # a lone row: no sibling in the batch
-  _, alone = proposer.propose(None, None, single.replace(finished=None), max_len=max_len, chunk=1,
-                              greedy=False)
+  alone = propose(single.replace(finished=None))
   assert int(alone.num_drafts[0]) == 0
 
   shape = bj.TreeShape(top_k=2, depth=3, nodes=7)
-  _, tree = proposer.propose_tree(None, None, ctx, shape=shape)
+  tree = jax.jit(lambda c: proposer.propose_tree(None, None, c, shape=shape)[1])(ctx)
   for b, occ in enumerate(occurrences):
     conts = [c for _, c in occ if c[0] is not None]
     want, left = set(), list(range(len(conts)))

@@ -272,7 +272,7 @@ def smollm2_on_mesh():
   mesh = sharding.make_mesh(2, 3)
   # One layer holds every tensor kind: the GGUF's 30 layers store the same kinds (Q4_1 projections,
   # F32 norms), its embedding Q8_0.
-  target = bj.load_model("smollm2-135m-instruct", mesh=mesh, num_layers=1)
+  target = bj.load_model("smollm2-135m-instruct", mesh=mesh, num_layers=1, tokenizer=False)
   return mesh, target
 
 
