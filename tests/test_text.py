@@ -1,7 +1,8 @@
 """Text in, text out: `generate_text` on the target's tokenizer, chat template and stop strings.
 
-The real-model test checks SmolLM2-135M-Instruct's greedy answers to two chat prompts against text that
-was read and checked by hand; greedy BASS must give exactly what greedy regular decoding gives.
+The real-model test checks that SmolLM2-135M-Instruct answers two chat prompts (an assistant turn, not
+a continuation of the question) and that greedy BASS with stop strings gives greedy regular decoding's
+text cut at the first stop.
 """
 
 from __future__ import annotations
