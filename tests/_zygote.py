@@ -181,16 +181,39 @@ def client(args: list[str]) -> None:
   os._exit(status)
 
 
-def worker_pid(client_pid: int) -> int | None:
-  """The pid of the worker that runs a client's script (None: it runs in the client itself)."""
+def worker_pid(client_pid: int, wait_s: float = 10.0) -> int | None:
+  """The pid of the worker that runs a client's script (None: it runs in the client itself).
+
+  The client writes the pid once the zygote names the worker, and the worker may already be running
+  the script by then (a script's first output can reach the caller first on a busy machine): while
+  the client is still the launcher (not the fresh interpreter it becomes where the zygote declines),
+  this waits up to ``wait_s`` seconds for it.
+  """
+  import time  # pylint: disable=g-import-not-at-top
+
   path = os.environ.get(ENV_VAR, "off")
   if path == "off":
     return None
+  deadline = time.monotonic() + wait_s
+  while True:
+    try:
+      with open(os.path.join(os.path.dirname(path), f"worker.{client_pid}")) as f:
+        return int(f.read())
+    except (OSError, ValueError):
+      pass
+    if time.monotonic() > deadline or not _is_launcher(client_pid):
+      return None
+    time.sleep(0.01)
+
+
+def _is_launcher(pid: int) -> bool:
+  """Whether process ``pid`` still runs this file's client (the launcher), from its command line."""
   try:
-    with open(os.path.join(os.path.dirname(path), f"worker.{client_pid}")) as f:
-      return int(f.read())
-  except (OSError, ValueError):
-    return None
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+      argv = f.read().split(b"\0")
+  except OSError:
+    return False
+  return any(a.endswith(b"_zygote.py") for a in argv) and b"client" in argv
 
 
 # -- the zygote -------------------------------------------------------------------------------------
