@@ -207,13 +207,14 @@ def worker_pid(client_pid: int, wait_s: float = 10.0) -> int | None:
 
 
 def _is_launcher(pid: int) -> bool:
-  """Whether process ``pid`` still runs this file's client (the launcher), from its command line."""
+  """Whether process ``pid`` still runs this file's client, as the launcher :func:`start` writes
+  starts it (``python -S <this file> client ...``), from its command line."""
   try:
     with open(f"/proc/{pid}/cmdline", "rb") as f:
       argv = f.read().split(b"\0")
   except OSError:
     return False
-  return any(a.endswith(b"_zygote.py") for a in argv) and b"client" in argv
+  return argv[2:4] == [os.path.abspath(__file__).encode(), b"client"]
 
 
 # -- the zygote -------------------------------------------------------------------------------------

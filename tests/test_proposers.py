@@ -240,22 +240,24 @@ def test_the_break_even_acceptance_is_where_the_policy_starts_to_speculate():
     assert choice(alpha + 0.003) >= 1 and choice(alpha - 0.003) == 0
 
 
+# The cost-aware policy with given costs, in the CPU profile's verification chunks of 4: a chain pays at
+# the prior acceptance, so the policy speculates whatever this machine would measure.
+GIVEN_GOODPUT = bj.GoodputDraftLen(costs=bj.StepCosts(plain=1.0, verify_pass=1.3, propose_first=0.15,
+                                                      propose_next=0.15, chunk=4))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("draft_kind,draft_len", [("ngram", "dynamic"), ("hybrid", "goodput")])
+@pytest.mark.parametrize("draft_kind,draft_len", [("ngram", "dynamic"), ("hybrid", GIVEN_GOODPUT)],
+                         ids=["ngram-dynamic", "hybrid-goodput"])
 def test_smollm2_greedy_bass_equals_regular_for_every_proposer(smollm2, smollm2_greedy, draft_kind,
                                                                draft_len):
   """Real target, prompts of different lengths: the n-gram lookup under Algorithm 1, and the hybrid of a
-  4-layer prefix of the target (a draft model) and the lookup under the cost-aware policy. The costs
-  are given, so that the policy speculates whatever this machine measures (calibration is
-  test_calibration's); a trained draft model at a fixed length is test_shipped_draft's."""
+  4-layer prefix of the target (a draft model) and the lookup under the cost-aware policy with given
+  costs (calibration is test_calibration's); a trained draft model at a fixed length is
+  test_shipped_draft's."""
   prompts, regular = smollm2_greedy
   ngram = bj.NGramProposer()
-  if draft_kind == "ngram":
-    side = ngram
-  else:
-    side = bj.Hybrid(smollm2.with_first_layers(4), ngram)
-    draft_len = bj.GoodputDraftLen(costs=bj.StepCosts(plain=1.0, verify_pass=1.3, propose_first=0.15,
-                                                      propose_next=0.15, chunk=9))
+  side = ngram if draft_kind == "ngram" else bj.Hybrid(smollm2.with_first_layers(4), ngram)
   bass = bj.generate(smollm2, side, prompts, max_new_tokens=32, draft_len=draft_len)
   rate = assert_lossless(smollm2, prompts, regular, bass)
   assert rate >= 0.9, f"exact-match rate {rate:.3f}"

@@ -337,21 +337,16 @@ def lowered(spec: state_lib.DecodeSpec, args_prefill: tuple, args_decode_tail: t
     only when compiled).
   """
   mesh = None if spec.target_sharding is None else spec.target_sharding.mesh
-  # Traced under the decode's own mesh (Auto axes), whatever mesh the caller set with jax.set_mesh.
   # The profile's options (None: XLA's defaults), and the caller's over them.
   placed = {"compiler_options": {**(spec.xla_options or {}), **(compiler_options or {})} or None}
+  # Traced under the decode's own mesh (Auto axes), whatever mesh the caller set with jax.set_mesh.
   with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
-    if mesh is None:  # the decode's state is what the traced prefill returns: the prefill traced once
-      traced = jax.jit(_fresh(loop.prefill), static_argnums=0, **placed).trace(spec, *args_prefill)
-      state_shape = traced.out_info
-    else:  # the prefill's outputs are placed by shardings computed from its shapes
-      state_shape = jax.eval_shape(lambda *a: loop.prefill(spec, *a), *args_prefill)
-      shardings = state_lib.state_shardings(spec, state_shape)
-      placed["out_shardings"] = shardings
-      state_shape = jax.tree_util.tree_map(
-          lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state_shape, shardings)
-      traced = jax.jit(_fresh(loop.prefill), static_argnums=0, **placed).trace(spec, *args_prefill)
+    if mesh is not None:  # the prefill's outputs placed by shardings computed from their shapes
+      shapes = jax.eval_shape(lambda *a: loop.prefill(spec, *a), *args_prefill)
+      placed["out_shardings"] = state_lib.state_shardings(spec, shapes)
+    traced = jax.jit(_fresh(loop.prefill), static_argnums=0, **placed).trace(spec, *args_prefill)
     prefill = traced.lower()
+    # The decode's state is what the prefill returns: its shapes, and on a mesh its shardings.
     decode = jax.jit(_fresh(loop.decode), static_argnums=0, donate_argnums=1, **placed).lower(
-        spec, state_shape, *args_decode_tail)
+        spec, traced.out_info, *args_decode_tail)
   return prefill, decode
