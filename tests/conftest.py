@@ -6,6 +6,8 @@ import shutil
 import sys
 import tempfile
 
+import pytest
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # The suite's programs compile once and mostly run for milliseconds, so compiling is nearly all the
@@ -99,16 +101,58 @@ HEAVY_FIRST = ("test_sharding.py", "test_sampling_exact.py", "test_cli.py", "tes
                "test_calibration.py")
 
 
+# The real SmolLM2's tests run on one worker, one after another, so that its load (about 10 s) and the
+# greedy reference they share (smollm2_greedy, about 10 s) happen once per run instead of once per
+# worker: make test's scheduler (pytest_xdist_make_scheduler below) hands them out as one unit, placed
+# among the files by its length (about 200 s on the project's 2-core machine). Whole files, or tests
+# by name; a test taking the smollm2 fixture outside this list is refused at collection.
+REAL_TARGET_TESTS = ("test_baselines.py::", "test_shipped_draft.py::", "test_text.py::test_smollm2_",
+                     "test_proposers.py::test_smollm2_")
+REAL_TARGET_UNIT = "the real SmolLM2's tests"
+REAL_TARGET_AFTER = "test_families.py"
+
+
+def real_target_test(nodeid: str) -> bool:
+  """Whether the test ``nodeid`` (``tests/test_x.py::test_y[...]``) is one of the real SmolLM2's."""
+  return nodeid.rsplit("/", 1)[-1].startswith(REAL_TARGET_TESTS)
+
+
 def pytest_collection_modifyitems(session, config, items):
   del session, config
+  stray = [item.nodeid for item in items
+           if "smollm2" in getattr(item, "fixturenames", ()) and not real_target_test(item.nodeid)]
+  if stray:
+    raise pytest.UsageError(f"{stray[0]} takes the smollm2 fixture but is not in "
+                            "tests/conftest.py's REAL_TARGET_TESTS (the real target's tests share "
+                            "one worker): add it there")
   rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
-  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
+  real = rank[REAL_TARGET_AFTER] + 0.5
+
+  def key(item):
+    return real if real_target_test(item.nodeid) else rank.get(item.path.name, len(rank))
+
+  items.sort(key=key)  # stable: files stay whole, the real target's tests one block
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+  """make test's scheduler (``--dist loadfile``): whole files, in collection order, and the real
+  SmolLM2's tests (:data:`REAL_TARGET_TESTS`) as one more unit; any other ``--dist`` keeps xdist's."""
+  if config.getvalue("dist") != "loadfile":
+    return None
+  from xdist.scheduler import LoadFileScheduling  # pylint: disable=g-import-not-at-top
+
+  class _Scheduler(LoadFileScheduling):
+
+    def _split_scope(self, nodeid: str) -> str:
+      return REAL_TARGET_UNIT if real_target_test(nodeid) else super()._split_scope(nodeid)
+
+  return _Scheduler(config, log)
 
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-import pytest  # noqa: E402
 
 import bass_jax as bj  # noqa: E402
 
