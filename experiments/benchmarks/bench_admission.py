@@ -26,14 +26,14 @@ _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target model s
 _DRAFT = _io.define_draft_flag("hybrid:smollm2-135m-eagle")
 _PROMPTS = flags.DEFINE_string("prompts", "stdlib-heldout", "Prompt set (a tuning set, not HumanEval).")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 12, "First N prompts: the queue.", lower_bound=2)
-_BATCH = flags.DEFINE_integer("batch_size", 4, "Rows decoding at once (< num_prompts).", lower_bound=1)
 _ROWS = flags.DEFINE_list("admit_rows", ["1", "2", "4"], "Prompts per admission prefill, each.")
 _io.require_positive_ints("admit_rows")
 _CHUNKS = flags.DEFINE_list("admit_chunks", ["64"], "Positions per forward of the prefill, each.")
 _io.require_positive_ints("admit_chunks")
 _DRAFT_LEN = flags.DEFINE_integer("draft_len", 3, "Fixed draft length l.", lower_bound=1)
-_DECODE = _decode_flags.define(max_new_tokens=48, profile="cpu")  # the profile whose admission
-_MAX_NEW, _PROFILE = _DECODE["max_new_tokens"], _DECODE["profile"]  # settings are replaced
+_DECODE = _decode_flags.define(max_new_tokens=48, profile="cpu", batch_size=4)  # the profile whose
+_MAX_NEW, _PROFILE = _DECODE["max_new_tokens"], _DECODE["profile"]  # admission settings are replaced
+_BATCH = _DECODE["batch_size"]  # below --num_prompts: the rest queue
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per setting (the fastest counts).",
                                 lower_bound=1)
 

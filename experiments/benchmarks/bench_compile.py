@@ -42,11 +42,11 @@ KINDS = ("regular", "chain", "goodput", "goodput+tree", "hybrid", "hybrid+admiss
 
 _TARGET = flags.DEFINE_string("target", "random:smollm2-135m", "random:<shape>[:layers=N][:vocab=V] "
                               "(experiments/_shapes.py) or a model spec load_model takes.")
-_BATCH = flags.DEFINE_integer("batch_size", 4, "Rows of the static batch.", lower_bound=1)
 _KINDS = flags.DEFINE_list("kinds", list(KINDS), f"Program kinds, of {', '.join(KINDS)}.")
 _LEVELS = flags.DEFINE_list("opt_levels", ["default"], "XLA backend optimization levels to compare: "
                             "'default' (the profile's options) or integers 0-3.")
-_NEW = _decode_flags.define(max_new_tokens=32)["max_new_tokens"]
+_DECODE = _decode_flags.define(max_new_tokens=32, batch_size=4)  # rows of the static batch
+_NEW, _BATCH = _DECODE["max_new_tokens"], _DECODE["batch_size"]
 _QUICK = flags.DEFINE_bool("quick", False, "Two layers and a 4,096-token vocabulary (of a random:"
                            " target), one level, the kinds regular and goodput (or --kinds where "
                            "given): a smoke run in seconds (the suite's).")

@@ -42,6 +42,7 @@ import time
 from absl import app
 from absl import flags
 
+from experiments import _decode_flags
 from experiments import _io
 
 # config.json of each shape (transformers' field names), as LlamaConfig.from_hf_config and
@@ -79,7 +80,9 @@ _CHECKPOINT_DIR = flags.DEFINE_string(
     "<shape>/ and <shape>-draft/ are written once and then reused.")
 _BATCHES = flags.DEFINE_list("batch_sizes", ["1", "4"], "Batch sizes (distinct random prompts).")
 _METHODS = flags.DEFINE_list("methods", list(METHODS), "Decodes: regular, bass.")
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 16, "Tokens per row (no stop ids).", lower_bound=2)
+_MAX_NEW = _decode_flags.define(max_new_tokens=16)["max_new_tokens"]  # per row, end to end
+flags.register_validator("max_new_tokens", lambda v: v >= 2, message="--max_new_tokens must be at "
+                         "least 2: the steady step time leaves the first step out")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 32, "Tokens per random prompt.", lower_bound=1)
 _DRAFT_LEN = flags.DEFINE_integer("draft_len", 4, "BASS's fixed draft length.", lower_bound=1)
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls after the compiling one (median).",

@@ -27,8 +27,8 @@ _PROPOSERS = flags.DEFINE_list(
     "comma-separated, so without settings.")
 _PROMPTS = flags.DEFINE_string("prompts", "stdlib-heldout", "Prompt set (bass_jax.evaluation.data.load_problems).")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 8, "First N prompts (>= batch_size).", lower_bound=1)
-_BATCH = flags.DEFINE_integer("batch_size", 8, "Distinct prompts per batch.", lower_bound=1)
-_MAX_NEW = _decode_flags.define(max_new_tokens=48)["max_new_tokens"]
+_DECODE = _decode_flags.define(max_new_tokens=48, batch_size=8)  # distinct prompts a batch
+_BATCH, _MAX_NEW = _DECODE["batch_size"], _DECODE["max_new_tokens"]
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Alternating rounds.", lower_bound=1)
 
 

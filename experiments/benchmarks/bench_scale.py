@@ -61,6 +61,7 @@ import time
 from absl import flags
 
 from experiments import _deviceless
+from experiments import _decode_flags
 from experiments import _io
 
 _RESULTS = flags.DEFINE_string("results_dir", None, "Directory for bench_scale.{jsonl,json,md}; "
@@ -82,7 +83,9 @@ _CACHE_LEN = flags.DEFINE_integer("cache_len", 2048, "Cache slots per row of the
                                   lower_bound=64)
 _REPEATS = flags.DEFINE_integer("repeats", 10, "Timed calls per forward cell.", lower_bound=1)
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 128, "Tokens per prompt (end to end).", lower_bound=1)
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per row (end to end).", lower_bound=2)
+_MAX_NEW = _decode_flags.define(max_new_tokens=128)["max_new_tokens"]  # per row, end to end
+flags.register_validator("max_new_tokens", lambda v: v >= 2, message="--max_new_tokens must be at "
+                         "least 2: the steady step time leaves the first step out")
 _E2E_REPEATS = flags.DEFINE_integer("e2e_repeats", 2, "Timed decodes per setting, after one untimed.",
                                     lower_bound=1)
 _DRAFT_LEN = flags.DEFINE_string("draft_len", "3", "BASS's draft length: an int, or 'goodput'.")

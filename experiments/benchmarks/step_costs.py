@@ -19,6 +19,7 @@ from absl import flags
 
 import bass_jax
 from bass_jax.sampling.step_costs import break_even_acceptance
+from experiments import _decode_flags
 from experiments import _io
 
 _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target model spec.")
@@ -26,8 +27,7 @@ _DRAFT = _io.define_draft_flag("smollm2-135m-draft")
 _PROMPTS = flags.DEFINE_string("prompts", "stdlib-heldout", "Prompt set whose buckets are used.")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 8, "First N prompts (>= the largest batch).",
                                     lower_bound=1)
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 48, "Output bucket of the measured setting.",
-                                lower_bound=1)
+_MAX_NEW = _decode_flags.define(max_new_tokens=48)["max_new_tokens"]  # the measured setting's bucket
 _BATCHES = flags.DEFINE_list("batch_sizes", ["1", "2", "4", "8"], "Batch sizes.")
 _io.require_positive_ints("batch_sizes")
 

@@ -12,7 +12,6 @@ last); ``--resume`` keeps the batches it holds (same settings required) and deco
 """
 
 
-from absl import app
 from absl import flags
 import tqdm
 
@@ -28,9 +27,8 @@ _TARGET = flags.DEFINE_string("target", "smollm2-135m-instruct", "Target: alias,
 _DRAFT = _io.define_draft_flag("smollm2-135m-instruct")
 _DRAFT_LAYERS = flags.DEFINE_integer("draft_num_layers", 4, "Keep the draft's first N layers (0 = all).")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 16, "First N HumanEval prompts.")
-_BATCH = flags.DEFINE_integer("batch_size", 4, "Distinct prompts per batch.")
-_MAX_NEW = _decode_flags.define(max_new_tokens=64)["max_new_tokens"]
-_DRAFT_LEN = flags.DEFINE_string("draft_len", "dynamic", "'dynamic' or an int.")
+_DECODE = _decode_flags.define("draft_len", max_new_tokens=64, batch_size=4)  # distinct prompts a batch
+_BATCH, _MAX_NEW = _DECODE["batch_size"], _DECODE["max_new_tokens"]
 _SUMMARY = flags.DEFINE_string("summary_json", None, "JSON file for the result.")
 
 
@@ -54,7 +52,7 @@ def main(argv):
   _io.inspect_models(_TARGET.value, _DRAFT.value)
   target = bass_jax.load_model(_TARGET.value)
   draft = bass_jax.load_draft_spec(_DRAFT.value, target, num_layers=_DRAFT_LAYERS.value or None)
-  draft_len = _io.draft_len_value(_DRAFT_LEN.value)
+  draft_len = _DECODE.values()["draft_len"]
   prompts = text.encode_prompts(
       target.tokenizer, [p.prompt for p in load_problems("humaneval", _NUM_PROMPTS.value)])
   header = dict(target=target.name, draft=draft.name, num_prompts=len(prompts),
