@@ -182,7 +182,7 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
   elif found.kind == "medusa":
     if num_layers is not None or scan_layers:
       raise ValueError(f"{name} holds Medusa heads; num_layers and scan_layers do not apply to them")
-    config, params = medusa_files.load_medusa(path, dtype=dtype)
+    config, params = medusa_files.load_medusa(path, dtype=dtype, fields=found.fields)
   elif found.model_kind == "eagle":
     if num_layers is not None:
       raise ValueError(f"{name} is an EAGLE draft; num_layers does not apply to it")
@@ -190,9 +190,9 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
       raise ValueError(f"{name} is an EAGLE draft, whose layers are always unrolled; load it with "
                        "scan_layers=False (or None)")
     if found.published_eagle:  # EAGLE-1/2, EAGLE-3 or speculators, as published
-      config, params = eagle_formats.load_published(path, dtype=dtype)
+      config, params = eagle_formats.load_published(path, dtype=dtype, fields=found.fields)
     else:
-      config, params = eagle_files.load_eagle(path, dtype=dtype)
+      config, params = eagle_files.load_eagle(path, dtype=dtype, fields=found.fields)
     if mesh is not None:  # a small draft, read whole and then placed
       params = sharding_lib.shard_params(params, sharding_lib.plan(config, mesh, sharding))
   else:  # a family's model, in orbax or Hugging Face format
@@ -208,7 +208,8 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
       params = orbax_ckpt.restore_params(path / ORBAX_PARAMS_DIR, expected(config), config=config,
                                          shapes_for=lambda c: abstract_params(c, dtype))
     else:
-      config, params = hf_ckpt.load_hf_checkpoint(path, expected=expected, dtype=dtype)
+      config, params = hf_ckpt.load_hf_checkpoint(path, expected=expected, dtype=dtype,
+                                                   fields=found.fields)
     eos = merge_eos_ids(config.eos_token_id, generation_eos)
     if eos != config.eos_token_id:
       config = dataclasses.replace(config, eos_token_id=eos)

@@ -85,7 +85,7 @@ def inspect_model(spec: str | os.PathLike) -> ModelSource:
                        int(fields.get("vocab_size") or 0), has_tokenizer, medusa.MODEL_TYPE,
                        int(fields.get("hidden_size") or 0))
   if found.published_eagle:  # EAGLE-1/2, EAGLE-3, speculators
-    config = eagle_formats.published_config(path)
+    config = eagle_formats.published_config(path, fields)
     return ModelSource(name, path, kind, config.max_positions, config.layer.vocab_size,
                        has_tokenizer, eagle.MODEL_TYPE, config.tap_size or config.feature_size,
                        config.num_layers, {}, tuple(config.target_taps),

@@ -202,13 +202,14 @@ def load_vocab_order(path: str | os.PathLike) -> np.ndarray:
   return np.asarray(orbax_ckpt.restore_params(path / ORBAX_PARAMS_DIR, abstract)["vocab_ids"], np.int32)
 
 
-def load_eagle(path: str | os.PathLike, *, dtype: Any = jnp.float32
-               ) -> tuple[eagle.EagleConfig, dict[str, Any]]:
+def load_eagle(path: str | os.PathLike, *, dtype: Any = jnp.float32,
+               fields: dict[str, Any] | None = None) -> tuple[eagle.EagleConfig, dict[str, Any]]:
   """Reads a draft directory in either layout (:func:`save_eagle`'s or ``bass_jax.save_model``'s).
 
   Args:
     path: the draft directory (``config.json`` and ``model.safetensors`` or ``params/``).
     dtype: the returned parameters' dtype.
+    fields: config.json's object when the caller already read it (``locate.Checkpoint.fields``); None reads it.
 
   Returns:
     ``(config, params)`` with ``params = {"draft": …, "vocab_ids": i32[V']}``: the trained weights
@@ -221,7 +222,7 @@ def load_eagle(path: str | os.PathLike, *, dtype: Any = jnp.float32
       missing or shorter than V'.
   """
   path = pathlib.Path(path)
-  config = eagle.EagleConfig.from_json(hf_ckpt.read_config_fields(path))
+  config = eagle.EagleConfig.from_json(hf_ckpt.read_config_fields(path) if fields is None else fields)
   tensors = None  # safetensors' arrays, already read
   if _layout(path) == "safetensors":
     tensors = _read_safetensors(path / _WEIGHTS)

@@ -215,9 +215,10 @@ def _layer_shapes(layer: LlamaConfig, prefix: str, *, in_width: int, input_norm:
   return shapes
 
 
-def load_published(path: str | os.PathLike, *, dtype: Any = jnp.float32
-                   ) -> tuple[EagleConfig, dict[str, Any]]:
-  """Reads a published EAGLE draft directory (:func:`published_kind`) into ``(config, params)``.
+def load_published(path: str | os.PathLike, *, dtype: Any = jnp.float32,
+                   fields: dict[str, Any] | None = None) -> tuple[EagleConfig, dict[str, Any]]:
+  """Reads a published EAGLE draft directory (:func:`published_kind`) into ``(config, params)``;
+  ``fields``: config.json's object when the caller already read it (``locate.Checkpoint.fields``).
 
   Returns:
     ``params = {"draft": …, "vocab_ids": i32[V']}`` as ``eagle_files.load_eagle`` returns them; an EAGLE-3
@@ -230,34 +231,37 @@ def load_published(path: str | os.PathLike, *, dtype: Any = jnp.float32
       config (missing, extra, mis-shaped: named), a ``d2t`` mapping outside the vocabulary.
   """
   path = pathlib.Path(path)
-  kind, fields = _published(path)
+  kind, fields = _published(path, fields)
   tensors = _read(path)
   if kind == "eagle1":
     return _eagle1(path, fields, tensors, dtype)
   return _eagle3(path, fields, tensors, dtype, speculators=kind == "eagle3-speculators")
 
 
-def published_config(path: str | os.PathLike) -> EagleConfig:
+def published_config(path: str | os.PathLike, fields: dict[str, Any] | None = None) -> EagleConfig:
   """The :class:`EagleConfig` of a published draft directory from its config.json alone (the CLI's
-  preflight reads it before any weight).
+  preflight reads it before any weight), or from ``fields`` when the caller already read them.
 
   Raises:
     ValueError: not a published layout; what :func:`load_published` refuses of the config.
   """
   path = pathlib.Path(path)
-  kind, fields = _published(path)
+  kind, fields = _published(path, fields)
   if kind == "eagle1":
     return _eagle1_config(path, fields)
   return _eagle3_config(path, fields, speculators=kind == "eagle3-speculators")
 
 
-def _published(path: pathlib.Path) -> tuple[str, dict[str, Any]]:
-  """``(published_kind, config.json's fields)`` of a published draft directory, its config read once.
+def _published(path: pathlib.Path, fields: dict[str, Any] | None
+               ) -> tuple[str, dict[str, Any]]:
+  """``(published_kind, config.json's fields)`` of a published draft directory, its config read once
+  (not at all when ``fields`` are given).
 
   Raises:
     ValueError: not a published layout (no config.json, or another model).
   """
-  fields = hf_ckpt.read_config_fields(path) if (path / "config.json").is_file() else {}
+  if fields is None:
+    fields = hf_ckpt.read_config_fields(path) if (path / "config.json").is_file() else {}
   kind = published_kind(path, fields) if fields else None
   if kind is None:
     raise ValueError(f"{path}: not a published EAGLE draft (EAGLE-1/2, EAGLE-3 or speculators)")

@@ -348,20 +348,22 @@ def _merge(into: dict[str, np.ndarray], part: dict[str, np.ndarray], file: pathl
   into.update(part)
 
 
-def load_hf_checkpoint(path: str | os.PathLike, *, expected: Any, dtype: Any) -> tuple[Any, dict[str, Any]]:
+def load_hf_checkpoint(path: str | os.PathLike, *, expected: Any, dtype: Any,
+                       fields: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
   """Reads an HF checkpoint directory of a supported family into ``(config, params)``.
 
   Args:
     path: directory with ``config.json`` and ``*.safetensors`` (or ``pytorch_model*.bin``).
     expected: ``config -> abstract params`` callable, used to check every shape.
     dtype: dtype of the returned parameters.
+    fields: config.json's object when the caller already read it (``locate.Checkpoint.fields``); None reads it.
 
   Raises:
     FileNotFoundError, ValueError, CheckpointError: missing files, unsupported config, or tensors that
       do not match the config (missing, extra, mis-shaped), each naming the problem.
   """
   path = pathlib.Path(path)
-  fields = read_config_fields(path)
+  fields = read_config_fields(path) if fields is None else fields
   config = config_from_hf(fields, path / "config.json")
   tensors = multimodal.text_decoder_tensors(fields, _read_tensors(path))
   params = params_from_tensors(config, tensors, tensors.__getitem__, expected=expected, dtype=dtype,

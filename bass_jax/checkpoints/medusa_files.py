@@ -49,14 +49,15 @@ def _read_state(path: pathlib.Path) -> dict[str, np.ndarray]:
                           "model.safetensors or pytorch_model.bin")
 
 
-def load_medusa(path: str | os.PathLike, *, vocab_size: int | None = None, dtype: Any = jnp.float32
-                ) -> tuple[medusa.MedusaConfig, dict[str, Any]]:
+def load_medusa(path: str | os.PathLike, *, vocab_size: int | None = None, dtype: Any = jnp.float32,
+                fields: dict[str, Any] | None = None) -> tuple[medusa.MedusaConfig, dict[str, Any]]:
   """Reads Medusa heads in either published layout (``models.medusa``'s docstring).
 
   Args:
     path: the directory. vocab_size: the target's vocabulary, where the config has none
       (FasterDecoding's); None takes the heads' rows.
     dtype: the parameters' dtype.
+    fields: config.json's object when the caller already read it (``locate.Checkpoint.fields``); None reads it.
 
   Returns:
     ``(config, params)``: ``params = {"blocks": {"kernel": [K, L, H, H] (in, out), "bias": [K, L, H]
@@ -72,7 +73,7 @@ def load_medusa(path: str | os.PathLike, *, vocab_size: int | None = None, dtype
       file.
   """
   path = pathlib.Path(path)
-  fields = hf_ckpt.read_config_fields(path)
+  fields = hf_ckpt.read_config_fields(path) if fields is None else fields
   state = _read_state(path)
   vllm = fields.get("model_type") == medusa.MODEL_TYPE
   token_map = state.pop("token_map", None) if vllm else None
