@@ -55,13 +55,13 @@ def _prompt(smollm2) -> list[int]:
   return smollm2.tokenizer("def count_vowels(text):\n    \"\"\"Number of vowels in text.\"\"\"\n").input_ids
 
 
-def test_hf_generate_decodes_what_bass_jax_decodes(hf_target, smollm2):
-  ids = _prompt(smollm2)
-  eos = smollm2.config.eos_token_id
-  prompts = [ids, ids[3:]]  # different lengths: transformers left-pads under an attention mask
-  run = baselines.hf_generate(hf_target, prompts, max_new_tokens=12, temperature=0.0, top_p=1.0,
-                              seed=0, eos_token_id=eos)
-  ours = bj.generate(smollm2, None, prompts, method="regular", max_new_tokens=12).sequences()
+def test_hf_generate_decodes_what_bass_jax_decodes(hf_target, smollm2, smollm2_greedy):
+  # Three prompts of different lengths (transformers left-pads them under an attention mask) and our
+  # regular greedy decoding of them, the real-target tests' shared reference.
+  prompts, regular = smollm2_greedy
+  run = baselines.hf_generate(hf_target, prompts, max_new_tokens=32, temperature=0.0, top_p=1.0,
+                              seed=0, eos_token_id=smollm2.config.eos_token_id)
+  ours = regular.sequences()
   assert run.sequences == ours
   np.testing.assert_array_equal(run.tokens, [len(s) for s in ours])
   assert run.wall_seconds > 0 and run.ms_per_token > 0

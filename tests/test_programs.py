@@ -17,7 +17,7 @@ from bass_jax.sampling import programs, runner
 from conftest import PYTHON
 
 
-PROGRAMS = 16  # distinct settings compiled one after another
+PROGRAMS = 12  # distinct settings compiled one after another
 WARM = 4  # programs compiled before the baseline is read (first-use allocations, the LRU filled)
 
 # One process: a 1-layer tiny target decodes regular, 40 output buckets (max_new_tokens 32 k), so that
@@ -53,10 +53,10 @@ print(json.dumps({{"rows": rows, "before_clear": before_clear, "after_clear": ma
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux /proc")
 def test_evicted_programs_release_their_memory():
-  """16 settings compiled in turn with the LRU bounded at 2: the memory maps and RSS stay flat after
+  """12 settings compiled in turn with the LRU bounded at 2: the memory maps and RSS stay flat after
   the first few, and clearing the cache unmaps the two programs it held. (The code before the fix kept
-  every program: here about +190 maps and +9 MiB per program, so about +2,300 maps and +110 MiB over
-  the 12 settings after the first 4, far past the bounds below, and clearing freed nothing.)"""
+  every program: here about +190 maps and +9 MiB per program, so about +1,500 maps and +72 MiB over
+  the 8 settings after the first 4, far past the bounds below, and clearing freed nothing.)"""
   env = dict(os.environ)
   env.pop("JAX_COMPILATION_CACHE_DIR", None)  # every program compiles; none is loaded from disk
   env["BASS_JAX_COMPILATION_CACHE_DIR"] = "off"  # nor written to it (the writes' buffers add RSS)
