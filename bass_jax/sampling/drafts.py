@@ -124,8 +124,8 @@ def parse_draft_spec(spec: str) -> DraftSpec:
     kinds[name] = kind
   for setting in settings["ngram"]:  # a bare key=value meant for another lookup: say how to aim it
     key = setting.partition("=")[0]
-    owner = next((n for n in names if n != "ngram" and key in kinds[n].fields()
-                  and key not in kinds["ngram"].fields()), None)
+    owner = next((n for n in names if n != "ngram" and key in kinds[n].settable
+                  and key not in kinds["ngram"].settable), None)
     if owner is not None:
       raise ValueError(f"draft spec {spec!r}: a bare {key}=... sets n-gram lookup; write "
                        f"{owner}.{setting} for {owner}")

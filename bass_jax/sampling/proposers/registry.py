@@ -73,13 +73,9 @@ class ProposerKind:
   settable: dict[str, tuple[str, Callable[[str], Any]]] = dataclasses.field(
       default_factory=dict, compare=False, hash=False)
 
-  def fields(self) -> dict[str, tuple[str, Callable[[str], Any]]]:
-    """The settable fields: name -> (the value's form, its parse)."""
-    return self.settable
-
   def grammar(self) -> str:
     """``name[:key=<form>,...]``, as the help and errors write it."""
-    fields = self.fields()
+    fields = self.settable
     settings = ",".join(f"{key}={form}" for key, (form, _) in fields.items())
     return f"{self.name}[:{settings}]" if settings else self.name
 
@@ -91,7 +87,7 @@ class ProposerKind:
       ValueError: an unknown key, a value not of the field's type, or the settings' own refusal
         (their constructor's), each naming the spec and the accepted form.
     """
-    fields = self.fields()
+    fields = self.settable
     values = {}
     for item in filter(None, text.split(",")):
       key, _, value = item.partition("=")
