@@ -86,12 +86,12 @@ def random_eagle_draft(target: Any, draft_vocab_size: int | None = None, seed: i
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   import bass_jax  # pylint: disable=g-import-not-at-top
-  from bass_jax.models import eagle  # pylint: disable=g-import-not-at-top
+  from bass_jax.models import eagle, eagle_init  # pylint: disable=g-import-not-at-top
 
   vocab = target.config.vocab_size
   size = vocab if draft_vocab_size is None else min(draft_vocab_size, vocab)
   config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=size)
   dtype = jnp.dtype(target.dtype)
-  params = jax.jit(lambda key: eagle.init_draft_params(config, key, dtype))(jax.random.key(seed))
+  params = jax.jit(lambda key: eagle_init.init_draft_params(config, key, dtype))(jax.random.key(seed))
   vocab_ids = jnp.arange(size, dtype=jnp.int32)
   return bass_jax.Model(config, {"draft": params, "vocab_ids": vocab_ids}, name=f"eagle({target.name})")

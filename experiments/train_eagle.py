@@ -22,7 +22,7 @@ it); --export_layout=speculators or safeailab writes it as vLLM/SGLang and SafeA
 EAGLE-3's training-time test (--ttt_depth=D > 1) also trains drafts 2 … D of chains that read the
 draft's own features; --init_from fine-tunes an exported draft (docs/draft.md, "Training-time test"),
 or grows a deeper one from it (--num_layers above the export's: the new layers start as the
-identity, eagle.grown_params).
+identity, eagle_init.grown_params).
 """
 
 import dataclasses
@@ -36,6 +36,7 @@ from absl import logging
 import bass_jax
 from bass_jax.checkpoints import eagle_files
 from bass_jax.models import eagle
+from bass_jax.models import eagle_init
 from bass_jax.training import corpus, distill, feature_draft
 from experiments import _io
 from experiments import _training
@@ -116,7 +117,7 @@ def main(argv):
                            f"--fused_layers={_FUSED.value} give")
     # A plain draft fine-tuned with fused layers gains the fusion, initialized to pass f through; a
     # deeper draft grows from a shallower one, its new layers starting as the identity.
-    init = lambda key: eagle.grown_params(config, start["draft"], key)
+    init = lambda key: eagle_init.grown_params(config, start["draft"], key)
   cfg = _training.train_config()
   settings = {"target": _TARGET.value, "corpus": _training.CORPUS.value, "draft_vocab_size": _VOCAB.value,
               "num_layers": _LAYERS.value, "fused_layers": list(fused), "cls_weight": _CLS.value,

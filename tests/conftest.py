@@ -187,10 +187,10 @@ def noisy_copy(model: bj.Model, noise: float, seed: int) -> bj.Model:
 def random_eagle_draft(target: bj.Model, draft_vocab: int = 40) -> bj.Model:
   """A random 1-layer EAGLE draft for ``target`` over ``draft_vocab`` of its tokens (a fixed random
   subset): rarely right, which is what tests of exactness want."""
-  from bass_jax.models import eagle  # pylint: disable=g-import-not-at-top
+  from bass_jax.models import eagle, eagle_init  # pylint: disable=g-import-not-at-top
 
   config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=draft_vocab)
-  params = eagle.init_draft_params(config, jax.random.key(7))
+  params = eagle_init.init_draft_params(config, jax.random.key(7))
   vocab_ids = jnp.asarray(
       np.random.default_rng(2).permutation(target.config.vocab_size)[:draft_vocab], jnp.int32)
   return bj.Model(config, {"draft": params, "vocab_ids": vocab_ids}, name="eagle")

@@ -21,7 +21,7 @@ import safetensors.numpy
 
 import bass_jax as bj
 from bass_jax.checkpoints import eagle_files
-from bass_jax.models import common, eagle
+from bass_jax.models import common, eagle, eagle_init
 from bass_jax.sampling import proposers
 from bass_jax.training import distill, feature_draft
 from conftest import PYTHON, tiny_model
@@ -35,7 +35,7 @@ def _vocab_ids(vocab=61, seed=0):
 
 def _random_draft(target, seed=1, draft_vocab=DRAFT_VOCAB):
   config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=draft_vocab)
-  params = eagle.init_draft_params(config, jax.random.key(seed))
+  params = eagle_init.init_draft_params(config, jax.random.key(seed))
   return bj.Model(config, {"draft": params, "vocab_ids": _vocab_ids()[:draft_vocab]}, name="eagle")
 
 
@@ -51,7 +51,7 @@ def _correlated_draft(target, feature_weight=0.3, draft_vocab=DRAFT_VOCAB, num_l
   params = {"fc": {"kernel": kernel, "bias": jnp.zeros((e,))},
             "layers_0": target.params["layers_0"]}
   if num_layers == 2:
-    layer = eagle.init_draft_params(config, jax.random.key(7))["layers_1"]
+    layer = eagle_init.init_draft_params(config, jax.random.key(7))["layers_1"]
     params["layers_1"] = jax.tree_util.tree_map_with_path(
         lambda path, x: 0.3 * x if "o_proj" in str(path) or "down_proj" in str(path) else x, layer)
   return bj.Model(config, {"draft": params, "vocab_ids": _vocab_ids()[:draft_vocab]}, name="eagle")
@@ -239,7 +239,7 @@ def test_save_model_writes_an_eagle_draft_that_loads_back_equal(tmp_path, fmt, f
   config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=DRAFT_VOCAB, num_layers=2,
                                         fused_layers=(1,))
   draft = _every_leaf_random(bj.Model(config, {
-      "draft": eagle.init_draft_params(config, jax.random.key(seed)),
+      "draft": eagle_init.init_draft_params(config, jax.random.key(seed)),
       "vocab_ids": _vocab_ids(seed=seed)[:DRAFT_VOCAB]}, name="eagle"), seed)
   bj.save_model(draft, tmp_path / "d", format=fmt)
   assert sorted(p.name for p in (tmp_path / "d").iterdir()) == files
@@ -335,13 +335,13 @@ def test_training_lowers_the_loss_and_raises_agreement(tmp_path):
 
 
 def test_a_deeper_draft_grown_from_a_shallower_one_starts_at_its_predictions():
-  """eagle.grown_params: the new layers are the identity, so a 2-layer draft grown from a 1-layer one
+  """eagle_init.grown_params: the new layers are the identity, so a 2-layer draft grown from a 1-layer one
   predicts the same features (fed the same pairs); the new layers are not all zero (they train); a
   draft with more layers than the config, or another shape, is refused by name."""
   target = tiny_model(0)
   small = _random_draft(target, seed=4)
   deep_config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=DRAFT_VOCAB, num_layers=2)
-  grown = eagle.grown_params(deep_config, small.params["draft"], jax.random.key(9))
+  grown = eagle_init.grown_params(deep_config, small.params["draft"], jax.random.key(9))
   assert float(jnp.abs(grown["layers_1"]["self_attn"]["q_proj"]["kernel"]).sum()) > 0
   rng = np.random.default_rng(3)
   tokens = jnp.asarray(rng.integers(0, 61, (2, 7)), jnp.int32)
@@ -351,10 +351,10 @@ def test_a_deeper_draft_grown_from_a_shallower_one_starts_at_its_predictions():
   got, _ = eagle.forward(deep_config, _bound(target, deep), tokens, features)
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
   with pytest.raises(ValueError, match="lacks"):
-    eagle.grown_params(small.config, grown, jax.random.key(0))
+    eagle_init.grown_params(small.config, grown, jax.random.key(0))
   wide = eagle.EagleConfig.for_target(tiny_model(0, hidden_size=48).config, draft_vocab_size=DRAFT_VOCAB)
   with pytest.raises(ValueError, match="has shape"):
-    eagle.grown_params(wide, small.params["draft"], jax.random.key(0))
+    eagle_init.grown_params(wide, small.params["draft"], jax.random.key(0))
 
 
 def test_token_frequencies_sort_by_count_then_id():
@@ -406,7 +406,7 @@ def test_chained_drafts_equal_a_from_scratch_reference(fused_layers):
   target = tiny_model(0)
   config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=DRAFT_VOCAB,
                                         fused_layers=fused_layers)
-  params = eagle.init_draft_params(config, jax.random.key(3))
+  params = eagle_init.init_draft_params(config, jax.random.key(3))
   if fused_layers:  # a fusion that mixes the hidden state in, not the pass-through it starts as
     params["fuse"]["kernel"] = jax.random.normal(jax.random.key(4), params["fuse"]["kernel"].shape) * 0.3
   bound = eagle.bind(params, _vocab_ids(), target.config, target.params, DRAFT_VOCAB)
@@ -478,8 +478,8 @@ def test_a_fused_draft_starts_as_the_plain_draft_and_names_bad_widths():
   target = tiny_model(0)
   plain = eagle.EagleConfig.for_target(target.config, draft_vocab_size=DRAFT_VOCAB)
   fused = eagle.EagleConfig.for_target(target.config, draft_vocab_size=DRAFT_VOCAB, fused_layers=(1, 0))
-  params = eagle.init_draft_params(plain, jax.random.key(5))
-  fused_params = {**eagle.init_draft_params(fused, jax.random.key(6)), **params}
+  params = eagle_init.init_draft_params(plain, jax.random.key(5))
+  fused_params = {**eagle_init.init_draft_params(fused, jax.random.key(6)), **params}
   rng = np.random.default_rng(2)
   tokens = jnp.asarray(rng.integers(0, 61, (2, 7)), jnp.int32)
   features = jnp.asarray(rng.normal(size=(2, 7, 32)), jnp.float32)
@@ -510,7 +510,7 @@ def test_the_training_time_test_loss_is_the_mean_of_the_depths():
   target = tiny_model(0, scale=2.0)
   data = _feature_corpus(target, windows=2, width=14)
   config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=DRAFT_VOCAB)
-  params = eagle.init_draft_params(config, jax.random.key(7))
+  params = eagle_init.init_draft_params(config, jax.random.key(7))
   bound = eagle.bind(params, _vocab_ids(), target.config, target.params, DRAFT_VOCAB)
   frozen = {k: v for k, v in bound.items() if k != "draft"}
   batch = {k: jnp.asarray(v) for k, v in data.items()}
@@ -594,7 +594,7 @@ def test_a_fresh_eagle3_draft_starts_with_the_targets_head_over_its_vocabulary()
   config = eagle.EagleConfig(layer, 40, kind="eagle3", fc_bias=False, taps=(0, 1))
   vocab = np.random.default_rng(3).permutation(61).astype(np.int32)
   fresh = feature_draft.initial_params(config, jax.random.key(0), target.config, params, vocab)
-  random = eagle.init_draft_params(config, jax.random.key(0))
+  random = eagle_init.init_draft_params(config, jax.random.key(0))
   np.testing.assert_array_equal(fresh["fc"]["kernel"], random["fc"]["kernel"])
   bound = eagle.bind(fresh, vocab, target.config, params, 40, norm_eps=layer.rms_norm_eps)
   h = 3.0 * jax.random.normal(jax.random.key(6), (2, 5, target.config.hidden_size))
@@ -608,7 +608,7 @@ def test_a_fresh_eagle3_draft_starts_with_the_targets_head_over_its_vocabulary()
                              (normed @ head.T)[..., :24], rtol=1e-5, atol=1e-5)
   plain = eagle.EagleConfig.for_target(target.config, draft_vocab_size=40)
   assert set(feature_draft.initial_params(plain, jax.random.key(0), target.config, params, vocab)) \
-      == set(eagle.init_draft_params(plain, jax.random.key(0)))  # nothing added to this project's
+      == set(eagle_init.init_draft_params(plain, jax.random.key(0)))  # nothing added to this project's
 
 
 def test_an_eagle3_draft_trains_here_and_exports_for_the_published_runtimes(tmp_path):
@@ -651,9 +651,9 @@ def test_init_draft_params_compiles_once_per_config_and_draws_flax_s_initializer
   eager draws up to f32 rounding."""
   target = tiny_model(0)
   config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=40)
-  first = eagle.init_draft_params(config, jax.random.key(0))
+  first = eagle_init.init_draft_params(config, jax.random.key(0))
   program = eagle._draft_initializer(config, jnp.dtype(jnp.float32))  # pylint: disable=protected-access
-  second = eagle.init_draft_params(config, jax.random.key(1))
+  second = eagle_init.init_draft_params(config, jax.random.key(1))
   assert program._cache_size() == 1  # pylint: disable=protected-access
   assert not np.array_equal(first["fc"]["kernel"], second["fc"]["kernel"])
   eager = eagle._draw_draft_params(config, jnp.dtype(jnp.float32), jax.random.key(0))  # pylint: disable=protected-access

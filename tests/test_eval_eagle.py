@@ -14,7 +14,7 @@ import pytest
 import bass_jax as bj
 from bass_jax.checkpoints import eagle_formats
 from bass_jax.checkpoints import eagle_files
-from bass_jax.models import eagle
+from bass_jax.models import eagle, eagle_init
 from bass_jax.training import corpus, feature_draft
 from conftest import PYTHON, tiny_model
 
@@ -30,7 +30,7 @@ def setup(tmp_path_factory):
   target = bj.load_model(root / "target", tokenizer=False)  # what the script reads: the saved weights
   config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=40)
   order = np.random.default_rng(0).permutation(61).astype(np.int32)
-  eagle_files.save_eagle(root / "draft", config, eagle.init_draft_params(config, jax.random.key(2)), order)
+  eagle_files.save_eagle(root / "draft", config, eagle_init.init_draft_params(config, jax.random.key(2)), order)
   rng = np.random.default_rng(1)
   tokens, mask = corpus.pack([rng.integers(1, 61, size=n).tolist() for n in (24, 9, 17, 2, 24, 13)],
                              window=24, pad_id=0)

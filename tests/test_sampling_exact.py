@@ -430,11 +430,11 @@ def test_mutant_correction_with_one_hot_q_is_detected(monkeypatch, fresh_program
 
 def _eagle_draft(draft_vocab: int) -> bj.Model:
   """A random 1-layer EAGLE draft for the tiny target, scoring ``draft_vocab`` of its VOCAB tokens."""
-  from bass_jax.models import eagle  # pylint: disable=g-import-not-at-top
+  from bass_jax.models import eagle, eagle_init  # pylint: disable=g-import-not-at-top
 
   target, _ = _models()
   config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=draft_vocab)
-  params = eagle.init_draft_params(config, jax.random.key(5))
+  params = eagle_init.init_draft_params(config, jax.random.key(5))
   vocab_ids = jnp.asarray([3, 0, 6, 1, 7, 2, 5, 4][:draft_vocab], jnp.int32)
   return bj.Model(config, {"draft": params, "vocab_ids": vocab_ids}, name="eagle")
 

@@ -23,7 +23,7 @@ import bass_jax as bj
 from bass_jax import sharding
 from bass_jax.evaluation import experiment
 from bass_jax.evaluation.data import load_problems
-from bass_jax.models import eagle
+from bass_jax.models import eagle, eagle_init
 from conftest import MULTIDEVICE_ENV, PYTHON, tiny_model
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -167,7 +167,7 @@ def test_every_parameter_of_every_family_has_exactly_one_rule(family):
 def test_an_eagle_draft_as_it_runs_has_rules():
   target = tiny_model(0)
   config = eagle.EagleConfig(layer=target.config.with_num_layers(1), draft_vocab_size=20)
-  draft_params = eagle.init_draft_params(config, jax.random.key(1))
+  draft_params = eagle_init.init_draft_params(config, jax.random.key(1))
   bound = eagle.bind(draft_params, np.arange(61), target.config, target.params, 20)
   plan = sharding.plan(config, sharding.make_mesh(1, 1), "tensor_parallel")
   assert len(plan.param_axes(bound)) == len(jax.tree_util.tree_leaves(bound))

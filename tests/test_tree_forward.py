@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import bass_jax as bj
-from bass_jax.models import common, eagle
+from bass_jax.models import common, eagle, eagle_init
 from bass_jax.sampling import tree as tree_lib
 from conftest import tiny_config
 
@@ -142,7 +142,7 @@ def test_a_tree_grown_in_two_forwards_equals_one(family):
 def test_the_eagle_draft_grows_trees_like_chains():
   target = tiny_config()
   config = eagle.EagleConfig(layer=target.with_num_layers(1), draft_vocab_size=20)
-  params = eagle.bind(eagle.init_draft_params(config, jax.random.key(2)), np.arange(61), target,
+  params = eagle.bind(eagle_init.init_draft_params(config, jax.random.key(2)), np.arange(61), target,
                       bj.init_params(target, jax.random.key(3)), 20)
   rng = np.random.default_rng(7)
   e = config.feature_size

@@ -31,6 +31,7 @@ from bass_jax.checkpoints import mismatch
 from bass_jax.checkpoints import orbax_ckpt
 from bass_jax.checkpoints.sources import ORBAX_PARAMS_DIR
 from bass_jax.models import eagle
+from bass_jax.models import eagle_init
 
 
 _WEIGHTS = "model.safetensors"
@@ -166,7 +167,7 @@ def _read_safetensors(file: pathlib.Path, name: str | None = None) -> Any:
 
 
 def _expected_draft(config: eagle.EagleConfig, dtype: Any = jnp.float32) -> Any:
-  return jax.eval_shape(lambda: eagle.init_draft_params(config, jax.random.key(0), dtype))
+  return jax.eval_shape(lambda: eagle_init.init_draft_params(config, jax.random.key(0), dtype))
 
 
 def _stored_orbax(path: pathlib.Path) -> tuple[dict[str, tuple[int, ...]], tuple[int, ...]]:

@@ -28,8 +28,9 @@ projection initialized to pass ``f`` through, so that an untrained fusion is the
 after the first read the draft's own predicted features (width E), as before; the module tells them
 apart by width.
 
-The Flax modules (``EagleDraft``, ``Eagle3Layer``) are ``models.eagle_layers``; this file holds what a
-draft is: its config and checks against a target, its parameters, binding and forward.
+The Flax modules (``EagleDraft``, ``Eagle3Layer``) are ``models.eagle_layers``; its initial parameters
+(random, or grown from a shallower draft) ``models.eagle_init``; this file holds what a draft is: its
+config and checks against a target, binding and forward.
 
 Files (``checkpoints.eagle_files``: ``save_eagle``, ``load_eagle``; ``bass_jax.save_model``): ``config.json``
 (``{"model_type": "bass_eagle", "draft_vocab_size": V', "layer": <transformers LlamaConfig fields>}``)
@@ -42,11 +43,9 @@ Axes: B batch, T positions, E feature size (the target's hidden size), V vocabul
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import flax.linen as nn
-import flax.traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -204,7 +203,7 @@ class EagleConfig:
   def num_params(self) -> int:
     """The draft's own parameters: the fc projection and the layers, and where it has them its own
     head (EAGLE-3) and token embedding (``own_embedding``); otherwise those are the target's."""
-    shapes = jax.eval_shape(lambda: init_draft_params(self, jax.random.key(0)))
+    shapes = jax.eval_shape(lambda: draw_draft_params(self, jnp.float32, jax.random.key(0)))
     return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
 
   @classmethod
@@ -315,31 +314,16 @@ def check_pair_configs(config: "EagleConfig", target_config: Any, name: str = "t
              target_layers=getattr(target_config, "num_hidden_layers", 0), name=name)
 
 
-def init_draft_params(config: EagleConfig, key: jax.Array, dtype: Any = jnp.float32) -> dict[str, Any]:
-  """Random parameters of a draft shaped by ``config``: ``fc``, ``layers_*`` and ``fuse`` with fused
-  layers (Flax's default initializers, the fusion's passing ``f`` through); an EAGLE-3 draft's
-  ``lm_head [V', E]`` and final ``norm``; with ``own_embedding``, ``embed_tokens {"embedding" [V, E]}``
-  (standard normal). What a saved draft's weights are checked against (``checkpoints.eagle_files``).
-
-  One jitted program per config and dtype, as :func:`bass_jax.init_params`: a second draft of the same
-  config costs its draws alone.
-
-  Args:
-    config: the draft's (hashable) config. key: a ``jax.random.key``. dtype: the parameters' dtype.
+def draw_draft_params(config: EagleConfig, dtype: Any, key: jax.Array) -> dict[str, Any]:
+  """A draft's random parameters, traced as they are drawn: ``models.eagle_init.init_draft_params``
+  jits it once per config; under ``jax.eval_shape`` it gives the parameters' shapes (what
+  :meth:`EagleConfig.num_params` counts).
 
   Returns:
-    A nested dict of arrays in ``dtype``.
+    ``fc``, ``layers_*`` and ``fuse`` with fused layers (Flax's default initializers, the fusion's
+    passing ``f`` through); an EAGLE-3 draft's ``lm_head [V', E]`` and final ``norm``; with
+    ``own_embedding``, ``embed_tokens {"embedding" [V, E]}`` (standard normal); arrays in ``dtype``.
   """
-  return _draft_initializer(config, jnp.dtype(dtype))(key)
-
-
-@functools.lru_cache(maxsize=32)
-def _draft_initializer(config: EagleConfig, dtype: jnp.dtype):
-  """:func:`init_draft_params`' jitted program for ``config`` and ``dtype``."""
-  return jax.jit(functools.partial(_draw_draft_params, config, dtype))
-
-
-def _draw_draft_params(config: EagleConfig, dtype: jnp.dtype, key: jax.Array) -> dict[str, Any]:
   module = EagleDraft(config, dtype=dtype)
   tokens = jnp.zeros((1, 1), jnp.int32)
   embedding = jnp.zeros((config.vocab_size, config.feature_size), dtype)
@@ -358,50 +342,6 @@ def _draw_draft_params(config: EagleConfig, dtype: jnp.dtype, key: jax.Array) ->
     params = {**params, "embed_tokens": {"embedding": nn.initializers.normal(1.0)(
         embed_key, (config.vocab_size, config.feature_size), dtype)}}
   return params
-
-
-def grown_params(config: EagleConfig, start: dict[str, Any], key: jax.Array) -> dict[str, Any]:
-  """A deeper draft's parameters that compute what a shallower draft ``start`` computes.
-
-  ``start``'s layers (``layers_0 … layers_{n-1}``), ``fc`` and fusion are kept; the layers it lacks get
-  Flax's initializers with their attention and MLP output projections (``o_proj``, ``down_proj``) set to
-  0, so each adds nothing to the residual stream and is the identity: training starts from ``start``'s
-  predictions and the new layers learn from there (zero-initialized residual branches, as in ReZero or
-  the "zero-init" of deep residual networks). A fused config's fusion starts as ``init_draft_params``
-  gives it (passing the feature through) when ``start`` has none.
-
-  Args:
-    config: the deeper draft's config (``num_layers`` >= ``start``'s).
-    start: a draft's trainable parameters (``checkpoints.eagle_files.load_eagle(...)[1]["draft"]``), a nested dict of arrays.
-    key: PRNG key for the new layers' initializers.
-
-  Returns:
-    The deeper draft's trainable parameters, float32 where new, ``start``'s own arrays (and dtypes)
-    where kept.
-
-  Raises:
-    ValueError: ``start`` has more layers than ``config``, or parameters of other shapes.
-  """
-  fresh = init_draft_params(config, key)
-  extra = sorted(set(start) - set(fresh))
-  if extra:
-    raise ValueError(f"the starting draft has {extra}, which a {config.num_layers}-layer draft lacks")
-  fresh_flat = flax.traverse_util.flatten_dict(fresh, sep="/")
-  for name, value in flax.traverse_util.flatten_dict(start, sep="/").items():
-    want = fresh_flat.get(name)
-    if want is None or want.shape != value.shape:
-      raise ValueError(f"the starting draft's {name} has shape {value.shape}, the config needs "
-                       f"{None if want is None else want.shape}")
-  grown = {**fresh, **start}
-  for name in set(fresh) - set(start):
-    if name.startswith("layers_"):
-      layer = grown[name]
-      grown[name] = {**layer,
-                     "self_attn": {**layer["self_attn"],
-                                   "o_proj": {"kernel": jnp.zeros_like(layer["self_attn"]["o_proj"]["kernel"])}},
-                     "mlp": {**layer["mlp"],
-                             "down_proj": {"kernel": jnp.zeros_like(layer["mlp"]["down_proj"]["kernel"])}}}
-  return grown
 
 
 def lm_head_matrix(target_config: Any, target_params: Any) -> jax.Array:

@@ -14,8 +14,8 @@ the families is a fixed trait of the ``model_type`` (:data:`TRAITS`) or a config
 Axes: B batch, T new tokens, S cache slots, L layers, D hidden size, F MLP size, N query heads, K key/value
 heads, H head dim, V vocabulary.
 
-This file is the family's description: :class:`Traits` and :data:`TRAITS` (what each ``model_type``
-fixes), :class:`LlamaConfig` with its Hugging Face conversion, and :func:`register_llama_family`. The
+This file is the family's description: :data:`TRAITS` (what each ``model_type`` fixes, one
+:class:`Traits` row each; the record and the config fields every row shares are ``models.llama_traits``), :class:`LlamaConfig` with its Hugging Face conversion, and :func:`register_llama_family`. The
 Flax modules (``Llama``, its layers) are ``models.llama_layers``. The model knows nothing of
 speculation: it maps ``tokens: i32[B, T]`` and a ``KVCache`` to ``logits: f32[B, T, V]`` and the cache
 with the T new entries written at each row's own offset ``cache.lengths[b]``. The layers are unrolled,
@@ -35,73 +35,25 @@ import jax.numpy as jnp
 from bass_jax.models import decoder_config
 from bass_jax.models import family
 from bass_jax.models import llama_layers
+from bass_jax.models import llama_traits
+from bass_jax.models.llama_traits import Traits
 from bass_jax.models import rope as rope_lib
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
-# The config.json fields every Llama-like family's port reads (besides transformers' generic ones and
-# training-only fields); a family's own are in its Traits row, and any other field is refused by name.
-_COMMON_FIELDS = frozenset({
-    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
-    "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id", "rope_theta",
-    "rope_scaling", "rope_parameters", "partial_rotary_factor", "hidden_act"})
-_GEMMA_FIELDS = frozenset({"hidden_activation", "attention_bias", "query_pre_attn_scalar",
-                           "sliding_window", "layer_types", "final_logit_softcapping",
-                           "attn_logit_softcapping", "use_bidirectional_attention"})
-_QWEN_WINDOW = frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"})
-
-
-@dataclasses.dataclass(frozen=True)
-class Traits:
-  """One Llama-like family: what its ``model_type`` fixes about the architecture (no config field says
-  it) and how its Hugging Face files read. A new Llama-like family is one row of :data:`TRAITS`.
-
-  Attributes:
-    architecture: transformers' model class (``"Qwen3ForCausalLM"``).
-    fields: the config.json fields of this family the port reads, beyond the common ones.
-    qkv_bias: bias on q, k, v only, always (Qwen2).
-    qk_norm: ``"rms"`` (Qwen3) or ``"gemma"`` (Gemma 3) per-head norms of q and k before rotary; None.
-    gemma: Gemma's norms (``x̂ (1 + w)`` in f32), the post-attention and pre/post-feedforward norms,
-      embeddings scaled by ``sqrt(D)``.
-    window_everywhere: ``sliding_window`` applies to every layer (Mistral, Phi-3); otherwise only to
-      the layers ``layer_types`` marks ``sliding_attention``.
-    fused: the checkpoint stores ``qkv_proj`` and ``gate_up_proj`` fused (Phi-3).
-    required: ``(field, value)`` pairs a family's published configs carry that must hold the value
-      transformers' model assumes.
-    ignored: fields with no effect on inference that the family's configs carry.
-    eagle_target: an EAGLE draft can read the family (unscaled embedding, uncapped logits).
-    wrapper_types: multimodal ``model_type`` values holding this family's config as ``text_config``.
-    gguf_architectures: llama.cpp's names of the family (``general.architecture``).
-  """
-
-  architecture: str
-  fields: frozenset[str] = frozenset()
-  qkv_bias: bool = False
-  qk_norm: str | None = None
-  gemma: bool = False
-  window_everywhere: bool = False
-  fused: bool = False
-  required: tuple[tuple[str, Any], ...] = ()
-  ignored: frozenset[str] = frozenset()
-  eagle_target: bool = False
-  wrapper_types: tuple[str, ...] = ()
-  gguf_architectures: tuple[str, ...] = ()
-
-
 TRAITS = {
     "llama": Traits("LlamaForCausalLM", frozenset({"attention_bias", "mlp_bias", "pretraining_tp"}),
                     eagle_target=True, gguf_architectures=("llama",)),
-    "qwen2": Traits("Qwen2ForCausalLM", _QWEN_WINDOW, qkv_bias=True, eagle_target=True,
+    "qwen2": Traits("Qwen2ForCausalLM", llama_traits.QWEN_WINDOW, qkv_bias=True, eagle_target=True,
                     gguf_architectures=("qwen2",)),
     "mistral": Traits("MistralForCausalLM", frozenset({"sliding_window"}), window_everywhere=True,
                       eagle_target=True),
-    "qwen3": Traits("Qwen3ForCausalLM", _QWEN_WINDOW | {"attention_bias"}, qk_norm="rms",
+    "qwen3": Traits("Qwen3ForCausalLM", llama_traits.QWEN_WINDOW | {"attention_bias"}, qk_norm="rms",
                     eagle_target=True, gguf_architectures=("qwen3",)),
-    "gemma2": Traits("Gemma2ForCausalLM", _GEMMA_FIELDS, gemma=True,
+    "gemma2": Traits("Gemma2ForCausalLM", llama_traits.GEMMA_FIELDS, gemma=True,
                      ignored=frozenset({"cache_implementation"}), gguf_architectures=("gemma2",)),
     "gemma3_text": Traits(
-        "Gemma3ForCausalLM", _GEMMA_FIELDS | {"rope_local_base_freq", "sliding_window_pattern"},
+        "Gemma3ForCausalLM", llama_traits.GEMMA_FIELDS | {"rope_local_base_freq", "sliding_window_pattern"},
         qk_norm="gemma", gemma=True,
         ignored=frozenset({"cache_implementation", "_sliding_window_pattern"}),
         wrapper_types=("gemma3",), gguf_architectures=("gemma3",)),
@@ -115,27 +67,7 @@ TRAITS = {
                    gguf_architectures=("phi3",)),
 }
 # The config fields some branch of the port reads: what a registered family's row may name.
-_PORTED_FIELDS = _COMMON_FIELDS.union(*(traits.fields for traits in TRAITS.values()))
-
-
-def _ported_activation(traits: Any) -> str:
-  """The MLP activation the port computes for a family's traits (transformers' name)."""
-  return "gelu_pytorch_tanh" if traits.gemma else "silu"
-
-
-def _activation(hf: Any, model_type: str, traits: Any) -> str:
-  """The MLP activation a transformers config names (Gemma's ``hidden_activation``, the others'
-  ``hidden_act``), checked against the one the family computes.
-
-  Raises:
-    ValueError: another activation, naming the config.json field.
-  """
-  field = "hidden_activation" if hasattr(hf, "hidden_activation") else "hidden_act"
-  value = getattr(hf, field)
-  want = _ported_activation(traits)
-  if value != want:
-    raise ValueError(f"{model_type}: {field}={value!r} is not supported; the port computes {want!r}")
-  return value
+_PORTED_FIELDS = llama_traits.COMMON_FIELDS.union(*(traits.fields for traits in TRAITS.values()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,9 +143,9 @@ class LlamaConfig(decoder_config.CacheFromShape):
     if self.model_type not in TRAITS:
       raise ValueError(f"LlamaConfig.model_type must be one of {sorted(TRAITS)}, "
                        f"got {self.model_type!r}")
-    if self.hidden_act != _ported_activation(self.traits):
+    if self.hidden_act != llama_traits.ported_activation(self.traits):
       raise ValueError(f"LlamaConfig.hidden_act={self.hidden_act!r} is not supported for "
-                       f"{self.model_type}; it uses {_ported_activation(self.traits)!r}")
+                       f"{self.model_type}; it uses {llama_traits.ported_activation(self.traits)!r}")
     if self.sliding_window is not None and self.sliding_window < 1:
       raise ValueError(f"LlamaConfig.sliding_window must be >= 1 or None, got {self.sliding_window}")
     if self.layer_types is not None:
@@ -331,7 +263,7 @@ class LlamaConfig(decoder_config.CacheFromShape):
       raise ValueError(f"model_type {model_type!r} is not one of {tuple(TRAITS)}")
     rope_lib.check_spellings(fields)
     traits = TRAITS[model_type]
-    known = _COMMON_FIELDS | traits.fields
+    known = llama_traits.COMMON_FIELDS | traits.fields
     required: dict[str, Any] = {"pretraining_tp": 1, "use_bidirectional_attention": False,
                                 **dict(traits.required)}
     if model_type == "gemma3_text":
@@ -351,7 +283,7 @@ class LlamaConfig(decoder_config.CacheFromShape):
         rms_norm_eps=float(hf.rms_norm_eps), tie_word_embeddings=bool(hf.tie_word_embeddings),
         attention_bias=bool(getattr(hf, "attention_bias", False)) and not traits.qkv_bias,
         mlp_bias=bool(getattr(hf, "mlp_bias", False)),
-        hidden_act=_activation(hf, model_type, traits),
+        hidden_act=llama_traits.activation(hf, model_type, traits),
         bos_token_id=hf.bos_token_id, eos_token_id=hf.eos_token_id, pad_token_id=hf.pad_token_id,
         model_type=model_type, qkv_bias=traits.qkv_bias)
     if model_type != "llama":
@@ -517,7 +449,7 @@ def register_llama_family(model_type: str, traits: Traits) -> Traits:
   if unread:
     raise ValueError(f"register_llama_family({model_type!r}): the port reads no field {unread} (a "
                      f"config carrying it would be read wrong); the fields it reads beyond the "
-                     f"common ones: {sorted(_PORTED_FIELDS - _COMMON_FIELDS)}")
+                     f"common ones: {sorted(_PORTED_FIELDS - llama_traits.COMMON_FIELDS)}")
   old = TRAITS.get(model_type)
   if old is not None and old != traits:
     raise ValueError(f"model_type {model_type!r} already has a Traits row ({old}); give yours another "

@@ -37,6 +37,7 @@ import numpy as np
 
 from bass_jax.cache import KVCache
 from bass_jax.models import eagle
+from bass_jax.models import eagle_init
 from bass_jax.training import corpus
 from bass_jax.training import distill
 
@@ -354,7 +355,7 @@ def objective(config: eagle.EagleConfig, cfg: distill.TrainConfig, target_config
 
 def initial_params(config: eagle.EagleConfig, key: jax.Array, target_config: Any, target_params: Any,
                    vocab_ids: np.ndarray) -> dict[str, Any]:
-  """A fresh draft's trainable parameters: :func:`eagle.init_draft_params`, and for an EAGLE-3 draft a
+  """A fresh draft's trainable parameters: :func:`eagle_init.init_draft_params`, and for an EAGLE-3 draft a
   warm start of its own head and final norm from the target's.
 
   EAGLE-3's head ``lm_head [V', E]`` and final norm are its own (trained), where this project's draft
@@ -375,7 +376,7 @@ def initial_params(config: eagle.EagleConfig, key: jax.Array, target_config: Any
   Raises:
     ValueError: a target outside the Llama family (``eagle.lm_head_matrix``).
   """
-  params = eagle.init_draft_params(config, key)
+  params = eagle_init.init_draft_params(config, key)
   if config.kind != "eagle3":
     return params
   ids = jnp.asarray(vocab_ids[:config.draft_vocab_size], jnp.int32)

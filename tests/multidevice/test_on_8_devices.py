@@ -154,11 +154,11 @@ def test_drafter_invariant_tokens_on_a_mesh_are_regular_decodings_on_one_device(
 def test_an_eagle_draft_on_a_mesh_emits_the_single_device_tokens():
   """The feature buffer split by row, the EAGLE draft (its layer, the target's embedding and head
   rows) replicated over model."""
-  from bass_jax.models import eagle  # pylint: disable=g-import-not-at-top
+  from bass_jax.models import eagle, eagle_init  # pylint: disable=g-import-not-at-top
 
   target, _ = _pair("llama")
   config = eagle.EagleConfig(layer=target.config, draft_vocab_size=64)
-  params = {"draft": eagle.init_draft_params(config, jax.random.key(3)),
+  params = {"draft": eagle_init.init_draft_params(config, jax.random.key(3)),
             "vocab_ids": np.random.default_rng(0).permutation(VOCAB).astype(np.int32)}
   draft = bj.Model(config, params, name="tiny-eagle")
   prompts = _prompts(3, seed=6)
