@@ -652,9 +652,9 @@ def test_init_draft_params_compiles_once_per_config_and_draws_flax_s_initializer
   target = tiny_model(0)
   config = eagle.EagleConfig.for_target(target.config, draft_vocab_size=40)
   first = eagle_init.init_draft_params(config, jax.random.key(0))
-  program = eagle._draft_initializer(config, jnp.dtype(jnp.float32))  # pylint: disable=protected-access
+  program = eagle_init._draft_initializer(config, jnp.dtype(jnp.float32))  # pylint: disable=protected-access
   second = eagle_init.init_draft_params(config, jax.random.key(1))
   assert program._cache_size() == 1  # pylint: disable=protected-access
   assert not np.array_equal(first["fc"]["kernel"], second["fc"]["kernel"])
-  eager = eagle._draw_draft_params(config, jnp.dtype(jnp.float32), jax.random.key(0))  # pylint: disable=protected-access
+  eager = eagle.draw_draft_params(config, jnp.dtype(jnp.float32), jax.random.key(0))
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=1e-6), first, eager)
