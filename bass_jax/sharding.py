@@ -16,8 +16,8 @@ A mesh has two named axes (``jax.make_mesh((2, 4), ("data", "model"))``):
   which saves memory and is not built here).
 
 How a parameter is split is written once per parameter layout (a config class: the Llama-like families
-share ``LlamaConfig``'s) as a table from parameter paths to *logical* axes
-(``PARAM_AXES``: ``q_proj/kernel`` is ``("embed", "heads")``), and the logical axes map to mesh axes by
+share ``LlamaConfig``'s) as a table from parameter paths to *logical* axes, the config class's
+``PARAM_AXES`` in its family's file (``q_proj/kernel`` is ``("embed", "heads")``), and the logical axes map to mesh axes by
 a rule table (:data:`TENSOR_PARALLEL`, :data:`REPLICATED`), as in MaxText's ``logical_axis_rules``. A
 logical axis whose size the mesh axis does not divide is replicated instead (named in
 :attr:`ShardingPlan.replicated`); a model axis that divides neither the attention heads nor the MLP is an
@@ -58,111 +58,64 @@ REPLICATED: Rules = ((BATCH, DATA),)
 RULES: dict[str, Rules] = {"tensor_parallel": TENSOR_PARALLEL, "replicated": REPLICATED}
 
 
-# -- per-family tables: parameter path (a regex over "a/b/c") -> logical axes of its dimensions --------
+# -- building a model's table: parameter path (a regex over "a/b/c") -> logical axes of its dimensions --
+#
+# Each config class holds its models' table as its class attribute ``PARAM_AXES`` (a tuple of
+# ``(pattern, logical axes)`` pairs, the first match deciding), written in the family's own file with
+# these helpers: a new architecture brings its table, and this module names no family.
 
-def _dense(name: str, inputs: str | None, outputs: str | None) -> tuple:
-  """A ``nn.Dense``: kernel ``[in, out]`` and its bias ``[out]``."""
+ParamAxes = tuple[tuple[str, tuple[str | None, ...]], ...]
+
+
+def dense(name: str, inputs: str | None, outputs: str | None) -> ParamAxes:
+  """The rules of a ``nn.Dense`` at path pattern ``name``: kernel ``[in, out]`` and its bias ``[out]``."""
   return ((rf"{name}/kernel", (inputs, outputs)), (rf"{name}/bias", (outputs,)))
 
 
-_NORMS = ((r"(.*/)?(?![qk]_norm/)[^/]*(norm|ln_[^/]*)/(scale|bias)", (EMBED,)),)  # not per-head ones
-_LLAMA_LAYER = (
-    *_dense(r"layers_\d+/self_attn/q_proj", EMBED, HEADS),
-    *_dense(r"layers_\d+/self_attn/k_proj", EMBED, KV_HEADS),
-    *_dense(r"layers_\d+/self_attn/v_proj", EMBED, KV_HEADS),
-    *_dense(r"layers_\d+/self_attn/o_proj", HEADS, EMBED),
-    *_dense(r"layers_\d+/mlp/gate_proj", EMBED, MLP),
-    *_dense(r"layers_\d+/mlp/up_proj", EMBED, MLP),
-    *_dense(r"layers_\d+/mlp/down_proj", MLP, EMBED),
-)
-_LLAMA = (("embed_tokens/embedding", (VOCAB, EMBED)), *_LLAMA_LAYER, ("lm_head", (EMBED, VOCAB)),
-          (r"layers_\d+/self_attn/(q|k)_norm/scale", (None,)),  # per head: [H], replicated
-          *_NORMS)
-_OPT = (
-    ("embed_tokens/embedding", (VOCAB, None)),  # [V, word_embed_proj_dim]
-    ("embed_positions/embedding", (None, EMBED)),
-    ("project_in/kernel", (None, EMBED)), ("project_out/kernel", (EMBED, None)),
-    *_dense(r"layers_\d+/q_proj", EMBED, HEADS),
-    *_dense(r"layers_\d+/k_proj", EMBED, KV_HEADS),
-    *_dense(r"layers_\d+/v_proj", EMBED, KV_HEADS),
-    *_dense(r"layers_\d+/out_proj", HEADS, EMBED),
-    *_dense(r"layers_\d+/fc1", EMBED, MLP),
-    *_dense(r"layers_\d+/fc2", MLP, EMBED),
-    ("lm_head", (VOCAB, None)),  # untied: [V, word_embed_proj_dim]
-    *_NORMS,
-)
-_CODEGEN = (
-    ("wte/embedding", (VOCAB, EMBED)),
-    *_dense(r"h_\d+/q_proj", EMBED, HEADS),
-    *_dense(r"h_\d+/k_proj", EMBED, KV_HEADS),
-    *_dense(r"h_\d+/v_proj", EMBED, KV_HEADS),
-    *_dense(r"h_\d+/out_proj", HEADS, EMBED),
-    *_dense(r"h_\d+/fc_in", EMBED, MLP),
-    *_dense(r"h_\d+/fc_out", MLP, EMBED),
-    ("lm_head", (VOCAB, EMBED)), ("lm_head_bias", (VOCAB,)),  # CodeGen's head is [V, D]
-    *_NORMS,
-)
-_GPT2 = (
-    ("wte/embedding", (VOCAB, EMBED)), ("wpe/embedding", (None, EMBED)),
-    *_dense(r"h_\d+/q_proj", EMBED, HEADS),
-    *_dense(r"h_\d+/k_proj", EMBED, KV_HEADS),
-    *_dense(r"h_\d+/v_proj", EMBED, KV_HEADS),
-    *_dense(r"h_\d+/attn_proj", HEADS, EMBED),
-    *_dense(r"h_\d+/c_fc", EMBED, MLP),
-    *_dense(r"h_\d+/mlp_proj", MLP, EMBED),
-    ("lm_head", (VOCAB, EMBED)),  # untied: [V, D]
-    *_NORMS,
-)
-# An EAGLE draft as it runs (``eagle.bind``): its own layers and fc under "draft/", the target's
-# embedding, the head rows of the draft vocabulary (V' need not divide: replicated) and their ids.
-_EAGLE = (
-    *((f"draft/{pattern}", axes) for pattern, axes in _LLAMA_LAYER),
-    *_dense("draft/fc", None, EMBED), ("draft/fuse/kernel", (None, EMBED)),
-    ("embedding", (VOCAB, EMBED)), ("head", (None, EMBED)), ("vocab_ids", (None,)),
-    ("final_norm/eps", ()),  # EAGLE-3's own final norm (its scale is a norm like the others)
-    # A published draft as loaded, before its bind: EAGLE-3's own head, a draft's own embedding.
-    ("draft/lm_head", (None, EMBED)), ("draft/embed_tokens/embedding", (VOCAB, EMBED)),
-    *_NORMS,
-)
-# Medusa heads: small, whole on every device.
-_MEDUSA = (("blocks/kernel", (None, None, None, None)), ("blocks/bias", (None, None, None)),
-           ("heads", (None, None, None)), ("vocab_ids", (None,)))
-# The tables by parameter layout: the name of the config class whose models hold the parameters
-# (every Llama-like family shares LlamaConfig's; this module sits below the models and names no family).
-PARAM_AXES: dict[str, tuple[tuple[str, tuple[str | None, ...]], ...]] = {
-    "LlamaConfig": _LLAMA, "OPTConfig": _OPT, "CodeGenConfig": _CODEGEN, "GPT2Config": _GPT2,
-    "EagleConfig": _EAGLE, "MedusaConfig": _MEDUSA,
-}
+# Every layer norm's scale and bias, whole on every device (not the per-head q/k norms).
+NORMS: ParamAxes = ((r"(.*/)?(?![qk]_norm/)[^/]*(norm|ln_[^/]*)/(scale|bias)", (EMBED,)),)
 
 
 def layout(config: Any) -> str:
-  """The parameter layout of a config, the key of its :data:`PARAM_AXES` table: its class's name."""
+  """The parameter layout of a config, for messages: its class's name (every Llama-like family shares
+  ``LlamaConfig``'s table)."""
   return type(config).__name__
 
 
+def param_axes_table(config: Any) -> ParamAxes:
+  """The rule table of a config's models: its class's ``PARAM_AXES``.
+
+  Raises:
+    ValueError: a config class without one (named, with the fix).
+  """
+  table = getattr(type(config), "PARAM_AXES", None)
+  if not isinstance(table, tuple) or not table:
+    raise ValueError(f"no sharding rules for {layout(config)} (model_type "
+                     f"{getattr(config, 'model_type', None)!r}); give the config class a PARAM_AXES "
+                     "table (bass_jax.sharding.dense and NORMS build one; docs/scaling.md)")
+  return table
+
+
 @functools.lru_cache(maxsize=4096)
-def _rule(layout_name: str, name: str) -> tuple[str | None, ...] | None:
-  """The logical axes of parameter ``name`` from the layout's table (the first rule matching it)."""
-  return next((axes for pattern, axes in PARAM_AXES[layout_name] if re.fullmatch(pattern, name)),
-              None)
+def _rule(table: ParamAxes, name: str) -> tuple[str | None, ...] | None:
+  """The logical axes of parameter ``name`` from a layout's table (the first rule matching it)."""
+  return next((axes for pattern, axes in table if re.fullmatch(pattern, name)), None)
 
 
 def logical_sizes(config: Any) -> dict[str, int]:
   """The sizes a rule must divide to split a logical axis: ``heads`` (N), ``kv_heads`` (K), ``mlp``
   (F) and ``vocab`` (V) of a family config (an EAGLE draft: its layer's).
 
+  A config whose models are not one decoder (an EAGLE draft, Medusa heads) gives its own by a
+  ``logical_sizes()`` method.
+
   Raises:
-    ValueError: a config of no layout in :data:`PARAM_AXES` (its class named).
+    ValueError: a config class without a ``PARAM_AXES`` table (:func:`param_axes_table`).
   """
-  kind = layout(config)
-  if kind == "EagleConfig":
-    return logical_sizes(config.layer)
-  if kind == "MedusaConfig":
-    return {HEADS: 1, KV_HEADS: 1, MLP: 1, VOCAB: config.vocab_size}
-  if kind not in PARAM_AXES:
-    raise ValueError(f"no sharding rules for {kind} (model_type "
-                     f"{getattr(config, 'model_type', None)!r}); add its table to "
-                     "bass_jax.sharding.PARAM_AXES")
+  param_axes_table(config)
+  own = getattr(config, "logical_sizes", None)
+  if own is not None:
+    return own()
   fields = config.FIELDS  # models.decoder_config.FieldTable: which field holds what
   mlp = getattr(config, fields.mlp_width) or 4 * getattr(config, fields.hidden_size)
   return {HEADS: getattr(config, fields.num_heads), KV_HEADS: config.num_kv_heads, MLP: mlp,
@@ -266,8 +219,8 @@ class ShardingPlan:
 
   Attributes:
     mesh: the ``("data", "model")`` mesh (Auto axes).
-    layout: the parameter layout (:func:`layout`), whose :data:`PARAM_AXES` table places the
-      parameters.
+    layout: the parameter layout (:func:`layout`: the config class's name), for messages.
+    table: its ``PARAM_AXES`` (:func:`param_axes_table`), which places the parameters.
     axes: logical axis -> mesh axis (or None), after divisibility.
     replicated: logical axes the rules split but whose size the mesh axis does not divide, so they are
       replicated instead (e.g. ``("kv_heads",)`` for 3 KV heads on a model axis of 2).
@@ -276,6 +229,7 @@ class ShardingPlan:
 
   mesh: Mesh
   layout: str
+  table: ParamAxes
   axes: tuple[tuple[str, str | None], ...]
   replicated: tuple[str, ...] = ()
   sizes: tuple[tuple[str, int], ...] = ()
@@ -320,10 +274,10 @@ class ShardingPlan:
     out = {}
     for path, leaf in flax.traverse_util.flatten_dict(dict(params)).items():
       name = "/".join(path)
-      axes = _rule(self.layout, name)
+      axes = _rule(self.table, name)
       if axes is None:
         raise ValueError(f"no sharding rule for parameter {name!r} of a {self.layout} model; add "
-                         f"one to bass_jax.sharding.PARAM_AXES[{self.layout!r}]")
+                         f"one to {self.layout}.PARAM_AXES")
       exact = lambda axis, dim: dim == sizes[axis] if axis in (MLP, VOCAB) else dim % sizes[axis] == 0
       if len(axes) != len(leaf.shape) or not all(
           exact(axis, dim) for axis, dim in zip(axes, leaf.shape) if axis in sizes):
@@ -381,8 +335,8 @@ def plan(config: Any, mesh: Mesh, rules: str | Rules = "tensor_parallel", *,
         f"{sizes[MLP]} hidden units of {name} ({config.model_type}), so it would split nothing of "
         f"its layers; choose a model axis size that divides {sizes[HEADS]} or {sizes[MLP]}, and give "
         "the other devices to 'data'")
-  return ShardingPlan(mesh=mesh, layout=layout(config), axes=tuple(resolved),
-                      replicated=tuple(replicated), sizes=tuple(sorted(sizes.items())))
+  return ShardingPlan(mesh=mesh, layout=layout(config), table=param_axes_table(config),
+                      axes=tuple(resolved), replicated=tuple(replicated), sizes=tuple(sorted(sizes.items())))
 
 
 def mesh_of(params: Any) -> Mesh | None:
@@ -470,7 +424,8 @@ def bytes_per_device(tree: Any, shardings: Any) -> int:
   return total
 
 
-__all__ = ["BATCH", "DATA", "EMBED", "HEADS", "KV_HEADS", "MESH_AXES", "MLP", "MODEL", "PARAM_AXES",
-           "REPLICATED", "RULES", "TENSOR_PARALLEL", "VOCAB", "ShardingPlan",
-           "bytes_per_device", "check_mesh", "check_rows", "logical_sizes", "make_mesh", "parse_mesh",
+__all__ = ["BATCH", "DATA", "EMBED", "HEADS", "KV_HEADS", "MESH_AXES", "MLP", "MODEL", "NORMS",
+           "REPLICATED", "RULES", "TENSOR_PARALLEL", "VOCAB", "ParamAxes", "ShardingPlan",
+           "bytes_per_device", "check_mesh", "check_rows", "dense", "layout", "logical_sizes",
+           "make_mesh", "param_axes_table", "parse_mesh",
            "mesh_of", "plan", "put", "resolve_mesh", "shard_params", "state_shardings", "to_host"]

@@ -114,6 +114,20 @@ def test_meshes_are_checked():
     assert sharding.resolve_mesh(None).shape == {"data": 1, "model": 1}
 
 
+def test_a_config_class_without_its_rule_table_is_named():
+  """A family's rules are its config class's PARAM_AXES; a class without them is refused in one line
+  that names it and says where the table goes."""
+
+  class NewConfig:  # a config of an architecture that brought no table
+    model_type = "new"
+
+  for call in (lambda: sharding.plan(NewConfig(), sharding.make_mesh(1, 1)),
+               lambda: sharding.logical_sizes(NewConfig())):
+    with pytest.raises(ValueError, match="no sharding rules for NewConfig .*give the config class a "
+                                         "PARAM_AXES table"):
+      call()
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "opt", "codegen", "gpt2", "qwen3",
                                     "gemma2", "gemma3_text", "phi3"])
 def test_every_parameter_of_every_family_has_exactly_one_rule(family):
@@ -157,7 +171,7 @@ def test_every_parameter_of_every_family_has_exactly_one_rule(family):
   axes = plan.param_axes(abstract)
   assert len(axes) == len(jax.tree_util.tree_leaves(abstract))
   for path, logical in axes.items():  # no rule claims a dimension that is not of its kind
-    matching = [a for pattern, a in sharding.PARAM_AXES[sharding.layout(config)]
+    matching = [a for pattern, a in sharding.param_axes_table(config)
                 if re.fullmatch(pattern, "/".join(path))]
     assert len(matching) == 1, (path, matching)
   with pytest.raises(ValueError, match="no sharding rule for parameter 'extra/kernel'"):

@@ -24,6 +24,7 @@ from bass_jax.cache import KVCache, KVUpdate
 from bass_jax.models import common
 from bass_jax.models import decoder_config
 from bass_jax.models import family
+from bass_jax.sharding import EMBED, HEADS, KV_HEADS, MLP, NORMS, VOCAB, dense
 
 MP_NUM = 4  # CodeGen's fused qkv is laid out as 4 model-parallel shards of [q | v | k]
 
@@ -55,6 +56,18 @@ class CodeGenConfig(decoder_config.CacheFromShape):
 
   FIELDS = decoder_config.FieldTable(num_layers="n_layer", max_positions="n_positions",
                                      num_heads="n_head", hidden_size="n_embd", mlp_width="n_inner")
+  # How the parameters lie on a mesh (bass_jax.sharding: path pattern -> logical axes).
+  PARAM_AXES = (
+      ("wte/embedding", (VOCAB, EMBED)),
+      *dense(r"h_\d+/q_proj", EMBED, HEADS),
+      *dense(r"h_\d+/k_proj", EMBED, KV_HEADS),
+      *dense(r"h_\d+/v_proj", EMBED, KV_HEADS),
+      *dense(r"h_\d+/out_proj", HEADS, EMBED),
+      *dense(r"h_\d+/fc_in", EMBED, MLP),
+      *dense(r"h_\d+/fc_out", MLP, EMBED),
+      ("lm_head", (VOCAB, EMBED)), ("lm_head_bias", (VOCAB,)),  # CodeGen's head is [V, D]
+      *NORMS,
+  )
 
   def __post_init__(self):
     for name in ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions"):

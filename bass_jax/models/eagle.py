@@ -54,6 +54,7 @@ from bass_jax import sharding as sharding_lib
 from bass_jax.cache import KVCache, KVUpdate
 from bass_jax.models import common
 from bass_jax.models import family as family_lib
+from bass_jax.models import llama_layers
 from bass_jax.models.llama import LlamaConfig
 from bass_jax.models.eagle_layers import EagleDraft
 
@@ -121,6 +122,21 @@ class EagleConfig:
   norm_before_residual: bool = False
   own_embedding: bool = False
   model_type = MODEL_TYPE
+  # How a draft as it runs (``bind``) lies on a mesh (bass_jax.sharding): its own layers and fc under
+  # "draft/", the target's embedding, the head rows of the draft vocabulary (V' need not divide:
+  # replicated) and their ids.
+  PARAM_AXES = (
+      *((f"draft/{pattern}", axes) for pattern, axes in llama_layers.LAYER_PARAM_AXES),
+      *sharding_lib.dense("draft/fc", None, sharding_lib.EMBED),
+      ("draft/fuse/kernel", (None, sharding_lib.EMBED)),
+      ("embedding", (sharding_lib.VOCAB, sharding_lib.EMBED)), ("head", (None, sharding_lib.EMBED)),
+      ("vocab_ids", (None,)),
+      ("final_norm/eps", ()),  # EAGLE-3's own final norm (its scale is a norm like the others)
+      # A published draft as loaded, before its bind: EAGLE-3's own head, a draft's own embedding.
+      ("draft/lm_head", (None, sharding_lib.EMBED)),
+      ("draft/embed_tokens/embedding", (sharding_lib.VOCAB, sharding_lib.EMBED)),
+      *sharding_lib.NORMS,
+  )
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -199,6 +215,10 @@ class EagleConfig:
   def with_draft_vocab_size(self, size: int) -> "EagleConfig":
     """The same draft scoring only the ``size`` most frequent of its tokens (a prefix of vocab_ids)."""
     return dataclasses.replace(self, draft_vocab_size=size)
+
+  def logical_sizes(self) -> dict[str, int]:
+    """``bass_jax.sharding.logical_sizes``: the draft layers' (heads, KV heads, MLP, vocabulary)."""
+    return sharding_lib.logical_sizes(self.layer)
 
   def num_params(self) -> int:
     """The draft's own parameters: the fc projection and the layers, and where it has them its own

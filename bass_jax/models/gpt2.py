@@ -21,6 +21,7 @@ from bass_jax.cache import KVCache, KVUpdate
 from bass_jax.models import common
 from bass_jax.models import decoder_config
 from bass_jax.models import family
+from bass_jax.sharding import EMBED, HEADS, KV_HEADS, MLP, NORMS, VOCAB, dense
 
 # GPT2Config fields with no effect on a causal LM forward (the sequence-summary head is another model).
 _IGNORED = {"summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
@@ -52,6 +53,18 @@ class GPT2Config(decoder_config.CacheFromShape):
 
   FIELDS = decoder_config.FieldTable(num_layers="n_layer", max_positions="n_positions",
                                      num_heads="n_head", hidden_size="n_embd", mlp_width="n_inner")
+  # How the parameters lie on a mesh (bass_jax.sharding: path pattern -> logical axes).
+  PARAM_AXES = (
+      ("wte/embedding", (VOCAB, EMBED)), ("wpe/embedding", (None, EMBED)),
+      *dense(r"h_\d+/q_proj", EMBED, HEADS),
+      *dense(r"h_\d+/k_proj", EMBED, KV_HEADS),
+      *dense(r"h_\d+/v_proj", EMBED, KV_HEADS),
+      *dense(r"h_\d+/attn_proj", HEADS, EMBED),
+      *dense(r"h_\d+/c_fc", EMBED, MLP),
+      *dense(r"h_\d+/mlp_proj", MLP, EMBED),
+      ("lm_head", (VOCAB, EMBED)),  # untied: [V, D]
+      *NORMS,
+  )
 
   def __post_init__(self):
     for name in ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions"):

@@ -126,6 +126,7 @@ class LlamaConfig(decoder_config.CacheFromShape):
       num_layers="num_hidden_layers", max_positions="max_position_embeddings",
       num_heads="num_attention_heads", hidden_size="hidden_size", num_kv_heads="num_key_value_heads",
       head_dim="head_dim", mlp_width="intermediate_size")
+  PARAM_AXES = llama_layers.PARAM_AXES  # how the parameters lie on a mesh (bass_jax.sharding)
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",

@@ -21,9 +21,25 @@ from bass_jax.cache import KVCache, KVUpdate
 from bass_jax.models import attention as attention_lib
 from bass_jax.models import common
 from bass_jax.models import rope as rope_lib
+from bass_jax.sharding import EMBED, HEADS, KV_HEADS, MLP, NORMS, VOCAB, dense
 
 if TYPE_CHECKING:
   from bass_jax.models.llama import LlamaConfig
+
+# How a Llama-like model's parameters lie on a mesh (``bass_jax.sharding``: path pattern -> logical
+# axes, the first match deciding): ``LlamaConfig.PARAM_AXES``. An EAGLE draft's layers are these.
+LAYER_PARAM_AXES = (
+    *dense(r"layers_\d+/self_attn/q_proj", EMBED, HEADS),
+    *dense(r"layers_\d+/self_attn/k_proj", EMBED, KV_HEADS),
+    *dense(r"layers_\d+/self_attn/v_proj", EMBED, KV_HEADS),
+    *dense(r"layers_\d+/self_attn/o_proj", HEADS, EMBED),
+    *dense(r"layers_\d+/mlp/gate_proj", EMBED, MLP),
+    *dense(r"layers_\d+/mlp/up_proj", EMBED, MLP),
+    *dense(r"layers_\d+/mlp/down_proj", MLP, EMBED),
+)
+PARAM_AXES = (("embed_tokens/embedding", (VOCAB, EMBED)), *LAYER_PARAM_AXES, ("lm_head", (EMBED, VOCAB)),
+              (r"layers_\d+/self_attn/(q|k)_norm/scale", (None,)),  # per head: [H], replicated
+              *NORMS)
 
 
 class RMSNorm(nn.Module):

@@ -34,6 +34,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from bass_jax.sharding import HEADS, KV_HEADS, MLP, VOCAB
+
 MODEL_TYPE = "medusa"
 
 
@@ -62,6 +64,9 @@ class MedusaConfig:
   eos_token_id = None
   bos_token_id = None
   max_positions = 1 << 30  # the heads have no positions: the target's context rules
+  # Small: whole on every device (bass_jax.sharding).
+  PARAM_AXES = (("blocks/kernel", (None, None, None, None)), ("blocks/bias", (None, None, None)),
+                ("heads", (None, None, None)), ("vocab_ids", (None,)))
 
   def __post_init__(self):
     for name in ("num_heads", "num_layers", "hidden_size", "vocab_size", "draft_vocab_size"):
@@ -75,6 +80,10 @@ class MedusaConfig:
   @property
   def num_hidden_layers(self) -> int:
     return self.num_layers
+
+  def logical_sizes(self) -> dict[str, int]:
+    """``bass_jax.sharding.logical_sizes``: nothing of the heads is split but the vocabulary."""
+    return {HEADS: 1, KV_HEADS: 1, MLP: 1, VOCAB: self.vocab_size}
 
   def num_params(self) -> int:
     h = self.hidden_size

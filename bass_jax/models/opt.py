@@ -22,6 +22,7 @@ from bass_jax.cache import KVCache, KVUpdate
 from bass_jax.models import common
 from bass_jax.models import decoder_config
 from bass_jax.models import family
+from bass_jax.sharding import EMBED, HEADS, KV_HEADS, MLP, NORMS, VOCAB, dense
 
 POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding: row 0 of the table serves position -2
 
@@ -57,6 +58,20 @@ class OPTConfig(decoder_config.CacheFromShape):
   FIELDS = decoder_config.FieldTable(
       num_layers="num_hidden_layers", max_positions="max_position_embeddings",
       num_heads="num_attention_heads", hidden_size="hidden_size", mlp_width="ffn_dim")
+  # How the parameters lie on a mesh (bass_jax.sharding: path pattern -> logical axes).
+  PARAM_AXES = (
+      ("embed_tokens/embedding", (VOCAB, None)),  # [V, word_embed_proj_dim]
+      ("embed_positions/embedding", (None, EMBED)),
+      ("project_in/kernel", (None, EMBED)), ("project_out/kernel", (EMBED, None)),
+      *dense(r"layers_\d+/q_proj", EMBED, HEADS),
+      *dense(r"layers_\d+/k_proj", EMBED, KV_HEADS),
+      *dense(r"layers_\d+/v_proj", EMBED, KV_HEADS),
+      *dense(r"layers_\d+/out_proj", HEADS, EMBED),
+      *dense(r"layers_\d+/fc1", EMBED, MLP),
+      *dense(r"layers_\d+/fc2", MLP, EMBED),
+      ("lm_head", (VOCAB, None)),  # untied: [V, word_embed_proj_dim]
+      *NORMS,
+  )
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "num_hidden_layers", "ffn_dim", "num_attention_heads",
