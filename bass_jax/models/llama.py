@@ -68,6 +68,8 @@ TRAITS = {
 }
 # The config fields some branch of the port reads: what a registered family's row may name.
 _PORTED_FIELDS = llama_traits.COMMON_FIELDS.union(*(traits.fields for traits in TRAITS.values()))
+# The families built in, whose configs save in transformers' format whatever their traits.
+_BUILT_IN = frozenset(TRAITS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -327,80 +329,63 @@ class LlamaConfig(decoder_config.CacheFromShape):
     return cls(**kwargs)
 
   def to_hf_config(self):
-    """The equivalent transformers config of the ``model_type``.
+    """The equivalent transformers config: transformers' config class of the ``model_type``
+    (``AutoConfig.for_model``), given the common fields and those the family's :class:`Traits` row
+    reads, in the forms that class takes, as its own defaults show them: a ``head_dim`` field or one
+    derived from ``hidden_size / num_attention_heads``; rotary parameters for all layers or per layer
+    type (Gemma 3's); Gemma's ``hidden_activation``. No branch names a family.
 
     Raises:
-      ValueError: a combination the family's HF config cannot express (Qwen2 without its q/k/v bias, a
-        Llama with a window or layer types, a local rotary outside Gemma 3, a field a registered
-        family's row does not read, a registered family with Gemma's traits), or transformers
-        knowing no config class of a registered ``model_type``.
+      ValueError: a value the family's config cannot express (q/k/v-only bias where the family has
+        none or the reverse; a field its row does not read, such as a Llama's window or layer types
+        or a Mistral's MLP bias; a Gemma field outside Gemma; a local rotary where the class has one
+        rotary; a head size the class derives otherwise), a family registered with Gemma's traits
+        (its names differ: orbax only), or transformers knowing no config class of the
+        ``model_type``.
     """
     import transformers  # pylint: disable=g-import-not-at-top
 
-    fields = self.hf_fields()
-    for name in ("qkv_bias", "rope_theta", "rope_scaling", "local_rope", "layer_types"):
-      fields.pop(name)
-    rope = rope_lib.to_parameters(self.rotary, self.head_dim)
     traits = self.traits
+    if traits.gemma and self.model_type not in _BUILT_IN:
+      raise ValueError(f"{self.model_type}: saving a registered family with Gemma's traits is not "
+                       "supported (its config names differ); save it in orbax format")
     if self.qkv_bias != traits.qkv_bias:
       raise ValueError(f"a {self.model_type} config has {'' if traits.qkv_bias else 'no '}"
                        "q/k/v-only bias")
-    if self.local_rope is not None and self.model_type != "gemma3_text":
-      raise ValueError("only Gemma 3 has a separate rotary for its sliding layers")
+    fields = self.hf_fields()
+    for name in ("qkv_bias", "rope_theta", "rope_scaling", "local_rope", "layer_types"):
+      fields.pop(name)
     if not traits.gemma:
       for name in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"):
         if fields.pop(name) is not None:
           raise ValueError(f"{name} is a Gemma field; {self.model_type} has none")
-    extra: dict[str, Any] = {}
-    if self.layer_types is not None:
-      extra["layer_types"] = list(self.layer_types)
-    if self.model_type == "llama":
-      if self.sliding_window is not None or self.layer_types is not None:
-        raise ValueError("HF LlamaConfig has no sliding window; set model_type")
-      fields.pop("sliding_window")
-      return transformers.LlamaConfig(**fields, rope_parameters=rope)
-    fields.pop("mlp_bias")
-    if self.mlp_bias:
-      raise ValueError(f"{self.model_type} has no MLP bias")
-    if self.model_type == "qwen2":
-      fields.pop("attention_bias")
-      if self.head_dim != self.hidden_size // self.num_attention_heads:
-        raise ValueError("Qwen2Config derives head_dim from hidden_size / num_attention_heads")
-      fields.pop("head_dim")
-      return transformers.Qwen2Config(**fields, rope_parameters=rope, **_qwen_window(self, extra))
-    if self.model_type == "qwen3":
-      return transformers.Qwen3Config(**fields, rope_parameters=rope, **_qwen_window(self, extra))
-    if self.model_type in ("mistral", "phi3"):
-      fields.pop("attention_bias")
-      if self.layer_types is not None:
-        raise ValueError(f"{self.model_type} windows every layer; it has no layer_types")
-      if self.model_type == "mistral":
-        return transformers.MistralConfig(**fields, rope_parameters=rope)
-      if self.head_dim != self.hidden_size // self.num_attention_heads:
-        raise ValueError("Phi3Config derives head_dim from hidden_size / num_attention_heads")
-      fields.pop("head_dim")
-      original = rope.get("original_max_position_embeddings", self.max_position_embeddings)
-      return transformers.Phi3Config(**fields, rope_parameters=rope,
-                                     original_max_position_embeddings=original)
-    if self.model_type in ("gemma2", "gemma3_text"):
+    else:
       fields["hidden_activation"] = fields.pop("hidden_act")
-      if self.model_type == "gemma2":
-        return transformers.Gemma2Config(**fields, rope_parameters=rope, **extra)
-      local = rope_lib.to_parameters(self.local_rope or self.rotary, self.head_dim)
-      return transformers.Gemma3TextConfig(**fields, **extra,
-                                           rope_parameters={FULL: rope, SLIDING: local})
-    # A family added with register_llama_family: transformers' own config class of its model_type,
-    # given the common fields and those its Traits row reads (Gemma's norms would need Gemma's names).
-    if traits.gemma:
-      raise ValueError(f"{self.model_type}: saving a registered family with Gemma's traits is not "
-                       "supported (its config names differ); save it in orbax format")
-    for name, value in (("attention_bias", fields.pop("attention_bias")),
-                        ("sliding_window", fields.pop("sliding_window")),
-                        ("layer_types", extra.pop("layer_types", None))):
+    default = transformers.AutoConfig.for_model(self.model_type)
+    rope = rope_lib.to_parameters(self.rotary, self.head_dim)
+    if FULL in (getattr(default, "rope_parameters", None) or {}):  # one rotary per layer type
+      rope = {FULL: rope, SLIDING: rope_lib.to_parameters(self.local_rope or self.rotary, self.head_dim)}
+    elif self.local_rope is not None:
+      raise ValueError(f"{type(default).__name__} has one rotary for every layer; a separate one for "
+                       "the sliding layers is Gemma 3's")
+    if not hasattr(default, "head_dim"):
+      if self.head_dim != self.hidden_size // self.num_attention_heads:
+        raise ValueError(f"{type(default).__name__} derives head_dim from hidden_size / "
+                         "num_attention_heads")
+      fields.pop("head_dim")
+    optional = {"attention_bias": fields.pop("attention_bias"), "mlp_bias": fields.pop("mlp_bias"),
+                "sliding_window": fields.pop("sliding_window"),
+                "layer_types": None if self.layer_types is None else list(self.layer_types)}
+    for name, value in optional.items():
       if name in traits.fields:
         fields[name] = value
       elif value:
         raise ValueError(f"{self.model_type} has no {name} (its Traits row does not read it)")
+    if "use_sliding_window" in traits.fields:  # Qwen2/Qwen3 switch the window on beside its size
+      fields["use_sliding_window"] = self.sliding_window is not None
+    if "original_max_position_embeddings" in traits.fields:  # Phi-3's longrope base context
+      fields["original_max_position_embeddings"] = rope.get("original_max_position_embeddings",
+                                                            self.max_position_embeddings)
     return transformers.AutoConfig.for_model(self.model_type, **fields, rope_parameters=rope)
 
 
@@ -417,11 +402,6 @@ def _naming_derived_head_dim(hidden_size: Any, heads: Any, head_dim: Any) -> Ite
       raise
     raise type(e)(f"{e} (head_dim is hidden_size {hidden_size} // num_attention_heads {heads} = "
                   f"{hidden_size // heads}, as the config gives none)") from e
-
-
-def _qwen_window(config: LlamaConfig, extra: dict[str, Any]) -> dict[str, Any]:
-  """Qwen2/Qwen3's ``use_sliding_window`` beside the layer types (``sliding_window`` is a field)."""
-  return {"use_sliding_window": config.sliding_window is not None, **extra}
 
 
 def register_llama_family(model_type: str, traits: Traits) -> Traits:
