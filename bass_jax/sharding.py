@@ -17,11 +17,11 @@ A mesh has two named axes (``jax.make_mesh((2, 4), ("data", "model"))``):
 
 How a parameter is split is written once per parameter layout (a config class: the Llama-like families
 share ``LlamaConfig``'s) as a table from parameter paths to *logical* axes, the config class's
-``PARAM_AXES`` in its family's file (``q_proj/kernel`` is ``("embed", "heads")``), and the logical axes map to mesh axes by
-a rule table (:data:`TENSOR_PARALLEL`, :data:`REPLICATED`), as in MaxText's ``logical_axis_rules``. A
-logical axis whose size the mesh axis does not divide is replicated instead (named in
-:attr:`ShardingPlan.replicated`); a model axis that divides neither the attention heads nor the MLP is an
-error, since it would shard nothing of the layers.
+``PARAM_AXES`` in its family's file (``q_proj/kernel`` is ``("embed", "heads")``), and the logical axes
+map to mesh axes by a rule table (:data:`TENSOR_PARALLEL`, :data:`REPLICATED`), as in MaxText's
+``logical_axis_rules``. A logical axis whose size the mesh axis does not divide is replicated instead
+(named in :attr:`ShardingPlan.replicated`); a model axis that divides neither the attention heads nor
+the MLP is an error, since it would shard nothing of the layers.
 
 The decode itself is one jitted program partitioned by XLA (GSPMD/Shardy) from these placements; the
 attention over the cache, the one part written as a kernel, runs per shard under ``jax.shard_map``
@@ -68,7 +68,7 @@ ParamAxes = tuple[tuple[str, tuple[str | None, ...]], ...]
 
 
 def dense(name: str, inputs: str | None, outputs: str | None) -> ParamAxes:
-  """The rules of a ``nn.Dense`` at path pattern ``name``: kernel ``[in, out]`` and its bias ``[out]``."""
+  """The rules of a ``nn.Dense`` at path pattern ``name``: kernel ``[in, out]``, bias ``[out]``."""
   return ((rf"{name}/kernel", (inputs, outputs)), (rf"{name}/bias", (outputs,)))
 
 
@@ -86,13 +86,19 @@ def param_axes_table(config: Any) -> ParamAxes:
   """The rule table of a config's models: its class's ``PARAM_AXES``.
 
   Raises:
-    ValueError: a config class without one (named, with the fix).
+    ValueError: a config class without one (named, with the fix), or one that is not a non-empty
+      tuple of ``(pattern, axes tuple)`` pairs (hashable: plans are static parts of programs).
   """
   table = getattr(type(config), "PARAM_AXES", None)
-  if not isinstance(table, tuple) or not table:
+  if table is None:
     raise ValueError(f"no sharding rules for {layout(config)} (model_type "
                      f"{getattr(config, 'model_type', None)!r}); give the config class a PARAM_AXES "
                      "table (bass_jax.sharding.dense and NORMS build one; docs/scaling.md)")
+  if not (isinstance(table, tuple) and table and all(
+      isinstance(rule, tuple) and len(rule) == 2 and isinstance(rule[0], str)
+      and isinstance(rule[1], tuple) for rule in table)):
+    raise ValueError(f"{layout(config)}.PARAM_AXES must be a non-empty tuple of (path pattern, "
+                     "logical axes tuple) pairs, tuples all through")
   return table
 
 
@@ -277,7 +283,7 @@ class ShardingPlan:
       axes = _rule(self.table, name)
       if axes is None:
         raise ValueError(f"no sharding rule for parameter {name!r} of a {self.layout} model; add "
-                         f"one to {self.layout}.PARAM_AXES")
+                         f"one to the table {self.layout}.PARAM_AXES holds (in its family's file)")
       exact = lambda axis, dim: dim == sizes[axis] if axis in (MLP, VOCAB) else dim % sizes[axis] == 0
       if len(axes) != len(leaf.shape) or not all(
           exact(axis, dim) for axis, dim in zip(axes, leaf.shape) if axis in sizes):

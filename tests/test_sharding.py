@@ -127,6 +127,13 @@ def test_a_config_class_without_its_rule_table_is_named():
                                          "PARAM_AXES table"):
       call()
 
+  class ListConfig:  # a table written with a list inside, which a plan could not hash
+    model_type = "new"
+    PARAM_AXES = (("embed/embedding", ["vocab", "embed"]),)
+
+  with pytest.raises(ValueError, match="ListConfig.PARAM_AXES must be a non-empty tuple"):
+    sharding.plan(ListConfig(), sharding.make_mesh(1, 1))
+
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "opt", "codegen", "gpt2", "qwen3",
                                     "gemma2", "gemma3_text", "phi3"])

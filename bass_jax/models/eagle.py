@@ -30,7 +30,8 @@ apart by width.
 
 The Flax modules (``EagleDraft``, ``Eagle3Layer``) are ``models.eagle_layers``; its initial parameters
 (random, or grown from a shallower draft) ``models.eagle_init``; this file holds what a draft is: its
-config and checks against a target, binding and forward.
+config and checks against a target, its parameters' draws (``draw_draft_params``), binding and
+forward.
 
 Files (``checkpoints.eagle_files``: ``save_eagle``, ``load_eagle``; ``bass_jax.save_model``): ``config.json``
 (``{"model_type": "bass_eagle", "draft_vocab_size": V', "layer": <transformers LlamaConfig fields>}``)

@@ -1,5 +1,5 @@
 """An EAGLE draft's initial parameters: random (Flax's initializers, compiled once per config) or
-grown from a shallower trained draft with identity layers (``experiments.train_eagle --start_from``).
+grown from a shallower trained draft with identity layers (``experiments.train_eagle --init_from``).
 
 What a saved draft's weights are checked against (``checkpoints.eagle_files``) and where training
 starts (``bass_jax.training.feature_draft``). The draft itself is ``models.eagle``.

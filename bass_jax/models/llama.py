@@ -15,13 +15,14 @@ Axes: B batch, T new tokens, S cache slots, L layers, D hidden size, F MLP size,
 heads, H head dim, V vocabulary.
 
 This file is the family's description: :data:`TRAITS` (what each ``model_type`` fixes, one
-:class:`Traits` row each; the record and the config fields every row shares are ``models.llama_traits``), :class:`LlamaConfig` with its Hugging Face conversion, and :func:`register_llama_family`. The
-Flax modules (``Llama``, its layers) are ``models.llama_layers``. The model knows nothing of
-speculation: it maps ``tokens: i32[B, T]`` and a ``KVCache`` to ``logits: f32[B, T, V]`` and the cache
-with the T new entries written at each row's own offset ``cache.lengths[b]``. The layers are unrolled,
-each with its own parameters (``layers_{i}``) and cache arrays, or scanned (``scan_layers``: ``layers``
-stacked ``[L, ...]``, a stacked cache; ``models.common.run_layers``; not for models that alternate
-sliding and global layers).
+:class:`Traits` row each; the record and the config fields every row shares are
+``models.llama_traits``), :class:`LlamaConfig` with its Hugging Face conversion, and
+:func:`register_llama_family`. The Flax modules (``Llama``, its layers) are ``models.llama_layers``.
+The model knows nothing of speculation: it maps ``tokens: i32[B, T]`` and a ``KVCache`` to ``logits:
+f32[B, T, V]`` and the cache with the T new entries written at each row's own offset
+``cache.lengths[b]``. The layers are unrolled, each with its own parameters (``layers_{i}``) and cache
+arrays, or scanned (``scan_layers``: ``layers`` stacked ``[L, ...]``, a stacked cache;
+``models.common.run_layers``; not for models that alternate sliding and global layers).
 """
 
 from __future__ import annotations

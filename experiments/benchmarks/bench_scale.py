@@ -60,8 +60,8 @@ import time
 
 from absl import flags
 
-from experiments import _deviceless
 from experiments import _decode_flags
+from experiments import _deviceless
 from experiments import _io
 
 _RESULTS = flags.DEFINE_string("results_dir", None, "Directory for bench_scale.{jsonl,json,md}; "
