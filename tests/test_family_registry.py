@@ -14,7 +14,6 @@ import pytest
 import transformers
 
 import bass_jax  # noqa: F401  # registers every family
-from bass_jax import sharding
 from bass_jax.checkpoints import gguf_architectures as gguf
 from bass_jax.models import eagle, family, llama
 
