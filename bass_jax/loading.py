@@ -209,7 +209,7 @@ def load_model(spec: str | os.PathLike, *, dtype: Any = None, num_layers: int | 
                                          shapes_for=lambda c: abstract_params(c, dtype))
     else:
       config, params = hf_ckpt.load_hf_checkpoint(path, expected=expected, dtype=dtype,
-                                                   fields=found.fields)
+                                                   fields=found.fields, config=config)
     eos = merge_eos_ids(config.eos_token_id, generation_eos)
     if eos != config.eos_token_id:
       config = dataclasses.replace(config, eos_token_id=eos)

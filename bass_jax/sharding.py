@@ -118,7 +118,7 @@ def logical_sizes(config: Any) -> dict[str, int]:
   Raises:
     ValueError: a config class without a ``PARAM_AXES`` table (:func:`param_axes_table`).
   """
-  param_axes_table(config)
+  param_axes_table(config)  # a config with no rules is refused here, before any size is read
   own = getattr(config, "logical_sizes", None)
   if own is not None:
     return own()

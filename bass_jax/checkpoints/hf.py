@@ -349,7 +349,8 @@ def _merge(into: dict[str, np.ndarray], part: dict[str, np.ndarray], file: pathl
 
 
 def load_hf_checkpoint(path: str | os.PathLike, *, expected: Any, dtype: Any,
-                       fields: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+                       fields: dict[str, Any] | None = None, config: Any = None
+                       ) -> tuple[Any, dict[str, Any]]:
   """Reads an HF checkpoint directory of a supported family into ``(config, params)``.
 
   Args:
@@ -357,6 +358,8 @@ def load_hf_checkpoint(path: str | os.PathLike, *, expected: Any, dtype: Any,
     expected: ``config -> abstract params`` callable, used to check every shape.
     dtype: dtype of the returned parameters.
     fields: config.json's object when the caller already read it (``locate.Checkpoint.fields``); None reads it.
+    config: the family config of ``fields`` (:func:`config_from_hf`) when the caller already built
+      it (``load_model`` does, before the weights); None builds it.
 
   Raises:
     FileNotFoundError, ValueError, CheckpointError: missing files, unsupported config, or tensors that
@@ -364,7 +367,7 @@ def load_hf_checkpoint(path: str | os.PathLike, *, expected: Any, dtype: Any,
   """
   path = pathlib.Path(path)
   fields = read_config_fields(path) if fields is None else fields
-  config = config_from_hf(fields, path / "config.json")
+  config = config_from_hf(fields, path / "config.json") if config is None else config
   tensors = multimodal.text_decoder_tensors(fields, _read_tensors(path))
   params = params_from_tensors(config, tensors, tensors.__getitem__, expected=expected, dtype=dtype,
                                where=str(path), fields=fields)

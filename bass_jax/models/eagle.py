@@ -58,6 +58,7 @@ from bass_jax.models import family as family_lib
 from bass_jax.models import llama_layers
 from bass_jax.models.llama import LlamaConfig
 from bass_jax.models.eagle_layers import EagleDraft
+from bass_jax.sharding import EMBED, NORMS, VOCAB, dense
 
 MODEL_TYPE = "bass_eagle"
 # The architectures an EagleConfig describes: this project's draft ("bass": fc with bias over
@@ -128,15 +129,15 @@ class EagleConfig:
   # replicated) and their ids.
   PARAM_AXES = (
       *((f"draft/{pattern}", axes) for pattern, axes in llama_layers.LAYER_PARAM_AXES),
-      *sharding_lib.dense("draft/fc", None, sharding_lib.EMBED),
-      ("draft/fuse/kernel", (None, sharding_lib.EMBED)),
-      ("embedding", (sharding_lib.VOCAB, sharding_lib.EMBED)), ("head", (None, sharding_lib.EMBED)),
+      *dense("draft/fc", None, EMBED),
+      ("draft/fuse/kernel", (None, EMBED)),
+      ("embedding", (VOCAB, EMBED)), ("head", (None, EMBED)),
       ("vocab_ids", (None,)),
       ("final_norm/eps", ()),  # EAGLE-3's own final norm (its scale is a norm like the others)
       # A published draft as loaded, before its bind: EAGLE-3's own head, a draft's own embedding.
-      ("draft/lm_head", (None, sharding_lib.EMBED)),
-      ("draft/embed_tokens/embedding", (sharding_lib.VOCAB, sharding_lib.EMBED)),
-      *sharding_lib.NORMS,
+      ("draft/lm_head", (None, EMBED)),
+      ("draft/embed_tokens/embedding", (VOCAB, EMBED)),
+      *NORMS,
   )
 
   def __post_init__(self):
