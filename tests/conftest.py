@@ -156,6 +156,15 @@ import numpy as np  # noqa: E402
 
 import bass_jax as bj  # noqa: E402
 
+# A test process keeps up to SUITE_PROGRAMS compiled settings (the library keeps 8, which a user can
+# change with bj.set_compile_cache_size): a worker runs many files one after another, and with 8 the
+# settings a file compiled early were often evicted before a later test of that file, or of a later
+# file, decoded them again (9 of 194 settings in 13 decode-heavy files compiled twice, 2026-11-30).
+# A tiny model's setting holds about 9 MiB (tests/test_programs.py), the real SmolLM2's a few tens.
+# Tests that check compiling clear the cache first, and a test that changes the size restores it.
+SUITE_PROGRAMS = 64
+bj.set_compile_cache_size(SUITE_PROGRAMS)
+
 
 def tiny_config(**overrides) -> bj.LlamaConfig:
   """A 2-layer GQA Llama small enough to compile and run in well under a second."""
