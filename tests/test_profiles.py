@@ -193,7 +193,8 @@ def test_bench_gpu_quick_mode_runs_every_step_on_this_cpu(tmp_path):
   # The size sweep's break-even: (l * draft + verify) / plain, from its own rows, at every B and l.
   sweep = json.loads((tmp_path / "bench_forward_gpu_sizes_quick.json").read_text())
   ms = {(r["model"], r["batch_size"], r["num_new"]): r["project_ms"] for r in sweep["rows"]}
-  target, draft = "random:smollm2-135m:layers=2", "random:smollm2-135m:layers=1"
+  target, draft = ("random:smollm2-135m:layers=2:vocab=4096",
+                   "random:smollm2-135m:layers=1:vocab=4096")
   assert {(e["batch_size"], e["draft_len"]) for e in sweep["break_even"]} == {(1, 4), (4, 4)}
   for e in sweep["break_even"]:
     b = e["batch_size"]

@@ -68,20 +68,27 @@ _SETTING = flags.DEFINE_string("setting", "full", "Name of the shape set (the fi
 _PROJECT_ONLY = flags.DEFINE_bool("project_only", False, "Time the project's forward alone (no "
                                   "minimal forward, no matmul floor): the size sweep.")
 
+def _one_layer(model: str) -> str:
+  """``random:<shape>[:options]`` with its ``layers=N`` option (if any) replaced by ``layers=1``, the
+  other options (``vocab=V``) kept: the 1-layer draft of that shape."""
+  parts = model.split(":")
+  return ":".join(parts[:2] + ["layers=1"] + [p for p in parts[2:] if not p.startswith("layers=")])
+
+
 def break_even(rows: list[dict]) -> list[dict]:
-  """For each ``random:<shape>[:layers=N]`` target timed with its ``random:<shape>:layers=1`` draft: at each
-  batch size, dtype and cache length, and each l with a verification of T = l + 1 measured, the
-  tokens a BASS step must emit per row to cost what regular decoding does for them:
-  ``(l * draft(T=1) + target(T=l+1)) / target(T=1)``. Costs of random weights, not acceptance."""
+  """For each ``random:<shape>[:layers=N][:vocab=V]`` target timed with its 1-layer draft (the same
+  spec with ``layers=1``): at each batch size, dtype and cache length, and each l with a
+  verification of T = l + 1 measured, the tokens a BASS step must emit per row to cost what regular
+  decoding does for them: ``(l * draft(T=1) + target(T=l+1)) / target(T=1)``. Costs of random
+  weights, not acceptance."""
   ms = {(r["model"], r["dtype"], r["batch_size"], r["num_new"], r["cache_len"]): r["project_ms"]
         for r in rows}
   out = []
   for (model, dtype, batch, num_new, slots), verify in sorted(ms.items()):
-    if not model.startswith("random:") or model.endswith(":layers=1") or num_new < 2:
+    if not model.startswith("random:") or "layers=1" in model.split(":")[2:] or num_new < 2:
       continue
-    shape = ":".join(model.split(":")[:2])  # random:<shape>, without a layers= option
     plain = ms.get((model, dtype, batch, 1, slots))
-    draft = ms.get((f"{shape}:layers=1", dtype, batch, 1, slots))
+    draft = ms.get((_one_layer(model), dtype, batch, 1, slots))
     if plain is None or draft is None:
       continue
     l = num_new - 1

@@ -93,8 +93,9 @@ def steps(results: pathlib.Path, quick: bool, draft: str) -> dict[str, Step]:
                                        "--setting=gpu_quick"], 600),
         "size_sweep": Step(2, py + ["experiments.benchmarks.bench_forward", "--quick", "--notorch", "--noscanned",
                                     "--project_only", f"--results_dir={results}",
-                                    "--models=random:smollm2-135m:layers=2,"
-                                    "random:smollm2-135m:layers=1", "--setting=gpu_sizes_quick"],
+                                    "--models=random:smollm2-135m:layers=2:vocab=4096,"
+                                    "random:smollm2-135m:layers=1:vocab=4096",
+                                    "--setting=gpu_sizes_quick"],
                            600),
         "command_buffers_while": Step(3, py + [
             "experiments.paper.latency", "--configs=regular", "--sampling=greedy", "--nocheck",
