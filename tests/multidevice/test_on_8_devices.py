@@ -151,22 +151,6 @@ def test_drafter_invariant_tokens_on_a_mesh_are_regular_decodings_on_one_device(
   np.testing.assert_array_equal(continuous.tokens, single.tokens)
 
 
-def test_an_eagle_draft_on_a_mesh_emits_the_single_device_tokens():
-  """The feature buffer split by row, the EAGLE draft (its layer, the target's embedding and head
-  rows) replicated over model."""
-  from bass_jax.models import eagle, eagle_init  # pylint: disable=g-import-not-at-top
-
-  target, _ = _pair("llama")
-  config = eagle.EagleConfig(layer=target.config, draft_vocab_size=64)
-  params = {"draft": eagle_init.init_draft_params(config, jax.random.key(3)),
-            "vocab_ids": np.random.default_rng(0).permutation(VOCAB).astype(np.int32)}
-  draft = bj.Model(config, params, name="tiny-eagle")
-  prompts = _prompts(3, seed=6)
-  single = bj.generate(target, None, prompts, method="regular", max_new_tokens=10)
-  out = bj.generate(target, draft, prompts, max_new_tokens=10, mesh=sharding.make_mesh(2, 4))
-  np.testing.assert_array_equal(out.tokens, single.tokens)
-
-
 def test_a_context_mesh_or_the_weights_mesh_is_used_and_a_tensor_parallel_hybrid_draft_runs():
   """generate(mesh=None) takes the mesh set with jax.set_mesh (here an Explicit one, as jax.make_mesh
   makes it), else the mesh the target's weights lie on; the n-gram + draft hybrid with the draft
@@ -187,10 +171,28 @@ def test_a_context_mesh_or_the_weights_mesh_is_used_and_a_tensor_parallel_hybrid
   assert out.stats.mesh == {"data": 4, "model": 2}
 
 
+def test_an_eagle_draft_on_a_mesh_emits_the_single_device_tokens():
+  """The feature buffer split by row, the EAGLE draft (its layer, the target's embedding and head
+  rows) replicated over model."""
+  from bass_jax.models import eagle, eagle_init  # pylint: disable=g-import-not-at-top
+
+  target, _ = _pair("llama")
+  config = eagle.EagleConfig(layer=target.config, draft_vocab_size=64)
+  params = {"draft": eagle_init.init_draft_params(config, jax.random.key(3)),
+            "vocab_ids": np.random.default_rng(0).permutation(VOCAB).astype(np.int32)}
+  draft = bj.Model(config, params, name="tiny-eagle")
+  prompts = _prompts(3, seed=6)
+  single = bj.generate(target, None, prompts, method="regular", max_new_tokens=10)
+  out = bj.generate(target, draft, prompts, max_new_tokens=10, mesh=sharding.make_mesh(2, 4))
+  np.testing.assert_array_equal(out.tokens, single.tokens)
+
+
 def test_the_pallas_kernel_runs_per_shard():
+  """Greedy BASS with the Pallas kernel on (2, 4) emits one device's regular greedy tokens (the
+  program of the context-mesh test's reference)."""
   target, draft = _pair("llama")
   prompts = _prompts(4, seed=3)
-  single = bj.generate(target, draft, prompts, max_new_tokens=6, attention_impl="pallas_pad")
+  single = bj.generate(target, None, prompts, method="regular", max_new_tokens=6)
   out = bj.generate(target, draft, prompts, max_new_tokens=6, attention_impl="pallas_pad",
                     mesh=sharding.make_mesh(2, 4))
   np.testing.assert_array_equal(out.tokens, single.tokens)
@@ -343,10 +345,12 @@ def test_a_batch_that_does_not_split_over_data_is_refused_below_generate():
 
 def test_continuous_batching_on_a_tensor_parallel_mesh_emits_the_single_device_tokens():
   """Continuous batching on (1, 8): refilled rows' admission prefills and cache writes run on a mesh with
-  every weight and KV head split, and give one device's tokens; a data axis above 1 is refused."""
+  every weight and KV head split, and give one device's regular greedy tokens; a data axis above 1
+  is refused."""
   target, draft = _pair("llama")
   prompts = _prompts(n=7, seed=3)
-  single = bj.generate(target, draft, prompts, max_new_tokens=12)
+  # One device's regular greedy decoding: the program of the llama family fixture's reference.
+  single = bj.generate(target, None, prompts, method="regular", max_new_tokens=12)
   out = bj.generate(target, draft, prompts, max_new_tokens=12, batch_size=2,
                     mesh=sharding.make_mesh(1, 8))
   assert out.stats.continuous and out.stats.mesh == {"data": 1, "model": 8}
