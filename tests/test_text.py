@@ -68,19 +68,24 @@ def test_generate_text_refuses_bad_input(tiny):
 
 
 @pytest.mark.slow
-def test_smollm2_chat_with_stop_strings(smollm2):
+def test_smollm2_chat_with_stop_strings(smollm2, smollm2_greedy):
   """The chat template makes the Instruct model answer (an assistant turn that ends at <|im_end|>,
-  which is skipped); BASS with stop strings returns regular decoding's text cut at the first stop."""
+  which is skipped); BASS with stop strings returns regular decoding's text cut at the first stop.
+  Three prompts and 32 new tokens, as the shared greedy reference (smollm2_greedy) decodes: its
+  regular program, built for longer prompts, serves the regular calls here."""
+  del smollm2_greedy  # built first, so that its program is in memory
   draft = bj.load_model("smollm2-135m-draft")
-  prompts = ["What is the capital of France?", "List three primary colors, one per line."]
-  kwargs = dict(chat=True, max_new_tokens=40)
+  prompts = ["What is the capital of France?", "List three primary colors, one per line.",
+             "Name two fruits, one per line."]
+  kwargs = dict(chat=True, max_new_tokens=32)
   regular = bj.generate_text(smollm2, None, prompts, method="regular", **kwargs)
-  assert "Paris" in regular[0] and "\n" in regular[1]  # both stops occur, so the cut is not trivial
+  # Every row's stop occurs, so no cut is trivial.
+  assert "Paris" in regular[0] and "\n" in regular[1] and "\n" in regular[2], regular
   assert "<|im_end|>" not in "".join(regular) and "<|im_start|>" not in "".join(regular)
   cut = bj.generate_text(smollm2, draft, prompts, stop=["Paris", "\n"], **kwargs)
   assert cut == [text.cut_at_stop(t, ["Paris", "\n"]) for t in regular]
   assert all(len(c) < len(t) for c, t in zip(cut, regular))
   # Without the template the Instruct model does not answer (regular decoding again, so the first
   # call's program, built for the longer templated prompts, serves it).
-  plain = bj.generate_text(smollm2, None, prompts, method="regular", max_new_tokens=40)
+  plain = bj.generate_text(smollm2, None, prompts, method="regular", max_new_tokens=32)
   assert plain[0] != regular[0] and "Paris" not in plain[0].split("\n")[0]
