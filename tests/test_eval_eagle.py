@@ -25,6 +25,9 @@ ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", JAX_PLATFOR
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
   root = tmp_path_factory.mktemp("eval_eagle")
+  # The scripts' runs share JAX's persistent cache: train_eagle's two runs compile the same steps.
+  ENV.update(JAX_COMPILATION_CACHE_DIR=str(root / "xla"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
   target = tiny_model(seed=5)
   bj.save_model(target, root / "target")
   target = bj.load_model(root / "target", tokenizer=False)  # what the script reads: the saved weights

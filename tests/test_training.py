@@ -1,6 +1,7 @@
 """Draft distillation: the loss, the data order, resuming after kill -9, and the simulated acceptance."""
 
 import os
+import pathlib
 import subprocess
 import textwrap
 
@@ -94,7 +95,12 @@ _RUN = textwrap.dedent("""
 
 
 def _run(workdir, kill_at=0):
-  env = dict(os.environ, KILL_AT=str(kill_at))
+  # The killed and the resumed child share JAX's persistent cache (beside the workdir): the resumed
+  # one loads the training step the killed one compiled.
+  env = dict(os.environ, KILL_AT=str(kill_at),
+             JAX_COMPILATION_CACHE_DIR=str(pathlib.Path(workdir).parent / "xla"),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
   return subprocess.run([PYTHON, "-c", _RUN.format(tests=os.path.join(REPO, "tests")),
                          str(workdir)], env=env, capture_output=True, text=True, timeout=600,
                         cwd=REPO)
@@ -137,10 +143,15 @@ def test_simulation_reproduces_real_greedy_bass():
   draft_len, new = 3, 40
   regular = bj.generate(target, None, prompts, method="regular", max_new_tokens=new)
   bass = bj.generate(target, draft, prompts, method="bass", max_new_tokens=new, draft_len=draft_len)
-  for row, (prompt, cont) in enumerate(zip(prompts, regular.sequences())):
-    seq = np.array([prompt + cont])
-    agree = (np.asarray(draft.logits(seq)).argmax(-1) == np.asarray(target.logits(seq)).argmax(-1))[0]
-    simulated = distill.simulate_greedy_steps(agree, len(prompt) - 1, seq.shape[1] - 1, draft_len)
+  # Both models' logits over the three sequences padded to the longest, in one program each: a
+  # position's logits depend only on the tokens up to it.
+  seqs = [prompt + cont for prompt, cont in zip(prompts, regular.sequences())]
+  longest = max(map(len, seqs))
+  padded = np.array([s + [0] * (longest - len(s)) for s in seqs])
+  agrees = np.asarray(draft.logits(padded)).argmax(-1) == np.asarray(target.logits(padded)).argmax(-1)
+  for row, (prompt, seq) in enumerate(zip(prompts, seqs)):
+    agree = agrees[row, :len(seq)]
+    simulated = distill.simulate_greedy_steps(agree, len(prompt) - 1, len(seq) - 1, draft_len)
     real = bass.stats.accepted[:, row]
     assert len(simulated) >= 5
     assert real[:len(simulated)].tolist() == simulated, row
