@@ -76,7 +76,9 @@ def _draft(kind, target):
 
 
 def _solo(target, draft, prompts, **kwargs):
-  """Each prompt decoded alone (a static batch of one), as ``GenerateOutput.sequences()`` would list."""
+  """Each prompt decoded alone (a static batch of one), as ``GenerateOutput.sequences()`` would
+  list, all at the longest prompt's capacity: one program (the capacity changes no token)."""
+  kwargs.setdefault("max_prompt_len", max(map(len, prompts)))
   outs = [bj.generate(target, draft, [p], **kwargs) for p in prompts]
   return types.SimpleNamespace(sequences=lambda: [o.sequences()[0] for o in outs],
                                finished=np.array([o.finished[0] for o in outs]))
@@ -129,6 +131,36 @@ def test_greedy_continuous_equals_each_prompt_alone(target, eos, alone, kind, dr
       assert (stats.draft_lens == 0).any() and (stats.draft_lens > 0).any()
   else:
     np.testing.assert_array_equal(stats.prompt_steps, out.lengths)
+
+
+def test_one_program_call_without_prompt_timing(target, monkeypatch):
+  """``time_prompts=False``: every refill happens inside one call of the decode program (the program
+  of test_greedy_continuous_equals_each_prompt_alone[model-dynamic-3]: the EOS ids are traced)."""
+  calls = []
+  compiled = runner.compiled
+
+  def counting(*args):
+    (prefill, decode), seconds, source = compiled(*args)
+
+    def counted(*a):
+      calls.append(1)
+      return decode(*a)
+
+    return (prefill, counted), seconds, source
+
+  monkeypatch.setattr(runner, "compiled", counting)
+  prompts = _prompts(target.config.vocab_size)
+  draft = noisy_copy(target, 0.4, 1)
+  timed = bj.generate(target, draft, prompts, max_new_tokens=MAX_NEW, batch_size=3)
+  timed_calls, calls[:] = len(calls), []
+  reported = []
+  untimed = bj.generate(target, draft, prompts, max_new_tokens=MAX_NEW, batch_size=3,
+                        time_prompts=False, on_finish=reported.append)
+  assert_reported(reported, untimed)  # all handed over after the one call
+  assert len(calls) == 1 and timed_calls > len(prompts)
+  np.testing.assert_array_equal(untimed.tokens, timed.tokens)
+  assert np.isnan(untimed.stats.finish_seconds).all() and untimed.stats.wall_seconds > 0
+  assert np.isnan(untimed.stats.admit_seconds[3:]).all()
 
 
 @pytest.mark.parametrize("kind,draft_len", [("hybrid", "dynamic"), ("eagle", 3)])
@@ -185,35 +217,6 @@ def test_batch_size_at_least_the_prompts_is_a_static_batch(target):
     assert not out.stats.continuous and out.stats.batch_size == 3
     np.testing.assert_array_equal(out.tokens, static.tokens)
     np.testing.assert_array_equal(out.stats.accepted, static.stats.accepted)
-
-
-def test_one_program_call_without_prompt_timing(target, monkeypatch):
-  """``time_prompts=False``: every refill happens inside one call of the decode program."""
-  calls = []
-  compiled = runner.compiled
-
-  def counting(*args):
-    (prefill, decode), seconds, source = compiled(*args)
-
-    def counted(*a):
-      calls.append(1)
-      return decode(*a)
-
-    return (prefill, counted), seconds, source
-
-  monkeypatch.setattr(runner, "compiled", counting)
-  prompts = _prompts(target.config.vocab_size)
-  draft = noisy_copy(target, 0.4, 1)
-  timed = bj.generate(target, draft, prompts, max_new_tokens=MAX_NEW, batch_size=2)
-  timed_calls, calls[:] = len(calls), []
-  reported = []
-  untimed = bj.generate(target, draft, prompts, max_new_tokens=MAX_NEW, batch_size=2,
-                        time_prompts=False, on_finish=reported.append)
-  assert_reported(reported, untimed)  # all handed over after the one call
-  assert len(calls) == 1 and timed_calls > len(prompts)
-  np.testing.assert_array_equal(untimed.tokens, timed.tokens)
-  assert np.isnan(untimed.stats.finish_seconds).all() and untimed.stats.wall_seconds > 0
-  assert np.isnan(untimed.stats.admit_seconds[2:]).all()
 
 
 @pytest.mark.parametrize("chunk", [3, 8, 64])
@@ -293,9 +296,10 @@ def test_sampled_refilled_rows_match_exact_target_distribution():
 
 def test_gumbel_sequences_do_not_depend_on_draft_batch_or_queue(target, eos):
   """acceptance="gumbel": a sequence's sampled tokens are a function of the seed, its sequence id and the
-  target. A continuous batch of 3 rows, and one of 2 rows whose queue holds only some of the prompts
-  (with their own ids, as a resumed run decodes them), emit what regular decoding draws; rejection
-  sampling, whose draws are keyed by step, does not (the property is not trivial)."""
+  target. A continuous batch of 3 rows, and one whose queue holds only some of the prompts, in
+  another order (with their own ids, as a resumed run decodes them; the same program), emit what
+  regular decoding draws; rejection sampling, whose draws are keyed by step, does not (the property
+  is not trivial)."""
   prompts = _prompts(target.config.vocab_size)
   kwargs = dict(max_new_tokens=MAX_NEW, temperature=0.8, top_p=0.95, seed=9, eos_token_id=eos,
                 acceptance="gumbel")
@@ -304,8 +308,8 @@ def test_gumbel_sequences_do_not_depend_on_draft_batch_or_queue(target, eos):
   # (Static batches of the model, EAGLE and n-gram drafts: test_sampling_exact.)
   out = bj.generate(target, _draft("model", target), prompts, batch_size=3, **kwargs)
   assert out.sequences() == reference
-  some = [7, 2, 9, 4]
-  part = bj.generate(target, _draft("model", target), [prompts[i] for i in some], batch_size=2,
+  some = [7, 2, 9, 4, 0, 8, 1, 6, 3]  # the longest prompt (9) now in a first row, not admitted last
+  part = bj.generate(target, _draft("model", target), [prompts[i] for i in some], batch_size=3,
                      sequence_ids=some, **kwargs)
   assert part.sequences() == [reference[i] for i in some]
   rejection = bj.generate(target, _draft("model", target), prompts, **{**kwargs,

@@ -324,7 +324,9 @@ def test_published_drafts_on_a_mesh_and_more_refusals(tmp_path, target_pair):
 
   hf, target = target_pair
   mesh = sharding.make_mesh(1, 1)
-  prompts = [[5, 6, 7, 8], [9, 10]]
+  # Three prompts, as the greedy tests': the reference runs their regular program (4 rows, 16-token
+  # prompt capacity, a 32-token output buffer).
+  prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
   want = bj.generate(target, None, prompts, method="regular", max_new_tokens=6, eos_token_id=())
   eagle3.write_eagle3_checkpoint(tmp_path / "e3", hf, flavor="speculators", seed=4)
   medusa_ref.write_medusa_checkpoint(tmp_path / "m", hf, layout="vllm", seed=6)
