@@ -91,40 +91,53 @@ def test_cached_forward_equals_the_full_forward():
     assert int(row_cache.lengths[0]) == 9
 
 
-def _reference_steps(target, draft, text, prompt_len, draft_len):
-  """Greedy BASS's accepted drafts per step along ``text`` (the target's greedy output), recomputed from
-  scratch: at each step the target's features of the text so far, the draft's full forward over the
-  pairs, then ``draft_len`` autoregressive drafts on its own features. Only steps whose drafts all lie
-  inside ``text`` are returned."""
+def _reference_steps(target, draft, texts, prompt_lens, draft_len):
+  """Greedy BASS's accepted drafts per step along each of ``texts`` (the target's greedy outputs),
+  recomputed from scratch: at each step the target's features of the text so far, the draft's full
+  forward over the pairs, then ``draft_len`` autoregressive drafts on its own features. Only steps
+  whose drafts all lie inside the text are returned, one list per text.
+
+  Texts and pairs are zero-padded to one width: both forwards are causal, so the padding changes
+  nothing before it (the features of a text's first c tokens are those of the text so far), and one
+  program of each runs every row and step."""
   params = _bound(target, draft)
-  features = _target_features(target, text)
-  width = len(text) + draft_len  # pairs are padded to one width: causal, so padding changes nothing
+  width = max(map(len, texts)) + draft_len
+  padded = np.zeros((len(texts), width), np.int32)
+  for row, text in enumerate(texts):
+    padded[row, :len(text)] = text
+  _, _, features = jax.jit(lambda p, t: common.forward(target.config, p, t, return_features=True))(
+      target.params, jnp.asarray(padded))
+  features = np.asarray(features)
 
   @jax.jit
-  def predict(tokens, pair_features):
+  def predict(params, tokens, pair_features, last):  # the draft at pair `last`, its greedy token
     out, _ = eagle.forward(draft.config, params, tokens[None], pair_features[None])
-    return out[0]
+    predicted = out[0, last]
+    return predicted, params["vocab_ids"][jnp.argmax(eagle.draft_logits(params, predicted))]
 
-  steps, c = [], prompt_len
-  while c + draft_len < len(text):
-    pair_tokens = np.zeros(width, np.int32)
-    pair_tokens[:c - 1] = text[1:c]
-    pair_features = np.zeros((width, features.shape[-1]), np.float32)
-    pair_features[:c - 1] = features[:c - 1]
-    drafts = []
-    for k in range(draft_len):
-      last = c - 2 + k  # the pair whose output predicts the next draft
-      predicted = predict(jnp.asarray(pair_tokens), jnp.asarray(pair_features))[last]
-      token = int(params["vocab_ids"][jnp.argmax(eagle.draft_logits(params, predicted))])
-      drafts.append(token)
-      pair_tokens[last + 1] = token
-      pair_features[last + 1] = predicted
-    accepted = 0
-    while accepted < draft_len and drafts[accepted] == text[c + accepted]:
-      accepted += 1
-    steps.append(accepted)
-    c += accepted + 1
-  return steps
+  all_steps = []
+  for text, prompt_len, text_features in zip(texts, prompt_lens, features):
+    steps, c = [], prompt_len
+    while c + draft_len < len(text):
+      pair_tokens = np.zeros(width, np.int32)
+      pair_tokens[:c - 1] = text[1:c]
+      pair_features = np.zeros((width, features.shape[-1]), np.float32)
+      pair_features[:c - 1] = text_features[:c - 1]
+      drafts = []
+      for k in range(draft_len):
+        last = c - 2 + k  # the pair whose output predicts the next draft
+        predicted, token = predict(params, jnp.asarray(pair_tokens), jnp.asarray(pair_features),
+                                   jnp.int32(last))
+        drafts.append(int(token))
+        pair_tokens[last + 1] = int(token)
+        pair_features[last + 1] = np.asarray(predicted)
+      accepted = 0
+      while accepted < draft_len and drafts[accepted] == text[c + accepted]:
+        accepted += 1
+      steps.append(accepted)
+      c += accepted + 1
+    all_steps.append(steps)
+  return all_steps
 
 
 @pytest.mark.parametrize("num_layers", [1, 2])
@@ -140,10 +153,10 @@ def test_proposals_in_the_loop_equal_a_from_scratch_reference(num_layers):
   out = bj.generate(target, draft, prompts, max_new_tokens=24, draft_len=draft_len, eos_token_id=())
   regular = bj.generate(target, None, prompts, method="regular", max_new_tokens=24, eos_token_id=())
   np.testing.assert_array_equal(out.tokens, regular.tokens)
+  texts = [prompt + seq for prompt, seq in zip(prompts, out.sequences())]
   total = 0
-  for row, prompt in enumerate(prompts):
-    text = prompt + out.sequences()[row]
-    want = _reference_steps(target, draft, text, len(prompt), draft_len)
+  for row, want in enumerate(_reference_steps(target, draft, texts, list(map(len, prompts)),
+                                              draft_len)):
     got = out.stats.accepted[:, row]
     np.testing.assert_array_equal(got[:len(want)], want)
     total += sum(want)
