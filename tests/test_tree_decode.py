@@ -59,10 +59,16 @@ def test_greedy_tree_bass_is_regular_decoding(kind, target, prompts, regular):
 
 
 def test_a_continuous_batch_of_trees_is_regular_decoding(target, prompts, regular):
-  out = bj.generate(target, _draft("hybrid", target), prompts, max_new_tokens=MAX_NEW,
-                    eos_token_id=(), draft_tree=SHAPE, batch_size=2)
+  # The hybrid with the noisy copy's first layer only (cheaper to compile): it still accepts paths
+  # of several tokens, which keep_path moves, in rows that are refilled.
+  draft = bj.Hybrid(noisy_copy(target, 0.1, seed=3).with_first_layers(1),
+                    bj.NGramProposer(max_n=2, min_n=1))
+  out = bj.generate(target, draft, prompts, max_new_tokens=MAX_NEW, eos_token_id=(),
+                    draft_tree=SHAPE, batch_size=2)
   assert out.stats.continuous
   np.testing.assert_array_equal(out.tokens, regular.tokens)
+  accepted = out.stats.accepted[out.stats.accepted >= 0]
+  assert accepted.max() >= 2, np.bincount(accepted)
 
 
 def test_trees_accept_more_than_their_first_children(target, prompts):
