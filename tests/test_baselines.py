@@ -76,3 +76,20 @@ def test_hf_assisted_generation_with_the_shipped_draft(hf_target, hf_draft, smol
   assert assisted.sequences == alone.sequences
   with pytest.raises(ValueError, match="batch size 1"):
     baselines.hf_generate(hf_target, [ids, ids], assistant=hf_draft, **kwargs)
+
+
+def test_the_gguf_name_map_is_built_once_per_load_and_restored_after():
+  """load_torch_model's GGUF load builds gguf's tensor-name map once per (architecture, layers)
+  instead of once per module; outside the load gguf builds a fresh map per call, as before."""
+  import gguf  # pylint: disable=g-import-not-at-top
+
+  build = gguf.get_tensor_name_map
+  arch = gguf.MODEL_ARCH.LLAMA
+  with baselines._gguf_name_maps_built_once():  # pylint: disable=protected-access
+    first = gguf.get_tensor_name_map(arch, 2)
+    assert gguf.get_tensor_name_map(arch, 2) is first
+    assert gguf.get_tensor_name_map(arch, 3) is not first
+    name = "model.layers.1.self_attn.q_proj"
+    assert first.get_name(name) == build(arch, 2).get_name(name) == "blk.1.attn_q"
+  assert gguf.get_tensor_name_map is build
+  assert build(arch, 2) is not build(arch, 2)

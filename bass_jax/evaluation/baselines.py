@@ -5,6 +5,7 @@ transformers) with our draft as the assistant.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pathlib
@@ -35,11 +36,38 @@ class HFRun:
   sequences: list[list[int]]
 
 
+@contextlib.contextmanager
+def _gguf_name_maps_built_once():
+  """While it lasts, ``gguf.get_tensor_name_map(arch, n_blocks)`` builds each map once.
+
+  transformers' GGUF loader (``modeling_gguf_pytorch_utils.get_gguf_hf_weights_map``) calls it once
+  per module of the model it fills, 397 times for SmolLM2-135M: about 10 s of a 26 s load on the
+  project's 2-core machine (2026-11-30). The map is a pure function of its arguments, which the
+  loader only reads, so one per ``(arch, n_blocks)`` gives the same weights. Not thread-safe: it
+  swaps a module attribute of ``gguf`` for the duration.
+  """
+  import gguf  # pylint: disable=g-import-not-at-top
+
+  build, built = gguf.get_tensor_name_map, {}
+
+  def once(arch, n_blocks):
+    if (arch, n_blocks) not in built:
+      built[arch, n_blocks] = build(arch, n_blocks)
+    return built[arch, n_blocks]
+
+  gguf.get_tensor_name_map = once
+  try:
+    yield
+  finally:
+    gguf.get_tensor_name_map = build
+
+
 def load_torch_model(spec: str | os.PathLike):
   """A transformers ``AutoModelForCausalLM`` (f32, eval mode) for a bass_jax model spec.
 
-  Aliases and ``.gguf`` files are loaded by transformers from the same GGUF file (dequantized to f32);
-  directories with ``from_pretrained``.
+  Aliases and ``.gguf`` files are loaded by transformers from the same GGUF file (dequantized to
+  f32; gguf's tensor-name map built once per load, not once per module:
+  :func:`_gguf_name_maps_built_once`); directories with ``from_pretrained``.
 
   Raises:
     FileNotFoundError: an alias whose package file is missing (:func:`bass_jax.loading.resolve_alias`).
@@ -56,8 +84,9 @@ def load_torch_model(spec: str | os.PathLike):
     path = pathlib.Path(spec)
   # float32 at load time: transformers marks a GGUF-loaded model as quantized and refuses .float().
   if path.suffix == ".gguf":
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    with _gguf_name_maps_built_once():
+      model = transformers.AutoModelForCausalLM.from_pretrained(
+          str(path.parent), gguf_file=path.name, dtype=torch.float32)
   else:
     model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
   return model.eval()
