@@ -9,7 +9,7 @@ import pytest
 
 import bass_jax as bj
 from bass_jax import profiles
-from bass_jax.sampling import calibration, programs, runner
+from bass_jax.sampling import calibration, compile_cache, runner
 from conftest import noisy_copy, tiny_model
 
 # The GPU profile's decode (a static draft loop, one verification pass) with the jnp attention.
@@ -42,13 +42,14 @@ def test_forced_costs_make_every_step_one_kind(pair):
 
 
 def test_calibrated_costs_charge_the_whole_loop_once_per_setting_with_no_compile(pair):
+  """Calibration runs in the decode's own programs: the call builds no setting but its own, and that
+  one only if it is not in memory (test_forced_costs_make_every_step_one_kind ran it)."""
   calibration.clear()
-  programs.clear_compile_cache()
   target, draft, prompts = pair
   regular = bj.generate(target, None, prompts, method="regular", max_new_tokens=24)
-  programs.clear_compile_cache()
+  built = compile_cache.stats().built
   out = runner.run(_plan(pair))
-  assert len(programs._PROGRAMS) == 1  # pylint: disable=protected-access
+  assert compile_cache.stats().built - built == int(out.stats.program_source != "memory")
   costs = out.stats.step_costs
   assert costs.fixed_drafts == 4 and costs.propose_first == 0 == costs.propose_next
   assert costs.plain > 0 and costs.verify_pass > 0 and costs.chunk == 5

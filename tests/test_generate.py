@@ -51,16 +51,25 @@ def test_greedy_bass_equals_regular(target, draft_kind, draft_len):
 
 
 def test_dynamic_draft_len_follows_algorithm_1(target):
-  prompts = _prompts(target.config.vocab_size, (4, 9))
-  out = bj.generate(target, target, prompts, max_new_tokens=100)
+  """The default draft length is Algorithm 1: its lengths replay step by step on the recorded
+  acceptances. The prompts, the draft configs and the output buckets are those of
+  test_greedy_bass_equals_regular[dynamic-*], so both calls run its programs."""
+  prompts = _prompts(target.config.vocab_size, (1, 5, 12, 30, 7))
+  # 64 tokens, the output bucket of the greedy test's 40: steps 1-3 emit 8 + 10 + 12 tokens, step 4
+  # needs room for 13 + 1.
+  out = bj.generate(target, target, prompts, max_new_tokens=64)
   assert out.stats.draft_lens[:4].tolist() == [7, 9, 11, 13]  # all accepted: +2 per step
-  out = bj.generate(target, tiny_model(seed=5, num_hidden_layers=1), prompts, max_new_tokens=30)
+  out = bj.generate(target, tiny_model(seed=5, num_hidden_layers=1), prompts, max_new_tokens=40)
   policy = bj.DynamicDraftLen()
   length, s = policy.initial()
+  grew = set()
   for step, l in enumerate(out.stats.draft_lens):  # replay the heuristic on the recorded acceptances
     assert l == length
     live = out.stats.accepted[step] >= 0
-    length, s = policy.update(length, s, int(out.stats.accepted[step][live].max()))
+    most = int(out.stats.accepted[step][live].max())
+    grew.add(most == int(length))
+    length, s = policy.update(length, s, most)
+  assert grew == {True, False}  # the replay took both of the heuristic's branches
 
 
 def test_rows_stop_at_eos_independently(target):
@@ -83,14 +92,54 @@ def test_rows_stop_at_eos_independently(target):
       assert (out.tokens[b, n:] == bj.PAD_TOKEN).all() and (out.logprobs[b, n:] == 0).all()
 
 
-def test_sampling_is_reproducible_and_seeded(target):
-  prompts = _prompts(target.config.vocab_size, (3, 6))
-  draft = noisy_copy(target, 0.4, 3)
-  kw = dict(method="bass", max_new_tokens=20, temperature=0.8, top_p=0.9)
-  a = bj.generate(target, draft, prompts, seed=1, **kw)
-  b = bj.generate(target, draft, prompts, seed=1, **kw)
-  c = bj.generate(target, draft, prompts, seed=2, **kw)
-  assert np.array_equal(a.tokens, b.tokens) and not np.array_equal(a.tokens, c.tokens)
+def test_inert_padding_rows_change_nothing(target):
+  """A batch of 3 runs as 4 rows; the padding row emits nothing and the real rows equal decoding
+  each prompt alone. The BASS call's setting (4 rows, prompt bucket 16, output bucket 32, a draft of
+  the target's config, draft_len=4) is test_rows_stop_at_eos_independently's: it runs that
+  program."""
+  prompts = _prompts(target.config.vocab_size, (4, 11, 6), seed=8)
+  draft = noisy_copy(target, 0.4, 6)
+  together = bj.generate(target, draft, prompts, max_new_tokens=16, draft_len=4)
+  assert together.tokens.shape == (3, 16) and together.stats.accepted.shape[1] == 3
+  for i, prompt in enumerate(prompts):
+    alone = bj.generate(target, None, [prompt], method="regular", max_new_tokens=16)
+    assert together.sequences()[i] == alone.sequences()[0]
+
+
+@pytest.mark.parametrize("tree", [None, "top_k=2,depth=3,nodes=6"])
+def test_the_compiled_decode_keeps_eagle3_taps_in_place(target, tree):
+  """An EAGLE-3 draft reads the hidden states of tapped target layers: the decode keeps them for every
+  position in a feature buffer ``[B, P + N, taps x E]`` that each target forward writes, in place like
+  the caches: the compiled program holds no copy of it (chains and trees), and BASS emits regular
+  decoding's tokens."""
+  import re
+
+  from bass_jax.models import eagle
+  from bass_jax.sampling import plan, programs
+  from bass_jax.training import feature_draft
+
+  layer = eagle.EagleConfig.for_target(target.config, draft_vocab_size=40).layer
+  config = eagle.EagleConfig(layer, 40, kind="eagle3", fc_bias=False, taps=(0, 1))
+  vocab = np.random.default_rng(2).permutation(target.config.vocab_size).astype(np.int32)
+  params = feature_draft.initial_params(config, jax.random.key(7), target.config, target.params, vocab)
+  draft = bj.Model(config, {"draft": params, "vocab_ids": jnp.asarray(vocab[:40])}, name="eagle3")
+  prompts = _prompts(target.config.vocab_size, (3, 9, 6), seed=3)
+  kwargs = {"draft_tree": tree} if tree else {"draft_len": 3}
+  out = bj.generate(target, draft, prompts, max_new_tokens=10, **kwargs)
+  # The call's programs are the LRU's most recently used entry (the cache is not cleared: the
+  # regular call below runs test_rows_stop_at_eos_independently's regular program, 4 rows, output
+  # bucket 32).
+  _, decode = list(programs._PROGRAMS._programs.values())[-1]  # pylint: disable=protected-access
+  hlo = decode.as_text()
+  assert out.stats.compiled
+  width, rows = 2 * target.config.hidden_size, out.stats.batch_bucket
+  length = plan.prompt_bucket(9) + plan.output_bucket(10)  # the buffer holds prompt and output, P + N
+  buffer = rf"f32\[{rows},{length},{width}\]"
+  assert re.search(buffer, hlo), "no [B, P + N, taps x E] buffer in the program: fix the test"
+  copies = [line.strip() for line in hlo.splitlines() if re.search(rf"= {buffer}\S* copy(-start)?\(", line)]
+  assert not copies, copies[:3]
+  regular = bj.generate(target, None, prompts, method="regular", max_new_tokens=10)
+  assert out.sequences() == regular.sequences()
 
 
 def test_bad_input_is_rejected_with_a_clear_error(target):
@@ -131,40 +180,47 @@ def test_run_problems_rejects_an_empty_batch(target):
 
 def test_calls_within_the_same_buckets_share_programs(target):
   """Batch, prompt length and max_new_tokens inside their buckets, EOS ids, temperature, top_p below 1
-  and seed are traced or padded: a second call reuses the first one's programs; whether there is a
-  nucleus at all (top_p < 1) is compiled in; the LRU is bounded."""
+  and seed are traced or padded: a later call reuses the first one's programs; whether there is a
+  nucleus at all (top_p < 1) is compiled in; clearing empties the cache; the LRU is bounded and
+  keeps the most recently used setting. That setting (the first call's) stays in memory for
+  test_sampling_is_reproducible_and_seeded, next."""
   from bass_jax.sampling import programs
 
   bj.clear_compile_cache()
+  assert len(programs._PROGRAMS) == 0  # pylint: disable=protected-access
   draft = noisy_copy(target, 0.4, 5)
-  kw = dict(method="bass", draft_len=3, temperature=0.7, verify_chunk=4)
-  first = bj.generate(target, draft, _prompts(target.config.vocab_size, (3, 9, 5)), max_new_tokens=20,
-                      top_p=0.9, seed=1, **kw)
+  prompts = _prompts(target.config.vocab_size, (3, 9, 5))
+  first = bj.generate(target, draft, prompts, max_new_tokens=20, temperature=0.7, top_p=0.9, seed=1)
   assert first.stats.compiled and first.stats.batch_bucket == 4
+  assert bj.generate(target, draft, prompts, max_new_tokens=20, temperature=0.7,
+                     top_p=1.0).stats.compiled  # no nucleus: a program without one
+  assert bj.generate(target, draft, prompts[:1], max_new_tokens=20,
+                     temperature=0.7).stats.compiled  # batch bucket 1: a new program
   again = bj.generate(target, draft, _prompts(target.config.vocab_size, (14, 2, 7, 11), seed=3),
-                      max_new_tokens=29, top_p=0.6, seed=2, eos_token_id=[5, 6], **kw)
+                      max_new_tokens=29, temperature=1.3, top_p=0.6, seed=2, eos_token_id=[5, 6])
   assert not again.stats.compiled and again.stats.compile_seconds == 0
   assert again.tokens.shape == (4, 29) and (again.lengths <= 29).all()
-  assert bj.generate(target, draft, _prompts(target.config.vocab_size, (3, 9, 5)), max_new_tokens=20,
-                     top_p=1.0, **kw).stats.compiled  # no nucleus: a program without one
-  assert bj.generate(target, draft, _prompts(target.config.vocab_size, (3,)), max_new_tokens=20,
-                     **kw).stats.compiled  # batch bucket 1: a new program
+  size = programs._PROGRAMS.max_size  # pylint: disable=protected-access
   bj.set_compile_cache_size(1)
-  assert len(programs._PROGRAMS) == 1  # pylint: disable=protected-access
-  bj.set_compile_cache_size(8)
-  bj.clear_compile_cache()
-  assert len(programs._PROGRAMS) == 0  # pylint: disable=protected-access
+  try:
+    assert len(programs._PROGRAMS) == 1  # pylint: disable=protected-access
+    assert not bj.generate(target, draft, prompts, max_new_tokens=20, temperature=0.7, top_p=0.9,
+                           seed=1).stats.compiled  # the most recently used setting stayed
+  finally:
+    bj.set_compile_cache_size(size)
 
 
-def test_inert_padding_rows_change_nothing(target):
-  """A batch of 3 runs as 4 rows; the padding row emits nothing and the real rows equal decoding
-  each prompt alone."""
-  prompts = _prompts(target.config.vocab_size, (4, 11, 6), seed=8)
-  together = bj.generate(target, noisy_copy(target, 0.4, 6), prompts, max_new_tokens=16, draft_len=2)
-  assert together.tokens.shape == (3, 16) and together.stats.accepted.shape[1] == 3
-  for i, prompt in enumerate(prompts):
-    alone = bj.generate(target, None, [prompt], method="regular", max_new_tokens=16)
-    assert together.sequences()[i] == alone.sequences()[0]
+def test_sampling_is_reproducible_and_seeded(target):
+  """The same seed draws the same tokens, another seed others. The setting (3 prompts in 4 rows,
+  output bucket 32, temperature > 0, top_p < 1, the default draft length) is the one
+  test_calls_within_the_same_buckets_share_programs leaves in memory: it runs that program."""
+  prompts = _prompts(target.config.vocab_size, (3, 6, 5))
+  draft = noisy_copy(target, 0.4, 3)
+  kw = dict(method="bass", max_new_tokens=20, temperature=0.8, top_p=0.9)
+  a = bj.generate(target, draft, prompts, seed=1, **kw)
+  b = bj.generate(target, draft, prompts, seed=1, **kw)
+  c = bj.generate(target, draft, prompts, seed=2, **kw)
+  assert np.array_equal(a.tokens, b.tokens) and not np.array_equal(a.tokens, c.tokens)
 
 
 def test_verification_in_chunks_equals_one_pass(target):
@@ -204,10 +260,11 @@ def test_the_persistent_compilation_cache_serves_a_new_process(tmp_path):
   assert sorted(p.name for p in (tmp_path / "xla").iterdir()) == entries
 
 
+# ("bass", 0.7, None) comes last: test_the_step_phases_name_the_compiled_decodes_ops, next, reads
+# that parameter's program.
 @pytest.mark.parametrize("method,temperature,tree", [
-    ("bass", 0.0, None), ("bass", 0.7, None), ("regular", 0.0, None),
-    ("bass", 0.7, "top_k=2,depth=3,nodes=6"),
-    ("bass", 0.0, ("top_k=2,depth=3,nodes=6", "top_k=2,depth=2,nodes=4"))])
+    ("bass", 0.0, None), ("regular", 0.0, None), ("bass", 0.7, "top_k=2,depth=3,nodes=6"),
+    ("bass", 0.0, ("top_k=2,depth=3,nodes=6", "top_k=2,depth=2,nodes=4")), ("bass", 0.7, None)])
 def test_the_compiled_decode_copies_no_cache(target, method, temperature, tree):
   """Every forward writes its K/V before it reads the cache and nothing writes inside a branch, so XLA
   updates the caches in place: the compiled decode program holds no copy of a cache-shaped array. A
@@ -236,38 +293,27 @@ def test_the_compiled_decode_copies_no_cache(target, method, temperature, tree):
   assert not copies, copies[:3]
 
 
-@pytest.mark.parametrize("tree", [None, "top_k=2,depth=3,nodes=6"])
-def test_the_compiled_decode_keeps_eagle3_taps_in_place(target, tree):
-  """An EAGLE-3 draft reads the hidden states of tapped target layers: the decode keeps them for every
-  position in a feature buffer ``[B, P + N, taps x E]`` that each target forward writes, in place like
-  the caches: the compiled program holds no copy of it (chains and trees), and BASS emits regular
-  decoding's tokens."""
+def test_the_step_phases_name_the_compiled_decodes_ops(target):
+  """Each of step.STEP_SCOPES leads the op names of the work it traced, so a profiler's trace groups
+  a step's kernels by phase: the target's matmuls under target_forward, the draft's under propose.
+
+  The setting is test_the_compiled_decode_copies_no_cache[bass-0.7-None]'s, run just before: the
+  call finds its programs in memory (or compiles them, run alone), and they are then the most
+  recently used entry of the LRU."""
   import re
 
-  from bass_jax.models import eagle
-  from bass_jax.sampling import plan, programs
-  from bass_jax.training import feature_draft
+  from bass_jax.sampling import programs
+  from bass_jax.sampling.step import STEP_SCOPES
 
-  layer = eagle.EagleConfig.for_target(target.config, draft_vocab_size=40).layer
-  config = eagle.EagleConfig(layer, 40, kind="eagle3", fc_bias=False, taps=(0, 1))
-  vocab = np.random.default_rng(2).permutation(target.config.vocab_size).astype(np.int32)
-  params = feature_draft.initial_params(config, jax.random.key(7), target.config, target.params, vocab)
-  draft = bj.Model(config, {"draft": params, "vocab_ids": jnp.asarray(vocab[:40])}, name="eagle3")
-  prompts = _prompts(target.config.vocab_size, (3, 9, 6), seed=3)
-  bj.clear_compile_cache()
-  kwargs = {"draft_tree": tree} if tree else {"draft_len": 3}
-  out = bj.generate(target, draft, prompts, max_new_tokens=10, **kwargs)
-  (_, decode), = programs._PROGRAMS._programs.values()  # pylint: disable=protected-access
-  hlo = decode.as_text()
-  assert out.stats.compiled
-  width, rows = 2 * target.config.hidden_size, out.stats.batch_bucket
-  length = plan.prompt_bucket(9) + plan.output_bucket(10)  # the buffer holds prompt and output, P + N
-  buffer = rf"f32\[{rows},{length},{width}\]"
-  assert re.search(buffer, hlo), "no [B, P + N, taps x E] buffer in the program: fix the test"
-  copies = [line.strip() for line in hlo.splitlines() if re.search(rf"= {buffer}\S* copy(-start)?\(", line)]
-  assert not copies, copies[:3]
-  regular = bj.generate(target, None, prompts, method="regular", max_new_tokens=10)
-  assert out.sequences() == regular.sequences()
+  bj.generate(target, noisy_copy(target, 0.4, 5), _prompts(target.config.vocab_size, (3, 9)),
+              max_new_tokens=8, temperature=0.7, draft_len=3)
+  _, decode = list(programs._PROGRAMS._programs.values())[-1]  # pylint: disable=protected-access
+  names = re.findall(r'op_name="([^"]*)"', decode.as_text())
+  for scope in STEP_SCOPES:
+    assert any(f"/{scope}/" in name for name in names), scope
+  dots = [name for name in names if name.endswith("dot_general")]
+  assert dots and all(re.search(r"/(target_forward|propose)/", name) for name in dots
+                      if "/self_attn/" in name or "/mlp/" in name), dots[:5]
 
 
 def test_scanned_layers_decode_what_unrolled_layers_decode(target):
@@ -303,23 +349,3 @@ def test_scanned_layers_decode_what_unrolled_layers_decode(target):
   mesh = jax.make_mesh((1, 1), ("data", "model"))
   with pytest.raises(ValueError, match="scanned layers do not run sharded"):
     bj.generate(scanned, scanned_draft, prompts, mesh=mesh, max_new_tokens=4)
-
-
-def test_the_step_phases_name_the_compiled_decodes_ops(target):
-  """Each of step.STEP_SCOPES leads the op names of the work it traced, so a profiler's trace groups
-  a step's kernels by phase: the target's matmuls under target_forward, the draft's under propose."""
-  import re
-
-  from bass_jax.sampling import programs
-  from bass_jax.sampling.step import STEP_SCOPES
-
-  bj.clear_compile_cache()
-  bj.generate(target, noisy_copy(target, 0.4, 5), _prompts(target.config.vocab_size, (3, 9)),
-              max_new_tokens=8, temperature=0.7, draft_len=3)
-  (_, decode), = programs._PROGRAMS._programs.values()  # pylint: disable=protected-access
-  names = re.findall(r'op_name="([^"]*)"', decode.as_text())
-  for scope in STEP_SCOPES:
-    assert any(f"/{scope}/" in name for name in names), scope
-  dots = [name for name in names if name.endswith("dot_general")]
-  assert dots and all(re.search(r"/(target_forward|propose)/", name) for name in dots
-                      if "/self_attn/" in name or "/mlp/" in name), dots[:5]
