@@ -45,6 +45,10 @@ def test_profiles_resolve_by_name_platform_and_value():
     profiles.BackendProfile("x", "flash", None, False)
 
 
+# A decode whose draft length changes from step to step (for the branch-free test's static draft loop).
+DYNAMIC = dict(max_new_tokens=24, draft_len=bj.DynamicDraftLen(l0=2, l_incre=1, l_mod=2, l_limit=5))
+
+
 def test_a_profiles_compiler_options_reach_every_program_it_compiles(models):
   """The GPU profile compiles without XLA's dot-strength-reduction; a profile's options reach the
   decode's programs and the step-cost forwards (an option XLA does not know fails there), and a
@@ -58,15 +62,16 @@ def test_a_profiles_compiler_options_reach_every_program_it_compiles(models):
   for bad in ((("xla_x",),), (("jax_x", "1"),), [("xla_a", "b")], (("xla_a", 1),)):
     with pytest.raises(ValueError, match="compiler_options"):
       profiles.BackendProfile("x", "reference", None, False, compiler_options=bad)
-  prompts = _prompts(target.config.vocab_size, (3, 6))
-  plain = bj.generate(target, draft, prompts, max_new_tokens=6, draft_len=2)
+  # The branch-free test's setting (below): its CPU-profile decode then runs this program.
+  prompts, kw = _prompts(target.config.vocab_size, (5, 12, 8), seed=3), DYNAMIC
+  plain = bj.generate(target, draft, prompts, **kw)
   options = dataclasses.replace(profiles.PROFILES["cpu"], compiler_options=(
       ("xla_disable_hlo_passes", "dot-strength-reduction"),))
-  same = bj.generate(target, draft, prompts, max_new_tokens=6, draft_len=2, profile=options)
+  same = bj.generate(target, draft, prompts, profile=options, **kw)
   np.testing.assert_array_equal(same.tokens, plain.tokens)
   unknown = dataclasses.replace(options, compiler_options=(("xla_no_such_option", "1"),))
   with pytest.raises(Exception, match="xla_no_such_option"):
-    bj.generate(target, draft, prompts, max_new_tokens=6, draft_len=2, profile=unknown)
+    bj.generate(target, draft, prompts, profile=unknown, **kw)
   # prepare compiles no decode program, but the cost-aware policy's forwards it times.
   with pytest.raises(Exception, match="xla_no_such_option"):
     bj.prepare(target, draft, prompts, bj.DecodeConfig(max_new_tokens=6, draft_len="goodput",
@@ -88,8 +93,7 @@ def test_branch_free_one_pass_decode_equals_the_cpu_profile(models, draft_kind):
   iterations, drafts past l as padding) emits exactly the CPU profile's tokens, step for step."""
   target, draft, eagle = models
   draft = draft if draft_kind == "model" else bj.Hybrid(eagle, bj.NGramProposer())
-  prompts = _prompts(target.config.vocab_size, (5, 12, 8), seed=3)
-  kw = dict(max_new_tokens=24, draft_len=bj.DynamicDraftLen(l0=2, l_incre=1, l_mod=2, l_limit=5))
+  prompts, kw = _prompts(target.config.vocab_size, (5, 12, 8), seed=3), DYNAMIC
   cpu = bj.generate(target, draft, prompts, **kw)
   free = bj.generate(target, draft, prompts, profile=BRANCH_FREE, **kw)
   np.testing.assert_array_equal(free.tokens, cpu.tokens)
