@@ -15,7 +15,6 @@ On a CPU the Pallas kernels run in interpret mode and their times say nothing ab
 
 import time
 
-from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
