@@ -76,6 +76,15 @@ def script_pid(proc) -> int:
   return _zygote.worker_pid(proc.pid) or proc.pid
 
 
+def shared_jax_cache(directory) -> dict[str, str]:
+  """Environment variables under which scripts share JAX's persistent compilation cache in
+  ``directory``, every program stored however small or quick to compile: a later run loads what an
+  earlier one compiled (a killed run and its resume, two training runs). JAX keys an entry by the
+  traced program, so this is safe where bass_jax's own cache is not (it stays off in the suite)."""
+  return {"JAX_COMPILATION_CACHE_DIR": str(directory), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
 def send_signal(proc, sig) -> None:
   """Sends ``sig`` to a script started with PYTHON: to the process that runs it (a zygote's worker,
   which a SIGKILL sent to the launcher would not reach)."""
@@ -160,7 +169,8 @@ import bass_jax as bj  # noqa: E402
 # change with bj.set_compile_cache_size): a worker runs many files one after another, and with 8 the
 # settings a file compiled early were often evicted before a later test of that file, or of a later
 # file, decoded them again (9 of 194 settings in 13 decode-heavy files compiled twice, 2026-11-30).
-# A tiny model's setting holds about 9 MiB (tests/test_programs.py), the real SmolLM2's a few tens.
+# A tiny model's setting holds about 9 MiB (tests/test_programs.py); the real SmolLM2's, not measured,
+# more: its tests are one unit of fewer than ten settings.
 # Tests that check compiling clear the cache first, and a test that changes the size restores it.
 SUITE_PROGRAMS = 64
 bj.set_compile_cache_size(SUITE_PROGRAMS)

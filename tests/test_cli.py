@@ -19,7 +19,7 @@ import jax
 import pytest
 
 import bass_jax as bj
-from conftest import PYTHON, send_signal, tiny_config
+from conftest import PYTHON, send_signal, shared_jax_cache, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHIPPED_DRAFT = REPO / "bass_jax" / "drafts" / "smollm2-135m-draft"
@@ -34,8 +34,7 @@ def setup(tmp_path_factory):
   root = tmp_path_factory.mktemp("cli")
   # The scripts run here compile the same few programs again and again (a run, its killed twin, the
   # resumed run): one persistent compilation cache for the module's processes saves those compiles.
-  ENV.update(JAX_COMPILATION_CACHE_DIR=str(root / "xla"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  ENV.update(shared_jax_cache(root / "xla"))
   tokenizer = transformers.AutoTokenizer.from_pretrained(str(SHIPPED_DRAFT))
   config = tiny_config(vocab_size=tokenizer.vocab_size, eos_token_id=None)
   bj.save_model(bj.Model(config, bj.init_params(config, jax.random.key(0)), tokenizer),

@@ -16,7 +16,7 @@ from bass_jax.checkpoints import eagle_formats
 from bass_jax.checkpoints import eagle_files
 from bass_jax.models import eagle, eagle_init
 from bass_jax.training import corpus, feature_draft
-from conftest import PYTHON, tiny_model
+from conftest import PYTHON, shared_jax_cache, tiny_model
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", JAX_PLATFORMS="cpu")
@@ -26,8 +26,7 @@ ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", JAX_PLATFOR
 def setup(tmp_path_factory):
   root = tmp_path_factory.mktemp("eval_eagle")
   # The scripts' runs share JAX's persistent cache: train_eagle's two runs compile the same steps.
-  ENV.update(JAX_COMPILATION_CACHE_DIR=str(root / "xla"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  ENV.update(shared_jax_cache(root / "xla"))
   target = tiny_model(seed=5)
   bj.save_model(target, root / "target")
   target = bj.load_model(root / "target", tokenizer=False)  # what the script reads: the saved weights

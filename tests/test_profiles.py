@@ -10,7 +10,7 @@ from bass_jax.tooling import hlo_census
 from bass_jax import platforms
 from bass_jax.sampling import generate as generate_lib
 from bass_jax import profiles
-from conftest import PYTHON, noisy_copy, random_eagle_draft, tiny_model
+from conftest import PYTHON, noisy_copy, random_eagle_draft, shared_jax_cache, tiny_model
 from pallas_kernels.ragged_attention import TRITON_CUSTOM_CALL
 from pallas_kernels.tiling import split_count
 
@@ -169,10 +169,8 @@ def test_bench_gpu_quick_mode_runs_every_step_on_this_cpu(tmp_path):
   import subprocess
 
   repo = pathlib.Path(__file__).resolve().parents[1]
-  # The steps compile some programs alike (latency and utilization decode the same settings): one
-  # compilation cache for the run's processes.
-  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "xla"),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  # One compilation cache for the run's processes: a program two steps compile alike compiles once.
+  env = dict(os.environ, **shared_jax_cache(tmp_path / "xla"))
   run = subprocess.run([PYTHON, "-m", "experiments.benchmarks.bench_gpu", "--quick",
                         f"--results_dir={tmp_path}"], cwd=repo, capture_output=True, text=True,
                        timeout=900, env=env)

@@ -11,7 +11,7 @@ import pytest
 
 import bass_jax as bj
 from bass_jax.training import distill
-from conftest import PYTHON, tiny_model
+from conftest import PYTHON, shared_jax_cache, tiny_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -98,9 +98,7 @@ def _run(workdir, kill_at=0):
   # The killed and the resumed child share JAX's persistent cache (beside the workdir): the resumed
   # one loads the training step the killed one compiled.
   env = dict(os.environ, KILL_AT=str(kill_at),
-             JAX_COMPILATION_CACHE_DIR=str(pathlib.Path(workdir).parent / "xla"),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+             **shared_jax_cache(pathlib.Path(workdir).parent / "xla"))
   return subprocess.run([PYTHON, "-c", _RUN.format(tests=os.path.join(REPO, "tests")),
                          str(workdir)], env=env, capture_output=True, text=True, timeout=600,
                         cwd=REPO)
