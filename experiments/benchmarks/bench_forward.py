@@ -68,6 +68,7 @@ _SETTING = flags.DEFINE_string("setting", "full", "Name of the shape set (the fi
 _PROJECT_ONLY = flags.DEFINE_bool("project_only", False, "Time the project's forward alone (no "
                                   "minimal forward, no matmul floor): the size sweep.")
 
+
 def _one_layer(model: str) -> str:
   """``random:<shape>[:options]`` with its ``layers=N`` option (if any) replaced by ``layers=1``, the
   other options (``vocab=V``) kept: the 1-layer draft of that shape."""
