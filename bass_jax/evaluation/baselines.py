@@ -42,7 +42,8 @@ def _gguf_name_maps_built_once():
 
   transformers' GGUF loader (``modeling_gguf_pytorch_utils.get_gguf_hf_weights_map``) calls it once
   per module of the model it fills, 397 times for SmolLM2-135M: about 10 s of a 26 s load on the
-  project's 2-core machine (2026-11-30). The map is a pure function of its arguments, which the
+  project's 2-core machine (2026-11-30, docs/testing.md, "Where the time goes", names the command).
+  The map is a pure function of its arguments, which the
   loader only reads, so one per ``(arch, n_blocks)`` gives the same weights. Not thread-safe: it
   swaps a module attribute of ``gguf`` for the duration.
   """
