@@ -194,6 +194,14 @@ def tiny_model(seed: int = 0, scale: float = 1.0, **overrides) -> bj.Model:
   return bj.Model(config, params, name=f"tiny-{seed}")
 
 
+def right_padded(seqs) -> np.ndarray:
+  """``i32[B, longest]``: the token rows ``seqs`` (lists or arrays of different lengths) padded with 0
+  after their ends. A causal model's logits at a row's own positions are then that row's alone, so
+  one forward (one program) scores rows of every length."""
+  longest = max(len(s) for s in seqs)
+  return np.stack([np.pad(np.asarray(s, np.int32), (0, longest - len(s))) for s in seqs])
+
+
 def noisy_copy(model: bj.Model, noise: float, seed: int) -> bj.Model:
   """A draft that agrees with the target part of the time: its weights plus Gaussian noise of
   ``noise`` times each array's standard deviation."""

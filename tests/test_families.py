@@ -18,7 +18,7 @@ import torch
 import transformers
 
 import bass_jax as bj
-from conftest import PYTHON, chunked_logits
+from conftest import PYTHON, chunked_logits, right_padded
 
 VOCAB = 97  # odd on purpose
 # GPT-2's and CodeGen's configs default to the stop id 50256, outside VOCAB, which a config.json may not
@@ -198,8 +198,7 @@ def test_cached_incremental_decoding_equals_full_forward(converted):
   got = chunked_logits(model, seqs, prefill=[4, 1, 7])
   # One full causal forward of the rows padded to the longest: a position's logits depend only on the
   # tokens up to it, so each row's own positions are its forward alone (one program, not three).
-  longest = max(len(s) for s in seqs)
-  whole = np.asarray(model.logits(np.stack([np.pad(s, (0, longest - len(s))) for s in seqs])))
+  whole = np.asarray(model.logits(right_padded(seqs)))
   for seq, row, want in zip(seqs, got, whole):
     assert np.isfinite(row).all(), name
     np.testing.assert_allclose(row, want[:len(seq)], atol=1e-4, rtol=0, err_msg=name)

@@ -11,7 +11,7 @@ import pytest
 
 import bass_jax as bj
 from bass_jax.training import distill
-from conftest import PYTHON, shared_jax_cache, tiny_model
+from conftest import PYTHON, right_padded, shared_jax_cache, tiny_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -144,8 +144,7 @@ def test_simulation_reproduces_real_greedy_bass():
   # Both models' logits over the three sequences padded to the longest, in one program each: a
   # position's logits depend only on the tokens up to it.
   seqs = [prompt + cont for prompt, cont in zip(prompts, regular.sequences())]
-  longest = max(map(len, seqs))
-  padded = np.array([s + [0] * (longest - len(s)) for s in seqs])
+  padded = right_padded(seqs)
   agrees = np.asarray(draft.logits(padded)).argmax(-1) == np.asarray(target.logits(padded)).argmax(-1)
   for row, (prompt, seq) in enumerate(zip(prompts, seqs)):
     agree = agrees[row, :len(seq)]
