@@ -72,7 +72,9 @@ def test_smollm2_chat_with_stop_strings(smollm2, smollm2_greedy):
   """The chat template makes the Instruct model answer (an assistant turn that ends at <|im_end|>,
   which is skipped); BASS with stop strings returns regular decoding's text cut at the first stop.
   Three prompts and 32 new tokens, as the shared greedy reference (smollm2_greedy) decodes: its
-  regular program, built for longer prompts, serves the regular calls here."""
+  regular program, built for longer prompts, serves the regular calls here, and the BASS call's
+  (the shipped draft at length 4) is test_shipped_draft's, which the real target's unit runs
+  before this file (tests/conftest.py, REAL_TARGET_TESTS)."""
   del smollm2_greedy  # built first, so that its program is in memory
   draft = bj.load_model("smollm2-135m-draft")
   prompts = ["What is the capital of France?", "List three primary colors, one per line.",
@@ -82,7 +84,7 @@ def test_smollm2_chat_with_stop_strings(smollm2, smollm2_greedy):
   # Every row's stop occurs, so no cut is trivial.
   assert "Paris" in regular[0] and "\n" in regular[1] and "\n" in regular[2], regular
   assert "<|im_end|>" not in "".join(regular) and "<|im_start|>" not in "".join(regular)
-  cut = bj.generate_text(smollm2, draft, prompts, stop=["Paris", "\n"], **kwargs)
+  cut = bj.generate_text(smollm2, draft, prompts, stop=["Paris", "\n"], draft_len=4, **kwargs)
   assert cut == [text.cut_at_stop(t, ["Paris", "\n"]) for t in regular]
   assert all(len(c) < len(t) for c, t in zip(cut, regular))
   # Without the template the Instruct model does not answer (regular decoding again, so the first
