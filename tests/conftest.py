@@ -71,6 +71,17 @@ PYTHON = (sys.executable if os.environ[_zygote.ENV_VAR] == "off"
           else os.environ.get(_zygote.LAUNCHER_ENV_VAR, sys.executable))
 
 
+# BASS_JAX_COMPILE_CENSUS=<directory> make test: JAX's tracing, lowering and compiling seconds per
+# test file, written by every test process (tests/_compile_census.py; tests/suite_times.py --census).
+import _compile_census  # noqa: E402
+
+
+def pytest_configure(config):
+  if os.environ.get(_compile_census.ENV_VAR):
+    config.pluginmanager.register(_compile_census.Census(os.environ[_compile_census.ENV_VAR]),
+                                  "compile_census")
+
+
 def script_pid(proc) -> int:
   """The pid of the process that runs a script started with PYTHON (a zygote's worker, or ``proc``)."""
   return _zygote.worker_pid(proc.pid) or proc.pid

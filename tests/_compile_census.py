@@ -1,0 +1,100 @@
+"""Where the suite's time goes: seconds JAX spends tracing, lowering and compiling, per test file.
+
+``BASS_JAX_COMPILE_CENSUS=<directory> make test`` turns it on (tests/conftest.py registers
+:class:`Census` in every test process: xdist's workers and the 8-device child suite). Each process
+writes ``<directory>/<pid>.json`` when it ends::
+
+    {"test_generate.py": {"trace": s, "lower": s, "compile": s, "init": s}, ...}
+
+- ``trace``, ``lower``, ``compile``: JAX's own compile events (``jax.monitoring``'s
+  ``/jax/core/compile/jaxpr_trace_duration``, ``jaxpr_to_mlir_module_duration`` and
+  ``backend_compile_duration``: building the jaxpr, lowering it to StableHLO, XLA's passes and code
+  generation), in seconds, summed over the file's tests (setup and teardown included).
+- ``init``: the part of those three spent on :func:`bass_jax.init_params`' programs (one per model
+  config and process: random weights for the tests' tiny models).
+
+Events outside any test (collection, session fixtures' first use counts against its test) go under
+``"(outside tests)"``. Scripts the tests run as subprocesses are their own processes and are not
+counted. ``python tests/suite_times.py --census=<directory>`` prints the per-file table
+(docs/testing.md, "Measuring").
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+
+import pytest
+
+ENV_VAR = "BASS_JAX_COMPILE_CENSUS"
+OUTSIDE = "(outside tests)"
+PHASES = {"/jax/core/compile/jaxpr_trace_duration": "trace",
+          "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+          "/jax/core/compile/backend_compile_duration": "compile"}
+
+
+class Census:
+  """A pytest plugin summing JAX's compile events per test file into ``directory``/<pid>.json."""
+
+  def __init__(self, directory: str):
+    from jax import monitoring  # pylint: disable=g-import-not-at-top
+
+    from bass_jax.models import model  # pylint: disable=g-import-not-at-top
+
+    self.directory = directory
+    self.file = OUTSIDE
+    self.in_init = 0
+    self.seconds: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    monitoring.register_event_duration_secs_listener(self._on_duration)
+    self._model = model
+    self._initializer = initializer = model._initializer  # pylint: disable=protected-access
+
+    def counted(config, dtype):  # init_params calls _initializer(config, dtype)(key)
+      program = initializer(config, dtype)
+
+      def call(key):
+        self.in_init += 1
+        try:
+          return program(key)
+        finally:
+          self.in_init -= 1
+
+      return call
+
+    model._initializer = counted  # pylint: disable=protected-access
+
+  def _on_duration(self, event: str, seconds: float, **kwargs) -> None:
+    del kwargs
+    phase = PHASES.get(event)
+    if phase:
+      self.seconds[self.file][phase] += seconds
+      if self.in_init:
+        self.seconds[self.file]["init"] += seconds
+
+  @pytest.hookimpl(hookwrapper=True)
+  def pytest_runtest_protocol(self, item, nextitem):
+    del nextitem
+    self.file = item.path.name
+    yield
+    self.file = OUTSIDE
+
+  def write(self) -> str:
+    """Writes the sums so far to ``directory``/<pid>.json; returns its path."""
+    os.makedirs(self.directory, exist_ok=True)
+    path = os.path.join(self.directory, f"{os.getpid()}.json")
+    with open(path, "w") as f:
+      json.dump({k: dict(v) for k, v in self.seconds.items()}, f, indent=1)
+    return path
+
+  def close(self) -> None:
+    """Stops counting: JAX's listener removed, init_params' programs uncounted again."""
+    from jax import monitoring  # pylint: disable=g-import-not-at-top
+
+    monitoring.unregister_event_duration_listener(self._on_duration)
+    self._model._initializer = self._initializer  # pylint: disable=protected-access
+
+  def pytest_unconfigure(self, config) -> None:
+    del config
+    self.write()
+    self.close()
