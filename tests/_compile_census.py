@@ -11,7 +11,8 @@ writes ``<directory>/<pid>.json`` when it ends::
   ``backend_compile_duration``: building the jaxpr, lowering it to StableHLO, XLA's passes and code
   generation), in seconds, summed over the file's tests (setup and teardown included).
 - ``init``: the part of those three spent on :func:`bass_jax.init_params`' programs (one per model
-  config and process: random weights for the tests' tiny models).
+  config and process: random weights for the tests' tiny models), told apart by the name JAX's
+  events carry (``bass_jax.models.model.INIT_PROGRAM``).
 
 Events outside any test (collection, session fixtures' first use counts against its test) go under
 ``"(outside tests)"``. Scripts the tests run as subprocesses are their own processes and are not
@@ -42,34 +43,18 @@ class Census:
 
     from bass_jax.models import model  # pylint: disable=g-import-not-at-top
 
+    self.init_program = model.INIT_PROGRAM
     self.directory = directory
     self.file = OUTSIDE
-    self.in_init = 0
     self.seconds: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     monitoring.register_event_duration_secs_listener(self._on_duration)
-    self._model = model
-    self._initializer = initializer = model._initializer  # pylint: disable=protected-access
 
-    def counted(config, dtype):  # init_params calls _initializer(config, dtype)(key)
-      program = initializer(config, dtype)
-
-      def call(key):
-        self.in_init += 1
-        try:
-          return program(key)
-        finally:
-          self.in_init -= 1
-
-      return call
-
-    model._initializer = counted  # pylint: disable=protected-access
-
-  def _on_duration(self, event: str, seconds: float, **kwargs) -> None:
+  def _on_duration(self, event: str, seconds: float, fun_name: str = "", **kwargs) -> None:
     del kwargs
     phase = PHASES.get(event)
     if phase:
       self.seconds[self.file][phase] += seconds
-      if self.in_init:
+      if fun_name == self.init_program:
         self.seconds[self.file]["init"] += seconds
 
   @pytest.hookimpl(hookwrapper=True)
@@ -88,11 +73,10 @@ class Census:
     return path
 
   def close(self) -> None:
-    """Stops counting: JAX's listener removed, init_params' programs uncounted again."""
+    """Stops counting (JAX's listener removed)."""
     from jax import monitoring  # pylint: disable=g-import-not-at-top
 
     monitoring.unregister_event_duration_listener(self._on_duration)
-    self._model._initializer = self._initializer  # pylint: disable=protected-access
 
   def pytest_unconfigure(self, config) -> None:
     del config

@@ -178,9 +178,17 @@ def init_params(config, key: jax.Array, dtype: Any = jnp.float32) -> dict[str, A
 
 @functools.lru_cache(maxsize=32)
 def _initializer(config, dtype: jnp.dtype):
-  """:func:`init_params`' jitted program for ``config`` and ``dtype``."""
+  """:func:`init_params`' jitted program for ``config`` and ``dtype``, named ``init_params_program``
+  (:data:`INIT_PROGRAM`) in JAX's compile logs and events and in HLO dumps."""
   module = config.make_module(dtype=dtype)
-  return jax.jit(lambda key: module.init(key, jnp.zeros((1, 1), jnp.int32))["params"])
+
+  def init_params_program(key):
+    return module.init(key, jnp.zeros((1, 1), jnp.int32))["params"]
+
+  return jax.jit(init_params_program)
+
+
+INIT_PROGRAM = "init_params_program"
 
 
 def model_dtype(dtype: Any) -> jnp.dtype:
