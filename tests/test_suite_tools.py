@@ -20,7 +20,8 @@ def test_the_census_counts_a_files_compiles_and_its_init_programs_apart(tmp_path
     item = types.SimpleNamespace(path=types.SimpleNamespace(name="test_a.py"))
     hook = census.pytest_runtest_protocol(item, None)
     next(hook)  # the test starts
-    shape = int(np.random.default_rng().integers(3, 1000))  # a program no test compiled before
+    # A size no other test uses: programs, and a tiny config, no test compiled before in this process.
+    shape = int(np.random.default_rng().integers(1000, 5000))
     jax.jit(lambda x: jnp.sin(x) * 2)(jnp.ones(shape)).block_until_ready()
     # A config of its own, so that init_params compiles its program here.
     bj.init_params(tiny_config(num_hidden_layers=1, vocab_size=shape), jax.random.key(0))
