@@ -72,14 +72,14 @@ PYTHON = (sys.executable if os.environ[_zygote.ENV_VAR] == "off"
 
 
 # BASS_JAX_COMPILE_CENSUS=<directory> make test: JAX's tracing, lowering and compiling seconds per
-# test file, written by every test process (tests/_compile_census.py; tests/suite_times.py --census).
+# test file, written by every test process (tests/_compile_census.py, suite_times.py --census).
 import _compile_census  # noqa: E402
 
 
 def pytest_configure(config):
   if os.environ.get(_compile_census.ENV_VAR):
-    config.pluginmanager.register(_compile_census.Census(os.environ[_compile_census.ENV_VAR]),
-                                  "compile_census")
+    census = _compile_census.Census(os.environ[_compile_census.ENV_VAR])
+    config.pluginmanager.register(census, "compile_census")
 
 
 def script_pid(proc) -> int:

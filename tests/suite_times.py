@@ -31,7 +31,11 @@ def per_file(path: str) -> collections.Counter:
 
 def census(directory: str) -> dict[str, collections.Counter]:
   """``{test file: Counter(trace=s, lower=s, compile=s, init=s)}`` summed over the processes'
-  JSON files in ``directory`` (tests/_compile_census.py)."""
+  JSON files in ``directory`` (tests/_compile_census.py).
+
+  Raises:
+    SystemExit: no ``*.json`` file in ``directory`` (the message says how to make them).
+  """
   files = sorted(glob.glob(os.path.join(directory, "*.json")))
   if not files:
     sys.exit(f"--census: no census files in {directory} (run BASS_JAX_COMPILE_CENSUS={directory} "

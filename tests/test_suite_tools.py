@@ -1,43 +1,57 @@
 """The suite's own measuring tools: the compile census (tests/_compile_census.py) and the per-file
 tables of tests/suite_times.py."""
 
+import itertools
 import json
+import pathlib
 import types
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+import pytest
 
 import _compile_census
 import bass_jax as bj
 import suite_times
 from conftest import tiny_config
 
+# Array and vocabulary sizes no other test uses, so that every program here is compiled here.
+_FRESH_SIZES = itertools.count(4093)
+
+
+def _in_test(census, name, work):
+  """Runs ``work()`` as the test file ``name`` would, through the census's pytest hook."""
+  hook = census.pytest_runtest_protocol(types.SimpleNamespace(path=pathlib.Path(name)), None)
+  next(hook)
+  work()
+  with pytest.raises(StopIteration):
+    hook.send(None)
+
 
 def test_the_census_counts_a_files_compiles_and_its_init_programs_apart(tmp_path, capsys):
+  size = next(_FRESH_SIZES)
+  key = jax.random.key(0)
+  config = tiny_config(num_hidden_layers=1, vocab_size=size)
   census = _compile_census.Census(str(tmp_path))
   try:
-    item = types.SimpleNamespace(path=types.SimpleNamespace(name="test_a.py"))
-    hook = census.pytest_runtest_protocol(item, None)
-    next(hook)  # the test starts
-    # A size no other test uses: programs, and a tiny config, no test compiled before in this process.
-    shape = int(np.random.default_rng().integers(1000, 5000))
-    jax.jit(lambda x: jnp.sin(x) * 2)(jnp.ones(shape)).block_until_ready()
-    # A config of its own, so that init_params compiles its program here.
-    bj.init_params(tiny_config(num_hidden_layers=1, vocab_size=shape), jax.random.key(0))
-    next(hook, None)  # the test ends
-    jax.jit(lambda x: x + 1)(jnp.ones(shape + 1)).block_until_ready()  # outside any test
-    path = census.write()
+    _in_test(census, "test_a.py", lambda: jax.jit(lambda x: jnp.sin(x) * 2)(
+        jnp.ones(size)).block_until_ready())
+    _in_test(census, "test_b.py", lambda: bj.init_params(config, key))  # its program alone
+    jax.jit(lambda x: x + 1)(jnp.ones(size + 1)).block_until_ready()  # outside any test
+    path = pathlib.Path(census.write())
   finally:
     census.close()
-  got = json.loads(open(path).read())
-  a = got["test_a.py"]
-  assert a["trace"] > 0 and a["lower"] > 0 and a["compile"] > 0, a
-  assert 0 < a["init"] < a["trace"] + a["lower"] + a["compile"], a
-  assert got[_compile_census.OUTSIDE]["compile"] > 0 and "init" not in got[_compile_census.OUTSIDE]
+  census.close()  # a second close does nothing
+  got = json.loads(path.read_text())
+  a, b = got["test_a.py"], got["test_b.py"]
+  assert a["trace"] > 0 and a["lower"] > 0 and a["compile"] > 0 and "init" not in a, a
+  # init_params' program: every phase of it counted as init, tracing, lowering and XLA alike.
+  assert b["trace"] > 0 and b["lower"] > 0 and b["compile"] > 0, b
+  assert b["init"] == pytest.approx(b["trace"] + b["lower"] + b["compile"]), b
+  assert got[_compile_census.OUTSIDE]["compile"] > 0
   # After close() nothing is counted.
-  jax.jit(lambda x: x * 3)(jnp.ones(shape + 2)).block_until_ready()
-  assert json.loads(open(census.write()).read()) == got
+  jax.jit(lambda x: x * 3)(jnp.ones(size + 2)).block_until_ready()
+  assert json.loads(pathlib.Path(census.write()).read_text()) == got
 
   # suite_times sums the processes' files per test file.
   (tmp_path / "2.json").write_text(json.dumps({"test_a.py": {"trace": 1.0, "compile": 2.0}}))
@@ -61,3 +75,5 @@ def test_suite_times_sums_junit_xml_per_file(tmp_path, capsys):
   out = capsys.readouterr().out
   assert "| test_a | 12 |" in out and "| files under 10 s in every run | 2 |" in out
   assert "files left alone: 2" in out and "the others over them: 5.11" in out
+  with pytest.raises(SystemExit, match="no census files"):
+    suite_times.census(str(tmp_path / "empty"))

@@ -179,7 +179,8 @@ def init_params(config, key: jax.Array, dtype: Any = jnp.float32) -> dict[str, A
 @functools.lru_cache(maxsize=32)
 def _initializer(config, dtype: jnp.dtype):
   """:func:`init_params`' jitted program for ``config`` and ``dtype``, named ``init_params_program``
-  (:data:`INIT_PROGRAM`) in JAX's compile logs and events and in HLO dumps."""
+  (:data:`INIT_PROGRAM`): JAX's tracing events and logs carry that name, its lowering and compile
+  events ``jit(init_params_program)``, HLO dumps the module ``jit_init_params_program``."""
   module = config.make_module(dtype=dtype)
 
   def init_params_program(key):
@@ -188,6 +189,7 @@ def _initializer(config, dtype: jnp.dtype):
   return jax.jit(init_params_program)
 
 
+# init_params' jitted function's name, as JAX's compile events report it (tests/_compile_census.py).
 INIT_PROGRAM = "init_params_program"
 
 
