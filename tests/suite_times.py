@@ -1,15 +1,17 @@
 """Worker-seconds per test file from `make test` runs' JUnit XML, as a markdown table; or, with
 ``--census``, JAX's tracing, lowering and compiling seconds per file.
 
-    PYTEST_ADDOPTS=--junitxml=/tmp/a.xml make test
-    python tests/suite_times.py "run a=/tmp/a.xml" "run b=/tmp/b.xml" [--alone=test_x,test_y]
-    BASS_JAX_COMPILE_CENSUS=/tmp/census make test
-    python tests/suite_times.py --census=/tmp/census
+    PYTEST_ADDOPTS=--junitxml=$PWD/outputs/junit_a.xml make test
+    python tests/suite_times.py "a=outputs/junit_a.xml" "b=outputs/junit_b.xml" [--alone=test_x,...]
+    BASS_JAX_COMPILE_CENSUS=$PWD/outputs/census_a make test
+    python tests/suite_times.py --census=outputs/census_a
 
-Each cell is the sum of pytest's per-test times (setup, call and teardown) of one file; files under
-10 s in every run are pooled in one row. ``--alone`` names files left unchanged between the runs: their
-sum per run, and the other files' sum over it, say how much of a difference is the machine's speed
-(results/suite_2026-11-30/per_file_54df36b.md). ``--census`` reads the per-process files that
+(``outputs/`` is the repository's ignored folder for run products; any fresh path will do.)
+
+Each cell is the sum of pytest's per-test times (setup, call and teardown) of one file; files
+under 10 s in every run are pooled in one row. ``--alone`` names files left unchanged between the
+runs: their sum per run, and the other files' sum over it, say how much of a difference is the
+machine's speed (results/suite_2026-11-30/per_file_54df36b.md). ``--census`` reads the per-process files that
 tests/_compile_census.py writes and sums them per test file.
 """
 
