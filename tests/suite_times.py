@@ -11,8 +11,8 @@
 Each cell is the sum of pytest's per-test times (setup, call and teardown) of one file; files
 under 10 s in every run are pooled in one row. ``--alone`` names files left unchanged between the
 runs: their sum per run, and the other files' sum over it, say how much of a difference is the
-machine's speed (results/suite_2026-11-30/per_file_54df36b.md). ``--census`` reads the per-process files that
-tests/_compile_census.py writes and sums them per test file.
+machine's speed (results/suite_2026-11-30/per_file_54df36b.md). ``--census`` reads the
+per-process files that tests/_compile_census.py writes and sums them per test file.
 """
 
 import collections
