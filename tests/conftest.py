@@ -26,14 +26,14 @@ _FLAGS = os.environ.get("XLA_FLAGS", "")
 os.environ["XLA_FLAGS"] = " ".join(
     [_FLAGS] + [f"{k}={v}" for k, v in _SUITE_XLA_FLAGS.items() if k not in _FLAGS]).strip()
 
-# Python's cyclic garbage collector, in the suite's own processes: a collection every 20,000 net
-# container allocations instead of 700, and (pytest_collection_finish below) the objects of every
-# import frozen out of its scans. JAX's tracing allocates millions of short-lived containers, and
-# each full collection walked the whole heap of JAX, torch and transformers. On this project's 2-core
-# machine test_sampling_exact.py and test_generate.py in one process took 150 and 171 s this way
-# against 167 and 224 s with Python's defaults, run alternately (2026-11-30); the collector's own
-# time fell from 4.5-5.9 s to 0.6-0.8 s, so most of the gain is elsewhere (not measured apart).
-# Cycles are still collected; children (scripts, the 8-device suite) keep Python's defaults.
+# Python's cyclic garbage collector, in the suite's own processes (the xdist workers and the child
+# pytest suites; the scripts tests start keep Python's defaults): a collection every 20,000 net
+# container allocations instead of 700, and (pytest_collection_finish below) every object imported
+# before the first test frozen out of its scans. JAX's tracing and lowering allocate millions of
+# short-lived containers, and each full collection walked the whole heap of JAX, torch and
+# transformers. make test took 14:37 (1,705 worker-seconds) this way and 17:31 (2,042) with Python's
+# defaults, run back to back on this project's 2-core machine (2026-11-30,
+# results/suite_2026-11-30/gc_f88b4f6.md). Cycles are still collected, less often.
 GC_THRESHOLDS = (20_000, 10, 10)
 gc.set_threshold(*GC_THRESHOLDS)
 
