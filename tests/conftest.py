@@ -3,6 +3,7 @@
 import atexit
 import gc
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -304,6 +305,29 @@ def chunked_logits(model: bj.Model, seqs, prefill, chunk_sizes=(1, 2, 3, 8), max
     pos = pos + take
     cache = cache.with_lengths(jnp.asarray(pos))
   return got
+
+
+def assert_decode_copies_no_cache(target: bj.Model, out: bj.GenerateOutput) -> None:
+  """The compiled decode program of the most recent ``generate`` call (``out``'s: a call served from
+  memory moves its programs to the end of the LRU too) holds no copy of a target-cache-shaped array
+  (f32 [B, KV heads, S, head_dim], or [L, B, ...] with scanned layers). Every forward writes its
+  K/V before it reads the cache and nothing writes inside a branch, so XLA updates the caches in
+  place; a tree step's compaction (``cache.keep_path``) gathers the path before it writes, in place
+  too (docs/design.md).
+
+  Raises:
+    AssertionError: the pattern matches no array of the program (the test is wrong), or a copy.
+  """
+  from bass_jax.sampling import programs  # pylint: disable=g-import-not-at-top
+
+  _, decode = list(programs._PROGRAMS._programs.values())[-1]  # pylint: disable=protected-access
+  hlo, cfg = decode.as_text(), target.config
+  layers = f"{cfg.num_layers}," if target.scanned_layers else ""
+  shape = rf"f32\[{layers}{out.stats.batch_bucket},{cfg.num_key_value_heads},\d+,{cfg.head_dim}\]"
+  assert re.search(shape, hlo), "the cache shape pattern matches nothing: fix the test"
+  copies = [line.strip() for line in hlo.splitlines()
+            if re.search(rf"= {shape}\S* copy(-start)?\(", line)]
+  assert not copies, copies[:3]
 
 
 NEAR_TIE = 1e-3  # logit gap below which two methods may legitimately pick different argmaxes

@@ -147,7 +147,9 @@ def converted(request, tmp_path_factory):
 
 def test_logits_match_transformers(converted):
   name, hf, _, model = converted
-  tokens = np.random.default_rng(1).integers(0, VOCAB, size=(2, 23))
+  # The shape of test_cached_incremental_decoding_equals_full_forward's full forward (and of the
+  # features test's): one model.logits program per family serves the three tests.
+  tokens = np.random.default_rng(1).integers(0, VOCAB, size=(3, 30))
   want = _torch_logits(hf, tokens)
   got = np.asarray(model.logits(tokens))
   assert np.std(want) > 0.5, name  # logits that discriminate
@@ -168,7 +170,7 @@ def test_features_are_transformers_last_hidden_state_and_what_the_head_reads(con
   if name in FEATURES_ELSEWHERE:
     pytest.skip("features checked on another case of the family, or not read by any EAGLE draft")
   rng = np.random.default_rng()
-  tokens = rng.integers(0, VOCAB, size=(2, 19))
+  tokens = rng.integers(0, VOCAB, size=(3, 30))  # test_logits_match_transformers' shape
   with torch.no_grad():
     want = hf.base_model(torch.tensor(tokens)).last_hidden_state.numpy()
   logits, _, features = forward(model.config, model.params, tokens, return_features=True)
@@ -181,7 +183,7 @@ def test_features_are_transformers_last_hidden_state_and_what_the_head_reads(con
   # unwritten slots hold NaN, so a stray read shows.
   cache = model.config.init_cache(2, 64, fill_value=np.nan)
   prefill = np.array([7, 12])
-  _, update = forward(model.config, model.params, tokens[:, :12], compute_logits=False)
+  _, update = forward(model.config, model.params, tokens[:2, :12], compute_logits=False)
   cache = cache.append(update).with_lengths(prefill)
   chunk = np.stack([tokens[0, 7:10], tokens[1, 12:15]])
   _, _, step_features = forward(model.config, model.params, chunk, cache, return_features=True)
@@ -195,7 +197,7 @@ def test_cached_incremental_decoding_equals_full_forward(converted):
     pytest.skip("the same positions as the family's default-rotary case; logits checked above")
   rng = np.random.default_rng(2)
   seqs = [rng.integers(0, VOCAB, n) for n in (21, 9, 30)]
-  got = chunked_logits(model, seqs, prefill=[4, 1, 7])
+  got = chunked_logits(model, seqs, prefill=[4, 1, 8])  # a prefill of 8: the chunk-8 program
   # One full causal forward of the rows padded to the longest: a position's logits depend only on the
   # tokens up to it, so each row's own positions are its forward alone (one program, not three).
   whole = np.asarray(model.logits(right_padded(seqs)))
@@ -243,7 +245,7 @@ def test_scanned_layers_match_transformers_and_save_as_per_layer(family, tmp_pat
   seqs = [rng.integers(0, VOCAB, n) for n in (19, 7, 26)]
   np.testing.assert_allclose(np.asarray(model.logits(seqs[0][None]))[0],
                              _torch_logits(hf, seqs[0][None])[0], atol=1e-4, rtol=0, err_msg=family)
-  for seq, row in zip(seqs, chunked_logits(model, seqs, prefill=[5, 1, 9])):
+  for seq, row in zip(seqs, chunked_logits(model, seqs, prefill=[5, 1, 8])):
     assert np.isfinite(row).all(), family
     np.testing.assert_allclose(row, _torch_logits(hf, seq[None])[0], atol=1e-4, rtol=0,
                                err_msg=family)
@@ -324,9 +326,11 @@ def test_a_gemma2_target_runs_bass_pad_and_split_in_the_pallas_kernels(tmp_path)
   _hf_model("gemma2-softcap", seed=0).save_pretrained(tmp_path / "target")
   _hf_model("gemma2-softcap", seed=1, num_hidden_layers=1).save_pretrained(tmp_path / "draft")
   target, draft = bj.load_model(tmp_path / "target"), bj.load_model(tmp_path / "draft")
-  prompts = [np.random.default_rng(i).integers(0, VOCAB, n).tolist() for i, n in enumerate((9, 12))]
+  # test_greedy_bass_equals_regular_for_todays_families[gemma2-softcap]'s prompts and draft length:
+  # the reference run is its program.
+  prompts = [np.random.default_rng(i).integers(0, VOCAB, n).tolist() for i, n in enumerate((9, 3, 14))]
   run = lambda impl: bj.generate(target, draft, prompts, method="bass", max_new_tokens=8,
-                                 eos_token_id=(), draft_len=2, attention_impl=impl).tokens
+                                 eos_token_id=(), draft_len=3, attention_impl=impl).tokens
   want = run("reference")
   for impl in ("pallas_pad", "pallas_split"):
     assert np.array_equal(run(impl), want), impl

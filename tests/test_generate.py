@@ -16,7 +16,8 @@ import pytest
 import bass_jax as bj
 from bass_jax.evaluation import experiment
 from bass_jax.evaluation.data import Problem
-from conftest import PYTHON, assert_lossless, assert_reported, noisy_copy, tiny_model
+from conftest import (PYTHON, assert_decode_copies_no_cache, assert_lossless, assert_reported,
+                      noisy_copy, tiny_model)
 
 
 
@@ -37,6 +38,8 @@ def test_greedy_bass_equals_regular(target, draft_kind, draft_len):
            "unrelated": tiny_model(seed=9, scale=2.5, num_hidden_layers=1)}[draft_kind]
   prompts = _prompts(target.config.vocab_size, (1, 5, 12, 30, 7))
   regular = bj.generate(target, None, prompts, method="regular", max_new_tokens=40)
+  if draft_kind == "noisy" and draft_len == 1:  # regular decoding's caches are updated in place
+    assert_decode_copies_no_cache(target, regular)
   bass = bj.generate(target, draft, prompts, method="bass", max_new_tokens=40, draft_len=draft_len)
   assert assert_lossless(target, prompts, regular, bass) == 1.0
   np.testing.assert_allclose(bass.logprobs, regular.logprobs, atol=1e-4)
@@ -183,7 +186,8 @@ def test_calls_within_the_same_buckets_share_programs(target):
   and seed are traced or padded: a later call reuses the first one's programs; whether there is a
   nucleus at all (top_p < 1) is compiled in; clearing empties the cache; the LRU is bounded and
   keeps the most recently used setting. That setting (the first call's) stays in memory for
-  test_sampling_is_reproducible_and_seeded, next."""
+  test_sampling_is_reproducible_and_seeded, next, and for
+  test_the_step_phases_name_the_compiled_decodes_ops; its decode copies no cache."""
   from bass_jax.sampling import programs
 
   bj.clear_compile_cache()
@@ -192,6 +196,7 @@ def test_calls_within_the_same_buckets_share_programs(target):
   prompts = _prompts(target.config.vocab_size, (3, 9, 5))
   first = bj.generate(target, draft, prompts, max_new_tokens=20, temperature=0.7, top_p=0.9, seed=1)
   assert first.stats.compiled and first.stats.batch_bucket == 4
+  assert_decode_copies_no_cache(target, first)  # a sampled chain's caches are updated in place
   assert bj.generate(target, draft, prompts, max_new_tokens=20, temperature=0.7,
                      top_p=1.0).stats.compiled  # no nucleus: a program without one
   assert bj.generate(target, draft, prompts[:1], max_new_tokens=20,
@@ -228,6 +233,7 @@ def test_verification_in_chunks_equals_one_pass(target):
   prompts = _prompts(target.config.vocab_size, (2, 9, 17, 5))
   draft = noisy_copy(target, 0.05, 7)  # accepts often, so long drafts need several passes
   one = bj.generate(target, draft, prompts, max_new_tokens=40, draft_len=12, verify_chunk=13)
+  assert_decode_copies_no_cache(target, one)  # a greedy chain's caches are updated in place
   many = bj.generate(target, draft, prompts, max_new_tokens=40, draft_len=12, verify_chunk=3)
   assert assert_lossless(target, prompts, one, many) == 1.0
   assert (one.stats.verified == 13).all()
@@ -260,53 +266,20 @@ def test_the_persistent_compilation_cache_serves_a_new_process(tmp_path):
   assert sorted(p.name for p in (tmp_path / "xla").iterdir()) == entries
 
 
-# ("bass", 0.7, None) comes last: test_the_step_phases_name_the_compiled_decodes_ops, next, reads
-# that parameter's program.
-@pytest.mark.parametrize("method,temperature,tree", [
-    ("bass", 0.0, None), ("regular", 0.0, None), ("bass", 0.7, "top_k=2,depth=3,nodes=6"),
-    ("bass", 0.0, ("top_k=2,depth=3,nodes=6", "top_k=2,depth=2,nodes=4")), ("bass", 0.7, None)])
-def test_the_compiled_decode_copies_no_cache(target, method, temperature, tree):
-  """Every forward writes its K/V before it reads the cache and nothing writes inside a branch, so XLA
-  updates the caches in place: the compiled decode program holds no copy of a cache-shaped array. A
-  tree step's compaction (``cache.keep_path``) gathers the path before it writes, in place too; with
-  goodput choosing among plain steps, chains and two tree shapes, each kind's loop does."""
-  import re
-
-  from bass_jax.sampling import programs
-
-  bj.clear_compile_cache()
-  draft = noisy_copy(target, 0.4, 5)
-  out = bj.generate(target, draft, _prompts(target.config.vocab_size, (3, 9)), method=method,
-                    max_new_tokens=8, temperature=temperature,
-                    **({"draft_tree": tree} if isinstance(tree, str) else
-                       {"draft_tree": tree, "draft_len": bj.GoodputDraftLen(
-                           max_len=3, costs=bj.StepCosts(1.0, 1.2, 0.1, 0.1, 4, (1.3, 1.2)))}
-                       if tree else {"draft_len": 3}))
-  assert out.stats.compiled
-  (_, decode), = programs._PROGRAMS._programs.values()  # pylint: disable=protected-access
-  hlo = decode.as_text()
-  cfg = target.config
-  shape = rf"f32\[{out.stats.batch_bucket},{cfg.num_key_value_heads},\d+,{cfg.head_dim}\]"
-  assert re.search(shape, hlo), "the cache shape pattern matches nothing: fix the test"
-  copies = [line.strip() for line in hlo.splitlines()
-            if re.search(rf"= {shape}\S* copy(-start)?\(", line)]
-  assert not copies, copies[:3]
-
-
 def test_the_step_phases_name_the_compiled_decodes_ops(target):
   """Each of step.STEP_SCOPES leads the op names of the work it traced, so a profiler's trace groups
   a step's kernels by phase: the target's matmuls under target_forward, the draft's under propose.
 
-  The setting is test_the_compiled_decode_copies_no_cache[bass-0.7-None]'s, run just before: the
-  call finds its programs in memory (or compiles them, run alone), and they are then the most
-  recently used entry of the LRU."""
+  The setting is the first of test_calls_within_the_same_buckets_share_programs: the call finds
+  its programs in memory (or compiles them, run alone), and they are then the most recently used
+  entry of the LRU."""
   import re
 
   from bass_jax.sampling import programs
   from bass_jax.sampling.step import STEP_SCOPES
 
-  bj.generate(target, noisy_copy(target, 0.4, 5), _prompts(target.config.vocab_size, (3, 9)),
-              max_new_tokens=8, temperature=0.7, draft_len=3)
+  bj.generate(target, noisy_copy(target, 0.4, 5), _prompts(target.config.vocab_size, (3, 9, 5)),
+              max_new_tokens=20, temperature=0.7, top_p=0.9, seed=1)
   _, decode = list(programs._PROGRAMS._programs.values())[-1]  # pylint: disable=protected-access
   names = re.findall(r'op_name="([^"]*)"', decode.as_text())
   for scope in STEP_SCOPES:
@@ -321,9 +294,6 @@ def test_scanned_layers_decode_what_unrolled_layers_decode(target):
   lax.scan over layers) emit the unrolled models' tokens: a chain with a model draft, a continuous
   batch and a token tree with an EAGLE draft (whose own layers stay unrolled). The compiled chain
   decode holds no copy of a stacked cache; a mesh is refused."""
-  import re
-
-  from bass_jax.sampling import programs
   from conftest import random_eagle_draft
 
   draft, eagle = noisy_copy(target, 0.4, 5), random_eagle_draft(target)
@@ -340,12 +310,7 @@ def test_scanned_layers_decode_what_unrolled_layers_decode(target):
     assert got.sequences() == want.sequences(), kwargs
     np.testing.assert_array_equal(got.stats.accepted, want.stats.accepted)
     if i == 0:
-      _, decode = list(programs._PROGRAMS._programs.values())[-1]  # pylint: disable=protected-access
-      hlo, cfg = decode.as_text(), target.config
-      stack = (rf"f32\[{cfg.num_layers},{got.stats.batch_bucket},{cfg.num_key_value_heads},\d+,"
-               rf"{cfg.head_dim}\]")
-      assert re.search(stack, hlo), "the stacked cache pattern matches nothing: fix the test"
-      assert not re.findall(rf"= {stack}\S* copy(-start)?\(", hlo)
+      assert_decode_copies_no_cache(scanned, got)
   mesh = jax.make_mesh((1, 1), ("data", "model"))
   with pytest.raises(ValueError, match="scanned layers do not run sharded"):
     bj.generate(scanned, scanned_draft, prompts, mesh=mesh, max_new_tokens=4)

@@ -238,7 +238,9 @@ def test_greedy_bass_with_medusa_heads_equals_regular_decoding(layout, tmp_path,
   heads = bj.load_draft(tmp_path, target)
   prompts = [np.random.default_rng(i).integers(3, 300, n).tolist() for i, n in enumerate((5, 11, 1))]
   regular = bj.generate(target, None, prompts, method="regular", max_new_tokens=16, eos_token_id=())
-  for kwargs in (dict(draft_len=3), dict(draft_len=5), dict(draft_tree="depth=3,top_k=2,nodes=6")):
+  # draft_len=5 past the 3 heads drafts 3 (min(l, K), whatever the layout): once, on one layout.
+  longer = [dict(draft_len=5)] if layout == "fasterdecoding" else []
+  for kwargs in (dict(draft_len=3), *longer, dict(draft_tree="depth=3,top_k=2,nodes=6")):
     bass = bj.generate(target, heads, prompts, method="bass", max_new_tokens=16, eos_token_id=(),
                        **kwargs)
     assert np.array_equal(bass.tokens, regular.tokens), (layout, kwargs)

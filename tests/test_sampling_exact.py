@@ -46,6 +46,7 @@ from bass_jax.sampling import generate as generate_lib
 from bass_jax.profiles import BackendProfile
 from bass_jax.sampling.proposers import replay_text
 from bass_jax.sampling.warp import warped_log_probs
+from conftest import assert_decode_copies_no_cache
 
 VOCAB = 8
 PROMPT = (1, 5, 2)
@@ -523,7 +524,8 @@ def test_gumbel_couples_the_draft_to_the_target():
 def test_tree_bass_matches_exact_target_distribution(kind, shape, temperature, top_p, seed):
   """Tree steps (deterministic top-k children; a hybrid's n-gram branches beside the draft's nodes, so
   sibling tokens repeat; n-gram and sibling lookup's several continuations as branches) keep the law
-  exact; paths were accepted and rejected."""
+  exact; paths were accepted and rejected. With the model draft the compiled decode copies no
+  cache."""
   target, far = _models()
   draft = {"model": far, "eagle": _eagle_draft(6)}.get(kind) or _proposer(kind)
   out = bj.generate(target, draft, [list(PROMPT)] * NUM_ROWS, max_new_tokens=NUM_TOKENS,
@@ -533,6 +535,8 @@ def test_tree_bass_matches_exact_target_distribution(kind, shape, temperature, t
   assert (live & (out.stats.accepted > 0)).sum() > 100
   assert (live & (out.stats.accepted == 0)).sum() > 100
   assert_fits_target(out, temperature, top_p)
+  if kind == "model":  # a sampled tree step's compaction updates the caches in place
+    assert_decode_copies_no_cache(target, out)
 
 
 def test_mutant_tree_correction_is_detected(monkeypatch, fresh_programs):

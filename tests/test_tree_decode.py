@@ -16,7 +16,7 @@ import pytest
 
 import bass_jax as bj
 from bass_jax.evaluation import metrics
-from conftest import noisy_copy, random_eagle_draft, tiny_model
+from conftest import assert_decode_copies_no_cache, noisy_copy, random_eagle_draft, tiny_model
 
 SHAPE = "top_k=3,depth=3,nodes=8"
 MAX_NEW = 20
@@ -85,8 +85,8 @@ def test_trees_accept_more_than_their_first_children(target, prompts):
 def test_goodput_chooses_among_plain_chains_and_trees_and_stays_exact(target, prompts, regular):
   """Two compiled tree shapes, chains and plain steps in one decode, chosen per step by goodput (fixed
   costs under which the trees pay at first; exploration every 2 steps brings chains back): the tokens
-  are regular decoding's, each step's history says which kind it was, and the summary's acceptance
-  per depth counts a tree step's levels, not its nodes."""
+  are regular decoding's, each step's history says which kind it was, the summary's acceptance per
+  depth counts a tree step's levels, not its nodes, and the compiled decode copies no cache."""
   shapes = ("top_k=3,depth=3,nodes=8", "top_k=2,depth=4,nodes=6")
   costs = bj.StepCosts(plain=1.0, verify_pass=1.2, propose_first=0.05, propose_next=0.05, chunk=4,
                        tree_steps=(1.3, 1.35))
@@ -94,6 +94,7 @@ def test_goodput_chooses_among_plain_chains_and_trees_and_stays_exact(target, pr
   out = bj.generate(target, _draft("hybrid", target), prompts, max_new_tokens=MAX_NEW,
                     eos_token_id=(), draft_len=policy, draft_tree=shapes)
   np.testing.assert_array_equal(out.tokens, regular.tokens)
+  assert_decode_copies_no_cache(target, out)  # each kind of step's loop updates the caches in place
   stats = out.stats
   assert stats.draft_trees == shapes
   assert {-1, 0, 1} <= set(stats.trees.tolist()), stats.trees

@@ -297,7 +297,7 @@ def test_greedy_on_a_mesh_of_model_3_with_smollm2s_head_counts():
   """SmolLM2's 9 query heads and 3 KV heads on a model axis of 3 (a tiny Llama with those counts; the
   real weights' placement is the test above): greedy BASS and regular decoding on (2, 3) both emit one
   device's regular greedy tokens."""
-  config = bj.LlamaConfig(vocab_size=VOCAB, hidden_size=72, intermediate_size=96, num_hidden_layers=2,
+  config = bj.LlamaConfig(vocab_size=VOCAB, hidden_size=72, intermediate_size=96, num_hidden_layers=1,
                           num_attention_heads=9, num_key_value_heads=3, head_dim=8, eos_token_id=None)
   target = bj.Model(config, bj.init_params(config, jax.random.key(4)), name="tiny-9-heads")
   draft = bj.Model(config, bj.init_params(config, jax.random.key(5)), name="tiny-9-heads-draft")
