@@ -7,6 +7,7 @@ changes the logits. transformers' PyTorch forward in f32 is the reference.
 
 from __future__ import annotations
 
+import gc
 import json
 import pathlib
 import re
@@ -476,6 +477,10 @@ def test_orbax_config_that_disagrees_with_the_stored_params_names_the_field(orba
   assert re.search(rf"\b{field}\b[^;]*\b{value}\b[^;]*\b{stored}\b", message), message
 
 
+# A truncated array leaves orbax's reading coroutines unfinished, and each raises its read error
+# when it is garbage-collected: collected here (the suite's collector runs seldom, tests/conftest.py),
+# the warnings are this test's expected ones instead of showing under whichever test runs next.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("damage", ["metadata-missing", "array-truncated", "params-emptied"])
 def test_a_damaged_orbax_checkpoint_is_named(orbax_dir, tmp_path, damage):
   ckpt = pathlib.Path(shutil.copytree(orbax_dir, tmp_path / "ckpt"))
@@ -492,6 +497,8 @@ def test_a_damaged_orbax_checkpoint_is_named(orbax_dir, tmp_path, damage):
   with pytest.raises(ValueError) as error:
     bass_jax.load_model(ckpt)
   _one_line_naming(error, params, "damaged")
+  del error
+  gc.collect()
 
 
 # -- one dispatch: load_model and the preflight resolve a spec the same way -----------------------------
