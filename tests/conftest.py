@@ -307,9 +307,18 @@ def chunked_logits(model: bj.Model, seqs, prefill, chunk_sizes=(1, 2, 3, 8), max
   return got
 
 
+def last_decode_program():
+  """The compiled decode program (a ``jax.stages.Compiled``) of the most recent ``generate`` call: a
+  call served from memory moves its programs to the end of the library's LRU too."""
+  from bass_jax.sampling import programs  # pylint: disable=g-import-not-at-top
+
+  _, decode = list(programs._PROGRAMS._programs.values())[-1]  # pylint: disable=protected-access
+  return decode
+
+
 def assert_decode_copies_no_cache(target: bj.Model, out: bj.GenerateOutput) -> None:
-  """The compiled decode program of the most recent ``generate`` call (``out``'s: a call served from
-  memory moves its programs to the end of the LRU too) holds no copy of a target-cache-shaped array
+  """The compiled decode program of the most recent ``generate`` call (``out``'s,
+  :func:`last_decode_program`) holds no copy of a target-cache-shaped array
   (f32 [B, KV heads, S, head_dim], or [L, B, ...] with scanned layers). Every forward writes its
   K/V before it reads the cache and nothing writes inside a branch, so XLA updates the caches in
   place; a tree step's compaction (``cache.keep_path``) gathers the path before it writes, in place
@@ -318,10 +327,7 @@ def assert_decode_copies_no_cache(target: bj.Model, out: bj.GenerateOutput) -> N
   Raises:
     AssertionError: the pattern matches no array of the program (the test is wrong), or a copy.
   """
-  from bass_jax.sampling import programs  # pylint: disable=g-import-not-at-top
-
-  _, decode = list(programs._PROGRAMS._programs.values())[-1]  # pylint: disable=protected-access
-  hlo, cfg = decode.as_text(), target.config
+  hlo, cfg = last_decode_program().as_text(), target.config
   layers = f"{cfg.num_layers}," if target.scanned_layers else ""
   shape = rf"f32\[{layers}{out.stats.batch_bucket},{cfg.num_key_value_heads},\d+,{cfg.head_dim}\]"
   assert re.search(shape, hlo), "the cache shape pattern matches nothing: fix the test"

@@ -17,7 +17,7 @@ import bass_jax as bj
 from bass_jax.evaluation import experiment
 from bass_jax.evaluation.data import Problem
 from conftest import (PYTHON, assert_decode_copies_no_cache, assert_lossless, assert_reported,
-                      noisy_copy, tiny_model)
+                      last_decode_program, noisy_copy, tiny_model)
 
 
 
@@ -118,7 +118,7 @@ def test_the_compiled_decode_keeps_eagle3_taps_in_place(target, tree):
   import re
 
   from bass_jax.models import eagle
-  from bass_jax.sampling import plan, programs
+  from bass_jax.sampling import plan
   from bass_jax.training import feature_draft
 
   layer = eagle.EagleConfig.for_target(target.config, draft_vocab_size=40).layer
@@ -132,7 +132,7 @@ def test_the_compiled_decode_keeps_eagle3_taps_in_place(target, tree):
   # The call's programs are the LRU's most recently used entry (the cache is not cleared: the
   # regular call below runs test_rows_stop_at_eos_independently's regular program, 4 rows, output
   # bucket 32).
-  _, decode = list(programs._PROGRAMS._programs.values())[-1]  # pylint: disable=protected-access
+  decode = last_decode_program()
   hlo = decode.as_text()
   assert out.stats.compiled
   width, rows = 2 * target.config.hidden_size, out.stats.batch_bucket
@@ -275,12 +275,11 @@ def test_the_step_phases_name_the_compiled_decodes_ops(target):
   entry of the LRU."""
   import re
 
-  from bass_jax.sampling import programs
   from bass_jax.sampling.step import STEP_SCOPES
 
   bj.generate(target, noisy_copy(target, 0.4, 5), _prompts(target.config.vocab_size, (3, 9, 5)),
               max_new_tokens=20, temperature=0.7, top_p=0.9, seed=1)
-  _, decode = list(programs._PROGRAMS._programs.values())[-1]  # pylint: disable=protected-access
+  decode = last_decode_program()
   names = re.findall(r'op_name="([^"]*)"', decode.as_text())
   for scope in STEP_SCOPES:
     assert any(f"/{scope}/" in name for name in names), scope
