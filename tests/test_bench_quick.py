@@ -3,6 +3,7 @@ smallest setting that still runs every part, and prints or writes what its docst
 numbers themselves are timings, which tests do not judge)."""
 
 import json
+import os
 import pathlib
 import subprocess
 
@@ -16,9 +17,9 @@ from conftest import PYTHON, tiny_config
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _run(*args, timeout=600):
+def _run(*args, timeout=600, env=None):
   run = subprocess.run([PYTHON, "-m", *args], cwd=REPO, capture_output=True, text=True,
-                       timeout=timeout)
+                       timeout=timeout, env=env)
   assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-3000:])
   return run.stdout
 
@@ -69,6 +70,45 @@ def test_bench_plain_steps_decodes_only_plain_steps(tmp_path):
   assert [r.split(" | ")[0][2:] for r in rows] == [
       "regular decoding", f"BASS, {tmp_path / 'tiny'}, plain steps only", "BASS, ngram, plain steps only"]
   assert "1.00x" in rows[0] and all(" 1.00 |" in r for r in rows[1:])  # every step plain
+
+
+def test_memory_builds_what_it_computes_and_splits_it_over_the_mesh(tmp_path):
+  """Llama-7B shapes with 2 layers on 2 host devices: the computed bytes per device are the shapes'
+  own count (weights whole on (2, 1), about half on (1, 2); the cache's rows or KV heads halved),
+  and the layer built for real on (1, 2) holds exactly what was computed for it."""
+  # XLA's default flags, not the suite's (conftest._SUITE_XLA_FLAGS): at optimization level 0 the
+  # random initialization of the built layer's 0.45 G weights took 44 s against 13.
+  _run("experiments.benchmarks.memory", "--num_layers=2", "--instantiate_layers=1",
+       "--meshes=1x2,2x1", "--host_devices=2", "--batch_size=2", "--cache_len=16",
+       f"--output={tmp_path / 'memory.json'}", env=dict(os.environ, XLA_FLAGS=""))
+  rows = {(r["data"], r["model"]): r
+          for r in json.loads((tmp_path / "memory.json").read_text())["rows"]}
+  assert sorted(rows) == [(1, 2), (2, 1)]
+  d, f, v, layers, gib = 4096, 11008, 32000, 2, 2**30  # the script's LLAMA_7B, untied, bf16
+  weights = 2 * (2 * v * d + layers * (4 * d * d + 3 * d * f + 2 * d) + d)
+  cache = 2 * layers * 2 * 2 * 16 * d  # K and V, B = 2, S = 16, 32 KV heads x 128
+  assert rows[2, 1]["params_gib"] == pytest.approx(weights / gib, rel=1e-6)
+  assert rows[1, 2]["params_gib"] == pytest.approx(weights / 2 / gib, rel=1e-3)
+  for mesh in rows:
+    assert rows[mesh]["cache_gib"] == pytest.approx(cache / 2 / gib, rel=1e-3)
+  built = rows[1, 2]
+  assert "built_layers" not in rows[2, 1] and built["built_layers"] == 1
+  assert built["built_params_gib"] == built["computed_params_gib_at_built_layers"] > 0
+  assert built["built_cache_gib"] == built["computed_cache_gib_at_built_layers"] > 0
+
+
+def test_step_costs_prints_a_row_per_batch_size():
+  """The shipped draft as the target and the n-gram lookup as the draft: a goodput decode per batch
+  size, its measured costs and the break-even acceptance (a probability, at some l >= 1)."""
+  out = _run("experiments.benchmarks.step_costs",
+             f"--target={REPO / 'bass_jax' / 'drafts' / 'smollm2-135m-draft'}", "--draft=ngram",
+             "--num_prompts=2", "--batch_sizes=1,2", "--max_new_tokens=8")
+  rows = [line.strip("| ").split(" | ") for line in out.splitlines()
+          if line.startswith("| ") and not line.startswith("| B ")]
+  assert [r[0] for r in rows] == ["1", "2"], out
+  for row in rows:
+    assert float(row[1]) > 0 and float(row[2]) > 0 and int(row[3]) >= 1, row
+    assert 0 < float(row[7]) < 1 and int(row[8]) >= 1, row
 
 
 def test_every_script_starts_through_the_runner_that_refuses_stray_arguments():
