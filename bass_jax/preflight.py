@@ -148,7 +148,7 @@ def _gguf_config(path: pathlib.Path) -> Any:
 @functools.lru_cache(maxsize=8)
 def _gguf_config_cached(path: str, size: int, mtime_ns: int) -> Any:
   del size, mtime_ns  # the cache key
-  return gguf_ckpt.read_config(gguf_ckpt._open(pathlib.Path(path)), pathlib.Path(path))  # pylint: disable=protected-access
+  return gguf_ckpt.read_config(path)
 
 
 def check_pair(target: ModelSource, draft: ModelSource) -> None:

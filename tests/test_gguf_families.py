@@ -35,6 +35,7 @@ import torch
 import transformers
 
 import bass_jax
+from bass_jax import preflight
 from bass_jax.checkpoints import gguf as gguf_ckpt
 from bass_jax.checkpoints import gguf_llama3
 from bass_jax.checkpoints._mapping import CheckpointError
@@ -368,7 +369,14 @@ def test_load_model_logits_equal_the_source(written, name):
   model, path = written(name)
   want = torch_logits(model, TOKENS)
   assert np.std(want) > 0.5  # logits that discriminate
-  np.testing.assert_allclose(jax_logits(path, TOKENS), want, rtol=0, atol=1e-4)
+  loaded = bass_jax.load_model(path, tokenizer=False, dtype="float32")
+  np.testing.assert_allclose(loaded.logits(jnp.asarray(TOKENS, jnp.int32)), want, rtol=0, atol=1e-4)
+  # The preflight reads the same header to the same config, without the weights.
+  source = preflight.inspect_model(path)
+  config = loaded.config
+  assert (source.kind, source.model_type, source.vocab_size, source.hidden_size, source.num_layers,
+          source.context) == ("gguf", config.model_type, config.vocab_size, config.hidden_size,
+                              config.num_hidden_layers, config.max_positions)
 
 
 # -- Llama's rotary scaling -----------------------------------------------------------------------------

@@ -245,14 +245,16 @@ def _config(fields: dict[str, Any], path: pathlib.Path):
                      f"supported: {e}") from e
 
 
-def read_config(reader, path: pathlib.Path) -> Any:
-  """The family config (``hf.config_from_hf``) of an open GGUF file, from its header.
+def read_config(path: str | os.PathLike) -> Any:
+  """The family config (``hf.config_from_hf``) of a GGUF file, from its header (no tensor is read).
 
   Raises:
+    FileNotFoundError: no file at ``path``.
+    CheckpointError: not a readable GGUF file, or a tensor with no place in the HF model.
     ValueError: an unsupported architecture or metadata key, or a config the port refuses.
-    CheckpointError: a tensor with no place in the HF model.
   """
-  return _config(hf_config(reader, path), path)
+  path = pathlib.Path(path)
+  return _config(hf_config(_open(path), path), path)
 
 
 def load_gguf(path: str | os.PathLike, *, expected: Any, dtype: Any) -> tuple[Any, dict[str, Any]]:
