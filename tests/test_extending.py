@@ -13,6 +13,7 @@ without reading a padded slot, decodes the reference's tokens, and is found by i
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import pathlib
 import re
 import subprocess
@@ -71,11 +72,15 @@ def test_the_pages_call_runs_and_greedy_decoding_emits_regular_decodings_tokens(
   assert set(np.unique(own.stats.sources[live & (own.stats.drafted > 0)]).tolist()) == {1}  # "ngram"
 
 
-def test_a_class_without_a_source_file_keeps_its_programs_in_memory_only(repeat_last):
+def test_a_class_without_a_source_file_keeps_its_programs_in_memory_only(repeat_last, tmp_path,
+                                                                          monkeypatch):
   """The page's claim: a proposer defined where no source file holds it (here exec'd, as a notebook
-  cell is) has no key in the persistent cache; one from a file does."""
+  cell is) has no key in the persistent cache; the same class from a file has one."""
   assert compile_cache.setting_key(("spec", repeat_last())) is None
-  assert compile_cache.setting_key(("spec", NextTable())) is not None
+  (tmp_path / "my_filed_proposers.py").write_text(_examples("Your own proposer")[0])
+  monkeypatch.syspath_prepend(str(tmp_path))
+  filed = importlib.import_module("my_filed_proposers").RepeatLast
+  assert compile_cache.setting_key(("spec", filed())) is not None
 
 
 def test_the_proposer_keeps_the_targets_law(repeat_last):
@@ -104,33 +109,25 @@ def test_a_broken_correction_step_is_detected_with_the_proposer(monkeypatch, fre
   assert p_value < exact.REJECT_P_VALUE, p_value
 
 
-@dataclasses.dataclass(frozen=True)
-class NextTable(bj.Proposer):
-  """Drafts by a table of weights: each draft is ``params["next"][previous token]``."""
-
-  source = "model"
-
-  def propose(self, params, state, ctx, *, max_len, chunk, greedy):
-    token = ctx.tokens[jnp.arange(ctx.tokens.shape[0]), ctx.seq_len - 1]
-    drafts = []
-    for _ in range(max_len):
-      token = params["next"][token]
-      drafts.append(token)
-    count = jnp.where(ctx.live, ctx.draft_len, 0)
-    return state, bj.Proposal(drafts=jnp.stack(drafts, axis=1), num_drafts=count, log_q=None)
+# The page's proposer with weights ("A proposer with weights"), defined by its first example.
+_WEIGHTS_PAGE = {}
+exec(compile(_examples("A proposer with weights")[0], str(DOC), "exec"), _WEIGHTS_PAGE)  # pylint: disable=exec-used
+NextTable = _WEIGHTS_PAGE["NextTable"]
 
 
 def test_a_proposer_with_weights_decodes_exactly_and_new_weights_compile_nothing():
   target = tiny_model(0, scale=2.5)
-  regular = bj.generate(target, None, _prompts(), method="regular", max_new_tokens=24)
+  regular = bj.generate(target, None, _prompts(), method="regular", max_new_tokens=64)
   # The table of the target's own greedy successors: drafts that are often right.
   greedy_next = np.asarray(jnp.argmax(target.logits(jnp.arange(61)[:, None])[:, -1], -1), np.int32)
-  params = {"next": jnp.asarray(greedy_next)}
-  good = bj.generate(target, (NextTable(), params), _prompts(), max_new_tokens=24, draft_len=3)
+  namespace = {"bj": bj, "NextTable": NextTable, "target": target, "prompts": _prompts(),
+               "successors": jnp.asarray(greedy_next)}
+  exec(compile(_examples("A proposer with weights")[1], str(DOC), "exec"), namespace)  # pylint: disable=exec-used
+  good = namespace["out"]
   np.testing.assert_array_equal(good.tokens, regular.tokens)
   built = compile_cache.stats().built
-  shuffled = {"next": jnp.asarray(np.random.default_rng(0).permutation(61).astype(np.int32))}
-  bad = bj.generate(target, (NextTable(), shuffled), _prompts(), max_new_tokens=24, draft_len=3)
+  shuffled = {"next": jnp.asarray(np.random.default_rng().permutation(61).astype(np.int32))}
+  bad = bj.generate(target, (NextTable(), shuffled), _prompts(), max_new_tokens=64)
   np.testing.assert_array_equal(bad.tokens, regular.tokens)
   assert compile_cache.stats().built == built  # weights are traced: the same program
   assert good.stats.accepted.clip(0).sum() > bad.stats.accepted.clip(0).sum()
@@ -267,6 +264,26 @@ class _TableSettings:
   seed: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class _TwoSettings:
+  """A setting a spec must give and one with a default."""
+
+  table: str
+  times: int = 1
+
+
+def test_the_grammar_writes_settings_without_a_default_outside_the_brackets():
+  bj.register_proposer("two_settings", _TwoSettings, build=lambda settings, target: None)
+  kind = {k.name: k for k in bj.proposer_kinds()}["two_settings"]
+  assert kind.required == ("table",)
+  assert kind.grammar() == "two_settings:table=<text>[,times=<int>]"
+  assert kind.parse("times=3,table=t.npy", "spec") == _TwoSettings("t.npy", 3)
+  refusal = ("'two_settings:times=3': two_settings needs table; its form is "
+             "two_settings:table=<text>[,times=<int>]")
+  with pytest.raises(ValueError, match=re.escape(refusal)):
+    kind.parse("times=3", "two_settings:times=3")
+
+
 @pytest.mark.parametrize("name, settings, kwargs, message", [
     ("1bad", NextTable, {}, "letters, digits and '_', starting with a letter"),
     ("hybrid", NextTable, {}, "'hybrid' is reserved in draft specs"),
@@ -282,27 +299,37 @@ def test_what_register_proposer_refuses(name, settings, kwargs, message):
   assert name == "ngram" or name not in kinds
 
 
-def test_a_proposer_with_weights_is_named_by_a_spec_through_its_builder():
-  """docs/extending.md's last paragraph: settings, a builder that makes (proposer, params), and the
-  spec's settings reaching the builder; the decode stays regular decoding when greedy."""
+def test_a_proposer_with_weights_is_named_by_a_spec_through_its_builder(tmp_path, monkeypatch):
+  """The page's settings and builder, saved as a module a script imports by the settings' path: the
+  spec's table reaches the builder, a table of the wrong shape is refused, and greedy decoding with
+  the built draft is regular decoding."""
+  examples = _examples("A proposer with weights")
+  (tmp_path / "my_tables.py").write_text(examples[0] + "\n\n" + examples[2])
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.chdir(tmp_path)
   target = tiny_model(0, scale=2.5)
-
-  def build(settings, target):
-    table = np.random.default_rng(settings.seed).integers(0, target.config.vocab_size, 61)
-    return NextTable(), {"next": jnp.asarray(table, jnp.int32)}
-
-  bj.register_proposer("random_table", _TableSettings, build=build)
-  kind = {k.name: k for k in bj.proposer_kinds()}["random_table"]
-  assert not kind.model_free and kind.grammar() == "random_table[:seed=<int>]"
-  proposer, params = bj.load_draft_spec("random_table:seed=3", target)
-  assert isinstance(proposer, NextTable)
-  np.testing.assert_array_equal(params["next"], build(_TableSettings(3), target)[1]["next"])
-  with pytest.raises(ValueError, match="'random_table' is not a model-free proposer"):
-    drafts.parse_draft_spec("hybrid+random_table:some/model")
-  regular = bj.generate(target, None, _prompts(), method="regular", max_new_tokens=16)
-  out = bj.generate(target, (proposer, params), _prompts(), max_new_tokens=16, draft_len=3)
-  np.testing.assert_array_equal(out.tokens, regular.tokens)
-
+  table = np.random.default_rng().integers(0, target.config.vocab_size, 61).astype(np.int32)
+  np.save(tmp_path / "successors.npy", table)
+  proposer, params = bj.load_draft_spec("py:my_tables.NextTableSettings:table=successors.npy",
+                                        target)
+  assert type(proposer).__module__ == "my_tables" and type(proposer).__name__ == "NextTable"
+  np.testing.assert_array_equal(params["next"], table)
+  kind = {k.name: k for k in bj.proposer_kinds()}["next_table"]
+  assert not kind.model_free and kind.grammar() == "next_table:table=<text>", kind.grammar()
+  with pytest.raises(ValueError, match=re.escape("next_table needs table; its form is "
+                                                 "next_table:table=<text>")):
+    bj.load_draft_spec("next_table", target)
+  np.save(tmp_path / "short.npy", table[:-1])
+  with pytest.raises(ValueError, match=re.escape("short.npy holds a table of shape (60,); the "
+                                                 "target's vocabulary needs (61,)")):
+    bj.load_draft_spec("next_table:table=short.npy", target)
+  with pytest.raises(ValueError, match="'next_table' is not a model-free proposer"):
+    drafts.parse_draft_spec("hybrid+next_table:some/model")
+  namespace = {"bj": bj, "target": target, "prompts": _prompts()}
+  exec(compile(examples[3], str(DOC), "exec"), namespace)  # pylint: disable=exec-used
+  np.testing.assert_array_equal(namespace["draft"][1]["next"], table)
+  regular = bj.generate(target, None, _prompts(), method="regular", max_new_tokens=64)
+  np.testing.assert_array_equal(namespace["out"].tokens, regular.tokens)
 
 def test_a_scripts_draft_help_lists_the_registry():
   """--draft=help prints the grammar generated from the registry, and exits before any model."""

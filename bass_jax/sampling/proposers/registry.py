@@ -73,19 +73,31 @@ class ProposerKind:
   settable: dict[str, tuple[str, Callable[[str], Any]]] = dataclasses.field(
       default_factory=dict, compare=False, hash=False)
 
+  @property
+  def required(self) -> tuple[str, ...]:
+    """The settable fields without a default, which every spec of this kind sets."""
+    return tuple(f.name for f in dataclasses.fields(self.settings)
+                 if f.name in self.settable and f.default is dataclasses.MISSING
+                 and f.default_factory is dataclasses.MISSING)
+
   def grammar(self) -> str:
-    """``name[:key=<form>,...]``, as the help and errors write it."""
-    fields = self.settable
-    settings = ",".join(f"{key}={form}" for key, (form, _) in fields.items())
-    return f"{self.name}[:{settings}]" if settings else self.name
+    """``name[:key=<form>,...]``, as the help and errors write it; settings without a default
+    outside the brackets (``name:key=<form>[,other=<form>]``)."""
+    required = self.required
+    need = ",".join(f"{key}={self.settable[key][0]}" for key in required)
+    rest = ",".join(f"{key}={form}" for key, (form, _) in self.settable.items()
+                    if key not in required)
+    text = f"{self.name}:{need}" if need else self.name
+    return f"{text}[{',' if need else ':'}{rest}]" if rest else text
 
   def parse(self, text: str, spec: str) -> Any:
     """A settings instance from ``key=value,...`` (empty: the defaults); ``spec``, the whole draft
     spec, is for the error messages only.
 
     Raises:
-      ValueError: an unknown key, a value not of the field's type, or the settings' own refusal
-        (their constructor's), each naming the spec and the accepted form.
+      ValueError: an unknown key, a value not of the field's type, a setting without a default
+        left unset, or the settings' own refusal (their constructor's), each naming the spec and
+        the accepted form.
     """
     fields = self.settable
     values = {}
@@ -101,6 +113,10 @@ class ProposerKind:
       except (ValueError, KeyError):
         raise ValueError(f"draft spec {spec!r}: {self.name}'s {key} is {form}, got {value!r}"
                          ) from None
+    missing = [key for key in self.required if key not in values]
+    if missing:
+      raise ValueError(f"draft spec {spec!r}: {self.name} needs {', '.join(missing)}; its form is "
+                       f"{self.grammar()}")
     try:
       return self.settings(**values)
     except (TypeError, ValueError) as e:
