@@ -92,6 +92,7 @@ FAMILIES = {
         vocab_size=VOCAB, hidden_size=48, intermediate_size=64, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16,
         sliding_window=5, sliding_window_pattern=3, max_position_embeddings=128,
+        attn_logit_softcapping=2.0,  # inert in transformers' Gemma 3: the port must ignore it too
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0,
                                             "rope_theta": 100000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})),

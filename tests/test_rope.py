@@ -7,6 +7,8 @@ types follow transformers in a full forward past their threshold, and a decode p
 original length is refused saying why.
 """
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -107,6 +109,16 @@ def test_gemma3_spellings_per_layer_type():
   hf = transformers.Gemma3TextConfig(**{k: v for k, v in fields.items() if k != "model_type"},
                                      rope_parameters=new.to_hf_config().rope_parameters)
   assert bj.LlamaConfig.from_hf_config(hf.to_dict()) == new  # and back through transformers
+  # Gemma 3's attention never reads attn_logit_softcapping (Traits.attention_softcap is Gemma 2's).
+  assert bj.LlamaConfig.from_hf_config(
+      {**hf.to_dict(), "attn_logit_softcapping": 50.0}).attn_logit_softcapping is None
+  # transformers' yarn reads truncate from the top level only: per layer type it is refused.
+  per_type = {"full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
+                                 "truncate": False},
+              "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+  with pytest.raises(ValueError, match=re.escape("rope_parameters['full_attention']: truncate is "
+                                                 "not read per layer type")):
+    bj.LlamaConfig.from_hf_config({**fields, "rope_parameters": per_type})
 
 
 def _random_hf(config_cls, model_cls, seed=0, **fields):

@@ -52,17 +52,18 @@ TRAITS = {
     "qwen3": Traits("Qwen3ForCausalLM", llama_traits.QWEN_WINDOW | {"attention_bias"}, qk_norm="rms",
                     eagle_target=True, gguf_architectures=("qwen3",)),
     "gemma2": Traits("Gemma2ForCausalLM", llama_traits.GEMMA_FIELDS, gemma=True,
-                     ignored=frozenset({"cache_implementation"}), gguf_architectures=("gemma2",)),
+                     ignored=frozenset({"cache_implementation"}), attention_softcap=True,
+                     gguf_architectures=("gemma2",)),
     "gemma3_text": Traits(
         "Gemma3ForCausalLM", llama_traits.GEMMA_FIELDS | {"rope_local_base_freq", "sliding_window_pattern"},
         qk_norm="gemma", gemma=True,
-        ignored=frozenset({"cache_implementation", "_sliding_window_pattern"}),
+        ignored=frozenset({"cache_implementation", "_sliding_window_pattern"}), partial_rotary=True,
         wrapper_types=("gemma3",), gguf_architectures=("gemma3",)),
     # Phi-3-mini and Phi-4-mini write the required fields for their remote code; transformers' Phi3
     # has no biases.
     "phi3": Traits("Phi3ForCausalLM", frozenset({"original_max_position_embeddings",
                                                   "sliding_window"}),
-                   window_everywhere=True, fused=True, eagle_target=True,
+                   window_everywhere=True, fused=True, partial_rotary=True, eagle_target=True,
                    required=(("attention_bias", False), ("mlp_bias", False), ("lm_head_bias", False),
                              ("full_attn_mod", 1), ("interpolate_factor", 1)),
                    gguf_architectures=("phi3",)),
@@ -270,8 +271,7 @@ class LlamaConfig(decoder_config.CacheFromShape):
     known = llama_traits.COMMON_FIELDS | traits.fields
     required: dict[str, Any] = {"pretraining_tp": 1, "use_bidirectional_attention": False,
                                 **dict(traits.required)}
-    if model_type == "gemma3_text":
-      rope_lib.check_no_per_type_truncate(fields)
+    rope_lib.check_no_per_type_truncate(fields)
     decoder_config.parse_hf_fields(dict(fields, model_type=model_type), model_types=(model_type,),
                            known=known, ignored=traits.ignored, required=required)
     with _naming_derived_head_dim(fields.get("hidden_size"), fields.get("num_attention_heads"),
@@ -290,18 +290,16 @@ class LlamaConfig(decoder_config.CacheFromShape):
         hidden_act=llama_traits.activation(hf, model_type, traits),
         bos_token_id=hf.bos_token_id, eos_token_id=hf.eos_token_id, pad_token_id=hf.pad_token_id,
         model_type=model_type, qkv_bias=traits.qkv_bias)
-    if model_type != "llama":
-      kwargs["sliding_window"] = getattr(hf, "sliding_window", None)
-      types = tuple(getattr(hf, "layer_types", None) or ())
-      if SLIDING in types:
-        kwargs["layer_types"] = types
-      elif not traits.window_everywhere:
-        kwargs["sliding_window"] = None  # no layer slides
+    kwargs["sliding_window"] = getattr(hf, "sliding_window", None)  # Llama's config has none
+    types = tuple(getattr(hf, "layer_types", None) or ())
+    if SLIDING in types:
+      kwargs["layer_types"] = types
+    elif not traits.window_everywhere:
+      kwargs["sliding_window"] = None  # no layer slides
     if traits.gemma:
       kwargs["query_pre_attn_scalar"] = hf.query_pre_attn_scalar
-      # transformers' Gemma3Attention never passes attn_logit_softcapping on: the field is inert there
-      kwargs["attn_logit_softcapping"] = (None if model_type == "gemma3_text"
-                                          else hf.attn_logit_softcapping)
+      kwargs["attn_logit_softcapping"] = (hf.attn_logit_softcapping if traits.attention_softcap
+                                          else None)
       kwargs["final_logit_softcapping"] = hf.final_logit_softcapping
     rotary = dict(head_dim=head_dim, max_position_embeddings=hf.max_position_embeddings)
     params = dict(hf.rope_parameters)
@@ -313,7 +311,7 @@ class LlamaConfig(decoder_config.CacheFromShape):
         kwargs["local_rope"] = None if local == full else local
       else:
         full = rope_lib.from_parameters(params, **rotary)
-    if model_type not in ("phi3", "gemma3_text") and any(
+    if not traits.partial_rotary and any(
         r.dim != head_dim for r in (full, kwargs.get("local_rope") or full)):
       raise ValueError(f"{model_type}: partial_rotary_factor < 1 is not read by transformers' "
                        f"{model_type} model (it rotates the whole head); remove it")

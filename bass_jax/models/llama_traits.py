@@ -39,6 +39,10 @@ class Traits:
     required: ``(field, value)`` pairs a family's published configs carry that must hold the value
       transformers' model assumes.
     ignored: fields with no effect on inference that the family's configs carry.
+    partial_rotary: transformers' model rotates only ``partial_rotary_factor`` of each head (Phi-3,
+      Gemma 3); the other families rotate the whole head and a factor below 1 is refused.
+    attention_softcap: transformers' model applies ``attn_logit_softcapping`` (Gemma 2; Gemma 3's
+      configs carry the field, which its attention never reads).
     eagle_target: an EAGLE draft can read the family (unscaled embedding, uncapped logits).
     wrapper_types: multimodal ``model_type`` values holding this family's config as ``text_config``.
     gguf_architectures: llama.cpp's names of the family (``general.architecture``).
@@ -53,6 +57,8 @@ class Traits:
   fused: bool = False
   required: tuple[tuple[str, Any], ...] = ()
   ignored: frozenset[str] = frozenset()
+  partial_rotary: bool = False
+  attention_softcap: bool = False
   eagle_target: bool = False
   wrapper_types: tuple[str, ...] = ()
   gguf_architectures: tuple[str, ...] = ()
