@@ -99,7 +99,8 @@ def test_memory_builds_what_it_computes_and_splits_it_over_the_mesh(tmp_path):
 
 def test_step_costs_prints_a_row_per_batch_size():
   """The shipped draft as the target and the n-gram lookup as the draft: a goodput decode per batch
-  size, its measured costs and the break-even acceptance (a probability, at some l >= 1)."""
+  size, its measured costs and the break-even acceptance (a probability; 1 at l = 0 where no
+  length pays, which timings on a busy machine may make so)."""
   out = _run("experiments.benchmarks.step_costs",
              f"--target={REPO / 'bass_jax' / 'drafts' / 'smollm2-135m-draft'}", "--draft=ngram",
              "--num_prompts=2", "--batch_sizes=1,2", "--max_new_tokens=8")
@@ -108,7 +109,7 @@ def test_step_costs_prints_a_row_per_batch_size():
   assert [r[0] for r in rows] == ["1", "2"], out
   for row in rows:
     assert float(row[1]) > 0 and float(row[2]) > 0 and int(row[3]) >= 1, row
-    assert 0 < float(row[7]) < 1 and int(row[8]) >= 1, row
+    assert 0 <= float(row[7]) <= 1 and int(row[8]) >= 0, row
 
 
 def test_every_script_starts_through_the_runner_that_refuses_stray_arguments():

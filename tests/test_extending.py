@@ -331,6 +331,7 @@ def test_a_proposer_with_weights_is_named_by_a_spec_through_its_builder(tmp_path
   regular = bj.generate(target, None, _prompts(), method="regular", max_new_tokens=64)
   np.testing.assert_array_equal(namespace["out"].tokens, regular.tokens)
 
+
 def test_a_scripts_draft_help_lists_the_registry():
   """--draft=help prints the grammar generated from the registry, and exits before any model."""
   done = subprocess.run([PYTHON, "-m", "experiments.benchmarks.step_costs", "--draft=help"],
@@ -542,6 +543,8 @@ def test_what_register_llama_family_refuses():
     bj.register_llama_family("mine", {"architecture": "MineForCausalLM"})
   with pytest.raises(ValueError, match=re.escape("['qwen2'] already belong to the family 'qwen2'")):
     bj.register_llama_family("mine", bj.LlamaTraits("MineForCausalLM", gguf_architectures=("qwen2",)))
+  with pytest.raises(ValueError, match="attention_softcap is one of Gemma's traits; set gemma=True"):
+    bj.register_llama_family("mine", bj.LlamaTraits("MineForCausalLM", attention_softcap=True))
   assert "mine" not in family.model_types()
 
 

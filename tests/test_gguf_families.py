@@ -377,6 +377,9 @@ def test_load_model_logits_equal_the_source(written, name):
   assert (source.kind, source.model_type, source.vocab_size, source.hidden_size, source.num_layers,
           source.context) == ("gguf", config.model_type, config.vocab_size, config.hidden_size,
                               config.num_hidden_layers, config.max_positions)
+  hf = model.config  # the source model's, which the file was written from
+  assert (source.vocab_size, source.hidden_size, source.num_layers) == (
+      hf.vocab_size, hf.hidden_size, hf.num_hidden_layers)
 
 
 # -- Llama's rotary scaling -----------------------------------------------------------------------------

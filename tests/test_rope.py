@@ -116,9 +116,11 @@ def test_gemma3_spellings_per_layer_type():
   per_type = {"full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
                                  "truncate": False},
               "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
-  with pytest.raises(ValueError, match=re.escape("rope_parameters['full_attention']: truncate is "
-                                                 "not read per layer type")):
-    bj.LlamaConfig.from_hf_config({**fields, "rope_parameters": per_type})
+  for config in ({**fields, "rope_parameters": per_type},
+                 {"model_type": "llama", **BASE, "rope_parameters": per_type}):  # every family
+    with pytest.raises(ValueError, match=re.escape("rope_parameters['full_attention']: truncate "
+                                                   "is not read per layer type")):
+      bj.LlamaConfig.from_hf_config(config)
 
 
 def _random_hf(config_cls, model_cls, seed=0, **fields):

@@ -260,7 +260,8 @@ class LlamaConfig(decoder_config.CacheFromShape):
     Raises:
       ValueError: another ``model_type``, an unknown field (named), or an unsupported value
         (``pretraining_tp != 1``, bidirectional attention, conflicting rope thetas, a rope type or
-        parameter the port does not implement).
+        parameter the port does not implement, ``partial_rotary_factor < 1`` for a family without
+        ``Traits.partial_rotary``, a yarn ``truncate`` inside one layer type's rotary parameters).
     """
     fields = dict(hf_config if isinstance(hf_config, dict) else hf_config.to_dict())
     model_type = fields.get("model_type", "llama")
@@ -419,8 +420,9 @@ def register_llama_family(model_type: str, traits: Traits) -> Traits:
 
   Raises:
     ValueError: ``traits`` is not a :class:`Traits`; its ``fields`` name a config field the port does
-      not read; ``model_type`` has another row already (the same row again is allowed); whatever
-      ``family.register_family`` refuses (a GGUF name or wrapper type of another family).
+      not read; ``attention_softcap`` without ``gemma``; ``model_type`` has another row already (the
+      same row again is allowed); whatever ``family.register_family`` refuses (a GGUF name or
+      wrapper type of another family).
   """
   if not isinstance(traits, Traits):
     raise ValueError(f"register_llama_family({model_type!r}): traits must be a llama.Traits, got "
@@ -430,6 +432,9 @@ def register_llama_family(model_type: str, traits: Traits) -> Traits:
     raise ValueError(f"register_llama_family({model_type!r}): the port reads no field {unread} (a "
                      f"config carrying it would be read wrong); the fields it reads beyond the "
                      f"common ones: {sorted(_PORTED_FIELDS - llama_traits.COMMON_FIELDS)}")
+  if traits.attention_softcap and not traits.gemma:
+    raise ValueError(f"register_llama_family({model_type!r}): attention_softcap is one of Gemma's "
+                     "traits; set gemma=True with it, or leave it False")
   old = TRAITS.get(model_type)
   if old is not None and old != traits:
     raise ValueError(f"model_type {model_type!r} already has a Traits row ({old}); give yours another "

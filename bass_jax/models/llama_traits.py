@@ -42,7 +42,8 @@ class Traits:
     partial_rotary: transformers' model rotates only ``partial_rotary_factor`` of each head (Phi-3,
       Gemma 3); the other families rotate the whole head and a factor below 1 is refused.
     attention_softcap: transformers' model applies ``attn_logit_softcapping`` (Gemma 2; Gemma 3's
-      configs carry the field, which its attention never reads).
+      configs carry the field, which its attention never reads); with ``gemma`` only. A family
+      with ``gemma`` and without it ignores the field, as Gemma 3 does.
     eagle_target: an EAGLE draft can read the family (unscaled embedding, uncapped logits).
     wrapper_types: multimodal ``model_type`` values holding this family's config as ``text_config``.
     gguf_architectures: llama.cpp's names of the family (``general.architecture``).
