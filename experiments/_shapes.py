@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 # Published model shapes (cost only; the rotary type does not change a cost), as their config.json
-# files give them: SmolLM2-135M, Llama-3.2-1B, Llama-3.2-3B, Llama-3.1-8B, and Phi-3-mini's (a
-# 96-channel head, which the Pallas kernel takes in column tiles) as a Llama-family layout.
+# files give them: SmolLM2-135M, Llama-3.2-1B, Llama-3.2-3B, Llama-3.1-8B, Llama-2-7B (the BASS
+# paper's era: full multi-head attention), and Phi-3-mini's (a 96-channel head, which the Pallas
+# kernel takes in column tiles) as a Llama-family layout.
 SHAPES = {
     "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
                          num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
@@ -26,6 +27,9 @@ SHAPES = {
     "llama-3.1-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                          num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                          head_dim=128, tie_word_embeddings=False),
+    "llama-2-7b": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                       head_dim=128, tie_word_embeddings=False),
     "phi-3-mini": dict(vocab_size=32064, hidden_size=3072, intermediate_size=8192,
                        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
                        head_dim=96, tie_word_embeddings=False),

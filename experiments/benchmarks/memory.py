@@ -1,6 +1,9 @@
 r"""Bytes per device of a sharded target's weights and KV cache, on meshes of 1, 2, 4 and 8 devices.
 
-    python -m experiments.benchmarks.memory                        # Llama-7B shapes, bf16, B = 16, S = 2048
+    python -m experiments.benchmarks.memory    # Llama-2-7B's shape, bf16, B = 16, S = 2048
+
+``--shape`` is one of ``experiments._shapes.SHAPES`` (``:vocab=V`` cuts its vocabulary); its layer
+count is ``--num_layers``.
 
 For each (data, model) mesh: the parameters laid out by the Llama rule table
 (``bass_jax.sharding.TENSOR_PARALLEL``) and the ragged cache (rows over data, KV heads over model), from
@@ -18,10 +21,13 @@ from absl import app
 from absl import flags
 
 from experiments import _io
+from experiments import _shapes
 
 _HOST_DEVICES = flags.DEFINE_integer(
     "host_devices", 8, "CPU devices to create (XLA_FLAGS --xla_force_host_platform_device_count); "
     "ignored on a GPU.", lower_bound=1)
+_SHAPE = flags.DEFINE_string("shape", "llama-2-7b", "Model shape: <name>[:vocab=V], a name of "
+                             "experiments._shapes.SHAPES.")
 _LAYERS = flags.DEFINE_integer("num_layers", 32, "Decoder layers of the computed table.", lower_bound=1)
 _INSTANTIATE = flags.DEFINE_integer("instantiate_layers", 1, "Layers built for real to check the "
                                     "computed bytes (0 = none).", lower_bound=0)
@@ -32,15 +38,16 @@ _MESHES = flags.DEFINE_list("meshes", ["1x1", "1x2", "2x1", "1x4", "2x2", "4x1",
                             "Meshes as DATAxMODEL.")
 _OUTPUT = flags.DEFINE_string("output", None, "JSON file (default: a fresh outputs/memory-<time>/).")
 
-# Llama 2 7B's shapes (its config.json): the paper's targets are 7.8B-16B.
-LLAMA_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_attention_heads=32,
-                num_key_value_heads=32, head_dim=128, max_position_embeddings=4096)
 GIB = 2**30
 
 
 def main(argv):
   del argv  # _io.run refuses arguments that are not flags
   requested = _io.init_mesh_script(_HOST_DEVICES.value, _MESHES.value)
+  name, *options = _SHAPE.value.split(":")
+  if name not in _shapes.SHAPES or any(not o.startswith("vocab=") for o in options):
+    raise app.UsageError(f"--shape={_SHAPE.value}: write <shape>[:vocab=V] with a shape of "
+                         f"{', '.join(_shapes.SHAPES)} (--num_layers sets the layers)")
   try:
     output = _io.check_output_file(
         _OUTPUT.value or _io.run_directory(None, "memory") / "memory.json", flag="output")
@@ -63,7 +70,10 @@ def main(argv):
     for name, layers in (("computed", _LAYERS.value), ("built", _INSTANTIATE.value)):
       if not layers or (name == "built" and data != 1):
         continue
-      config = bj.LlamaConfig(**LLAMA_7B, num_hidden_layers=layers)
+      try:
+        config = _shapes.shape_config(f"{_SHAPE.value}:layers={layers}")
+      except ValueError as e:
+        raise app.UsageError(f"--shape: {e}") from None
       plan = sharding.plan(config, mesh)
       abstract = bj.abstract_params(config, dtype)
       param_shardings = plan.param_shardings(abstract)
@@ -91,7 +101,7 @@ def main(argv):
       del params, cache
     rows.append(row)
 
-  lines = [f"Llama-7B shapes, {_LAYERS.value} layers, {_DTYPE.value}; cache B = {_BATCH.value}, "
+  lines = [f"{_SHAPE.value}, {_LAYERS.value} layers, {_DTYPE.value}; cache B = {_BATCH.value}, "
            f"S = {_CACHE_LEN.value}; GiB per device:", "",
            "| mesh (data, model) | devices | weights | KV cache | weights + cache | replicated |",
            "|---|---|---|---|---|---|"]
