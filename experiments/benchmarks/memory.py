@@ -2,8 +2,8 @@ r"""Bytes per device of a sharded target's weights and KV cache, on meshes of 1,
 
     python -m experiments.benchmarks.memory    # Llama-2-7B's shape, bf16, B = 16, S = 2048
 
-``--shape`` is one of ``experiments._shapes.SHAPES`` (``:vocab=V`` cuts its vocabulary); its layer
-count is ``--num_layers``.
+``--shape`` is one of ``experiments._shapes.SHAPES`` (``:vocab=V`` cuts its vocabulary); the
+computed table has its layers, or ``--num_layers``.
 
 For each (data, model) mesh: the parameters laid out by the Llama rule table
 (``bass_jax.sharding.TENSOR_PARALLEL``) and the ragged cache (rows over data, KV heads over model), from
@@ -28,7 +28,8 @@ _HOST_DEVICES = flags.DEFINE_integer(
     "ignored on a GPU.", lower_bound=1)
 _SHAPE = flags.DEFINE_string("shape", "llama-2-7b", "Model shape: <name>[:vocab=V], a name of "
                              "experiments._shapes.SHAPES.")
-_LAYERS = flags.DEFINE_integer("num_layers", 32, "Decoder layers of the computed table.", lower_bound=1)
+_LAYERS = flags.DEFINE_integer("num_layers", None, "Decoder layers of the computed table (default: "
+                               "the shape's).", lower_bound=1)
 _INSTANTIATE = flags.DEFINE_integer("instantiate_layers", 1, "Layers built for real to check the "
                                     "computed bytes (0 = none).", lower_bound=0)
 _BATCH = flags.DEFINE_integer("batch_size", 16, "Rows of the cache.", lower_bound=1)
@@ -44,10 +45,11 @@ GIB = 2**30
 def main(argv):
   del argv  # _io.run refuses arguments that are not flags
   requested = _io.init_mesh_script(_HOST_DEVICES.value, _MESHES.value)
-  name, *options = _SHAPE.value.split(":")
-  if name not in _shapes.SHAPES or any(not o.startswith("vocab=") for o in options):
+  shape, *options = _SHAPE.value.split(":")
+  if shape not in _shapes.SHAPES or any(not o.startswith("vocab=") for o in options):
     raise app.UsageError(f"--shape={_SHAPE.value}: write <shape>[:vocab=V] with a shape of "
                          f"{', '.join(_shapes.SHAPES)} (--num_layers sets the layers)")
+  num_layers = _LAYERS.value or _shapes.SHAPES[shape]["num_hidden_layers"]
   try:
     output = _io.check_output_file(
         _OUTPUT.value or _io.run_directory(None, "memory") / "memory.json", flag="output")
@@ -67,7 +69,7 @@ def main(argv):
   for data, model in meshes:
     mesh = sharding.make_mesh(data, model)
     row = {"data": data, "model": model, "devices": data * model}
-    for name, layers in (("computed", _LAYERS.value), ("built", _INSTANTIATE.value)):
+    for name, layers in (("computed", num_layers), ("built", _INSTANTIATE.value)):
       if not layers or (name == "built" and data != 1):
         continue
       try:
@@ -101,7 +103,7 @@ def main(argv):
       del params, cache
     rows.append(row)
 
-  lines = [f"{_SHAPE.value}, {_LAYERS.value} layers, {_DTYPE.value}; cache B = {_BATCH.value}, "
+  lines = [f"{_SHAPE.value}, {num_layers} layers, {_DTYPE.value}; cache B = {_BATCH.value}, "
            f"S = {_CACHE_LEN.value}; GiB per device:", "",
            "| mesh (data, model) | devices | weights | KV cache | weights + cache | replicated |",
            "|---|---|---|---|---|---|"]
