@@ -195,6 +195,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import bass_jax as bj  # noqa: E402
+from bass_jax.sampling import programs  # noqa: E402
 
 # A test process keeps up to SUITE_PROGRAMS compiled settings (the library keeps 8, which a user can
 # change with bj.set_compile_cache_size): a worker runs many files one after another, and with 8 the
@@ -310,8 +311,6 @@ def chunked_logits(model: bj.Model, seqs, prefill, chunk_sizes=(1, 2, 3, 8), max
 def last_decode_program():
   """The compiled decode program (a ``jax.stages.Compiled``) of the most recent ``generate`` call: a
   call served from memory moves its programs to the end of the library's LRU too."""
-  from bass_jax.sampling import programs  # pylint: disable=g-import-not-at-top
-
   _, decode = list(programs._PROGRAMS._programs.values())[-1]  # pylint: disable=protected-access
   return decode
 

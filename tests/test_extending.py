@@ -45,6 +45,18 @@ def _examples(heading: str) -> list[str]:
   return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
+def _page_module(tmp_path: pathlib.Path, monkeypatch, name: str, *blocks: str) -> None:
+  """The page's code ``blocks`` saved as module ``name`` on ``sys.path``, as a user's module that a
+  script imports by its path (``py:<name>.<Class>``)."""
+  (tmp_path / f"{name}.py").write_text("\n\n".join(blocks))
+  monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def _kind(name: str):
+  """The registered proposer kind ``name`` (``bj.proposer_kinds()``)."""
+  return {k.name: k for k in bj.proposer_kinds()}[name]
+
+
 @pytest.fixture(scope="module")
 def repeat_last():
   """The page's proposer class, defined by running the page's first example."""
@@ -77,8 +89,7 @@ def test_a_class_without_a_source_file_keeps_its_programs_in_memory_only(repeat_
   """The page's claim: a proposer defined where no source file holds it (here exec'd, as a notebook
   cell is) has no key in the persistent cache; the same class from a file has one."""
   assert compile_cache.setting_key(("spec", repeat_last())) is None
-  (tmp_path / "my_filed_proposers.py").write_text(_examples("Your own proposer")[0])
-  monkeypatch.syspath_prepend(str(tmp_path))
+  _page_module(tmp_path, monkeypatch, "my_filed_proposers", _examples("Your own proposer")[0])
   filed = importlib.import_module("my_filed_proposers").RepeatLast
   assert compile_cache.setting_key(("spec", filed())) is not None
 
@@ -175,8 +186,7 @@ def test_a_registered_proposer_is_named_by_specs_and_listed_in_the_help(repeat_l
 
 def test_a_proposer_in_a_module_is_named_by_its_import_path(tmp_path, monkeypatch):
   """What a script does with --draft=py:<module>.<Class>: the page's class, saved as a module."""
-  (tmp_path / "my_proposers.py").write_text(_examples("Your own proposer")[0])
-  monkeypatch.syspath_prepend(str(tmp_path))
+  _page_module(tmp_path, monkeypatch, "my_proposers", _examples("Your own proposer")[0])
   target = tiny_model(0)
   draft = bj.load_draft_spec("py:my_proposers.RepeatLast:times=3", target)
   assert type(draft).__name__ == "RepeatLast" and draft.times == 3
@@ -274,7 +284,7 @@ class _TwoSettings:
 
 def test_the_grammar_writes_settings_without_a_default_outside_the_brackets():
   bj.register_proposer("two_settings", _TwoSettings, build=lambda settings, target: None)
-  kind = {k.name: k for k in bj.proposer_kinds()}["two_settings"]
+  kind = _kind("two_settings")
   assert kind.required == ("table",)
   assert kind.grammar() == "two_settings:table=<text>[,times=<int>]"
   assert kind.parse("times=3,table=t.npy", "spec") == _TwoSettings("t.npy", 3)
@@ -304,8 +314,7 @@ def test_a_proposer_with_weights_is_named_by_a_spec_through_its_builder(tmp_path
   spec's table reaches the builder, a table of the wrong shape is refused, and greedy decoding with
   the built draft is regular decoding."""
   examples = _examples("A proposer with weights")
-  (tmp_path / "my_tables.py").write_text(examples[0] + "\n\n" + examples[2])
-  monkeypatch.syspath_prepend(str(tmp_path))
+  _page_module(tmp_path, monkeypatch, "my_tables", examples[0], examples[2])
   monkeypatch.chdir(tmp_path)
   target = tiny_model(0, scale=2.5)
   table = np.random.default_rng().integers(0, target.config.vocab_size, 61).astype(np.int32)
@@ -314,7 +323,7 @@ def test_a_proposer_with_weights_is_named_by_a_spec_through_its_builder(tmp_path
                                         target)
   assert type(proposer).__module__ == "my_tables" and type(proposer).__name__ == "NextTable"
   np.testing.assert_array_equal(params["next"], table)
-  kind = {k.name: k for k in bj.proposer_kinds()}["next_table"]
+  kind = _kind("next_table")
   assert not kind.model_free and kind.grammar() == "next_table:table=<text>", kind.grammar()
   with pytest.raises(ValueError, match=re.escape("next_table needs table; its form is "
                                                  "next_table:table=<text>")):
@@ -400,8 +409,7 @@ def test_the_rule_by_instance_by_name_and_by_import_path(inverse_cdf, tmp_path, 
   np.testing.assert_array_equal(namespace["again"].tokens, namespace["out"].tokens)
   assert "inverse_cdf" in bj.acceptance_rules()
   assert inverse_cdf().name == "inverse_cdf"
-  (tmp_path / "my_rules.py").write_text(_examples("Your own acceptance rule")[0])
-  monkeypatch.syspath_prepend(str(tmp_path))
+  _page_module(tmp_path, monkeypatch, "my_rules", _examples("Your own acceptance rule")[0])
   by_path = bj.generate(target, namespace["draft"], _prompts(), max_new_tokens=64, temperature=0.8,
                         acceptance="py:my_rules.InverseCDF")
   np.testing.assert_array_equal(by_path.tokens, namespace["out"].tokens)

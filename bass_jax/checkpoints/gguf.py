@@ -248,6 +248,9 @@ def _config(fields: dict[str, Any], path: pathlib.Path):
 def read_config(path: str | os.PathLike) -> Any:
   """The family config (``hf.config_from_hf``) of a GGUF file, from its header (no tensor is read).
 
+  Args:
+    path: the ``.gguf`` file (one file: a split model's parts are refused).
+
   Raises:
     FileNotFoundError: no file at ``path``.
     CheckpointError: not a readable GGUF file, or a tensor with no place in the HF model.

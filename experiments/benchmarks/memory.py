@@ -2,8 +2,8 @@ r"""Bytes per device of a sharded target's weights and KV cache, on meshes of 1,
 
     python -m experiments.benchmarks.memory    # Llama-2-7B's shape, bf16, B = 16, S = 2048
 
-``--shape`` is one of ``experiments._shapes.SHAPES`` (``:vocab=V`` cuts its vocabulary); the
-computed table has its layers, or ``--num_layers``.
+``--shape`` is a shape of ``experiments._shapes.SHAPES`` as ``_shapes.shape_config`` reads it
+(``:layers=N``, ``:vocab=V``); the computed table has its layers, or ``--num_layers``.
 
 For each (data, model) mesh: the parameters laid out by the Llama rule table
 (``bass_jax.sharding.TENSOR_PARALLEL``) and the ragged cache (rows over data, KV heads over model), from
@@ -17,6 +17,8 @@ devices (``--host_devices``), so this measures layout, not a GPU's memory.
 Writes ``memory.json`` (``--output``) and prints the table as Markdown.
 """
 
+import dataclasses
+
 from absl import app
 from absl import flags
 
@@ -26,8 +28,8 @@ from experiments import _shapes
 _HOST_DEVICES = flags.DEFINE_integer(
     "host_devices", 8, "CPU devices to create (XLA_FLAGS --xla_force_host_platform_device_count); "
     "ignored on a GPU.", lower_bound=1)
-_SHAPE = flags.DEFINE_string("shape", "llama-2-7b", "Model shape: <name>[:vocab=V], a name of "
-                             "experiments._shapes.SHAPES.")
+_SHAPE = flags.DEFINE_string("shape", "llama-2-7b", "Model shape: <name>[:layers=N][:vocab=V], a "
+                             "name of experiments._shapes.SHAPES.")
 _LAYERS = flags.DEFINE_integer("num_layers", None, "Decoder layers of the computed table (default: "
                                "the shape's).", lower_bound=1)
 _INSTANTIATE = flags.DEFINE_integer("instantiate_layers", 1, "Layers built for real to check the "
@@ -45,11 +47,6 @@ GIB = 2**30
 def main(argv):
   del argv  # _io.run refuses arguments that are not flags
   requested = _io.init_mesh_script(_HOST_DEVICES.value, _MESHES.value)
-  shape, *options = _SHAPE.value.split(":")
-  if shape not in _shapes.SHAPES or any(not o.startswith("vocab=") for o in options):
-    raise app.UsageError(f"--shape={_SHAPE.value}: write <shape>[:vocab=V] with a shape of "
-                         f"{', '.join(_shapes.SHAPES)} (--num_layers sets the layers)")
-  num_layers = _LAYERS.value or _shapes.SHAPES[shape]["num_hidden_layers"]
   try:
     output = _io.check_output_file(
         _OUTPUT.value or _io.run_directory(None, "memory") / "memory.json", flag="output")
@@ -63,6 +60,13 @@ def main(argv):
   from bass_jax import sharding  # pylint: disable=g-import-not-at-top
   from bass_jax.evaluation import reproduce  # pylint: disable=g-import-not-at-top
 
+  try:
+    shape = _shapes.shape_config(_SHAPE.value)
+  except ValueError as e:
+    raise app.UsageError(f"--shape: {e}") from None
+  num_layers = _LAYERS.value or shape.num_hidden_layers
+  configs = {layers: dataclasses.replace(shape, num_hidden_layers=layers)
+             for layers in (num_layers, _INSTANTIATE.value) if layers}
   dtype = jnp.dtype(_DTYPE.value)
   meshes = [m for m in requested if m[0] * m[1] <= jax.device_count()]
   rows = []
@@ -72,10 +76,7 @@ def main(argv):
     for name, layers in (("computed", num_layers), ("built", _INSTANTIATE.value)):
       if not layers or (name == "built" and data != 1):
         continue
-      try:
-        config = _shapes.shape_config(f"{_SHAPE.value}:layers={layers}")
-      except ValueError as e:
-        raise app.UsageError(f"--shape: {e}") from None
+      config = configs[layers]
       plan = sharding.plan(config, mesh)
       abstract = bj.abstract_params(config, dtype)
       param_shardings = plan.param_shardings(abstract)
